@@ -1,0 +1,60 @@
+# jobops: `make run` starts the portal, `make test` runs the whole suite.
+# Both install what they need into .venv from the pinned constraints.txt.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MANAGE := $(BIN)/python manage.py
+
+.PHONY: install run test test-slow lint fmt migrate topology worker dispatcher bench lock clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	$(MANAGE) ensure_database
+	$(MANAGE) migrate --noinput
+
+topology: install
+	$(MANAGE) setup_topology
+
+run: migrate
+	-$(MANAGE) setup_topology
+	$(MANAGE) collectstatic --noinput -v 0
+	$(MANAGE) bootstrap_admin
+	$(BIN)/honcho start -f Procfile
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+fmt: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: lint
+	$(BIN)/pytest
+
+test-slow: install
+	$(BIN)/pytest -m slow
+
+worker: install
+	$(BIN)/honcho start -f Procfile worker_long worker_light
+
+dispatcher: install
+	$(MANAGE) run_dispatcher
+
+bench: migrate
+	$(BIN)/python bench/audit.py
+
+lock:
+	$(PY) -m venv /tmp/jobops-lock && /tmp/jobops-lock/bin/pip install -q -e '.[dev]' \
+	  && /tmp/jobops-lock/bin/pip freeze --exclude-editable > constraints.txt
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

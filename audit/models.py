@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from django.db import models
+
+from audit.errors import AuditImmutableError
+
+
+class AppendOnlyQuerySet(models.QuerySet):
+    # Bulk paths bypass Model.save()/delete(); refuse them here too. The database
+    # triggers (migration 0002) are the real guard; this gives a clear error early.
+    def update(self, **kwargs: Any) -> NoReturn:
+        raise AuditImmutableError(f"{self.model.__name__} rows are append-only: update refused")
+
+    def delete(self) -> NoReturn:
+        raise AuditImmutableError(f"{self.model.__name__} rows are append-only: delete refused")
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise AuditImmutableError(f"{self.model.__name__} rows are append-only: update refused")
+
+
+class AppendOnlyModel(models.Model):
+    objects = AppendOnlyQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise AuditImmutableError(f"{type(self).__name__} {self.pk} is append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise AuditImmutableError(f"{type(self).__name__} {self.pk} is append-only")
+
+
+class ActorType(models.TextChoices):
+    USER = "user"
+    SYSTEM = "system"
+    API_KEY = "api_key"
+
+
+class AuditLog(AppendOnlyModel):
+    """One entry of a hash chain. `payload` holds the exact canonical JSON that was hashed."""
+
+    chain = models.CharField(max_length=64)
+    # Not a foreign key: audit rows outlive anything, and must never cascade.
+    job_id = models.UUIDField(null=True, blank=True, db_index=True)
+    seq = models.BigIntegerField()
+    event_type = models.CharField(max_length=32)
+    actor_type = models.CharField(max_length=16, choices=ActorType.choices)
+    actor_id = models.CharField(max_length=64)
+    ts = models.DateTimeField()
+    payload = models.TextField()
+    prev_hash = models.CharField(max_length=64)
+    chain_hash = models.CharField(max_length=64)
+
+    class Meta:
+        db_table = "audit_logs"
+        constraints = [
+            # Together these make a fork impossible even if two appenders race.
+            models.UniqueConstraint(fields=["chain", "seq"], name="audit_chain_seq_uniq"),
+            models.UniqueConstraint(fields=["chain", "prev_hash"], name="audit_chain_prev_uniq"),
+            models.CheckConstraint(condition=models.Q(seq__gte=1), name="audit_seq_positive"),
+        ]
+        indexes = [models.Index(fields=["ts"], name="audit_ts_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.chain}#{self.seq} {self.event_type}"
+
+
+class AuditCheckpoint(AppendOnlyModel):
+    """Signed snapshot of chain heads; itself a chain (prev_hash -> checkpoint_hash)."""
+
+    created_at = models.DateTimeField()
+    # Highest audit_logs.id covered; the next checkpoint covers rows above it.
+    last_audit_id = models.BigIntegerField()
+    payload = models.TextField()  # canonical JSON: heads, last_audit_id, created_at, prev
+    prev_hash = models.CharField(max_length=64, unique=True)
+    checkpoint_hash = models.CharField(max_length=64)
+    key_id = models.CharField(max_length=32)
+    signature = models.CharField(max_length=64)
+
+    class Meta:
+        db_table = "audit_checkpoints"
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.pk} @ {self.created_at:%Y-%m-%d %H:%M:%S}"

@@ -1,0 +1,260 @@
+"""jobops settings: one module, every value overridable from the environment.
+
+Development defaults point at the local services of DESIGN.md section 11. With
+DEBUG off, `check_production_safety` refuses to start on an unsafe default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_int, env_json, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# --- core ------------------------------------------------------------------
+DEV_SECRET_KEY = "dev-insecure-jobops-secret-key-change-me"
+DEV_SIGNING_KEY = "dev-insecure-audit-signing-key"
+
+DEBUG = env_bool("DEBUG", True)
+SECRET_KEY = env_str("SECRET_KEY", DEV_SECRET_KEY)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "config.apps.JobopsAdminConfig",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_celery_results",
+    "django_prometheus",
+    "audit",
+    "jobs",
+    "dlq",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobops")
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+if not DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (triggers, SKIP LOCKED)")
+DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_jobops")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+MEDIA_ROOT = Path(env_str("JOBOPS_MEDIA_ROOT", str(BASE_DIR / "var" / "media")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+SESSION_COOKIE_SECURE = not DEBUG
+CSRF_COOKIE_SECURE = not DEBUG
+
+# --- services ----------------------------------------------------------------
+BROKER_URL = env_str("BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env_str("JOBOPS_CACHE_PREFIX", "jobops"),
+    }
+}
+
+# --- job types: the one table of facts (DESIGN.md 3.1) --------------------------
+JOB_TYPES: dict[str, dict[str, object]] = {
+    "ai": {
+        "queue": "default",
+        "max_retries": 3,
+        "backoff_cap": 20,
+        "soft_time_limit": 240,
+        "time_limit": 300,
+        "params_serializer": "jobs.params.AiParams",
+        "handler": "jobs.handlers.ai.run",
+    },
+    "model": {
+        "queue": "model",
+        "max_retries": 5,
+        "backoff_cap": 60,
+        "soft_time_limit": 840,
+        "time_limit": 900,
+        "params_serializer": "jobs.params.ModelParams",
+        "handler": "jobs.handlers.model.run",
+    },
+    "cam": {
+        "queue": "cam",
+        "max_retries": 5,
+        "backoff_cap": 60,
+        "soft_time_limit": 840,
+        "time_limit": 900,
+        "params_serializer": "jobs.params.CamParams",
+        "handler": "jobs.handlers.cam.run",
+    },
+    "sim": {
+        "queue": "sim",
+        "max_retries": 5,
+        "backoff_cap": 60,
+        "soft_time_limit": 840,
+        "time_limit": 900,
+        "params_serializer": "jobs.params.SimParams",
+        "handler": "jobs.handlers.sim.run",
+    },
+    "report": {
+        "queue": "report",
+        "max_retries": 5,
+        "backoff_cap": 45,
+        "soft_time_limit": 540,
+        "time_limit": 600,
+        "params_serializer": "jobs.params.ReportParams",
+        "handler": "jobs.handlers.report.run",
+    },
+    "erp": {
+        "queue": "erp",
+        "max_retries": 5,
+        "backoff_cap": 45,
+        "soft_time_limit": 240,
+        "time_limit": 300,
+        "params_serializer": "jobs.params.ErpParams",
+        "handler": "jobs.handlers.erp.run",
+    },
+}
+# A deployment swaps handlers without code changes: {"sim": "mypkg.handlers.sim"}.
+for _type, _path in env_json("JOBOPS_HANDLERS", {}).items():
+    if _type not in JOB_TYPES:
+        raise ImproperlyConfigured(f"JOBOPS_HANDLERS names unknown job type {_type!r}")
+    JOB_TYPES[_type]["handler"] = _path
+
+JOBOPS_LOCK_TIMEOUT = env_int("JOBOPS_LOCK_TIMEOUT", 60)
+JOBOPS_HEARTBEAT_SECONDS = env_int("JOBOPS_HEARTBEAT_SECONDS", 10)
+JOBOPS_IDEMPOTENCY_KEY_DAYS = env_int("JOBOPS_IDEMPOTENCY_KEY_DAYS", 30)
+JOBOPS_MAX_PAYLOAD_BYTES = env_int("JOBOPS_MAX_PAYLOAD_BYTES", 256 * 1024)
+JOBOPS_RATE_LIMITS: dict[str, int] = env_json(
+    "JOBOPS_RATE_LIMITS", {"create_per_user": 60, "create_global": 500, "admin_dlq": 30}
+)
+JOBOPS_QUEUE_DEPTH_LIMITS: dict[str, int] = {
+    queue: 100_000 for queue in {str(t["queue"]) for t in JOB_TYPES.values()}
+} | env_json("JOBOPS_QUEUE_DEPTH_LIMITS", {})
+JOBOPS_ERP_WEBHOOK_URL = env_str("JOBOPS_ERP_WEBHOOK_URL", "")
+JOBOPS_ERP_EVENTS_URL = env_str("JOBOPS_ERP_EVENTS_URL", "")
+
+# --- audit (DESIGN.md 5) ------------------------------------------------------
+AUDIT_SIGNING_KEY = env_str("AUDIT_SIGNING_KEY", DEV_SIGNING_KEY)
+AUDIT_SIGNING_KEY_ID = env_str("AUDIT_SIGNING_KEY_ID", "k1")
+# Older keys stay readable for verification after a rotation: {"k0": "old secret"}.
+AUDIT_SIGNING_KEYS: dict[str, str] = env_json("AUDIT_SIGNING_KEYS", {}) | {
+    AUDIT_SIGNING_KEY_ID: AUDIT_SIGNING_KEY
+}
+AUDIT_CHECKPOINT_SECONDS = env_int("AUDIT_CHECKPOINT_SECONDS", 60)
+
+# --- Celery (the broker half lives in config/celery.py) -------------------------
+CELERY_BROKER_URL = BROKER_URL
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_RESULT_EXTENDED = True
+
+# --- API --------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "jobs.api.exceptions.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "jobops API",
+    "DESCRIPTION": "Submit, watch and cancel background jobs.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- observability ------------------------------------------------------------------
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
+LOG_JSON = env_bool("LOG_JSON", not DEBUG)
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+}
+
+OTP_TOTP_ISSUER = "jobops"
+
+
+def check_production_safety() -> None:
+    """Refuse to start with DEBUG off on a development default."""
+    if DEBUG:
+        return
+    problems = []
+    if SECRET_KEY == DEV_SECRET_KEY or len(SECRET_KEY) < 32:
+        problems.append("SECRET_KEY is unset or the development default (need >= 32 chars)")
+    if not ALLOWED_HOSTS:
+        problems.append("ALLOWED_HOSTS is empty")
+    if AUDIT_SIGNING_KEY == DEV_SIGNING_KEY or len(AUDIT_SIGNING_KEY) < 32:
+        problems.append("AUDIT_SIGNING_KEY is unset or the development default")
+    if not METRICS_TOKEN:
+        problems.append("METRICS_TOKEN is unset (/metrics would be public)")
+    if problems:
+        raise ImproperlyConfigured("Refusing to start with DEBUG off: " + "; ".join(problems) + ".")
+
+
+check_production_safety()

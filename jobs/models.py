@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from jobs.states import Status
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    type = models.CharField(max_length=32)
+    queue = models.CharField(max_length=64)
+    params = models.JSONField(default=dict)
+    # sha256 of the canonical JSON of (type, params): decides idempotent repeats.
+    params_hash = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+    )
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # Until when the key deduplicates; after it a maintenance task releases the key.
+    idempotency_expires_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField()
+    progress_percent = models.PositiveSmallIntegerField(default=0)
+    progress_step = models.CharField(max_length=200, null=True, blank=True)
+    progress_message = models.TextField(null=True, blank=True)
+    progress_updated_at = models.DateTimeField(null=True, blank=True)
+    last_error_code = models.CharField(max_length=64, null=True, blank=True)
+    last_error_message = models.TextField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    locked_by = models.CharField(max_length=200, null=True, blank=True)
+    locked_at = models.DateTimeField(null=True, blank=True)
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    dead_letter_queue = models.CharField(max_length=64, null=True, blank=True)
+    request_id = models.CharField(max_length=128, null=True, blank=True)
+    correlation_id = models.CharField(max_length=128, null=True, blank=True)
+    # Bumped by every write except heartbeats; the API's ETag is "<id>-<version>".
+    version = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "jobs"
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=Status.values), name="jobs_status_valid"),
+            models.CheckConstraint(
+                condition=Q(progress_percent__gte=0, progress_percent__lte=100),
+                name="jobs_progress_range",
+            ),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="jobs_max_attempts_pos"),
+            # NULL keys never conflict in PostgreSQL: no key always makes a new job.
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"], name="jobs_owner_idempotency_uniq"
+            ),
+            # A running job has a lock holder; no other state keeps one.
+            models.CheckConstraint(
+                condition=Q(status=Status.RUNNING, locked_by__isnull=False)
+                | ~Q(status=Status.RUNNING),
+                name="jobs_running_has_lock",
+            ),
+        ]
+        indexes = [
+            # The API list: the caller's jobs, newest first.
+            models.Index(fields=["owner", "-created_at"], name="jobs_owner_created_idx"),
+            models.Index(fields=["-created_at"], name="jobs_created_idx"),
+            # Dispatcher: pending jobs to (re)publish, oldest first.
+            models.Index(
+                fields=["created_at"], name="jobs_pending_idx", condition=Q(status=Status.PENDING)
+            ),
+            # Dispatcher: retries that have come due.
+            models.Index(
+                fields=["next_run_at"],
+                name="jobs_retry_due_idx",
+                condition=Q(status=Status.RETRYING),
+            ),
+            # Reaper: running jobs with a stale lock.
+            models.Index(
+                fields=["locked_at"],
+                name="jobs_running_lock_idx",
+                condition=Q(status=Status.RUNNING),
+            ),
+            # Key release: keys past their retention.
+            models.Index(
+                fields=["idempotency_expires_at"],
+                name="jobs_key_expiry_idx",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.id} ({self.status})"
+
+    @property
+    def etag(self) -> str:
+        return f'"{self.id}-{self.version}"'
+
+
+def artefact_upload_to(instance: Artefact, filename: str) -> str:
+    return f"artefacts/{instance.job_id}/{instance.kind}/{filename}"
+
+
+class Artefact(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="artefacts")
+    kind = models.CharField(max_length=64)
+    name = models.CharField(max_length=255)
+    # The storage key: the file lives wherever Django's default storage puts it.
+    file = models.FileField(upload_to=artefact_upload_to, max_length=500)
+    sha256 = models.CharField(max_length=64)
+    size = models.BigIntegerField()
+    content_type = models.CharField(max_length=128, default="application/octet-stream")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "artefacts"
+        constraints = [
+            # save_artefact is an upsert on this key: a rerun replaces, never duplicates.
+            models.UniqueConstraint(
+                fields=["job", "kind", "name"], name="artefacts_job_kind_name_uniq"
+            ),
+            models.CheckConstraint(condition=Q(size__gte=0), name="artefacts_size_nonneg"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+class EventOutbox(models.Model):
+    """One row per transition, written in its transaction; the dispatcher relays it."""
+
+    event_id = models.UUIDField(unique=True, default=uuid.uuid4, editable=False)
+    job_id = models.UUIDField()
+    seq = models.BigIntegerField()  # the job's audit sequence of this transition
+    payload = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "event_outbox"
+        indexes = [
+            # Relay: unpublished events in order.
+            models.Index(
+                fields=["id"], name="outbox_unpublished_idx", condition=Q(published_at__isnull=True)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"event {self.event_id} job {self.job_id} seq {self.seq}"

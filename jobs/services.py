@@ -1,0 +1,316 @@
+"""Write paths for jobs. Every status change goes through `transition`."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, models, transaction
+from django.utils import timezone
+from psycopg.types.json import Jsonb
+
+from audit.canonical import canonical_bytes
+from audit.services import Actor, audit_append, format_ts, job_chain
+from jobs.errors import (
+    IdempotencyKeyInvalidError,
+    IdempotencyMismatchError,
+    JobLost,
+    JobNotFoundError,
+    JobParamsInvalidError,
+    JobTypeUnknownError,
+    PayloadTooLargeError,
+    TransitionRefusedError,
+)
+from jobs.models import EventOutbox, Job
+from jobs.states import ALLOWED, EVENT_FOR_STATUS, Status
+from jobs.types import get_type
+
+_JOB_COLUMNS = [f.column for f in Job._meta.concrete_fields]
+_JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
+# Raw rows skip the ORM's converters; JSON columns arrive as text and need them.
+_JOB_CONVERTERS = [
+    (i, f.from_db_value)
+    for i, f in enumerate(Job._meta.concrete_fields)
+    if hasattr(f, "from_db_value")
+]
+_PRINTABLE_ASCII = frozenset(chr(c) for c in range(0x20, 0x7F))
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A worker's claim: its writes apply only while it still holds this lock and attempt."""
+
+    locked_by: str
+    attempt: int
+
+
+class Raw(str):
+    """A SQL expression for `transition(set_fields=...)`, e.g. Raw("attempts + 1")."""
+
+
+def transition(
+    *,
+    job_id: uuid.UUID | str,
+    target: str,
+    sources: Iterable[str] | None = None,
+    actor: Actor,
+    fence: Fence | None = None,
+    where: str = "",
+    where_params: Iterable[Any] = (),
+    set_fields: dict[str, Any] | None = None,
+    event_type: str | None = None,
+    audit_data: dict[str, Any] | None = None,
+) -> Job:
+    """Apply one compare-and-set transition of DESIGN.md 3.4 and audit it.
+
+    1. Refuse at once any source -> target pair that the table in jobs.states lacks.
+    2. One conditional UPDATE (status IN sources, plus the worker fence and any extra
+       condition) that also returns the previous status.
+    3. Zero rows: raise JobLost for a fenced write, else TransitionRefusedError naming
+       the job's current state. Nothing has changed.
+    4. In the same transaction append the audit entry and the outbox event.
+    """
+    allowed = ALLOWED.get(target, frozenset())
+    source_set = frozenset(sources) if sources is not None else allowed
+    illegal = source_set - allowed
+    if illegal or not source_set:
+        raise TransitionRefusedError(
+            job_id=job_id,
+            current=",".join(sorted(illegal)) or None,
+            target=target,
+            reason="not an allowed transition",
+        )
+    assignments = ["status = %s", "version = jobs.version + 1", "updated_at = now()"]
+    set_params: list[Any] = [target]
+    for column, value in (set_fields or {}).items():
+        if isinstance(value, Raw):
+            assignments.append(f"{column} = {value}")
+        else:
+            assignments.append(f"{column} = %s")
+            set_params.append(Jsonb(value) if isinstance(value, dict | list) else value)
+    conditions = ["jobs.id = old.id", "jobs.status = ANY(%s)"]
+    where_values: list[Any] = [list(source_set)]
+    if fence is not None:
+        conditions.append("jobs.locked_by = %s AND jobs.attempts = %s")
+        where_values += [fence.locked_by, fence.attempt]
+    if where:
+        conditions.append(f"({where})")
+        where_values += list(where_params)
+    returning = ", ".join(f"jobs.{c}" for c in _JOB_COLUMNS)
+    # The FOR UPDATE subquery reads the status this UPDATE replaces (previous_status).
+    sql = (
+        f"UPDATE jobs SET {', '.join(assignments)} "
+        "FROM (SELECT id, status FROM jobs WHERE id = %s FOR UPDATE) AS old "
+        f"WHERE {' AND '.join(conditions)} RETURNING old.status, {returning}"
+    )
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*set_params, job_id, *where_values])
+            row = cursor.fetchone()
+        if row is None:
+            if fence is not None:
+                raise JobLost(f"job {job_id}: lock {fence.locked_by} attempt {fence.attempt} lost")
+            current = Job.objects.filter(id=job_id).values_list("status", flat=True).first()
+            raise TransitionRefusedError(job_id=job_id, current=current, target=target)
+        job = _job_from_row(row[1:])
+        previous = row[0]
+        _record(
+            job,
+            event_type=event_type or EVENT_FOR_STATUS[target],
+            previous_status=previous,
+            actor=actor,
+            data=audit_data,
+        )
+    return job
+
+
+def _job_from_row(values: Iterable[Any]) -> Job:
+    values = list(values)
+    for index, convert in _JOB_CONVERTERS:
+        values[index] = convert(values[index], None, connection)
+    return Job.from_db(connection.alias, _JOB_ATTNAMES, values)
+
+
+def _record(
+    job: Job,
+    *,
+    event_type: str,
+    previous_status: str | None,
+    actor: Actor,
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Audit a transition and queue its event, in the caller's transaction."""
+    entry = audit_append(
+        chain=job_chain(job.id),
+        event_type=event_type,
+        actor=actor,
+        job_id=job.id,
+        data={"from": previous_status, "to": job.status, "attempt": job.attempts, **(data or {})},
+    )
+    event_id = uuid.uuid4()
+    EventOutbox.objects.create(
+        event_id=event_id,
+        job_id=job.id,
+        seq=entry.seq,
+        payload={
+            "event_id": str(event_id),
+            "type": "job.status.changed",
+            "job_id": str(job.id),
+            "job_type": job.type,
+            "seq": entry.seq,
+            "status": job.status,
+            "previous_status": previous_status,
+            "progress": job.progress_percent,
+            "attempt": job.attempts,
+            "timestamp": format_ts(entry.ts),
+        },
+    )
+
+
+def params_hash(job_type: str, params: Any) -> str:
+    return hashlib.sha256(canonical_bytes({"type": job_type, "params": params})).hexdigest()
+
+
+def validate_idempotency_key(key: str | None) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str) or not 1 <= len(key) <= 255 or not set(key) <= _PRINTABLE_ASCII:
+        raise IdempotencyKeyInvalidError(
+            "Idempotency keys are 1 to 255 printable ASCII characters.",
+            details={"idempotency_key": ["1 to 255 printable ASCII characters."]},
+        )
+    return key
+
+
+def validate_params(job_type: str, params: Any) -> dict[str, Any]:
+    """Check type and params against the types table; return the params to store."""
+    spec = get_type(job_type) if isinstance(job_type, str) else None
+    if spec is None:
+        raise JobTypeUnknownError(
+            f"Unknown job type {job_type!r}.",
+            details={"type": [f"One of: {', '.join(sorted(settings.JOB_TYPES))}."]},
+        )
+    if not isinstance(params, dict):
+        raise JobParamsInvalidError(details={"params": ["Must be a JSON object."]})
+    try:
+        encoded = canonical_bytes(params)
+    except Exception as exc:  # rfc8785 refuses NaN, huge ints, non-string keys
+        raise JobParamsInvalidError(details={"params": [f"Not canonical JSON: {exc}"]}) from exc
+    if len(encoded) > settings.JOBOPS_MAX_PAYLOAD_BYTES:
+        raise PayloadTooLargeError(
+            f"params exceed {settings.JOBOPS_MAX_PAYLOAD_BYTES} bytes; "
+            "pass large inputs by reference"
+        )
+    serializer = spec.load_params_serializer()(data=params)
+    if not serializer.is_valid():
+        raise JobParamsInvalidError(details=serializer.errors)
+    return params
+
+
+def job_create(
+    *,
+    owner: Any,
+    job_type: str,
+    params: Any,
+    idempotency_key: str | None = None,
+    request_id: str | None = None,
+    correlation_id: str | None = None,
+    actor: Actor | None = None,
+) -> tuple[Job, bool]:
+    """Create a job, or return the one this idempotency key already made.
+
+    1. Validate type, params and key (nothing is written for bad input).
+    2. INSERT ... ON CONFLICT DO NOTHING, then read the row by (owner, key): if it is
+       ours the job is new; concurrent identical requests all read the one winner.
+    3. A different (type, params) under the same key is a mismatch error; a key past
+       its retention is released and the insert runs again.
+    4. A new job's `created` audit entry and event share the insert's transaction.
+    Returns (job, created).
+    """
+    params = validate_params(job_type, params)
+    idempotency_key = validate_idempotency_key(idempotency_key)
+    spec = get_type(job_type)
+    assert spec is not None
+    digest = params_hash(job_type, params)
+    actor = actor or Actor.user(owner)
+    now = timezone.now()
+    candidate = Job(
+        type=job_type,
+        queue=spec.queue,
+        params=params,
+        params_hash=digest,
+        status=Status.PENDING,
+        owner=owner,
+        idempotency_key=idempotency_key,
+        idempotency_expires_at=(
+            now + timedelta(days=settings.JOBOPS_IDEMPOTENCY_KEY_DAYS) if idempotency_key else None
+        ),
+        max_attempts=spec.max_attempts,
+        request_id=request_id,
+        correlation_id=correlation_id or request_id,
+    )
+    with transaction.atomic():
+        for _ in range(2):
+            Job.objects.bulk_create([candidate], ignore_conflicts=True)
+            if idempotency_key is None:
+                job = candidate
+                break
+            job = Job.objects.get(owner=owner, idempotency_key=idempotency_key)
+            if job.id == candidate.id:
+                break
+            if job.idempotency_expires_at and job.idempotency_expires_at <= now:
+                job_release_idempotency_keys(job_ids=[job.id])
+                continue
+            if job.params_hash != digest:
+                raise IdempotencyMismatchError(details={"job_id": str(job.id)})
+            return job, False
+        _record(job, event_type="created", previous_status=None, actor=actor)
+    return job, True
+
+
+def job_release_idempotency_keys(*, job_ids: Iterable[uuid.UUID] | None = None) -> int:
+    """Forget keys past their retention (DESIGN.md 3.5) so that a reuse makes a new job."""
+    expired = Job.objects.filter(
+        idempotency_key__isnull=False, idempotency_expires_at__lte=timezone.now()
+    )
+    if job_ids is not None:
+        expired = expired.filter(id__in=list(job_ids))
+    return expired.update(idempotency_key=None, idempotency_expires_at=None)
+
+
+def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
+    """Request cancellation (DESIGN.md 3.7); idempotent.
+
+    1. Raise the flag once (audit `cancel_requested`) unless the job already ended.
+    2. A job that has not started moves to `cancelled` now; a running one stops at
+       its handler's next check_cancel(). A lost race (it just started) is fine:
+       the flag is set and the worker will see it.
+    """
+    with transaction.atomic():
+        flagged = (
+            Job.objects.filter(id=job_id, cancel_requested=False)
+            .exclude(status__in=[Status.SUCCEEDED, Status.FAILED, Status.CANCELLED])
+            .update(
+                cancel_requested=True, version=models.F("version") + 1, updated_at=timezone.now()
+            )
+        )
+        if flagged:
+            audit_append(
+                chain=job_chain(job_id), event_type="cancel_requested", actor=actor, job_id=job_id
+            )
+        try:
+            return transition(
+                job_id=job_id,
+                target=Status.CANCELLED,
+                sources=[Status.PENDING, Status.QUEUED, Status.RETRYING],
+                actor=actor,
+            )
+        except TransitionRefusedError as refused:
+            if refused.current is None:
+                raise JobNotFoundError() from refused
+            return Job.objects.get(id=job_id)

@@ -1,0 +1,49 @@
+"""Read access to the job types table in settings (DESIGN.md 3.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+
+@dataclass(frozen=True)
+class JobType:
+    name: str
+    queue: str
+    max_retries: int
+    backoff_cap: int
+    soft_time_limit: int
+    time_limit: int
+    params_serializer: str
+    handler: str
+
+    @property
+    def max_attempts(self) -> int:
+        return self.max_retries + 1
+
+    @property
+    def task_name(self) -> str:
+        return f"jobs.{self.name}"
+
+    def load_params_serializer(self) -> Any:
+        return import_string(self.params_serializer)
+
+    def load_handler(self) -> Any:
+        return import_string(self.handler)
+
+
+def all_types() -> dict[str, JobType]:
+    # Built on each call (six small objects) so that override_settings just works.
+    return {name: JobType(name=name, **spec) for name, spec in settings.JOB_TYPES.items()}
+
+
+def get_type(name: str) -> JobType | None:
+    return all_types().get(name)
+
+
+def queues() -> list[str]:
+    """The primary queues, in table order, without repeats."""
+    return list(dict.fromkeys(t.queue for t in all_types().values()))

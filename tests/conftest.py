@@ -1,0 +1,28 @@
+"""Suite-wide fixtures. Every test talks to the real PostgreSQL, RabbitMQ and Redis."""
+
+from __future__ import annotations
+
+import pytest
+from django.db.backends.postgresql.operations import DatabaseOperations
+
+APPEND_ONLY_TABLES = ("audit_logs", "audit_checkpoints")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _allow_flush_of_append_only_tables():
+    """pytest-django empties tables with TRUNCATE after transactional tests.
+
+    The audit triggers refuse TRUNCATE, as they must in production. For the flush
+    only, and as the table owner, disable the user triggers around it; they are
+    re-enabled in the same transaction, so no other statement ever runs without them.
+    """
+    original = DatabaseOperations.execute_sql_flush
+
+    def execute_sql_flush(self, sql_list):
+        disable = [f"ALTER TABLE {t} DISABLE TRIGGER USER" for t in APPEND_ONLY_TABLES]
+        enable = [f"ALTER TABLE {t} ENABLE TRIGGER USER" for t in APPEND_ONLY_TABLES]
+        return original(self, [*disable, *sql_list, *enable])
+
+    DatabaseOperations.execute_sql_flush = execute_sql_flush
+    yield
+    DatabaseOperations.execute_sql_flush = original

@@ -1,0 +1,217 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, connections
+
+from audit.models import AuditLog
+from audit.services import Actor
+from jobs.errors import (
+    IdempotencyKeyInvalidError,
+    IdempotencyMismatchError,
+    JobLost,
+    JobParamsInvalidError,
+    JobTypeUnknownError,
+    PayloadTooLargeError,
+    TransitionRefusedError,
+)
+from jobs.models import EventOutbox, Job
+from jobs.services import Fence, Raw, job_cancel, job_create, transition
+from jobs.states import ALLOWED, Status
+from tests.factories import UserFactory, make_job
+
+pytestmark = pytest.mark.django_db
+SYSTEM = Actor.system()
+
+
+def events(job):
+    return list(
+        AuditLog.objects.filter(job_id=job.id).order_by("seq").values_list("event_type", flat=True)
+    )
+
+
+def test_create_makes_pending_job_with_created_audit_and_event():
+    job = make_job()
+    assert job.status == Status.PENDING
+    assert job.max_attempts == 6  # sim: 5 retries + 1
+    assert job.queue == "sim"
+    assert events(job) == ["created"]
+    event = EventOutbox.objects.get(job_id=job.id)
+    assert event.seq == 1
+    assert event.payload["status"] == "pending"
+    assert event.payload["previous_status"] is None
+
+
+def test_same_key_same_params_returns_existing_job():
+    owner = UserFactory()
+    first, created = job_create(
+        owner=owner, job_type="sim", params={"steps": 3}, idempotency_key="k1"
+    )
+    again, created_again = job_create(
+        owner=owner, job_type="sim", params={"steps": 3}, idempotency_key="k1"
+    )
+    assert (created, created_again) == (True, False)
+    assert again.id == first.id
+    assert Job.objects.count() == 1
+    assert events(first) == ["created"]
+
+
+def test_same_key_other_params_is_a_mismatch_and_writes_nothing():
+    owner = UserFactory()
+    job_create(owner=owner, job_type="sim", params={"steps": 3}, idempotency_key="k1")
+    with pytest.raises(IdempotencyMismatchError):
+        job_create(owner=owner, job_type="sim", params={"steps": 4}, idempotency_key="k1")
+    with pytest.raises(IdempotencyMismatchError):
+        job_create(owner=owner, job_type="report", params={}, idempotency_key="k1")
+    assert Job.objects.count() == 1
+
+
+def test_keys_are_scoped_to_the_owner():
+    a, _ = job_create(owner=UserFactory(), job_type="sim", params={}, idempotency_key="shared")
+    b, _ = job_create(owner=UserFactory(), job_type="sim", params={}, idempotency_key="shared")
+    assert a.id != b.id
+
+
+def test_no_key_always_creates():
+    owner = UserFactory()
+    ids = {job_create(owner=owner, job_type="sim", params={})[0].id for _ in range(3)}
+    assert len(ids) == 3
+
+
+def test_expired_key_is_released_and_reuse_creates_a_new_job():
+    owner = UserFactory()
+    old, _ = job_create(owner=owner, job_type="sim", params={}, idempotency_key="k")
+    Job.objects.filter(id=old.id).update(idempotency_expires_at="2000-01-01T00:00:00Z")
+    new, created = job_create(owner=owner, job_type="sim", params={"steps": 9}, idempotency_key="k")
+    assert created and new.id != old.id
+    old.refresh_from_db()
+    assert old.idempotency_key is None
+
+
+@pytest.mark.parametrize("key", ["", "x" * 256, "caf\u00e9", "tab\there", "new\nline"])
+def test_bad_keys_are_refused(key):
+    with pytest.raises(IdempotencyKeyInvalidError):
+        job_create(owner=UserFactory(), job_type="sim", params={}, idempotency_key=key)
+    assert Job.objects.count() == 0
+
+
+def test_unknown_type_and_bad_params_are_refused_with_details():
+    owner = UserFactory()
+    with pytest.raises(JobTypeUnknownError):
+        job_create(owner=owner, job_type="nope", params={})
+    with pytest.raises(JobParamsInvalidError) as exc:
+        job_create(owner=owner, job_type="sim", params={"steps": -1, "bogus": 1})
+    assert set(exc.value.details) == {"steps", "bogus"}
+    with pytest.raises(JobParamsInvalidError):
+        job_create(owner=owner, job_type="sim", params=[1, 2])
+    assert Job.objects.count() == 0
+
+
+def test_oversized_params_are_refused(settings):
+    settings.JOBOPS_MAX_PAYLOAD_BYTES = 100
+    with pytest.raises(PayloadTooLargeError):
+        job_create(owner=UserFactory(), job_type="ai", params={"text": "x" * 200})
+
+
+def test_transition_applies_and_audits_once():
+    job = make_job()
+    moved = transition(job_id=job.id, target=Status.QUEUED, sources=[Status.PENDING], actor=SYSTEM)
+    assert moved.status == Status.QUEUED
+    assert moved.version == job.version + 1
+    assert events(job) == ["created", "queued"]
+    last = EventOutbox.objects.filter(job_id=job.id).order_by("-seq").first()
+    assert (last.payload["previous_status"], last.payload["status"], last.seq) == (
+        "pending",
+        "queued",
+        2,
+    )
+
+
+def test_refused_transition_names_job_and_states_and_changes_nothing():
+    job = make_job()
+    with pytest.raises(TransitionRefusedError) as exc:
+        transition(job_id=job.id, target=Status.SUCCEEDED, sources=[Status.RUNNING], actor=SYSTEM)
+    assert str(job.id) in str(exc.value)
+    assert exc.value.current == "pending" and exc.value.target == "succeeded"
+    assert events(job) == ["created"]
+    assert Job.objects.get(id=job.id).version == job.version
+
+
+def test_transition_not_in_the_table_is_refused_before_any_sql():
+    job = make_job()
+    with pytest.raises(TransitionRefusedError):
+        transition(job_id=job.id, target=Status.SUCCEEDED, sources=[Status.PENDING], actor=SYSTEM)
+    assert Job.objects.get(id=job.id).status == Status.PENDING
+
+
+def test_every_table_entry_names_known_states():
+    for target, sources in ALLOWED.items():
+        assert target in Status.values and sources <= set(Status.values)
+
+
+def test_fenced_write_after_reclaim_raises_job_lost():
+    job = make_job()
+    claimed = transition(
+        job_id=job.id,
+        target=Status.RUNNING,
+        actor=SYSTEM,
+        set_fields={
+            "locked_by": "w1",
+            "locked_at": Raw("now()"),
+            "attempts": Raw("jobs.attempts + 1"),
+        },
+    )
+    assert claimed.attempts == 1
+    # someone else reclaims the job behind the worker's back
+    Job.objects.filter(id=job.id).update(locked_by="w2", attempts=2)
+    with pytest.raises(JobLost):
+        transition(job_id=job.id, target=Status.SUCCEEDED, actor=SYSTEM, fence=Fence("w1", 1))
+    assert Job.objects.get(id=job.id).status == Status.RUNNING
+    assert events(job) == ["created", "started"]
+
+
+def test_cancel_before_start_cancels_at_once_and_is_idempotent():
+    job = make_job()
+    cancelled = job_cancel(job_id=job.id, actor=SYSTEM)
+    again = job_cancel(job_id=job.id, actor=SYSTEM)
+    assert cancelled.status == again.status == Status.CANCELLED
+    assert events(job) == ["created", "cancel_requested", "cancelled"]
+
+
+def test_cancel_running_job_only_raises_the_flag():
+    job = make_job()
+    Job.objects.filter(id=job.id).update(status=Status.RUNNING, locked_by="w1", attempts=1)
+    result = job_cancel(job_id=job.id, actor=SYSTEM)
+    assert result.status == Status.RUNNING and result.cancel_requested
+    assert events(job) == ["created", "cancel_requested"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fifty_threads_with_one_key_make_one_job():
+    owner = UserFactory()
+    barrier = threading.Barrier(50)
+    results, errors = [], []
+
+    def submit():
+        try:
+            barrier.wait()
+            results.append(
+                job_create(owner=owner, job_type="sim", params={"steps": 5}, idempotency_key="same")
+            )
+        except Exception as exc:  # collected and asserted below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=submit) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len({job.id for job, _ in results}) == 1
+    assert sum(created for _, created in results) == 1
+    assert Job.objects.count() == 1
+    assert AuditLog.objects.filter(event_type="created").count() == 1
+    connection.close()
