@@ -7,9 +7,11 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import IO, Any
 
 from django.conf import settings
+from django.core.files import File
+from django.core.files.base import ContentFile
 from django.db import connection, models, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
@@ -26,7 +28,7 @@ from jobs.errors import (
     PayloadTooLargeError,
     TransitionRefusedError,
 )
-from jobs.models import EventOutbox, Job
+from jobs.models import Artefact, EventOutbox, Job
 from jobs.states import ALLOWED, EVENT_FOR_STATUS, Status
 from jobs.types import get_type
 
@@ -314,3 +316,45 @@ def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
             if refused.current is None:
                 raise JobNotFoundError() from refused
             return Job.objects.get(id=job_id)
+
+
+def artefact_save(
+    *,
+    job_id: uuid.UUID | str,
+    kind: str,
+    name: str,
+    data: bytes | str | IO[bytes],
+    content_type: str = "application/octet-stream",
+) -> Artefact:
+    """Store a file for a job; an upsert on (job, kind, name), so a rerun replaces it.
+
+    The new file is written to storage first and the row switched to it in one
+    statement; the replaced file is deleted only after commit, so a rollback never
+    leaves a row pointing at a missing file.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    content = ContentFile(data) if isinstance(data, bytes) else File(data)
+    digest, size = hashlib.sha256(), 0
+    for chunk in content.chunks():
+        digest.update(chunk)
+        size += len(chunk)
+    content.seek(0)
+    with transaction.atomic():
+        artefact = (
+            Artefact.objects.select_for_update().filter(job_id=job_id, kind=kind, name=name).first()
+        )
+        old_name = artefact.file.name if artefact else None
+        artefact = artefact or Artefact(job_id=job_id, kind=kind, name=name)
+        artefact.file.save(name, content, save=False)
+        artefact.sha256, artefact.size, artefact.content_type = (
+            digest.hexdigest(),
+            size,
+            content_type,
+        )
+        artefact.save()
+        Job.objects.filter(id=job_id).update(version=models.F("version") + 1)
+        if old_name and old_name != artefact.file.name:
+            storage = artefact.file.storage
+            transaction.on_commit(lambda: storage.delete(old_name))
+    return artefact

@@ -215,3 +215,20 @@ def test_fifty_threads_with_one_key_make_one_job():
     assert Job.objects.count() == 1
     assert AuditLog.objects.filter(event_type="created").count() == 1
     connection.close()
+
+
+def test_artefact_save_is_an_upsert_that_replaces_the_file():
+    from jobs.services import artefact_save
+
+    job = make_job()
+    first = artefact_save(job_id=job.id, kind="report", name="jobs.csv", data=b"a,b\n")
+    second = artefact_save(job_id=job.id, kind="report", name="jobs.csv", data="a,b\n1,2\n")
+    assert first.id == second.id
+    assert job.artefacts.count() == 1
+    second.refresh_from_db()
+    assert second.size == 8
+    assert second.file.read() == b"a,b\n1,2\n"
+    import hashlib
+
+    assert second.sha256 == hashlib.sha256(b"a,b\n1,2\n").hexdigest()
+    assert Job.objects.get(id=job.id).version > job.version

@@ -1,0 +1,104 @@
+"""The RabbitMQ topology of DESIGN.md section 4, built in one place.
+
+`setup_topology` declares it and Celery's `task_queues` uses the same `Queue`
+objects, so a worker never meets a queue whose arguments differ (RabbitMQ would
+answer 406 PRECONDITION_FAILED and the worker would die). Queue arguments cannot
+change in place: changing any value here needs a documented migration (declare a
+new queue, move consumers, delete the old one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kombu import Exchange, Queue, binding
+
+from jobs.types import queues as primary_queue_names
+
+JOBS_EXCHANGE = Exchange("jobs.direct", type="direct", durable=True)
+EVENTS_EXCHANGE = Exchange("events.jobs", type="topic", durable=True)
+EVENT_ROUTING_KEY = "job.status.changed"
+WATCH_QUEUE_NAME = "dlq.watch"
+ERP_EVENTS_QUEUE_NAME = "erp.events"
+
+DELIVERY_LIMIT = 20
+MAX_LENGTH = 1_000_000
+
+
+def dlx_name(queue: str) -> str:
+    return f"{queue}.dlx"
+
+
+def dlq_name(queue: str) -> str:
+    return f"{queue}_dlq"
+
+
+def primary_queue(name: str) -> Queue:
+    return Queue(
+        name,
+        exchange=JOBS_EXCHANGE,
+        routing_key=name,
+        durable=True,
+        queue_arguments={
+            "x-queue-type": "quorum",
+            "x-dead-letter-exchange": dlx_name(name),
+            # at-least-once dead-lettering needs reject-publish overflow; the default
+            # at-most-once strategy can drop a dead letter.
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+            "x-delivery-limit": DELIVERY_LIMIT,
+            "x-max-length": MAX_LENGTH,
+        },
+    )
+
+
+def primary_queues() -> list[Queue]:
+    return [primary_queue(name) for name in primary_queue_names()]
+
+
+def dead_letter_exchange(queue: str) -> Exchange:
+    return Exchange(dlx_name(queue), type="topic", durable=True)
+
+
+def dead_letter_queue(queue: str) -> Queue:
+    # Classic and lazy: dead letters can pile up during an incident; keep them on disk.
+    return Queue(
+        dlq_name(queue),
+        exchange=dead_letter_exchange(queue),
+        routing_key="#",
+        durable=True,
+        queue_arguments={"x-queue-mode": "lazy"},
+    )
+
+
+def watch_queue() -> Queue:
+    return Queue(
+        WATCH_QUEUE_NAME,
+        bindings=[binding(dead_letter_exchange(q), routing_key="#") for q in primary_queue_names()],
+        durable=True,
+    )
+
+
+def erp_events_queue() -> Queue:
+    return Queue(
+        ERP_EVENTS_QUEUE_NAME, exchange=EVENTS_EXCHANGE, routing_key=EVENT_ROUTING_KEY, durable=True
+    )
+
+
+@dataclass
+class Topology:
+    exchanges: list[Exchange] = field(default_factory=list)
+    queues: list[Queue] = field(default_factory=list)
+
+
+def topology() -> Topology:
+    names = primary_queue_names()
+    return Topology(
+        exchanges=[JOBS_EXCHANGE, EVENTS_EXCHANGE, *(dead_letter_exchange(q) for q in names)],
+        queues=[
+            *primary_queues(),
+            *(dead_letter_queue(q) for q in names),
+            watch_queue(),
+            erp_events_queue(),
+        ],
+    )
