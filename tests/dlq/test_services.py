@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, transaction
+
+from audit.models import AuditLog
+from audit.services import Actor
+from dlq.models import DeadLetter
+from dlq.services import job_fail_with_dead_letter
+from jobs.errors import JobLost
+from jobs.models import Job
+from jobs.services import Fence, Raw, transition
+from jobs.states import Status
+from tests.factories import make_job
+
+pytestmark = pytest.mark.django_db
+SYSTEM = Actor.system()
+
+
+def _claim(job, worker="w1"):
+    return transition(
+        job_id=job.id,
+        target=Status.RUNNING,
+        actor=SYSTEM,
+        set_fields={
+            "locked_by": worker,
+            "locked_at": Raw("now()"),
+            "attempts": Raw("jobs.attempts + 1"),
+        },
+    )
+
+
+def test_fail_with_dead_letter_commits_failed_and_an_open_row():
+    job = _claim(make_job())
+    failed, row = job_fail_with_dead_letter(
+        job_id=job.id,
+        reason="fatal",
+        error_code="FATAL",
+        error_message="boom",
+        actor=SYSTEM,
+        fence=Fence("w1", 1),
+    )
+    assert failed.status == Status.FAILED and failed.dead_letter_queue == "sim_dlq"
+    assert failed.locked_by is None and failed.last_error_code == "FATAL"
+    assert (row.queue, row.reason, row.state) == ("sim_dlq", "fatal", "open")
+    entry = AuditLog.objects.filter(job_id=job.id).latest("seq")
+    assert entry.event_type == "failed" and '"reason":"fatal"' in entry.payload
+
+
+def test_fail_with_dead_letter_by_a_reclaimed_worker_writes_nothing():
+    job = _claim(make_job())
+    Job.objects.filter(id=job.id).update(locked_by="w2", attempts=2)
+    with pytest.raises(JobLost):
+        job_fail_with_dead_letter(job_id=job.id, reason="fatal", actor=SYSTEM, fence=Fence("w1", 1))
+    assert DeadLetter.objects.count() == 0
+    assert Job.objects.get(id=job.id).status == Status.RUNNING
+
+
+def test_only_one_open_dead_letter_per_job():
+    job = make_job()
+    DeadLetter.objects.create(job=job, queue="sim_dlq", reason="fatal")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        DeadLetter.objects.create(job=job, queue="sim_dlq", reason="fatal")
