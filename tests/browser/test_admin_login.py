@@ -1,0 +1,63 @@
+"""The operator portal asks for password AND a one-time password, in a real browser."""
+
+from __future__ import annotations
+
+import pytest
+from django_otp.oath import TOTP
+from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
+from django_otp.plugins.otp_totp.models import TOTPDevice
+from selenium.webdriver.common.by import By
+
+from tests.factories import UserFactory
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def operator():
+    user = UserFactory(username="operator", is_staff=True, is_superuser=True)
+    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    backup = StaticDevice.objects.create(user=user, name="backup", confirmed=True)
+    StaticToken.objects.create(device=backup, token="backup01")
+    return user, device
+
+
+def _current_code(device: TOTPDevice) -> str:
+    totp = TOTP(device.bin_key, device.step, device.t0, device.digits, device.drift)
+    return f"{totp.token():0{device.digits}d}"
+
+
+def _login(browser, live_server, password: str, token: str) -> None:
+    browser.get(f"{live_server.url}/admin/")
+    assert "/admin/login/" in browser.current_url
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys(password)
+    browser.find_element(By.NAME, "otp_token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+
+
+def test_login_form_asks_for_password_and_otp(browser, live_server, operator):
+    browser.get(f"{live_server.url}/admin/")
+    names = {e.get_attribute("name") for e in browser.find_elements(By.CSS_SELECTOR, "input")}
+    assert {"username", "password", "otp_token"} <= names
+
+
+def test_password_without_valid_otp_is_refused(browser, live_server, operator):
+    _login(browser, live_server, "pw-for-tests", "000000")
+    assert "/admin/login/" in browser.current_url
+    assert "Operations" not in browser.title
+
+
+def test_password_and_totp_code_open_the_portal(browser, live_server, operator):
+    _, device = operator
+    _login(browser, live_server, "pw-for-tests", _current_code(device))
+    assert "/admin/login/" not in browser.current_url
+    assert "Operations" in browser.page_source
+
+
+def test_a_backup_token_works_once(browser, live_server, operator):
+    _login(browser, live_server, "pw-for-tests", "backup01")
+    assert "Operations" in browser.page_source
+    browser.delete_all_cookies()
+    _login(browser, live_server, "pw-for-tests", "backup01")
+    assert "/admin/login/" in browser.current_url
