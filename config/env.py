@@ -22,7 +22,9 @@ def env_str(name: str, default: str) -> str:
     if path:
         with open(path, encoding="utf-8") as fh:
             return fh.read().strip()
-    return os.environ.get(name, default)
+    # An empty variable counts as unset, so `SECRET_KEY=` falls back to the default
+    # (and production refuses that default) instead of running with an empty key.
+    return os.environ.get(name) or default
 
 
 def env_bool(name: str, default: bool) -> bool:

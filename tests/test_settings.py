@@ -1,0 +1,68 @@
+"""Settings come from the environment and refuse unsafe production defaults."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAFE = {
+    "DEBUG": "false",
+    "SECRET_KEY": "s" * 50,
+    "ALLOWED_HOSTS": "jobops.example.com",
+    "AUDIT_SIGNING_KEY": "a" * 40,
+    "METRICS_TOKEN": "m" * 32,
+}
+
+
+def _start(**overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in SAFE}
+    env.update(SAFE)
+    env.update(overrides)
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); print('started')"],
+        cwd=ROOT,
+        env={k: v for k, v in env.items() if v is not None},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_it_starts_in_production_mode_with_safe_settings():
+    result = _start()
+    assert result.returncode == 0, result.stderr
+    assert "started" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"SECRET_KEY": ""}, "SECRET_KEY"),
+        ({"SECRET_KEY": "dev-insecure-jobops-secret-key-change-me"}, "SECRET_KEY"),
+        ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS"),
+        ({"AUDIT_SIGNING_KEY": "short"}, "AUDIT_SIGNING_KEY"),
+        ({"METRICS_TOKEN": ""}, "METRICS_TOKEN"),
+    ],
+)
+def test_production_refuses_unsafe_value_and_names_it(overrides, named):
+    result = _start(**overrides)
+    assert result.returncode != 0
+    assert "Refusing to start with DEBUG off" in result.stderr
+    assert named in result.stderr
+
+
+def test_bad_boolean_is_named():
+    result = _start(DEBUG="maybe")
+    assert result.returncode != 0
+    assert "DEBUG='maybe' is not a boolean" in result.stderr
+
+
+def test_development_defaults_start_without_any_variable():
+    result = _start(**{k: "" for k in SAFE} | {"DEBUG": "true"})
+    assert result.returncode == 0, result.stderr
