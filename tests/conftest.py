@@ -26,3 +26,21 @@ def _allow_flush_of_append_only_tables():
     DatabaseOperations.execute_sql_flush = execute_sql_flush
     yield
     DatabaseOperations.execute_sql_flush = original
+
+
+@pytest.fixture
+def otp_admin_client(client):
+    """A client logged in as a superuser whose session passed OTP verification."""
+    from django_otp import DEVICE_ID_SESSION_KEY
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    from tests.factories import UserFactory
+
+    user = UserFactory(username="otp-admin", is_staff=True, is_superuser=True)
+    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    client.force_login(user)
+    session = client.session
+    session[DEVICE_ID_SESSION_KEY] = device.persistent_id
+    session.save()
+    client.user = user
+    return client
