@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MANAGE := $(BIN)/python manage.py
 
-.PHONY: install run test test-slow lint fmt migrate topology worker dispatcher bench lock clean
+.PHONY: install run test test-slow lint fmt typecheck migrate topology worker dispatcher bench lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,9 @@ run: migrate
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy config jobs audit dlq
 
 fmt: install
 	$(BIN)/ruff check --fix .

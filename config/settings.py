@@ -7,6 +7,7 @@ DEBUG off, `check_production_safety` refuses to start on an unsafe default.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -120,7 +121,7 @@ CACHES = {
 }
 
 # --- job types: the one table of facts (DESIGN.md 3.1) --------------------------
-JOB_TYPES: dict[str, dict[str, object]] = {
+JOB_TYPES: dict[str, dict[str, Any]] = {
     "ai": {
         "queue": "default",
         "max_retries": 3,

@@ -14,7 +14,7 @@ from jobs.services import job_cancel
 
 class ArtefactInline(admin.TabularInline):
     model = Artefact
-    fields = ["kind", "name", "size", "sha256", "updated_at"]
+    fields = ("kind", "name", "size", "sha256", "updated_at")
     readonly_fields = fields
     extra = 0
     can_delete = False

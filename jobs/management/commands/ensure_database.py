@@ -6,6 +6,7 @@ import psycopg
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 
 class Command(BaseCommand):
@@ -13,14 +14,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         db = settings.DATABASES["default"]
-        conninfo = {
-            "host": db.get("HOST") or None,
-            "port": db.get("PORT") or None,
-            "user": db.get("USER") or None,
-            "password": db.get("PASSWORD") or None,
-            "dbname": "postgres",
-        }
-        with psycopg.connect(**{k: v for k, v in conninfo.items() if v}, autocommit=True) as conn:
+        parts = {"host": db.get("HOST"), "port": db.get("PORT"), "user": db.get("USER")}
+        parts["password"] = db.get("PASSWORD")
+        conninfo = make_conninfo(dbname="postgres", **{k: str(v) for k, v in parts.items() if v})
+        with psycopg.connect(conninfo, autocommit=True) as conn:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db["NAME"]])
             if exists.fetchone():
                 self.stdout.write(f"database {db['NAME']} exists")
