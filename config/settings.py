@@ -48,6 +48,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "jobs.api.middleware.RequestIdMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -193,6 +194,11 @@ JOBOPS_RATE_LIMITS: dict[str, int] = env_json(
 JOBOPS_QUEUE_DEPTH_LIMITS: dict[str, int] = {
     queue: 100_000 for queue in {str(t["queue"]) for t in JOB_TYPES.values()}
 } | env_json("JOBOPS_QUEUE_DEPTH_LIMITS", {})
+# jobops' own Redis keys (rate-limit buckets, cached queue depths) live under this
+# prefix, like the cache's keys, so that parallel deployments on one Redis never collide.
+JOBOPS_REDIS_PREFIX = env_str("JOBOPS_REDIS_PREFIX", CACHES["default"]["KEY_PREFIX"])
+# How long a cached queue depth counts; an older (expired) depth is unknown and never refuses.
+JOBOPS_QUEUE_DEPTH_TTL = env_int("JOBOPS_QUEUE_DEPTH_TTL", 15)
 JOBOPS_ERP_WEBHOOK_URL = env_str("JOBOPS_ERP_WEBHOOK_URL", "")
 JOBOPS_ERP_EVENTS_URL = env_str("JOBOPS_ERP_EVENTS_URL", "")
 
@@ -225,6 +231,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit, watch and cancel background jobs.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Paths are served with and without a trailing slash; document each once.
+    "PREPROCESSING_HOOKS": ["jobs.api.schema.drop_slash_aliases"],
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 # --- observability ------------------------------------------------------------------

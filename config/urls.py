@@ -1,7 +1,17 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
+
+from jobs.api.exceptions import api_handler404, api_handler500
+from jobs.api.views import api_not_found_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/v1/", include("jobs.api.urls")),
     path("", include("django_prometheus.urls")),
+    # Last: any other /api/ path is a JSON 404 envelope, also with DEBUG on.
+    re_path(r"^api/(?P<unmatched>.*)$", api_not_found_view),
 ]
+
+# Django's own 404/500 pages: the JSON envelope for /api/ paths, HTML elsewhere.
+handler404 = api_handler404
+handler500 = api_handler500

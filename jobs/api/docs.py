@@ -1,0 +1,91 @@
+"""OpenAPI documentation pieces for the jobs API: error responses and headers.
+
+Kept apart from the views so that each view's decorator reads as a list of what it
+can answer. Every status code and error code the API emits is listed here.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse
+
+from jobs.api.serializers import ErrorEnvelopeSerializer
+
+# status -> (description, codes that status can carry)
+ERRORS: dict[int, tuple[str, list[str]]] = {
+    400: (
+        "ERR-JOB-400: unknown job type; idempotency key longer than 255 characters or not "
+        "printable ASCII, or body and Idempotency-Key header disagree; malformed JSON; a body "
+        "that is not a JSON object; unknown or mistyped top-level fields; bad filters.",
+        ["ERR-JOB-400"],
+    ),
+    401: (
+        "ERR-AUTH-401: no or invalid credentials (send `Authorization: Token ...`).",
+        ["ERR-AUTH-401"],
+    ),
+    403: (
+        "ERR-AUTH-403: refused, e.g. a session request without its CSRF token.",
+        ["ERR-AUTH-403"],
+    ),
+    404: (
+        "ERR-JOB-404: no such job or artefact, or it is not the caller's (owner or staff only).",
+        ["ERR-JOB-404"],
+    ),
+    409: (
+        "ERR-JOB-409: a concurrent change conflicted; the request can be retried.",
+        ["ERR-JOB-409"],
+    ),
+    413: ("ERR-JOB-413: the request body or the params exceed 256 KB.", ["ERR-JOB-413"]),
+    415: ("ERR-HTTP-415: the body is not `application/json`.", ["ERR-HTTP-415"]),
+    422: (
+        "ERR-JOB-422: params do not match the type's schema (per-field details). "
+        "ERR-JOB-IDEMPOTENCY-MISMATCH: the key was used before with another type or params.",
+        ["ERR-JOB-422", "ERR-JOB-IDEMPOTENCY-MISMATCH"],
+    ),
+    429: (
+        "ERR-JOB-RATE-LIMIT: too many submissions (60/min per user, 500/min overall by default). "
+        "ERR-JOB-BACKPRESSURE: the type's queue is deeper than its limit. Both send Retry-After.",
+        ["ERR-JOB-RATE-LIMIT", "ERR-JOB-BACKPRESSURE"],
+    ),
+}
+
+
+def error_responses(*statuses: int) -> dict[int, OpenApiResponse]:
+    responses = {}
+    for status in statuses:
+        description, codes = ERRORS[status]
+        examples = [
+            OpenApiExample(
+                code,
+                value={"error": {"code": code, "message": "...", "details": {}}},
+                status_codes=[status],
+                response_only=True,
+            )
+            for code in codes
+        ]
+        responses[status] = OpenApiResponse(ErrorEnvelopeSerializer, description, examples)
+    return responses
+
+
+def response_header(name: str, description: str, statuses: list[int]) -> OpenApiParameter:
+    return OpenApiParameter(
+        name, OpenApiTypes.STR, OpenApiParameter.HEADER, description=description, response=statuses
+    )
+
+
+REQUEST_ID = OpenApiParameter(
+    "X-Request-ID",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    description="Your id for this request (1-128 of A-Z a-z 0-9 . _ : -); else one is generated. "
+    "Returned in the response and stored on a created job.",
+)
+_LIMITED = [200, 201, 429]
+RATE_LIMIT_HEADERS = [
+    response_header("RateLimit-Limit", "Submissions allowed per minute.", _LIMITED),
+    response_header("RateLimit-Remaining", "Submissions left now.", _LIMITED),
+    response_header(
+        "RateLimit-Reset", "Seconds until the allowance is full again.", [200, 201, 429]
+    ),
+    response_header("Retry-After", "Seconds to wait before retrying.", [429]),
+]

@@ -1,0 +1,32 @@
+"""X-Request-ID: accepted when sane, generated otherwise, returned and stored on jobs."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+
+from django.http import HttpRequest, HttpResponse
+
+HEADER = "X-Request-ID"
+# A client's id lands in logs and in the jobs table: short, and no characters that
+# could forge a log line or a header.
+_SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def request_id_from(value: str | None) -> str:
+    if value and _SANE.match(value):
+        return value
+    return uuid.uuid4().hex
+
+
+class RequestIdMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        request_id = request_id_from(request.META.get("HTTP_X_REQUEST_ID"))
+        request.request_id = request_id  # type: ignore[attr-defined]
+        response = self.get_response(request)
+        response[HEADER] = request_id
+        return response

@@ -1,0 +1,29 @@
+"""/api/v1/ routes. Each path answers with and without its trailing slash."""
+
+from __future__ import annotations
+
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from jobs.api import views
+
+app_name = "api"
+
+
+def both(route: str, view, name: str):  # type: ignore[no-untyped-def]
+    """The route without a slash (named, documented) and its slashed alias."""
+    return [path(route, view, name=name), path(route + "/", view)]
+
+
+urlpatterns = [
+    *both("jobs", views.JobCollectionApi.as_view(), "jobs"),
+    *both("jobs/<uuid:job_id>", views.JobDetailApi.as_view(), "job-detail"),
+    *both("jobs/<uuid:job_id>/cancel", views.JobCancelApi.as_view(), "job-cancel"),
+    *both(
+        "jobs/<uuid:job_id>/artefacts/<uuid:artefact_id>",
+        views.JobArtefactApi.as_view(),
+        "job-artefact",
+    ),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+]

@@ -1,0 +1,334 @@
+"""The jobs API (DESIGN.md 6). Thin views: parse, call a selector or service, render.
+
+Writes go only through `jobs.services`; reads only through `jobs.selectors`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError
+from django.http import FileResponse, HttpRequest, HttpResponseBase
+from django.urls import reverse
+from django.utils.http import parse_etags
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.pagination import CursorPagination
+from rest_framework.parsers import JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from audit.services import Actor
+from jobs.api.docs import RATE_LIMIT_HEADERS, REQUEST_ID, error_responses, response_header
+from jobs.api.middleware import request_id_from
+from jobs.api.serializers import JobOutputSerializer, StrictCharField
+from jobs.backpressure import BackpressureError, backpressure_check
+from jobs.errors import (
+    BadRequestError,
+    JobConflictError,
+    JobNotFoundError,
+    PayloadTooLargeError,
+)
+from jobs.models import Artefact, Job
+from jobs.ratelimit import job_create_rate_limit
+from jobs.selectors import (
+    artefact_get_for_user,
+    job_get_for_user,
+    job_key_exists,
+    job_list_for_user,
+    job_version_for_user,
+)
+from jobs.services import job_cancel, job_create
+from jobs.states import Status
+from jobs.types import get_type
+
+ETAG_HEADER = response_header("ETag", 'Strong validator "<id>-<version>".', [200, 201])
+# Clients must revalidate (If-None-Match) rather than reuse a stored body.
+CACHE_CONTROL = "private, no-cache"
+
+
+def job_body(job: Job, request: Request) -> dict[str, Any]:
+    return JobOutputSerializer(job, context={"request": request}).data
+
+
+def _etag_matches(request: Request, etag: str) -> bool:
+    """If-None-Match uses the weak comparison (RFC 9110 13.1.2): W/ prefixes are ignored."""
+    header = request.headers.get("If-None-Match")
+    if not header:
+        return False
+    tags = parse_etags(header)
+    return "*" in tags or any(tag.removeprefix("W/") == etag for tag in tags)
+
+
+class JobCreateApi(APIView):
+    """POST /api/v1/jobs: create a job, or return the one its idempotency key made."""
+
+    parser_classes = [JSONParser]
+
+    class JobCreateInputSerializer(serializers.Serializer):
+        type = StrictCharField(max_length=64, help_text="A job type, e.g. sim, report, erp.")
+        params = serializers.JSONField(
+            help_text="A JSON object checked against the type's params schema."
+        )
+        idempotency_key = StrictCharField(
+            required=False,
+            allow_null=True,
+            allow_blank=True,
+            trim_whitespace=False,
+            max_length=None,
+            help_text="1-255 printable ASCII characters; or send the Idempotency-Key header.",
+        )
+
+        def to_internal_value(self, data: Any) -> Any:
+            # Mass assignment: anything but these three (status, owner, result...) is refused.
+            if isinstance(data, dict):
+                unknown = sorted(set(data) - set(self.fields))
+                if unknown:
+                    raise serializers.ValidationError(
+                        {name: ["Unknown field; server fields cannot be set."] for name in unknown}
+                    )
+            return super().to_internal_value(data)
+
+    def finalize_response(
+        self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        # Every answer to a counted POST, refusals included, carries the allowance.
+        for name, value in getattr(self, "rate_headers", {}).items():
+            response.setdefault(name, value)
+        return super().finalize_response(request, response, *args, **kwargs)
+
+    @extend_schema(
+        operation_id="jobs_create",
+        summary="Create a job (idempotent with a key)",
+        request=JobCreateInputSerializer,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="Same as the body's idempotency_key (send one, or both equal).",
+            ),
+            REQUEST_ID,
+            ETAG_HEADER,
+            response_header("Location", "The new job's URL.", [201]),
+            *RATE_LIMIT_HEADERS,
+        ],
+        responses={
+            201: OpenApiResponse(JobOutputSerializer, "Created: a new job."),
+            200: OpenApiResponse(JobOutputSerializer, "The job this key already made."),
+            **error_responses(400, 401, 403, 409, 413, 415, 422, 429),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """1. count the request (rate limit); 2. size check before parsing; 3. parse and
+        validate; 4. backpressure; 5. create through the service."""
+        decision = job_create_rate_limit(user_id=request.user.pk)
+        self.rate_headers = decision.headers() if decision else {}
+        _refuse_large_body(request)
+        serializer = self.JobCreateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        key = _idempotency_key(request, data.get("idempotency_key"))
+        spec = get_type(data["type"])
+        if spec is not None:
+            try:
+                backpressure_check(queue=spec.queue)
+            except BackpressureError:
+                # A repeat makes no new work: answer it even when the queue is deep.
+                if key is None or not job_key_exists(owner=request.user, key=key):
+                    raise
+        try:
+            job, created = job_create(
+                owner=request.user,
+                job_type=data["type"],
+                params=data["params"],
+                idempotency_key=key,
+                request_id=getattr(request._request, "request_id", None)
+                or request_id_from(request.headers.get("X-Request-ID")),
+            )
+        except IntegrityError as exc:  # e.g. a key released and reused concurrently
+            raise JobConflictError() from exc
+        if created:
+            # A job created in this request has no artefacts yet: skip the query.
+            job._prefetched_objects_cache = {"artefacts": Artefact.objects.none()}
+        headers = {"ETag": job.etag}
+        if created:
+            headers["Location"] = request.build_absolute_uri(
+                reverse("api:job-detail", kwargs={"job_id": job.id})
+            )
+        return Response(
+            job_body(job, request),
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+            headers=headers,
+        )
+
+
+def _refuse_large_body(request: Request) -> None:
+    # Content-Length is read before the body: a 10 MB upload is refused unparsed.
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    limit = settings.JOBOPS_MAX_PAYLOAD_BYTES
+    if length > limit:
+        raise PayloadTooLargeError(
+            f"The request body is {length} bytes; at most {limit} are accepted. "
+            "Pass large inputs by reference.",
+            details={"limit": limit, "size": length},
+        )
+
+
+def _idempotency_key(request: Request, body_key: str | None) -> str | None:
+    header_key = request.headers.get("Idempotency-Key")
+    if header_key is not None and len(header_key) >= 2 and header_key[0] == header_key[-1] == '"':
+        header_key = header_key[1:-1]  # the IETF draft sends it as a quoted string
+    if header_key is not None and body_key is not None and header_key != body_key:
+        raise BadRequestError(
+            "The Idempotency-Key header and the body's idempotency_key differ.",
+            details={"idempotency_key": ["Differs from the Idempotency-Key header."]},
+        )
+    return body_key if body_key is not None else header_key
+
+
+class JobCursorPagination(CursorPagination):
+    ordering = "-created_at"
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 200
+
+    def decode_cursor(self, request: Request) -> Any:
+        try:
+            return super().decode_cursor(request)
+        except Exception as exc:  # DRF answers a bad cursor with 404; it is a bad request
+            raise serializers.ValidationError({"cursor": ["Invalid cursor."]}) from exc
+
+
+class JobListApi(APIView):
+    """GET /api/v1/jobs: the caller's jobs (all for staff), newest first."""
+
+    pagination_class = JobCursorPagination
+
+    class JobListFilterSerializer(serializers.Serializer):
+        status = serializers.ChoiceField(choices=Status.choices, required=False)
+        type = serializers.ChoiceField(choices=sorted(settings.JOB_TYPES), required=False)
+        created_after = serializers.DateTimeField(required=False)
+
+    @extend_schema(
+        operation_id="jobs_list",
+        summary="List jobs",
+        parameters=[JobListFilterSerializer, REQUEST_ID],
+        responses={200: JobOutputSerializer(many=True), **error_responses(400, 401)},
+    )
+    def get(self, request: Request) -> Response:
+        filters = self.JobListFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        jobs = job_list_for_user(
+            user=request.user,
+            status=filters.validated_data.get("status"),
+            job_type=filters.validated_data.get("type"),
+            created_after=filters.validated_data.get("created_after"),
+        )
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(jobs, request, view=self)
+        data = JobOutputSerializer(page, many=True, context={"request": request}).data
+        return paginator.get_paginated_response(data)
+
+
+class JobCollectionApi(JobListApi, JobCreateApi):
+    """One URL, two operations: GET is JobListApi, POST is JobCreateApi."""
+
+
+class JobDetailApi(APIView):
+    """GET /api/v1/jobs/{id}, with a strong ETag and If-None-Match."""
+
+    @extend_schema(
+        operation_id="jobs_retrieve",
+        summary="Read a job",
+        parameters=[
+            OpenApiParameter(
+                "If-None-Match",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="An ETag from an earlier answer: 304 while the job is unchanged.",
+            ),
+            REQUEST_ID,
+            ETAG_HEADER,
+        ],
+        responses={
+            200: JobOutputSerializer,
+            304: OpenApiResponse(None, "Not modified: the job is as in the ETag you sent."),
+            **error_responses(401, 404),
+        },
+    )
+    def get(self, request: Request, job_id: uuid.UUID) -> Response:
+        """1. read only the version (one indexed row): 304 if the client has it;
+        2. else load the job with its artefacts and render the body."""
+        version = job_version_for_user(job_id=job_id, user=request.user)
+        if version is None:
+            raise JobNotFoundError()
+        etag = f'"{job_id}-{version}"'
+        if _etag_matches(request, etag):
+            return Response(
+                status=status.HTTP_304_NOT_MODIFIED,
+                headers={"ETag": etag, "Cache-Control": CACHE_CONTROL},
+            )
+        job = job_get_for_user(job_id=job_id, user=request.user)
+        return Response(
+            job_body(job, request), headers={"ETag": job.etag, "Cache-Control": CACHE_CONTROL}
+        )
+
+
+class JobCancelApi(APIView):
+    """POST /api/v1/jobs/{id}/cancel: idempotent; 200 with the job."""
+
+    @extend_schema(
+        operation_id="jobs_cancel",
+        summary="Cancel a job (idempotent)",
+        request=None,
+        parameters=[REQUEST_ID, ETAG_HEADER],
+        responses={200: JobOutputSerializer, **error_responses(401, 403, 404, 409)},
+    )
+    def post(self, request: Request, job_id: uuid.UUID) -> Response:
+        if job_version_for_user(job_id=job_id, user=request.user) is None:
+            raise JobNotFoundError()
+        job_cancel(job_id=job_id, actor=Actor.user(request.user))
+        job = job_get_for_user(job_id=job_id, user=request.user)
+        return Response(job_body(job, request), headers={"ETag": job.etag})
+
+
+class JobArtefactApi(APIView):
+    """GET /api/v1/jobs/{id}/artefacts/{aid}: the file, streamed."""
+
+    @extend_schema(
+        operation_id="jobs_artefact_download",
+        summary="Download an artefact",
+        parameters=[REQUEST_ID],
+        responses={
+            (200, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, "The file, as an attachment."),
+            **error_responses(401, 404),
+        },
+    )
+    def get(self, request: Request, job_id: uuid.UUID, artefact_id: uuid.UUID) -> FileResponse:
+        artefact = artefact_get_for_user(job_id=job_id, artefact_id=artefact_id, user=request.user)
+        try:
+            handle = artefact.file.open("rb")
+        except FileNotFoundError as exc:
+            raise JobNotFoundError("The artefact's file is missing from storage.") from exc
+        response = FileResponse(
+            handle,
+            as_attachment=True,
+            filename=artefact.name,
+            content_type=artefact.content_type or "application/octet-stream",
+        )
+        response["ETag"] = f'"{artefact.sha256}"'
+        return response
+
+
+def api_not_found_view(request: HttpRequest, unmatched: str = "") -> Any:
+    from jobs.api.exceptions import api_not_found
+
+    return api_not_found(request)

@@ -1,0 +1,113 @@
+"""Queue-depth backpressure (DESIGN.md 6).
+
+The dispatcher calls `queue_depths_refresh()` every few seconds: it reads each
+primary queue's depth from RabbitMQ (a passive declare answers the message count
+without creating or changing anything) and caches it in Redis with a short TTL.
+The create view only reads that cache (one Redis GET, no broker round trip per
+request) and refuses with 429 when the job's queue is deeper than its limit.
+
+An unknown depth never refuses a job: no cache entry (dispatcher not running,
+entry expired), Redis down or the broker down all mean "accept". Backpressure
+sheds load when we know the queue is long; it must not turn an outage of a
+helper service into an outage of job submission.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from django.conf import settings
+from kombu import Connection
+from kombu.exceptions import OperationalError
+
+from jobs.errors import ApplicationError
+from jobs.redis_client import redis_client, redis_key
+from jobs.types import queues
+
+logger = logging.getLogger(__name__)
+
+BROKER_TIMEOUT = 2.0
+
+
+class BackpressureError(ApplicationError):
+    code = "ERR-JOB-BACKPRESSURE"
+    http_status = 429
+    default_message = "The job's queue is too deep right now; retry after Retry-After."
+
+    def __init__(self, *, queue: str, depth: int, limit: int, retry_after: int) -> None:
+        super().__init__(details={"queue": queue, "depth": depth, "limit": limit})
+        self.retry_after = retry_after
+
+
+def _depth_key(queue: str) -> str:
+    return redis_key("queue-depth", queue)
+
+
+def queue_depths_read_broker(conn: Connection) -> dict[str, int]:
+    """Each primary queue's message count; a queue the broker lacks is left out.
+
+    Raises kombu/amqp connection errors when the broker is down.
+    """
+    depths: dict[str, int] = {}
+    with conn:
+        channel = conn.channel()
+        for name in queues():
+            try:
+                _, count, _ = channel.queue_declare(queue=name, passive=True)
+            except conn.channel_errors:
+                # 404 NOT_FOUND closes the channel: note nothing, take a new one.
+                channel = conn.channel()
+                continue
+            depths[name] = int(count)
+    return depths
+
+
+def queue_depths_refresh() -> dict[str, int]:
+    """Read the depths from RabbitMQ and cache them in Redis for the create view.
+
+    Returns the depths read ({} when the broker is down; then the cache simply
+    expires and creation falls back to accepting).
+    """
+    conn = Connection(settings.BROKER_URL, connect_timeout=BROKER_TIMEOUT)
+    try:
+        depths = queue_depths_read_broker(conn)
+    except (OSError, OperationalError, *conn.connection_errors) as exc:
+        logger.warning("queue depths not refreshed: broker unavailable (%s)", exc)
+        return {}
+    if depths:
+        try:
+            pipe = redis_client().pipeline(transaction=False)
+            for name, depth in depths.items():
+                pipe.set(_depth_key(name), depth, ex=settings.JOBOPS_QUEUE_DEPTH_TTL)
+            pipe.execute()
+        except redis.RedisError:
+            logger.warning("queue depths not cached: Redis unavailable", exc_info=True)
+    return depths
+
+
+def queue_depth_cached(queue: str) -> int | None:
+    """The cached depth of `queue`, or None when unknown (never cached, expired, Redis down)."""
+    try:
+        raw = redis_client().get(_depth_key(queue))
+    except redis.RedisError:
+        logger.warning("backpressure not applied: Redis unavailable", exc_info=True)
+        return None
+    return int(raw) if raw is not None else None
+
+
+def queue_depth_set(queue: str, depth: int, ttl: int | None = None) -> None:
+    """Cache a depth by hand (tests, tools); the dispatcher uses queue_depths_refresh."""
+    redis_client().set(_depth_key(queue), depth, ex=ttl or settings.JOBOPS_QUEUE_DEPTH_TTL)
+
+
+def backpressure_check(*, queue: str) -> None:
+    """Raise BackpressureError when `queue` is known to be deeper than its limit."""
+    limit = settings.JOBOPS_QUEUE_DEPTH_LIMITS.get(queue)
+    if limit is None:
+        return
+    depth = queue_depth_cached(queue)
+    if depth is not None and depth > limit:
+        raise BackpressureError(
+            queue=queue, depth=depth, limit=limit, retry_after=settings.JOBOPS_QUEUE_DEPTH_TTL
+        )

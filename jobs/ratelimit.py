@@ -1,0 +1,141 @@
+"""Atomic Redis token buckets for job creation (DESIGN.md 6).
+
+Each bucket holds up to `limit` tokens and refills at `limit` per minute. One Lua
+script refills and takes from every bucket of a request (the caller's and the global
+one) in a single atomic step: two web processes can never both spend the last token,
+as a read-then-write counter would let them. A request is refused when any bucket is
+empty, and then takes from none.
+
+Redis unavailable: creation is NOT refused (fail open, logged). A rate limit protects
+capacity; refusing every job because the limiter's store is down would turn a Redis
+outage into an API outage, and the database still bounds the damage.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+
+from jobs.errors import ApplicationError
+from jobs.redis_client import redis_client, redis_key
+
+logger = logging.getLogger(__name__)
+
+# KEYS: one hash per bucket {t: tokens, ts: last refill ms}.
+# ARGV: capacity, refill per ms, for each key in order.
+# Returns {allowed, tokens left in bucket 1, ms until bucket 1 is full, ms to wait}.
+TOKEN_BUCKET_LUA = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local tokens = {}
+local allowed = 1
+local wait = 0
+for i = 1, #KEYS do
+  local cap = tonumber(ARGV[2 * i - 1])
+  local rate = tonumber(ARGV[2 * i])
+  local state = redis.call('HMGET', KEYS[i], 't', 'ts')
+  local t = tonumber(state[1])
+  local ts = tonumber(state[2])
+  if t == nil or ts == nil then
+    t = cap
+    ts = now
+  end
+  t = math.min(cap, t + math.max(0, now - ts) * rate)
+  tokens[i] = t
+  if t < 1 then
+    allowed = 0
+    wait = math.max(wait, math.ceil((1 - t) / rate))
+  end
+end
+for i = 1, #KEYS do
+  local cap = tonumber(ARGV[2 * i - 1])
+  local rate = tonumber(ARGV[2 * i])
+  if allowed == 1 then
+    tokens[i] = tokens[i] - 1
+  end
+  redis.call('HSET', KEYS[i], 't', tostring(tokens[i]), 'ts', now)
+  redis.call('PEXPIRE', KEYS[i], math.ceil(cap / rate) + 1000)
+end
+local full = math.ceil((tonumber(ARGV[1]) - tokens[1]) / tonumber(ARGV[2]))
+return {allowed, math.floor(tokens[1]), full, wait}
+"""
+
+WINDOW_MS = 60_000
+
+
+class RateLimitExceededError(ApplicationError):
+    code = "ERR-JOB-RATE-LIMIT"
+    http_status = 429
+    default_message = "Too many job submissions; retry after the time in Retry-After."
+
+    def __init__(self, decision: RateDecision) -> None:
+        super().__init__(details={"retry_after": decision.retry_after})
+        self.retry_after = decision.retry_after
+        self.headers = decision.headers()
+
+
+@dataclass(frozen=True)
+class RateDecision:
+    allowed: bool
+    limit: int
+    remaining: int
+    reset: int  # seconds until the caller's bucket is full again
+    retry_after: int  # seconds until a refused request would pass
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "RateLimit-Limit": str(self.limit),
+            "RateLimit-Remaining": str(self.remaining),
+            "RateLimit-Reset": str(self.reset),
+        }
+
+
+def _script():  # type: ignore[no-untyped-def]
+    client = redis_client()
+    # register_script is cheap (it hashes the text); EVALSHA falls back to EVAL once.
+    return client.register_script(TOKEN_BUCKET_LUA)
+
+
+def rate_limit_take(*, buckets: list[tuple[str, int]]) -> RateDecision | None:
+    """Take one token from every bucket `(key, limit per minute)` or from none.
+
+    Returns the decision for the first bucket, or None when Redis cannot answer
+    (the caller lets the request through).
+    """
+    keys = [redis_key("ratelimit", name) for name, _ in buckets]
+    args: list[float] = []
+    for _, limit in buckets:
+        args += [limit, limit / WINDOW_MS]
+    try:
+        allowed, remaining, full_ms, wait_ms = _script()(keys=keys, args=args)
+    except redis.RedisError:
+        logger.warning("rate limit not applied: Redis unavailable", exc_info=True)
+        return None
+    return RateDecision(
+        allowed=bool(allowed),
+        limit=buckets[0][1],
+        remaining=max(0, int(remaining)),
+        reset=math.ceil(int(full_ms) / 1000),
+        retry_after=max(1, math.ceil(int(wait_ms) / 1000)) if not allowed else 0,
+    )
+
+
+def job_create_rate_limit(*, user_id: object) -> RateDecision | None:
+    """Count one job submission for `user_id` (DESIGN.md 6: every POST counts).
+
+    Raises RateLimitExceededError when the caller's or the global bucket is empty.
+    """
+    limits = settings.JOBOPS_RATE_LIMITS
+    decision = rate_limit_take(
+        buckets=[
+            (f"create:user:{user_id}", int(limits["create_per_user"])),
+            ("create:global", int(limits["create_global"])),
+        ]
+    )
+    if decision is not None and not decision.allowed:
+        raise RateLimitExceededError(decision)
+    return decision
