@@ -12,7 +12,7 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_int, env_json, env_list, env_str
+from config.env import env_bool, env_float, env_int, env_json, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -184,8 +184,28 @@ for _type, _path in env_json("JOBOPS_HANDLERS", {}).items():
         raise ImproperlyConfigured(f"JOBOPS_HANDLERS names unknown job type {_type!r}")
     JOB_TYPES[_type]["handler"] = _path
 
+# A deployment (or a test worker) tunes the table without code changes:
+# {"sim": {"max_retries": 2, "soft_time_limit": 2, "time_limit": 3}}.
+for _type, _fields in env_json("JOBOPS_JOB_TYPES", {}).items():
+    if _type not in JOB_TYPES or not set(_fields) <= set(JOB_TYPES[_type]):
+        raise ImproperlyConfigured(f"JOBOPS_JOB_TYPES: unknown type or field in {_type!r}")
+    JOB_TYPES[_type].update(_fields)
+
 JOBOPS_LOCK_TIMEOUT = env_int("JOBOPS_LOCK_TIMEOUT", 60)
 JOBOPS_HEARTBEAT_SECONDS = env_int("JOBOPS_HEARTBEAT_SECONDS", 10)
+# Execution (DESIGN.md 3.3, 3.5-3.8); tests shrink these through the environment.
+JOBOPS_BACKOFF_BASE_SECONDS = env_float("JOBOPS_BACKOFF_BASE_SECONDS", 2.0)
+JOBOPS_PROGRESS_INTERVAL_SECONDS = env_float("JOBOPS_PROGRESS_INTERVAL_SECONDS", 2.0)
+JOBOPS_CANCEL_CHECK_SECONDS = env_float("JOBOPS_CANCEL_CHECK_SECONDS", 0.5)
+JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = env_float("JOBOPS_DISPATCH_PENDING_AFTER_SECONDS", 5.0)
+JOBOPS_DISPATCHER_INTERVAL_SECONDS = env_float("JOBOPS_DISPATCHER_INTERVAL_SECONDS", 1.0)
+JOBOPS_PUBLISH_TIMEOUT_SECONDS = env_float("JOBOPS_PUBLISH_TIMEOUT_SECONDS", 5.0)
+# RabbitMQ's consumer_timeout (default 30 min); workers refuse prefetch settings that
+# could keep a reserved message waiting past half of it.
+JOBOPS_CONSUMER_TIMEOUT_SECONDS = env_int("JOBOPS_CONSUMER_TIMEOUT_SECONDS", 1800)
+# Pause before handing a message back when the database is unreachable, so that an
+# outage does not burn through the queue's delivery limit in a tight loop.
+JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS = env_float("JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS", 1.0)
 JOBOPS_IDEMPOTENCY_KEY_DAYS = env_int("JOBOPS_IDEMPOTENCY_KEY_DAYS", 30)
 JOBOPS_MAX_PAYLOAD_BYTES = env_int("JOBOPS_MAX_PAYLOAD_BYTES", 256 * 1024)
 JOBOPS_RATE_LIMITS: dict[str, int] = env_json(

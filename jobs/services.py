@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import random
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import IO, Any
 
 from django.conf import settings
@@ -272,7 +274,16 @@ def job_create(
                 raise IdempotencyMismatchError(details={"job_id": str(job.id)})
             return job, False
         _record(job, event_type="created", previous_status=None, actor=actor)
+        # Publish only once the row is committed (a worker must find it); a broker
+        # failure never reaches the caller: the job stays `pending` for the dispatcher.
+        transaction.on_commit(partial(_publish_after_commit, job.id))
     return job, True
+
+
+def _publish_after_commit(job_id: uuid.UUID) -> None:
+    from jobs.publisher import job_publish_after_commit  # publisher imports this module
+
+    job_publish_after_commit(job_id)
 
 
 def job_release_idempotency_keys(*, job_ids: Iterable[uuid.UUID] | None = None) -> int:
@@ -325,8 +336,12 @@ def artefact_save(
     name: str,
     data: bytes | str | IO[bytes],
     content_type: str = "application/octet-stream",
+    fence: Fence | None = None,
 ) -> Artefact:
     """Store a file for a job; an upsert on (job, kind, name), so a rerun replaces it.
+
+    With a `fence` (a worker's write) the job row is locked first and the write refused
+    with JobLost unless the worker still holds the job.
 
     The new file is written to storage first and the row switched to it in one
     statement; the replaced file is deleted only after commit, so a rollback never
@@ -341,6 +356,15 @@ def artefact_save(
         size += len(chunk)
     content.seek(0)
     with transaction.atomic():
+        if fence is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT 1 FROM jobs WHERE id = %s AND status = 'running' AND locked_by = %s "
+                    "AND attempts = %s FOR UPDATE",
+                    [job_id, fence.locked_by, fence.attempt],
+                )
+                if cursor.fetchone() is None:
+                    raise JobLost(f"job {job_id}: lock {fence.locked_by} lost")
         artefact = (
             Artefact.objects.select_for_update().filter(job_id=job_id, kind=kind, name=name).first()
         )
@@ -358,3 +382,213 @@ def artefact_save(
             storage = artefact.file.storage
             transaction.on_commit(lambda: storage.delete(old_name))
     return artefact
+
+
+# --- worker write paths (DESIGN.md 3.3, 3.6-3.8) ------------------------------------
+# Every write below made by a worker is fenced (`Fence(locked_by, attempt)`): zero rows
+# means the job was reclaimed from under the worker and JobLost is raised.
+
+WORKER = Actor.system("worker")
+_FINAL_UNLOCK = {"locked_by": None, "locked_at": None}
+
+
+def backoff_delay(*, attempt: int, cap: float, base: float | None = None) -> float:
+    """Delay before attempt n+1 (DESIGN.md 3.3): min(cap, base * 2**(n-1)) * U(0.5, 1.5)."""
+    base = settings.JOBOPS_BACKOFF_BASE_SECONDS if base is None else base
+    return min(cap, base * 2 ** (max(attempt, 1) - 1)) * random.uniform(0.5, 1.5)
+
+
+def job_claim(*, job_id: uuid.UUID | str, locked_by: str) -> Job | None:
+    """Claim a job for one run (DESIGN.md 3.6); None when it is not claimable.
+
+    One compare-and-set from `pending`/`queued`, or a due `retrying`; it takes the
+    lock and counts the attempt. None means the message is a duplicate or stale, or
+    the job runs elsewhere: the caller acks and does nothing.
+    """
+    try:
+        return transition(
+            job_id=job_id,
+            target=Status.RUNNING,
+            sources=[Status.PENDING, Status.QUEUED, Status.RETRYING],
+            actor=WORKER,
+            where="jobs.status <> 'retrying' OR jobs.next_run_at <= now()",
+            set_fields={
+                "locked_by": locked_by,
+                "locked_at": Raw("now()"),
+                "attempts": Raw("jobs.attempts + 1"),
+                "next_run_at": None,
+            },
+        )
+    except TransitionRefusedError:
+        return None
+
+
+def job_heartbeat(*, job_id: uuid.UUID | str, fence: Fence) -> bool:
+    """Refresh the lock (no `version` bump: a heartbeat is not a change a client sees).
+
+    Returns the job's `cancel_requested`; raises JobLost when the lock is gone.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs SET locked_at = now() WHERE id = %s AND status = 'running' "
+            "AND locked_by = %s AND attempts = %s RETURNING cancel_requested",
+            [job_id, fence.locked_by, fence.attempt],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise JobLost(f"job {job_id}: lock {fence.locked_by} attempt {fence.attempt} lost")
+    return bool(row[0])
+
+
+def job_lock_state(*, job_id: uuid.UUID | str, fence: Fence) -> bool:
+    """Read `cancel_requested` by primary key; JobLost if the fence no longer holds."""
+    row = (
+        Job.objects.filter(id=job_id)
+        .values_list("status", "locked_by", "attempts", "cancel_requested")
+        .first()
+    )
+    if row is None or row[:3] != (Status.RUNNING, fence.locked_by, fence.attempt):
+        raise JobLost(f"job {job_id}: lock {fence.locked_by} attempt {fence.attempt} lost")
+    return bool(row[3])
+
+
+def progress_fields(progress: dict[str, Any] | None) -> dict[str, Any]:
+    """Columns for a progress value {percent, step, message}; monotonic in SQL too."""
+    if not progress:
+        return {}
+    percent = max(0, min(100, int(progress["percent"])))
+    return {
+        "progress_percent": Raw(f"GREATEST(jobs.progress_percent, {percent})"),
+        "progress_step": progress.get("step"),
+        "progress_message": progress.get("message"),
+        "progress_updated_at": Raw("now()"),
+    }
+
+
+def job_progress_write(
+    *, job_id: uuid.UUID | str, fence: Fence, percent: int, step: str | None, message: str | None
+) -> None:
+    """Write one (coalesced) progress value and audit it, fenced; bumps `version`."""
+    percent = max(0, min(100, int(percent)))
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE jobs SET progress_percent = GREATEST(progress_percent, %s), "
+                "progress_step = %s, progress_message = %s, progress_updated_at = now(), "
+                "version = version + 1, updated_at = now() "
+                "WHERE id = %s AND status = 'running' AND locked_by = %s AND attempts = %s "
+                "RETURNING progress_percent",
+                [percent, step, message, job_id, fence.locked_by, fence.attempt],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            raise JobLost(f"job {job_id}: lock {fence.locked_by} attempt {fence.attempt} lost")
+        audit_append(
+            chain=job_chain(job_id),
+            event_type="progress",
+            actor=WORKER,
+            job_id=job_id,
+            data={"percent": row[0], "step": step, "attempt": fence.attempt},
+        )
+
+
+def job_succeed(
+    *,
+    job_id: uuid.UUID | str,
+    fence: Fence,
+    result: dict[str, Any] | None,
+    progress: dict[str, Any] | None = None,
+) -> Job:
+    """`running` -> `succeeded` by the lock holder; the last progress value is flushed."""
+    return transition(
+        job_id=job_id,
+        target=Status.SUCCEEDED,
+        sources=[Status.RUNNING],
+        actor=WORKER,
+        fence=fence,
+        set_fields={
+            **progress_fields(progress),
+            "progress_percent": 100,
+            "progress_updated_at": Raw("now()"),
+            "result": result,
+            "last_error_code": None,
+            "last_error_message": None,
+            **_FINAL_UNLOCK,
+        },
+    )
+
+
+def job_retry(
+    *,
+    job_id: uuid.UUID | str,
+    fence: Fence,
+    delay: float,
+    error_code: str,
+    error_message: str,
+    progress: dict[str, Any] | None = None,
+) -> Job:
+    """`running` -> `retrying` with `next_run_at = now + delay`; the dispatcher republishes.
+
+    No Celery countdown/ETA: the wait lives in the database, survives a worker restart
+    and holds no prefetch slot (DESIGN.md 3.3).
+    """
+    return transition(
+        job_id=job_id,
+        target=Status.RETRYING,
+        sources=[Status.RUNNING],
+        actor=WORKER,
+        fence=fence,
+        set_fields={
+            **progress_fields(progress),
+            "next_run_at": Raw(f"now() + make_interval(secs => {float(delay)!r})"),
+            "last_error_code": error_code,
+            "last_error_message": error_message[:2000],
+            **_FINAL_UNLOCK,
+        },
+        audit_data={"error_code": error_code, "delay_ms": round(delay * 1000)},
+    )
+
+
+def job_cancel_confirm(
+    *, job_id: uuid.UUID | str, fence: Fence, progress: dict[str, Any] | None = None
+) -> Job:
+    """`running` -> `cancelled` by the lock holder after its handler saw the flag."""
+    return transition(
+        job_id=job_id,
+        target=Status.CANCELLED,
+        sources=[Status.RUNNING],
+        actor=WORKER,
+        fence=fence,
+        set_fields={**progress_fields(progress), **_FINAL_UNLOCK},
+    )
+
+
+def job_reclaim(*, job_id: uuid.UUID | str, lock_timeout: float) -> Job | None:
+    """The reaper's `running` (stale lock) -> `retrying` now, audited `reclaimed`.
+
+    The stale-lock condition is part of the compare-and-set, so a heartbeat that lands
+    first wins and nothing happens (None).
+    """
+    try:
+        return transition(
+            job_id=job_id,
+            target=Status.RETRYING,
+            sources=[Status.RUNNING],
+            actor=Actor.system("reaper"),
+            where=STALE_LOCK_SQL,
+            where_params=[float(lock_timeout)],
+            set_fields={
+                "next_run_at": Raw("now()"),
+                "last_error_code": "WORKER_LOST",
+                "last_error_message": "the worker stopped heartbeating; reclaimed",
+                **_FINAL_UNLOCK,
+            },
+            event_type="reclaimed",
+            audit_data={"reason": "worker_lost"},
+        )
+    except TransitionRefusedError:
+        return None
+
+
+# `running` whose lock holder stopped heartbeating (used by the reaper).
+STALE_LOCK_SQL = "jobs.locked_at < now() - make_interval(secs => %s)"

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 from django.db.backends.postgresql.operations import DatabaseOperations
 
+# `broker` fixture (topology declared, queues purged) for every test package.
+pytest_plugins = ["tests.workers"]
+
 APPEND_ONLY_TABLES = ("audit_logs", "audit_checkpoints")
 
 

@@ -1,0 +1,130 @@
+"""The Celery app (DESIGN.md 3.1 and 4).
+
+Everything comes from settings, read lazily (this module is imported by
+`config/__init__.py`, before Django has loaded its settings):
+
+- `task_queues` are the very `Queue` objects `setup_topology` declares
+  (`jobs.topology.primary_queues()`), and Celery may not invent others
+  (`task_create_missing_queues=False`), so a worker never meets a queue whose
+  arguments differ (RabbitMQ would answer 406 and the worker would die).
+- `task_routes` map `jobs.<type>` to the type's queue on `jobs.direct`, routing key =
+  queue name, from the one types table.
+- Late acks, reject on worker loss, and failures NOT acked: a task that fails is
+  rejected without requeue so that the broker dead-letters its copy. Celery 5.7
+  splits `task_acks_on_failure_or_timeout`; the version is pinned to 5.5.
+- Publisher confirms; our publisher adds `mandatory` (jobs/publisher.py).
+- Per-type soft/hard time limits as task annotations.
+
+Run the two worker groups of the Procfile: long queues (model, cam, sim, report)
+with prefetch multiplier 1, light queues (default, erp) with 3. A worker refuses to
+start when `(multiplier - 1) * time_limit >= consumer_timeout / 2` for a queue it
+consumes: a reserved message could otherwise wait past RabbitMQ's consumer_timeout.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_init
+from celery.worker.consumer import Consumer
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("jobops", include=["jobs.tasks"])
+
+
+class JobopsConsumer(Consumer):
+    """Celery's consumer without its native delayed delivery step.
+
+    With quorum queues Celery 5.5 declares `celery_delayed_*` exchanges and queues and
+    binds our queues to them. jobops uses no countdown/ETA (retries wait in the
+    database, DESIGN.md 3.3) and Celery must declare nothing beyond our topology.
+    """
+
+    class Blueprint(Consumer.Blueprint):
+        default_steps = [
+            s for s in Consumer.Blueprint.default_steps if not s.endswith("DelayedDelivery")
+        ]
+
+
+def celery_config() -> dict[str, Any]:
+    """The whole Celery configuration, built from Django settings on first use."""
+    from django.conf import settings
+
+    from jobs.topology import JOBS_EXCHANGE, primary_queues
+    from jobs.types import all_types
+
+    types = all_types().values()
+    return {
+        "broker_url": settings.BROKER_URL,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"confirm_publish": True},
+        "result_backend": "django-db",
+        "result_extended": True,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "task_queues": primary_queues(),
+        "task_create_missing_queues": False,
+        "task_default_queue": "default",
+        "task_default_exchange": JOBS_EXCHANGE.name,
+        "task_default_exchange_type": "direct",
+        "task_default_routing_key": "default",
+        "task_routes": {
+            t.task_name: {"queue": t.queue, "exchange": JOBS_EXCHANGE.name, "routing_key": t.queue}
+            for t in types
+        },
+        "task_annotations": {
+            t.task_name: {"soft_time_limit": t.soft_time_limit, "time_limit": t.time_limit}
+            for t in types
+        },
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": False,
+        # Retries are the dispatcher's job (DESIGN.md 3.3), never Celery countdown/ETA.
+        "task_publish_retry": False,
+        "worker_prefetch_multiplier": 1,
+        "worker_consumer": "config.celery:JobopsConsumer",
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+        "timezone": "UTC",
+    }
+
+
+app.add_defaults(celery_config)
+
+
+def prefetch_problems(*, multiplier: int, queues: list[str], consumer_timeout: int) -> list[str]:
+    """Queues whose reserved messages could wait past consumer_timeout / 2 (DESIGN.md 4)."""
+    from jobs.types import all_types
+
+    problems = []
+    for t in all_types().values():
+        if t.queue in queues and (multiplier - 1) * t.time_limit >= consumer_timeout / 2:
+            problems.append(
+                f"queue {t.queue} (type {t.name}): ({multiplier} - 1) x {t.time_limit} s "
+                f">= consumer_timeout {consumer_timeout} s / 2"
+            )
+    return problems
+
+
+@worker_init.connect
+def _refuse_unsafe_prefetch(sender: Any = None, **_: Any) -> None:
+    from django.conf import settings
+
+    queues = list(sender.app.amqp.queues.consume_from or sender.app.amqp.queues)
+    problems = prefetch_problems(
+        multiplier=int(sender.prefetch_multiplier),
+        queues=queues,
+        consumer_timeout=settings.JOBOPS_CONSUMER_TIMEOUT_SECONDS,
+    )
+    if problems:
+        # Celery logs and swallows Exceptions raised by signal receivers; SystemExit is
+        # not an Exception, so the worker really stops.
+        raise SystemExit(
+            "refusing to start: prefetch multiplier too high for these queues: "
+            + "; ".join(problems)
+            + " (use --prefetch-multiplier 1 for long queues)"
+        )

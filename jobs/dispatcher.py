@@ -1,0 +1,153 @@
+"""The dispatcher loop (DESIGN.md 3.5): one process, safe to run on several hosts.
+
+Each loop runs the steps of `STEPS` in order; a step that fails (broker down, a
+missing module, a bug) is logged and the loop goes on with the next one:
+
+1. publish: `pending` jobs older than JOBOPS_DISPATCH_PENDING_AFTER_SECONDS and due
+   `retrying` jobs, each claimed with `FOR UPDATE SKIP LOCKED` while it is published
+   and moved to `queued` on the broker's confirm (two dispatchers never publish the
+   same row at once, and the worker's claim fences any duplicate anyway);
+2. reap: `running` jobs whose lock went stale -> `retrying` now (audit `reclaimed`),
+   or `failed` + a `worker_lost` dead letter once their attempts are used up;
+3. the steps other modules own: the event outbox relay, audit checkpoints, the queue
+   depths cache for backpressure, the dead-letter watcher.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import IntegrityError, close_old_connections, connection, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from audit.services import Actor
+from jobs.errors import TransitionRefusedError
+from jobs.models import Job
+from jobs.publisher import job_publish
+from jobs.services import STALE_LOCK_SQL, job_reclaim
+from jobs.states import Status
+
+log = structlog.get_logger("jobs.dispatcher")
+REAPER = Actor.system("reaper")
+
+_DUE_SQL = {
+    Status.PENDING: (
+        "SELECT id FROM jobs WHERE status = 'pending' "
+        "AND created_at < now() - make_interval(secs => %s) "
+        "ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+    ),
+    Status.RETRYING: (
+        "SELECT id FROM jobs WHERE status = 'retrying' AND next_run_at <= now() "
+        "ORDER BY next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+    ),
+}
+
+
+def publish_due_once(*, limit: int = 500) -> int:
+    """Publish due `pending` and `retrying` jobs, one row-locked transaction each.
+
+    The row lock (SKIP LOCKED) is held across the publish and the `-> queued` write,
+    so a second dispatcher skips the row instead of publishing it again. A worker that
+    receives the message meanwhile waits on the lock for its claim, then claims the
+    `queued` job. A publish error rolls back (the job stays as it was) and propagates.
+    """
+    published = 0
+    for status, sql in _DUE_SQL.items():
+        params = (
+            [settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS] if status == Status.PENDING else []
+        )
+        while published < limit:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    row = cursor.fetchone()
+                if row is None:
+                    break
+                job_publish(job_id=row[0], sources=(status,))
+                published += 1
+    return published
+
+
+def reap_once(*, limit: int = 500) -> dict[str, int]:
+    """Reclaim `running` jobs whose worker stopped heartbeating (DESIGN.md 3.6).
+
+    The stale-lock condition is re-checked inside each compare-and-set, so a heartbeat
+    that lands meanwhile wins, and two reapers never both act on one job.
+    """
+    from dlq.services import job_fail_with_dead_letter
+
+    timeout = float(settings.JOBOPS_LOCK_TIMEOUT)
+    counts = {"reclaimed": 0, "worker_lost": 0}
+    # A candidate list by the local clock; the compare-and-set decides by the database's.
+    stale = Job.objects.filter(
+        status=Status.RUNNING, locked_at__lt=timezone.now() - timedelta(seconds=timeout)
+    ).values_list("id", "attempts", "max_attempts")[:limit]
+    for job_id, attempts, max_attempts in list(stale):
+        if attempts < max_attempts:
+            if job_reclaim(job_id=job_id, lock_timeout=timeout) is not None:
+                counts["reclaimed"] += 1
+                log.warning("job_reclaimed", job_id=str(job_id), attempt=attempts)
+            continue
+        try:
+            job_fail_with_dead_letter(
+                job_id=job_id,
+                reason="worker_lost",
+                actor=REAPER,
+                error_code="WORKER_LOST",
+                error_message=f"the worker was lost on attempt {attempts} of {max_attempts}",
+                where=STALE_LOCK_SQL,
+                where_params=[timeout],
+            )
+        except TransitionRefusedError:
+            continue  # a heartbeat or another reaper got there first
+        except IntegrityError:
+            # An open dead letter exists already (e.g. recorded by the watcher).
+            log.error("reaper_dead_letter_exists", job_id=str(job_id))
+            continue
+        counts["worker_lost"] += 1
+        log.error("job_worker_lost", job_id=str(job_id), attempt=attempts)
+    return counts
+
+
+# The loop's steps, in order: (name, dotted path of a no-argument callable).
+STEPS: list[tuple[str, str]] = [
+    ("publish", "jobs.dispatcher.publish_due_once"),
+    ("reap", "jobs.dispatcher.reap_once"),
+    ("outbox", "jobs.events.outbox_relay_once"),
+    ("checkpoint", "audit.checkpoints.checkpoint_write_if_due"),
+    ("queue_depths", "jobs.backpressure.queue_depths_refresh"),
+    ("dlq_watch", "dlq.watcher.watch_once"),
+]
+
+
+def dispatch_once(*, steps: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """Run every step once; a failing step is logged and reported, never fatal."""
+    report: dict[str, Any] = {}
+    for name, path in steps or STEPS:
+        close_old_connections()  # a database restart must not wedge the loop
+        try:
+            step: Callable[[], Any] = import_string(path)
+            report[name] = step()
+        except Exception as exc:
+            log.error("dispatcher_step_failed", step=name, error=repr(exc))
+            report[name] = {"error": repr(exc)}
+            if connection.in_atomic_block is False:
+                connection.close_if_unusable_or_obsolete()
+    return report
+
+
+def dispatch_forever(*, interval: float, stop: threading.Event | None = None) -> None:
+    stop = stop or threading.Event()
+    log.info("dispatcher_started", interval=interval)
+    while not stop.is_set():
+        started = time.monotonic()
+        dispatch_once()
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+    log.info("dispatcher_stopped")

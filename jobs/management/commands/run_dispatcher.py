@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from jobs.dispatcher import dispatch_forever, dispatch_once
+
+
+class Command(BaseCommand):
+    help = (
+        "Publish pending and due retrying jobs, reap stale locks, relay the event outbox, "
+        "write audit checkpoints, cache queue depths and watch dead letters (DESIGN.md 3.5). "
+        "Safe to run on several hosts at once."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--once", action="store_true", help="run one loop and exit")
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=settings.JOBOPS_DISPATCHER_INTERVAL_SECONDS,
+            help="seconds between loops (default JOBOPS_DISPATCHER_INTERVAL_SECONDS)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["once"]:
+            self.stdout.write(json.dumps(dispatch_once(), default=str))
+            return
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        dispatch_forever(interval=options["interval"], stop=stop)

@@ -1,0 +1,149 @@
+"""Publishing jobs to RabbitMQ with publisher confirms and `mandatory` (DESIGN.md 3.5).
+
+Only a broker confirm moves a job `pending` -> `queued` (or a due `retrying` ->
+`queued`). A publish that fails (broker down, unroutable, nacked) leaves the job as
+it was; the dispatcher publishes it later, so nothing accepted is lost. A message
+can reach a worker before the confirm is recorded: the claim accepts `pending` and
+`queued` alike, and a lost `-> queued` compare-and-set (zero rows) means the job
+was already claimed, which is success.
+
+The wire payload (the task's one argument) is
+`{job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id}`;
+the message headers carry `job_id`, `request_id` and `correlation_id` too, so that the
+dead-letter tools and worker logs see them without decoding the body.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import structlog
+from django.conf import settings
+from kombu import Connection
+
+from audit.services import Actor
+from jobs.errors import TransitionRefusedError
+from jobs.models import Job
+from jobs.services import transition
+from jobs.states import Status
+from jobs.types import get_type
+
+log = structlog.get_logger(__name__)
+PUBLISHER = Actor.system("publisher")
+
+_local = threading.local()
+
+
+def wire_payload(job: Job) -> dict[str, Any]:
+    return {
+        "job_id": str(job.id),
+        "type": job.type,
+        "params": job.params,
+        "submitted_by": str(job.owner_id),
+        "attempt": job.attempts + 1,
+        "created_at": job.created_at.isoformat(),
+        "request_id": job.request_id,
+        "correlation_id": job.correlation_id,
+    }
+
+
+def _connection() -> Connection:
+    """One broker connection per thread, reused across publishes, rebuilt after errors.
+
+    Keyed by URL so that a test (or a reconfigured process) pointing BROKER_URL
+    elsewhere gets a connection to the new place.
+    """
+    url = settings.BROKER_URL
+    conn = getattr(_local, "conn", None)
+    if conn is not None and getattr(_local, "url", None) != url:
+        _drop_connection()
+        conn = None
+    if conn is None:
+        conn = Connection(
+            url,
+            connect_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+            transport_options={"confirm_publish": True},
+        )
+        _local.conn, _local.url = conn, url
+    return conn
+
+
+def _drop_connection() -> None:
+    conn = getattr(_local, "conn", None)
+    _local.conn = None
+    if conn is not None:
+        try:
+            conn.release()
+        except Exception:  # a broken connection may fail to close
+            pass
+
+
+def message_publish(*, job: Job) -> None:
+    """Publish one job's message and wait for the broker's confirm.
+
+    Raises on any failure: connection refused, an unroutable message (`mandatory`
+    makes RabbitMQ return it, and py-amqp raises), a nack, a confirm timeout.
+    """
+    from config.celery import app
+
+    spec = get_type(job.type)
+    assert spec is not None
+    headers = {
+        "job_id": str(job.id),
+        "request_id": job.request_id,
+        "correlation_id": job.correlation_id,
+    }
+    try:
+        conn = _connection()
+        conn.ensure_connection(max_retries=1)
+        producer = app.amqp.Producer(conn.default_channel, auto_declare=False)
+        app.send_task(
+            spec.task_name,
+            args=[wire_payload(job)],
+            task_id=str(uuid.uuid4()),
+            producer=producer,
+            headers=headers,
+            mandatory=True,
+            retry=False,
+            # Topology belongs to setup_topology; an undeclared queue must fail loudly
+            # (unroutable) rather than be created here with whatever arguments.
+            declare=[],
+            confirm_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+        )
+    except Exception:
+        _drop_connection()
+        raise
+
+
+def job_publish(*, job_id: uuid.UUID | str, sources: tuple[str, ...] | None = None) -> bool:
+    """Publish a `pending` (or due `retrying`) job; on confirm move it to `queued`.
+
+    1. Read the job; anything not publishable (already queued, running, ended) is
+       left alone and False returned.
+    2. Publish with confirms + mandatory (raises on failure; the job is unchanged).
+    3. Compare-and-set `-> queued`. Zero rows: a worker claimed it first (or it was
+       cancelled meanwhile): the publish still succeeded.
+    """
+    sources = sources or (Status.PENDING, Status.RETRYING)
+    job = Job.objects.filter(id=job_id, status__in=sources).first()
+    if job is None:
+        return False
+    message_publish(job=job)
+    try:
+        transition(job_id=job.id, target=Status.QUEUED, sources=[job.status], actor=PUBLISHER)
+    except TransitionRefusedError:
+        pass
+    return True
+
+
+def job_publish_after_commit(job_id: uuid.UUID | str) -> None:
+    """The `transaction.on_commit` hook of job_create: never raises into the API.
+
+    A failure leaves the job `pending`; the dispatcher publishes it later.
+    """
+    try:
+        job_publish(job_id=job_id, sources=(Status.PENDING,))
+    except Exception as exc:  # broker down must not fail the request
+        log.warning("job_publish_deferred", job_id=str(job_id), error=repr(exc))

@@ -1,0 +1,317 @@
+"""Running one job inside a worker: the claim, the handler contract and its outcomes.
+
+`job_execute` is what every Celery task `jobs.<type>` calls (DESIGN.md 3.2-3.7):
+
+1. Decode the wire payload; a message that names no job is rejected without requeue
+   (the broker dead-letters it and the watcher records it with a null job).
+2. Claim (one compare-and-set). Zero rows: a duplicate, a stale message, or the job
+   runs elsewhere (a live lock): ack and do nothing.
+3. Run the handler with a `JobContext` while a heartbeat thread refreshes the lock.
+4. Record the outcome, fenced by `Fence(locked_by, attempt)`: succeeded; retrying
+   with a jittered backoff (the dispatcher republishes it when due); failed with a
+   dead letter, committed BEFORE the message is rejected with requeue=False so that
+   the broker DLQ gets its copy; cancelled. `JobLost` anywhere: stop, ack, write
+   nothing more. The database unreachable: reject with requeue=True and decide nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import IO, Any
+
+import structlog
+from celery.exceptions import Reject, SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import IntegrityError, InterfaceError, OperationalError, connection
+
+from jobs.errors import FatalError, JobCancelled, JobError, JobLost
+from jobs.models import Artefact, Job
+from jobs.services import (
+    WORKER,
+    Fence,
+    artefact_save,
+    backoff_delay,
+    job_cancel_confirm,
+    job_claim,
+    job_heartbeat,
+    job_lock_state,
+    job_progress_write,
+    job_retry,
+    job_succeed,
+)
+from jobs.types import get_type
+
+logger = structlog.get_logger("jobs.runtime")
+
+# The database could not be reached: nothing may be decided without it.
+DB_DOWN_ERRORS = (OperationalError, InterfaceError)
+
+
+class JobContext:
+    """What a handler gets (DESIGN.md 3.2): `handler(ctx, params) -> dict | None`."""
+
+    def __init__(self, *, job: Job, fence: Fence, log: Any) -> None:
+        self.job_id = job.id
+        self.job_type = job.type
+        self.attempt = fence.attempt
+        # Stable across attempts: external systems recognise a repeated side effect.
+        self.idempotency_key = str(job.id)
+        self.log = log
+        self._fence = fence
+        self._lock = threading.Lock()
+        self._lost = threading.Event()
+        self._cancel_seen = bool(job.cancel_requested)
+        self._percent = int(job.progress_percent or 0)
+        self._pending: dict[str, Any] | None = None
+        self._last_write = float("-inf")
+        self._last_cancel_check = time.monotonic()
+
+    # --- the handler API ------------------------------------------------------------
+    def progress(self, percent: float, step: str | None = None, message: str | None = None) -> None:
+        """Report progress: monotonic (never goes back), coalesced to one write per
+        JOBOPS_PROGRESS_INTERVAL_SECONDS; the last value is always flushed with the
+        final transition."""
+        self._ensure_alive()
+        with self._lock:
+            self._percent = max(self._percent, max(0, min(100, int(percent))))
+            self._pending = {"percent": self._percent, "step": step, "message": message}
+        self._flush_if_due()
+
+    def check_cancel(self) -> None:
+        """Raise JobCancelled if cancellation was requested (reads the flag by primary
+        key at most every JOBOPS_CANCEL_CHECK_SECONDS; the heartbeat also brings it)."""
+        self._ensure_alive()
+        if not self._cancel_seen:
+            now = time.monotonic()
+            if now - self._last_cancel_check >= settings.JOBOPS_CANCEL_CHECK_SECONDS:
+                self._last_cancel_check = now
+                self._cancel_seen = job_lock_state(job_id=self.job_id, fence=self._fence)
+        if self._cancel_seen:
+            raise JobCancelled(f"job {self.job_id}: cancellation requested")
+
+    def save_artefact(
+        self,
+        kind: str,
+        name: str,
+        data: bytes | str | IO[bytes],
+        content_type: str = "application/octet-stream",
+    ) -> Artefact:
+        """Upsert a file on (job, kind, name); refused (JobLost) once the lock is gone."""
+        self._ensure_alive()
+        return artefact_save(
+            job_id=self.job_id,
+            kind=kind,
+            name=name,
+            data=data,
+            content_type=content_type,
+            fence=self._fence,
+        )
+
+    # --- runtime internals ------------------------------------------------------------
+    def _ensure_alive(self) -> None:
+        if self._lost.is_set():
+            raise JobLost(f"job {self.job_id}: lock lost")
+
+    def _flush_if_due(self, *, force: bool = False) -> None:
+        with self._lock:
+            due = time.monotonic() - self._last_write >= settings.JOBOPS_PROGRESS_INTERVAL_SECONDS
+            if self._pending is None or not (due or force):
+                return
+            value, self._pending = self._pending, None
+            self._last_write = time.monotonic()
+        try:
+            job_progress_write(job_id=self.job_id, fence=self._fence, **value)
+        except JobLost:
+            self._lost.set()
+            raise
+
+    def take_pending_progress(self) -> dict[str, Any] | None:
+        """The unwritten progress value, for the final transition to carry."""
+        with self._lock:
+            value, self._pending = self._pending, None
+            return value
+
+
+class Heartbeat(threading.Thread):
+    """Refreshes the lock every JOBOPS_HEARTBEAT_SECONDS, reads the cancel flag, and
+    flushes a coalesced progress value that the handler left waiting."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        super().__init__(name=f"heartbeat-{ctx.job_id}", daemon=True)
+        self.ctx = ctx
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        ctx = self.ctx
+        try:
+            while not self.stopped.wait(settings.JOBOPS_HEARTBEAT_SECONDS):
+                try:
+                    if job_heartbeat(job_id=ctx.job_id, fence=ctx._fence):
+                        ctx._cancel_seen = True
+                    ctx._flush_if_due()
+                except JobLost:
+                    ctx._lost.set()
+                    ctx.log.warning("job_lock_lost")
+                    return
+                except Exception as exc:
+                    # A database blip: the next beat tries again (the lock may go stale,
+                    # then the reaper reclaims the job and our writes are refused).
+                    ctx.log.warning("heartbeat_failed", error=repr(exc))
+                    connection.close()
+        finally:
+            connection.close()  # this thread's own connection
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=5)
+
+
+def worker_identity(hostname: str | None = None) -> str:
+    """A lock holder name unique per claim: host, process and a random suffix."""
+    return f"{hostname or socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _payload_job_id(payload: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(payload["job_id"]))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def _requeue_db_down(log: Any, exc: BaseException) -> Reject:
+    """The database is unreachable: hand the message back, decide nothing."""
+    log.error("database_unavailable_requeue", error=repr(exc))
+    connection.close()
+    time.sleep(settings.JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS)
+    return Reject(f"database unavailable: {exc!r}", requeue=True)
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(outcome, error_code) for a handler's exception (DESIGN.md 3.3)."""
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return "retry", "TIME_LIMIT"
+    if isinstance(exc, FatalError | IntegrityError):
+        return "fatal", getattr(exc, "code", "INTEGRITY")
+    if isinstance(exc, JobError):
+        return ("retry" if exc.retryable else "nonretryable"), exc.code
+    return "retry", f"UNEXPECTED_{type(exc).__name__}"[:64]
+
+
+def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
+    """Run one delivery of a job's message; see the module docstring for the steps.
+
+    Returns a small summary (Celery stores it as the task result). Raises
+    `celery.exceptions.Reject` to reject the message (requeue or not).
+    """
+    job_id = _payload_job_id(payload)
+    log = logger.bind(
+        job_id=str(job_id) if job_id else None,
+        request_id=(payload or {}).get("request_id") if isinstance(payload, dict) else None,
+        correlation_id=(payload or {}).get("correlation_id") if isinstance(payload, dict) else None,
+    )
+    if job_id is None:
+        log.error("message_names_no_job")
+        raise Reject("message names no job", requeue=False)
+    locked_by = worker_identity(hostname)
+    try:
+        job = job_claim(job_id=job_id, locked_by=locked_by)
+        if job is None:
+            if not Job.objects.filter(id=job_id).exists():
+                log.error("message_names_unknown_job")
+                raise Reject("message names an unknown job", requeue=False)
+            log.info("claim_refused")
+            return {"job_id": str(job_id), "outcome": "dropped"}
+    except DB_DOWN_ERRORS as exc:
+        raise _requeue_db_down(log, exc) from exc
+    fence = Fence(locked_by, job.attempts)
+    log = log.bind(
+        attempt=job.attempts, idempotency_key=str(job.id), queue=job.queue, job_type=job.type
+    )
+    ctx = JobContext(job=job, fence=fence, log=log)
+    spec = get_type(job.type)
+    assert spec is not None
+    log.info("job_started")
+    heartbeat = Heartbeat(ctx)
+    heartbeat.start()
+    outcome, error, result = "succeeded", None, None
+    try:
+        try:
+            ctx.check_cancel()
+            result = spec.load_handler()(ctx, job.params)
+            if result is not None and not isinstance(result, dict):
+                result = {"value": result}
+        except JobCancelled:
+            outcome = "cancelled"
+        except JobLost:
+            outcome = "lost"
+        except Exception as exc:
+            outcome, error = "error", exc
+    finally:
+        heartbeat.stop()
+    if outcome == "lost" or ctx._lost.is_set():
+        log.warning("job_lost_stopping")
+        return {"job_id": str(job_id), "outcome": "lost"}
+    try:
+        return _finish(ctx=ctx, job=job, spec=spec, outcome=outcome, error=error, result=result)
+    except JobLost:
+        log.warning("job_lost_stopping")
+        return {"job_id": str(job_id), "outcome": "lost"}
+    except DB_DOWN_ERRORS as exc:
+        raise _requeue_db_down(log, exc) from exc
+
+
+def _finish(
+    *,
+    ctx: JobContext,
+    job: Job,
+    spec: Any,
+    outcome: str,
+    error: BaseException | None,
+    result: dict[str, Any] | None,
+) -> dict[str, Any]:
+    from dlq.services import job_fail_with_dead_letter
+
+    log, fence = ctx.log, ctx._fence
+    progress = ctx.take_pending_progress()
+    summary: dict[str, Any] = {"job_id": str(job.id), "attempt": fence.attempt}
+    if outcome == "succeeded":
+        job_succeed(job_id=job.id, fence=fence, result=result, progress=progress)
+        log.info("job_succeeded")
+        return {**summary, "outcome": "succeeded"}
+    if outcome == "cancelled":
+        job_cancel_confirm(job_id=job.id, fence=fence, progress=progress)
+        log.info("job_cancelled")
+        return {**summary, "outcome": "cancelled"}
+    assert error is not None
+    kind, code = classify(error)
+    message = f"{type(error).__name__}: {error}"[:2000]
+    if kind == "retry" and fence.attempt < job.max_attempts:
+        delay = backoff_delay(attempt=fence.attempt, cap=spec.backoff_cap)
+        job_retry(
+            job_id=job.id,
+            fence=fence,
+            delay=delay,
+            error_code=code,
+            error_message=message,
+            progress=progress,
+        )
+        log.warning("job_retrying", error_code=code, delay=round(delay, 3), error=message)
+        return {**summary, "outcome": "retrying", "delay": delay}
+    reason = {"retry": "exhausted", "fatal": "fatal", "nonretryable": "nonretryable"}[kind]
+    if progress:
+        job_progress_write(job_id=job.id, fence=fence, **progress)
+    job_fail_with_dead_letter(
+        job_id=job.id,
+        reason=reason,
+        actor=WORKER,
+        error_code=code,
+        error_message=message,
+        fence=fence,
+    )
+    log.error("job_dead_lettered", reason=reason, error_code=code, error=message)
+    # Committed; now the broker copy: reject without requeue -> <q>.dlx -> <q>_dlq.
+    raise Reject(f"{reason}: {code}", requeue=False)

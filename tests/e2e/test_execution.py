@@ -1,0 +1,159 @@
+"""Execution end to end: a real worker and dispatcher, RabbitMQ, PostgreSQL and Redis.
+
+ai, model and cam run tests.handlers.scripted here (see tests/workers.py); sim and
+report run their reference handlers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.conf import settings
+from kombu import Connection
+
+from audit.models import AuditLog
+from audit.services import Actor
+from dlq.models import DeadLetter
+from jobs.models import Job
+from jobs.publisher import message_publish
+from jobs.services import job_cancel
+from tests import handlers
+from tests.factories import UserFactory, make_job
+from tests.workers import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
+
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+def events(job_id):
+    return list(
+        AuditLog.objects.filter(job_id=job_id).order_by("seq").values_list("event_type", flat=True)
+    )
+
+
+def finished(job_id, timeout=30):
+    return wait_for(
+        lambda: (j := Job.objects.get(id=job_id)).status in FINAL and j, timeout=timeout
+    )
+
+
+def script(job_type="ai", **params):
+    return make_job(job_type=job_type, params=params)
+
+
+def dlq_messages(queue):
+    """Every message in the broker DLQ `<queue>_dlq` (consumed: the test owns the vhost)."""
+    found = []
+    with Connection(settings.BROKER_URL) as conn:
+        channel = conn.channel()
+        while (message := channel.basic_get(f"{queue}_dlq", no_ack=True)) is not None:
+            found.append(message)
+    return found
+
+
+def dlq_job_ids(queue):
+    ids = []
+    for message in dlq_messages(queue):
+        args = json.loads(message.body)[0]
+        assert message.headers["x-death"][0]["queue"] == queue
+        ids.append(args[0]["job_id"])
+    return ids
+
+
+def test_sim_job_runs_to_succeeded_with_progress_and_audit(shared_worker):
+    job = make_job(job_type="sim", params={"steps": 5, "step_seconds": 0.1})
+    done = finished(job.id)
+    assert done.status == "succeeded"
+    assert done.attempts == 1 and done.locked_by is None
+    assert done.progress_percent == 100 and done.progress_step == "5/5"
+    assert done.result["steps"] == 5
+    trail = events(job.id)
+    assert trail[:3] == ["created", "queued", "started"] and trail[-1] == "succeeded"
+    assert "progress" in trail
+
+
+def test_report_handler_writes_a_csv_artefact(shared_worker):
+    owner = UserFactory()
+    report = make_job(owner, job_type="report", params={"limit": 10})
+    done = finished(report.id)
+    assert done.status == "succeeded", done.last_error_message
+    artefact = done.artefacts.get()
+    assert (artefact.kind, artefact.name) == ("report", "jobs.csv")
+    assert artefact.content_type == "text/csv"
+    assert str(report.id) in artefact.file.read().decode()
+
+
+def test_retryable_failures_retry_with_jittered_backoff_then_succeed(shared_worker, scripted):
+    job = script(do="fail_times", n=2)
+    done = finished(job.id)
+    assert done.status == "succeeded" and done.attempts == 3
+    assert events(job.id).count("retrying") == 2
+    runs = handlers.runs(job.id)
+    assert [r["attempt"] for r in runs] == [1, 2, 3]
+    retries = AuditLog.objects.filter(job_id=job.id, event_type="retrying").order_by("seq")
+    base = 0.2  # JOBOPS_BACKOFF_BASE_SECONDS in the worker (tests.workers.FAST_ENV)
+    for n, (entry, before, after) in enumerate(zip(retries, runs, runs[1:], strict=False), 1):
+        delay = json.loads(entry.payload)["data"]["delay_ms"] / 1000
+        bound = min(20, base * 2 ** (n - 1))
+        assert 0.5 * bound - 0.001 <= delay <= 1.5 * bound + 0.001
+        # The next run never starts before its delay has passed.
+        assert after["t"] - before["t"] >= delay - 0.05
+    assert not DeadLetter.objects.filter(job_id=job.id).exists()
+
+
+def test_exhausted_retries_dead_letter_in_database_and_broker(shared_worker, scripted):
+    job = script(do="fail_times", n=99)  # ai: max_retries 3 -> 4 attempts
+    done = finished(job.id)
+    assert done.status == "failed" and done.attempts == 4
+    assert done.dead_letter_queue == "default_dlq" and done.last_error_code == "PLANNED"
+    row = DeadLetter.objects.get(job_id=job.id)
+    assert (row.reason, row.state, row.queue) == ("exhausted", "open", "default_dlq")
+    assert wait_for(lambda: str(job.id) in dlq_job_ids("default"), timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("do", "reason", "code"),
+    [("fatal", "fatal", "PLANNED_FATAL"), ("nonretryable", "nonretryable", "PLANNED_INVALID")],
+)
+def test_fatal_and_nonretryable_dead_letter_at_once(shared_worker, scripted, do, reason, code):
+    job = script(job_type="model", do=do)
+    done = finished(job.id)
+    assert done.status == "failed" and done.attempts == 1
+    row = DeadLetter.objects.get(job_id=job.id)
+    assert (row.reason, row.error_code, row.queue) == (reason, code, "model_dlq")
+    assert "retrying" not in events(job.id)
+    assert wait_for(lambda: str(job.id) in dlq_job_ids("model"), timeout=10)
+
+
+def test_running_sim_cancelled_at_step_three_stops_within_a_step(shared_worker):
+    job = make_job(job_type="sim", params={"steps": 20, "step_seconds": 0.3})
+    wait_for(
+        lambda: Job.objects.get(id=job.id).progress_percent >= 15, timeout=20, interval=0.02
+    )  # step 3 of 20
+    at_cancel = Job.objects.get(id=job.id).progress_percent
+    job_cancel(job_id=job.id, actor=Actor.system("test"))
+    done = finished(job.id)
+    assert done.status == "cancelled" and done.attempts == 1
+    # The coalesced progress may lag one write (0.3 s = one step) behind the handler.
+    assert done.progress_percent <= at_cancel + 10
+    assert not DeadLetter.objects.filter(job_id=job.id).exists()
+    assert "retrying" not in events(job.id) and events(job.id)[-1] == "cancelled"
+
+
+def test_a_message_published_twice_runs_the_job_once(shared_worker, scripted):
+    job = script(job_type="model", do="steps", steps=3, step_seconds=0.2)
+    message_publish(job=Job.objects.get(id=job.id))  # a second delivery of the same job
+    done = finished(job.id)
+    assert done.status == "succeeded" and done.attempts == 1
+    assert len(handlers.runs(job.id)) == 1
+    assert events(job.id).count("started") == 1
+
+
+def test_a_message_naming_no_job_is_rejected_to_the_dlq(shared_worker):
+    from config.celery import app
+
+    with Connection(settings.BROKER_URL) as conn:
+        app.send_task("jobs.ai", args=[{"nonsense": True}], connection=conn)
+    assert wait_for(lambda: dlq_messages("default"), timeout=10)
