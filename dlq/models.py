@@ -35,6 +35,9 @@ class DeadLetter(models.Model):
     x_death = models.JSONField(null=True, blank=True)
     headers = models.JSONField(null=True, blank=True)
     body = models.TextField(null=True, blank=True)  # only for messages that name no job
+    # Identity of the broker message recorded here (Celery task id, else a digest of the
+    # body): the watcher's idempotency key, so a redelivered watch message changes nothing.
+    message_id = models.CharField(max_length=255, null=True, blank=True)
     broker_copy = models.BooleanField(default=False)
     state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN)
     resolved_by = models.ForeignKey(
@@ -49,6 +52,12 @@ class DeadLetter(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["job"], condition=Q(state="open"), name="dead_letters_one_open_per_job"
+            ),
+            # One row per broker message: a repeat of the same message records nothing more.
+            models.UniqueConstraint(
+                fields=["message_id"],
+                condition=Q(message_id__isnull=False),
+                name="dead_letters_message_id_uniq",
             ),
             models.CheckConstraint(
                 condition=Q(state__in=State.values), name="dead_letters_state_valid"

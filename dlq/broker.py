@@ -1,0 +1,371 @@
+"""Broker-side dead-letter helpers (DESIGN.md 4 and 4.1): depths, peek, drain, decode.
+
+The database (`dead_letters`) is authoritative; the classic `<q>_dlq` queues hold the
+broker's copies. Nothing here writes to the database: `dlq.services` decides what a
+message means, this module only moves messages.
+
+Caveats that hold for every function here:
+- A classic DLQ has no dead-letter exchange of its own: never `reject(requeue=False)` on
+  it (the message would be dropped). Messages leave a DLQ only by `ack`.
+- Peek and drain take messages with `basic_get` and *hold* them unacked; messages held
+  by one caller are invisible to every other caller (a concurrent peek sees fewer
+  messages, never duplicates). They go back with `reject(requeue=True)`, in the order
+  taken; RabbitMQ puts a requeued message back at its original position where it can,
+  but a message published meanwhile or requeued by another client may interleave.
+- Held messages count against RabbitMQ's `consumer_timeout` (30 min): a pass is bounded
+  by `max_messages` and is meant to take seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from amqp.exceptions import NotFound
+from django.conf import settings
+from kombu import Connection
+
+from jobs.topology import dlq_name, primary_queues
+
+# x-death reasons (RabbitMQ) -> dead_letters.reason
+BROKER_REASONS = {
+    "rejected": "rejected",
+    "expired": "expired",
+    "maxlen": "maxlen",
+    "delivery_limit": "delivery_limit",
+}
+
+
+@dataclass
+class DecodedMessage:
+    """What a dead-lettered Celery (protocol 2) message says, as far as it can be read.
+
+    `payload` is the task's first argument, the wire payload of DESIGN.md 3.5:
+    `{job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id}`.
+    """
+
+    message_id: str
+    job_id: str | None = None
+    task: str | None = None
+    task_id: str | None = None
+    attempt: int | None = None
+    payload: dict[str, Any] | None = None
+    routing_key: str | None = None  # the original routing key (= the primary queue)
+    queue: str | None = None  # the primary queue it died in
+    reason: str | None = None  # dead_letters.reason from x-death
+    x_death: list[dict[str, Any]] | None = None
+    headers: dict[str, Any] = field(default_factory=dict)
+    body_text: str = ""
+    decode_error: str | None = None
+    delivery_tag: Any = None
+    redelivered: bool = False
+
+    @property
+    def dlq(self) -> str | None:
+        return dlq_name(self.queue) if self.queue else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-safe view for the portal, the API and `manage.py dlq peek`."""
+        return {
+            "message_id": self.message_id,
+            "job_id": self.job_id,
+            "task": self.task,
+            "attempt": self.attempt,
+            "routing_key": self.routing_key,
+            "queue": self.queue,
+            "reason": self.reason,
+            "x_death": self.x_death,
+            "headers": self.headers,
+            "payload": self.payload,
+            "body": None if self.payload is not None else self.body_text,
+            "decode_error": self.decode_error,
+            "redelivered": self.redelivered,
+        }
+
+
+def jsonable(value: Any) -> Any:
+    """AMQP header values (datetimes, bytes, nested tables) as JSON-safe values."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(raw).decode("ascii")
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def _body_bytes(body: Any) -> bytes:
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    return bytes(body or b"")
+
+
+def _payload_from_body(body: bytes, content_type: str | None) -> tuple[Any, str | None]:
+    """(task arguments, error) from a Celery body: protocol 2 `[args, kwargs, embed]`."""
+    if content_type and "json" not in content_type:
+        return None, f"content type {content_type!r} is not JSON"
+    try:
+        decoded = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, f"body is not JSON: {exc}"
+    if isinstance(decoded, list) and decoded and isinstance(decoded[0], list):
+        args = decoded[0]
+    elif isinstance(decoded, dict) and isinstance(decoded.get("args"), list):  # protocol 1
+        args = decoded["args"]
+    else:
+        return None, "body is not a Celery message ([args, kwargs, embed])"
+    if not args or not isinstance(args[0], dict):
+        return None, "the task's first argument is not a job payload"
+    return args[0], None
+
+
+def decode_message(
+    *,
+    body: Any,
+    headers: dict[str, Any] | None,
+    properties: dict[str, Any] | None = None,
+    delivery_info: dict[str, Any] | None = None,
+) -> DecodedMessage:
+    """Read a dead-lettered message without trusting it; never raises.
+
+    1. Headers first: Celery's `id`/`task`, our `job_id` header, RabbitMQ's `x-death`
+       (the entry of the primary queue gives the reason and the original routing key).
+    2. Then the body: the job payload is the task's first argument; its `job_id` wins
+       over a header only when the header is missing.
+    3. The message identity is the Celery task id (unique per publish), else the AMQP
+       message id, else a digest of the body and the first death.
+    """
+    headers = dict(headers or {})
+    properties = dict(properties or {})
+    raw = _body_bytes(body)
+    safe_headers = jsonable(headers)
+    x_death = safe_headers.get("x-death") if isinstance(safe_headers.get("x-death"), list) else None
+    msg = DecodedMessage(message_id="", headers=safe_headers, x_death=x_death)
+    msg.delivery_tag = (delivery_info or {}).get("delivery_tag")
+    msg.redelivered = bool((delivery_info or {}).get("redelivered"))
+    try:
+        msg.body_text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        msg.body_text = "base64:" + base64.b64encode(raw).decode("ascii")
+    # The death in the primary queue: the first entry naming a jobs queue, else the last.
+    primaries = {q.name for q in primary_queues()}
+    death = None
+    for entry in x_death or []:
+        if isinstance(entry, dict) and entry.get("queue") in primaries:
+            death = entry
+            break
+    if death is None and x_death:
+        death = x_death[-1] if isinstance(x_death[-1], dict) else None
+    first_reason = safe_headers.get("x-first-death-reason")
+    reason = (death or {}).get("reason") or first_reason
+    msg.reason = BROKER_REASONS.get(str(reason)) if reason else None
+    msg.queue = (death or {}).get("queue") or safe_headers.get("x-first-death-queue")
+    keys = (death or {}).get("routing-keys") or []
+    msg.routing_key = keys[0] if keys else (delivery_info or {}).get("routing_key")
+    if msg.queue is None and msg.routing_key in primaries:
+        msg.queue = msg.routing_key
+    msg.task = safe_headers.get("task") if isinstance(safe_headers.get("task"), str) else None
+    task_id = safe_headers.get("id")
+    msg.task_id = task_id if isinstance(task_id, str) and task_id else None
+    header_job = safe_headers.get("job_id")
+    payload, error = _payload_from_body(raw, properties.get("content_type"))
+    if payload is not None:
+        msg.payload = payload
+        if isinstance(payload.get("attempt"), int):
+            msg.attempt = payload["attempt"]
+    msg.decode_error = error
+    job_id = header_job or (payload or {}).get("job_id")
+    msg.job_id = str(job_id) if job_id else None
+    if msg.task_id:
+        msg.message_id = f"task:{msg.task_id}"
+    elif properties.get("message_id"):
+        msg.message_id = f"amqp:{properties['message_id']}"
+    else:
+        first_time = (death or {}).get("time") or ""
+        digest = hashlib.sha256(raw + f"|{msg.queue}|{first_time}".encode()).hexdigest()
+        msg.message_id = f"sha256:{digest}"
+    return msg
+
+
+def decode_amqp(message: Any) -> DecodedMessage:
+    """decode_message for a kombu/py-amqp message object."""
+    props = getattr(message, "properties", None) or {}
+    headers = getattr(message, "headers", None)
+    if headers is None:
+        headers = props.get("application_headers") or {}
+    return decode_message(
+        body=message.body,
+        headers=headers,
+        properties={
+            "content_type": getattr(message, "content_type", None) or props.get("content_type"),
+            "message_id": props.get("message_id"),
+        },
+        delivery_info=getattr(message, "delivery_info", None),
+    )
+
+
+# --- connections and queues ---------------------------------------------------------
+
+
+@contextmanager
+def broker_channel(connection: Connection | None = None) -> Iterator[Any]:
+    """A py-amqp channel on `connection`, or on a fresh connection to BROKER_URL."""
+    if connection is not None:
+        channel = connection.channel()
+        try:
+            yield channel
+        finally:
+            _close_quietly(channel)
+        return
+    with Connection(settings.BROKER_URL, connect_timeout=5) as conn:
+        conn.ensure_connection(max_retries=1)
+        channel = conn.channel()
+        try:
+            yield channel
+        finally:
+            _close_quietly(channel)
+
+
+def _close_quietly(channel: Any) -> None:
+    try:
+        channel.close()
+    except Exception:  # a channel closed by the broker (404) cannot close again
+        pass
+
+
+def all_dlq_names() -> list[str]:
+    return [dlq_name(q.name) for q in primary_queues()]
+
+
+def is_dlq(name: str) -> bool:
+    return name in all_dlq_names()
+
+
+def queue_depth(channel: Any, name: str) -> int:
+    """Messages ready in `name` (passive declare; unacked messages are not counted)."""
+    _, count, _ = channel.queue_declare(queue=name, passive=True)
+    return int(count)
+
+
+def dlq_depths(
+    *, queues: Iterable[str] | None = None, connection: Connection | None = None
+) -> dict[str, int | None]:
+    """Depth of each DLQ (and of `dlq.watch` if asked), None where the queue is missing.
+
+    Raises the broker's connection error when RabbitMQ cannot be reached; callers that
+    must not fail (the portal overview) catch it and show "unknown".
+    """
+    names = list(queues) if queues is not None else all_dlq_names()
+    depths: dict[str, int | None] = {}
+    with broker_channel(connection) as channel:
+        for name in names:
+            try:
+                depths[name] = queue_depth(channel, name)
+            except NotFound:
+                # A 404 closes the channel; carry on with a fresh one.
+                depths[name] = None
+                channel = channel.connection.channel()
+    return depths
+
+
+def _get_all(channel: Any, queue: str, limit: int) -> list[Any]:
+    """Take up to `limit` messages with basic_get, unacked (held by this channel)."""
+    taken = []
+    while len(taken) < limit:
+        message = channel.basic_get(queue=queue, no_ack=False)
+        if message is None:
+            break
+        taken.append(message)
+    return taken
+
+
+def _requeue(channel: Any, messages: Iterable[Any]) -> None:
+    for message in messages:
+        channel.basic_reject(message.delivery_tag, requeue=True)
+
+
+def dlq_peek(
+    *, queue: str, limit: int = 20, connection: Connection | None = None
+) -> list[DecodedMessage]:
+    """Up to `limit` messages of a DLQ, decoded, WITHOUT consuming them.
+
+    basic_get without ack, then every message goes back with reject(requeue=True), in
+    the order taken (see the module caveats on ordering and concurrent callers).
+    """
+    with broker_channel(connection) as channel:
+        taken = _get_all(channel, queue, max(0, int(limit)))
+        try:
+            return [decode_amqp(m) for m in taken]
+        finally:
+            _requeue(channel, taken)
+
+
+@dataclass
+class DrainResult:
+    seen: int = 0
+    acked: int = 0
+    kept: int = 0
+    acked_message_ids: list[str] = field(default_factory=list)
+
+
+def dlq_drain(
+    *,
+    queue: str,
+    decide: Callable[[list[DecodedMessage]], set[str]],
+    batch_size: int = 500,
+    max_messages: int = 100_000,
+    connection: Connection | None = None,
+) -> DrainResult:
+    """One pass over a DLQ: ack the messages `decide` names, put every other one back.
+
+    1. Read the depth once; take at most that many (bounded by `max_messages`), so the
+       pass ends even while new dead letters arrive.
+    2. Every `batch_size` messages ask `decide(batch)` for the message ids to drop
+       (one database round trip per batch, not per message) and ack those at once.
+    3. Hold the rest unacked until the end, then requeue them all: requeuing during the
+       pass would hand them straight back to this pass.
+    A replay of 10k jobs therefore costs one pass over the DLQ, not 10k scans.
+    """
+    result = DrainResult()
+    with broker_channel(connection) as channel:
+        try:
+            depth = queue_depth(channel, queue)
+        except NotFound:
+            return result
+        budget = min(depth, max_messages)
+        held: list[Any] = []
+        try:
+            while result.seen < budget:
+                batch = _get_all(channel, queue, min(batch_size, budget - result.seen))
+                if not batch:
+                    break
+                result.seen += len(batch)
+                decoded = [decode_amqp(m) for m in batch]
+                drop = decide(decoded)
+                for message, info in zip(batch, decoded, strict=True):
+                    if info.message_id in drop:
+                        channel.basic_ack(message.delivery_tag)
+                        result.acked += 1
+                        result.acked_message_ids.append(info.message_id)
+                    else:
+                        held.append(message)
+        finally:
+            _requeue(channel, held)
+        result.kept = len(held)
+    return result

@@ -1,0 +1,135 @@
+"""The RabbitMQ topology of DESIGN.md 4, checked against the real broker with raw AMQP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+import pytest
+from amqp.exceptions import PreconditionFailed
+from django.conf import settings
+from kombu import Connection, Producer
+
+from jobs.topology import (
+    DELIVERY_LIMIT,
+    JOBS_EXCHANGE,
+    WATCH_QUEUE_NAME,
+    dlq_name,
+    primary_queue,
+    primary_queues,
+)
+from tests.dlq.conftest import depth, get_one, wait_depth
+from tests.workers import ROOT, subprocess_env
+
+
+def _setup_topology() -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "setup_topology"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _publish(channel, routing_key: str, body: dict) -> None:
+    Producer(channel, exchange=JOBS_EXCHANGE).publish(
+        body, routing_key=routing_key, serializer="json", mandatory=True
+    )
+
+
+def test_setup_topology_twice_exits_zero_and_keeps_queued_messages(amqp):
+    _publish(amqp, "sim", {"marker": "kept"})
+    assert wait_depth(amqp, "sim", 1) == 1
+    first, second = _setup_topology(), _setup_topology()
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr
+    assert "topology is in place" in second.stdout
+    # Nothing was redeclared differently or purged: the message is still there.
+    assert depth(amqp, "sim") == 1
+    for queue in primary_queues():  # and the arguments still match (else 406)
+        queue(amqp).declare()
+
+
+def test_setup_topology_reports_a_conflicting_queue_without_a_traceback(topology):
+    with Connection(settings.BROKER_URL) as conn:
+        channel = conn.channel()
+        channel.queue_delete("report")
+        # A classic queue named like a primary, with other arguments.
+        channel.queue_declare("report", durable=True, auto_delete=False)
+        try:
+            result = _setup_topology()
+            assert result.returncode != 0
+            assert "Traceback" not in result.stderr + result.stdout
+            assert "report" in result.stderr and "inequivalent arg" in result.stderr
+            # Everything else was still declared.
+            assert "declared queue sim_dlq" in result.stdout
+        finally:
+            conn.channel().queue_delete("report")
+            primary_queue("report")(conn.channel()).declare()
+    # The restored queue has the design's arguments again.
+    with Connection(settings.BROKER_URL) as conn:
+        primary_queue("report")(conn.channel()).declare()
+
+
+@pytest.mark.parametrize("queue", [q.name for q in primary_queues()])
+def test_each_routing_key_reaches_its_primary_quorum_queue(amqp, queue):
+    marker = str(uuid.uuid4())
+    _publish(amqp, queue, {"marker": marker})
+    message = get_one(amqp, queue)
+    assert message is not None and marker in str(message.body)
+    amqp.basic_ack(message.delivery_tag)
+    # It is a quorum queue: redeclaring it as classic is refused.
+    with pytest.raises(PreconditionFailed):
+        amqp.queue_declare(queue, durable=True, passive=False, arguments={})
+
+
+def test_reject_without_requeue_lands_in_its_dlq_and_the_watch_queue(amqp):
+    for queue in [q.name for q in primary_queues()]:
+        _publish(amqp, queue, {"q": queue})
+        message = get_one(amqp, queue)
+        amqp.basic_reject(message.delivery_tag, requeue=False)
+        for target in (dlq_name(queue), WATCH_QUEUE_NAME):
+            copy = get_one(amqp, target)
+            assert copy is not None, f"no copy in {target}"
+            death = copy.headers["x-death"][0]
+            assert death["reason"] == "rejected"
+            assert death["queue"] == queue
+            assert list(death["routing-keys"]) == [queue]
+            assert copy.headers["x-first-death-reason"] == "rejected"
+            amqp.basic_ack(copy.delivery_tag)
+    # Nothing else was dead-lettered anywhere.
+    for queue in primary_queues():
+        assert depth(amqp, dlq_name(queue.name)) == 0
+    assert depth(amqp, WATCH_QUEUE_NAME) == 0
+
+
+def test_a_message_that_crashes_its_consumer_is_dead_lettered_by_the_delivery_limit(amqp):
+    """A consumer that dies before any claim (requeue or channel closed without ack)
+    gets the message again and again; after the delivery limit the broker gives up."""
+    _publish(amqp, "model", {"poison": True})
+    deliveries = 0
+    with Connection(settings.BROKER_URL) as conn:
+        for _ in range(DELIVERY_LIMIT + 5):
+            if deliveries % 2:  # a consumer whose channel dies with the message unacked
+                channel = conn.channel()
+                message = get_one(channel, "model", timeout=2)
+                if message is None:
+                    break
+                channel.close()
+            else:  # a consumer that gives it back (requeue) after crashing
+                message = get_one(amqp, "model", timeout=2)
+                if message is None:
+                    break
+                amqp.basic_reject(message.delivery_tag, requeue=True)
+            deliveries += 1
+    assert deliveries == DELIVERY_LIMIT + 1
+    for target in (dlq_name("model"), WATCH_QUEUE_NAME):
+        copy = get_one(amqp, target)
+        assert copy is not None
+        assert copy.headers["x-first-death-reason"] == "delivery_limit"
+        assert copy.headers["x-death"][0]["reason"] == "delivery_limit"
+        amqp.basic_ack(copy.delivery_tag)
+    assert depth(amqp, "model") == 0
