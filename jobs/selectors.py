@@ -72,3 +72,11 @@ def artefact_get_for_user(*, job_id: uuid.UUID, artefact_id: uuid.UUID, user: An
 def job_key_exists(*, owner: Any, key: str) -> bool:
     """Whether `owner` already made a job under this idempotency key (a repeat)."""
     return Job.objects.filter(owner_id=owner.pk, idempotency_key=key).exists()
+
+
+def job_get(*, job_id: uuid.UUID | str) -> Job:
+    """Any job by id, with its artefacts: for operators' commands, which see every job."""
+    job = Job.objects.prefetch_related("artefacts").filter(id=job_id).first()
+    if job is None:
+        raise JobNotFoundError(f"No job {job_id}.")
+    return job

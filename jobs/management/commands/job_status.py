@@ -1,0 +1,82 @@
+"""manage.py job_status ID [--follow] [--json]"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from tqdm import tqdm
+
+from jobs.api.serializers import JobOutputSerializer
+from jobs.errors import JobNotFoundError
+from jobs.models import Job
+from jobs.selectors import job_get
+from jobs.states import TERMINAL, Status
+
+
+class Command(BaseCommand):
+    help = (
+        "Show a job. With --follow, a live progress bar until the job ends: exit 0 when it "
+        "succeeded, 1 when it failed or was cancelled. Exit 2 for an unknown job."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("job_id")
+        parser.add_argument("--follow", action="store_true", help="watch until the job ends")
+        parser.add_argument("--interval", type=float, default=0.5, help="poll seconds (follow)")
+        parser.add_argument("--json", action="store_true", help="print the API's job body")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            job_id = uuid.UUID(options["job_id"])
+            job = job_get(job_id=job_id)
+        except (ValueError, JobNotFoundError) as exc:
+            raise CommandError(f"No job {options['job_id']!r}.", returncode=2) from exc
+        if options["follow"]:
+            job = self._follow(job, interval=options["interval"])
+        if options["json"]:
+            self.stdout.write(json.dumps(JobOutputSerializer(job).data, indent=2))
+        else:
+            self._describe(job)
+        if options["follow"] and job.status != Status.SUCCEEDED:
+            raise CommandError(f"job {job.id} ended {job.status}", returncode=1)
+
+    def _follow(self, job: Job, *, interval: float) -> Job:
+        """Redraw the bar from the job row until it reaches a terminal state."""
+        # tqdm redraws with \r: give it the raw stream, not Django's line-ending wrapper.
+        with tqdm(
+            total=100, unit="%", desc=f"{job.type} {str(job.id)[:8]}", file=self.stderr._out
+        ) as bar:
+            while True:
+                bar.n = job.progress_percent
+                bar.set_postfix_str(
+                    " ".join(s for s in (job.status, job.progress_step or "") if s), refresh=False
+                )
+                bar.refresh()
+                if job.status in TERMINAL:
+                    return job
+                time.sleep(interval)
+                job = job_get(job_id=job.id)
+
+    def _describe(self, job: Job) -> None:
+        lines = [
+            f"id:        {job.id}",
+            f"type:      {job.type} (queue {job.queue})",
+            f"status:    {job.status}" + (" (cancel requested)" if job.cancel_requested else ""),
+            f"progress:  {job.progress_percent}%"
+            + "".join(f" {s}" for s in (job.progress_step, job.progress_message) if s),
+            f"attempts:  {job.attempts}/{job.max_attempts}",
+            f"created:   {job.created_at.isoformat()}",
+            f"updated:   {job.updated_at.isoformat()}",
+        ]
+        if job.last_error_code or job.last_error_message:
+            lines.append(f"error:     {job.last_error_code}: {job.last_error_message}")
+        if job.dead_letter_queue:
+            lines.append(f"dead letter queue: {job.dead_letter_queue}")
+        if job.result is not None:
+            lines.append(f"result:    {json.dumps(job.result)}")
+        lines += [f"artefact:  {a.kind}/{a.name} ({a.size} bytes)" for a in job.artefacts.all()]
+        self.stdout.write("\n".join(lines))

@@ -1,0 +1,177 @@
+"""Rate limits (atomic Redis token buckets) and queue-depth backpressure (DESIGN.md 6)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from kombu import Connection, Producer
+
+from jobs.backpressure import queue_depth_cached, queue_depth_set, queue_depths_refresh
+from jobs.ratelimit import rate_limit_take
+from jobs.redis_client import redis_client, redis_key
+from jobs.topology import JOBS_EXCHANGE
+from tests.factories import UserFactory
+from tests.jobs.api_fixtures import *  # noqa: F403  (fixtures)
+from tests.jobs.api_fixtures import client_for
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clean_redis")]
+
+JOBS = "/api/v1/jobs"
+SIM = {"type": "sim", "params": {"steps": 1, "step_seconds": 0}}
+
+
+def post(client, body=SIM, **extra):
+    return client.post(JOBS, body, format="json", **extra)
+
+
+# --- the bucket itself ----------------------------------------------------------------------
+
+
+def test_bucket_allows_its_limit_then_refuses_with_a_wait():
+    decisions = [rate_limit_take(buckets=[("t:one", 3)]) for _ in range(4)]
+    assert [d.allowed for d in decisions] == [True, True, True, False]
+    assert [d.remaining for d in decisions[:3]] == [2, 1, 0]
+    refused = decisions[3]
+    assert refused.retry_after >= 1  # 3/min refills one token in 20 s
+    assert 15 <= refused.retry_after <= 20
+    assert refused.reset >= refused.retry_after
+
+
+def test_a_refusal_takes_from_no_bucket():
+    assert rate_limit_take(buckets=[("t:a", 5), ("t:b", 1)]).allowed
+    # b is empty: refused, and a keeps its tokens.
+    assert not rate_limit_take(buckets=[("t:a", 5), ("t:b", 1)]).allowed
+    assert rate_limit_take(buckets=[("t:a", 5)]).remaining == 3
+
+
+def test_concurrent_takes_never_overspend_the_bucket():
+    allowed, lock = [], threading.Lock()
+    barrier = threading.Barrier(20)
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(10):
+            decision = rate_limit_take(buckets=[("t:race", 50)])
+            with lock:
+                allowed.append(decision.allowed)
+
+    threads = [threading.Thread(target=worker) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # 200 attempts in well under a second at 50/min: 50 tokens, at most one refilled.
+    assert 50 <= sum(allowed) <= 51
+
+
+def test_buckets_live_under_the_configured_prefix(settings):
+    rate_limit_take(buckets=[("t:prefixed", 5)])
+    assert redis_client().exists(f"{settings.JOBOPS_REDIS_PREFIX}:ratelimit:t:prefixed")
+
+
+# --- the API --------------------------------------------------------------------------------
+
+
+def test_per_user_limit_answers_429_with_retry_after(settings, api):
+    settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "create_per_user": 2}
+    first, second, third = post(api), post(api), post(api)
+    assert (first.status_code, second.status_code, third.status_code) == (201, 201, 429)
+    assert (first["RateLimit-Limit"], first["RateLimit-Remaining"]) == ("2", "1")
+    assert third.json()["error"]["code"] == "ERR-JOB-RATE-LIMIT"
+    assert int(third["Retry-After"]) >= 1
+    assert third["RateLimit-Remaining"] == "0"
+    # Another user has their own bucket.
+    assert post(client_for(UserFactory())).status_code == 201
+
+
+def test_idempotent_repeats_count_against_the_limit(settings, api):
+    settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "create_per_user": 2}
+    body = {**SIM, "idempotency_key": "k"}
+    assert [post(api, body).status_code for _ in range(3)] == [201, 200, 429]
+
+
+def test_invalid_requests_count_too(settings, api):
+    settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "create_per_user": 1}
+    assert post(api, {"type": "nope", "params": {}}).status_code == 400
+    assert post(api).status_code == 429
+
+
+def test_global_limit_applies_across_users(settings):
+    settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "create_global": 2}
+    statuses = [post(client_for(UserFactory())).status_code for _ in range(3)]
+    assert statuses == [201, 201, 429]
+
+
+def test_redis_down_does_not_refuse_job_creation(settings, api):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "create_per_user": 1}
+    assert [post(api).status_code for _ in range(2)] == [201, 201]
+    assert "RateLimit-Limit" not in post(api)
+
+
+# --- backpressure -------------------------------------------------------------------------
+
+
+def test_a_queue_deeper_than_its_limit_answers_429_backpressure(settings, api):
+    settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 10}
+    queue_depth_set("sim", 11)
+    response = post(api)
+    assert response.status_code == 429
+    error = response.json()["error"]
+    assert error["code"] == "ERR-JOB-BACKPRESSURE"
+    assert error["details"] == {"queue": "sim", "depth": 11, "limit": 10}
+    assert int(response["Retry-After"]) >= 1
+    # Other queues are not affected; at the limit is still accepted.
+    assert post(api, {"type": "report", "params": {}}).status_code == 201
+    queue_depth_set("sim", 10)
+    assert post(api).status_code == 201
+
+
+def test_backpressure_still_answers_a_repeat_of_an_existing_job(settings, api):
+    settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 10}
+    body = {**SIM, "idempotency_key": "before-the-flood"}
+    created = post(api, body)
+    queue_depth_set("sim", 500)
+    repeat = post(api, body)
+    assert (created.status_code, repeat.status_code) == (201, 200)
+    assert post(api, {**SIM, "idempotency_key": "new"}).status_code == 429
+
+
+def test_unknown_depth_never_refuses(settings, api):
+    settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 0}
+    assert queue_depth_cached("sim") is None
+    assert post(api).status_code == 201
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    assert post(api).status_code == 201
+
+
+@pytest.fixture
+def topology():
+    from django.core.management import call_command
+
+    call_command("setup_topology", verbosity=0)
+
+
+def test_refresh_reads_depths_from_rabbitmq_into_redis(topology, settings):
+    with Connection(settings.BROKER_URL) as conn:
+        channel = conn.channel()
+        channel.queue_purge("report")
+        producer = Producer(channel, exchange=JOBS_EXCHANGE)
+        for n in range(3):
+            producer.publish({"n": n}, routing_key="report")
+        try:
+            depths = queue_depths_refresh()
+            assert depths["report"] == 3
+            assert set(depths) >= {"default", "sim", "report", "erp"}
+            assert queue_depth_cached("report") == 3
+            ttl = redis_client().ttl(redis_key("queue-depth", "report"))
+            assert 0 < ttl <= settings.JOBOPS_QUEUE_DEPTH_TTL
+        finally:
+            channel.queue_purge("report")
+
+
+def test_refresh_with_the_broker_down_caches_nothing(settings):
+    settings.BROKER_URL = "amqp://guest:guest@127.0.0.1:1//"
+    assert queue_depths_refresh() == {}
+    assert queue_depth_cached("sim") is None
