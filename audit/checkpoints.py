@@ -1,0 +1,164 @@
+"""Signed checkpoints of the audit chain heads (DESIGN.md section 5).
+
+A hash chain alone cannot show that its tail, or the whole chain, was removed, nor
+that someone holding the database rebuilt it with fresh hashes. A checkpoint records
+the heads (chain, seq, chain_hash) of every chain that changed since the previous
+checkpoint, is itself chained to that checkpoint, and carries an HMAC under a key
+that lives outside the database (settings.AUDIT_SIGNING_KEYS, looked up by key id so
+keys can rotate). Verification then checks that every head still exists unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import OperationalError, connection, transaction
+from django.utils import timezone
+
+from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
+from audit.models import AuditCheckpoint
+from audit.services import format_ts
+
+logger = logging.getLogger(__name__)
+
+PAYLOAD_VERSION = 1
+# Heads per checkpoint row. More changed chains than this (the first checkpoint of
+# a large existing table) are written as several chained checkpoints in the same
+# transaction, so that no payload grows past about 0.6 MB for writer or verifier.
+MAX_HEADS = 5_000
+# One key for the advisory lock that serialises checkpoint writers (dispatchers on
+# several hosts); any constant works as long as nothing else uses it.
+_LOCK_KEY = "jobops:audit_checkpoint"
+# How long a checkpoint waits for in-flight audit appends to commit before giving up
+# until the next loop (see step 2 of `_write`).
+LOCK_TIMEOUT = "5s"
+
+
+class UnknownSigningKeyError(LookupError):
+    """A checkpoint names a key id that settings.AUDIT_SIGNING_KEYS does not hold."""
+
+
+def checkpoint_signature(*, key_id: str, checkpoint_hash: str) -> str:
+    """HMAC-SHA256 over the checkpoint hash (which commits to payload and prev_hash)."""
+    try:
+        key = settings.AUDIT_SIGNING_KEYS[key_id]
+    except KeyError:
+        raise UnknownSigningKeyError(key_id) from None
+    return hmac.new(key.encode("utf-8"), bytes.fromhex(checkpoint_hash), hashlib.sha256).hexdigest()
+
+
+def checkpoint_write(*, now: datetime | None = None) -> AuditCheckpoint | None:
+    """Record the heads of the chains that changed since the last checkpoint.
+
+    Returns the new checkpoint, or None when no chain changed (nothing is written).
+    Safe to run from several dispatchers at once.
+    """
+    return _write(now=now, due_seconds=None)
+
+
+def checkpoint_write_if_due(*, now: datetime | None = None) -> AuditCheckpoint | None:
+    """`checkpoint_write` at most every settings.AUDIT_CHECKPOINT_SECONDS (dispatcher loop)."""
+    now = now or timezone.now()
+    last = AuditCheckpoint.objects.order_by("-id").values_list("created_at", flat=True).first()
+    # Cheap pre-check without any lock; `_write` checks again under the lock.
+    if last is not None and now - last < timedelta(seconds=settings.AUDIT_CHECKPOINT_SECONDS):
+        return None
+    return _write(now=now, due_seconds=settings.AUDIT_CHECKPOINT_SECONDS)
+
+
+def _write(*, now: datetime | None, due_seconds: int | None) -> AuditCheckpoint | None:
+    """Write one checkpoint in one transaction.
+
+    1. Take a transaction-scoped advisory lock so concurrent writers queue; the
+       unique prev_hash backs it up (two checkpoints can never share a parent).
+    2. LOCK audit_logs IN SHARE MODE: it waits for every in-flight append to commit
+       and holds new ones for the few milliseconds this transaction lasts. Without
+       it, a row whose id was allocated before the checkpoint but committed after it
+       would sit below `last_audit_id` and never be covered. If appends do not drain
+       within LOCK_TIMEOUT the checkpoint is skipped until the next call.
+    3. Read the previous checkpoint (a fresh statement after the locks, so it sees a
+       concurrent writer's commit) and, if due_seconds is given, stop if it is recent.
+    4. Find the chains with rows above its last_audit_id (an id range scan on the
+       primary key) and their heads; none -> write nothing.
+    5. Canonical payload, hash chained to the previous checkpoint, HMAC, insert
+       (several rows, MAX_HEADS heads each, when many chains changed).
+    """
+    now = now or timezone.now()
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_LOCK_KEY])
+                cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                cursor.execute("LOCK TABLE audit_logs IN SHARE MODE")
+                cursor.execute("SET LOCAL lock_timeout = 0")
+                previous = AuditCheckpoint.objects.order_by("-id").first()
+                if (
+                    due_seconds is not None
+                    and previous is not None
+                    and now - previous.created_at < timedelta(seconds=due_seconds)
+                ):
+                    return None
+                last_id = previous.last_audit_id if previous else 0
+                cursor.execute(
+                    "SELECT DISTINCT ON (chain) chain, seq, chain_hash, max(id) OVER () "
+                    "FROM audit_logs WHERE id > %s ORDER BY chain, seq DESC",
+                    [last_id],
+                )
+                rows = cursor.fetchall()
+            if not rows:
+                return None
+            last_audit_id = rows[0][3]
+            checkpoint = previous
+            for start in range(0, len(rows), MAX_HEADS):
+                checkpoint = _insert(
+                    previous=checkpoint,
+                    now=now,
+                    last_audit_id=last_audit_id,
+                    heads=[
+                        {"chain": c, "seq": s, "hash": h}
+                        for c, s, h, _ in rows[start : start + MAX_HEADS]
+                    ],
+                )
+            return checkpoint
+    except OperationalError as exc:
+        # lock_timeout: a long transaction holds audit appends open. Never block the
+        # dispatcher on it; the rows stay above last_audit_id for the next attempt.
+        if getattr(exc.__cause__, "sqlstate", None) == "55P03":
+            logger.warning("audit checkpoint skipped: in-flight audit appends did not drain")
+            return None
+        raise
+
+
+def _insert(
+    *,
+    previous: AuditCheckpoint | None,
+    now: datetime,
+    last_audit_id: int,
+    heads: list[dict[str, object]],
+) -> AuditCheckpoint:
+    prev_hash = previous.checkpoint_hash if previous else GENESIS_HASH
+    key_id = settings.AUDIT_SIGNING_KEY_ID
+    payload = canonical_bytes(
+        {
+            "v": PAYLOAD_VERSION,
+            "created_at": format_ts(now),
+            "last_audit_id": last_audit_id,
+            "prev_hash": prev_hash,
+            "key_id": key_id,
+            "heads": heads,
+        }
+    )
+    digest = chain_hash(prev_hash, payload)
+    return AuditCheckpoint.objects.create(
+        created_at=now,
+        last_audit_id=last_audit_id,
+        payload=payload.decode("utf-8"),
+        prev_hash=prev_hash,
+        checkpoint_hash=digest,
+        key_id=key_id,
+        signature=checkpoint_signature(key_id=key_id, checkpoint_hash=digest),
+    )

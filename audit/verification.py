@@ -1,0 +1,496 @@
+"""Verify the audit chains and the signed checkpoints (DESIGN.md section 5).
+
+Rows are streamed through a server-side cursor ordered by (chain, seq), so memory
+stays flat whatever the table size. Each row is checked against the exact payload
+bytes that were hashed at write time; the checkpoints then prove that no head they
+recorded has gone missing or been rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from audit.canonical import GENESIS_HASH, canonical_bytes
+from audit.services import job_chain
+
+# Rows fetched per round trip of the server-side cursor: large enough that the
+# round trips vanish, small enough that a batch is about a megabyte.
+BATCH_ROWS = 2_000
+# A wholesale tamper could yield a problem per row; keep the first ones only.
+MAX_PROBLEMS = 1_000
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str
+    message: str
+    chain: str | None = None
+    job_id: str | None = None
+    seq: int | None = None
+    checkpoint_id: int | None = None
+
+    def __str__(self) -> str:
+        where = []
+        if self.chain is not None:
+            where.append(f"chain {self.chain}")
+        if self.job_id is not None:
+            where.append(f"job {self.job_id}")
+        if self.seq is not None:
+            where.append(f"seq {self.seq}")
+        if self.checkpoint_id is not None:
+            where.append(f"checkpoint {self.checkpoint_id}")
+        return f"{', '.join(where) or 'audit'}: {self.kind}: {self.message}"
+
+
+@dataclass
+class VerificationReport:
+    rows_checked: int = 0
+    chains_checked: int = 0
+    checkpoints_checked: int = 0
+    heads_checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    problems_total: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.problems_total == 0
+
+    def add(self, problem: Problem) -> None:
+        self.problems_total += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(problem)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        data["problems_truncated"] = self.problems_total - len(self.problems)
+        return data
+
+
+def _job_of(chain: str) -> str | None:
+    return chain[4:] if chain.startswith("job:") else None
+
+
+def audit_verify(
+    *,
+    job_ids: Iterable[uuid.UUID | str] | None = None,
+    since: datetime | None = None,
+    chains: Iterable[str] | None = None,
+) -> VerificationReport:
+    """Verify chains and checkpoints; never raises for tampering, reports it.
+
+    1. Choose the chains: all, or those of `job_ids`/`chains`, narrowed by `since`
+       to chains with a row at or after it (still verified from seq 1).
+    2. Stream the rows ordered by (chain, seq) and check each (`_check_rows`).
+    3. Verify the checkpoint chain: link, hash, HMAC signature, known key id, and
+       that the columns agree with the signed payload.
+    4. For the checkpoints that proved genuine, check in SQL that every head they
+       name (restricted to the chosen chains, plus every head of a checkpoint made
+       at or after `since`) still exists with that hash.
+    Runs in one REPEATABLE READ READ ONLY transaction when it can, so rows and
+    checkpoints come from one snapshot.
+    """
+    started = time.perf_counter()
+    report = VerificationReport()
+    selected: list[str] | None = None
+    if job_ids is not None or chains is not None:
+        selected = sorted(
+            {job_chain(j) for j in (job_ids or [])} | {str(c) for c in (chains or [])}
+        )
+    with transaction.atomic():
+        if len(connection.atomic_blocks) == 1:
+            # Outermost block: nothing has run yet in this transaction.
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        if since is not None:
+            with connection.cursor() as cursor:
+                sql = "SELECT DISTINCT chain FROM audit_logs WHERE ts >= %s"
+                params: list[Any] = [since]
+                if selected is not None:
+                    sql += " AND chain = ANY(%s)"
+                    params.append(selected)
+                cursor.execute(sql, params)
+                selected = sorted(r[0] for r in cursor.fetchall())
+        _check_rows(report, selected)
+        if selected is not None and since is None:
+            # A chain asked for by name that has no rows at all was removed whole
+            # (or never existed); either way it is not intact.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT DISTINCT chain FROM audit_logs WHERE chain = ANY(%s)", [selected]
+                )
+                present = {r[0] for r in cursor.fetchall()}
+            for chain in selected:
+                if chain not in present:
+                    report.add(
+                        Problem(
+                            kind="chain_missing",
+                            message="no audit entries at all for this chain",
+                            chain=chain,
+                            job_id=_job_of(chain),
+                        )
+                    )
+        genuine = _check_checkpoints(report)
+        _check_heads(report, genuine, selected, since)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+# One row per audit entry, in chain order. Besides the exact payload bytes it
+# carries the canonical prefix (actor, chain) and suffix (event_type, job_id, seq,
+# ts) that the payload must have around `data` (JCS sorts the keys), built from the
+# columns by plain concatenation. The server builds them while Python hashes the
+# previous batch (see `_batches`), so the field check costs Python two C-level
+# byte comparisons. Plain concatenation does not JSON-escape: a string with a quote
+# or backslash would mismatch, and such a row goes to the exact slow path
+# (`_field_mismatch`), which decides.
+_ROWS_SQL = """
+SELECT chain, seq, convert_to(payload, 'UTF8'), prev_hash, chain_hash,
+       convert_to('{{"actor":{{"id":"' || actor_id || '","type":"' || actor_type
+                  || '"}},"chain":"' || chain || '","data":', 'UTF8'),
+       convert_to(',"event_type":"' || event_type
+                  || '","job_id":' || coalesce('"' || job_id::text || '"', 'null')
+                  || ',"seq":' || seq::text
+                  || ',"ts":"' || to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+                  || '"}}', 'UTF8')
+FROM audit_logs {where} ORDER BY chain, seq
+"""
+
+_ROW_DETAIL_SQL = """
+SELECT job_id::text, event_type, actor_type, actor_id,
+       to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), payload
+FROM audit_logs WHERE chain = %s AND seq = %s
+"""
+
+
+def _batches(sql: str, params: list[Any]) -> Iterator[list[tuple[Any, ...]]]:
+    """Yield batches of rows from a server-side cursor, fetched by a helper thread.
+
+    The thread waits on PostgreSQL (which builds the next batch) while the caller
+    hashes the current one, so both CPU cores work; the bounded queue keeps at most
+    a few batches in memory. The caller must not use the connection until this
+    generator is exhausted or closed.
+    """
+    raw = connection.connection  # the psycopg connection: named cursors need it
+    batches: queue.Queue[Any] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                batches.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            # binary: bytea arrives as raw bytes, with no hex step on either side.
+            with raw.cursor(name="audit_verify_rows", binary=True) as cursor:
+                cursor.itersize = BATCH_ROWS
+                cursor.execute(sql, params)
+                while batch := cursor.fetchmany(BATCH_ROWS):
+                    if not put(batch):
+                        return
+            put(None)
+        except BaseException as exc:  # handed to the caller, which re-raises it
+            put(exc)
+
+    thread = threading.Thread(target=produce, name="audit-verify-fetch", daemon=True)
+    thread.start()
+    try:
+        while (item := batches.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _check_rows(report: VerificationReport, selected: list[str] | None) -> None:
+    """Stream every chosen row once and check it against its predecessor.
+
+    Per row: seq continues from 1; prev_hash is the previous row's chain_hash (the
+    genesis hash for seq 1); sha256(prev_hash bytes + the exact stored payload
+    bytes) equals chain_hash; and the payload's chain, seq, event_type, job_id,
+    actor and ts agree with the columns. Suspect rows are examined again after the
+    stream (the connection is busy during it) to say exactly what broke.
+    """
+    if selected is not None and not selected:
+        return
+    where, params = ("WHERE chain = ANY(%s)", [selected]) if selected is not None else ("", [])
+    sha256 = hashlib.sha256
+    fromhex = bytes.fromhex
+    chain = None
+    expected_seq = 1
+    expected_prev = GENESIS_HASH
+    rows = chains = 0
+    suspects: list[tuple[Any, ...]] = []
+    overflow = 0
+    for batch in _batches(_ROWS_SQL.format(where=where), params):
+        rows += len(batch)
+        for row_chain, seq, payload, prev, stored, prefix, suffix in batch:
+            if row_chain != chain:
+                chain = row_chain
+                chains += 1
+                expected_seq, expected_prev = 1, GENESIS_HASH
+            try:
+                hash_ok = sha256(fromhex(prev) + payload).hexdigest() == stored
+            except ValueError:
+                hash_ok = False
+            if not (
+                hash_ok
+                and seq == expected_seq
+                and prev == expected_prev
+                and payload.startswith(prefix)
+                and payload.endswith(suffix)
+            ):
+                if len(suspects) < MAX_PROBLEMS:
+                    suspect = (row_chain, seq, payload, prev, stored, expected_seq, expected_prev)
+                    suspects.append(suspect)
+                else:
+                    overflow += 1  # counted, not described
+            expected_seq = seq + 1
+            expected_prev = stored
+    report.rows_checked += rows
+    report.chains_checked += chains
+    for suspect in suspects:
+        problem = _row_problem(*suspect)
+        if problem is not None:
+            report.add(problem)
+    report.problems_total += overflow
+
+
+def _row_problem(
+    chain: str,
+    seq: int,
+    payload: bytes,
+    prev: str,
+    stored: str,
+    expected_seq: int,
+    expected_prev: str,
+) -> Problem | None:
+    """Say everything that is wrong with one suspect row (None: it was a false alarm of
+    the fast field check, e.g. a string that needed JSON escaping)."""
+    broken = []
+    if seq != expected_seq:
+        broken.append(f"sequence gap: expected seq {expected_seq}, found {seq}")
+    if prev != expected_prev:
+        broken.append(
+            f"prev_hash {prev} does not match the previous row's chain_hash {expected_prev}"
+        )
+    try:
+        computed: str | None = hashlib.sha256(bytes.fromhex(prev) + payload).hexdigest()
+    except ValueError:
+        computed = None
+    if computed != stored:
+        broken.append(f"chain_hash {stored} does not match sha256(prev_hash + payload) {computed}")
+    with connection.cursor() as cursor:
+        cursor.execute(_ROW_DETAIL_SQL, [chain, seq])
+        detail = cursor.fetchone()
+    job_id = _job_of(chain)
+    if detail is not None:
+        job_id = detail[0] or job_id
+        mismatch = _field_mismatch(payload.decode("utf-8", "replace"), chain, seq, *detail[:5])
+        if mismatch:
+            broken.append(mismatch)
+    if not broken:
+        return None
+    return Problem(
+        kind="row_broken", message="; ".join(broken), chain=chain, job_id=job_id, seq=seq
+    )
+
+
+def _field_mismatch(
+    text: str,
+    chain: str,
+    seq: int,
+    job_id: str | None,
+    event_type: str,
+    actor_type: str,
+    actor_id: str,
+    ts: str,
+) -> str | None:
+    """Which of the payload's fields disagree with the columns (None: all agree)."""
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        return "payload is not valid JSON"
+    if not isinstance(payload, dict):
+        return "payload is not a JSON object"
+    expected = {
+        "chain": chain,
+        "seq": seq,
+        "event_type": event_type,
+        "job_id": job_id,
+        "actor": {"id": actor_id, "type": actor_type},
+        "ts": ts,
+    }
+    wrong = [k for k, v in expected.items() if payload.get(k, object()) != v]
+    if not wrong:
+        if set(payload) != {*expected, "data"} or canonical_bytes(payload) != text.encode():
+            return "payload is not canonical JSON of the expected keys"
+        return None
+    return "payload disagrees with the row's columns on " + ", ".join(wrong)
+
+
+_CHECKPOINTS_SQL = """
+SELECT id, last_audit_id, prev_hash, checkpoint_hash, key_id, signature,
+       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+       convert_to(payload, 'UTF8')
+FROM audit_checkpoints ORDER BY id
+"""
+
+
+def _check_checkpoints(report: VerificationReport) -> list[int]:
+    """Verify the checkpoint chain; return the ids of the checkpoints that are genuine.
+
+    For each, in id order: prev_hash links to the previous checkpoint (genesis for
+    the first); sha256(prev_hash bytes + payload bytes) is checkpoint_hash; the key
+    id is known and the HMAC verifies; and the columns checkpoint_write relies on
+    (created_at, last_audit_id, key_id, prev_hash) agree with the signed payload.
+    A payload names at most MAX_HEADS heads (about 0.6 MB), and few are fetched
+    per round trip, so memory stays small.
+    """
+    genuine: list[int] = []
+    expected_prev = GENESIS_HASH
+    raw = connection.connection
+    # binary: the payload arrives as raw bytes, not as twice as much hex text.
+    with raw.cursor(name="audit_verify_checkpoints", binary=True) as cursor:
+        cursor.itersize = 2
+        cursor.execute(_CHECKPOINTS_SQL)
+        for cp_id, last_id, prev, stored, key_id, signature, ts, payload in cursor:
+            report.checkpoints_checked += 1
+            broken = []
+            if prev != expected_prev:
+                broken.append(
+                    f"prev_hash {prev} does not match the previous checkpoint's hash "
+                    f"{expected_prev}"
+                )
+            try:
+                digest = hashlib.sha256(bytes.fromhex(prev))
+                digest.update(payload)
+                computed: str | None = digest.hexdigest()
+            except ValueError:
+                computed = None
+            if computed != stored:
+                broken.append(f"checkpoint_hash {stored} does not match its payload ({computed})")
+            key = settings.AUDIT_SIGNING_KEYS.get(key_id)
+            if key is None:
+                broken.append(f"signed with unknown key id {key_id!r}")
+            else:
+                try:
+                    expected_sig = hmac.new(
+                        key.encode("utf-8"), bytes.fromhex(stored), hashlib.sha256
+                    ).hexdigest()
+                except ValueError:
+                    expected_sig = ""
+                if not hmac.compare_digest(expected_sig, signature):
+                    broken.append("HMAC signature does not verify")
+            if not broken:
+                # Genuine payload; JCS key order: created_at, heads, key_id,
+                # last_audit_id, prev_hash, v.
+                expected_first = canonical_bytes({"created_at": ts})[:-1] + b',"heads":'
+                expected_last = (
+                    b"],"
+                    + canonical_bytes(
+                        {"key_id": key_id, "last_audit_id": last_id, "prev_hash": prev, "v": 1}
+                    )[1:]
+                )
+                if not (payload.startswith(expected_first) and payload.endswith(expected_last)):
+                    broken.append("columns disagree with the signed payload")
+            if broken:
+                report.add(
+                    Problem(
+                        kind="checkpoint_broken", message="; ".join(broken), checkpoint_id=cp_id
+                    )
+                )
+            else:
+                genuine.append(cp_id)
+            expected_prev = stored
+    return genuine
+
+
+def _check_heads(
+    report: VerificationReport,
+    genuine: list[int],
+    selected: list[str] | None,
+    since: datetime | None,
+) -> None:
+    """Every head a genuine checkpoint names must still exist with the same hash.
+
+    Done in SQL (an index lookup per head on (chain, seq)) so that no checkpoint's
+    heads are ever held in Python memory.
+    """
+    if not genuine:
+        return
+    conditions = ["c.id = ANY(%s)"]
+    params: list[Any] = [genuine]
+    if selected is not None:
+        scope = "h.chain = ANY(%s)"
+        params.append(selected)
+        if since is not None:
+            # A chain deleted whole leaves no row after `since`; its head in a
+            # checkpoint made since then still gives it away.
+            scope = f"({scope} OR c.created_at >= %s)"
+            params.append(since)
+        conditions.append(scope)
+    sql = f"""
+        SELECT c.id, h.chain, h.seq, h.hash, a.chain_hash
+        FROM audit_checkpoints c
+        CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
+            AS h(chain text, seq bigint, hash text)
+        LEFT JOIN audit_logs a ON a.chain = h.chain AND a.seq = h.seq
+        WHERE {" AND ".join(conditions)}
+    """
+    with connection.cursor() as cursor:
+        # One pass counts the heads and the bad ones; only bad ones are fetched.
+        cursor.execute(
+            "SELECT count(*), count(*) FILTER (WHERE chain_hash IS DISTINCT FROM hash) "
+            f"FROM ({sql}) AS heads",
+            params,
+        )
+        total, bad = cursor.fetchone()
+        report.heads_checked += total
+        if not bad:
+            return
+        cursor.execute(
+            f"SELECT * FROM ({sql}) AS heads "
+            "WHERE chain_hash IS DISTINCT FROM hash ORDER BY chain, seq, id LIMIT %s",
+            [*params, MAX_PROBLEMS],
+        )
+        for cp_id, chain, seq, head_hash, found in cursor.fetchall():
+            if found is None:
+                message = f"head seq {seq} recorded by the checkpoint is missing"
+                kind = "head_missing"
+            else:
+                message = (
+                    f"head seq {seq} has chain_hash {found}, the checkpoint recorded {head_hash}"
+                )
+                kind = "head_changed"
+            report.add(
+                Problem(
+                    kind=kind,
+                    message=message,
+                    chain=chain,
+                    job_id=_job_of(chain),
+                    seq=seq,
+                    checkpoint_id=cp_id,
+                )
+            )
