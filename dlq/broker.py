@@ -118,12 +118,12 @@ def _body_bytes(body: Any) -> bytes:
 
 def _payload_from_body(body: bytes, content_type: str | None) -> tuple[Any, str | None]:
     """(task arguments, error) from a Celery body: protocol 2 `[args, kwargs, embed]`."""
-    if content_type and "json" not in content_type:
-        return None, f"content type {content_type!r} is not JSON"
+    # The content type is only a hint: a job payload in a mislabelled message still
+    # names its job, which is worth more to the operator than a raw body.
     try:
         decoded = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        return None, f"body is not JSON: {exc}"
+        return None, f"body is not JSON ({content_type or 'no content type'}): {exc}"
     if isinstance(decoded, list) and decoded and isinstance(decoded[0], list):
         args = decoded[0]
     elif isinstance(decoded, dict) and isinstance(decoded.get("args"), list):  # protocol 1

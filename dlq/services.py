@@ -2,18 +2,35 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from django.db import transaction
+import structlog
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
 
-from audit.services import Actor
-from dlq.models import DeadLetter
+from audit.services import OPS_CHAIN, Actor, audit_append, job_chain
+from dlq.broker import DecodedMessage, DrainResult, all_dlq_names, dlq_drain
+from dlq.errors import (
+    DeadLetterInputError,
+    DeadLetterPermissionError,
+    JustificationRequiredError,
+    UnknownQueueError,
+)
+from dlq.models import DeadLetter, Reason, State
+from jobs.errors import TransitionRefusedError
 from jobs.models import Job
-from jobs.services import Fence, transition
+from jobs.services import STALE_LOCK_SQL, Fence, Raw, transition
 from jobs.states import Status
 from jobs.topology import dlq_name
+from jobs.types import get_type
+
+log = structlog.get_logger("dlq")
 
 
 def job_fail_with_dead_letter(
@@ -70,3 +87,529 @@ def job_fail_with_dead_letter(
             headers=headers,
         )
     return job, dead_letter
+
+
+# --- the dead-letter watcher's reconciliation (DESIGN.md 4.1) --------------------------
+
+WATCHER = Actor.system("dlq-watcher")
+LIVE_LOCK_NOTE = (
+    "recorded by the dead-letter watcher: the job was running under a live lock, "
+    "so its run decides the outcome; this broker copy needs no action"
+)
+
+
+class Outcome:
+    """What the watcher did with one message (also its log field and metric label)."""
+
+    FAILED = "failed"  # a broker-made dead letter: the job failed, a row opened
+    BROKER_COPY = "broker_copy"  # a worker-made dead letter: its row now has the copy
+    LIVE_LOCK = "live_lock"  # the job runs under a live lock: message recorded only
+    NO_JOB = "no_job"  # undecodable, naming no job, or an unknown job: null-job row
+    REPEAT = "repeat"  # this message was recorded already
+    STALE = "stale"  # a copy of an earlier attempt, or of a resolved/ended job
+
+
+def _uuid_or_none(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _broker_error(message: DecodedMessage) -> tuple[str, str]:
+    reason = message.reason or Reason.REJECTED
+    count = next(
+        (d.get("count") for d in message.x_death or [] if d.get("queue") == message.queue), None
+    )
+    text = f"dead-lettered by the broker ({reason}) in queue {message.queue}"
+    if count is not None:
+        text += f", x-death count {count}"
+    return f"BROKER_{reason.upper()}", text
+
+
+def dead_letter_reconcile(*, message: DecodedMessage) -> str:
+    """Reconcile one `dlq.watch` message with the database; idempotent. Returns an Outcome.
+
+    One transaction; the caller acks the message only after it commits.
+    1. A message already recorded (same message id) changes nothing.
+    2. No job (undecodable, no job id, unknown job): a null-job row with the raw body,
+       audited `dead_lettered` on the ops chain.
+    3. Lock the job row (the order every writer uses: job, then dead letter), then:
+       - `failed` with an open row: mark `broker_copy` and audit `dead_lettered` once;
+       - `pending`/`queued`/`retrying` whose attempt the message carries: `failed` + row
+         (a broker-made dead letter: delivery limit, TTL, max length, a bare reject);
+       - `running` with a stale lock: the same, conditioned on the stale lock;
+       - `running` with a live lock: record the message in a row that is resolved at
+         once (the job's own run decides its outcome; an open row would block it);
+       - anything else (an earlier attempt's copy, a resolved or ended job): stale.
+    """
+    with transaction.atomic():
+        if DeadLetter.objects.filter(message_id=message.message_id).exists():
+            return Outcome.REPEAT
+        job_id = _uuid_or_none(message.job_id)
+        job = Job.objects.select_for_update().filter(id=job_id).first() if job_id else None
+        if job is None:
+            _record_without_job(message=message, job_id_text=message.job_id)
+            return Outcome.NO_JOB
+        attempt = message.attempt
+        if job.status == Status.FAILED:
+            if attempt is not None and attempt < job.attempts:
+                return Outcome.STALE  # a copy of an attempt before a replay
+            row = DeadLetter.objects.select_for_update().filter(job=job, state=State.OPEN).first()
+            if row is None:
+                return Outcome.STALE
+            if row.broker_copy:
+                return Outcome.REPEAT
+            row.broker_copy = True
+            row.x_death, row.headers = message.x_death, message.headers
+            row.message_id = row.message_id or message.message_id
+            row.save(update_fields=["broker_copy", "x_death", "headers", "message_id"])
+            _audit_dead_lettered(row, message)
+            return Outcome.BROKER_COPY
+        if job.status in (Status.PENDING, Status.QUEUED, Status.RETRYING):
+            if attempt is not None and attempt <= job.attempts:
+                return Outcome.STALE  # a copy from before a replay or a retry
+            _fail_from_broker(job=job, message=message, sources=[job.status])
+            return Outcome.FAILED
+        if job.status == Status.RUNNING:
+            if attempt is not None and attempt < job.attempts:
+                return Outcome.STALE
+            if _lock_is_stale(job):
+                _fail_from_broker(
+                    job=job,
+                    message=message,
+                    sources=[Status.RUNNING],
+                    where=STALE_LOCK_SQL,
+                    where_params=[float(settings.JOBOPS_LOCK_TIMEOUT)],
+                )
+                return Outcome.FAILED
+            row = DeadLetter.objects.create(
+                job=job,
+                queue=dlq_name(job.queue),
+                reason=message.reason or Reason.REJECTED,
+                error_code=_broker_error(message)[0],
+                error_message=_broker_error(message)[1],
+                x_death=message.x_death,
+                headers=message.headers,
+                broker_copy=True,
+                message_id=message.message_id,
+                state=State.DISCARDED,
+                resolved_at=timezone.now(),
+                justification=LIVE_LOCK_NOTE,
+            )
+            _audit_dead_lettered(row, message, live_lock=True)
+            return Outcome.LIVE_LOCK
+        return Outcome.STALE  # succeeded or cancelled: nothing to decide
+
+
+def _lock_is_stale(job: Job) -> bool:
+    # By the database clock, like the reaper's compare-and-set.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {STALE_LOCK_SQL} FROM jobs WHERE id = %s",
+            [float(settings.JOBOPS_LOCK_TIMEOUT), job.id],
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def _fail_from_broker(
+    *,
+    job: Job,
+    message: DecodedMessage,
+    sources: list[str],
+    where: str = "",
+    where_params: Iterable[Any] = (),
+) -> DeadLetter:
+    code, text = _broker_error(message)
+    _, row = job_fail_with_dead_letter(
+        job_id=job.id,
+        reason=message.reason or Reason.REJECTED,
+        actor=WATCHER,
+        error_code=code,
+        error_message=text,
+        sources=sources,
+        where=where,
+        where_params=where_params,
+        broker_copy=True,
+        x_death=message.x_death,
+        headers=message.headers,
+    )
+    row.message_id = message.message_id
+    row.save(update_fields=["message_id"])
+    _audit_dead_lettered(row, message)
+    return row
+
+
+def _record_without_job(*, message: DecodedMessage, job_id_text: str | None) -> DeadLetter:
+    if message.decode_error and not job_id_text:
+        code, text = "UNDECODABLE", message.decode_error
+    elif not job_id_text:
+        code, text = "NO_JOB", "the message names no job"
+    else:
+        code, text = "JOB_NOT_FOUND", f"the message names job {job_id_text!r}, which is unknown"
+    row = DeadLetter.objects.create(
+        job=None,
+        queue=message.dlq or "unknown",
+        reason=message.reason or Reason.REJECTED,
+        error_code=code,
+        error_message=text,
+        x_death=message.x_death,
+        headers=message.headers,
+        body=message.body_text,
+        broker_copy=True,
+        message_id=message.message_id,
+    )
+    _audit_dead_lettered(row, message)
+    return row
+
+
+def _audit_dead_lettered(row: DeadLetter, message: DecodedMessage, **extra: Any) -> None:
+    audit_append(
+        chain=job_chain(row.job_id) if row.job_id else OPS_CHAIN,
+        event_type="dead_lettered",
+        actor=WATCHER,
+        job_id=row.job_id,
+        data={
+            "dead_letter_id": row.id,
+            "queue": row.queue,
+            "reason": row.reason,
+            "message_id": message.message_id,
+            **extra,
+        },
+    )
+
+
+# --- replay and discard (DESIGN.md 4.1) -----------------------------------------------
+
+
+@dataclass
+class ResolveResult:
+    """The answer of a replay or discard (also a dry run's: `matched` and `sample`)."""
+
+    action: str
+    dry_run: bool
+    matched: int = 0
+    sample: list[dict[str, Any]] = field(default_factory=list)
+    resolved: list[int] = field(default_factory=list)  # dead_letters ids
+    job_ids: list[str] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    broker_acked: int = 0
+    broker_error: str | None = None
+    published: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+ReplayResult = ResolveResult
+DiscardResult = ResolveResult
+SAMPLE_SIZE = 10
+FILTER_FIELDS = ("reason", "error_code")
+
+
+def _check_request(
+    *, actor_user: Any, justification: str | None, queue: str | None, filters: Any
+) -> str:
+    if actor_user is None or not getattr(actor_user, "is_active", False):
+        raise DeadLetterPermissionError()
+    if not getattr(actor_user, "is_staff", False):
+        raise DeadLetterPermissionError()
+    text = (justification or "").strip()
+    if not text:
+        raise JustificationRequiredError(details={"justification": ["This field is required."]})
+    if len(text) > 2000:
+        raise DeadLetterInputError(details={"justification": ["At most 2000 characters."]})
+    if queue is not None and queue not in all_dlq_names():
+        raise UnknownQueueError(
+            f"{queue!r} is not a dead-letter queue.",
+            details={"queue": [f"One of: {', '.join(all_dlq_names())}."]},
+        )
+    unknown = set(filters or {}) - set(FILTER_FIELDS)
+    if unknown:
+        raise DeadLetterInputError(
+            details={"filters": [f"Unknown filter(s): {', '.join(sorted(unknown))}."]}
+        )
+    return text
+
+
+def _selection(
+    *,
+    queue: str | None,
+    job_ids: Iterable[Any] | None,
+    filters: dict[str, Any] | None,
+    with_job_only: bool,
+) -> QuerySet[DeadLetter]:
+    rows = DeadLetter.objects.filter(state=State.OPEN)
+    if queue is not None:
+        rows = rows.filter(queue=queue)
+    if job_ids is not None:
+        parsed = [_uuid_or_none(j) for j in job_ids]
+        bad = [str(j) for j, p in zip(job_ids, parsed, strict=True) if p is None]
+        if bad:
+            raise DeadLetterInputError(details={"job_ids": [f"Not job ids: {', '.join(bad)}."]})
+        rows = rows.filter(job_id__in=parsed)
+    for name, value in (filters or {}).items():
+        if value not in (None, ""):
+            rows = rows.filter(**{name: value})
+    if with_job_only:
+        rows = rows.filter(job__isnull=False)
+    return rows.order_by("id")
+
+
+def _sample(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
+    return [
+        {
+            "dead_letter_id": r.id,
+            "job_id": str(r.job_id) if r.job_id else None,
+            "queue": r.queue,
+            "reason": r.reason,
+            "error_code": r.error_code,
+            "created_at": r.created_at.isoformat(),
+        }
+        for r in rows[:SAMPLE_SIZE]
+    ]
+
+
+def _justification_digest(text: str) -> str:
+    # The text stays on the row (it may name people); the chain holds its digest, so
+    # an edit of the stored justification is still detectable.
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def dead_letters_replay(
+    *,
+    actor_user: Any,
+    justification: str,
+    queue: str | None = None,
+    job_ids: Iterable[Any] | None = None,
+    filters: dict[str, Any] | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+    publish: bool = True,
+) -> ReplayResult:
+    """Replay open dead letters: their jobs run again with a fresh retry budget.
+
+    Selection: open rows that name a job, in `queue` (a DLQ name, e.g. `sim_dlq`), of
+    `job_ids`, matching `filters` (reason, error_code), oldest first, at most `limit`.
+    1. Dry run: the count and a sample; nothing is written.
+    2. One transaction per job (job row locked first, then its open row):
+       `failed` -> `pending` audited `dlq_replayed` (attempts keep counting,
+       `max_attempts` grows by the type's max_retries + 1, the last error stays as
+       history until a success clears it), the row -> `replayed` with the actor and
+       justification. A row resolved meanwhile is skipped: replay is retry-safe.
+    3. After the commits, one pass per DLQ acks away the broker copies whose rows are
+       resolved (a failure only leaves stale copies for the next pass or replay).
+    4. Publish the replayed jobs (best effort: the dispatcher publishes any left
+       `pending`; a failed publish stops the rest rather than wait on a dead broker).
+    """
+    text = _check_request(
+        actor_user=actor_user, justification=justification, queue=queue, filters=filters
+    )
+    rows = _selection(queue=queue, job_ids=job_ids, filters=filters, with_job_only=True)
+    result = ReplayResult(action="replay", dry_run=dry_run)
+    limited = rows[:limit] if limit is not None else rows
+    result.matched = limited.count()
+    result.sample = _sample(rows)
+    if dry_run:
+        return result
+    actor = Actor.user(actor_user)
+    queues: set[str] = set()
+    for row_id, job_id in list(limited.values_list("id", "job_id")):
+        skipped = _replay_one(
+            row_id=row_id, job_id=job_id, actor=actor, actor_user=actor_user, text=text
+        )
+        if skipped:
+            result.skipped.append({"dead_letter_id": row_id, "job_id": str(job_id), **skipped})
+            continue
+        result.resolved.append(row_id)
+        result.job_ids.append(str(job_id))
+    queues = set(DeadLetter.objects.filter(id__in=result.resolved).values_list("queue", flat=True))
+    _ack_away(result, queues)
+    if publish:
+        result.published = _publish(result.job_ids)
+    return result
+
+
+def _replay_one(
+    *, row_id: int, job_id: uuid.UUID, actor: Actor, actor_user: Any, text: str
+) -> dict[str, Any] | None:
+    """One job's replay transaction; returns why it was skipped, or None when done."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id).first()
+        row = DeadLetter.objects.select_for_update().filter(id=row_id, state=State.OPEN).first()
+        if job is None or row is None:
+            return {"skipped": "already resolved"}
+        spec = get_type(job.type)
+        budget = spec.max_attempts if spec is not None else 1
+        try:
+            transition(
+                job_id=job.id,
+                target=Status.PENDING,
+                sources=[Status.FAILED],
+                actor=actor,
+                event_type="dlq_replayed",
+                set_fields={
+                    "max_attempts": Raw(f"jobs.max_attempts + {int(budget)}"),
+                    "dead_letter_queue": None,
+                    "next_run_at": None,
+                    "result": None,
+                    "progress_percent": 0,
+                    "progress_step": None,
+                    "progress_message": None,
+                },
+                audit_data={
+                    "dead_letter_id": row.id,
+                    "reason": row.reason,
+                    "queue": row.queue,
+                    "justification_sha256": _justification_digest(text),
+                },
+            )
+        except TransitionRefusedError as refused:
+            return {"skipped": f"job is {refused.current}, not failed"}
+        _resolve(row, state=State.REPLAYED, actor_user=actor_user, text=text)
+    return None
+
+
+def _resolve(row: DeadLetter, *, state: str, actor_user: Any, text: str) -> None:
+    row.state = state
+    row.resolved_by = actor_user
+    row.resolved_at = timezone.now()
+    row.justification = text
+    row.save(update_fields=["state", "resolved_by", "resolved_at", "justification"])
+
+
+def dead_letters_discard(
+    *,
+    actor_user: Any,
+    justification: str,
+    queue: str | None = None,
+    job_ids: Iterable[Any] | None = None,
+    filters: dict[str, Any] | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+) -> DiscardResult:
+    """Discard open dead letters: the rows close, the jobs stay `failed`.
+
+    Same selection as replay, plus rows that name no job (unless `job_ids` is given).
+    1. Dry run: the count and a sample; nothing is written.
+    2. One transaction per row (job row locked first when there is one): the row ->
+       `discarded` with actor and justification, audited `dlq_discarded` on the job's
+       chain (the ops chain for a row without a job). Resolved rows are skipped.
+    3. After the commits, the broker copies of resolved rows are acked away.
+    """
+    text = _check_request(
+        actor_user=actor_user, justification=justification, queue=queue, filters=filters
+    )
+    rows = _selection(queue=queue, job_ids=job_ids, filters=filters, with_job_only=False)
+    result = DiscardResult(action="discard", dry_run=dry_run)
+    limited = rows[:limit] if limit is not None else rows
+    result.matched = limited.count()
+    result.sample = _sample(rows)
+    if dry_run:
+        return result
+    actor = Actor.user(actor_user)
+    for row_id, job_id in list(limited.values_list("id", "job_id")):
+        with transaction.atomic():
+            if job_id is not None:
+                Job.objects.select_for_update().filter(id=job_id).first()
+            row = DeadLetter.objects.select_for_update().filter(id=row_id, state=State.OPEN).first()
+            if row is None:
+                result.skipped.append({"dead_letter_id": row_id, "skipped": "already resolved"})
+                continue
+            _resolve(row, state=State.DISCARDED, actor_user=actor_user, text=text)
+            audit_append(
+                chain=job_chain(job_id) if job_id else OPS_CHAIN,
+                event_type="dlq_discarded",
+                actor=actor,
+                job_id=job_id,
+                data={
+                    "dead_letter_id": row.id,
+                    "reason": row.reason,
+                    "queue": row.queue,
+                    "justification_sha256": _justification_digest(text),
+                },
+            )
+        result.resolved.append(row_id)
+        if job_id is not None:
+            result.job_ids.append(str(job_id))
+    queues = set(DeadLetter.objects.filter(id__in=result.resolved).values_list("queue", flat=True))
+    _ack_away(result, queues)
+    return result
+
+
+def _ack_away(result: ResolveResult, queues: Iterable[str]) -> None:
+    for name in sorted(q for q in queues if q in all_dlq_names()):
+        try:
+            result.broker_acked += broker_copies_ack_stale(queue=name).acked
+        except Exception as exc:  # broker down: the copies stay for a later pass
+            log.warning("dlq_ack_away_failed", queue=name, error=repr(exc))
+            result.broker_error = f"{name}: {exc!r}"
+
+
+def _publish(job_ids: list[str]) -> int:
+    from jobs.publisher import job_publish
+
+    published = 0
+    for job_id in job_ids:
+        try:
+            if job_publish(job_id=job_id, sources=(Status.PENDING,)):
+                published += 1
+        except Exception as exc:  # the dispatcher publishes whatever is left pending
+            log.warning("dlq_replay_publish_deferred", job_id=job_id, error=repr(exc))
+            break
+    return published
+
+
+# --- broker copies ----------------------------------------------------------------------
+
+
+def stale_message_ids(messages: list[DecodedMessage]) -> set[str]:
+    """Which broker copies in a DLQ no longer stand for an open dead letter.
+
+    Three queries per batch, whatever its size. A copy is stale when its own row is
+    resolved; or, before the watcher has recorded it, when its job has no open row and
+    the copy belongs to an earlier attempt (or the job ended). A copy nothing in the
+    database accounts for yet (the watcher is behind) is kept.
+    """
+    ids = [m.message_id for m in messages]
+    by_message = dict(
+        DeadLetter.objects.filter(message_id__in=ids).values_list("message_id", "state")
+    )
+    job_ids = {
+        _uuid_or_none(m.job_id) for m in messages if m.message_id not in by_message and m.job_id
+    } - {None}
+    jobs = {
+        str(j): (status, attempts)
+        for j, status, attempts in Job.objects.filter(id__in=job_ids).values_list(
+            "id", "status", "attempts"
+        )
+    }
+    with_open = {
+        str(j)
+        for j in DeadLetter.objects.filter(job_id__in=job_ids, state=State.OPEN).values_list(
+            "job_id", flat=True
+        )
+    }
+    stale: set[str] = set()
+    for m in messages:
+        if m.message_id in by_message:
+            if by_message[m.message_id] != State.OPEN:
+                stale.add(m.message_id)
+            continue
+        job_key = str(_uuid_or_none(m.job_id)) if _uuid_or_none(m.job_id) else None
+        if job_key is None or job_key not in jobs or job_key in with_open:
+            continue
+        status, attempts = jobs[job_key]
+        if status in (Status.SUCCEEDED, Status.CANCELLED, Status.FAILED):
+            stale.add(m.message_id)
+        elif m.attempt is not None and (
+            m.attempt < attempts or (m.attempt == attempts and status != Status.RUNNING)
+        ):
+            stale.add(m.message_id)
+    return stale
+
+
+def broker_copies_ack_stale(*, queue: str, max_messages: int = 100_000) -> DrainResult:
+    """One pass over a DLQ acking every copy whose dead letter is resolved (see above)."""
+    return dlq_drain(queue=queue, decide=stale_message_ids, max_messages=max_messages)

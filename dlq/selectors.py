@@ -1,0 +1,117 @@
+"""Reads for the dead-letter pages and the admin API (DESIGN.md 4.1, 6, 7)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+from django.db.models import Count, Max, Min, Q, QuerySet
+
+from dlq.broker import DecodedMessage, all_dlq_names, dlq_depths
+from dlq.models import DeadLetter, State
+
+log = structlog.get_logger("dlq")
+
+
+def dead_letters_list(
+    *,
+    queue: str | None = None,
+    reason: str | None = None,
+    state: str | None = State.OPEN,
+    error_code: str | None = None,
+    job_ids: Iterable[Any] | None = None,
+) -> QuerySet[DeadLetter]:
+    """Dead letters, newest first, with their job and resolver; `state=None` means all."""
+    rows = DeadLetter.objects.select_related("job", "resolved_by")
+    if queue:
+        rows = rows.filter(queue=queue)
+    if reason:
+        rows = rows.filter(reason=reason)
+    if state:
+        rows = rows.filter(state=state)
+    if error_code:
+        rows = rows.filter(error_code=error_code)
+    if job_ids is not None:
+        rows = rows.filter(job_id__in=list(job_ids))
+    return rows.order_by("-created_at", "-id")
+
+
+def dead_letters_by_error_code(
+    *,
+    queue: str | None = None,
+    reason: str | None = None,
+    state: str | None = State.OPEN,
+) -> list[dict[str, Any]]:
+    """Counts grouped by (queue, error code, reason), largest first: the few causes
+    behind hundreds of failures. Served by the partial index on open rows."""
+    rows = dead_letters_list(queue=queue, reason=reason, state=state).order_by()
+    groups = (
+        rows.values("queue", "error_code", "reason")
+        .annotate(count=Count("id"), first_at=Min("created_at"), last_at=Max("created_at"))
+        .order_by("-count", "queue", "error_code")
+    )
+    return list(groups)
+
+
+def open_counts_by_queue() -> dict[str, int]:
+    counts = (
+        DeadLetter.objects.filter(state=State.OPEN)
+        .order_by()
+        .values("queue")
+        .annotate(count=Count("id"))
+    )
+    return {row["queue"]: row["count"] for row in counts}
+
+
+def dlq_overview() -> list[dict[str, Any]]:
+    """Each DLQ with its broker depth (None when unknown: broker down or queue missing)
+    and its count of open dead letters. The two can differ: `worker_lost` rows have no
+    broker copy, and copies of resolved rows wait for the next ack-away pass."""
+    names = all_dlq_names()
+    try:
+        depths: dict[str, int | None] = dlq_depths(queues=names)
+        broker_error = None
+    except Exception as exc:  # the page must render with the broker down
+        log.warning("dlq_depths_unavailable", error=repr(exc))
+        depths, broker_error = dict.fromkeys(names), repr(exc)
+    counts = open_counts_by_queue()
+    extra = sorted(set(counts) - set(names))  # e.g. "unknown" for null-job rows
+    return [
+        {
+            "queue": name,
+            "depth": depths.get(name),
+            "open": counts.get(name, 0),
+            "broker_error": broker_error,
+        }
+        for name in [*names, *extra]
+    ]
+
+
+def dead_letters_for_messages(messages: list[DecodedMessage]) -> dict[str, list[DeadLetter]]:
+    """The rows matching peeked messages: by message id, else by the message's job.
+
+    Returns {message_id: [rows]} for the peek page (two queries, whatever the count).
+    """
+    ids = [m.message_id for m in messages]
+    job_ids = {_uuid(m.job_id) for m in messages} - {None}
+    rows = list(
+        DeadLetter.objects.filter(Q(message_id__in=ids) | Q(job_id__in=job_ids))
+        .select_related("resolved_by")
+        .order_by("-id")
+    )
+    matched: dict[str, list[DeadLetter]] = {}
+    for m in messages:
+        mine = [r for r in rows if r.message_id == m.message_id]
+        if not mine and m.job_id:
+            mine = [r for r in rows if str(r.job_id) == m.job_id]
+        matched[m.message_id] = mine
+    return matched
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None

@@ -1,0 +1,78 @@
+"""The dead-letter watcher (DESIGN.md 4.1): consumes `dlq.watch`, reconciles each message.
+
+Every `<q>.dlx` routes a dead letter both to its `<q>_dlq` (the copy operators peek and
+replay) and to `dlq.watch` (this consumer's queue). The dispatcher calls `watch_once()`
+every loop; it can also run alone (`manage.py dlq watch`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+from amqp.exceptions import NotFound
+from django.db import DatabaseError
+from kombu import Connection
+
+from dlq.broker import broker_channel, decode_amqp, queue_depth
+from dlq.services import Outcome, dead_letter_reconcile
+from jobs.topology import WATCH_QUEUE_NAME
+
+log = structlog.get_logger("dlq.watcher")
+
+
+def watch_once(
+    *, limit: int = 500, timeout: float = 2.0, connection: Connection | None = None
+) -> int:
+    """Reconcile up to `limit` messages of `dlq.watch`, spending at most ~`timeout` s.
+
+    1. Passive-declare the queue: nothing waiting costs one round trip.
+    2. For each message (basic_get): decode it and reconcile it in one transaction;
+       ack only after that commit, so a crash in between redelivers the message and the
+       repeat changes nothing (the message id is recorded with the row).
+    3. The database unreachable: requeue the message, stop, and re-raise (the
+       dispatcher logs it and tries again next loop); nothing is decided without it.
+    Returns the number of messages acked.
+    """
+    done = 0
+    deadline = time.monotonic() + timeout
+    with broker_channel(connection) as channel:
+        try:
+            if queue_depth(channel, WATCH_QUEUE_NAME) == 0:
+                return 0
+        except NotFound:
+            log.error("dlq_watch_queue_missing", queue=WATCH_QUEUE_NAME)
+            return 0
+        while done < limit and time.monotonic() < deadline:
+            message = channel.basic_get(queue=WATCH_QUEUE_NAME, no_ack=False)
+            if message is None:
+                break
+            outcome = _reconcile(channel, message)
+            channel.basic_ack(message.delivery_tag)
+            done += 1
+            log.info("dlq_watch_message", outcome=outcome)
+    return done
+
+
+def _reconcile(channel: Any, message: Any) -> str:
+    decoded = decode_amqp(message)
+    try:
+        return dead_letter_reconcile(message=decoded)
+    except DatabaseError:
+        channel.basic_reject(message.delivery_tag, requeue=True)
+        raise
+    except Exception:
+        # A message that breaks reconciliation for another reason would come back
+        # forever; keep it as a row without a job (raw body and headers) instead.
+        log.exception("dlq_watch_reconcile_failed", message_id=decoded.message_id)
+        decoded.job_id = None
+        decoded.decode_error = "reconciliation failed; see the logs"
+        try:
+            return dead_letter_reconcile(message=decoded)
+        except Exception:
+            channel.basic_reject(message.delivery_tag, requeue=True)
+            raise
+
+
+__all__ = ["Outcome", "watch_once"]

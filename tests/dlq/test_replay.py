@@ -1,0 +1,269 @@
+"""Replay and discard of dead letters (DESIGN.md 4.1), with the broker copies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.utils import timezone
+
+from audit.models import AuditLog
+from audit.services import OPS_CHAIN, Actor, job_chain
+from dlq.broker import dlq_peek
+from dlq.errors import DeadLetterPermissionError, JustificationRequiredError, UnknownQueueError
+from dlq.models import DeadLetter
+from dlq.services import (
+    broker_copies_ack_stale,
+    dead_letters_discard,
+    dead_letters_replay,
+    job_fail_with_dead_letter,
+)
+from dlq.watcher import watch_once
+from jobs.models import Job
+from jobs.services import Fence, job_claim, transition
+from jobs.states import Status
+from jobs.topology import WATCH_QUEUE_NAME
+from tests.dlq.conftest import depth, get_one, publish_job_message, wait_depth
+from tests.factories import StaffFactory, UserFactory, make_job
+
+pytestmark = pytest.mark.django_db
+WORKER = Actor.system("worker")
+
+
+def _worker_dead_letter(amqp, *, job_type="sim", code="BOOM", params=None):
+    """The full worker path: published, claimed, failed + row, rejected, watched."""
+    job = make_job(job_type=job_type, params=params)
+    job = transition(job_id=job.id, target=Status.QUEUED, actor=WORKER)
+    publish_job_message(job)
+    message = get_one(amqp, job.queue)
+    claimed = job_claim(job_id=job.id, locked_by="w1")
+    job_fail_with_dead_letter(
+        job_id=job.id,
+        reason="nonretryable",
+        error_code=code,
+        error_message="planned",
+        actor=WORKER,
+        fence=Fence("w1", claimed.attempts),
+    )
+    amqp.basic_reject(message.delivery_tag, requeue=False)
+    wait_depth(amqp, WATCH_QUEUE_NAME, 1)
+    assert watch_once() == 1
+    return Job.objects.get(id=job.id)
+
+
+def _worker_lost(job_type="sim"):
+    """A dead letter without a broker copy: the reaper's `worker_lost`."""
+    job = make_job(job_type=job_type)
+    job_claim(job_id=job.id, locked_by="w1")
+    job_fail_with_dead_letter(job_id=job.id, reason="worker_lost", actor=WORKER)
+    return Job.objects.get(id=job.id)
+
+
+def test_replay_dry_run_counts_and_samples_without_writing(amqp):
+    jobs = [_worker_dead_letter(amqp) for _ in range(3)]
+    operator = StaffFactory()
+    audit_rows = AuditLog.objects.count()
+
+    result = dead_letters_replay(
+        actor_user=operator, justification="check", queue="sim_dlq", dry_run=True
+    )
+
+    assert result.dry_run and result.matched == 3 and len(result.sample) == 3
+    assert {s["job_id"] for s in result.sample} == {str(j.id) for j in jobs}
+    assert result.resolved == []
+    assert AuditLog.objects.count() == audit_rows
+    assert DeadLetter.objects.filter(state="open").count() == 3
+    assert all(Job.objects.get(id=j.id).status == Status.FAILED for j in jobs)
+    assert depth(amqp, "sim_dlq") == 3
+
+
+def test_replay_moves_failed_to_pending_with_audit_and_drops_the_broker_copy(amqp):
+    replayed, other = _worker_dead_letter(amqp), _worker_dead_letter(amqp)
+    operator = StaffFactory()
+    before = replayed.max_attempts
+
+    result = dead_letters_replay(
+        actor_user=operator,
+        justification="upstream fixed (INC-42)",
+        queue="sim_dlq",
+        job_ids=[replayed.id],
+        publish=False,
+    )
+
+    assert result.resolved and result.job_ids == [str(replayed.id)] and not result.skipped
+    job = Job.objects.get(id=replayed.id)
+    assert job.status == Status.PENDING and job.dead_letter_queue is None
+    assert job.attempts == 1 and job.max_attempts == before + 6  # sim: max_retries 5
+    assert job.last_error_code == "BOOM"  # history until a success clears it
+    row = DeadLetter.objects.get(job=replayed)
+    assert row.state == "replayed" and row.resolved_by == operator
+    assert row.justification == "upstream fixed (INC-42)" and row.resolved_at
+    entry = AuditLog.objects.filter(chain=job_chain(job.id)).latest("seq")
+    assert entry.event_type == "dlq_replayed" and entry.actor_id == str(operator.pk)
+    data = json.loads(entry.payload)["data"]
+    assert (data["from"], data["to"], data["dead_letter_id"]) == ("failed", "pending", row.id)
+    # The replayed job's copy is gone from the DLQ; the other job's copy stays.
+    assert result.broker_acked == 1
+    left = dlq_peek(queue="sim_dlq", limit=10)
+    assert [m.job_id for m in left] == [str(other.id)]
+    assert DeadLetter.objects.get(job=other).state == "open"
+
+
+def test_replay_publishes_the_job_again(amqp):
+    job = _worker_dead_letter(amqp)
+    result = dead_letters_replay(actor_user=StaffFactory(), justification="go", queue="sim_dlq")
+    assert result.published == 1
+    assert Job.objects.get(id=job.id).status == Status.QUEUED
+    message = get_one(amqp, "sim")
+    payload = json.loads(message.body)[0][0]
+    assert payload["job_id"] == str(job.id) and payload["attempt"] == 2
+
+
+def test_replay_is_retry_safe(amqp):
+    job = _worker_dead_letter(amqp)
+    operator = StaffFactory()
+    first = dead_letters_replay(
+        actor_user=operator, justification="once", job_ids=[job.id], publish=False
+    )
+    events = AuditLog.objects.filter(chain=job_chain(job.id)).count()
+
+    again = dead_letters_replay(
+        actor_user=operator, justification="once", job_ids=[job.id], publish=False
+    )
+
+    assert first.resolved and not again.resolved and again.matched == 0
+    assert AuditLog.objects.filter(chain=job_chain(job.id)).count() == events
+    assert Job.objects.get(id=job.id).max_attempts == 12
+
+
+def test_replay_of_a_worker_lost_dead_letter_without_a_broker_copy(topology):
+    job = _worker_lost()
+    row = DeadLetter.objects.get(job=job)
+    assert not row.broker_copy and row.queue == "sim_dlq"
+
+    result = dead_letters_replay(
+        actor_user=StaffFactory(), justification="node replaced", job_ids=[job.id], publish=False
+    )
+
+    assert result.resolved == [row.id] and result.broker_error is None
+    assert Job.objects.get(id=job.id).status == Status.PENDING
+
+
+def test_replay_of_a_broker_made_dead_letter(amqp):
+    job = make_job(job_type="ai", params={"text": "x"})
+    transition(job_id=job.id, target=Status.QUEUED, actor=WORKER)
+    publish_job_message(job)
+    for _ in range(21):  # x-delivery-limit 20
+        message = get_one(amqp, "default", timeout=2)
+        amqp.basic_reject(message.delivery_tag, requeue=True)
+    wait_depth(amqp, WATCH_QUEUE_NAME, 1)
+    watch_once()
+    assert Job.objects.get(id=job.id).status == Status.FAILED
+
+    result = dead_letters_replay(
+        actor_user=StaffFactory(), justification="poison fixed", queue="default_dlq", publish=False
+    )
+
+    job.refresh_from_db()
+    assert result.resolved and job.status == Status.PENDING and job.max_attempts == 8
+    assert depth(amqp, "default_dlq") == 0
+
+
+def test_replay_skips_a_row_whose_job_is_no_longer_failed(topology):
+    job = _worker_lost()
+    # Behind the service's back: the job was re-run by other means meanwhile.
+    Job.objects.filter(id=job.id).update(status=Status.PENDING)
+    result = dead_letters_replay(
+        actor_user=StaffFactory(), justification="x", job_ids=[job.id], publish=False
+    )
+    assert not result.resolved and "pending" in result.skipped[0]["skipped"]
+    assert DeadLetter.objects.get(job=job).state == "open"
+
+
+def test_replay_and_discard_refuse_a_missing_justification_or_a_non_staff_actor(topology):
+    job = _worker_lost()
+    for text in ("", "   ", None):
+        with pytest.raises(JustificationRequiredError) as refused:
+            dead_letters_replay(actor_user=StaffFactory(), justification=text, job_ids=[job.id])
+        assert refused.value.code == "ERR-DLQ-400"
+    with pytest.raises(DeadLetterPermissionError):
+        dead_letters_discard(actor_user=UserFactory(), justification="x", job_ids=[job.id])
+    with pytest.raises(UnknownQueueError):
+        dead_letters_discard(actor_user=StaffFactory(), justification="x", queue="nope")
+    assert DeadLetter.objects.get(job=job).state == "open"
+
+
+def test_discard_closes_the_row_keeps_the_job_failed_and_drops_the_copy(amqp):
+    job = _worker_dead_letter(amqp, code="BAD_INPUT")
+    operator = StaffFactory()
+
+    dry = dead_letters_discard(
+        actor_user=operator,
+        justification="bad input",
+        filters={"error_code": "BAD_INPUT"},
+        dry_run=True,
+    )
+    assert dry.matched == 1 and DeadLetter.objects.get(job=job).state == "open"
+    result = dead_letters_discard(
+        actor_user=operator, justification="bad input", filters={"error_code": "BAD_INPUT"}
+    )
+
+    row = DeadLetter.objects.get(job=job)
+    assert result.resolved == [row.id] and row.state == "discarded"
+    assert row.resolved_by == operator and row.justification == "bad input"
+    assert Job.objects.get(id=job.id).status == Status.FAILED
+    entry = AuditLog.objects.filter(chain=job_chain(job.id)).latest("seq")
+    assert entry.event_type == "dlq_discarded"
+    assert depth(amqp, "sim_dlq") == 0
+    # Again: nothing left to discard, no error.
+    again = dead_letters_discard(actor_user=operator, justification="x", job_ids=[job.id])
+    assert again.matched == 0 and not again.resolved
+
+
+def test_discard_of_a_row_without_a_job_audits_on_the_ops_chain(amqp):
+    from kombu import Producer
+
+    from jobs.topology import JOBS_EXCHANGE
+
+    Producer(amqp, exchange=JOBS_EXCHANGE).publish(b"junk", routing_key="erp")
+    message = get_one(amqp, "erp")
+    amqp.basic_reject(message.delivery_tag, requeue=False)
+    wait_depth(amqp, WATCH_QUEUE_NAME, 1)
+    watch_once()
+    row = DeadLetter.objects.get(job=None)
+
+    replay = dead_letters_replay(actor_user=StaffFactory(), justification="x", queue="erp_dlq")
+    assert replay.matched == 0  # nothing to run again
+    result = dead_letters_discard(actor_user=StaffFactory(), justification="junk", queue="erp_dlq")
+
+    assert result.resolved == [row.id] and result.broker_acked == 1
+    assert AuditLog.objects.filter(chain=OPS_CHAIN).latest("seq").event_type == "dlq_discarded"
+    assert depth(amqp, "erp_dlq") == 0
+
+
+def test_peek_returns_decoded_messages_without_consuming_them(amqp):
+    jobs = [_worker_dead_letter(amqp) for _ in range(3)]
+
+    peeked = dlq_peek(queue="sim_dlq", limit=2)
+
+    assert [m.job_id for m in peeked] == [str(j.id) for j in jobs[:2]]
+    first = peeked[0]
+    assert first.task == "jobs.sim" and first.routing_key == "sim" and first.queue == "sim"
+    assert first.reason == "rejected" and first.x_death[0]["count"] == 1
+    assert first.payload["type"] == "sim" and first.attempt == 1
+    assert depth(amqp, "sim_dlq") == 3
+    # Order is kept: a second peek sees the same first messages.
+    assert [m.job_id for m in dlq_peek(queue="sim_dlq", limit=3)] == [str(j.id) for j in jobs]
+
+
+def test_ack_away_pass_keeps_copies_of_open_rows_and_unwatched_new_ones(amqp):
+    kept = _worker_dead_letter(amqp)
+    gone = _worker_dead_letter(amqp)
+    DeadLetter.objects.filter(job=gone).update(
+        state="discarded",
+        resolved_at=timezone.now(),
+        justification="x",
+    )
+    result = broker_copies_ack_stale(queue="sim_dlq")
+    assert (result.seen, result.acked, result.kept) == (2, 1, 1)
+    assert [m.job_id for m in dlq_peek(queue="sim_dlq", limit=5)] == [str(kept.id)]

@@ -1,0 +1,213 @@
+"""The dead-letter watcher reconciles each case of DESIGN.md 4.1, idempotently."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from kombu import Producer
+
+from audit.models import AuditLog
+from audit.services import OPS_CHAIN, Actor, job_chain
+from dlq.broker import decode_amqp
+from dlq.models import DeadLetter
+from dlq.services import Outcome, dead_letter_reconcile, job_fail_with_dead_letter
+from dlq.watcher import watch_once
+from jobs.models import Job
+from jobs.services import Fence, job_claim, transition
+from jobs.states import Status
+from jobs.topology import DELIVERY_LIMIT, JOBS_EXCHANGE, WATCH_QUEUE_NAME
+from tests.dlq.conftest import dead_letter_by_reject, depth, get_one, publish_job_message
+from tests.factories import make_job
+
+pytestmark = pytest.mark.django_db
+WORKER = Actor.system("worker")
+
+
+def _events(job_id) -> list[str]:
+    return list(
+        AuditLog.objects.filter(chain=job_chain(job_id))
+        .order_by("seq")
+        .values_list("event_type", flat=True)
+    )
+
+
+def _queued_job(**kwargs):
+    job = make_job(**kwargs)
+    return transition(job_id=job.id, target=Status.QUEUED, actor=Actor.system("publisher"))
+
+
+def test_worker_made_dead_letter_seen_by_watcher_only_records_the_broker_copy(amqp):
+    job = _queued_job()
+    publish_job_message(job)  # attempt 1, as the dispatcher publishes it
+    message = get_one(amqp, "sim")
+    job_claim(job_id=job.id, locked_by="w1")
+    # The worker's order: commit failed + row, then reject without requeue.
+    job_fail_with_dead_letter(
+        job_id=job.id, reason="fatal", error_code="BOOM", actor=WORKER, fence=Fence("w1", 1)
+    )
+    amqp.basic_reject(message.delivery_tag, requeue=False)
+    before = _events(job.id)
+
+    assert _wait_watch(amqp) == 1
+
+    row = DeadLetter.objects.get(job=job)
+    assert row.broker_copy and row.state == "open" and row.reason == "fatal"
+    assert row.error_code == "BOOM"  # the worker's diagnosis stays
+    assert row.x_death[0]["reason"] == "rejected" and row.x_death[0]["queue"] == "sim"
+    assert row.headers["job_id"] == str(job.id) and row.message_id
+    assert Job.objects.get(id=job.id).status == Status.FAILED
+    assert _events(job.id) == [*before, "dead_lettered"]
+    assert depth(amqp, WATCH_QUEUE_NAME) == 0
+    assert depth(amqp, "sim_dlq") == 1  # the operators' copy stays
+
+
+def _wait_watch(amqp, expected: int = 1) -> int:
+    # Dead-lettering is asynchronous: wait until the watch copy is there.
+    from tests.dlq.conftest import wait_depth
+
+    wait_depth(amqp, WATCH_QUEUE_NAME, expected)
+    return watch_once()
+
+
+def test_broker_made_dead_letter_of_a_queued_job_fails_it_with_an_open_row(amqp):
+    job = _queued_job()
+    publish_job_message(job)
+    # A consumer crashing before the claim, until the delivery limit dead-letters it.
+    for _ in range(DELIVERY_LIMIT + 1):
+        message = get_one(amqp, "sim", timeout=2)
+        amqp.basic_reject(message.delivery_tag, requeue=True)
+
+    assert _wait_watch(amqp) == 1
+
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.dead_letter_queue == "sim_dlq"
+    assert job.last_error_code == "BROKER_DELIVERY_LIMIT"
+    row = DeadLetter.objects.get(job=job)
+    assert (row.state, row.reason, row.queue, row.broker_copy) == (
+        "open",
+        "delivery_limit",
+        "sim_dlq",
+        True,
+    )
+    assert row.x_death[0]["reason"] == "delivery_limit"
+    events = _events(job.id)
+    assert events[-2:] == ["failed", "dead_lettered"]
+    failed = AuditLog.objects.get(chain=job_chain(job.id), event_type="failed")
+    assert json.loads(failed.payload)["data"]["reason"] == "delivery_limit"
+
+
+def test_a_live_lock_leaves_the_running_job_untouched_and_records_the_message(amqp):
+    job = _queued_job()
+    dead_letter_by_reject(amqp, job)  # e.g. a duplicate delivery rejected elsewhere
+    job_claim(job_id=job.id, locked_by="w1")  # ... while the job runs under a live lock
+
+    assert watch_once() == 1
+
+    job.refresh_from_db()
+    assert (job.status, job.locked_by, job.attempts) == (Status.RUNNING, "w1", 1)
+    row = DeadLetter.objects.get(job=job)
+    assert row.state == "discarded" and row.broker_copy and row.resolved_by is None
+    assert "live lock" in row.justification
+    assert _events(job.id)[-1] == "dead_lettered"
+    # No open row blocks the run's own outcome: the worker can still dead-letter it.
+    job_fail_with_dead_letter(job_id=job.id, reason="fatal", actor=WORKER, fence=Fence("w1", 1))
+    assert DeadLetter.objects.filter(job=job, state="open").count() == 1
+
+
+def test_a_stale_lock_fails_the_running_job(amqp, settings):
+    settings.JOBOPS_LOCK_TIMEOUT = 5
+    job = _queued_job()
+    dead_letter_by_reject(amqp, job)
+    job_claim(job_id=job.id, locked_by="w1")
+    Job.objects.filter(id=job.id).update(locked_at=timezone.now() - timedelta(seconds=60))
+
+    assert watch_once() == 1
+
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.locked_by is None
+    row = DeadLetter.objects.get(job=job)
+    assert (row.state, row.reason, row.broker_copy) == ("open", "rejected", True)
+
+
+def test_a_repeat_of_the_same_message_changes_nothing(amqp):
+    job = _queued_job()
+    dead_letter_by_reject(amqp, job)
+    # A watcher that committed but died before its ack: the message comes back.
+    message = get_one(amqp, WATCH_QUEUE_NAME)
+    assert dead_letter_reconcile(message=decode_amqp(message)) == Outcome.FAILED
+    amqp.basic_reject(message.delivery_tag, requeue=True)
+    rows, events = DeadLetter.objects.count(), _events(job.id)
+
+    assert watch_once() == 1
+
+    assert DeadLetter.objects.count() == rows and _events(job.id) == events
+    assert Job.objects.get(id=job.id).status == Status.FAILED
+    assert depth(amqp, WATCH_QUEUE_NAME) == 0
+
+
+def _raw_dead_letter(amqp, body, *, headers=None, routing_key="erp") -> None:
+    Producer(amqp, exchange=JOBS_EXCHANGE).publish(
+        body,
+        routing_key=routing_key,
+        headers=headers or {},
+        content_type="application/octet-stream",
+        content_encoding="binary",
+    )
+    message = get_one(amqp, routing_key)
+    amqp.basic_reject(message.delivery_tag, requeue=False)
+    from tests.dlq.conftest import wait_depth
+
+    wait_depth(amqp, WATCH_QUEUE_NAME, 1)
+
+
+def test_an_undecodable_message_becomes_a_row_without_a_job(amqp):
+    _raw_dead_letter(amqp, b"\x00\xffnot a celery message")
+
+    assert watch_once() == 1
+
+    row = DeadLetter.objects.get()
+    assert row.job_id is None and row.state == "open" and row.queue == "erp_dlq"
+    assert row.error_code == "UNDECODABLE" and row.reason == "rejected"
+    assert row.body.startswith("base64:") and row.broker_copy
+    entry = AuditLog.objects.filter(chain=OPS_CHAIN).latest("seq")
+    assert entry.event_type == "dead_lettered" and entry.job_id is None
+
+    # The same message again (another copy with the same content) adds nothing.
+    assert watch_once() == 0
+    assert DeadLetter.objects.count() == 1
+
+
+def test_a_message_naming_an_unknown_job_becomes_a_row_without_a_job(amqp):
+    _raw_dead_letter(
+        amqp,
+        json.dumps([[{"job_id": "0b7f5d5e-3c2a-4d7e-9b0e-3f1f6c1d2a11"}], {}, {}]).encode(),
+        headers={"id": "task-1", "task": "jobs.erp"},
+    )
+    assert watch_once() == 1
+    row = DeadLetter.objects.get()
+    assert row.job_id is None and row.error_code == "JOB_NOT_FOUND"
+    assert row.message_id == "task:task-1"
+
+
+def test_a_copy_from_before_a_replay_is_stale_and_leaves_the_job_alone(amqp):
+    job = _queued_job()
+    dead_letter_by_reject(amqp, job)  # attempt 1's message
+    job_claim(job_id=job.id, locked_by="w1")
+    job_fail_with_dead_letter(job_id=job.id, reason="fatal", actor=WORKER, fence=Fence("w1", 1))
+    # Replayed before the watcher saw the copy: the job is pending again.
+    DeadLetter.objects.filter(job=job).update(
+        state="replayed", resolved_at=timezone.now(), justification="x"
+    )
+    transition(job_id=job.id, target=Status.PENDING, sources=[Status.FAILED], actor=WORKER)
+
+    assert watch_once() == 1
+
+    assert Job.objects.get(id=job.id).status == Status.PENDING
+    assert DeadLetter.objects.filter(job=job, state="open").count() == 0
+
+
+def test_watch_once_with_nothing_waiting_returns_zero_at_once(topology):
+    assert watch_once() == 0
