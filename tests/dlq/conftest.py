@@ -10,8 +10,17 @@ import pytest
 from django.conf import settings
 from kombu import Connection
 
+from audit.services import Actor
+from dlq.services import job_fail_with_dead_letter
+from dlq.watcher import watch_once
+from jobs.models import Job
+from jobs.services import Fence, job_claim, transition
+from jobs.states import Status
 from jobs.topology import WATCH_QUEUE_NAME, dlq_name
+from tests.factories import make_job
 from tests.workers import topology_declare_and_purge
+
+WORKER = Actor.system("worker")
 
 
 @pytest.fixture
@@ -74,3 +83,32 @@ def dead_letter_by_reject(channel: Any, job: Any) -> Any:
     assert wait_depth(channel, dlq_name(job.queue), dlq_before + 1) == dlq_before + 1
     assert wait_depth(channel, WATCH_QUEUE_NAME, watch_before + 1) == watch_before + 1
     return message
+
+
+def worker_dead_letter(amqp, *, job_type="sim", code="BOOM", params=None):
+    """The full worker path: published, claimed, failed + row, rejected, watched."""
+    job = make_job(job_type=job_type, params=params)
+    job = transition(job_id=job.id, target=Status.QUEUED, actor=WORKER)
+    publish_job_message(job)
+    message = get_one(amqp, job.queue)
+    claimed = job_claim(job_id=job.id, locked_by="w1")
+    job_fail_with_dead_letter(
+        job_id=job.id,
+        reason="nonretryable",
+        error_code=code,
+        error_message="planned",
+        actor=WORKER,
+        fence=Fence("w1", claimed.attempts),
+    )
+    amqp.basic_reject(message.delivery_tag, requeue=False)
+    wait_depth(amqp, WATCH_QUEUE_NAME, 1)
+    assert watch_once() == 1
+    return Job.objects.get(id=job.id)
+
+
+def worker_lost(job_type="sim"):
+    """A dead letter without a broker copy: the reaper's `worker_lost`."""
+    job = make_job(job_type=job_type)
+    job_claim(job_id=job.id, locked_by="w1")
+    job_fail_with_dead_letter(job_id=job.id, reason="worker_lost", actor=WORKER)
+    return Job.objects.get(id=job.id)

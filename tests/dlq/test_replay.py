@@ -16,51 +16,28 @@ from dlq.services import (
     broker_copies_ack_stale,
     dead_letters_discard,
     dead_letters_replay,
-    job_fail_with_dead_letter,
 )
 from dlq.watcher import watch_once
 from jobs.models import Job
-from jobs.services import Fence, job_claim, transition
+from jobs.services import transition
 from jobs.states import Status
 from jobs.topology import WATCH_QUEUE_NAME
-from tests.dlq.conftest import depth, get_one, publish_job_message, wait_depth
+from tests.dlq.conftest import (
+    depth,
+    get_one,
+    publish_job_message,
+    wait_depth,
+    worker_dead_letter,
+    worker_lost,
+)
 from tests.factories import StaffFactory, UserFactory, make_job
 
 pytestmark = pytest.mark.django_db
 WORKER = Actor.system("worker")
 
 
-def _worker_dead_letter(amqp, *, job_type="sim", code="BOOM", params=None):
-    """The full worker path: published, claimed, failed + row, rejected, watched."""
-    job = make_job(job_type=job_type, params=params)
-    job = transition(job_id=job.id, target=Status.QUEUED, actor=WORKER)
-    publish_job_message(job)
-    message = get_one(amqp, job.queue)
-    claimed = job_claim(job_id=job.id, locked_by="w1")
-    job_fail_with_dead_letter(
-        job_id=job.id,
-        reason="nonretryable",
-        error_code=code,
-        error_message="planned",
-        actor=WORKER,
-        fence=Fence("w1", claimed.attempts),
-    )
-    amqp.basic_reject(message.delivery_tag, requeue=False)
-    wait_depth(amqp, WATCH_QUEUE_NAME, 1)
-    assert watch_once() == 1
-    return Job.objects.get(id=job.id)
-
-
-def _worker_lost(job_type="sim"):
-    """A dead letter without a broker copy: the reaper's `worker_lost`."""
-    job = make_job(job_type=job_type)
-    job_claim(job_id=job.id, locked_by="w1")
-    job_fail_with_dead_letter(job_id=job.id, reason="worker_lost", actor=WORKER)
-    return Job.objects.get(id=job.id)
-
-
 def test_replay_dry_run_counts_and_samples_without_writing(amqp):
-    jobs = [_worker_dead_letter(amqp) for _ in range(3)]
+    jobs = [worker_dead_letter(amqp) for _ in range(3)]
     operator = StaffFactory()
     audit_rows = AuditLog.objects.count()
 
@@ -78,7 +55,7 @@ def test_replay_dry_run_counts_and_samples_without_writing(amqp):
 
 
 def test_replay_moves_failed_to_pending_with_audit_and_drops_the_broker_copy(amqp):
-    replayed, other = _worker_dead_letter(amqp), _worker_dead_letter(amqp)
+    replayed, other = worker_dead_letter(amqp), worker_dead_letter(amqp)
     operator = StaffFactory()
     before = replayed.max_attempts
 
@@ -110,7 +87,7 @@ def test_replay_moves_failed_to_pending_with_audit_and_drops_the_broker_copy(amq
 
 
 def test_replay_publishes_the_job_again(amqp):
-    job = _worker_dead_letter(amqp)
+    job = worker_dead_letter(amqp)
     result = dead_letters_replay(actor_user=StaffFactory(), justification="go", queue="sim_dlq")
     assert result.published == 1
     assert Job.objects.get(id=job.id).status == Status.QUEUED
@@ -120,7 +97,7 @@ def test_replay_publishes_the_job_again(amqp):
 
 
 def test_replay_is_retry_safe(amqp):
-    job = _worker_dead_letter(amqp)
+    job = worker_dead_letter(amqp)
     operator = StaffFactory()
     first = dead_letters_replay(
         actor_user=operator, justification="once", job_ids=[job.id], publish=False
@@ -137,7 +114,7 @@ def test_replay_is_retry_safe(amqp):
 
 
 def test_replay_of_a_worker_lost_dead_letter_without_a_broker_copy(topology):
-    job = _worker_lost()
+    job = worker_lost()
     row = DeadLetter.objects.get(job=job)
     assert not row.broker_copy and row.queue == "sim_dlq"
 
@@ -170,7 +147,7 @@ def test_replay_of_a_broker_made_dead_letter(amqp):
 
 
 def test_replay_skips_a_row_whose_job_is_no_longer_failed(topology):
-    job = _worker_lost()
+    job = worker_lost()
     # Behind the service's back: the job was re-run by other means meanwhile.
     Job.objects.filter(id=job.id).update(status=Status.PENDING)
     result = dead_letters_replay(
@@ -181,7 +158,7 @@ def test_replay_skips_a_row_whose_job_is_no_longer_failed(topology):
 
 
 def test_replay_and_discard_refuse_a_missing_justification_or_a_non_staff_actor(topology):
-    job = _worker_lost()
+    job = worker_lost()
     for text in ("", "   ", None):
         with pytest.raises(JustificationRequiredError) as refused:
             dead_letters_replay(actor_user=StaffFactory(), justification=text, job_ids=[job.id])
@@ -194,7 +171,7 @@ def test_replay_and_discard_refuse_a_missing_justification_or_a_non_staff_actor(
 
 
 def test_discard_closes_the_row_keeps_the_job_failed_and_drops_the_copy(amqp):
-    job = _worker_dead_letter(amqp, code="BAD_INPUT")
+    job = worker_dead_letter(amqp, code="BAD_INPUT")
     operator = StaffFactory()
 
     dry = dead_letters_discard(
@@ -242,7 +219,7 @@ def test_discard_of_a_row_without_a_job_audits_on_the_ops_chain(amqp):
 
 
 def test_peek_returns_decoded_messages_without_consuming_them(amqp):
-    jobs = [_worker_dead_letter(amqp) for _ in range(3)]
+    jobs = [worker_dead_letter(amqp) for _ in range(3)]
 
     peeked = dlq_peek(queue="sim_dlq", limit=2)
 
@@ -257,8 +234,8 @@ def test_peek_returns_decoded_messages_without_consuming_them(amqp):
 
 
 def test_ack_away_pass_keeps_copies_of_open_rows_and_unwatched_new_ones(amqp):
-    kept = _worker_dead_letter(amqp)
-    gone = _worker_dead_letter(amqp)
+    kept = worker_dead_letter(amqp)
+    gone = worker_dead_letter(amqp)
     DeadLetter.objects.filter(job=gone).update(
         state="discarded",
         resolved_at=timezone.now(),

@@ -1,0 +1,83 @@
+"""`manage.py dlq`: list, peek, replay, discard for operators."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from dlq.models import DeadLetter
+from jobs.models import Job
+from jobs.states import Status
+from tests.dlq.conftest import depth, worker_dead_letter, worker_lost
+from tests.factories import StaffFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("dlq", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def test_list_shows_depths_open_rows_and_error_codes(amqp):
+    worker_dead_letter(amqp, code="UPSTREAM_500")
+    worker_dead_letter(amqp, code="UPSTREAM_500")
+    worker_lost()
+    out = _run("list")
+    assert "sim_dlq                     2          3" in out
+    assert "2  sim_dlq" in out and "UPSTREAM_500" in out
+    data = json.loads(_run("list", "--json"))
+    sim = next(q for q in data["queues"] if q["queue"] == "sim_dlq")
+    assert (sim["depth"], sim["open"]) == (2, 3)
+
+
+def test_peek_prints_messages_and_consumes_nothing(amqp):
+    job = worker_dead_letter(amqp)
+    out = _run("peek", "sim", "--limit", "5")
+    assert f"job {job.id} task jobs.sim attempt 1 routing_key sim reason rejected" in out
+    assert "open" in out
+    assert depth(amqp, "sim_dlq") == 1
+
+
+def test_replay_dry_run_then_for_real(amqp):
+    job = worker_dead_letter(amqp)
+    operator = StaffFactory(username="alice")
+    out = _run("replay", "sim_dlq", "--as", "alice", "--justification", "fixed", "--dry-run")
+    assert "dry run: 1 dead letter(s) would replay" in out and str(job.id) in out
+    assert Job.objects.get(id=job.id).status == Status.FAILED
+
+    out = _run("replay", "sim_dlq", "--as", "alice", "--justification", "fixed")
+    assert "replayed 1 dead letter(s)" in out and "broker copies acked: 1" in out
+    assert Job.objects.get(id=job.id).status in (Status.PENDING, Status.QUEUED)
+    assert DeadLetter.objects.get(job=job).resolved_by == operator
+
+
+def test_discard_of_selected_jobs(amqp):
+    keep, drop = worker_lost(), worker_lost()
+    StaffFactory(username="bob")
+    out = _run("discard", "sim", "--as", "bob", "--justification", "dup", "--job", str(drop.id))
+    assert "discarded 1 dead letter(s)" in out
+    assert DeadLetter.objects.get(job=drop).state == "discarded"
+    assert DeadLetter.objects.get(job=keep).state == "open"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["replay", "sim", "--as", "carol", "--justification", "  "], "ERR-DLQ-400"),
+        (["replay", "nope_dlq", "--as", "carol", "--justification", "x"], "unknown queue"),
+        (["replay", "sim", "--as", "ghost", "--justification", "x"], "no user"),
+        (["discard", "sim", "--as", "dave", "--justification", "x"], "ERR-DLQ-401"),
+        (["replay", "sim", "--as", "carol", "--justification", "x", "--job", "42"], "Not job"),
+        (["peek", "sim", "--limit", "0"], "--limit"),
+    ],
+)
+def test_bad_input_is_a_clear_error(topology, args, message):
+    StaffFactory(username="carol")
+    UserFactory(username="dave")
+    with pytest.raises(CommandError, match=message):
+        _run(*args)
