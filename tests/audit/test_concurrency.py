@@ -1,0 +1,85 @@
+"""Concurrent appends queue on the chain's advisory lock and never fork it."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+
+import pytest
+from django.db import connection, transaction
+
+from audit.checkpoints import checkpoint_write
+from audit.models import AuditCheckpoint, AuditLog
+from audit.services import Actor, audit_append, job_chain
+from audit.verification import audit_verify
+from tests.audit.conftest import job_with_history
+
+pytestmark = pytest.mark.django_db(transaction=True)
+THREADS = 20
+
+
+def run_in_threads(target, count: int = THREADS) -> list[BaseException]:
+    """Start `count` threads at the same instant; return what any of them raised."""
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            target(index)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()  # each thread has its own connection
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return errors
+
+
+def append(chain: str, job_id, index: int) -> None:
+    with transaction.atomic():
+        audit_append(
+            chain=chain,
+            event_type="progress",
+            actor=Actor.system(f"thread-{index}"),
+            job_id=job_id,
+            data={"thread": index},
+        )
+
+
+def test_twenty_concurrent_first_entries_make_one_unforked_chain():
+    job_id = uuid.uuid4()
+    chain = job_chain(job_id)
+    assert run_in_threads(lambda i: append(chain, job_id, i)) == []
+    rows = list(AuditLog.objects.filter(chain=chain).order_by("seq"))
+    assert [r.seq for r in rows] == list(range(1, THREADS + 1))
+    assert rows[0].prev_hash == "0" * 64
+    assert all(b.prev_hash == a.chain_hash for a, b in itertools.pairwise(rows))
+    assert len({r.actor_id for r in rows}) == THREADS  # every thread's entry is there
+    report = audit_verify(job_ids=[job_id])
+    assert report.ok, report.problems
+    assert report.rows_checked == THREADS
+
+
+def test_concurrent_appends_to_a_job_with_history_continue_its_chain():
+    job = job_with_history()
+    assert run_in_threads(lambda i: append(job_chain(job.id), job.id, i)) == []
+    seqs = list(
+        AuditLog.objects.filter(job_id=job.id).order_by("seq").values_list("seq", flat=True)
+    )
+    assert seqs == list(range(1, 4 + THREADS + 1))
+    assert audit_verify().ok
+
+
+def test_concurrent_checkpoint_writers_write_one_checkpoint():
+    job_with_history()
+    written = []
+    assert run_in_threads(lambda i: written.append(checkpoint_write()), count=4) == []
+    assert sum(c is not None for c in written) == 1
+    assert AuditCheckpoint.objects.count() == 1
+    assert audit_verify().ok
