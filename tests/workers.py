@@ -19,6 +19,8 @@ committed rows):
   and purges every queue of it before the test.
 - `wait_for(predicate, timeout=...)`: poll with short sleeps until truthy.
 - `subprocess_env(**overrides)`: the environment a worker/dispatcher gets.
+- `job_finished(job_id)`, `job_events(job_id)`, `assert_chain_valid(job_id)`: the
+  usual assertions' building blocks.
 """
 
 from __future__ import annotations
@@ -91,6 +93,39 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float = 20, interval: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
         time.sleep(interval)
+
+
+FINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+def job_finished(job_id: Any, *, timeout: float = 40) -> Any:
+    """Wait until the job reaches a final status; return the Job."""
+    from jobs.models import Job
+
+    def done() -> Any:
+        job = Job.objects.get(id=job_id)
+        return job if job.status in FINAL_STATUSES else None
+
+    return wait_for(done, timeout=timeout)
+
+
+def job_events(job_id: Any) -> list[str]:
+    from audit.models import AuditLog
+
+    rows = AuditLog.objects.filter(job_id=job_id).order_by("seq")
+    return list(rows.values_list("event_type", flat=True))
+
+
+def assert_chain_valid(job_id: Any) -> None:
+    """Recompute the job's hash chain: seq 1..n, each prev_hash and chain_hash."""
+    from audit.canonical import GENESIS_HASH, chain_hash
+    from audit.models import AuditLog
+
+    prev = GENESIS_HASH
+    for n, row in enumerate(AuditLog.objects.filter(job_id=job_id).order_by("seq"), 1):
+        assert row.seq == n and row.prev_hash == prev, f"chain broken at seq {row.seq}"
+        assert row.chain_hash == chain_hash(prev, row.payload.encode()), f"bad hash at {n}"
+        prev = row.chain_hash
 
 
 class Process:

@@ -20,23 +20,11 @@ from jobs.publisher import message_publish
 from jobs.services import job_cancel
 from tests import handlers
 from tests.factories import UserFactory, make_job
+from tests.workers import job_events as events
+from tests.workers import job_finished as finished
 from tests.workers import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
-
-FINAL = ("succeeded", "failed", "cancelled")
-
-
-def events(job_id):
-    return list(
-        AuditLog.objects.filter(job_id=job_id).order_by("seq").values_list("event_type", flat=True)
-    )
-
-
-def finished(job_id, timeout=30):
-    return wait_for(
-        lambda: (j := Job.objects.get(id=job_id)).status in FINAL and j, timeout=timeout
-    )
 
 
 def script(job_type="ai", **params):
