@@ -234,7 +234,7 @@ def broker_channel(connection: Connection | None = None) -> Iterator[Any]:
             _close_quietly(channel)
         return
     with Connection(settings.BROKER_URL, connect_timeout=5) as conn:
-        conn.ensure_connection(max_retries=1)
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.1)
         channel = conn.channel()
         try:
             yield channel
@@ -286,7 +286,7 @@ def dlq_depths(
 
 def _get_all(channel: Any, queue: str, limit: int) -> list[Any]:
     """Take up to `limit` messages with basic_get, unacked (held by this channel)."""
-    taken = []
+    taken: list[Any] = []
     while len(taken) < limit:
         message = channel.basic_get(queue=queue, no_ack=False)
         if message is None:

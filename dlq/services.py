@@ -610,6 +610,10 @@ def stale_message_ids(messages: list[DecodedMessage]) -> set[str]:
     return stale
 
 
-def broker_copies_ack_stale(*, queue: str, max_messages: int = 100_000) -> DrainResult:
+def broker_copies_ack_stale(
+    *, queue: str, max_messages: int = 100_000, connection: Any = None
+) -> DrainResult:
     """One pass over a DLQ acking every copy whose dead letter is resolved (see above)."""
-    return dlq_drain(queue=queue, decide=stale_message_ids, max_messages=max_messages)
+    return dlq_drain(
+        queue=queue, decide=stale_message_ids, max_messages=max_messages, connection=connection
+    )

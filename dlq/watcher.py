@@ -15,8 +15,8 @@ from amqp.exceptions import NotFound
 from django.db import DatabaseError
 from kombu import Connection
 
-from dlq.broker import broker_channel, decode_amqp, queue_depth
-from dlq.services import Outcome, dead_letter_reconcile
+from dlq.broker import DecodedMessage, broker_channel, decode_amqp, queue_depth
+from dlq.services import Outcome, broker_copies_ack_stale, dead_letter_reconcile
 from jobs.topology import WATCH_QUEUE_NAME
 
 log = structlog.get_logger("dlq.watcher")
@@ -37,6 +37,7 @@ def watch_once(
     """
     done = 0
     deadline = time.monotonic() + timeout
+    needs_sweep: set[str] = set()
     with broker_channel(connection) as channel:
         try:
             if queue_depth(channel, WATCH_QUEUE_NAME) == 0:
@@ -48,17 +49,39 @@ def watch_once(
             message = channel.basic_get(queue=WATCH_QUEUE_NAME, no_ack=False)
             if message is None:
                 break
-            outcome = _reconcile(channel, message)
+            decoded, outcome = _reconcile(channel, message)
             channel.basic_ack(message.delivery_tag)
             done += 1
-            log.info("dlq_watch_message", outcome=outcome)
+            log.info(
+                "dlq_watch_message",
+                outcome=outcome,
+                job_id=decoded.job_id,
+                queue=decoded.queue,
+                reason=decoded.reason,
+            )
+            if outcome in SWEEP_AFTER and decoded.dlq:
+                needs_sweep.add(decoded.dlq)
+    _sweep(needs_sweep, connection)
     return done
 
 
-def _reconcile(channel: Any, message: Any) -> str:
+# Outcomes whose `<q>_dlq` copy no longer stands for an open dead letter.
+SWEEP_AFTER = frozenset({Outcome.LIVE_LOCK, Outcome.STALE})
+
+
+def _sweep(queues: set[str], connection: Connection | None) -> None:
+    """Ack away the DLQ copies the watcher just found stale (one pass per DLQ, rare)."""
+    for queue in sorted(queues):
+        try:
+            broker_copies_ack_stale(queue=queue, connection=connection)
+        except Exception as exc:  # the copies stay until the next pass; nothing is lost
+            log.warning("dlq_sweep_failed", queue=queue, error=repr(exc))
+
+
+def _reconcile(channel: Any, message: Any) -> tuple[DecodedMessage, str]:
     decoded = decode_amqp(message)
     try:
-        return dead_letter_reconcile(message=decoded)
+        return decoded, dead_letter_reconcile(message=decoded)
     except DatabaseError:
         channel.basic_reject(message.delivery_tag, requeue=True)
         raise
@@ -69,7 +92,7 @@ def _reconcile(channel: Any, message: Any) -> str:
         decoded.job_id = None
         decoded.decode_error = "reconciliation failed; see the logs"
         try:
-            return dead_letter_reconcile(message=decoded)
+            return decoded, dead_letter_reconcile(message=decoded)
         except Exception:
             channel.basic_reject(message.delivery_tag, requeue=True)
             raise

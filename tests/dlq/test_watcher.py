@@ -112,6 +112,7 @@ def test_a_live_lock_leaves_the_running_job_untouched_and_records_the_message(am
     assert row.state == "discarded" and row.broker_copy and row.resolved_by is None
     assert "live lock" in row.justification
     assert _events(job.id)[-1] == "dead_lettered"
+    assert depth(amqp, "sim_dlq") == 0  # its broker copy needs no operator: swept
     # No open row blocks the run's own outcome: the worker can still dead-letter it.
     job_fail_with_dead_letter(job_id=job.id, reason="fatal", actor=WORKER, fence=Fence("w1", 1))
     assert DeadLetter.objects.filter(job=job, state="open").count() == 1
@@ -207,6 +208,7 @@ def test_a_copy_from_before_a_replay_is_stale_and_leaves_the_job_alone(amqp):
 
     assert Job.objects.get(id=job.id).status == Status.PENDING
     assert DeadLetter.objects.filter(job=job, state="open").count() == 0
+    assert depth(amqp, "sim_dlq") == 0  # the stale copy was acked away as well
 
 
 def test_watch_once_with_nothing_waiting_returns_zero_at_once(topology):
