@@ -1,0 +1,197 @@
+"""The event outbox relay (DESIGN.md 3.8): outbox rows -> `events.jobs`, at least once.
+
+Every transition writes an `EventOutbox` row in its own transaction
+(`jobs.services._record`). The relay publishes those rows to the topic exchange
+`events.jobs` (routing key `job.status.changed`, `message_id = event_id`, persistent,
+JSON, publisher confirms, `mandatory`) and marks them `published_at` only after the
+broker's confirm, in the transaction that holds the row locks:
+
+- a crash after the transition's commit and before the publish loses nothing: the row
+  waits for the next relay run;
+- a crash after the publish and before the mark rolls the mark back: the next run
+  publishes the row again with the SAME `event_id` (at least once; consumers drop an
+  `event_id` or a per-job `seq` they have already seen).
+
+Several relays (one per dispatcher host) run at once. Rows are claimed with
+`FOR UPDATE SKIP LOCKED`, so two relays never publish the same row at the same time.
+Per-job `seq` order needs one more rule, because SKIP LOCKED alone would let relay B
+take a job's seq 3 while relay A still holds its seq 2: **a relay publishes a row only
+if no lower-seq unpublished row of the same job exists outside its own claim.** Such a
+row is either in flight in another relay (B waits for A's commit and takes seq 3 in a
+later run, after seq 2's confirm) or simply not claimed yet; either way the higher row
+stays unpublished and unlocked-after-commit for a later run. Inside one claim a job's
+rows are published in `id` order, which is its `seq` order: a job's transitions are
+serialised by its row lock and each inserts its outbox row before it commits.
+Independent jobs still relay in parallel, which a relay-wide advisory lock would not
+allow.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from kombu import Connection, Producer
+
+from jobs import metrics
+from jobs.models import EventOutbox
+from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
+
+log = structlog.get_logger("jobs.events")
+
+# The lowest unpublished seq per job among rows this relay did not claim: in flight in
+# another relay, or beyond this claim's LIMIT. Our rows at or above it must wait.
+_BLOCKERS_SQL = (
+    "SELECT job_id, min(seq) FROM event_outbox "
+    "WHERE published_at IS NULL AND job_id = ANY(%s) AND NOT (id = ANY(%s)) GROUP BY job_id"
+)
+
+_local = threading.local()
+
+
+def _connection() -> Connection:
+    """One confirm-mode broker connection per thread, reused, rebuilt after an error.
+
+    Keyed by URL so that a reconfigured process (or a test pointing BROKER_URL at a
+    closed port) connects to the new place.
+    """
+    url = settings.BROKER_URL
+    conn = getattr(_local, "conn", None)
+    if conn is not None and getattr(_local, "url", None) != url:
+        _drop_connection()
+        conn = None
+    if conn is None:
+        conn = Connection(
+            url,
+            connect_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+            transport_options={"confirm_publish": True},
+        )
+        _local.conn, _local.url = conn, url
+    return conn
+
+
+def _drop_connection() -> None:
+    conn = getattr(_local, "conn", None)
+    _local.conn = None
+    if conn is not None:
+        try:
+            conn.release()
+        except Exception:  # a broken connection may fail to close
+            pass
+
+
+def event_publish(*, producer: Producer, payload: dict[str, Any]) -> None:
+    """Publish one event and wait for its confirm; raises on nack, return or timeout.
+
+    `mandatory`: an event that no queue receives (topology missing) is returned by
+    RabbitMQ and py-amqp raises, instead of a silent success.
+    """
+    producer.publish(
+        payload,
+        exchange=EVENTS_EXCHANGE,
+        routing_key=EVENT_ROUTING_KEY,
+        serializer="json",
+        delivery_mode=2,  # persistent
+        mandatory=True,
+        message_id=payload["event_id"],
+        headers={"job_id": payload["job_id"], "seq": payload["seq"]},
+        retry=False,
+        declare=[],  # topology belongs to setup_topology
+        confirm_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+        timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+    )
+
+
+def _mark_published(ids: list[int]) -> None:
+    """Mark rows relayed; runs in the claim's transaction, after every confirm."""
+    EventOutbox.objects.filter(id__in=ids).update(published_at=timezone.now())
+
+
+def _publishable(rows: list[EventOutbox]) -> list[EventOutbox]:
+    """Drop claimed rows that a lower unpublished seq outside the claim must precede."""
+    if not rows:
+        return rows
+    with connection.cursor() as cursor:
+        cursor.execute(_BLOCKERS_SQL, [list({r.job_id for r in rows}), [r.id for r in rows]])
+        blockers = dict(cursor.fetchall())
+    kept: list[EventOutbox] = []
+    held: dict[Any, int] = defaultdict(int)
+    for row in rows:
+        floor = blockers.get(row.job_id)
+        if floor is not None and row.seq > floor:
+            held[row.job_id] += 1
+            continue
+        kept.append(row)
+    if held:
+        log.debug("outbox_rows_held_for_order", jobs=len(held), rows=sum(held.values()))
+    return kept
+
+
+def outbox_relay_batch(*, limit: int = 500) -> int:
+    """Relay one claimed batch; returns the number of rows published and marked.
+
+    1. In one transaction, claim up to `limit` unpublished rows in `id` order with
+       `FOR UPDATE SKIP LOCKED` (rows another relay holds are skipped).
+    2. Keep only rows that no lower-seq unpublished row of their job outside the
+       claim precedes (per-job seq order across relays; see the module docstring).
+    3. Publish each kept row with confirms (an exception rolls back: nothing marked).
+    4. Mark the published rows `published_at`, then commit (releasing the locks).
+    """
+    with transaction.atomic():
+        claim = (
+            EventOutbox.objects.select_for_update(skip_locked=True)
+            .filter(published_at__isnull=True)
+            .order_by("id")
+        )
+        rows = _publishable(list(claim[:limit]))
+        if not rows:
+            return 0
+        try:
+            conn = _connection()
+            # One quick attempt: the dispatcher loop is the retry, and must not stall.
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+            producer = Producer(conn.default_channel, auto_declare=False)
+            for row in rows:
+                event_publish(producer=producer, payload=row.payload)
+        except Exception:
+            _drop_connection()
+            raise
+        _mark_published([row.id for row in rows])
+    return len(rows)
+
+
+def outbox_relay_once(*, limit: int = 500) -> int:
+    """Relay unpublished events until none is left or `limit` rows went out.
+
+    The dispatcher calls this every loop. A batch can stop early when rows wait for
+    a lower seq held by another relay; those go out in a later run. Broker errors
+    propagate (the dispatcher logs them); nothing is marked for an unconfirmed event.
+    """
+    total = 0
+    while total < limit:
+        relayed = outbox_relay_batch(limit=min(100, limit - total))
+        if relayed == 0:
+            break
+        total += relayed
+        metrics.OUTBOX_RELAYED.inc(relayed)
+    if total:
+        log.info("outbox_relayed", events=total)
+    return total
+
+
+def outbox_prune(*, older_than: timedelta | datetime) -> int:
+    """Delete relayed rows published before `older_than` (an age or a moment).
+
+    Unpublished rows are never deleted, whatever their age. Returns the count.
+    """
+    cutoff = timezone.now() - older_than if isinstance(older_than, timedelta) else older_than
+    deleted, _ = EventOutbox.objects.filter(
+        published_at__isnull=False, published_at__lt=cutoff
+    ).delete()
+    return deleted

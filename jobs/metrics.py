@@ -1,0 +1,132 @@
+"""Prometheus metrics of DESIGN.md 8, as module-level objects.
+
+Counters and histograms are incremented where the work happens (services, workers,
+DLQ tools, the relay); the gauges an on-call alert needs are derived from the database
+by `metrics_refresh_gauges()`, which the `/metrics` view runs at each scrape (and the
+dispatcher may run each loop).
+
+Worker processes: with `PROMETHEUS_MULTIPROC_DIR` set (an empty directory shared by
+the web and worker processes of one host, wiped at deploy), prometheus_client writes
+each process' values to files there and `/metrics` aggregates them. Gauges therefore
+declare how to combine processes (`multiprocess_mode`): `livesum` for
+`job_in_progress` (each worker process adds its own running jobs), `mostrecent` for
+the values set by whichever process refreshed them last.
+"""
+
+from __future__ import annotations
+
+import structlog
+from django.conf import settings
+from django.db import connection
+from prometheus_client import Counter, Gauge, Histogram
+
+from jobs.types import queues
+
+log = structlog.get_logger("jobs.metrics")
+
+# --- counters and histograms (incremented by the code that does the work) -----------
+JOB_CREATE = Counter(
+    "job_create",
+    "Job creation requests by type and outcome (created, existing, ...)",
+    ["type", "status"],
+)
+JOB_IN_PROGRESS = Gauge(
+    "job_in_progress",
+    "Jobs running in this process, by type",
+    ["type"],
+    multiprocess_mode="livesum",
+)
+JOB_DURATION = Histogram(
+    "job_duration_seconds",
+    "Handler run time of one attempt, by type",
+    ["type"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900),
+)
+RETRIES = Counter("retries", "Attempts that ended in a retry", ["type", "error_code"])
+DLQ_DEPTH = Gauge(
+    "dlq_depth",
+    "Messages in a broker dead-letter queue",
+    ["queue"],
+    multiprocess_mode="mostrecent",
+)
+DLQ_REPLAY = Counter("dlq_replay", "Dead letters replayed")
+CANCELLATION = Counter("cancellation", "Jobs cancelled")
+PROGRESS_UPDATE = Counter("progress_update", "Progress values written to the database")
+OUTBOX_RELAYED = Counter("outbox_relayed", "Outbox events published to events.jobs")
+ERP_BRIDGE_DELIVERIES = Counter(
+    "erp_bridge_deliveries", "ERP bridge outcomes (delivered, retried, parked)", ["outcome"]
+)
+
+# --- gauges derived from the database (metrics_refresh_gauges) -----------------------
+OLDEST_PENDING_AGE = Gauge(
+    "job_oldest_pending_age_seconds",
+    "Age of the oldest job still `pending` (0 when none)",
+    multiprocess_mode="mostrecent",
+)
+STALE_LOCKS = Gauge(
+    "job_stale_locks",
+    "`running` jobs whose lock is older than JOBOPS_LOCK_TIMEOUT",
+    multiprocess_mode="mostrecent",
+)
+OUTBOX_LAG = Gauge(
+    "outbox_lag_seconds",
+    "Age of the oldest unpublished outbox event (0 when none)",
+    multiprocess_mode="mostrecent",
+)
+OUTBOX_UNPUBLISHED = Gauge(
+    "outbox_unpublished", "Outbox events not yet relayed", multiprocess_mode="mostrecent"
+)
+CHECKPOINT_AGE = Gauge(
+    "audit_checkpoint_age_seconds",
+    "Age of the newest audit checkpoint (-1 when none was ever written)",
+    multiprocess_mode="mostrecent",
+)
+DEAD_LETTERS_OPEN = Gauge(
+    "dead_letters_open",
+    "Open dead-letter rows in the database, by DLQ",
+    ["queue"],
+    multiprocess_mode="mostrecent",
+)
+
+# Each query is served by a partial index (jobs_pending_idx, jobs_running_lock_idx,
+# outbox_unpublished_idx) or reads one row, so a scrape stays cheap on a large table.
+_GAUGES_SQL = """
+SELECT
+  (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM jobs WHERE status = 'pending'),
+  (SELECT count(*) FROM jobs WHERE status = 'running'
+     AND locked_at < now() - make_interval(secs => %s)),
+  (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM event_outbox
+     WHERE published_at IS NULL),
+  (SELECT count(*) FROM event_outbox WHERE published_at IS NULL),
+  (SELECT EXTRACT(EPOCH FROM now() - max(created_at)) FROM audit_checkpoints)
+"""
+_DEAD_LETTERS_SQL = "SELECT queue, count(*) FROM dead_letters WHERE state = 'open' GROUP BY queue"
+
+
+def metrics_refresh_gauges() -> dict[str, float]:
+    """Recompute the database-derived gauges; returns the values it set.
+
+    1. One statement reads the oldest pending job, the stale locks, the outbox lag and
+       backlog, and the newest checkpoint.
+    2. A second counts open dead letters per DLQ; queues that emptied drop to 0.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_GAUGES_SQL, [float(settings.JOBOPS_LOCK_TIMEOUT)])
+        pending_age, stale, lag, unpublished, checkpoint_age = cursor.fetchone()
+        cursor.execute(_DEAD_LETTERS_SQL)
+        open_rows = dict(cursor.fetchall())
+    values = {
+        "oldest_pending_age": max(0.0, float(pending_age or 0)),
+        "stale_locks": float(stale),
+        "outbox_lag": max(0.0, float(lag or 0)),
+        "outbox_unpublished": float(unpublished),
+        "checkpoint_age": -1.0 if checkpoint_age is None else max(0.0, float(checkpoint_age)),
+    }
+    OLDEST_PENDING_AGE.set(values["oldest_pending_age"])
+    STALE_LOCKS.set(values["stale_locks"])
+    OUTBOX_LAG.set(values["outbox_lag"])
+    OUTBOX_UNPUBLISHED.set(values["outbox_unpublished"])
+    CHECKPOINT_AGE.set(values["checkpoint_age"])
+    for queue in {f"{q}_dlq" for q in queues()} | set(open_rows):
+        DEAD_LETTERS_OPEN.labels(queue=queue).set(open_rows.get(queue, 0))
+    return values
