@@ -1,0 +1,136 @@
+"""`manage.py verify_audit_chain`: exit 0 intact, 1 tampered, 2 usage error.
+
+A few tests run it as a real process against the test database (committed data,
+real exit status); the rest use call_command, which is much faster.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from audit.checkpoints import checkpoint_write
+from audit.services import Actor, job_chain
+from jobs.services import transition
+from jobs.states import Status
+from tests.audit.conftest import job_with_history, run_manage, tamper
+from tests.factories import make_job
+
+
+def change_payload(job, seq: int = 2) -> None:
+    tamper(
+        "UPDATE audit_logs SET payload = replace(payload, '\"attempt\":', '\"attempt\": ') "
+        "WHERE chain = %s AND seq = %s",
+        [job_chain(job.id), seq],
+    )
+
+
+def verify(*args: str) -> tuple[int, str]:
+    """call_command; returns (exit status, stdout)."""
+    out = io.StringIO()
+    try:
+        call_command("verify_audit_chain", *args, stdout=out)
+    except SystemExit as exited:
+        return int(exited.code), out.getvalue()
+    return 0, out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_exits_0_when_intact_and_1_naming_job_and_seq_after_a_tamper():
+    job, other = job_with_history(), job_with_history()
+    checkpoint_write()
+    intact = run_manage("verify_audit_chain")
+    assert intact.returncode == 0, intact.stdout + intact.stderr
+    assert "intact: 8 rows in 2 chains, 1 checkpoints (2 heads)" in intact.stdout
+
+    change_payload(job)
+    tampered = run_manage("verify_audit_chain")
+    assert tampered.returncode == 1, tampered.stdout + tampered.stderr
+    assert f"TAMPERED chain job:{job.id}, job {job.id}, seq 2: row_broken" in tampered.stdout
+    assert str(other.id) not in tampered.stdout
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_json_prints_one_document():
+    job = job_with_history()
+    change_payload(job, seq=3)
+    result = run_manage("verify_audit_chain", "--json")
+    assert result.returncode == 1
+    document = json.loads(result.stdout)
+    assert document["ok"] is False
+    assert document["rows_checked"] == 4
+    assert document["problems_total"] == 1
+    [problem] = document["problems"]
+    assert (problem["job_id"], problem["seq"], problem["kind"]) == (str(job.id), 3, "row_broken")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_usage_errors_exit_2():
+    bad_job = run_manage("verify_audit_chain", "--job", "not-a-uuid")
+    assert bad_job.returncode == 2, bad_job.stdout + bad_job.stderr
+    assert "is not a UUID" in bad_job.stderr
+    bad_since = run_manage("verify_audit_chain", "--since", "last tuesday", "--json")
+    assert bad_since.returncode == 2, bad_since.stdout + bad_since.stderr
+    assert "is not an ISO 8601 date or datetime" in bad_since.stderr
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("since", ["2026-13-45", "tomorrow", "2026-01-01T25:00"])
+def test_unparseable_since_is_a_usage_error(since):
+    with pytest.raises(CommandError, match="not an ISO 8601") as raised:
+        call_command("verify_audit_chain", "--since", since)
+    assert raised.value.returncode == 2
+
+
+@pytest.mark.django_db
+def test_job_limits_verification_to_those_chains():
+    job, other = job_with_history(), job_with_history()
+    change_payload(job)
+    assert verify("--job", str(other.id))[0] == 0
+    status, out = verify("--job", str(job.id))
+    assert status == 1 and f"job {job.id}, seq 2" in out
+    assert verify("--job", str(other.id), "--job", str(job.id))[0] == 1
+    assert verify("--job", str(other.id), "--json")[0] == 0
+
+
+@pytest.mark.django_db
+def test_deleted_tail_after_a_checkpoint_exits_1():
+    job = job_with_history()
+    checkpoint_write()
+    tamper("DELETE FROM audit_logs WHERE chain = %s AND seq = 4", [job_chain(job.id)])
+    status, out = verify()
+    assert status == 1
+    assert f"job {job.id}, seq 4, checkpoint" in out and "head_missing" in out
+
+
+@pytest.mark.django_db
+def test_since_verifies_only_chains_active_since_then_from_seq_1():
+    old = job_with_history()
+    change_payload(old)
+    since = timezone.now()
+    recent = make_job()
+    transition(job_id=recent.id, target=Status.QUEUED, actor=Actor.system())
+    change_payload(recent, seq=1)
+
+    status, out = verify("--since", since.isoformat(), "--json")
+    document = json.loads(out)
+    assert status == 1
+    assert document["chains_checked"] == 1 and document["rows_checked"] == 2
+    assert [(p["job_id"], p["seq"]) for p in document["problems"]] == [(str(recent.id), 1)]
+
+    status, out = verify("--since", timezone.now().isoformat())
+    assert status == 0 and "0 rows in 0 chains" in out
+
+
+@pytest.mark.django_db
+def test_since_still_catches_a_chain_deleted_whole_after_a_recent_checkpoint():
+    job = job_with_history()
+    since = timezone.now()
+    checkpoint_write()
+    tamper("DELETE FROM audit_logs WHERE chain = %s", [job_chain(job.id)])
+    status, out = verify("--since", since.isoformat())
+    assert status == 1 and f"job {job.id}, seq 4" in out
