@@ -31,6 +31,7 @@ from amqp.exceptions import NotFound
 from django.conf import settings
 from kombu import Connection
 
+from dlq.errors import UnknownQueueError
 from jobs.topology import dlq_name, primary_queues
 
 # x-death reasons (RabbitMQ) -> dead_letters.reason
@@ -281,7 +282,29 @@ def dlq_depths(
                 # A 404 closes the channel; carry on with a fresh one.
                 depths[name] = None
                 channel = channel.connection.channel()
+    _export_depths(depths)
     return depths
+
+
+def _export_depths(depths: dict[str, int | None]) -> None:
+    """Feed the `dlq_depth{queue}` gauge (DESIGN.md 8) whenever depths are read."""
+    try:
+        from jobs.metrics import DLQ_DEPTH
+    except ImportError:  # metrics are optional here
+        return
+    for name, depth in depths.items():
+        if depth is not None:
+            DLQ_DEPTH.labels(queue=name).set(depth)
+
+
+def _require_dlq(queue: str) -> None:
+    # Only the classic DLQs: a get-and-requeue on a primary quorum queue would count as
+    # a delivery there and could push a job's message over its delivery limit.
+    if not is_dlq(queue):
+        raise UnknownQueueError(
+            f"{queue!r} is not a dead-letter queue.",
+            details={"queue": [f"One of: {', '.join(all_dlq_names())}."]},
+        )
 
 
 def _get_all(channel: Any, queue: str, limit: int) -> list[Any]:
@@ -308,6 +331,7 @@ def dlq_peek(
     basic_get without ack, then every message goes back with reject(requeue=True), in
     the order taken (see the module caveats on ordering and concurrent callers).
     """
+    _require_dlq(queue)
     with broker_channel(connection) as channel:
         taken = _get_all(channel, queue, max(0, int(limit)))
         try:
@@ -342,6 +366,7 @@ def dlq_drain(
        pass would hand them straight back to this pass.
     A replay of 10k jobs therefore costs one pass over the DLQ, not 10k scans.
     """
+    _require_dlq(queue)
     result = DrainResult()
     with broker_channel(connection) as channel:
         try:

@@ -424,11 +424,21 @@ def dead_letters_replay(
             continue
         result.resolved.append(row_id)
         result.job_ids.append(str(job_id))
+    _count_replays(len(result.resolved))
     queues = set(DeadLetter.objects.filter(id__in=result.resolved).values_list("queue", flat=True))
     _ack_away(result, queues)
     if publish:
         result.published = _publish(result.job_ids)
     return result
+
+
+def _count_replays(count: int) -> None:
+    try:
+        from jobs.metrics import DLQ_REPLAY
+    except ImportError:  # metrics are optional to the write path
+        return
+    if count:
+        DLQ_REPLAY.inc(count)
 
 
 def _replay_one(

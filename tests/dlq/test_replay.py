@@ -244,3 +244,10 @@ def test_ack_away_pass_keeps_copies_of_open_rows_and_unwatched_new_ones(amqp):
     result = broker_copies_ack_stale(queue="sim_dlq")
     assert (result.seen, result.acked, result.kept) == (2, 1, 1)
     assert [m.job_id for m in dlq_peek(queue="sim_dlq", limit=5)] == [str(kept.id)]
+
+
+def test_peek_refuses_anything_but_a_dead_letter_queue(topology):
+    # A get-and-requeue on a primary quorum queue would count towards its delivery limit.
+    for name in ("sim", "dlq.watch", "nope"):
+        with pytest.raises(UnknownQueueError):
+            dlq_peek(queue=name, limit=1)
