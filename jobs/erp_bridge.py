@@ -1,0 +1,224 @@
+"""The ERP outbound bridge (DESIGN.md 3.8): `erp.events` -> HTTP POST, at least once.
+
+`manage.py run_erp_bridge` consumes the durable queue `erp.events` (bound to
+`events.jobs`) one message at a time (prefetch 1, manual acks) and POSTs each event's
+JSON body, unchanged, to `JOBOPS_ERP_EVENTS_URL` with `Idempotency-Key: <event_id>`,
+so the receiver can drop a repeat (the relay and this bridge both deliver at least
+once). Outcomes:
+
+- 2xx: delivered, ack.
+- 5xx, 408, 425, 429, a timeout or a connection error: a temporary failure. The bridge
+  waits a backoff (`JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS`, doubling per consecutive
+  failure up to `..._CAP_SECONDS`), then requeues the message: RabbitMQ puts it back at
+  the head of the queue, so per-job order holds and nothing is lost, and the wait
+  keeps an ERP outage from becoming a tight loop.
+- any other status (4xx, a redirect) or a message that is not an event: a permanent
+  refusal. Retrying cannot help, so the message is parked, with the response status
+  and text in its headers, on the durable classic queue `erp.events.parked` (publisher
+  confirms; only then acked) for an operator to inspect and re-drive (e.g. with a
+  shovel back to `erp.events` once the cause is fixed). If parking fails the message
+  is requeued: never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+import structlog
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from kombu import Connection, Consumer, Producer, Queue
+from kombu.message import Message
+
+from config.logging import log_context
+from jobs import metrics
+from jobs.topology import erp_events_queue
+
+log = structlog.get_logger("jobs.erp_bridge")
+
+PARKED_QUEUE_NAME = "erp.events.parked"
+# Statuses worth another try; every other non-2xx is a permanent refusal.
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+DELIVERED, RETRY, PARK = "delivered", "retry", "park"
+
+
+def parked_queue() -> Queue:
+    """Refused events wait here (default exchange, routing key = the queue's name)."""
+    return Queue(PARKED_QUEUE_NAME, durable=True, queue_arguments={"x-queue-mode": "lazy"})
+
+
+def event_post(
+    *, session: requests.Session, url: str, body: bytes, event_id: str
+) -> tuple[str, int | None, str]:
+    """POST one event; returns (outcome, HTTP status or None, a short reason)."""
+    try:
+        response = session.post(
+            url,
+            data=body,
+            headers={"Content-Type": "application/json", "Idempotency-Key": event_id},
+            timeout=settings.JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS,
+            allow_redirects=False,
+        )
+    except requests.RequestException as exc:  # timeout, refused, reset, DNS
+        return RETRY, None, repr(exc)[:500]
+    status = response.status_code
+    if 200 <= status < 300:
+        return DELIVERED, status, ""
+    reason = response.text[:500]
+    if status >= 500 or status in RETRYABLE_STATUSES:
+        return RETRY, status, reason
+    return PARK, status, reason
+
+
+@dataclass
+class ErpBridge:
+    """Handles deliveries of `erp.events`; one instance per consumer connection."""
+
+    url: str
+    producer: Producer
+    stop: threading.Event = field(default_factory=threading.Event)
+    session: requests.Session = field(default_factory=requests.Session)
+    counts: dict[str, int] = field(default_factory=lambda: {DELIVERED: 0, RETRY: 0, PARK: 0})
+    failures_in_a_row: int = 0
+    max_messages: int | None = None
+
+    def exhausted(self) -> bool:
+        return self.max_messages is not None and sum(self.counts.values()) >= self.max_messages
+
+    def backoff(self) -> float:
+        base = settings.JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS
+        cap = settings.JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS
+        return float(min(cap, base * 2 ** max(0, self.failures_in_a_row - 1)))
+
+    def on_message(self, message: Message) -> None:
+        """1. Decode the event (not an event: park). 2. POST it. 3. Ack, requeue or park."""
+        if self.exhausted() or self.stop.is_set():
+            # One drain can bring a delivery past the budget (or the stop): hand it back.
+            message.requeue()
+            return
+        event_id, job_id = None, None
+        try:
+            event = json.loads(message.body)
+            event_id = str(event["event_id"])
+            job_id = event.get("job_id")
+        except (ValueError, TypeError, KeyError) as exc:
+            self.park(message, status=None, reason=f"not an event: {exc!r}"[:500])
+            return
+        with log_context(event_id=event_id, job_id=job_id, routing_key="job.status.changed"):
+            outcome, status, reason = event_post(
+                session=self.session, url=self.url, body=message.body, event_id=event_id
+            )
+            if outcome == DELIVERED:
+                self.failures_in_a_row = 0
+                message.ack()
+                self.count(DELIVERED)
+                log.info("erp_event_delivered", status=status)
+            elif outcome == RETRY:
+                self.failures_in_a_row += 1
+                delay = self.backoff()
+                log.warning("erp_event_retry", status=status, reason=reason, delay=delay)
+                self.stop.wait(delay)  # hold the message meanwhile: no tight loop
+                message.requeue()
+                self.count(RETRY)
+            else:
+                self.park(message, status=status, reason=reason)
+
+    def park(self, message: Message, *, status: int | None, reason: str) -> None:
+        headers = dict(message.headers or {})
+        headers.update({"x-erp-status": status, "x-erp-reason": reason, "x-erp-url": self.url})
+        try:
+            self.producer.publish(
+                message.body,
+                exchange="",
+                routing_key=PARKED_QUEUE_NAME,
+                headers=headers,
+                content_type=message.content_type or "application/json",
+                content_encoding=message.content_encoding or "utf-8",
+                message_id=message.properties.get("message_id"),
+                delivery_mode=2,
+                mandatory=True,
+                retry=False,
+                confirm_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+            )
+        except Exception as exc:  # cannot park: keep the event in erp.events
+            self.failures_in_a_row += 1
+            log.error("erp_event_park_failed", error=repr(exc))
+            self.stop.wait(self.backoff())
+            message.requeue()
+            self.count(RETRY)
+            return
+        message.ack()
+        self.count(PARK)
+        log.error("erp_event_parked", status=status, reason=reason, queue=PARKED_QUEUE_NAME)
+
+    def count(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+        metrics.ERP_BRIDGE_DELIVERIES.labels(outcome=outcome).inc()
+
+
+def erp_bridge_run(
+    *,
+    url: str | None = None,
+    max_messages: int | None = None,
+    idle_timeout: float | None = None,
+    stop: threading.Event | None = None,
+) -> dict[str, int]:
+    """Consume `erp.events` until stopped; returns the outcome counts.
+
+    `max_messages` stops after that many deliveries were handled (a requeue counts);
+    `idle_timeout` stops once no delivery came for that long (the `--once` mode).
+    """
+    url = url or settings.JOBOPS_ERP_EVENTS_URL
+    if not url:
+        raise ImproperlyConfigured("JOBOPS_ERP_EVENTS_URL is not set: nowhere to POST events")
+    stop = stop or threading.Event()
+    with Connection(
+        settings.BROKER_URL,
+        connect_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+        transport_options={"confirm_publish": True},
+    ) as conn:
+        conn.ensure_connection(max_retries=3)
+        publish_channel = conn.channel()
+        parked_queue()(publish_channel).declare()
+        bridge = ErpBridge(
+            url=url, producer=Producer(publish_channel), stop=stop, max_messages=max_messages
+        )
+        consume_channel = conn.channel()
+        # auto_declare=False: the queue and its binding belong to setup_topology; a
+        # missing queue fails here with 404 NOT_FOUND instead of being invented.
+        with Consumer(
+            consume_channel,
+            queues=[erp_events_queue()],
+            on_message=bridge.on_message,
+            prefetch_count=1,
+            auto_declare=False,
+        ):
+            log.info("erp_bridge_started", url=url)
+            last_activity = time.monotonic()
+            while not stop.is_set():
+                if bridge.exhausted():
+                    break
+                try:
+                    conn.drain_events(timeout=0.2)
+                except TimeoutError:
+                    if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
+                        break
+                    continue
+                last_activity = time.monotonic()
+    log.info("erp_bridge_stopped", **bridge.counts)
+    return dict(bridge.counts)
+
+
+def erp_bridge_status() -> dict[str, Any]:
+    """Depths of the bridge's queues (for an operator command or a health check)."""
+    with Connection(settings.BROKER_URL, connect_timeout=5) as conn:
+        channel = conn.channel()
+        return {
+            queue.name: queue(channel).queue_declare(passive=True).message_count
+            for queue in (erp_events_queue(), parked_queue())
+        }
