@@ -13,6 +13,7 @@ from django.db import IntegrityError
 from django.http import FileResponse, HttpRequest, HttpResponseBase
 from django.urls import reverse
 from django.utils.http import parse_etags
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -24,6 +25,7 @@ from rest_framework.views import APIView
 
 from audit.services import Actor
 from jobs.api.docs import RATE_LIMIT_HEADERS, REQUEST_ID, error_responses, response_header
+from jobs.api.exceptions import api_not_found
 from jobs.api.middleware import request_id_from
 from jobs.api.serializers import JobOutputSerializer, StrictCharField
 from jobs.backpressure import BackpressureError, backpressure_check
@@ -328,7 +330,6 @@ class JobArtefactApi(APIView):
         return response
 
 
+@csrf_exempt  # a POST to an unknown path is a 404, not a CSRF failure page
 def api_not_found_view(request: HttpRequest, unmatched: str = "") -> Any:
-    from jobs.api.exceptions import api_not_found
-
     return api_not_found(request)

@@ -1,0 +1,98 @@
+"""A live gunicorn serving the API on the test database, for contract and race tests.
+
+Used by test_api_live.py: the server is a real subprocess (several workers), so only
+committed rows are visible to it: tests that use it are transactional.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_database_url() -> str:
+    from django.db import connection
+
+    s = connection.settings_dict
+    user = quote(s.get("USER") or "postgres")
+    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
+    host, port = s.get("HOST") or "127.0.0.1", s.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{s['NAME']}"
+
+
+@contextmanager
+def gunicorn_server(*, workers: int = 3, threads: int = 4, timeout: float = 30) -> Iterator[str]:
+    """Start gunicorn on a free 127.0.0.1 port; yield its base URL; stop it (its group)."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": test_database_url(),
+        "DJANGO_SETTINGS_MODULE": "config.settings_test",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = open(ROOT / "var" / f"gunicorn-test-{port}.log", "wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.wsgi",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+            "--worker-class",
+            "gthread",
+            "--timeout",
+            "60",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited with {process.returncode}; see {log.name}")
+            try:
+                if requests.get(f"{base}/api/v1/schema/", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:  # not listening yet, or still booting
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gunicorn did not answer in {timeout}s; see {log.name}")
+            time.sleep(0.1)
+        yield base
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        log.close()
