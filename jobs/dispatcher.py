@@ -131,15 +131,14 @@ def dispatch_once(*, steps: list[tuple[str, str]] | None = None) -> dict[str, An
     """Run every step once; a failing step is logged and reported, never fatal."""
     report: dict[str, Any] = {}
     for name, path in steps or STEPS:
-        close_old_connections()  # a database restart must not wedge the loop
+        if not connection.in_atomic_block:
+            close_old_connections()  # a database restart must not wedge the loop
         try:
             step: Callable[[], Any] = import_string(path)
             report[name] = step()
         except Exception as exc:
             log.error("dispatcher_step_failed", step=name, error=repr(exc))
             report[name] = {"error": repr(exc)}
-            if connection.in_atomic_block is False:
-                connection.close_if_unusable_or_obsolete()
     return report
 
 

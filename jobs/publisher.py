@@ -16,6 +16,7 @@ dead-letter tools and worker logs see them without decoding the body.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -34,6 +35,11 @@ log = structlog.get_logger(__name__)
 PUBLISHER = Actor.system("publisher")
 
 _local = threading.local()
+# After a failed publish, on_commit publishing pauses this long (per broker URL) and
+# leaves new jobs `pending` for the dispatcher, so a dead broker costs one request one
+# connect timeout, not every request.
+BROKER_DOWN_BACKOFF_SECONDS = 5.0
+_broker_down_until: dict[str, float] = {}
 
 
 def wire_payload(job: Job) -> dict[str, Any]:
@@ -97,7 +103,14 @@ def message_publish(*, job: Job) -> None:
     }
     try:
         conn = _connection()
-        conn.ensure_connection(max_retries=1)
+        # Fail fast (no sleeping between tries): the caller is an API request or the
+        # dispatcher loop, and the job is safe in the database either way.
+        conn.ensure_connection(
+            max_retries=1,
+            interval_start=0,
+            interval_step=0,
+            timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+        )
         producer = app.amqp.Producer(conn.default_channel, auto_declare=False)
         app.send_task(
             spec.task_name,
@@ -143,7 +156,15 @@ def job_publish_after_commit(job_id: uuid.UUID | str) -> None:
 
     A failure leaves the job `pending`; the dispatcher publishes it later.
     """
+    url = settings.BROKER_URL
+    if time.monotonic() < _broker_down_until.get(url, 0.0):
+        # The broker failed moments ago: do not make every request wait for it again.
+        log.info("job_publish_deferred", job_id=str(job_id), error="broker recently down")
+        return
     try:
         job_publish(job_id=job_id, sources=(Status.PENDING,))
     except Exception as exc:  # broker down must not fail the request
+        _broker_down_until[url] = time.monotonic() + BROKER_DOWN_BACKOFF_SECONDS
         log.warning("job_publish_deferred", job_id=str(job_id), error=repr(exc))
+    else:
+        _broker_down_until.pop(url, None)

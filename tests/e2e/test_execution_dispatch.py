@@ -1,0 +1,154 @@
+"""No-loss dispatch (DESIGN.md 3.5), cancellation before start (3.7), the worker's
+prefetch guard (4) and a database outage while a job fails (4.1)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+from django.db import connection
+
+from audit.services import Actor
+from dlq.models import DeadLetter
+from jobs.dispatcher import reap_once
+from jobs.models import Job
+from jobs.services import job_cancel
+from tests import handlers
+from tests.factories import UserFactory, make_job
+from tests.workers import (
+    ROOT,
+    Process,
+    celery_worker,
+    database_url,
+    job_events,
+    job_finished,
+    run_dispatcher_once,
+    scripted_env,
+    scripted_table,
+    subprocess_env,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
+
+UNREACHABLE_BROKER = "amqp://guest:guest@127.0.0.1:1//"
+
+
+def test_broker_down_create_succeeds_pending_and_runs_once_broker_is_back(settings):
+    settings.BROKER_URL = UNREACHABLE_BROKER
+    job = make_job(job_type="sim", params={"steps": 2, "step_seconds": 0})
+    assert Job.objects.get(id=job.id).status == "pending"
+    assert job_events(job.id) == ["created"]
+    settings.BROKER_URL = settings.CELERY_BROKER_URL  # the broker is back
+    with celery_worker(queues=["sim"]):
+        report = run_dispatcher_once(env={"JOBOPS_DISPATCH_PENDING_AFTER_SECONDS": "0"})
+        assert report["publish"] == 1
+        done = job_finished(job.id)
+    assert done.status == "succeeded"
+    assert job_events(job.id)[:3] == ["created", "queued", "started"]
+
+
+def test_two_dispatchers_racing_publish_each_job_into_one_run(settings):
+    scripted_table(settings)
+    settings.BROKER_URL = UNREACHABLE_BROKER
+    owner = UserFactory()
+    jobs = [make_job(owner, job_type="ai", params={"do": "noop"}) for _ in range(30)]
+    settings.BROKER_URL = settings.CELERY_BROKER_URL
+    env = subprocess_env(JOBOPS_DISPATCH_PENDING_AFTER_SECONDS="0")
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "run_dispatcher", "--once"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    published = 0
+    for racer in racers:
+        out, _ = racer.communicate(timeout=60)
+        published += json.loads(out.strip().splitlines()[-1])["publish"]
+    assert published == 30  # no row published twice
+    with celery_worker(queues=["default"], concurrency=2, env=scripted_env()):
+        for job in jobs:
+            assert job_finished(job.id).status == "succeeded"
+    for job in jobs:
+        assert job_events(job.id).count("started") == 1
+        assert len(handlers.runs(job.id)) == 1
+
+
+def test_queued_job_cancelled_never_runs(settings):
+    scripted_table(settings)
+    job = make_job(job_type="ai", params={"do": "noop"})
+    assert Job.objects.get(id=job.id).status == "queued"  # confirmed, no worker yet
+    job_cancel(job_id=job.id, actor=Actor.system("test"))
+    with celery_worker(queues=["default"], env=scripted_env()) as worker:
+        wait_for(lambda: "claim_refused" in worker.log_text(), timeout=15)
+    assert Job.objects.get(id=job.id).status == "cancelled"
+    assert handlers.runs(job.id) == []
+    assert "started" not in job_events(job.id)
+
+
+def test_worker_refuses_a_prefetch_that_could_outlast_the_consumer_timeout():
+    args = [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "sim"]
+    worker = Process([*args, "--prefetch-multiplier", "3", "-c", "1"], subprocess_env(), "bad")
+    try:
+        assert worker.proc.wait(timeout=45) != 0
+        assert "refusing to start" in worker.log_text()
+    finally:
+        worker.stop()
+
+
+@pytest.fixture
+def worker_role():
+    """A login role for the worker alone, so the test can take the database away from
+    the worker (NOLOGIN + terminate its sessions) while the test keeps its own."""
+    role = f"jobops_worker_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {role} LOGIN")
+        cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+        cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    yield role
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role]
+        )
+        cursor.execute(f"DROP OWNED BY {role}")
+        cursor.execute(f"DROP ROLE {role}")
+
+
+def _database_down_for(role: str, down: bool) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER ROLE {role} {'NOLOGIN' if down else 'LOGIN'}")
+        if down:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role]
+            )
+
+
+def test_database_down_while_a_job_fails_decides_nothing(settings, worker_role):
+    scripted_table(settings)
+    settings.JOBOPS_LOCK_TIMEOUT = 3
+    env = {**scripted_env(), "DATABASE_URL": database_url(USER=worker_role, PASSWORD="")}
+    with celery_worker(queues=["default"], env=env, name="dbdown") as worker:
+        job = make_job(job_type="ai", params={"do": "wait_then", "then": "fatal"})
+        wait_for(lambda: handlers.runs(job.id))
+        _database_down_for(worker_role, True)
+        handlers.redis_client().set(handlers.key(job.id, "go"), 1)  # now fail (fatal)
+        wait_for(lambda: "database_unavailable_requeue" in worker.log_text(), timeout=15)
+        # Nothing decided: no dead letter, the job still `running` on attempt 1.
+        stuck = Job.objects.get(id=job.id)
+        assert (stuck.status, stuck.attempts) == ("running", 1)
+        assert not DeadLetter.objects.filter(job_id=job.id).exists()
+        _database_down_for(worker_role, False)
+        # Back: the stale lock is reclaimed and the job is decided on a real attempt.
+        wait_for(lambda: reap_once()["reclaimed"] == 1, timeout=15, interval=0.2)
+        run_dispatcher_once()
+        done = job_finished(job.id)
+    assert done.status == "failed" and done.attempts == 2
+    assert DeadLetter.objects.get(job_id=job.id).reason == "fatal"
+    assert "reclaimed" in job_events(job.id)

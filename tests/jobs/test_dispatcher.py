@@ -1,0 +1,95 @@
+"""The dispatcher's steps in process: publishing due jobs, the reaper, failing steps."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from kombu import Connection
+
+from dlq.models import DeadLetter
+from jobs.dispatcher import dispatch_once, publish_due_once, reap_once
+from jobs.models import Job
+from jobs.publisher import job_publish
+from jobs.services import job_claim, job_reclaim
+from jobs.topology import JOBS_EXCHANGE
+from tests.factories import make_job
+from tests.workers import job_events
+
+pytestmark = pytest.mark.django_db
+
+
+def sql(statement, *params):
+    with connection.cursor() as cursor:
+        cursor.execute(statement, list(params))
+
+
+def stale_running(job):
+    job_claim(job_id=job.id, locked_by="dead-worker")
+    sql("UPDATE jobs SET locked_at = now() - interval '10 minutes' WHERE id = %s", job.id)
+
+
+def test_reaper_reclaims_a_stale_lock_as_retrying_due_now(settings):
+    settings.JOBOPS_LOCK_TIMEOUT = 60
+    job = make_job()
+    stale_running(job)
+    assert reap_once() == {"reclaimed": 1, "worker_lost": 0}
+    row = Job.objects.get(id=job.id)
+    assert row.status == "retrying" and row.locked_by is None and row.next_run_at is not None
+    assert job_events(job.id)[-1] == "reclaimed"
+    assert reap_once() == {"reclaimed": 0, "worker_lost": 0}  # idempotent
+
+
+def test_reaper_fails_a_job_with_no_attempts_left_as_worker_lost(settings):
+    job = make_job()
+    sql("UPDATE jobs SET max_attempts = 1 WHERE id = %s", job.id)
+    stale_running(job)
+    assert reap_once() == {"reclaimed": 0, "worker_lost": 1}
+    row = Job.objects.get(id=job.id)
+    assert (row.status, row.dead_letter_queue) == ("failed", "sim_dlq")
+    dead = DeadLetter.objects.get(job_id=job.id)
+    assert (dead.reason, dead.state, dead.broker_copy) == ("worker_lost", "open", False)
+
+
+def test_reaper_leaves_live_locks_alone():
+    job = make_job()
+    job_claim(job_id=job.id, locked_by="alive")
+    assert reap_once() == {"reclaimed": 0, "worker_lost": 0}
+    assert Job.objects.get(id=job.id).status == "running"
+
+
+def test_dispatcher_publishes_due_retries_and_old_pending_jobs_only(broker, settings):
+    settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 60
+    fresh = make_job()  # pending, but younger than the grace period
+    old = make_job()
+    sql("UPDATE jobs SET created_at = now() - interval '2 minutes' WHERE id = %s", old.id)
+    due, later = make_job(), make_job()
+    for job, when in ((due, "now()"), (later, "now() + interval '1 hour'")):
+        stale_running(job)
+        job_reclaim(job_id=job.id, lock_timeout=60)
+        sql(f"UPDATE jobs SET next_run_at = {when} WHERE id = %s", job.id)
+    assert publish_due_once() == 2
+    status = dict(Job.objects.values_list("id", "status"))
+    assert status[old.id] == "queued" and status[due.id] == "queued"
+    assert status[fresh.id] == "pending" and status[later.id] == "retrying"
+
+
+def test_unroutable_publish_is_an_error_and_the_job_stays_pending(broker, settings):
+    job = make_job(job_type="erp", params={"event": "x"})
+    with Connection(connection_url := settings.BROKER_URL) as conn:
+        channel = conn.channel()
+        channel.queue_unbind("erp", JOBS_EXCHANGE.name, "erp")
+    try:
+        with pytest.raises(Exception, match=r"NO_ROUTE|312|route"):
+            job_publish(job_id=job.id)
+    finally:
+        with Connection(connection_url) as conn:
+            conn.channel().queue_bind("erp", JOBS_EXCHANGE.name, "erp")
+    assert Job.objects.get(id=job.id).status == "pending"
+
+
+def test_a_failing_step_is_reported_and_the_loop_goes_on():
+    report = dispatch_once(
+        steps=[("bad", "no.such.module.step"), ("reap", "jobs.dispatcher.reap_once")]
+    )
+    assert "error" in report["bad"]
+    assert report["reap"] == {"reclaimed": 0, "worker_lost": 0}

@@ -1,0 +1,151 @@
+"""JobContext and the worker write paths, in process (no subprocess needed)."""
+
+from __future__ import annotations
+
+import pytest
+from celery.exceptions import SoftTimeLimitExceeded
+from django.db import IntegrityError, connection
+
+from audit.models import AuditLog
+from audit.services import Actor
+from jobs.errors import (
+    FatalError,
+    JobCancelled,
+    JobLost,
+    JobValidationError,
+    TransientExternalError,
+)
+from jobs.models import Job
+from jobs.runtime import JobContext, classify
+from jobs.services import (
+    Fence,
+    backoff_delay,
+    job_cancel,
+    job_claim,
+    job_reclaim,
+    job_succeed,
+)
+from tests.factories import make_job
+
+pytestmark = pytest.mark.django_db
+
+
+def claimed(**settings_overrides):
+    job = job_claim(job_id=make_job().id, locked_by="w1")
+    assert job is not None and job.status == "running" and job.attempts == 1
+    return job, Fence("w1", 1)
+
+
+def progress_events(job_id):
+    return AuditLog.objects.filter(job_id=job_id, event_type="progress").count()
+
+
+def test_progress_is_monotonic_coalesced_and_flushed_on_the_final_transition(settings):
+    settings.JOBOPS_PROGRESS_INTERVAL_SECONDS = 3600
+    job, fence = claimed()
+    ctx = JobContext(job=job, fence=fence, log=None)
+    ctx.progress(10, step="a")  # the first value is written at once
+    row = Job.objects.get(id=job.id)
+    assert (row.progress_percent, row.progress_step) == (10, "a")
+    assert row.version > job.version  # the API's ETag moves with progress
+    ctx.progress(5, step="b")  # never goes back
+    ctx.progress(40, step="c")  # coalesced: not written yet
+    assert Job.objects.get(id=job.id).progress_percent == 10
+    assert progress_events(job.id) == 1
+    pending = ctx.take_pending_progress()
+    assert pending == {"percent": 40, "step": "c", "message": None}
+    done = job_succeed(job_id=job.id, fence=fence, result={"ok": 1}, progress=pending)
+    assert (done.progress_percent, done.progress_step, done.result) == (100, "c", {"ok": 1})
+
+
+def test_progress_writes_again_once_the_interval_has_passed(settings):
+    settings.JOBOPS_PROGRESS_INTERVAL_SECONDS = 0
+    job, fence = claimed()
+    ctx = JobContext(job=job, fence=fence, log=None)
+    for percent in (10, 20, 30):
+        ctx.progress(percent)
+    assert Job.objects.get(id=job.id).progress_percent == 30
+    assert progress_events(job.id) == 3
+
+
+def test_check_cancel_raises_once_cancellation_is_requested(settings):
+    settings.JOBOPS_CANCEL_CHECK_SECONDS = 0
+    job, fence = claimed()
+    ctx = JobContext(job=job, fence=fence, log=None)
+    ctx.check_cancel()  # nothing requested
+    job_cancel(job_id=job.id, actor=Actor.system("test"))
+    assert Job.objects.get(id=job.id).status == "running"  # running: the handler decides
+    with pytest.raises(JobCancelled):
+        ctx.check_cancel()
+
+
+def test_a_reclaimed_worker_has_every_later_write_refused(settings):
+    settings.JOBOPS_PROGRESS_INTERVAL_SECONDS = 0
+    job, fence = claimed()
+    ctx = JobContext(job=job, fence=fence, log=None)
+    with connection.cursor() as cursor:  # the worker stopped heartbeating a minute ago
+        cursor.execute(
+            "UPDATE jobs SET locked_at = now() - interval '1 minute' WHERE id = %s", [job.id]
+        )
+    assert job_reclaim(job_id=job.id, lock_timeout=30).status == "retrying"
+    before = Job.objects.get(id=job.id)
+    trail = AuditLog.objects.filter(job_id=job.id).count()
+    with pytest.raises(JobLost):
+        ctx.progress(50)
+    with pytest.raises(JobLost):
+        ctx.save_artefact("out", "x.txt", b"late")
+    with pytest.raises(JobLost):
+        job_succeed(job_id=job.id, fence=fence, result={})
+    after = Job.objects.get(id=job.id)
+    assert (after.status, after.version, after.progress_percent) == ("retrying", before.version, 0)
+    assert AuditLog.objects.filter(job_id=job.id).count() == trail
+    assert not after.artefacts.exists()
+
+
+def test_reclaim_leaves_a_live_lock_alone():
+    job, _ = claimed()
+    assert job_reclaim(job_id=job.id, lock_timeout=30) is None
+    assert Job.objects.get(id=job.id).status == "running"
+
+
+def test_claim_refuses_a_running_job_and_a_retry_not_yet_due():
+    job, _ = claimed()
+    assert job_claim(job_id=job.id, locked_by="w2") is None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs SET locked_at = now() - interval '1 minute' WHERE id = %s", [job.id]
+        )
+    job_reclaim(job_id=job.id, lock_timeout=30)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs SET next_run_at = now() + interval '1 hour' WHERE id = %s", [job.id]
+        )
+    assert job_claim(job_id=job.id, locked_by="w2") is None
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE jobs SET next_run_at = now() WHERE id = %s", [job.id])
+    again = job_claim(job_id=job.id, locked_by="w2")
+    assert again is not None and again.attempts == 2 and again.locked_by == "w2"
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3, 6, 10])
+def test_backoff_stays_within_its_formula_bounds(attempt):
+    cap, base = 20, 2.0
+    bound = min(cap, base * 2 ** (attempt - 1))
+    delays = [backoff_delay(attempt=attempt, cap=cap, base=base) for _ in range(200)]
+    assert all(0.5 * bound <= d <= 1.5 * bound for d in delays)
+    assert max(delays) - min(delays) > 0.1 * bound  # jittered, not constant
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (TransientExternalError("x"), ("retry", "TRANSIENT_EXTERNAL")),
+        (RuntimeError("x"), ("retry", "UNEXPECTED_RuntimeError")),
+        (SoftTimeLimitExceeded(), ("retry", "TIME_LIMIT")),
+        (JobValidationError("x"), ("nonretryable", "VALIDATION")),
+        (FatalError("x"), ("fatal", "FATAL")),
+        (IntegrityError("x"), ("fatal", "INTEGRITY")),
+    ],
+)
+def test_errors_are_classified_by_the_taxonomy(exc, expected):
+    assert classify(exc) == expected
