@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
 from audit.models import AuditCheckpoint
-from audit.services import format_ts
+from audit.services import CHECKPOINT_BARRIER, format_ts
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +30,8 @@ PAYLOAD_VERSION = 1
 # a large existing table) are written as several chained checkpoints in the same
 # transaction, so that no payload grows past about 0.6 MB for writer or verifier.
 MAX_HEADS = 5_000
-# One key for the advisory lock that serialises checkpoint writers (dispatchers on
-# several hosts); any constant works as long as nothing else uses it.
-_LOCK_KEY = "jobops:audit_checkpoint"
-# How long a checkpoint waits for in-flight audit appends to commit before giving up
-# until the next loop (see step 2 of `_write`).
+# How long a checkpoint waits for in-flight audit appends (and for another
+# checkpoint writer) before giving up until the next loop (see step 1 of `_write`).
 LOCK_TIMEOUT = "5s"
 
 
@@ -73,28 +70,35 @@ def checkpoint_write_if_due(*, now: datetime | None = None) -> AuditCheckpoint |
 def _write(*, now: datetime | None, due_seconds: int | None) -> AuditCheckpoint | None:
     """Write one checkpoint in one transaction.
 
-    1. Take a transaction-scoped advisory lock so concurrent writers queue; the
-       unique prev_hash backs it up (two checkpoints can never share a parent).
-    2. LOCK audit_logs IN SHARE MODE: it waits for every in-flight append to commit
-       and holds new ones for the few milliseconds this transaction lasts. Without
-       it, a row whose id was allocated before the checkpoint but committed after it
-       would sit below `last_audit_id` and never be covered. If appends do not drain
-       within LOCK_TIMEOUT the checkpoint is skipped until the next call.
-    3. Read the previous checkpoint (a fresh statement after the locks, so it sees a
+    1. Take the checkpoint barrier (audit.services.CHECKPOINT_BARRIER) exclusively,
+       for the transaction. Every append holds it shared until it commits, so this
+       waits for every in-flight append and holds new ones for the few milliseconds
+       this transaction lasts. Without it, a row whose id was allocated before the
+       checkpoint but committed after it would sit below `last_audit_id` and never be
+       covered. It also makes concurrent checkpoint writers queue; the unique
+       prev_hash backs that up (two checkpoints can never share a parent). If the
+       lock is not had within LOCK_TIMEOUT the checkpoint is skipped until the next
+       call. Nothing else is locked: readers and the verifier never wait.
+    2. Read the previous checkpoint (a fresh statement after the lock, so it sees a
        concurrent writer's commit) and, if due_seconds is given, stop if it is recent.
-    4. Find the chains with rows above its last_audit_id (an id range scan on the
+    3. Find the chains with rows above its last_audit_id (an id range scan on the
        primary key) and their heads; none -> write nothing.
-    5. Canonical payload, hash chained to the previous checkpoint, HMAC, insert
+    4. Canonical payload, hash chained to the previous checkpoint, HMAC, insert
        (several rows, MAX_HEADS heads each, when many chains changed).
     """
     now = now or timezone.now()
     try:
         with transaction.atomic():
             with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_LOCK_KEY])
-                cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-                cursor.execute("LOCK TABLE audit_logs IN SHARE MODE")
-                cursor.execute("SET LOCAL lock_timeout = 0")
+                cursor.execute(
+                    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                    [LOCK_TIMEOUT],
+                )
+                (saved_timeout, _) = cursor.fetchone()
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [CHECKPOINT_BARRIER]
+                )
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [saved_timeout])
                 previous = AuditCheckpoint.objects.order_by("-id").first()
                 if (
                     due_seconds is not None
@@ -125,8 +129,9 @@ def _write(*, now: datetime | None, due_seconds: int | None) -> AuditCheckpoint 
                 )
             return checkpoint
     except OperationalError as exc:
-        # lock_timeout: a long transaction holds audit appends open. Never block the
-        # dispatcher on it; the rows stay above last_audit_id for the next attempt.
+        # lock_timeout: a long transaction holds an append open (or another writer is
+        # busy). Never block the dispatcher on it; the rows stay above last_audit_id
+        # for the next attempt.
         if getattr(exc.__cause__, "sqlstate", None) == "55P03":
             logger.warning("audit checkpoint skipped: in-flight audit appends did not drain")
             return None

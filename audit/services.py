@@ -14,6 +14,12 @@ from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
 from audit.models import ActorType, AuditLog
 
 OPS_CHAIN = "ops"
+# Every append holds this advisory lock in shared mode until it commits; a checkpoint
+# takes it exclusively (audit.checkpoints), which waits for in-flight appends and
+# holds new ones for a moment, so that no row below a checkpoint's last_audit_id can
+# commit after it. Advisory locks need no table privilege (LOCK TABLE would need
+# UPDATE, which the app role must not have).
+CHECKPOINT_BARRIER = "jobops:audit_checkpoint"
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,8 @@ def audit_append(
     """Append one entry to `chain`; must run inside the caller's transaction.
 
     1. Take a transaction-scoped advisory lock on the chain, so concurrent appenders
-       (including two first entries) queue up instead of forking it.
+       (including two first entries) queue up instead of forking it (and the shared
+       checkpoint barrier, see CHECKPOINT_BARRIER).
     2. Read the head in a statement that starts after the lock (READ COMMITTED gives
        it a fresh snapshot that includes whatever the previous holder committed).
     3. Hash prev_hash + canonical payload and insert; the unique constraints on
@@ -59,7 +66,11 @@ def audit_append(
     if not connection.in_atomic_block:
         raise RuntimeError("audit_append must run inside transaction.atomic()")
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [chain])
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0)), "
+            "pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [CHECKPOINT_BARRIER, chain],
+        )
         cursor.execute(
             "SELECT seq, chain_hash FROM audit_logs WHERE chain = %s ORDER BY seq DESC LIMIT 1",
             [chain],

@@ -12,6 +12,8 @@ from django.db import DatabaseError, connection, transaction
 from audit.checkpoints import checkpoint_write
 from audit.errors import AuditImmutableError
 from audit.models import AuditCheckpoint, AuditLog
+from audit.services import OPS_CHAIN, Actor, audit_append
+from audit.verification import audit_verify
 from tests.audit.conftest import database_url, job_with_history
 
 pytestmark = pytest.mark.django_db
@@ -78,7 +80,9 @@ def app_role(transactional_db):
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE ROLE {name} LOGIN NOSUPERUSER")
         cursor.execute(f"GRANT SELECT, INSERT ON audit_logs, audit_checkpoints TO {name}")
-        cursor.execute(f"GRANT USAGE ON SEQUENCE audit_logs_id_seq TO {name}")
+        cursor.execute(
+            f"GRANT USAGE ON SEQUENCE audit_logs_id_seq, audit_checkpoints_id_seq TO {name}"
+        )
     try:
         yield name
     finally:
@@ -116,3 +120,19 @@ def test_triggers_refuse_even_an_app_role_granted_update_and_delete(app_role):
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
                 conn.execute(sql)
     assert AuditLog.objects.count() == 4
+
+
+def test_app_role_without_update_grant_can_append_and_checkpoint(app_role):
+    """The checkpoint's barrier is an advisory lock: no UPDATE grant (which LOCK TABLE
+    would need) is required of the app role."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET ROLE {app_role}")
+    try:
+        with transaction.atomic():
+            audit_append(chain=OPS_CHAIN, event_type="dlq_discarded", actor=Actor.system())
+        checkpoint = checkpoint_write()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+    assert checkpoint is not None
+    assert audit_verify().ok
