@@ -54,6 +54,7 @@ dispatcher: install
 
 bench: migrate
 	$(BIN)/python bench/audit.py
+	$(BIN)/python bench/api.py
 
 lock:
 	$(PY) -m venv /tmp/jobops-lock && /tmp/jobops-lock/bin/pip install -q -e '.[dev]' \
