@@ -13,6 +13,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_json, env_list, env_str
+from config.logging import configure_structlog, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -221,6 +222,11 @@ JOBOPS_REDIS_PREFIX = env_str("JOBOPS_REDIS_PREFIX", CACHES["default"]["KEY_PREF
 JOBOPS_QUEUE_DEPTH_TTL = env_int("JOBOPS_QUEUE_DEPTH_TTL", 15)
 JOBOPS_ERP_WEBHOOK_URL = env_str("JOBOPS_ERP_WEBHOOK_URL", "")
 JOBOPS_ERP_EVENTS_URL = env_str("JOBOPS_ERP_EVENTS_URL", "")
+# ERP outbound bridge (jobs/erp_bridge.py): per-POST timeout, and the backoff before a
+# failed delivery (5xx, timeout, connection error) goes back to the queue.
+JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS = env_float("JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS", 10.0)
+JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS", 1.0)
+JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS", 30.0)
 
 # --- audit (DESIGN.md 5) ------------------------------------------------------
 AUDIT_SIGNING_KEY = env_str("AUDIT_SIGNING_KEY", DEV_SIGNING_KEY)
@@ -260,12 +266,10 @@ SPECTACULAR_SETTINGS = {
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
 LOG_JSON = env_bool("LOG_JSON", not DEBUG)
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": LOG_LEVEL},
-}
+# structlog and stdlib records share one chain (config/logging.py): timestamp, level,
+# bound context (request_id, job_id, ...), secrets and PII masked; JSON lines if LOG_JSON.
+LOGGING = logging_config(json=LOG_JSON, level=LOG_LEVEL)
+configure_structlog()
 
 OTP_TOTP_ISSUER = "jobops"
 

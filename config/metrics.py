@@ -1,0 +1,57 @@
+"""`/metrics`: django-prometheus' exporter behind a bearer token (DESIGN.md 8).
+
+With `METRICS_TOKEN` set, a scrape needs `Authorization: Bearer <token>` (401
+otherwise; compared in constant time). Unset (development only: production refuses
+to start without it, see config/settings.py) the page is open.
+
+Each scrape first refreshes the gauges derived from the database
+(`jobs.metrics.metrics_refresh_gauges`); a database outage must not hide the other
+metrics, so a failure there is logged and the page still served.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import structlog
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.cache import never_cache
+from django_prometheus.exports import ExportToDjangoView
+
+log = structlog.get_logger("config.metrics")
+
+
+def _authorized(request: HttpRequest) -> bool:
+    token = settings.METRICS_TOKEN
+    if not token:
+        return True
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    # Compare bytes of both values always, so timing says nothing about the token.
+    return hmac.compare_digest(
+        f"{scheme.lower()} {presented.strip()}".encode(), f"bearer {token}".encode()
+    )
+
+
+@never_cache
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not _authorized(request):
+        response = JsonResponse(
+            {
+                "error": {
+                    "code": "ERR-METRICS-401",
+                    "message": "A valid bearer token is required for /metrics.",
+                    "details": {},
+                }
+            },
+            status=401,
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    from jobs.metrics import metrics_refresh_gauges
+
+    try:
+        metrics_refresh_gauges()
+    except Exception as exc:
+        log.warning("metrics_gauges_refresh_failed", error=repr(exc))
+    return ExportToDjangoView(request)

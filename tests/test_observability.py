@@ -1,0 +1,212 @@
+"""Observability base (DESIGN.md 8): /metrics behind a token, masked structured logs,
+gauges derived from real rows."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from datetime import timedelta
+
+import pytest
+import structlog
+from django.utils import timezone
+
+from audit.models import AuditCheckpoint
+from config.logging import MASK, bind_request_context, clear_request_context, formatter, log_context
+from dlq.models import DeadLetter
+from jobs import metrics
+from jobs.events import outbox_relay_once
+from jobs.metrics import metrics_refresh_gauges
+from jobs.models import EventOutbox, Job
+from jobs.states import Status
+from tests.factories import make_job
+
+TOKEN = "metrics-token-for-tests-0123456789"
+
+
+# --- /metrics ---------------------------------------------------------------------------
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "header",
+    [None, "Bearer wrong-token", f"Token {TOKEN}", f"Bearer {TOKEN}x", TOKEN, "Bearer "],
+)
+def test_metrics_refuses_a_missing_or_wrong_token(client, settings, header):
+    settings.METRICS_TOKEN = TOKEN
+    extra = {"HTTP_AUTHORIZATION": header} if header is not None else {}
+    response = client.get("/metrics", **extra)
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert response.json()["error"]["code"] == "ERR-METRICS-401"
+    assert b"job_create_total" not in response.content
+
+
+@pytest.mark.django_db
+def test_metrics_serves_with_the_token(client, settings):
+    settings.METRICS_TOKEN = TOKEN
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    text = response.content.decode()
+    for name in (
+        "job_create_total",
+        "job_duration_seconds",
+        "retries_total",
+        "dlq_replay_total",
+        "cancellation_total",
+        "progress_update_total",
+        "job_oldest_pending_age_seconds",
+        "job_stale_locks",
+        "outbox_lag_seconds",
+        "audit_checkpoint_age_seconds",
+        "django_http_requests_total_by_method",  # django-prometheus' own
+    ):
+        assert f"# TYPE {name.removesuffix('_total')}" in text or f"# TYPE {name}" in text, name
+
+
+@pytest.mark.django_db
+def test_metrics_are_open_without_a_configured_token(client, settings):
+    settings.METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 200
+
+
+# --- gauges from the database -----------------------------------------------------------
+@pytest.mark.django_db
+def test_gauges_are_computed_from_real_rows(client, settings):
+    settings.METRICS_TOKEN = ""
+    settings.JOBOPS_LOCK_TIMEOUT = 60
+    now = timezone.now()
+    empty = metrics_refresh_gauges()
+    assert empty == {
+        "oldest_pending_age": 0.0,
+        "stale_locks": 0.0,
+        "outbox_lag": 0.0,
+        "outbox_unpublished": 0.0,
+        "checkpoint_age": -1.0,
+    }
+
+    old_pending = make_job()
+    Job.objects.filter(id=old_pending.id).update(created_at=now - timedelta(seconds=300))
+    make_job()  # a fresh pending job does not lower the oldest age
+    stale, live = make_job(), make_job()
+    Job.objects.filter(id=stale.id).update(
+        status=Status.RUNNING, locked_by="w1", attempts=1, locked_at=now - timedelta(seconds=120)
+    )
+    Job.objects.filter(id=live.id).update(
+        status=Status.RUNNING, locked_by="w2", attempts=1, locked_at=now
+    )
+    EventOutbox.objects.filter(job_id=old_pending.id).update(created_at=now - timedelta(seconds=90))
+    AuditCheckpoint.objects.create(
+        created_at=now - timedelta(seconds=45),
+        last_audit_id=0,
+        payload="{}",
+        prev_hash="0" * 64,
+        checkpoint_hash="1" * 64,
+        key_id="k1",
+        signature="2" * 64,
+    )
+    DeadLetter.objects.create(queue="sim_dlq", reason="rejected", body="x")
+
+    values = metrics_refresh_gauges()
+    assert 299 <= values["oldest_pending_age"] < 330
+    assert values["stale_locks"] == 1
+    assert 89 <= values["outbox_lag"] < 120
+    assert values["outbox_unpublished"] == 4  # one `created` event per job
+    assert 44 <= values["checkpoint_age"] < 75
+
+    text = client.get("/metrics").content.decode()
+    assert "job_stale_locks 1.0" in text
+    assert 'dead_letters_open{queue="sim_dlq"} 1.0' in text
+    assert 'dead_letters_open{queue="cam_dlq"} 0.0' in text
+
+
+@pytest.mark.django_db
+def test_outbox_lag_drops_to_zero_once_relayed(broker):
+    make_job()
+    EventOutbox.objects.update(created_at=timezone.now() - timedelta(seconds=30))
+    assert metrics_refresh_gauges()["outbox_lag"] >= 29
+    before = metrics.OUTBOX_RELAYED._value.get()
+    outbox_relay_once()
+    assert metrics.OUTBOX_RELAYED._value.get() == before + 1
+    values = metrics_refresh_gauges()
+    assert values["outbox_lag"] == 0 and values["outbox_unpublished"] == 0
+
+
+# --- logs -------------------------------------------------------------------------------
+@pytest.fixture
+def json_log():
+    """A logger rendering through the production JSON chain into a buffer."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter(json=True))
+    logger = logging.getLogger("tests.observability")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    clear_request_context()
+
+    def lines() -> list[dict]:
+        return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+    yield lines
+    logger.removeHandler(handler)
+    logger.propagate = True
+    clear_request_context()
+
+
+def test_secrets_and_personal_data_are_masked_in_json_logs(json_log):
+    log = structlog.get_logger("tests.observability")
+    log.info(
+        "login_attempt",
+        password="hunter2",
+        Authorization="Bearer abc.def.ghi",
+        user_email="ann@example.com",
+        api_token="tok-123456",
+        cookie="sessionid=xyz",
+        headers={"X-Api-Key": "k-1", "Cookie": "c", "Accept": "application/json"},
+        note="mail bob@example.org with Bearer abcdef123456 at amqp://guest:pw0rd@mq:5672//",
+        idempotency_key="order-42",
+        job_id="j-1",
+    )
+    (line,) = json_log()
+    for key in ("password", "Authorization", "user_email", "api_token", "cookie"):
+        assert line[key] == MASK, key
+    assert line["headers"] == {"X-Api-Key": MASK, "Cookie": MASK, "Accept": "application/json"}
+    assert line["note"] == f"mail {MASK} with Bearer {MASK} at amqp://guest:{MASK}@mq:5672//"
+    # Not secrets: DESIGN.md 8 wants them in every line.
+    assert line["idempotency_key"] == "order-42" and line["job_id"] == "j-1"
+    assert line["level"] == "info" and line["event"] == "login_attempt"
+    assert line["timestamp"].endswith("Z")
+    raw = json.dumps(line)
+    for secret in ("hunter2", "abc.def.ghi", "ann@example.com", "tok-123456", "pw0rd", "xyz"):
+        assert secret not in raw
+
+
+def test_standard_library_records_and_tracebacks_are_masked_too(json_log):
+    std = logging.getLogger("tests.observability")
+    std.warning("connecting as %s", "carl@example.net", extra={"secret": "s3", "queue": "sim"})
+    try:
+        raise ValueError("bad token for dora@example.com")
+    except ValueError:
+        structlog.get_logger("tests.observability").exception("handler_failed")
+    first, second = json_log()
+    assert first["event"] == f"connecting as {MASK}"
+    assert first["secret"] == MASK and first["queue"] == "sim"
+    assert first["level"] == "warning" and first["logger"] == "tests.observability"
+    assert "dora@example.com" not in second["exception"]
+    assert "ValueError" in second["exception"]
+
+
+def test_bound_context_appears_on_every_line_until_cleared(json_log):
+    log = structlog.get_logger("tests.observability")
+    bind_request_context(request_id="req-1", correlation_id=None)
+    with log_context(job_id="job-9", attempt=2):
+        log.info("inside")
+    log.info("after")
+    clear_request_context()
+    log.info("cleared")
+    inside, after, cleared = json_log()
+    assert (inside["request_id"], inside["job_id"], inside["attempt"]) == ("req-1", "job-9", 2)
+    assert "correlation_id" not in inside  # None values are not bound
+    assert after["request_id"] == "req-1" and "job_id" not in after
+    assert "request_id" not in cleared
