@@ -55,6 +55,7 @@ dispatcher: install
 bench: migrate
 	$(BIN)/python bench/audit.py
 	$(BIN)/python bench/api.py
+	$(BIN)/python bench/e2e.py
 
 lock:
 	$(PY) -m venv /tmp/jobops-lock && /tmp/jobops-lock/bin/pip install -q -e '.[dev]' \
