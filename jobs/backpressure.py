@@ -15,6 +15,7 @@ helper service into an outage of job submission.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -89,7 +90,7 @@ def queue_depths_refresh() -> dict[str, int]:
 def queue_depth_cached(queue: str) -> int | None:
     """The cached depth of `queue`, or None when unknown (never cached, expired, Redis down)."""
     try:
-        raw = redis_client().get(_depth_key(queue))
+        raw: Any = redis_client().get(_depth_key(queue))
     except redis.RedisError:
         logger.warning("backpressure not applied: Redis unavailable", exc_info=True)
         return None

@@ -156,7 +156,7 @@ class JobCreateApi(APIView):
             raise JobConflictError() from exc
         if created:
             # A job created in this request has no artefacts yet: skip the query.
-            job._prefetched_objects_cache = {"artefacts": Artefact.objects.none()}
+            job._prefetched_objects_cache = {"artefacts": Artefact.objects.none()}  # type: ignore[attr-defined]
         headers = {"ETag": job.etag}
         if created:
             headers["Location"] = request.build_absolute_uri(
