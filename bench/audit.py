@@ -172,20 +172,36 @@ def peak_rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def backend_cpu_seconds(pid: int) -> float | None:
+    """CPU used so far by a PostgreSQL backend, when the server runs on this host."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def verify_child() -> None:
     """Runs in a fresh process: time the verification routine, report peak RSS."""
     import django
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     django.setup()
+    from django.db import connection
+
     from audit.verification import audit_verify
 
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    pg_before = backend_cpu_seconds(backend)
     rss_before = peak_rss_kb()
     cpu_before = time.process_time()
     started = time.perf_counter()
     report = audit_verify()
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_before
+    pg_after = backend_cpu_seconds(backend)
     print(
         json.dumps(
             {
@@ -196,6 +212,7 @@ def verify_child() -> None:
                 "heads": report.heads_checked,
                 "seconds": seconds,
                 "cpu_seconds": cpu_seconds,
+                "pg_cpu_seconds": None if pg_before is None else pg_after - pg_before,
                 "rss_after_django_setup_kb": rss_before,
                 "peak_rss_kb": peak_rss_kb(),
                 "problems": [str(p) for p in report.problems[:5]],
@@ -254,6 +271,9 @@ def main() -> None:
         # CPU of the verifying process only (PostgreSQL's share runs beside it); on a
         # shared, busy machine wall-clock figures vary a lot, so the load is recorded.
         "verify_process_cpu_seconds": round(result["cpu_seconds"], 2),
+        "verify_postgres_backend_cpu_seconds": (
+            None if result["pg_cpu_seconds"] is None else round(result["pg_cpu_seconds"], 2)
+        ),
         "load_average_1m": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
         "verify_peak_rss_mb": round(result["peak_rss_kb"] / 1024, 1),
