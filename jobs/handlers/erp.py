@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import requests
+import requests  # type: ignore[import-untyped]
 from django.conf import settings
 
 from jobs.errors import (
