@@ -13,7 +13,7 @@ from django.db import connection
 
 from audit.services import Actor
 from dlq.models import DeadLetter
-from jobs.dispatcher import reap_once
+from jobs.dispatcher import publish_due_once, reap_once
 from jobs.models import Job
 from jobs.services import job_cancel
 from tests import handlers
@@ -152,3 +152,21 @@ def test_database_down_while_a_job_fails_decides_nothing(settings, worker_role):
     assert done.status == "failed" and done.attempts == 2
     assert DeadLetter.objects.get(job_id=job.id).reason == "fatal"
     assert "reclaimed" in job_events(job.id)
+
+
+def test_a_retry_waiting_for_its_delay_holds_no_slot_and_survives_a_worker_restart(settings):
+    scripted_table(settings)
+    env = {**scripted_env(), "JOBOPS_BACKOFF_BASE_SECONDS": "4"}  # first delay 2-6 s
+    with celery_worker(queues=["default"], env=env, name="before-restart"):
+        waiting = make_job(job_type="ai", params={"do": "fail_times", "n": 1})
+        wait_for(lambda: Job.objects.get(id=waiting.id).status == "retrying")
+        # One process, prefetch 1: another job runs while the retry waits in the row.
+        other = make_job(job_type="ai", params={"do": "noop"})
+        assert job_finished(other.id, timeout=10).status == "succeeded"
+        row = Job.objects.get(id=waiting.id)
+        assert row.status == "retrying" and row.next_run_at is not None
+    with celery_worker(queues=["default"], env=env, name="after-restart"):
+        wait_for(lambda: publish_due_once() == 1, timeout=20, interval=0.2)
+        done = job_finished(waiting.id)
+    assert done.status == "succeeded" and done.attempts == 2
+    assert [r["attempt"] for r in handlers.runs(waiting.id)] == [1, 2]
