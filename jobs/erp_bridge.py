@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
+import requests  # type: ignore[import-untyped]  # no stubs pinned (types-requests)
 import structlog
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured

@@ -29,7 +29,9 @@ allow.
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -56,7 +58,11 @@ _local = threading.local()
 
 
 def _connection() -> Connection:
-    """One confirm-mode broker connection per thread, reused, rebuilt after an error.
+    """One broker connection per thread, reused, rebuilt after an error.
+
+    Not kombu's `confirm_publish` mode, which waits for each message's confirm in
+    turn (one round trip per event); `events_publish` selects confirms on its channel
+    and waits once for the whole batch.
 
     Keyed by URL so that a reconfigured process (or a test pointing BROKER_URL at a
     closed port) connects to the new place.
@@ -67,11 +73,7 @@ def _connection() -> Connection:
         _drop_connection()
         conn = None
     if conn is None:
-        conn = Connection(
-            url,
-            connect_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
-            transport_options={"confirm_publish": True},
-        )
+        conn = Connection(url, connect_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS)
         _local.conn, _local.url = conn, url
     return conn
 
@@ -86,11 +88,15 @@ def _drop_connection() -> None:
             pass
 
 
-def event_publish(*, producer: Producer, payload: dict[str, Any]) -> None:
-    """Publish one event and wait for its confirm; raises on nack, return or timeout.
+class EventPublishError(Exception):
+    """The broker nacked or returned (unroutable) an event, or its confirm timed out."""
 
-    `mandatory`: an event that no queue receives (topology missing) is returned by
-    RabbitMQ and py-amqp raises, instead of a silent success.
+
+def event_publish(*, producer: Producer, payload: dict[str, Any]) -> None:
+    """Send one event on a confirm-mode channel (its confirm is awaited by the caller).
+
+    `mandatory`: an event that no queue receives (topology missing) comes back as a
+    basic.return, counted as a failure instead of a silent success.
     """
     producer.publish(
         payload,
@@ -103,9 +109,83 @@ def event_publish(*, producer: Producer, payload: dict[str, Any]) -> None:
         headers={"job_id": payload["job_id"], "seq": payload["seq"]},
         retry=False,
         declare=[],  # topology belongs to setup_topology
-        confirm_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
         timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
     )
+
+
+@dataclass
+class _Confirms:
+    """Publisher confirms of one channel: delivery tags 1, 2, ... in publish order."""
+
+    sent: int = 0
+    pending: set[int] = field(default_factory=set)
+    failures: list[str] = field(default_factory=list)
+
+    def on_sent(self) -> None:
+        self.sent += 1
+        self.pending.add(self.sent)
+
+    def _settle(self, tag: int, multiple: bool) -> set[int]:
+        settled = {t for t in self.pending if t <= tag} if multiple else {tag} & self.pending
+        self.pending -= settled
+        return settled
+
+    def on_ack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple)
+
+    def on_nack(self, tag: int, multiple: bool) -> None:
+        self.failures.append(f"nacked: {sorted(self._settle(tag, multiple))}")
+
+    def on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        # A return precedes the message's ack; the ack alone would look like success.
+        self.failures.append(f"returned by {exchange}/{routing_key}: {exc}")
+
+
+def events_publish(*, payloads: list[dict[str, Any]]) -> None:
+    """Publish a batch of events and wait until the broker confirmed every one.
+
+    1. Connect (one quick attempt: the dispatcher loop is the retry and must not
+       stall) and open a channel in confirm mode.
+    2. Send every event without waiting (in order, on one channel: RabbitMQ keeps
+       that order into each queue).
+    3. Drain until each delivery tag is acked, or raise EventPublishError on a nack,
+       a return or JOBOPS_PUBLISH_TIMEOUT_SECONDS. A raise means the caller marks
+       nothing; events already confirmed go out again later (at least once).
+    """
+    timeout = settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS
+    conn = _connection()
+    try:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
+        channel = conn.channel()
+    except Exception:
+        _drop_connection()
+        raise
+    confirms = _Confirms()
+    try:
+        channel.events["basic_ack"].add(confirms.on_ack)
+        channel.events["basic_nack"].add(confirms.on_nack)
+        channel.events["basic_return"].add(confirms.on_return)
+        channel.confirm_select()
+        producer = Producer(channel, auto_declare=False)
+        for payload in payloads:
+            event_publish(producer=producer, payload=payload)
+            confirms.on_sent()
+        deadline = time.monotonic() + timeout
+        while confirms.pending and not confirms.failures:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = len(confirms.pending)
+                raise EventPublishError(f"{missing} confirms missing after {timeout} s")
+            conn.drain_events(timeout=remaining)
+        if confirms.failures:
+            raise EventPublishError("; ".join(confirms.failures[:5]))
+    except Exception:
+        _drop_connection()  # the channel's state is unknown: start afresh next time
+        raise
+    try:
+        channel.close()
+    except Exception:  # the events are confirmed; a failing close changes nothing
+        _drop_connection()
 
 
 def _mark_published(ids: list[int]) -> None:
@@ -140,7 +220,8 @@ def outbox_relay_batch(*, limit: int = 500) -> int:
        `FOR UPDATE SKIP LOCKED` (rows another relay holds are skipped).
     2. Keep only rows that no lower-seq unpublished row of their job outside the
        claim precedes (per-job seq order across relays; see the module docstring).
-    3. Publish each kept row with confirms (an exception rolls back: nothing marked).
+    3. Publish the kept rows and wait for every confirm (an exception rolls back:
+       nothing marked).
     4. Mark the published rows `published_at`, then commit (releasing the locks).
     """
     with transaction.atomic():
@@ -152,16 +233,7 @@ def outbox_relay_batch(*, limit: int = 500) -> int:
         rows = _publishable(list(claim[:limit]))
         if not rows:
             return 0
-        try:
-            conn = _connection()
-            # One quick attempt: the dispatcher loop is the retry, and must not stall.
-            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
-            producer = Producer(conn.default_channel, auto_declare=False)
-            for row in rows:
-                event_publish(producer=producer, payload=row.payload)
-        except Exception:
-            _drop_connection()
-            raise
+        events_publish(payloads=[row.payload for row in rows])
         _mark_published([row.id for row in rows])
     return len(rows)
 

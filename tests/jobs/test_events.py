@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
-from kombu import Connection, Queue
+from kombu import Connection, Exchange, Queue
 
 import jobs.events
 from audit.services import Actor
@@ -218,7 +218,7 @@ def test_concurrent_relays_keep_each_jobs_seq_order_and_lose_nothing(event_queue
     real_publish = jobs.events.event_publish
 
     def slow_publish(**kwargs):
-        time.sleep(0.002)
+        time.sleep(0.003)
         real_publish(**kwargs)
 
     monkeypatch.setattr(jobs.events, "event_publish", slow_publish)
@@ -230,7 +230,7 @@ def test_concurrent_relays_keep_each_jobs_seq_order_and_lose_nothing(event_queue
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 # Small batches: many claims, each racing the other relays'.
-                jobs.events.outbox_relay_batch(limit=5)
+                jobs.events.outbox_relay_batch(limit=8)
                 if not EventOutbox.objects.filter(published_at__isnull=True).exists():
                     break
                 time.sleep(0.001)
@@ -288,3 +288,20 @@ def test_relay_command_relays_and_prunes(event_queue):
     # Unpublished rows survive any age.
     EventOutbox.objects.update(created_at=timezone.now() - timedelta(days=100))
     assert outbox_prune(older_than=timezone.now()) == 0
+
+
+@pytest.mark.django_db
+def test_an_unroutable_event_is_an_error_and_nothing_is_marked(broker, monkeypatch):
+    """`mandatory`: with no queue bound the broker returns the event; the relay must not
+    count the (following) ack as a success."""
+    nowhere = Exchange(f"test.nowhere.{uuid.uuid4().hex[:6]}", type="topic", durable=False)
+    with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
+        nowhere(conn.channel()).declare()
+        try:
+            monkeypatch.setattr(jobs.events, "EVENTS_EXCHANGE", nowhere)
+            job = make_job()
+            with pytest.raises(jobs.events.EventPublishError, match="returned"):
+                outbox_relay_once()
+            assert EventOutbox.objects.get(job_id=job.id).published_at is None
+        finally:
+            nowhere(conn.channel()).delete()
