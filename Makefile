@@ -56,6 +56,7 @@ bench: migrate
 	$(BIN)/python bench/audit.py
 	$(BIN)/python bench/api.py
 	$(BIN)/python bench/e2e.py
+	$(BIN)/python bench/events.py
 
 lock:
 	$(PY) -m venv /tmp/jobops-lock && /tmp/jobops-lock/bin/pip install -q -e '.[dev]' \
