@@ -20,7 +20,7 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
-from audit.models import AuditCheckpoint
+from audit.models import AuditCheckpoint, AuditLog
 from audit.services import CHECKPOINT_BARRIER, format_ts
 
 logger = logging.getLogger(__name__)
@@ -60,9 +60,14 @@ def checkpoint_write(*, now: datetime | None = None) -> AuditCheckpoint | None:
 def checkpoint_write_if_due(*, now: datetime | None = None) -> AuditCheckpoint | None:
     """`checkpoint_write` at most every settings.AUDIT_CHECKPOINT_SECONDS (dispatcher loop)."""
     now = now or timezone.now()
-    last = AuditCheckpoint.objects.order_by("-id").values_list("created_at", flat=True).first()
-    # Cheap pre-check without any lock; `_write` checks again under the lock.
-    if last is not None and now - last < timedelta(seconds=settings.AUDIT_CHECKPOINT_SECONDS):
+    last = AuditCheckpoint.objects.order_by("-id").values("created_at", "last_audit_id").first()
+    # Cheap pre-checks without any lock (`_write` checks again under it): the
+    # dispatcher calls this every loop, and the barrier would hold appends each time.
+    if last is not None and now - last["created_at"] < timedelta(
+        seconds=settings.AUDIT_CHECKPOINT_SECONDS
+    ):
+        return None
+    if not AuditLog.objects.filter(id__gt=last["last_audit_id"] if last else 0).exists():
         return None
     return _write(now=now, due_seconds=settings.AUDIT_CHECKPOINT_SECONDS)
 
