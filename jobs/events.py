@@ -238,7 +238,7 @@ def outbox_relay_batch(*, limit: int = 500) -> int:
     return len(rows)
 
 
-def outbox_relay_once(*, limit: int = 500) -> int:
+def outbox_relay_once(*, limit: int = 1000) -> int:
     """Relay unpublished events until none is left or `limit` rows went out.
 
     The dispatcher calls this every loop. A batch can stop early when rows wait for
