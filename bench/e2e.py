@@ -411,10 +411,21 @@ def main() -> None:
     import django
 
     django.setup()
-    raw = run_raw(env, args)
-    print(f"raw celery no-op: {raw['tasks_per_s']:.0f} tasks/s ({raw['tasks']} tasks)")
+    # Raw Celery runs before and after jobops and the ratio uses their mean, so that a
+    # change in machine load during the run does not favour either side.
+    raw_before = run_raw(env, args)
+    print(f"raw celery no-op (before): {raw_before['tasks_per_s']:.0f} tasks/s")
     tp = run_jobops_throughput(env, args)
     print(f"jobops no-op: {tp['jobs_per_s']:.0f} jobs/s ({tp['jobs']} jobs)")
+    raw_after = run_raw(env, args)
+    print(f"raw celery no-op (after): {raw_after['tasks_per_s']:.0f} tasks/s")
+    raw = {
+        "tasks": args.jobs,
+        "tasks_per_s": (raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2,
+        "before": raw_before,
+        "after": raw_after,
+    }
+    print(f"raw celery no-op: {raw['tasks_per_s']:.0f} tasks/s ({raw['tasks']} tasks, mean)")
     print(f"jobops submit (job_create + confirmed publish): {tp['submit_per_s']:.0f} jobs/s")
     rate = args.latency_rate or max(1.0, 0.5 * min(tp["jobs_per_s"], tp["submit_per_s"]))
     lat = run_jobops_latency(env, args, rate)
@@ -439,6 +450,8 @@ def main() -> None:
         "jobops_latency": lat,
         "peak_worker_rss_bytes": peak,
         "ratio": ratio,
+        "load_average_at_end": os.getloadavg(),
+        "cpus": os.cpu_count(),
     }
     if args.profile:
         result["profile"] = run_profile()
