@@ -159,6 +159,8 @@ def run(*, jobs: int, purge: bool) -> None:
     figures["replayed"] = len(result.resolved)
     figures["broker_copies_acked"] = result.broker_acked
     figures["published"] = result.published
+    for phase, phase_seconds in result.seconds.items():
+        figures[f"replay_{phase}_seconds"] = phase_seconds
 
     # Losses: each replayed job queued once in `sim`, no copy left in `sim_dlq`.
     seen: dict[str, int] = {}

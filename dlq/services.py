@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -297,6 +298,7 @@ class ResolveResult:
     broker_acked: int = 0
     broker_error: str | None = None
     published: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase, for operators
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -414,7 +416,7 @@ def dead_letters_replay(
     if dry_run:
         return result
     actor = Actor.user(actor_user)
-    queues: set[str] = set()
+    clock = time.perf_counter()
     for row_id, job_id in list(limited.values_list("id", "job_id")):
         skipped = _replay_one(
             row_id=row_id, job_id=job_id, actor=actor, actor_user=actor_user, text=text
@@ -425,11 +427,20 @@ def dead_letters_replay(
         result.resolved.append(row_id)
         result.job_ids.append(str(job_id))
     _count_replays(len(result.resolved))
+    clock = _lap(result, "transactions", clock)
     queues = set(DeadLetter.objects.filter(id__in=result.resolved).values_list("queue", flat=True))
     _ack_away(result, queues)
+    clock = _lap(result, "ack_away", clock)
     if publish:
         result.published = _publish(result.job_ids)
+        _lap(result, "publish", clock)
     return result
+
+
+def _lap(result: ResolveResult, phase: str, since: float) -> float:
+    now = time.perf_counter()
+    result.seconds[phase] = round(now - since, 3)
+    return now
 
 
 def _count_replays(count: int) -> None:
@@ -519,6 +530,7 @@ def dead_letters_discard(
     if dry_run:
         return result
     actor = Actor.user(actor_user)
+    clock = time.perf_counter()
     for row_id, job_id in list(limited.values_list("id", "job_id")):
         with transaction.atomic():
             if job_id is not None:
@@ -543,8 +555,10 @@ def dead_letters_discard(
         result.resolved.append(row_id)
         if job_id is not None:
             result.job_ids.append(str(job_id))
+    clock = _lap(result, "transactions", clock)
     queues = set(DeadLetter.objects.filter(id__in=result.resolved).values_list("queue", flat=True))
     _ack_away(result, queues)
+    _lap(result, "ack_away", clock)
     return result
 
 
