@@ -1,4 +1,4 @@
-"""X-Request-ID: accepted when sane, generated otherwise, returned and stored on jobs."""
+"""X-Request-ID: accepted when sane, generated otherwise, returned, logged, stored on jobs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import uuid
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
+
+from config.logging import bind_request_context, clear_request_context
 
 HEADER = "X-Request-ID"
 # A client's id lands in logs and in the jobs table: short, and no characters that
@@ -27,6 +29,13 @@ class RequestIdMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         request_id = request_id_from(request.META.get("HTTP_X_REQUEST_ID"))
         request.request_id = request_id  # type: ignore[attr-defined]
-        response = self.get_response(request)
+        # Every log line of this request carries its id (structlog contextvars); the
+        # context is cleared on both sides so that a worker thread never leaks it.
+        clear_request_context()
+        bind_request_context(request_id=request_id)
+        try:
+            response = self.get_response(request)
+        finally:
+            clear_request_context()
         response[HEADER] = request_id
         return response

@@ -479,3 +479,21 @@ def test_django_404_and_500_handlers_answer_json_for_api_paths(rf):
 def test_client_for_helper_makes_distinct_tokens():
     a, b = client_for(UserFactory()), client_for(UserFactory())
     assert a._credentials != b._credentials
+
+
+def test_the_request_id_is_bound_to_every_log_line_of_the_request(api, monkeypatch):
+    import structlog
+
+    import jobs.api.views as views
+
+    seen: dict = {}
+    real = views.job_create
+
+    def spy(**kwargs):
+        seen.update(structlog.contextvars.get_contextvars())
+        return real(**kwargs)
+
+    monkeypatch.setattr(views, "job_create", spy)
+    post(api, SIM, HTTP_X_REQUEST_ID="trace-me")
+    assert seen["request_id"] == "trace-me"
+    assert "request_id" not in structlog.contextvars.get_contextvars()
