@@ -99,6 +99,8 @@ def test_exhausted_retries_dead_letter_in_database_and_broker(shared_worker, scr
     row = DeadLetter.objects.get(job_id=job.id)
     assert (row.reason, row.state, row.queue) == ("exhausted", "open", "default_dlq")
     assert wait_for(lambda: str(job.id) in dlq_job_ids("default"), timeout=10)
+    # The dispatcher's watcher saw the broker's copy too (via dlq.watch).
+    wait_for(lambda: DeadLetter.objects.get(job_id=job.id).broker_copy, timeout=10)
 
 
 @pytest.mark.parametrize(
