@@ -9,7 +9,9 @@ workers for both) on a scratch database, driven by a pure-Python client
 - `POST /bench/bare`: token auth + one INSERT, the floor (target ratio >= 0.5);
 - `GET /api/v1/jobs/{id}` 200 (a job with 3 artefacts) and with `If-None-Match` 304
   (target 304 >= 1.5 x the 200 path);
-- `POST /api/v1/jobs` repeating an existing key (200).
+- `POST /api/v1/jobs` repeating an existing key (200);
+- diagnostic: `POST /api/v1/jobs` on a second gunicorn whose broker is unreachable,
+  i.e. the request without its after-commit publish (the job stays pending).
 
 1. Re-create the scratch database `<db>_bench_api` (beside DATABASE_URL's) and migrate.
 2. Use a scratch RabbitMQ vhost of the same name when `rabbitmqctl` works (so the
@@ -127,6 +129,45 @@ def manage(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
+def start_gunicorn(
+    env: dict[str, str], *, workers: int, auth: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """gunicorn (sync workers) on a free port; returns once it answers an API call."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "gunicorn", "config.wsgi", "--bind", f"127.0.0.1:{port}"),
+            *("--workers", str(workers), "--worker-class", "sync", "--log-level", "warning"),
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if requests.get(f"{base}/api/v1/jobs", headers=auth, timeout=5).ok:
+                return process, base
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            stop(process)
+            raise RuntimeError("gunicorn did not come up")
+        time.sleep(0.2)
+
+
+def stop(process: subprocess.Popen[bytes] | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 SETUP_SCRIPT = """
 import json
 from django.contrib.auth import get_user_model
@@ -236,38 +277,8 @@ def main() -> int:
         manage(env, "migrate", "--noinput", "-v", "0")
         manage(env, "setup_topology")
         setup = json.loads(manage(env, "shell", "-c", SETUP_SCRIPT).strip().splitlines()[-1])
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "config.wsgi",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--workers",
-                str(args.workers),
-                "--worker-class",
-                "sync",
-                "--log-level",
-                "warning",
-            ],
-            cwd=ROOT,
-            env=env,
-            start_new_session=True,
-        )
         auth = {"Authorization": f"Token {setup['token']}"}
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"{base}/api/v1/jobs", headers=auth, timeout=5).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError("gunicorn did not come up")
-            time.sleep(0.2)
+        process, base = start_gunicorn(env, workers=args.workers, auth=auth)
 
         job_url = f"{base}/api/v1/jobs/{setup['job_id']}"
         etag = requests.get(job_url, headers=auth, timeout=5).headers["ETag"]
@@ -310,6 +321,18 @@ def main() -> int:
             load(**{**common, **spec, "seconds": 1.0})
             figures[label] = load(**{**common, **spec})
 
+        # Diagnostic: the same create with the broker unreachable (connection refused at
+        # once; the publisher then skips publishing for 5 s): what the request costs
+        # without its after-commit publish-with-confirm. Jobs stay pending.
+        stop(process)
+        process = None
+        dead_broker = {**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1//"}
+        process, base = start_gunicorn(dead_broker, workers=args.workers, auth=auth)
+        create_spec = dict(plan[1][1])
+        create_spec["url"] = f"{base}/api/v1/jobs"
+        load(**{**common, **create_spec, "seconds": 1.0})
+        figures["create_post_no_publish"] = load(**{**common, **create_spec})
+
         ratio_create = figures["create_post"]["req_per_s"] / figures["bare_post"]["req_per_s"]
         ratio_304 = figures["get_304"]["req_per_s"] / figures["get_200"]["req_per_s"]
         result = {
@@ -329,6 +352,11 @@ def main() -> int:
             "ratios": {
                 "create_vs_bare": round(ratio_create, 3),
                 "get_304_vs_200": round(ratio_304, 3),
+                "create_no_publish_vs_bare": round(
+                    figures["create_post_no_publish"]["req_per_s"]
+                    / figures["bare_post"]["req_per_s"],
+                    3,
+                ),
             },
             "targets": {"create_vs_bare": 0.5, "get_304_vs_200": 1.5},
         }
@@ -346,6 +374,7 @@ def main() -> int:
         line("create_post", "POST /api/v1/jobs (new key)")
         line("bare_post", "POST /bench/bare (token auth + 1 insert)")
         print(f"{'create / bare ratio':<40} {ratio_create:>8.3f}    (target >= 0.5)")
+        line("create_post_no_publish", "POST /api/v1/jobs, broker unreachable")
         line("get_200", "GET /api/v1/jobs/{id} 200")
         line("get_304", "GET /api/v1/jobs/{id} If-None-Match 304")
         print(f"{'304 / 200 ratio':<40} {ratio_304:>8.3f}    (target >= 1.5)")
@@ -353,12 +382,7 @@ def main() -> int:
         print(f"results in {RESULTS.relative_to(ROOT)}")
         return 0
     finally:
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        stop(process)
         if vhost:
             drop_vhost(vhost)
         if not args.keep:
