@@ -15,6 +15,7 @@ helper service into an outage of job submission.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import redis
@@ -29,6 +30,8 @@ from jobs.types import queues
 logger = logging.getLogger(__name__)
 
 BROKER_TIMEOUT = 2.0
+# Per broker URL: (monotonic time, depths) of this process's last broker read.
+_last_read: dict[str, tuple[float, dict[str, int]]] = {}
 
 
 class BackpressureError(ApplicationError):
@@ -64,18 +67,27 @@ def queue_depths_read_broker(conn: Connection) -> dict[str, int]:
     return depths
 
 
-def queue_depths_refresh() -> dict[str, int]:
+def queue_depths_refresh(*, min_interval: float | None = None) -> dict[str, int]:
     """Read the depths from RabbitMQ and cache them in Redis for the create view.
 
+    The dispatcher calls this every loop (about once a second); a broker connection
+    per second is churn RabbitMQ advises against, so a process reads the broker at
+    most every `min_interval` seconds (default a third of the cache TTL, so the
+    cache never lapses) and otherwise returns what it read last.
     Returns the depths read ({} when the broker is down; then the cache simply
     expires and creation falls back to accepting).
     """
+    interval = settings.JOBOPS_QUEUE_DEPTH_TTL / 3 if min_interval is None else min_interval
+    last = _last_read.get(settings.BROKER_URL)
+    if last is not None and time.monotonic() - last[0] < interval:
+        return last[1]
     conn = Connection(settings.BROKER_URL, connect_timeout=BROKER_TIMEOUT)
     try:
         depths = queue_depths_read_broker(conn)
     except (OSError, OperationalError, *conn.connection_errors) as exc:
         logger.warning("queue depths not refreshed: broker unavailable (%s)", exc)
         return {}
+    _last_read[settings.BROKER_URL] = (time.monotonic(), depths)
     if depths:
         try:
             pipe = redis_client().pipeline(transaction=False)

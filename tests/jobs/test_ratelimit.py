@@ -161,7 +161,7 @@ def test_refresh_reads_depths_from_rabbitmq_into_redis(topology, settings):
         for n in range(3):
             producer.publish({"n": n}, routing_key="report")
         try:
-            depths = queue_depths_refresh()
+            depths = queue_depths_refresh(min_interval=0)
             assert depths["report"] == 3
             assert set(depths) >= {"default", "sim", "report", "erp"}
             assert queue_depth_cached("report") == 3
@@ -171,7 +171,20 @@ def test_refresh_reads_depths_from_rabbitmq_into_redis(topology, settings):
             channel.queue_purge("report")
 
 
+def test_refresh_reads_the_broker_at_most_every_min_interval(topology, settings):
+    with Connection(settings.BROKER_URL) as conn:
+        channel = conn.channel()
+        channel.queue_purge("erp")
+        first = queue_depths_refresh(min_interval=0)
+        Producer(channel, exchange=JOBS_EXCHANGE).publish({}, routing_key="erp")
+        try:
+            assert queue_depths_refresh(min_interval=60) == first  # read moments ago
+            assert queue_depths_refresh(min_interval=0)["erp"] == first["erp"] + 1
+        finally:
+            channel.queue_purge("erp")
+
+
 def test_refresh_with_the_broker_down_caches_nothing(settings):
     settings.BROKER_URL = "amqp://guest:guest@127.0.0.1:1//"
-    assert queue_depths_refresh() == {}
+    assert queue_depths_refresh(min_interval=0) == {}
     assert queue_depth_cached("sim") is None
