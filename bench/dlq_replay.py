@@ -9,7 +9,8 @@
    rejected without requeue, so the broker copies sit in `sim_dlq` and `dlq.watch`.
 3. Time the watcher reconciling the N watch messages (broker copy marked, audited).
 4. Time a dry run, then `dead_letters_replay(queue="sim_dlq")`: N transactions
-   (failed -> pending, audited), one ack-away pass over the DLQ, N confirmed publishes.
+   (failed -> pending, audited) and one ack-away pass over the DLQ; then the
+   dispatcher's publish step (confirmed publish + `queued` per job) separately.
 5. Count losses: every replayed job must be `queued` with exactly one message in `sim`,
    its row `replayed`, and no copy left in `sim_dlq`.
 Prints one line per figure and writes bench/results/dlq_replay.json.
@@ -89,6 +90,7 @@ def run(*, jobs: int, purge: bool) -> None:
     from dlq.models import DeadLetter
     from dlq.services import dead_letters_replay, job_fail_with_dead_letter
     from dlq.watcher import watch_once
+    from jobs.dispatcher import publish_due_once
     from jobs.models import Job
     from jobs.publisher import job_publish
     from jobs.services import Fence, job_claim, job_create
@@ -158,9 +160,20 @@ def run(*, jobs: int, purge: bool) -> None:
     figures["replay_msgs_per_s"] = round(len(result.resolved) / seconds, 1)
     figures["replayed"] = len(result.resolved)
     figures["broker_copies_acked"] = result.broker_acked
-    figures["published"] = result.published
     for phase, phase_seconds in result.seconds.items():
         figures[f"replay_{phase}_seconds"] = phase_seconds
+
+    # The dispatcher's publish step: every replayed job published and `queued`.
+    started = time.perf_counter()
+    published = 0
+    while published < len(result.resolved):
+        done = publish_due_once(limit=1000)
+        if not done:
+            break
+        published += done
+    seconds = time.perf_counter() - started
+    figures["dispatcher_published"] = published
+    figures["dispatcher_publish_per_s"] = round(published / seconds, 1) if seconds else 0
 
     # Losses: each replayed job queued once in `sim`, no copy left in `sim_dlq`.
     seen: dict[str, int] = {}

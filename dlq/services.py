@@ -388,7 +388,7 @@ def dead_letters_replay(
     filters: dict[str, Any] | None = None,
     limit: int | None = None,
     dry_run: bool = False,
-    publish: bool = True,
+    publish: bool = False,
 ) -> ReplayResult:
     """Replay open dead letters: their jobs run again with a fresh retry budget.
 
@@ -402,8 +402,11 @@ def dead_letters_replay(
        justification. A row resolved meanwhile is skipped: replay is retry-safe.
     3. After the commits, one pass per DLQ acks away the broker copies whose rows are
        resolved (a failure only leaves stale copies for the next pass or replay).
-    4. Publish the replayed jobs (best effort: the dispatcher publishes any left
-       `pending`; a failed publish stops the rest rather than wait on a dead broker).
+    4. The dispatcher publishes the now-`pending` jobs (its next loop: their
+       `created_at` is old). `publish=True` publishes them here as well, best effort
+       (a failure stops the rest rather than wait on a dead broker; a double publish is
+       harmless, the claim fences it); it costs one confirmed publish and one audited
+       transition per job, so bulk replays leave it to the dispatcher.
     """
     text = _check_request(
         actor_user=actor_user, justification=justification, queue=queue, filters=filters

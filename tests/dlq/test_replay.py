@@ -64,7 +64,6 @@ def test_replay_moves_failed_to_pending_with_audit_and_drops_the_broker_copy(amq
         justification="upstream fixed (INC-42)",
         queue="sim_dlq",
         job_ids=[replayed.id],
-        publish=False,
     )
 
     assert result.resolved and result.job_ids == [str(replayed.id)] and not result.skipped
@@ -86,9 +85,11 @@ def test_replay_moves_failed_to_pending_with_audit_and_drops_the_broker_copy(amq
     assert DeadLetter.objects.get(job=other).state == "open"
 
 
-def test_replay_publishes_the_job_again(amqp):
+def test_replay_can_publish_the_job_itself(amqp):
     job = worker_dead_letter(amqp)
-    result = dead_letters_replay(actor_user=StaffFactory(), justification="go", queue="sim_dlq")
+    result = dead_letters_replay(
+        actor_user=StaffFactory(), justification="go", queue="sim_dlq", publish=True
+    )
     assert result.published == 1
     assert Job.objects.get(id=job.id).status == Status.QUEUED
     message = get_one(amqp, "sim")
@@ -99,14 +100,10 @@ def test_replay_publishes_the_job_again(amqp):
 def test_replay_is_retry_safe(amqp):
     job = worker_dead_letter(amqp)
     operator = StaffFactory()
-    first = dead_letters_replay(
-        actor_user=operator, justification="once", job_ids=[job.id], publish=False
-    )
+    first = dead_letters_replay(actor_user=operator, justification="once", job_ids=[job.id])
     events = AuditLog.objects.filter(chain=job_chain(job.id)).count()
 
-    again = dead_letters_replay(
-        actor_user=operator, justification="once", job_ids=[job.id], publish=False
-    )
+    again = dead_letters_replay(actor_user=operator, justification="once", job_ids=[job.id])
 
     assert first.resolved and not again.resolved and again.matched == 0
     assert AuditLog.objects.filter(chain=job_chain(job.id)).count() == events
@@ -119,7 +116,7 @@ def test_replay_of_a_worker_lost_dead_letter_without_a_broker_copy(topology):
     assert not row.broker_copy and row.queue == "sim_dlq"
 
     result = dead_letters_replay(
-        actor_user=StaffFactory(), justification="node replaced", job_ids=[job.id], publish=False
+        actor_user=StaffFactory(), justification="node replaced", job_ids=[job.id]
     )
 
     assert result.resolved == [row.id] and result.broker_error is None
@@ -138,7 +135,7 @@ def test_replay_of_a_broker_made_dead_letter(amqp):
     assert Job.objects.get(id=job.id).status == Status.FAILED
 
     result = dead_letters_replay(
-        actor_user=StaffFactory(), justification="poison fixed", queue="default_dlq", publish=False
+        actor_user=StaffFactory(), justification="poison fixed", queue="default_dlq"
     )
 
     job.refresh_from_db()
@@ -150,9 +147,7 @@ def test_replay_skips_a_row_whose_job_is_no_longer_failed(topology):
     job = worker_lost()
     # Behind the service's back: the job was re-run by other means meanwhile.
     Job.objects.filter(id=job.id).update(status=Status.PENDING)
-    result = dead_letters_replay(
-        actor_user=StaffFactory(), justification="x", job_ids=[job.id], publish=False
-    )
+    result = dead_letters_replay(actor_user=StaffFactory(), justification="x", job_ids=[job.id])
     assert not result.resolved and "pending" in result.skipped[0]["skipped"]
     assert DeadLetter.objects.get(job=job).state == "open"
 

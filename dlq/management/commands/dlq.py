@@ -170,7 +170,7 @@ class Command(BaseCommand):
         done = "replayed" if verb == "replay" else "discarded"
         self.stdout.write(self.style.SUCCESS(f"{done} {len(result.resolved)} dead letter(s)"))
         if result.action == "replay":
-            self.stdout.write(f"published {result.published} job(s) (the dispatcher does the rest)")
+            self.stdout.write("the jobs are pending again: the dispatcher publishes them")
         self.stdout.write(f"broker copies acked: {result.broker_acked}")
         for s in result.skipped:
             self.stdout.write(f"  skipped #{s['dead_letter_id']}: {s['skipped']}")
