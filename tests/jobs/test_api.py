@@ -497,3 +497,13 @@ def test_the_request_id_is_bound_to_every_log_line_of_the_request(api, monkeypat
     post(api, SIM, HTTP_X_REQUEST_ID="trace-me")
     assert seen["request_id"] == "trace-me"
     assert "request_id" not in structlog.contextvars.get_contextvars()
+
+
+def test_schema_and_docs_are_served_without_credentials(client):
+    schema = client.get("/api/v1/schema/")
+    assert schema.status_code == 200
+    text = schema.content.decode()
+    assert "/api/v1/jobs/{job_id}/artefacts/{artefact_id}" in text
+    assert "/api/v1/jobs/:" not in text  # the slashed aliases are not documented twice
+    docs = client.get("/api/v1/docs/")
+    assert docs.status_code == 200 and b"swagger" in docs.content.lower()
