@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 
 from config.metrics import metrics_view
-from jobs.api.exceptions import api_handler404, api_handler500
+from jobs.api.exceptions import api_handler400, api_handler404, api_handler500
 from jobs.api.views import api_not_found_view
 
 urlpatterns = [
@@ -14,6 +14,7 @@ urlpatterns = [
     re_path(r"^api/(?P<unmatched>.*)$", api_not_found_view),
 ]
 
-# Django's own 404/500 pages: the JSON envelope for /api/ paths, HTML elsewhere.
+# Django's own 400/404/500 pages: the JSON envelope for /api/ paths, HTML elsewhere.
+handler400 = api_handler400
 handler404 = api_handler404
 handler500 = api_handler500

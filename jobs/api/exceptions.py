@@ -116,6 +116,13 @@ def api_server_error(request: HttpRequest) -> JsonResponse:
     )
 
 
+def api_handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    # Django's own 400s (a disallowed Host, an oversized form) never reach DRF.
+    if request.path.startswith("/api/"):
+        return envelope_response(request, "ERR-HTTP-400", "Bad request.", 400)
+    return defaults.bad_request(request, exception)  # type: ignore[arg-type]
+
+
 def api_handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if request.path.startswith("/api/"):
         return api_not_found(request)

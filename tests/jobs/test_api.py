@@ -464,8 +464,12 @@ def test_unexpected_exceptions_are_not_swallowed():
     assert exception_handler(ValueError("boom"), {}) is None
 
 
-def test_django_404_and_500_handlers_answer_json_for_api_paths(rf):
-    from jobs.api.exceptions import api_handler404, api_handler500
+def test_django_400_404_and_500_handlers_answer_json_for_api_paths(rf):
+    from jobs.api.exceptions import api_handler400, api_handler404, api_handler500
+
+    bad = api_handler400(rf.get("/api/v1/jobs"), Exception())
+    assert bad.status_code == 400
+    assert json.loads(bad.content)["error"]["code"] == "ERR-HTTP-400"
 
     not_found = api_handler404(rf.get("/api/v1/x"), Exception())
     assert not_found.status_code == 404
@@ -497,6 +501,12 @@ def test_the_request_id_is_bound_to_every_log_line_of_the_request(api, monkeypat
     post(api, SIM, HTTP_X_REQUEST_ID="trace-me")
     assert seen["request_id"] == "trace-me"
     assert "request_id" not in structlog.contextvars.get_contextvars()
+
+
+def test_a_disallowed_host_on_an_api_path_is_a_json_400(client):
+    response = client.get("/api/v1/jobs", HTTP_HOST="evil.example")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "ERR-HTTP-400"
 
 
 def test_schema_and_docs_are_served_without_credentials(client):
