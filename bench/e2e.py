@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -130,6 +131,12 @@ def scratch_env() -> dict[str, str]:
         "DATABASE_URL": urlunparse(db._replace(path="/" + db_name)),
         "BROKER_URL": urlunparse(broker),
         "DJANGO_SETTINGS_MODULE": "config.settings",
+        # Production mode: DEBUG on records every SQL statement (time and memory).
+        "DEBUG": "false",
+        "SECRET_KEY": secrets.token_urlsafe(48),
+        "AUDIT_SIGNING_KEY": secrets.token_urlsafe(48),
+        "METRICS_TOKEN": secrets.token_urlsafe(24),
+        "ALLOWED_HOSTS": "localhost",
         "LOG_LEVEL": "WARNING",
         "JOBOPS_HANDLERS": json.dumps({"ai": "bench.e2e.noop_handler"}),
         "PYTHONPATH": str(ROOT),
@@ -171,7 +178,7 @@ class Worker:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.peak_rss = 0
+        self.peak_rss = self.peak_pss = 0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -188,20 +195,25 @@ class Worker:
                 pass
         return pids
 
-    def rss(self) -> int:
-        total = 0
+    def memory(self) -> tuple[int, int]:
+        """(RSS, PSS) summed over the worker's processes. RSS counts the pages the pool
+        children share with their parent once per process; PSS splits them."""
+        rss = pss = 0
         for pid in self._pids():
             try:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
             except OSError:
                 pass
-        return total
+        return rss, pss
 
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
-            self.peak_rss = max(self.peak_rss, self.rss())
+            rss, pss = self.memory()
+            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
 
     def stop(self) -> None:
         self._stop.set()
@@ -302,6 +314,7 @@ def run_jobops_throughput(env: dict[str, str], args: argparse.Namespace) -> dict
         "seconds": elapsed,
         "jobs_per_s": args.jobs / elapsed,
         "peak_worker_rss_bytes": worker.peak_rss,
+        "peak_worker_pss_bytes": worker.peak_pss,
     }
 
 
@@ -349,6 +362,7 @@ def run_jobops_latency(
         "submit_to_done_ms_mean": statistics.fmean(to_done),
         "submit_rate_per_s": rate,
         "peak_worker_rss_bytes": worker.peak_rss,
+        "peak_worker_pss_bytes": worker.peak_pss,
     }
 
 
@@ -435,7 +449,11 @@ def main() -> None:
     print(f"submit->done p50: {lat['submit_to_done_ms_p50']:.1f} ms")
     print(f"submit->done p99: {lat['submit_to_done_ms_p99']:.1f} ms")
     peak = max(tp["peak_worker_rss_bytes"], lat["peak_worker_rss_bytes"])
-    print(f"peak worker RSS (main + {args.concurrency} children): {peak / 2**20:.0f} MiB")
+    pss = max(tp["peak_worker_pss_bytes"], lat["peak_worker_pss_bytes"])
+    print(
+        f"peak worker RSS (main + {args.concurrency} children): {peak / 2**20:.0f} MiB "
+        f"(PSS {pss / 2**20:.0f} MiB)"
+    )
     ratio = tp["jobs_per_s"] / raw["tasks_per_s"]
     print(f"ratio jobops/raw: {ratio:.2f} (target >= 0.5)")
     result: dict[str, Any] = {
@@ -449,6 +467,7 @@ def main() -> None:
         "jobops_throughput": tp,
         "jobops_latency": lat,
         "peak_worker_rss_bytes": peak,
+        "peak_worker_pss_bytes": pss,
         "ratio": ratio,
         "load_average_at_end": os.getloadavg(),
         "cpus": os.cpu_count(),
