@@ -311,7 +311,12 @@ FILTER_FIELDS = ("reason", "error_code")
 
 
 def _check_request(
-    *, actor_user: Any, justification: str | None, queue: str | None, filters: Any
+    *,
+    actor_user: Any,
+    justification: str | None,
+    queue: str | None,
+    filters: Any,
+    limit: int | None,
 ) -> str:
     if actor_user is None or not getattr(actor_user, "is_active", False):
         raise DeadLetterPermissionError()
@@ -327,6 +332,8 @@ def _check_request(
             f"{queue!r} is not a dead-letter queue.",
             details={"queue": [f"One of: {', '.join(all_dlq_names())}."]},
         )
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise DeadLetterInputError(details={"limit": ["A positive integer."]})
     unknown = set(filters or {}) - set(FILTER_FIELDS)
     if unknown:
         raise DeadLetterInputError(
@@ -346,8 +353,9 @@ def _selection(
     if queue is not None:
         rows = rows.filter(queue=queue)
     if job_ids is not None:
-        parsed = [_uuid_or_none(j) for j in job_ids]
-        bad = [str(j) for j, p in zip(job_ids, parsed, strict=True) if p is None]
+        given = list(job_ids)
+        parsed = [_uuid_or_none(j) for j in given]
+        bad = [str(j) for j, p in zip(given, parsed, strict=True) if p is None]
         if bad:
             raise DeadLetterInputError(details={"job_ids": [f"Not job ids: {', '.join(bad)}."]})
         rows = rows.filter(job_id__in=parsed)
@@ -409,7 +417,11 @@ def dead_letters_replay(
        transition per job, so bulk replays leave it to the dispatcher.
     """
     text = _check_request(
-        actor_user=actor_user, justification=justification, queue=queue, filters=filters
+        actor_user=actor_user,
+        justification=justification,
+        queue=queue,
+        filters=filters,
+        limit=limit,
     )
     rows = _selection(queue=queue, job_ids=job_ids, filters=filters, with_job_only=True)
     result = ReplayResult(action="replay", dry_run=dry_run)
@@ -420,7 +432,8 @@ def dead_letters_replay(
         return result
     actor = Actor.user(actor_user)
     clock = time.perf_counter()
-    for row_id, job_id in list(limited.values_list("id", "job_id")):
+    queues: set[str] = set()
+    for row_id, job_id, queue_name in list(limited.values_list("id", "job_id", "queue")):
         skipped = _replay_one(
             row_id=row_id, job_id=job_id, actor=actor, actor_user=actor_user, text=text
         )
@@ -429,9 +442,9 @@ def dead_letters_replay(
             continue
         result.resolved.append(row_id)
         result.job_ids.append(str(job_id))
+        queues.add(queue_name)
     _count_replays(len(result.resolved))
     clock = _lap(result, "transactions", clock)
-    queues = set(DeadLetter.objects.filter(id__in=result.resolved).values_list("queue", flat=True))
     _ack_away(result, queues)
     clock = _lap(result, "ack_away", clock)
     if publish:
@@ -523,7 +536,11 @@ def dead_letters_discard(
     3. After the commits, the broker copies of resolved rows are acked away.
     """
     text = _check_request(
-        actor_user=actor_user, justification=justification, queue=queue, filters=filters
+        actor_user=actor_user,
+        justification=justification,
+        queue=queue,
+        filters=filters,
+        limit=limit,
     )
     rows = _selection(queue=queue, job_ids=job_ids, filters=filters, with_job_only=False)
     result = DiscardResult(action="discard", dry_run=dry_run)
@@ -534,7 +551,8 @@ def dead_letters_discard(
         return result
     actor = Actor.user(actor_user)
     clock = time.perf_counter()
-    for row_id, job_id in list(limited.values_list("id", "job_id")):
+    queues: set[str] = set()
+    for row_id, job_id, queue_name in list(limited.values_list("id", "job_id", "queue")):
         with transaction.atomic():
             if job_id is not None:
                 Job.objects.select_for_update().filter(id=job_id).first()
@@ -556,10 +574,10 @@ def dead_letters_discard(
                 },
             )
         result.resolved.append(row_id)
+        queues.add(queue_name)
         if job_id is not None:
             result.job_ids.append(str(job_id))
     clock = _lap(result, "transactions", clock)
-    queues = set(DeadLetter.objects.filter(id__in=result.resolved).values_list("queue", flat=True))
     _ack_away(result, queues)
     _lap(result, "ack_away", clock)
     return result

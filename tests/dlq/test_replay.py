@@ -10,7 +10,12 @@ from django.utils import timezone
 from audit.models import AuditLog
 from audit.services import OPS_CHAIN, Actor, job_chain
 from dlq.broker import dlq_peek
-from dlq.errors import DeadLetterPermissionError, JustificationRequiredError, UnknownQueueError
+from dlq.errors import (
+    DeadLetterInputError,
+    DeadLetterPermissionError,
+    JustificationRequiredError,
+    UnknownQueueError,
+)
 from dlq.models import DeadLetter
 from dlq.services import (
     broker_copies_ack_stale,
@@ -246,3 +251,13 @@ def test_peek_refuses_anything_but_a_dead_letter_queue(topology):
     for name in ("sim", "dlq.watch", "nope"):
         with pytest.raises(UnknownQueueError):
             dlq_peek(queue=name, limit=1)
+
+
+def test_replay_refuses_a_bad_limit_and_accepts_job_ids_from_a_generator(topology):
+    job = worker_lost()
+    with pytest.raises(DeadLetterInputError):
+        dead_letters_replay(actor_user=StaffFactory(), justification="x", limit=0)
+    result = dead_letters_replay(
+        actor_user=StaffFactory(), justification="x", job_ids=(j for j in [job.id]), limit=5
+    )
+    assert result.job_ids == [str(job.id)]
