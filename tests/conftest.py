@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from django.db import OperationalError
 from django.db.backends.postgresql.operations import DatabaseOperations
+from psycopg.errors import DeadlockDetected
 
 # `broker` fixture (topology declared, queues purged) for every test package.
 pytest_plugins = ["tests.workers"]
 
 APPEND_ONLY_TABLES = ("audit_logs", "audit_checkpoints")
+FLUSH_ATTEMPTS = 5
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -24,7 +29,17 @@ def _allow_flush_of_append_only_tables():
     def execute_sql_flush(self, sql_list):
         disable = [f"ALTER TABLE {t} DISABLE TRIGGER USER" for t in APPEND_ONLY_TABLES]
         enable = [f"ALTER TABLE {t} ENABLE TRIGGER USER" for t in APPEND_ONLY_TABLES]
-        return original(self, [*disable, *sql_list, *enable])
+        # A module-scoped worker or dispatcher keeps polling the tables while the flush
+        # takes its exclusive locks one table at a time: PostgreSQL may break the
+        # resulting deadlock by aborting the flush. The flush is all-or-nothing (one
+        # transaction), so trying it again is safe.
+        for attempt in range(FLUSH_ATTEMPTS):
+            try:
+                return original(self, [*disable, *sql_list, *enable])
+            except OperationalError as exc:
+                if not isinstance(exc.__cause__, DeadlockDetected) or attempt + 1 == FLUSH_ATTEMPTS:
+                    raise
+                time.sleep(0.2)
 
     DatabaseOperations.execute_sql_flush = execute_sql_flush
     yield
