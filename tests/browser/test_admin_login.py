@@ -7,6 +7,8 @@ from django_otp.oath import TOTP
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.factories import UserFactory
 
@@ -33,7 +35,11 @@ def _login(browser, live_server, password: str, token: str) -> None:
     browser.find_element(By.NAME, "username").send_keys("operator")
     browser.find_element(By.NAME, "password").send_keys(password)
     browser.find_element(By.NAME, "otp_token").send_keys(token)
+    form = browser.find_element(By.TAG_NAME, "form")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    # click() returns before the POST's answer replaces the page: wait for it,
+    # or the assertions read the login form that was just submitted.
+    WebDriverWait(browser, 15).until(expected_conditions.staleness_of(form))
 
 
 def test_login_form_asks_for_password_and_otp(browser, live_server, operator):
