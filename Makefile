@@ -34,7 +34,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 typecheck: install
-	$(BIN)/mypy config jobs audit dlq
+	$(BIN)/mypy config core jobs audit dlq
 
 fmt: install
 	$(BIN)/ruff check --fix .

@@ -209,6 +209,8 @@ JOBOPS_CONSUMER_TIMEOUT_SECONDS = env_int("JOBOPS_CONSUMER_TIMEOUT_SECONDS", 180
 JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS = env_float("JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS", 1.0)
 JOBOPS_IDEMPOTENCY_KEY_DAYS = env_int("JOBOPS_IDEMPOTENCY_KEY_DAYS", 30)
 JOBOPS_MAX_PAYLOAD_BYTES = env_int("JOBOPS_MAX_PAYLOAD_BYTES", 256 * 1024)
+# Deepest JSON nesting accepted anywhere in a request body, job message or result.
+JOBOPS_MAX_JSON_DEPTH = env_int("JOBOPS_MAX_JSON_DEPTH", 32)
 JOBOPS_RATE_LIMITS: dict[str, int] = env_json(
     "JOBOPS_RATE_LIMITS", {"create_per_user": 60, "create_global": 500, "admin_dlq": 30}
 )

@@ -1,0 +1,56 @@
+"""Bounds on JSON values that come from outside: request bodies, job params, messages, results.
+
+PostgreSQL's jsonb refuses NUL characters and unpaired surrogates, Python's float
+admits NaN and Infinity that JSON does not, and deep nesting exhausts Python's
+recursion (json, pickle, deepcopy) long before it exhausts memory. Every value that
+crosses a trust boundary is checked here before it is stored or passed on; the walk
+uses an explicit stack, so the check itself cannot overflow.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def json_problem(value: Any, *, max_depth: int) -> str | None:
+    """The first reason `value` cannot be stored and passed on as JSON, or None.
+
+    Depth counts containers: `{}` and `[]` are depth 1, `{"a": [1]}` depth 2.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > max_depth:
+                return f"nested deeper than {max_depth} levels"
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        return "has an object key that is not a string"
+                    problem = _string_problem(key)
+                    if problem:
+                        return f"has an object key that {problem}"
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, str):
+            problem = _string_problem(item)
+            if problem:
+                return f"has a string that {problem}"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "has a number that is not finite (NaN or Infinity)"
+        elif item is not None and not isinstance(item, bool | int):
+            return f"has a value of type {type(item).__name__}, which is not JSON"
+    return None
+
+
+def _string_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains an unpaired surrogate (not valid Unicode)"
+    return None
