@@ -47,6 +47,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: probes skip host checks, SSL redirect, logging and metrics (core/health.py).
+    "core.health.HealthMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "jobs.api.middleware.RequestIdMiddleware",
@@ -266,6 +268,9 @@ SPECTACULAR_SETTINGS = {
 
 # --- observability ------------------------------------------------------------------
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# /readyz: each dependency must answer within this; the answer is reused this long.
+JOBOPS_READY_TIMEOUT_SECONDS = env_float("JOBOPS_READY_TIMEOUT_SECONDS", 1.0)
+JOBOPS_READY_CACHE_SECONDS = env_float("JOBOPS_READY_CACHE_SECONDS", 2.0)
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
 LOG_JSON = env_bool("LOG_JSON", not DEBUG)
 # structlog and stdlib records share one chain (config/logging.py): timestamp, level,
