@@ -33,6 +33,8 @@ from celery.worker.consumer import Consumer
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("jobops", include=["jobs.tasks"])
+# Each worker refreshes a liveness key in Redis (jobs/liveness.py, `manage.py liveness`).
+app.steps["worker"].add("jobs.liveness:HeartbeatStep")
 
 
 class JobopsConsumer(Consumer):

@@ -271,6 +271,8 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # /readyz: each dependency must answer within this; the answer is reused this long.
 JOBOPS_READY_TIMEOUT_SECONDS = env_float("JOBOPS_READY_TIMEOUT_SECONDS", 1.0)
 JOBOPS_READY_CACHE_SECONDS = env_float("JOBOPS_READY_CACHE_SECONDS", 2.0)
+# Workers and dispatchers refresh a Redis liveness key this often (jobs/liveness.py).
+JOBOPS_PROCESS_HEARTBEAT_SECONDS = env_float("JOBOPS_PROCESS_HEARTBEAT_SECONDS", 10.0)
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
 LOG_JSON = env_bool("LOG_JSON", not DEBUG)
 # structlog and stdlib records share one chain (config/logging.py): timestamp, level,

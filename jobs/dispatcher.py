@@ -29,6 +29,7 @@ from django.utils.module_loading import import_string
 
 from audit.services import Actor
 from jobs.errors import TransitionRefusedError
+from jobs.liveness import beat
 from jobs.models import Job
 from jobs.publisher import job_publish
 from jobs.services import STALE_LOCK_SQL, job_reclaim
@@ -147,6 +148,7 @@ def dispatch_forever(*, interval: float, stop: threading.Event | None = None) ->
     log.info("dispatcher_started", interval=interval)
     while not stop.is_set():
         started = time.monotonic()
+        beat("dispatcher")
         dispatch_once()
         stop.wait(max(0.0, interval - (time.monotonic() - started)))
     log.info("dispatcher_stopped")

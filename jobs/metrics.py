@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import Counter, Gauge, Histogram
 
+from jobs.liveness import live_processes
 from jobs.types import queues
 
 log = structlog.get_logger("jobs.metrics")
@@ -88,6 +89,18 @@ DEAD_LETTERS_OPEN = Gauge(
     multiprocess_mode="mostrecent",
 )
 
+LIVE_WORKERS = Gauge(
+    "live_workers",
+    "Worker processes with a fresh liveness heartbeat, by queue they consume",
+    ["queue"],
+    multiprocess_mode="mostrecent",
+)
+LIVE_DISPATCHERS = Gauge(
+    "live_dispatchers",
+    "Dispatcher processes with a fresh liveness heartbeat",
+    multiprocess_mode="mostrecent",
+)
+
 # Each query is served by a partial index (jobs_pending_idx, jobs_running_lock_idx,
 # outbox_unpublished_idx) or reads one row, so a scrape stays cheap on a large table.
 _GAUGES_SQL = """
@@ -129,4 +142,24 @@ def metrics_refresh_gauges() -> dict[str, float]:
     CHECKPOINT_AGE.set(values["checkpoint_age"])
     for queue in {f"{q}_dlq" for q in queues()} | set(open_rows):
         DEAD_LETTERS_OPEN.labels(queue=queue).set(open_rows.get(queue, 0))
+    metrics_refresh_liveness()
     return values
+
+
+def metrics_refresh_liveness() -> dict[str, float]:
+    """Live workers per queue and live dispatchers, from their Redis heartbeats."""
+    try:
+        found = live_processes()
+    except Exception as exc:  # Redis down: say nothing rather than "nobody is alive"
+        log.warning("liveness_refresh_failed", error=repr(exc))
+        return {}
+    per_queue = dict.fromkeys(queues(), 0)
+    for worker in found.get("worker", []):
+        for queue in worker["queues"]:
+            per_queue[queue] = per_queue.get(queue, 0) + 1
+    for queue, count in per_queue.items():
+        LIVE_WORKERS.labels(queue=queue).set(count)
+    LIVE_DISPATCHERS.set(len(found.get("dispatcher", [])))
+    return {"live_dispatchers": float(len(found.get("dispatcher", [])))} | {
+        f"live_workers:{q}": float(c) for q, c in per_queue.items()
+    }

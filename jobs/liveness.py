@@ -1,0 +1,101 @@
+"""Liveness of the processes that serve no HTTP: workers and dispatchers (DESIGN.md 8).
+
+Each live process refreshes a Redis key `heartbeat:<kind>:<host>:<pid>` every
+JOBOPS_PROCESS_HEARTBEAT_SECONDS with a time-to-live of three intervals, so a process
+that hangs or dies disappears by itself. Redis is the right place: it is shared by every
+host, and losing it loses nothing but this view (DESIGN.md 12: per-host state is
+limited to caches that can be lost). `manage.py liveness` and the
+`process_heartbeat_age_seconds` gauge read the keys.
+
+Workers beat from a bootstep on the worker's own timer (`HeartbeatStep`), the
+dispatcher from its loop (`beat("dispatcher")`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+import structlog
+from celery import bootsteps
+from django.conf import settings
+
+from jobs.redis_client import redis_client, redis_key
+
+log = structlog.get_logger("jobs.liveness")
+
+
+def _key(kind: str) -> str:
+    return redis_key("heartbeat", kind, socket.gethostname(), os.getpid())
+
+
+def beat(kind: str, queues: tuple[str, ...] = ()) -> None:
+    """Record that this process of `kind` is alive; a Redis outage is logged, not raised."""
+    interval = settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS
+    value = json.dumps({"at": round(time.time(), 3), "queues": list(queues)})
+    try:
+        redis_client().set(_key(kind), value, ex=max(1, round(interval * 3)))
+    except Exception as exc:
+        log.warning("heartbeat_failed", kind=kind, error=repr(exc))
+
+
+def missing_processes(found: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """What has no live process: the dispatcher, or a primary queue without a worker."""
+    from jobs.types import queues
+
+    missing = [] if found.get("dispatcher") else ["dispatcher"]
+    served = {q for w in found.get("worker", []) for q in w["queues"]}
+    return missing + [f"worker for queue {q}" for q in queues() if q not in served]
+
+
+def live_processes() -> dict[str, list[dict[str, Any]]]:
+    """Every process that beat within its time-to-live, grouped by kind."""
+    client = redis_client()
+    prefix = redis_key("heartbeat", "")
+    keys = list(client.scan_iter(match=f"{prefix}*", count=500))
+    values: list[Any] = client.mget(keys) if keys else []  # type: ignore[assignment]
+    now = time.time()
+    found: dict[str, list[dict[str, Any]]] = {}
+    for key, value in zip(keys, values, strict=True):
+        if value is None:
+            continue  # expired between the scan and the read
+        kind, host, pid = key.decode()[len(prefix) :].rsplit(":", 2)
+        data = json.loads(value)
+        found.setdefault(kind, []).append(
+            {
+                "host": host,
+                "pid": int(pid),
+                "age_seconds": round(now - float(data["at"]), 3),
+                "queues": data["queues"],
+            }
+        )
+    return found
+
+
+class HeartbeatStep(bootsteps.StartStopStep):
+    """A worker bootstep: beat on the worker's timer while the consumer runs."""
+
+    requires = ("celery.worker.components:Timer",)
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.tref: Any = None
+        # The queues it consumes, so liveness can tell which queue has no live worker.
+        self.queues = tuple(sorted(worker.app.amqp.queues.consume_from or worker.app.amqp.queues))
+
+    def start(self, worker: Any) -> None:
+        beat("worker", self.queues)
+        self.tref = worker.timer.call_repeatedly(
+            settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS, beat, ("worker", self.queues), priority=10
+        )
+
+    def stop(self, worker: Any) -> None:
+        if self.tref is not None:
+            self.tref.cancel()
+        try:
+            redis_client().delete(_key("worker"))  # a clean stop is not a missing beat
+        except Exception:
+            pass

@@ -1,0 +1,72 @@
+"""Workers and dispatchers leave a heartbeat that `manage.py liveness` and /metrics read."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from jobs.metrics import metrics_refresh_liveness
+from jobs.redis_client import redis_client, redis_key
+from tests.workers import celery_worker, dispatcher_process, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"JOBOPS_PROCESS_HEARTBEAT_SECONDS": "0.5"}
+
+
+@pytest.fixture(autouse=True)
+def _no_heartbeats_of_earlier_tests():
+    # Workers SIGKILLed by earlier tests leave keys until their time-to-live runs out.
+    client = redis_client()
+    for key in client.scan_iter(match=redis_key("heartbeat", "*")):
+        client.delete(key)
+
+
+def _liveness() -> tuple[int, dict]:
+    out = StringIO()
+    try:
+        call_command("liveness", "--json", stdout=out)
+        code = 0
+    except CommandError as exc:
+        code = exc.returncode
+    return code, json.loads(out.getvalue())
+
+
+def test_liveness_names_what_runs_and_what_is_missing(settings):
+    settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS = 0.5
+    with celery_worker(queues=("default", "erp"), env=FAST, name="live-light"):
+        with dispatcher_process(env=FAST, name="live-dispatcher") as dispatcher:
+            wait_for(lambda: "dispatcher" not in _liveness()[1]["missing"], timeout=10)
+            code, body = _liveness()
+            assert code == 1  # model, cam, sim, report have no worker
+            assert body["missing"] == [
+                f"worker for queue {q}" for q in ("model", "cam", "sim", "report")
+            ]
+            (worker,) = body["processes"]["worker"]
+            assert worker["queues"] == ["default", "erp"]
+            assert body["processes"]["dispatcher"][0]["pid"] == dispatcher.pid
+            gauges = metrics_refresh_liveness()
+            assert gauges["live_dispatchers"] == 1
+            assert gauges["live_workers:erp"] == 1
+            assert gauges["live_workers:cam"] == 0
+            # A dispatcher killed outright stops beating and drops out within 3 intervals.
+            dispatcher.kill()
+            wait_for(lambda: "dispatcher" in _liveness()[1]["missing"], timeout=10)
+        # A worker stopped cleanly removes its key at once.
+    code, body = _liveness()
+    assert "worker" not in body["processes"]
+    assert "worker for queue default" in body["missing"]
+    assert metrics_refresh_liveness()["live_workers:default"] == 0
+
+
+def test_liveness_passes_when_everything_has_a_process(settings):
+    settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS = 0.5
+    with celery_worker(env=FAST, name="live-all"), dispatcher_process(env=FAST, name="live-d"):
+        wait_for(lambda: _liveness()[0] == 0, timeout=15)
+        out = StringIO()
+        call_command("liveness", stdout=out)
+        assert "dispatcher" in out.getvalue() and "queues=cam," in out.getvalue()
