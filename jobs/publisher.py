@@ -9,12 +9,15 @@ was already claimed, which is success.
 
 The wire payload (the task's one argument) is
 `{job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id}`;
-the message headers carry `job_id`, `request_id` and `correlation_id` too, so that the
-dead-letter tools and worker logs see them without decoding the body.
+the message headers (`message_headers`) carry `job_id`, `request_id`, `correlation_id`
+and the attempt too, and on a retry or a replay the previous attempt's error code and
+exception class, so that a message read in a DLQ peek or in Flower explains itself
+without decoding the body. Never the error's text: it may hold what a handler saw.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -53,6 +56,25 @@ def wire_payload(job: Job) -> dict[str, Any]:
         "request_id": job.request_id,
         "correlation_id": job.correlation_id,
     }
+
+
+# "ValueError: ..." -> "ValueError": the class name runtime._finish puts first.
+_ERROR_CLASS = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]{0,99}):")
+
+
+def message_headers(job: Job) -> dict[str, Any]:
+    headers: dict[str, Any] = {
+        "job_id": str(job.id),
+        "request_id": job.request_id,
+        "correlation_id": job.correlation_id,
+        "attempt": job.attempts + 1,
+    }
+    if job.last_error_code:
+        headers["last_error_code"] = job.last_error_code
+        match = _ERROR_CLASS.match(job.last_error_message or "")
+        if match:
+            headers["last_error_class"] = match.group(1)
+    return headers
 
 
 def _connection() -> Connection:
@@ -96,11 +118,7 @@ def message_publish(*, job: Job) -> None:
 
     spec = get_type(job.type)
     assert spec is not None
-    headers = {
-        "job_id": str(job.id),
-        "request_id": job.request_id,
-        "correlation_id": job.correlation_id,
-    }
+    headers = message_headers(job)
     try:
         conn = _connection()
         # Fail fast (no sleeping between tries): the caller is an API request or the
