@@ -11,7 +11,7 @@ MANAGE := $(BIN)/python manage.py
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,otel]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -59,7 +59,7 @@ bench: migrate
 	$(BIN)/python bench/events.py
 
 lock:
-	$(PY) -m venv /tmp/jobops-lock && /tmp/jobops-lock/bin/pip install -q -e '.[dev]' \
+	$(PY) -m venv /tmp/jobops-lock && /tmp/jobops-lock/bin/pip install -q -e '.[dev,otel]' \
 	  && /tmp/jobops-lock/bin/pip freeze --exclude-editable > constraints.txt
 
 clean:

@@ -27,7 +27,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 from celery.worker.consumer import Consumer
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -130,3 +130,18 @@ def _refuse_unsafe_prefetch(sender: Any = None, **_: Any) -> None:
             + "; ".join(problems)
             + " (use --prefetch-multiplier 1 for long queues)"
         )
+
+
+@worker_process_init.connect
+def _trace_worker_process(**_: Any) -> None:
+    # In each pool child: the SDK's export thread does not survive the fork.
+    from config.tracing import configure_tracing
+
+    configure_tracing("worker")
+
+
+@worker_process_shutdown.connect
+def _flush_worker_traces(**_: Any) -> None:
+    from config.tracing import flush_tracing
+
+    flush_tracing()

@@ -80,10 +80,26 @@ def mask_secrets(_logger: WrappedLogger, _method: str, event_dict: EventDict) ->
     }
 
 
+def add_trace_id(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """The active OpenTelemetry span's trace id (config/tracing.py), when tracing is on."""
+    if "trace_id" not in event_dict and _otel_trace is not None:
+        context = _otel_trace.get_current_span().get_span_context()
+        if context.is_valid:
+            event_dict["trace_id"] = _otel_trace.format_trace_id(context.trace_id)
+    return event_dict
+
+
+try:  # the optional extra jobops[otel]; without it there is no span to read
+    from opentelemetry import trace as _otel_trace
+except ImportError:  # pragma: no cover - exercised where the extra is not installed
+    _otel_trace = None  # type: ignore[assignment]
+
+
 def shared_processors() -> list[Processor]:
     """Processors for structlog and stdlib records alike, before masking and rendering."""
     return [
         structlog.contextvars.merge_contextvars,
+        add_trace_id,
         structlog.stdlib.add_logger_name,
         structlog.stdlib.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

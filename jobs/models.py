@@ -39,6 +39,9 @@ class Job(models.Model):
     dead_letter_queue = models.CharField(max_length=64, null=True, blank=True)
     request_id = models.CharField(max_length=128, null=True, blank=True)
     correlation_id = models.CharField(max_length=128, null=True, blank=True)
+    # W3C trace context of the creating request (config/tracing.py), so a publish
+    # that happens later in the dispatcher still joins the request's trace.
+    traceparent = models.CharField(max_length=55, null=True, blank=True)
     # Bumped by every write except heartbeats; the API's ETag is "<id>-<version>".
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)

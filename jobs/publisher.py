@@ -28,6 +28,7 @@ from django.conf import settings
 from kombu import Connection
 
 from audit.services import Actor
+from config.tracing import publish_span
 from jobs.errors import TransitionRefusedError
 from jobs.models import Job
 from jobs.services import transition
@@ -130,19 +131,20 @@ def message_publish(*, job: Job) -> None:
             timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
         )
         producer = app.amqp.Producer(conn.default_channel, auto_declare=False)
-        app.send_task(
-            spec.task_name,
-            args=[wire_payload(job)],
-            task_id=str(uuid.uuid4()),
-            producer=producer,
-            headers=headers,
-            mandatory=True,
-            retry=False,
-            # Topology belongs to setup_topology; an undeclared queue must fail loudly
-            # (unroutable) rather than be created here with whatever arguments.
-            declare=[],
-            confirm_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
-        )
+        with publish_span(traceparent=job.traceparent, job_id=str(job.id), job_type=job.type):
+            app.send_task(
+                spec.task_name,
+                args=[wire_payload(job)],
+                task_id=str(uuid.uuid4()),
+                producer=producer,
+                headers=headers,
+                mandatory=True,
+                retry=False,
+                # Topology belongs to setup_topology; an undeclared queue must fail
+                # loudly (unroutable) rather than be created here with whatever arguments.
+                declare=[],
+                confirm_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+            )
     except Exception:
         _drop_connection()
         raise

@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from audit.canonical import canonical_bytes
 from audit.services import Actor, audit_append, format_ts, job_chain
+from config.tracing import current_traceparent
 from jobs.errors import (
     IdempotencyKeyInvalidError,
     IdempotencyMismatchError,
@@ -257,6 +258,7 @@ def job_create(
         max_attempts=spec.max_attempts,
         request_id=request_id,
         correlation_id=correlation_id or request_id,
+        traceparent=current_traceparent(),
     )
     with transaction.atomic():
         for _ in range(2):

@@ -39,7 +39,13 @@ def test_database_url() -> str:
 
 
 @contextmanager
-def gunicorn_server(*, workers: int = 3, threads: int = 4, timeout: float = 30) -> Iterator[str]:
+def gunicorn_server(
+    *,
+    workers: int = 3,
+    threads: int = 4,
+    timeout: float = 30,
+    env: dict[str, str] | None = None,
+) -> Iterator[str]:
     """Start gunicorn on a free 127.0.0.1 port; yield its base URL; stop it (its group)."""
     port = free_port()
     env = {
@@ -47,7 +53,9 @@ def gunicorn_server(*, workers: int = 3, threads: int = 4, timeout: float = 30) 
         "DATABASE_URL": test_database_url(),
         "DJANGO_SETTINGS_MODULE": "config.settings_test",
         "PYTHONUNBUFFERED": "1",
+        **(env or {}),
     }
+    (ROOT / "var").mkdir(exist_ok=True)  # a fresh clone has none
     log = open(ROOT / "var" / f"gunicorn-test-{port}.log", "wb")
     process = subprocess.Popen(
         [

@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from config.tracing import configure_tracing, flush_tracing
 from jobs.dispatcher import dispatch_forever, dispatch_once
 
 
@@ -28,10 +29,15 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        configure_tracing("dispatcher")
         if options["once"]:
             self.stdout.write(json.dumps(dispatch_once(), default=str))
+            flush_tracing()
             return
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        dispatch_forever(interval=options["interval"], stop=stop)
+        try:
+            dispatch_forever(interval=options["interval"], stop=stop)
+        finally:
+            flush_tracing()
