@@ -141,7 +141,21 @@ def _trace_worker_process(**_: Any) -> None:
 
 
 @worker_process_shutdown.connect
-def _flush_worker_traces(**_: Any) -> None:
+def _flush_worker_traces(pid: int | None = None, **_: Any) -> None:
     from config.tracing import flush_tracing
 
     flush_tracing()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid or os.getpid())  # its live gauges stop counting
+
+
+@worker_init.connect
+def _serve_worker_metrics(**_: Any) -> None:
+    """The worker group's exporter (JOBOPS_METRICS_PORT), in the main process. Pool
+    children count too only through PROMETHEUS_MULTIPROC_DIR (README, Observability)."""
+    from config.metrics import metrics_serve, multiprocess_dir_prune
+
+    multiprocess_dir_prune()
+    metrics_serve()

@@ -12,12 +12,16 @@ metrics, so a failure there is logged and the page still served.
 from __future__ import annotations
 
 import hmac
+import os
+from pathlib import Path
+from typing import Any
 
 import structlog
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django_prometheus.exports import ExportToDjangoView
+from prometheus_client import REGISTRY, CollectorRegistry, multiprocess, start_http_server
 
 log = structlog.get_logger("config.metrics")
 
@@ -55,3 +59,36 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     except Exception as exc:
         log.warning("metrics_gauges_refresh_failed", error=repr(exc))
     return ExportToDjangoView(request)
+
+
+def metrics_registry() -> Any:
+    """What one exporter serves: every process of its multiprocess directory, if set."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return registry
+    return REGISTRY
+
+
+def metrics_serve() -> int | None:
+    """For processes without a web server (a worker group, a dispatcher): serve
+    `/metrics` on JOBOPS_METRICS_PORT (0: off) at JOBOPS_METRICS_ADDR. No token: bind
+    it to an address only the scraper reaches. Returns the port, or None when off."""
+    port = settings.JOBOPS_METRICS_PORT
+    if not port:
+        return None
+    start_http_server(port, addr=settings.JOBOPS_METRICS_ADDR, registry=metrics_registry())
+    log.info("metrics_exporter_started", port=port, addr=settings.JOBOPS_METRICS_ADDR)
+    return port
+
+
+def multiprocess_dir_prune() -> None:
+    """Drop the value files of processes that are gone (a previous run of this group):
+    prometheus_client would otherwise add their counts to ours."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return
+    mine = f"_{os.getpid()}.db"
+    for path in Path(directory).glob("*.db"):
+        if not path.name.endswith(mine):
+            path.unlink(missing_ok=True)

@@ -268,6 +268,9 @@ SPECTACULAR_SETTINGS = {
 
 # --- observability ------------------------------------------------------------------
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# Workers and dispatchers have no web server: each serves /metrics here (0: off).
+JOBOPS_METRICS_PORT = env_int("JOBOPS_METRICS_PORT", 0)
+JOBOPS_METRICS_ADDR = env_str("JOBOPS_METRICS_ADDR", "127.0.0.1")
 # /readyz: each dependency must answer within this; the answer is reused this long.
 JOBOPS_READY_TIMEOUT_SECONDS = env_float("JOBOPS_READY_TIMEOUT_SECONDS", 1.0)
 JOBOPS_READY_CACHE_SECONDS = env_float("JOBOPS_READY_CACHE_SECONDS", 2.0)

@@ -28,6 +28,7 @@ from celery.exceptions import Reject, SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 
+from jobs import metrics
 from jobs.errors import FatalError, JobCancelled, JobError, JobLost
 from jobs.models import Artefact, Job
 from jobs.services import (
@@ -238,6 +239,9 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
     heartbeat = Heartbeat(ctx)
     heartbeat.start()
     outcome, error, result = "succeeded", None, None
+    in_progress = metrics.JOB_IN_PROGRESS.labels(type=job.type)
+    in_progress.inc()
+    started = time.monotonic()
     try:
         try:
             ctx.check_cancel()
@@ -252,6 +256,8 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
             outcome, error = "error", exc
     finally:
         heartbeat.stop()
+        in_progress.dec()
+        metrics.JOB_DURATION.labels(type=job.type).observe(time.monotonic() - started)
     if outcome == "lost" or ctx._lost.is_set():
         log.warning("job_lost_stopping")
         return {"job_id": str(job_id), "outcome": "lost"}

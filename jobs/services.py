@@ -21,7 +21,9 @@ from psycopg.types.json import Jsonb
 from audit.canonical import canonical_bytes
 from audit.services import Actor, audit_append, format_ts, job_chain
 from config.tracing import current_traceparent
+from jobs import metrics
 from jobs.errors import (
+    ApplicationError,
     IdempotencyKeyInvalidError,
     IdempotencyMismatchError,
     JobLost,
@@ -131,7 +133,19 @@ def transition(
             actor=actor,
             data=audit_data,
         )
+        _count_transition(job, target, writes_progress="progress_step" in (set_fields or {}))
     return job
+
+
+def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
+    """DESIGN.md 8 counters of a status change, incremented once its transaction commits."""
+    if writes_progress:  # a final transition flushing the last coalesced progress value
+        transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
+    if target == Status.CANCELLED:
+        transaction.on_commit(metrics.CANCELLATION.inc)
+    elif target == Status.RETRYING:
+        counter = metrics.RETRIES.labels(type=job.type, error_code=job.last_error_code or "")
+        transaction.on_commit(counter.inc)
 
 
 def _job_from_row(values: Iterable[Any]) -> Job:
@@ -237,8 +251,12 @@ def job_create(
     4. A new job's `created` audit entry and event share the insert's transaction.
     Returns (job, created).
     """
-    params = validate_params(job_type, params)
-    idempotency_key = validate_idempotency_key(idempotency_key)
+    try:
+        params = validate_params(job_type, params)
+        idempotency_key = validate_idempotency_key(idempotency_key)
+    except ApplicationError:
+        _create_counter(job_type, "rejected").inc()
+        raise
     spec = get_type(job_type)
     assert spec is not None
     digest = params_hash(job_type, params)
@@ -273,13 +291,22 @@ def job_create(
                 job_release_idempotency_keys(job_ids=[job.id])
                 continue
             if job.params_hash != digest:
+                _create_counter(job_type, "mismatch").inc()
                 raise IdempotencyMismatchError(details={"job_id": str(job.id)})
+            _create_counter(job_type, "existing").inc()
             return job, False
         _record(job, event_type="created", previous_status=None, actor=actor)
         # Publish only once the row is committed (a worker must find it); a broker
         # failure never reaches the caller: the job stays `pending` for the dispatcher.
         transaction.on_commit(partial(_publish_after_commit, job.id))
+        transaction.on_commit(_create_counter(job_type, "created").inc)
     return job, True
+
+
+def _create_counter(job_type: str, status: str) -> Any:
+    # A client-chosen type string never becomes a label: unknown types count as one.
+    known = get_type(job_type) is not None
+    return metrics.JOB_CREATE.labels(type=job_type if known else "unknown", status=status)
 
 
 def _publish_after_commit(job_id: uuid.UUID) -> None:
@@ -485,6 +512,7 @@ def job_progress_write(
             row = cursor.fetchone()
         if row is None:
             raise JobLost(f"job {job_id}: lock {fence.locked_by} attempt {fence.attempt} lost")
+        transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
         audit_append(
             chain=job_chain(job_id),
             event_type="progress",

@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from config.metrics import metrics_serve, multiprocess_dir_prune
 from config.tracing import configure_tracing, flush_tracing
 from jobs.dispatcher import dispatch_forever, dispatch_once
 
@@ -30,6 +31,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_tracing("dispatcher")
+        if not options["once"]:
+            multiprocess_dir_prune()
+            metrics_serve()
         if options["once"]:
             self.stdout.write(json.dumps(dispatch_once(), default=str))
             flush_tracing()

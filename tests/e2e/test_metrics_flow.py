@@ -1,0 +1,131 @@
+"""Every job metric of DESIGN.md 8 moves by the right amount, read as Prometheus reads it.
+
+A real worker group exports its pool children's values through PROMETHEUS_MULTIPROC_DIR
+on JOBOPS_METRICS_PORT; the web process (this test process) serves its own /metrics.
+Jobs go through success, a retry, a dead letter, a replay and two cancellations.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from django.db import transaction
+from prometheus_client.parser import text_string_to_metric_families
+
+from audit.services import Actor
+from dlq.models import DeadLetter
+from dlq.services import dead_letters_replay
+from jobs.models import Job
+from jobs.services import job_cancel
+from tests.e2e.live_api import free_port
+from tests.factories import StaffFactory, make_job
+from tests.workers import (
+    FAST_ENV,
+    celery_worker,
+    dispatcher_process,
+    scripted_env,
+    scripted_table,
+    topology_declare_and_purge,
+    wait_for,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+NO_RETRIES_FOR_MODEL = {"model": {"max_retries": 0}}
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def _scrape_web(client) -> dict:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    return _samples(response.content.decode())
+
+
+def _scrape(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return _samples(response.read().decode())
+
+
+def _ended(job_id) -> Job | None:
+    job = Job.objects.get(id=job_id)
+    return job if job.status in ("succeeded", "failed", "cancelled") else None
+
+
+def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
+    settings.METRICS_TOKEN = ""
+    scripted_table(settings, **NO_RETRIES_FOR_MODEL)
+    settings.JOBOPS_LOCK_TIMEOUT = int(FAST_ENV["JOBOPS_LOCK_TIMEOUT"])
+    port = free_port()
+    env = {
+        **scripted_env(**NO_RETRIES_FOR_MODEL),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "JOBOPS_METRICS_PORT": str(port),
+    }
+    topology_declare_and_purge()
+    web_before = _scrape_web(client)
+    with (
+        celery_worker(queues=["default", "model"], concurrency=2, env=env, name="metrics"),
+        dispatcher_process(interval=0.2, env=scripted_env(**NO_RETRIES_FOR_MODEL)),
+    ):
+        worker_before = _scrape(port)
+        ok = make_job(job_type="ai", params={"do": "steps", "steps": 3, "step_seconds": 0.4})
+        retried = make_job(job_type="ai", params={"do": "fail_times", "n": 1})
+        fatal = make_job(job_type="model", params={"do": "nonretryable"})
+        running = make_job(job_type="ai", params={"do": "steps", "steps": 100})
+        with transaction.atomic():  # cancelled before anyone could publish it
+            pending = make_job(job_type="ai", params={"do": "noop"})
+            job_cancel(job_id=pending.id, actor=Actor.system("test"))
+        wait_for(lambda: Job.objects.get(id=running.id).progress_percent > 0, timeout=30)
+        job_cancel(job_id=running.id, actor=Actor.system("test"))
+        for job in (ok, retried, running):
+            wait_for(lambda j=job: _ended(j.id), timeout=30)
+        wait_for(lambda: DeadLetter.objects.filter(job_id=fatal.id).exists(), timeout=30)
+        replay = dead_letters_replay(
+            actor_user=StaffFactory(), justification="metrics test", job_ids=[fatal.id]
+        )
+        assert len(replay.resolved) == 1
+        wait_for(
+            lambda: DeadLetter.objects.filter(job_id=fatal.id, state="open").exists(), timeout=30
+        )
+        statuses = {j.id: Job.objects.get(id=j.id).status for j in (ok, retried, running)}
+        assert list(statuses.values()) == ["succeeded", "succeeded", "cancelled"]
+        worker_after = wait_for(
+            lambda: (s := _scrape(port))
+            and _value(s, "job_duration_seconds_count", type="model")
+            == 2 + _value(worker_before, "job_duration_seconds_count", type="model")
+            and s,
+            timeout=10,
+        )
+    web_after = _scrape_web(client)
+
+    def web(name: str, **labels: str) -> float:
+        return _value(web_after, name, **labels) - _value(web_before, name, **labels)
+
+    def worker(name: str, **labels: str) -> float:
+        return _value(worker_after, name, **labels) - _value(worker_before, name, **labels)
+
+    # Web (this process): creations, the cancel of a job that never ran, the replay.
+    assert web("job_create_total", type="ai", status="created") == 4
+    assert web("job_create_total", type="model", status="created") == 1
+    assert web("cancellation_total") == 1
+    assert web("dlq_replay_total") == 1
+    # Workers: every attempt timed, the retry by its code, the confirmed cancel, progress.
+    assert worker("job_duration_seconds_count", type="ai") == 4  # ok, 2 x retried, running
+    assert worker("job_duration_seconds_count", type="model") == 2  # fatal, then replayed
+    assert worker("job_duration_seconds_bucket", type="ai", le="+Inf") == 4
+    assert worker("job_duration_seconds_sum", type="ai") >= 1.2  # ok ran 3 x 0.4 s
+    assert worker("retries_total", type="ai", error_code="PLANNED") == 1
+    assert worker("cancellation_total") == 1
+    assert worker("progress_update_total") >= 2  # ok's and running's coalesced writes
+    assert _value(worker_after, "job_in_progress", type="ai") == 0
