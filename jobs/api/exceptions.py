@@ -2,14 +2,17 @@
 
 `{"error": {"code", "message", "details"}}` (DESIGN.md 6). `ApplicationError`s carry
 their own code and status; DRF's and Django's exceptions are mapped to a code here.
-Anything else is not handled (returns None) so that it stays a 500 and is logged,
-never swallowed.
+A database that is down, unreachable or read-only is a 503 with `Retry-After`
+(nothing was written; a retry is safe). Anything else is not handled (returns None) so
+that it stays a 500 and is logged, never swallowed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import db
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
@@ -86,10 +89,32 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             headers["WWW-Authenticate"] = exc.auth_header  # type: ignore[attr-defined]
         if getattr(exc, "wait", None) is not None:
             headers["Retry-After"] = str(int(exc.wait))  # type: ignore[attr-defined]
+    elif database_unavailable(exc):
+        # Nothing was written (the transaction failed): the client may simply retry.
+        http_status = status.HTTP_503_SERVICE_UNAVAILABLE
+        body = error_body(
+            f"{prefix}-503", "The database is unavailable or read-only; retry shortly."
+        )
+        headers["Retry-After"] = str(settings.JOBOPS_DB_RETRY_AFTER_SECONDS)
     else:
         return None
     set_rollback()
     return Response(body, status=http_status, headers=headers)
+
+
+# SQLSTATE 25006: a write on a read-only server (a standby after failover, a database
+# set read-only for maintenance).
+_READ_ONLY_SQLSTATE = "25006"
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """The database cannot take this request now (down, unreachable, read-only)."""
+    if isinstance(exc, db.OperationalError | db.InterfaceError):
+        return True
+    cause = exc.__cause__
+    return isinstance(exc, db.DatabaseError) and getattr(cause, "sqlstate", None) == (
+        _READ_ONLY_SQLSTATE
+    )
 
 
 def _details(detail: Any) -> Any:

@@ -12,18 +12,19 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.http import FileResponse, HttpRequest, HttpResponseBase
 from django.urls import reverse
+from django.utils.dateparse import parse_datetime
 from django.utils.http import parse_etags
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.pagination import CursorPagination
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.services import Actor
+from core.parsers import BoundedJSONParser
 from jobs.api.docs import RATE_LIMIT_HEADERS, REQUEST_ID, error_responses, response_header
 from jobs.api.exceptions import api_not_found
 from jobs.api.middleware import request_id_from
@@ -69,7 +70,7 @@ def _etag_matches(request: Request, etag: str) -> bool:
 class JobCreateApi(APIView):
     """POST /api/v1/jobs: create a job, or return the one its idempotency key made."""
 
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     class JobCreateInputSerializer(serializers.Serializer):
         type = StrictCharField(max_length=64, help_text="A job type, e.g. sim, report, erp.")
@@ -204,9 +205,19 @@ class JobCursorPagination(CursorPagination):
 
     def decode_cursor(self, request: Request) -> Any:
         try:
-            return super().decode_cursor(request)
+            cursor = super().decode_cursor(request)
         except Exception as exc:  # DRF answers a bad cursor with 404; it is a bad request
             raise serializers.ValidationError({"cursor": ["Invalid cursor."]}) from exc
+        # A well-formed cursor can still carry any position: it becomes a created_at
+        # filter, so anything but a timestamp would fail in the query (a 500).
+        if cursor is not None and cursor.position is not None:
+            try:
+                valid = parse_datetime(cursor.position) is not None
+            except (TypeError, ValueError):
+                valid = False
+            if not valid or "\x00" in cursor.position:
+                raise serializers.ValidationError({"cursor": ["Invalid cursor position."]})
+        return cursor
 
 
 class JobListApi(APIView):

@@ -1,0 +1,173 @@
+"""Hostile or absurd API input gets a 4xx in the envelope, never a 500 (issue: trust).
+
+Each case here answered 500, 201 for work no worker could finish, or leaked data before.
+"""
+
+from __future__ import annotations
+
+import base64
+from urllib.parse import urlencode
+
+import pytest
+from django.db import connection
+
+from jobs.models import Job
+from tests.factories import UserFactory, make_job
+from tests.jobs.api_fixtures import *  # noqa: F403  (fixtures)
+from tests.jobs.api_fixtures import client_for
+
+pytestmark = pytest.mark.django_db
+JOBS = "/api/v1/jobs"
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def raw_post(client, body: str):
+    return client.post(JOBS, body, content_type="application/json")
+
+
+@pytest.mark.parametrize("depth", [40, 900, 3_000, 100_000])
+def test_a_deeply_nested_body_is_a_400_anywhere_in_it(api, depth):
+    body = '{"type": "erp", "params": {"event": "x", "data": {"a": ' + nested(depth) + "}}}"
+    response = raw_post(api, body)
+    assert response.status_code == 400, response.content[:300]
+    error = response.json()["error"]
+    assert error["code"] == "ERR-JOB-400"
+    assert "nested deeper than 32 levels" in error["message"]
+    assert not Job.objects.exists()
+
+
+def test_nesting_within_the_limit_is_accepted(api):
+    data: dict = {}
+    inner = data
+    for _ in range(28):  # body, params and data add three levels: 31 in all
+        inner["a"] = {}
+        inner = inner["a"]
+    response = api.post(
+        JOBS, {"type": "erp", "params": {"event": "x", "data": data}}, format="json"
+    )
+    assert response.status_code == 201, response.content
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        '{"event": "a\\u0000b"}',
+        '{"event": "x", "data": {"k\\u0000": 1}}',
+        '{"event": "x", "data": {"s": "\\ud800"}}',
+        '{"event": "x", "data": {"n": 1e400}}',
+        '{"event": "x", "data": {"n": ' + "9" * 5000 + "}}",
+        '{"event": "x", "data": {"n": NaN}}',
+    ],
+    ids=["nul-value", "nul-key", "lone-surrogate", "float-overflow", "huge-int", "nan"],
+)
+def test_what_postgresql_or_json_refuses_is_a_400(api, params):
+    response = raw_post(api, '{"type": "erp", "params": ' + params + "}")
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["error"]["code"] == "ERR-JOB-400"
+    assert not Job.objects.exists()
+
+
+def _cursor(position: str) -> str:
+    token = urlencode({"o": "0", "r": "0", "p": position})
+    return base64.b64encode(token.encode()).decode()
+
+
+@pytest.mark.parametrize("position", ["not-a-date", "2026-13-45T99:99:99", "a\x00b"])
+def test_a_well_formed_cursor_with_a_bad_position_is_a_400(api, position):
+    make_job(owner=api.user)
+    response = api.get(JOBS, {"cursor": _cursor(position)})
+    assert response.status_code == 400, response.content[:300]
+    assert response.json()["error"]["details"]["cursor"] == ["Invalid cursor position."]
+
+
+def test_a_real_cursor_still_pages(api):
+    for _ in range(3):
+        make_job(owner=api.user)
+    first = api.get(JOBS, {"page_size": 2}).json()
+    second = api.get(first["next"])
+    assert second.status_code == 200 and len(second.json()["results"]) == 1
+
+
+# --- params that imply more work than a worker can do (point 4) ----------------------
+
+
+@pytest.mark.parametrize(
+    ("job_type", "params", "field"),
+    [
+        ("cam", {"width": 1e4, "height": 1e4, "tool_diameter": 1e-3, "stepover": 0.05}, "stepover"),
+        ("sim", {"steps": 10000, "step_seconds": 60}, "step_seconds"),
+        ("sim", {"steps": 5, "step_seconds": "NaN"}, "step_seconds"),
+        ("model", {"points": [[0, 1], [1, "Infinity"]]}, "points"),
+        ("model", {"points": [[0, 1], [1, 1e300]]}, "points"),
+    ],
+    ids=["cam-passes", "sim-time", "sim-nan", "model-inf", "model-huge"],
+)  # fmt: skip
+def test_params_that_exhaust_a_worker_are_a_422_naming_the_field(api, job_type, params, field):
+    response = api.post(JOBS, {"type": job_type, "params": params}, format="json")
+    assert response.status_code == 422, response.content
+    assert field in response.json()["error"]["details"]
+    assert not Job.objects.exists()
+
+
+def test_the_handler_receives_the_validated_params(api):
+    response = api.post(JOBS, {"type": "sim", "params": {"steps": "20.0"}}, format="json")
+    assert response.status_code == 201, response.content
+    job = Job.objects.get()
+    assert job.params == {"steps": 20, "step_seconds": 0.5, "seed": 0}
+
+
+# --- reports see only their owner's jobs (point 3) ------------------------------------
+
+
+def test_only_staff_may_ask_for_every_owners_jobs(api, staff_api):
+    body = {"type": "report", "params": {"all_owners": True}}
+    refused = api.post(JOBS, body, format="json")
+    assert refused.status_code == 422
+    assert "all_owners" in refused.json()["error"]["details"]
+    assert staff_api.post(JOBS, body, format="json").status_code == 201
+
+
+# --- database trouble is a 503 with Retry-After (point 7) ----------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_only_database_answers_503_with_retry_after():
+    user = UserFactory()
+    job = make_job(owner=user)
+    client = client_for(user)
+    with connection.cursor() as cursor:
+        cursor.execute("SET default_transaction_read_only = on")
+    try:
+        created = client.post(JOBS, {"type": "sim", "params": {}}, format="json")
+        cancelled = client.post(f"{JOBS}/{job.id}/cancel")
+    finally:
+        connection.close()  # the next connection is writable again
+    for response in (created, cancelled):
+        assert response.status_code == 503, response.content
+        assert response.json()["error"]["code"] == "ERR-JOB-503"
+        assert response["Retry-After"] == "5"
+    assert Job.objects.count() == 1 and not Job.objects.get().cancel_requested
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unreachable_database_answers_503(monkeypatch):
+    user = UserFactory()
+    job = make_job(owner=user)
+    client = client_for(user)
+    connection.close()
+    monkeypatch.setitem(connection.settings_dict, "PORT", "1")  # nothing listens there
+    try:
+        for response in (
+            client.post(JOBS, {"type": "sim", "params": {}}, format="json"),
+            client.post(f"{JOBS}/{job.id}/cancel"),
+        ):
+            assert response.status_code == 503, response.content
+            assert response.json()["error"]["code"] == "ERR-JOB-503"
+            assert int(response["Retry-After"]) > 0
+    finally:
+        monkeypatch.undo()
+        connection.close()
+    assert Job.objects.count() == 1
