@@ -131,5 +131,11 @@ class FatalError(JobError):
     retryable = False
 
 
+class ResultInvalidError(FatalError):
+    """A handler returned what cannot be stored as the job's result (DESIGN.md 3.3)."""
+
+    code = "RESULT_INVALID"
+
+
 class JobCancelled(Exception):
     """Raised by ctx.check_cancel(): the job ends `cancelled`, never retried."""

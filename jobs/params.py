@@ -1,8 +1,35 @@
-"""Params schemas, one DRF serializer per job type (registered in settings.JOB_TYPES)."""
+"""Params schemas, one DRF serializer per job type (registered in settings.JOB_TYPES).
+
+Each schema bounds the work its params imply, not only each field: a handler must be
+able to finish within its type's soft time limit and in bounded memory, whatever a
+client sends. The bounds are the class attributes below (documented in the README);
+the serializer's `context["spec"]` is the job's type (jobs.types.JobType), for the
+bounds that depend on its time limit. Handlers receive the validated values.
+"""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from rest_framework import serializers
+
+
+class FiniteFloatField(serializers.FloatField):
+    """A float that JSON can hold: no NaN or Infinity, and within +-max_magnitude so that
+    squares and sums of a few hundred thousand of them stay finite."""
+
+    def __init__(self, *, max_magnitude: float = 1e100, **kwargs: Any) -> None:
+        self.max_magnitude = max_magnitude
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> float:
+        value = super().to_internal_value(data)
+        if not math.isfinite(value) or abs(value) > self.max_magnitude:
+            raise serializers.ValidationError(
+                f"Must be a finite number of magnitude at most {self.max_magnitude:g}."
+            )
+        return value
 
 
 class StrictParams(serializers.Serializer):
@@ -25,14 +52,39 @@ class StrictParams(serializers.Serializer):
 
 class SimParams(StrictParams):
     steps = serializers.IntegerField(min_value=1, max_value=10_000, default=20)
-    step_seconds = serializers.FloatField(min_value=0, max_value=60, default=0.5)
-    seed = serializers.IntegerField(required=False, default=0)
+    step_seconds = FiniteFloatField(min_value=0, max_value=60, default=0.5)
+    seed = serializers.IntegerField(required=False, default=0, min_value=0, max_value=2**63 - 1)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # The run must end before the type's soft time limit, or every attempt times out.
+        spec = self.context.get("spec")
+        if spec is not None:
+            budget = spec.soft_time_limit
+            planned = attrs["steps"] * attrs["step_seconds"]
+            if planned > budget:
+                raise serializers.ValidationError(
+                    {
+                        "step_seconds": [
+                            f"steps x step_seconds is {planned:g} s; the sim type's time "
+                            f"limit allows at most {budget} s."
+                        ]
+                    }
+                )
+        return attrs
 
 
 class ReportParams(StrictParams):
     status = serializers.CharField(required=False, max_length=16)
     type = serializers.CharField(required=False, max_length=32)
     limit = serializers.IntegerField(min_value=1, max_value=100_000, default=1000)
+    # Staff only: every owner's jobs. Anyone else's report lists their own jobs only.
+    all_owners = serializers.BooleanField(required=False, default=False)
+
+    def validate_all_owners(self, value: bool) -> bool:
+        owner = self.context.get("owner")
+        if value and not getattr(owner, "is_staff", False):
+            raise serializers.ValidationError("Only staff may report on every owner's jobs.")
+        return value
 
 
 class ErpParams(StrictParams):
@@ -46,14 +98,38 @@ class AiParams(StrictParams):
 
 class ModelParams(StrictParams):
     points = serializers.ListField(
-        child=serializers.ListField(child=serializers.FloatField(), min_length=2, max_length=2),
+        child=serializers.ListField(child=FiniteFloatField(), min_length=2, max_length=2),
         min_length=2,
         max_length=100_000,
     )
 
 
 class CamParams(StrictParams):
-    width = serializers.FloatField(min_value=0.001, max_value=10_000)
-    height = serializers.FloatField(min_value=0.001, max_value=10_000)
-    tool_diameter = serializers.FloatField(min_value=0.001, max_value=100, default=6.0)
-    stepover = serializers.FloatField(min_value=0.05, max_value=1.0, default=0.5)
+    # A toolpath this dense is not a real job: refuse it before a worker computes it.
+    MAX_PASSES = 100_000
+
+    width = FiniteFloatField(min_value=0.001, max_value=10_000)
+    height = FiniteFloatField(min_value=0.001, max_value=10_000)
+    tool_diameter = FiniteFloatField(min_value=0.001, max_value=100, default=6.0)
+    stepover = FiniteFloatField(min_value=0.05, max_value=1.0, default=0.5)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        passes = cam_passes(attrs["height"], attrs["tool_diameter"], attrs["stepover"])
+        if passes > self.MAX_PASSES:
+            raise serializers.ValidationError(
+                {
+                    "stepover": [
+                        f"This pocket needs {passes} passes; at most {self.MAX_PASSES} are "
+                        "accepted (raise the tool diameter or the stepover)."
+                    ]
+                }
+            )
+        return attrs
+
+
+def cam_passes(height: float, tool_diameter: float, stepover: float) -> int:
+    """Raster passes of a pocket of `height` (one formula for the schema and handler)."""
+    inner_h = height - tool_diameter
+    if inner_h <= 0:
+        return 1
+    return max(1, math.ceil(inner_h / (stepover * tool_diameter)) + 1)

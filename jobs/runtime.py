@@ -43,6 +43,7 @@ from jobs.services import (
     job_progress_write,
     job_retry,
     job_succeed,
+    validate_result,
 )
 from jobs.types import get_type
 
@@ -58,6 +59,8 @@ class JobContext:
     def __init__(self, *, job: Job, fence: Fence, log: Any) -> None:
         self.job_id = job.id
         self.job_type = job.type
+        # Handlers read and write only this owner's data (a report lists their jobs).
+        self.owner_id = job.owner_id
         self.attempt = fence.attempt
         # Stable across attempts: external systems recognise a repeated side effect.
         self.idempotency_key = str(job.id)
@@ -248,6 +251,7 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
             result = spec.load_handler()(ctx, job.params)
             if result is not None and not isinstance(result, dict):
                 result = {"value": result}
+            validate_result(result)
         except JobCancelled:
             outcome = "cancelled"
         except JobLost:

@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 from audit.canonical import canonical_bytes
 from audit.services import Actor, audit_append, format_ts, job_chain
 from config.tracing import current_traceparent
+from core.json import json_problem
 from jobs import metrics
 from jobs.errors import (
     ApplicationError,
@@ -31,6 +32,7 @@ from jobs.errors import (
     JobParamsInvalidError,
     JobTypeUnknownError,
     PayloadTooLargeError,
+    ResultInvalidError,
     TransitionRefusedError,
 )
 from jobs.models import Artefact, EventOutbox, Job
@@ -206,8 +208,12 @@ def validate_idempotency_key(key: str | None) -> str | None:
     return key
 
 
-def validate_params(job_type: str, params: Any) -> dict[str, Any]:
-    """Check type and params against the types table; return the params to store."""
+def validate_params(job_type: str, params: Any, *, owner: Any = None) -> dict[str, Any]:
+    """Check type and params against the types table; return the params to store.
+
+    What is stored (and what the handler receives) is the schema's validated value:
+    `{"steps": "20.0"}` becomes `{"steps": 20}`, defaults are filled in.
+    """
     spec = get_type(job_type) if isinstance(job_type, str) else None
     if spec is None:
         raise JobTypeUnknownError(
@@ -216,6 +222,9 @@ def validate_params(job_type: str, params: Any) -> dict[str, Any]:
         )
     if not isinstance(params, dict):
         raise JobParamsInvalidError(details={"params": ["Must be a JSON object."]})
+    problem = json_problem(params, max_depth=settings.JOBOPS_MAX_JSON_DEPTH)
+    if problem:
+        raise JobParamsInvalidError(details={"params": [f"Not storable JSON: it {problem}."]})
     try:
         encoded = canonical_bytes(params)
     except Exception as exc:  # rfc8785 refuses NaN, huge ints, non-string keys
@@ -225,10 +234,29 @@ def validate_params(job_type: str, params: Any) -> dict[str, Any]:
             f"params exceed {settings.JOBOPS_MAX_PAYLOAD_BYTES} bytes; "
             "pass large inputs by reference"
         )
-    serializer = spec.load_params_serializer()(data=params)
+    serializer = spec.load_params_serializer()(data=params, context={"spec": spec, "owner": owner})
     if not serializer.is_valid():
         raise JobParamsInvalidError(details=serializer.errors)
-    return params
+    return dict(serializer.validated_data)
+
+
+def validate_result(result: dict[str, Any] | None) -> None:
+    """A handler's result must store as canonical JSON within the payload limit; anything
+    else (NaN, a huge number, NUL, deep nesting) is a fatal RESULT_INVALID, never a
+    database error that would loop through the reaper."""
+    if result is None:
+        return
+    problem = json_problem(result, max_depth=settings.JOBOPS_MAX_JSON_DEPTH)
+    if problem is None:
+        try:
+            size = len(canonical_bytes(result))
+        except Exception as exc:  # rfc8785 refuses integers beyond 2**53, for one
+            problem = f"is not canonical JSON ({exc})"
+        else:
+            if size > settings.JOBOPS_MAX_PAYLOAD_BYTES:
+                problem = f"is {size} bytes (at most {settings.JOBOPS_MAX_PAYLOAD_BYTES})"
+    if problem:
+        raise ResultInvalidError(f"the handler's result {problem}"[:500])
 
 
 def job_create(
@@ -252,7 +280,7 @@ def job_create(
     Returns (job, created).
     """
     try:
-        params = validate_params(job_type, params)
+        params = validate_params(job_type, params, owner=owner)
         idempotency_key = validate_idempotency_key(idempotency_key)
     except ApplicationError:
         _create_counter(job_type, "rejected").inc()

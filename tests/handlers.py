@@ -82,6 +82,13 @@ def _act(ctx: Any, params: dict[str, Any], r: redis.Redis) -> dict[str, Any] | N
         if ctx.attempt <= int(params["n"]):
             raise TransientExternalError(f"planned failure {ctx.attempt}", code="PLANNED")
         return {"ok": True, "attempt": ctx.attempt}
+    if do == "bad_result":  # a result that cannot be stored (NaN, deep, NUL, ...)
+        value = {"nan": float("nan"), "nul": "a\x00b"}.get(params.get("kind", "nan"))
+        if params.get("kind") == "deep":
+            value = []
+            for _ in range(100):
+                value = [value]
+        return {"value": value}
     if do == "crash":  # an unexpected exception: retryable by the taxonomy
         raise RuntimeError("unexpected")
     if do == "fatal":

@@ -1,32 +1,43 @@
-"""`report`: a CSV of jobs (optionally filtered by status and type) saved as an artefact."""
+"""`report`: a CSV of the owner's jobs (optionally filtered by status and type), saved as
+an artefact. A handler sees only its owner's data: every owner's jobs only when a staff
+owner asked for `all_owners` (jobs.params.ReportParams checks who may). Rows are
+streamed to a temporary file, so memory stays flat whatever the limit.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
+import tempfile
 from typing import Any
 
 from jobs.models import Job
 
+HEADER = ["id", "type", "status", "attempts", "created_at", "updated_at"]
+
 
 def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
     jobs = Job.objects.order_by("-created_at")
+    if not params.get("all_owners"):
+        jobs = jobs.filter(owner_id=ctx.owner_id)
     if params.get("status"):
         jobs = jobs.filter(status=params["status"])
     if params.get("type"):
         jobs = jobs.filter(type=params["type"])
-    rows = jobs.values_list("id", "type", "status", "attempts", "created_at", "updated_at")[
-        : int(params.get("limit", 1000))
-    ]
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["id", "type", "status", "attempts", "created_at", "updated_at"])
+    rows = jobs.values_list(*HEADER)[: params["limit"]]
     count = 0
-    for job_id, job_type, status, attempts, created, updated in rows.iterator():
-        writer.writerow(
-            [job_id, job_type, status, attempts, created.isoformat(), updated.isoformat()]
-        )
-        count += 1
-    ctx.progress(80, step="written", message=f"{count} rows")
-    artefact = ctx.save_artefact("report", "jobs.csv", buffer.getvalue(), content_type="text/csv")
+    with tempfile.TemporaryFile() as spool:
+        text = io.TextIOWrapper(spool, encoding="utf-8", newline="")
+        writer = csv.writer(text)
+        writer.writerow(HEADER)
+        for job_id, job_type, status, attempts, created, updated in rows.iterator():
+            writer.writerow(
+                [job_id, job_type, status, attempts, created.isoformat(), updated.isoformat()]
+            )
+            count += 1
+        text.flush()
+        ctx.progress(80, step="written", message=f"{count} rows")
+        spool.seek(0)
+        artefact = ctx.save_artefact("report", "jobs.csv", spool, content_type="text/csv")
+        text.detach()
     return {"rows": count, "artefact_id": str(artefact.id), "sha256": artefact.sha256}

@@ -117,6 +117,33 @@ def test_fatal_and_nonretryable_dead_letter_at_once(shared_worker, scripted, do,
     assert wait_for(lambda: str(job.id) in dlq_job_ids("model"), timeout=10)
 
 
+@pytest.mark.parametrize("kind", ["nan", "nul", "deep"])
+def test_a_result_that_cannot_be_stored_fails_fatally(shared_worker, scripted, kind):
+    job = script(job_type="model", do="bad_result", kind=kind)
+    done = finished(job.id)
+    # Before: a DataError at the final write, then the reaper, six times, `worker_lost`.
+    assert (done.status, done.attempts, done.last_error_code) == ("failed", 1, "RESULT_INVALID")
+    assert done.result is None
+    row = DeadLetter.objects.get(job_id=job.id)
+    assert (row.reason, row.error_code, row.state) == ("fatal", "RESULT_INVALID", "open")
+
+
+def test_report_lists_only_its_owners_jobs(shared_worker):
+    alice, bob = UserFactory(), UserFactory()
+    alices = make_job(owner=alice, job_type="sim", params={"steps": 1, "step_seconds": 0})
+    bobs = make_job(owner=bob, job_type="sim", params={"steps": 1, "step_seconds": 0})
+    report = make_job(owner=alice, job_type="report", params={})
+    done = finished(report.id)
+    assert done.status == "succeeded", done.last_error_message
+    csv_text = done.artefacts.get().file.read().decode()
+    assert str(alices.id) in csv_text and str(report.id) in csv_text
+    assert str(bobs.id) not in csv_text
+    staff = UserFactory(is_staff=True)
+    wide = finished(make_job(owner=staff, job_type="report", params={"all_owners": True}).id)
+    wide_text = wide.artefacts.get().file.read().decode()
+    assert str(alices.id) in wide_text and str(bobs.id) in wide_text
+
+
 def test_running_sim_cancelled_at_step_three_stops_within_a_step(shared_worker):
     job = make_job(job_type="sim", params={"steps": 20, "step_seconds": 0.3})
     wait_for(

@@ -30,7 +30,8 @@ def test_submit_job_prints_the_id_and_status():
     out, _ = run("submit_job", "--type", "sim", "--params", '{"steps": 2}', "--owner", "alice")
     job = Job.objects.get()
     assert out.strip().startswith(f"{job.id} pending (created")
-    assert job.owner == owner and job.params == {"steps": 2}
+    # Stored as validated: what the handler will receive, defaults filled in.
+    assert job.owner == owner and job.params == {"steps": 2, "step_seconds": 0.5, "seed": 0}
 
 
 @pytest.mark.django_db

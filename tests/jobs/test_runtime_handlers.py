@@ -11,6 +11,12 @@ import pytest
 
 from jobs.errors import JobValidationError, NetworkError, RateLimitedError, TransientExternalError
 from jobs.handlers import ai, cam, erp, model, sim
+from jobs.services import validate_params
+
+
+def valid(job_type: str, params: dict) -> dict:
+    """What a handler receives: the params as the type's schema validated them."""
+    return validate_params(job_type, params)
 
 
 class Ctx:
@@ -48,24 +54,28 @@ def test_model_fits_a_line_exactly_through_collinear_points():
 
 
 def test_cam_zig_zag_toolpath_covers_the_pocket():
-    out = cam.run(Ctx(), {"width": 100, "height": 50, "tool_diameter": 10, "stepover": 0.5})
+    out = cam.run(
+        Ctx(), valid("cam", {"width": 100, "height": 50, "tool_diameter": 10, "stepover": 0.5})
+    )
     # inner 90 x 40, passes 5 mm apart: 9 passes of 90 mm plus 8 steps of 5 mm
     assert out["passes"] == 9 and out["length"] == pytest.approx(9 * 90 + 8 * 5)
     with pytest.raises(JobValidationError):
-        cam.run(Ctx(), {"width": 1, "height": 10, "tool_diameter": 6})
+        cam.run(Ctx(), valid("cam", {"width": 1, "height": 10, "tool_diameter": 6}))
 
 
 def test_sim_reports_monotonic_progress_and_stops_at_a_cancellation_point():
     ctx = Ctx()
-    out = sim.run(ctx, {"steps": 5, "step_seconds": 0, "seed": 3})
+    out = sim.run(ctx, valid("sim", {"steps": 5, "step_seconds": 0, "seed": 3}))
     assert [p for p, _ in ctx.progress_calls] == [20, 40, 60, 80, 100] and out["steps"] == 5
-    assert sim.run(Ctx(), {"steps": 5, "step_seconds": 0, "seed": 3}) == out  # deterministic
+    assert (
+        sim.run(Ctx(), valid("sim", {"steps": 5, "step_seconds": 0, "seed": 3})) == out
+    )  # deterministic
     from jobs.errors import JobCancelled
 
     cancelled = Ctx()
     cancelled.cancel_after = 3
     with pytest.raises(JobCancelled):
-        sim.run(cancelled, {"steps": 20, "step_seconds": 0})
+        sim.run(cancelled, valid("sim", {"steps": 20, "step_seconds": 0}))
     assert len(cancelled.progress_calls) == 3
 
 
