@@ -28,27 +28,92 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
+from celery.utils.log import get_logger
 from celery.worker.consumer import Consumer
+from kombu.utils.encoding import safe_repr
+from vine import promise
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("jobops", include=["jobs.tasks"])
+logger = get_logger("jobops.consumer")
 # Each worker refreshes a liveness key in Redis (jobs/liveness.py, `manage.py liveness`).
 app.steps["worker"].add("jobs.liveness:HeartbeatStep")
 
 
 class JobopsConsumer(Consumer):
-    """Celery's consumer without its native delayed delivery step.
+    """Celery's consumer, hardened against messages no publisher of ours would send.
 
-    With quorum queues Celery 5.5 declares `celery_delayed_*` exchanges and queues and
-    binds our queues to them. jobops uses no countdown/ETA (retries wait in the
-    database, DESIGN.md 3.3) and Celery must declare nothing beyond our topology.
+    - Every message is decoded and checked in the consumer, before Celery hands it to a
+      pool child (`message_problem`): a body nested a few hundred levels deep made the
+      main process raise RecursionError while pickling it for the child, and the worker
+      exited ("Unrecoverable error"); redelivery repeated it. Such a message is rejected
+      without requeue, so RabbitMQ dead-letters it to `<q>_dlq` and the watcher records
+      it (DESIGN.md 4.1).
+    - A body that cannot be decoded is rejected the same way; Celery's default acks it
+      away, and the message was lost.
+    - No native delayed delivery step: with quorum queues Celery 5.5 declares
+      `celery_delayed_*` exchanges and queues and binds our queues to them. jobops uses
+      no countdown/ETA (retries wait in the database, DESIGN.md 3.3) and Celery must
+      declare nothing beyond our topology.
     """
 
     class Blueprint(Consumer.Blueprint):
         default_steps = [
             s for s in Consumer.Blueprint.default_steps if not s.endswith("DelayedDelivery")
         ]
+
+    def create_task_handler(self, promise: Any = promise) -> Any:
+        on_task_received = super().create_task_handler(promise)
+
+        def on_checked_task_received(message: Any) -> Any:
+            problem = message_problem(message)
+            if problem is None:
+                return on_task_received(message)
+            logger.error(
+                "Rejecting a message to its dead-letter queue: %s (headers %s)",
+                problem,
+                safe_repr(message.headers)[:500],
+            )
+            message.reject_log_error(logger, self.connection_errors, requeue=False)
+            return None
+
+        return on_checked_task_received
+
+    def on_decode_error(self, message: Any, exc: BaseException) -> None:
+        logger.error("Rejecting an undecodable message to its dead-letter queue: %r", exc)
+        message.reject_log_error(logger, self.connection_errors, requeue=False)
+
+
+def message_problem(message: Any) -> str | None:
+    """Why a job message must not reach a pool child, or None.
+
+    A job message is Celery protocol 2 JSON, `[[payload], {}, {...}]` with one object
+    argument, no deeper than the API would ever accept (JOBOPS_MAX_JSON_DEPTH for the
+    params inside the payload and its envelope).
+    """
+    from django.conf import settings
+
+    from core.json import json_problem
+
+    if not isinstance(message.headers, dict) or "task" not in message.headers:
+        return None  # Celery's own path rejects unknown formats without requeue
+    try:
+        body = message.decode()
+    except Exception as exc:  # undecodable, disallowed content type, or too deep to parse
+        return f"undecodable body ({type(exc).__name__})"
+    problem = json_problem(body, max_depth=settings.JOBOPS_MAX_JSON_DEPTH + 4)
+    if problem:
+        return f"body {problem}"
+    if not (
+        isinstance(body, list)
+        and len(body) == 3
+        and isinstance(body[0], list)
+        and len(body[0]) == 1
+        and isinstance(body[0][0], dict)
+    ):
+        return "not a job message ([[payload], {}, {}] expected)"
+    return None
 
 
 def celery_config() -> dict[str, Any]:

@@ -22,6 +22,7 @@ import base64
 import datetime
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from amqp.exceptions import NotFound
 from django.conf import settings
 from kombu import Connection
 
+from core.json import json_problem
 from dlq.errors import UnknownQueueError
 from jobs.topology import dlq_name, primary_queues
 
@@ -90,12 +92,35 @@ class DecodedMessage:
         }
 
 
-def jsonable(value: Any) -> Any:
-    """AMQP header values (datetimes, bytes, nested tables) as JSON-safe values."""
+# A dead-lettered message may hold anything (a hostile publisher, a bug): what is kept
+# of it must fit the dead_letters columns and what PostgreSQL text/jsonb accept.
+MAX_BODY_CHARS = 64 * 1024
+MAX_HEADER_CHARS = 4096
+MAX_HEADER_DEPTH = 16
+MAX_MESSAGE_ID = 255
+
+
+def clean_text(text: str, limit: int) -> str:
+    """`text` storable in PostgreSQL: NUL and lone surrogates escaped, then truncated."""
+    text = text.replace("\x00", "\\u0000")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "...(truncated)"
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """AMQP header values (datetimes, bytes, nested tables) as JSON-safe, storable values."""
+    if depth > MAX_HEADER_DEPTH:
+        return "(nested too deep)"
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {
+            clean_text(str(k), MAX_HEADER_CHARS): jsonable(v, depth + 1) for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
+        return [jsonable(v, depth + 1) for v in value]
+    if isinstance(value, str):
+        return clean_text(value, MAX_HEADER_CHARS)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=datetime.UTC)
@@ -103,9 +128,9 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
         try:
-            return raw.decode("utf-8")
+            return clean_text(raw.decode("utf-8"), MAX_HEADER_CHARS)
         except UnicodeDecodeError:
-            return "base64:" + base64.b64encode(raw).decode("ascii")
+            return "base64:" + base64.b64encode(raw[:MAX_HEADER_CHARS]).decode("ascii")
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return str(value)
@@ -123,8 +148,11 @@ def _payload_from_body(body: bytes, content_type: str | None) -> tuple[Any, str 
     # names its job, which is worth more to the operator than a raw body.
     try:
         decoded = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        return None, f"body is not JSON ({content_type or 'no content type'}): {exc}"
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return None, f"body is not JSON ({content_type or 'no content type'}): {exc!r}"[:500]
+    problem = json_problem(decoded, max_depth=settings.JOBOPS_MAX_JSON_DEPTH + 4)
+    if problem:
+        return None, f"body {problem}"
     if isinstance(decoded, list) and decoded and isinstance(decoded[0], list):
         args = decoded[0]
     elif isinstance(decoded, dict) and isinstance(decoded.get("args"), list):  # protocol 1
@@ -161,9 +189,9 @@ def decode_message(
     msg.delivery_tag = (delivery_info or {}).get("delivery_tag")
     msg.redelivered = bool((delivery_info or {}).get("redelivered"))
     try:
-        msg.body_text = raw.decode("utf-8")
+        msg.body_text = clean_text(raw.decode("utf-8"), MAX_BODY_CHARS)
     except UnicodeDecodeError:
-        msg.body_text = "base64:" + base64.b64encode(raw).decode("ascii")
+        msg.body_text = "base64:" + base64.b64encode(raw[:MAX_BODY_CHARS]).decode("ascii")
     # The death in the primary queue: the first entry naming a jobs queue, else the last.
     primaries = {q.name for q in primary_queues()}
     death = None
@@ -176,9 +204,12 @@ def decode_message(
     first_reason = safe_headers.get("x-first-death-reason")
     reason = (death or {}).get("reason") or first_reason
     msg.reason = BROKER_REASONS.get(str(reason)) if reason else None
-    msg.queue = (death or {}).get("queue") or safe_headers.get("x-first-death-queue")
+    queue = (death or {}).get("queue") or safe_headers.get("x-first-death-queue")
     keys = (death or {}).get("routing-keys") or []
-    msg.routing_key = keys[0] if keys else (delivery_info or {}).get("routing_key")
+    routing_key = keys[0] if keys else (delivery_info or {}).get("routing_key")
+    msg.routing_key = clean_text(str(routing_key), 255) if routing_key else None
+    # Only our queues name a DLQ; anything else a header claims is not trusted.
+    msg.queue = queue if queue in primaries else None
     if msg.queue is None and msg.routing_key in primaries:
         msg.queue = msg.routing_key
     msg.task = safe_headers.get("task") if isinstance(safe_headers.get("task"), str) else None
@@ -192,15 +223,17 @@ def decode_message(
             msg.attempt = payload["attempt"]
     msg.decode_error = error
     job_id = header_job or (payload or {}).get("job_id")
-    msg.job_id = str(job_id) if job_id else None
+    msg.job_id = clean_text(str(job_id), 64) if job_id else None
     if msg.task_id:
         msg.message_id = f"task:{msg.task_id}"
     elif properties.get("message_id"):
-        msg.message_id = f"amqp:{properties['message_id']}"
+        msg.message_id = f"amqp:{clean_text(str(properties['message_id']), MAX_MESSAGE_ID)}"
     else:
         first_time = (death or {}).get("time") or ""
         digest = hashlib.sha256(raw + f"|{msg.queue}|{first_time}".encode()).hexdigest()
         msg.message_id = f"sha256:{digest}"
+    if len(msg.message_id) > MAX_MESSAGE_ID:  # still unique: a digest of the long id
+        msg.message_id = "sha256:" + hashlib.sha256(msg.message_id.encode()).hexdigest()
     return msg
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 from amqp.exceptions import NotFound
-from django.db import DatabaseError
+from django.db import InterfaceError, OperationalError
 from kombu import Connection
 
 from dlq.broker import DecodedMessage, broker_channel, decode_amqp, queue_depth
@@ -79,23 +79,37 @@ def _sweep(queues: set[str], connection: Connection | None) -> None:
 
 
 def _reconcile(channel: Any, message: Any) -> tuple[DecodedMessage, str]:
+    """Record one watched message; only an unreachable database hands it back.
+
+    Any other failure (a value the database refuses, a bug) would bring the message back
+    at the head of `dlq.watch` forever and block every message behind it: it is kept
+    as a row without a job instead, first with what could be read of it, then bare.
+    """
     decoded = decode_amqp(message)
-    try:
-        return decoded, dead_letter_reconcile(message=decoded)
-    except DatabaseError:
-        channel.basic_reject(message.delivery_tag, requeue=True)
-        raise
-    except Exception:
-        # A message that breaks reconciliation for another reason would come back
-        # forever; keep it as a row without a job (raw body and headers) instead.
-        log.exception("dlq_watch_reconcile_failed", message_id=decoded.message_id)
-        decoded.job_id = None
-        decoded.decode_error = "reconciliation failed; see the logs"
+    for fallback in (None, _without_job, _bare):
+        if fallback is not None:
+            fallback(decoded)
         try:
             return decoded, dead_letter_reconcile(message=decoded)
-        except Exception:
+        except (OperationalError, InterfaceError):
             channel.basic_reject(message.delivery_tag, requeue=True)
             raise
+        except Exception:
+            log.exception("dlq_watch_reconcile_failed", message_id=decoded.message_id)
+    channel.basic_reject(message.delivery_tag, requeue=True)
+    raise RuntimeError(f"dead letter {decoded.message_id} could not be recorded")
+
+
+def _without_job(decoded: DecodedMessage) -> None:
+    decoded.job_id = None
+    decoded.decode_error = "reconciliation failed; see the watcher's log"
+
+
+def _bare(decoded: DecodedMessage) -> None:
+    # Only what the columns surely accept; the broker copy in <q>_dlq keeps the rest.
+    decoded.headers = {"dropped": "headers could not be stored"}
+    decoded.x_death = None
+    decoded.body_text = ""
 
 
 __all__ = ["Outcome", "watch_once"]

@@ -213,3 +213,29 @@ def test_a_copy_from_before_a_replay_is_stale_and_leaves_the_job_alone(amqp):
 
 def test_watch_once_with_nothing_waiting_returns_zero_at_once(topology):
     assert watch_once() == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        (b"x", {"id": "t" * 300, "task": "jobs.erp"}),  # a message_id past its column
+        (b"x", {"id": "task-nul", "job_id": "a\x00b", "note": "NUL\x00here"}),
+        (b'[[{"job_id": "x\\u0000y", "s": "\\ud800"}], {}, {}]', {"id": "task-esc"}),
+        (b"[" * 5000 + b"]" * 5000, {"x-first-death-queue": "q" * 200}),
+    ],
+    ids=["long-message-id", "nul-in-headers", "nul-and-surrogate-in-body", "deep-body"],
+)
+def test_a_hostile_message_is_recorded_sanitised_and_the_next_one_follows(amqp, body, headers):
+    """Before: any DatabaseError requeued the message, which then blocked dlq.watch."""
+    _raw_dead_letter(amqp, body, headers=headers)
+    _raw_dead_letter(amqp, b"the next one")
+    from tests.dlq.conftest import wait_depth
+
+    wait_depth(amqp, WATCH_QUEUE_NAME, 2)
+    assert watch_once() == 2
+    rows = list(DeadLetter.objects.order_by("id"))
+    assert len(rows) == 2 and all(r.job_id is None and r.state == "open" for r in rows)
+    hostile = rows[0]
+    assert len(hostile.message_id) <= 255 and hostile.queue == "erp_dlq"
+    assert "\x00" not in json.dumps(hostile.headers, ensure_ascii=False) + (hostile.body or "")
+    assert depth(amqp, WATCH_QUEUE_NAME) == 0

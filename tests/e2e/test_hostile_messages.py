@@ -1,0 +1,91 @@
+"""Messages no API would send, published straight to a primary queue: each is dead-lettered
+and recorded, the worker stays alive, and the next job still runs (issue: trust)."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from kombu import Connection, Exchange, Producer
+
+from dlq.models import DeadLetter
+from tests.factories import make_job
+from tests.workers import job_finished as finished
+from tests.workers import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
+
+
+def dlq_bodies(queue: str) -> list[bytes]:
+    found = []
+    with Connection(settings.BROKER_URL) as conn:
+        channel = conn.channel()
+        while (message := channel.basic_get(f"{queue}_dlq", no_ack=True)) is not None:
+            body = message.body
+            found.append(body if isinstance(body, bytes) else body.encode())
+    return found
+
+
+def publish_raw(queue: str, body: bytes, headers: dict | None, content_type: str) -> None:
+    with Connection(settings.BROKER_URL) as conn:
+        producer = Producer(conn.channel(), exchange=Exchange("jobs.direct", type="direct"))
+        producer.publish(
+            body,
+            routing_key=queue,
+            headers=headers or {},
+            content_type=content_type,
+            content_encoding="utf-8" if content_type == "application/json" else "binary",
+            declare=[],
+            serializer=None,
+        )
+
+
+def celery_headers(task: str = "jobs.ai") -> dict:
+    return {"task": task, "id": "hostile-1", "lang": "py", "argsrepr": "", "kwargsrepr": ""}
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth  # built as text: json.dumps itself would recurse
+
+
+def _still_serving(worker) -> None:
+    assert worker.alive(), worker.log_text()[-3000:]
+    job = make_job(job_type="sim", params={"steps": 1, "step_seconds": 0})
+    assert finished(job.id).status == "succeeded", worker.log_text()[-3000:]
+
+
+def _null_job_rows(queue: str) -> list[DeadLetter]:
+    return list(DeadLetter.objects.filter(job__isnull=True, queue=f"{queue}_dlq"))
+
+
+@pytest.mark.parametrize("depth", [500, 3_000])
+def test_a_deeply_nested_message_is_dead_lettered_and_the_worker_lives(shared_worker, depth):
+    worker, _ = shared_worker
+    job_id = "00000000-0000-0000-0000-000000000000"
+    body = f'[[{{"job_id": "{job_id}", "deep": {nested(depth)}}}], {{}}, {{}}]'.encode()
+    publish_raw("default", body, celery_headers(), "application/json")
+    assert wait_for(lambda: dlq_bodies("default"), timeout=15) == [body]
+    # The dispatcher's watcher recorded it: a row without a job, for an operator.
+    (row,) = wait_for(lambda: _null_job_rows("default"), timeout=15)
+    assert row.state == "open"
+    _still_serving(worker)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "content_type"),
+    [
+        (b"\xff\xfe not json at all", celery_headers(), "application/json"),
+        (b'{"hello": "no celery headers"}', None, "application/json"),
+        (b"\x80\x04pickle?", celery_headers(), "application/x-python-serialize"),
+    ],
+    ids=["not-json", "no-celery-headers", "pickle-refused"],
+)
+def test_an_undecodable_message_is_dead_lettered_not_acked(
+    shared_worker, body, headers, content_type
+):
+    worker, _ = shared_worker
+    publish_raw("default", body, headers, content_type)
+    copies = wait_for(lambda: dlq_bodies("default"), timeout=15)
+    assert copies == [body]
+    (row,) = wait_for(lambda: _null_job_rows("default"), timeout=15)
+    assert row.state == "open" and row.job_id is None
+    _still_serving(worker)
