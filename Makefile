@@ -27,6 +27,8 @@ run: migrate
 	-$(MANAGE) setup_topology
 	$(MANAGE) collectstatic --noinput -v 0
 	$(MANAGE) bootstrap_admin
+	rm -rf var/prometheus && mkdir -p var/prometheus/web var/prometheus/worker_long \
+	  var/prometheus/worker_light var/prometheus/dispatcher
 	$(BIN)/honcho start -f Procfile
 
 lint: install
@@ -47,6 +49,7 @@ test-slow: install
 	$(BIN)/pytest -m slow
 
 worker: install
+	mkdir -p var/prometheus/worker_long var/prometheus/worker_light
 	$(BIN)/honcho start -f Procfile worker_long worker_light
 
 dispatcher: install

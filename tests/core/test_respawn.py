@@ -1,0 +1,74 @@
+"""A worker group that exits is started again, and the Procfile runner keeps the rest up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "RESPAWN_MIN_BACKOFF": "0.1", "PYTHONUNBUFFERED": "1"}
+
+
+def _respawn(*cmd: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "core.respawn", "--", *cmd],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_a_command_that_exits_is_started_again_until_told_to_stop():
+    proc = _respawn(sys.executable, "-c", "print('run'); raise SystemExit(3)")
+    lines = []
+    deadline = time.monotonic() + 15
+    while sum(line.strip() == "run" for line in lines) < 3 and time.monotonic() < deadline:
+        lines.append(proc.stdout.readline())
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+    assert sum(line.strip() == "run" for line in lines) >= 3
+    assert any("exited with 3" in line for line in lines)
+
+
+def test_sigterm_reaches_the_command_and_ends_the_loop():
+    child = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('term', flush=True), sys.exit(0)))\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = _respawn(sys.executable, "-c", child)
+    assert proc.stdout.readline().strip() == "up"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and "term" in out and "starting it again" not in out
+
+
+def test_honcho_keeps_the_other_processes_when_a_respawned_one_exits(tmp_path):
+    procfile = tmp_path / "Procfile"
+    procfile.write_text(
+        f"crashy: {sys.executable} -m core.respawn -- {sys.executable} -c 'raise SystemExit(1)'\n"
+        f"steady: {sys.executable} -c 'import time; time.sleep(60)'\n"
+    )
+    honcho = Path(sys.executable).parent / "honcho"
+    proc = subprocess.Popen(
+        [str(honcho), "start", "-f", str(procfile), "-d", str(ROOT)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(3)  # crashy has exited (and been restarted) many times by now
+        assert proc.poll() is None, proc.stdout.read()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=15)
+    assert out.count("exited with 1") >= 2
