@@ -36,6 +36,7 @@ from kombu import Connection, Consumer, Producer, Queue
 from kombu.message import Message
 
 from config.logging import log_context
+from core.redact import redact_url, redact_urls_in
 from jobs import metrics
 from jobs.topology import erp_events_queue
 
@@ -65,7 +66,7 @@ def event_post(
             allow_redirects=False,
         )
     except requests.RequestException as exc:  # timeout, refused, reset, DNS
-        return RETRY, None, repr(exc)[:500]
+        return RETRY, None, redact_urls_in(repr(exc))[:500]
     status = response.status_code
     if 200 <= status < 300:
         return DELIVERED, status, ""
@@ -130,7 +131,9 @@ class ErpBridge:
 
     def park(self, message: Message, *, status: int | None, reason: str) -> None:
         headers = dict(message.headers or {})
-        headers.update({"x-erp-status": status, "x-erp-reason": reason, "x-erp-url": self.url})
+        headers.update(
+            {"x-erp-status": status, "x-erp-reason": reason, "x-erp-url": redact_url(self.url)}
+        )
         try:
             self.producer.publish(
                 message.body,
@@ -198,7 +201,7 @@ def erp_bridge_run(
             prefetch_count=1,
             auto_declare=False,
         ):
-            log.info("erp_bridge_started", url=url)
+            log.info("erp_bridge_started", url=redact_url(url))
             last_activity = time.monotonic()
             while not stop.is_set():
                 if bridge.exhausted():

@@ -12,6 +12,7 @@ from typing import Any
 import requests  # type: ignore[import-untyped]
 from django.conf import settings
 
+from core.redact import redact_urls_in
 from jobs.errors import (
     FatalError,
     JobValidationError,
@@ -32,9 +33,13 @@ def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
             url, json=body, headers={"Idempotency-Key": ctx.idempotency_key}, timeout=(5, 30)
         )
     except requests.Timeout as exc:
-        raise NetworkError(f"ERP timed out: {exc}", code="ERP_TIMEOUT") from exc
+        raise NetworkError(
+            f"ERP timed out: {redact_urls_in(str(exc))}", code="ERP_TIMEOUT"
+        ) from exc
     except requests.ConnectionError as exc:
-        raise NetworkError(f"ERP unreachable: {exc}", code="ERP_UNREACHABLE") from exc
+        raise NetworkError(
+            f"ERP unreachable: {redact_urls_in(str(exc))}", code="ERP_UNREACHABLE"
+        ) from exc
     status = response.status_code
     if status == 429:
         raise RateLimitedError("ERP rate limited the call", code="ERP_429")

@@ -126,7 +126,8 @@ def test_an_unreachable_receiver_keeps_the_event_queued(erp_queues):
 def test_a_client_error_is_parked_not_retried(erp_queues):
     (event,) = relayed_job_events(transitions=False)
     with Receiver(script=[400]) as erp:
-        counts = erp_bridge_run(url=erp.url, idle_timeout=1.0)
+        # A credential in the URL's query never reaches the parked message's headers.
+        counts = erp_bridge_run(url=erp.url + "?token=s3cret", idle_timeout=1.0)
 
     assert len(erp.requests) == 1  # no loop on a permanent refusal
     assert counts == {"delivered": 0, "retry": 0, "park": 1}
@@ -136,3 +137,4 @@ def test_a_client_error_is_parked_not_retried(erp_queues):
     assert json.loads(parked.body) == event
     assert parked.properties["message_id"] == event["event_id"]
     assert parked.headers["x-erp-status"] == 400
+    assert parked.headers["x-erp-url"] == erp.url + "?***"

@@ -126,3 +126,23 @@ def test_erp_unreachable_is_a_retryable_network_error(settings):
     settings.JOBOPS_ERP_WEBHOOK_URL = "http://127.0.0.1:1/hook"
     with pytest.raises(NetworkError):
         erp.run(Ctx(), {"event": "x"})
+
+
+def test_an_erp_url_credential_never_reaches_the_error_message(settings):
+    settings.JOBOPS_ERP_WEBHOOK_URL = "http://user:pw@127.0.0.1:1/hook?token=s3cret-t0ken"
+    with pytest.raises(NetworkError) as raised:
+        erp.run(Ctx(), {"event": "x"})
+    message = str(raised.value)
+    assert "/hook?***" in message  # still says where it failed
+    assert "s3cret-t0ken" not in message and "pw" not in message.replace("/hook", "")
+
+
+def test_redaction_of_urls_in_text():
+    from core.redact import redact_url, redact_urls_in
+
+    assert redact_url("https://u:p@erp.example:8443/h?token=x") == "https://erp.example:8443/h?***"
+    assert redact_url("https://erp.example/h") == "https://erp.example/h"
+    text = "Max retries exceeded with url: /hook?token=abc (Caused by https://a:b@h/x?k=v)"
+    assert redact_urls_in(text) == (
+        "Max retries exceeded with url: /hook?*** (Caused by https://***@h/x?***)"
+    )
