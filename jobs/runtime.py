@@ -115,6 +115,12 @@ class JobContext:
             fence=self._fence,
         )
 
+    def cancel_requested(self) -> bool:
+        """Whether cancellation was requested, read from the database now."""
+        if not self._cancel_seen:
+            self._cancel_seen = job_lock_state(job_id=self.job_id, fence=self._fence)
+        return self._cancel_seen
+
     # --- runtime internals ------------------------------------------------------------
     def _ensure_alive(self) -> None:
         if self._lost.is_set():
@@ -299,6 +305,12 @@ def _finish(
     assert error is not None
     kind, code = classify(error)
     message = f"{type(error).__name__}: {error}"[:2000]
+    if ctx.cancel_requested():
+        # The user asked to stop: a failure after that ends the job as they asked, not
+        # as a retry or a dead letter someone would have to discard.
+        job_cancel_confirm(job_id=job.id, fence=fence, progress=progress)
+        log.info("job_cancelled", after_error=code)
+        return {**summary, "outcome": "cancelled"}
     if kind == "retry" and fence.attempt < job.max_attempts:
         delay = backoff_delay(attempt=fence.attempt, cap=spec.backoff_cap)
         job_retry(

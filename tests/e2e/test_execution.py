@@ -144,6 +144,19 @@ def test_report_lists_only_its_owners_jobs(shared_worker):
     assert str(alices.id) in wide_text and str(bobs.id) in wide_text
 
 
+@pytest.mark.parametrize("then", ["crash", "fatal"])
+def test_a_cancel_is_honoured_when_the_handler_then_fails(shared_worker, scripted, then):
+    job = script(job_type="model", do="wait_then", then=then)
+    wait_for(lambda: Job.objects.get(id=job.id).status == "running", timeout=20)
+    job_cancel(job_id=job.id, actor=Actor.system("test"))
+    handlers.redis_client().set(handlers.key(job.id, "go"), "1")
+    done = finished(job.id)
+    # Before: `retrying` (then run again) or `failed` with a dead letter to discard.
+    assert (done.status, done.attempts) == ("cancelled", 1)
+    assert not DeadLetter.objects.filter(job_id=job.id).exists()
+    assert "retrying" not in events(job.id) and events(job.id)[-1] == "cancelled"
+
+
 def test_running_sim_cancelled_at_step_three_stops_within_a_step(shared_worker):
     job = make_job(job_type="sim", params={"steps": 20, "step_seconds": 0.3})
     wait_for(
