@@ -6,6 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MANAGE := $(BIN)/python manage.py
 
+# Development values for `make run`, `make test` and the rest (settings default to
+# production: DEBUG off refuses the development secrets). Override on the command line.
+export DEBUG ?= true
+
 .PHONY: install run test test-slow lint fmt typecheck migrate topology worker dispatcher bench lock clean
 
 $(STAMP): pyproject.toml constraints.txt

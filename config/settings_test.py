@@ -1,5 +1,11 @@
 """Test settings: only what tests need differently. Services stay real."""
 
+import os
+
+# Tests run with development values (DEBUG defaults to off, which would refuse the
+# development secrets); set before config.settings reads the environment.
+os.environ.setdefault("DEBUG", "true")
+
 from config.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast user factories

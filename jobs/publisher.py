@@ -78,24 +78,23 @@ def message_headers(job: Job) -> dict[str, Any]:
     return headers
 
 
-def _connection() -> Connection:
+def _connection(timeout: float) -> Connection:
     """One broker connection per thread, reused across publishes, rebuilt after errors.
 
-    Keyed by URL so that a test (or a reconfigured process) pointing BROKER_URL
-    elsewhere gets a connection to the new place.
+    Keyed by URL and timeout so that a test (or a reconfigured process) pointing
+    BROKER_URL elsewhere gets a connection to the new place, and a request thread's
+    short connect timeout is never a dispatcher's long one.
     """
-    url = settings.BROKER_URL
+    key = (settings.BROKER_URL, timeout)
     conn = getattr(_local, "conn", None)
-    if conn is not None and getattr(_local, "url", None) != url:
+    if conn is not None and getattr(_local, "key", None) != key:
         _drop_connection()
         conn = None
     if conn is None:
         conn = Connection(
-            url,
-            connect_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
-            transport_options={"confirm_publish": True},
+            key[0], connect_timeout=timeout, transport_options={"confirm_publish": True}
         )
-        _local.conn, _local.url = conn, url
+        _local.conn, _local.key = conn, key
     return conn
 
 
@@ -109,27 +108,24 @@ def _drop_connection() -> None:
             pass
 
 
-def message_publish(*, job: Job) -> None:
+def message_publish(*, job: Job, timeout: float | None = None) -> None:
     """Publish one job's message and wait for the broker's confirm.
 
     Raises on any failure: connection refused, an unroutable message (`mandatory`
     makes RabbitMQ return it, and py-amqp raises), a nack, a confirm timeout.
+    `timeout` bounds the connect and the confirm (JOBOPS_PUBLISH_TIMEOUT_SECONDS).
     """
+    timeout = timeout or settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS
     from config.celery import app
 
     spec = get_type(job.type)
     assert spec is not None
     headers = message_headers(job)
     try:
-        conn = _connection()
+        conn = _connection(timeout)
         # Fail fast (no sleeping between tries): the caller is an API request or the
         # dispatcher loop, and the job is safe in the database either way.
-        conn.ensure_connection(
-            max_retries=1,
-            interval_start=0,
-            interval_step=0,
-            timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
-        )
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
         producer = app.amqp.Producer(conn.default_channel, auto_declare=False)
         with publish_span(traceparent=job.traceparent, job_id=str(job.id), job_type=job.type):
             app.send_task(
@@ -143,14 +139,19 @@ def message_publish(*, job: Job) -> None:
                 # Topology belongs to setup_topology; an undeclared queue must fail
                 # loudly (unroutable) rather than be created here with whatever arguments.
                 declare=[],
-                confirm_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+                confirm_timeout=timeout,
             )
     except Exception:
         _drop_connection()
         raise
 
 
-def job_publish(*, job_id: uuid.UUID | str, sources: tuple[str, ...] | None = None) -> bool:
+def job_publish(
+    *,
+    job_id: uuid.UUID | str,
+    sources: tuple[str, ...] | None = None,
+    timeout: float | None = None,
+) -> bool:
     """Publish a `pending` (or due `retrying`) job; on confirm move it to `queued`.
 
     1. Read the job; anything not publishable (already queued, running, ended) is
@@ -163,7 +164,7 @@ def job_publish(*, job_id: uuid.UUID | str, sources: tuple[str, ...] | None = No
     job = Job.objects.filter(id=job_id, status__in=sources).first()
     if job is None:
         return False
-    message_publish(job=job)
+    message_publish(job=job, timeout=timeout)
     try:
         transition(job_id=job.id, target=Status.QUEUED, sources=[job.status], actor=PUBLISHER)
     except TransitionRefusedError:
@@ -182,7 +183,13 @@ def job_publish_after_commit(job_id: uuid.UUID | str) -> None:
         log.info("job_publish_deferred", job_id=str(job_id), error="broker recently down")
         return
     try:
-        job_publish(job_id=job_id, sources=(Status.PENDING,))
+        # A request must not wait long on a slow or blackholed broker: the short
+        # timeout leaves the job `pending` for the dispatcher instead.
+        job_publish(
+            job_id=job_id,
+            sources=(Status.PENDING,),
+            timeout=settings.JOBOPS_REQUEST_BROKER_TIMEOUT_SECONDS,
+        )
     except Exception as exc:  # broker down must not fail the request
         _broker_down_until[url] = time.monotonic() + BROKER_DOWN_BACKOFF_SECONDS
         log.warning("job_publish_deferred", job_id=str(job_id), error=repr(exc))

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SAFE = {
     "DEBUG": "false",
-    "SECRET_KEY": "s" * 50,
+    "SECRET_KEY": "k3y-" + "0123456789abcdef" * 4,
     "ALLOWED_HOSTS": "jobops.example.com",
     "AUDIT_SIGNING_KEY": "a" * 40,
     "METRICS_TOKEN": "m" * 32,
@@ -66,3 +66,44 @@ def test_bad_boolean_is_named():
 def test_development_defaults_start_without_any_variable():
     result = _start(**{k: "" for k in SAFE} | {"DEBUG": "true"})
     assert result.returncode == 0, result.stderr
+
+
+def test_check_deploy_is_clean_with_production_settings():
+    env = {k: v for k, v in os.environ.items() if k not in SAFE}
+    env.update(SAFE, SECURE_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO,https")
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNINGS" not in result.stdout + result.stderr
+
+
+def test_debug_is_off_unless_asked_for():
+    env = {k: v for k, v in os.environ.items() if k != "DEBUG"}
+    env.update({k: v for k, v in SAFE.items() if k != "DEBUG"})
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    code = (
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print(s.DEBUG, s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS, s.SESSION_COOKIE_SECURE)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.stdout.split() == ["False", "True", "31536000", "True"], result.stderr
+    # And without production values, a forgotten DEBUG refuses to start.
+    bare = {k: v for k, v in os.environ.items() if k not in SAFE}
+    bare["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    refused = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env=bare,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0 and "Refusing to start with DEBUG off" in refused.stderr

@@ -171,3 +171,30 @@ def test_an_unreachable_database_answers_503(monkeypatch):
         monkeypatch.undo()
         connection.close()
     assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_blackholed_broker_does_not_hold_the_request(settings):
+    """The request's own publish gives up after JOBOPS_REQUEST_BROKER_TIMEOUT_SECONDS;
+    the job stays `pending` for the dispatcher. Before: the 5 s publish timeout."""
+    import socket
+    import time
+
+    from jobs import publisher
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel completes the TCP handshake; AMQP never answers
+    settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{silent.getsockname()[1]}//"
+    publisher._broker_down_until.clear()
+    client = client_for(UserFactory())
+    try:
+        started = time.monotonic()
+        response = client.post(JOBS, {"type": "sim", "params": {}}, format="json")
+        elapsed = time.monotonic() - started
+    finally:
+        silent.close()
+        publisher._broker_down_until.clear()
+    assert response.status_code == 201, response.content
+    assert response.json()["status"] == "pending"
+    assert elapsed < 1.5, elapsed
