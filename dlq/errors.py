@@ -18,7 +18,10 @@ class JustificationRequiredError(DeadLetterInputError):
 class DeadLetterPermissionError(ApplicationError):
     code = "ERR-DLQ-401"
     http_status = 403
-    default_message = "Replaying or discarding dead letters needs an active staff user."
+    default_message = (
+        "Replaying or discarding dead letters needs an active staff user with the "
+        "replay_deadletter or discard_deadletter permission."
+    )
 
 
 class UnknownQueueError(ApplicationError):

@@ -49,6 +49,11 @@ class DeadLetter(models.Model):
 
     class Meta:
         db_table = "dead_letters"
+        # Beyond view: what an operator may do to a dead letter (admin, API, CLI).
+        permissions = [
+            ("replay_deadletter", "Can replay dead letters"),
+            ("discard_deadletter", "Can discard dead letters"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["job"], condition=Q(state="open"), name="dead_letters_one_open_per_job"

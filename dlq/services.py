@@ -313,6 +313,7 @@ FILTER_FIELDS = ("reason", "error_code")
 def _check_request(
     *,
     actor_user: Any,
+    permission: str,
     justification: str | None,
     queue: str | None,
     filters: Any,
@@ -320,7 +321,7 @@ def _check_request(
 ) -> str:
     if actor_user is None or not getattr(actor_user, "is_active", False):
         raise DeadLetterPermissionError()
-    if not getattr(actor_user, "is_staff", False):
+    if not (getattr(actor_user, "is_staff", False) and actor_user.has_perm(permission)):
         raise DeadLetterPermissionError()
     text = (justification or "").strip()
     if not text:
@@ -417,6 +418,7 @@ def dead_letters_replay(
        transition per job, so bulk replays leave it to the dispatcher.
     """
     text = _check_request(
+        permission="dlq.replay_deadletter",
         actor_user=actor_user,
         justification=justification,
         queue=queue,
@@ -536,6 +538,7 @@ def dead_letters_discard(
     3. After the commits, the broker copies of resolved rows are acked away.
     """
     text = _check_request(
+        permission="dlq.discard_deadletter",
         actor_user=actor_user,
         justification=justification,
         queue=queue,

@@ -58,7 +58,11 @@ class JobAdmin(ReadOnlyAdmin):
             ((e.seq, e.ts.isoformat(), e.event_type, e.actor_type, e.actor_id) for e in rows),
         )
 
-    @admin.action(description="Cancel the selected jobs")
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("jobs.cancel_job")
+
+    # Django offers, and runs, the action only for users with has_cancel_permission().
+    @admin.action(description="Cancel the selected jobs", permissions=["cancel"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         actor = Actor.user(request.user)
         for job_id in queryset.values_list("id", flat=True):

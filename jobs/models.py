@@ -49,6 +49,8 @@ class Job(models.Model):
 
     class Meta:
         db_table = "jobs"
+        # Beyond view: an operator's power over other people's jobs (admin, API).
+        permissions = [("cancel_job", "Can cancel any job")]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=Status.values), name="jobs_status_valid"),
             models.CheckConstraint(

@@ -31,3 +31,20 @@ def make_job(owner=None, job_type: str = "sim", params: dict | None = None, key:
         idempotency_key=key,
     )
     return job
+
+
+class OperatorFactory(StaffFactory):
+    """Staff with the operator's permissions: cancel any job, replay and discard."""
+
+    username = factory.Sequence(lambda n: f"operator{n}")
+
+    @factory.post_generation
+    def operator_permissions(self, create: bool, extracted: object, **kwargs: object) -> None:
+        from django.contrib.auth.models import Permission
+
+        if create:
+            self.user_permissions.add(
+                *Permission.objects.filter(
+                    codename__in=["cancel_job", "replay_deadletter", "discard_deadletter"]
+                )
+            )

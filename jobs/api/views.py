@@ -18,6 +18,7 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -306,8 +307,10 @@ class JobCancelApi(APIView):
         responses={200: JobOutputSerializer, **error_responses(401, 403, 404, 409)},
     )
     def post(self, request: Request, job_id: uuid.UUID) -> Response:
-        if job_version_for_user(job_id=job_id, user=request.user) is None:
-            raise JobNotFoundError()
+        job = job_get_for_user(job_id=job_id, user=request.user)
+        # Staff see every job; cancelling someone else's takes the operator's permission.
+        if job.owner_id != request.user.pk and not request.user.has_perm("jobs.cancel_job"):
+            raise PermissionDenied("Cancelling another user's job needs jobs.cancel_job.")
         job_cancel(job_id=job_id, actor=Actor.user(request.user))
         job = job_get_for_user(job_id=job_id, user=request.user)
         return Response(job_body(job, request), headers={"ETag": job.etag})

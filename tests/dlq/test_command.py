@@ -12,7 +12,7 @@ from dlq.models import DeadLetter
 from jobs.models import Job
 from jobs.states import Status
 from tests.dlq.conftest import depth, worker_dead_letter, worker_lost
-from tests.factories import StaffFactory, UserFactory
+from tests.factories import OperatorFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +45,7 @@ def test_peek_prints_messages_and_consumes_nothing(amqp):
 
 def test_replay_dry_run_then_for_real(amqp):
     job = worker_dead_letter(amqp)
-    operator = StaffFactory(username="alice")
+    operator = OperatorFactory(username="alice")
     out = _run("replay", "sim_dlq", "--as", "alice", "--justification", "fixed", "--dry-run")
     assert "dry run: 1 dead letter(s) would replay" in out and str(job.id) in out
     assert Job.objects.get(id=job.id).status == Status.FAILED
@@ -58,7 +58,7 @@ def test_replay_dry_run_then_for_real(amqp):
 
 def test_discard_of_selected_jobs(amqp):
     keep, drop = worker_lost(), worker_lost()
-    StaffFactory(username="bob")
+    OperatorFactory(username="bob")
     out = _run("discard", "sim", "--as", "bob", "--justification", "dup", "--job", str(drop.id))
     assert "discarded 1 dead letter(s)" in out
     assert DeadLetter.objects.get(job=drop).state == "discarded"
@@ -77,7 +77,7 @@ def test_discard_of_selected_jobs(amqp):
     ],
 )
 def test_bad_input_is_a_clear_error(topology, args, message):
-    StaffFactory(username="carol")
+    OperatorFactory(username="carol")
     UserFactory(username="dave")
     with pytest.raises(CommandError, match=message):
         _run(*args)

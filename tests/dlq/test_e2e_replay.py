@@ -11,7 +11,7 @@ from dlq.models import DeadLetter
 from dlq.services import dead_letters_replay
 from jobs.models import Job
 from tests import handlers
-from tests.factories import StaffFactory, make_job
+from tests.factories import OperatorFactory, make_job
 from tests.workers import (
     FAST_ENV,
     celery_worker,
@@ -49,7 +49,7 @@ def test_a_dead_lettered_job_replayed_runs_again_and_succeeds(settings):
         assert [m.job_id for m in dlq_peek(queue="default_dlq", limit=5)] == [str(job.id)]
 
         result = dead_letters_replay(
-            actor_user=StaffFactory(), justification="upstream fixed", queue="default_dlq"
+            actor_user=OperatorFactory(), justification="upstream fixed", queue="default_dlq"
         )
         assert result.resolved == [row.id] and result.broker_acked == 1
 

@@ -35,7 +35,7 @@ from tests.dlq.conftest import (
     worker_dead_letter,
     worker_lost,
 )
-from tests.factories import StaffFactory, UserFactory, make_job
+from tests.factories import OperatorFactory, UserFactory, make_job
 
 pytestmark = pytest.mark.django_db
 WORKER = Actor.system("worker")
@@ -43,7 +43,7 @@ WORKER = Actor.system("worker")
 
 def test_replay_dry_run_counts_and_samples_without_writing(amqp):
     jobs = [worker_dead_letter(amqp) for _ in range(3)]
-    operator = StaffFactory()
+    operator = OperatorFactory()
     audit_rows = AuditLog.objects.count()
 
     result = dead_letters_replay(
@@ -61,7 +61,7 @@ def test_replay_dry_run_counts_and_samples_without_writing(amqp):
 
 def test_replay_moves_failed_to_pending_with_audit_and_drops_the_broker_copy(amqp):
     replayed, other = worker_dead_letter(amqp), worker_dead_letter(amqp)
-    operator = StaffFactory()
+    operator = OperatorFactory()
     before = replayed.max_attempts
 
     result = dead_letters_replay(
@@ -93,7 +93,7 @@ def test_replay_moves_failed_to_pending_with_audit_and_drops_the_broker_copy(amq
 def test_replay_can_publish_the_job_itself(amqp):
     job = worker_dead_letter(amqp)
     result = dead_letters_replay(
-        actor_user=StaffFactory(), justification="go", queue="sim_dlq", publish=True
+        actor_user=OperatorFactory(), justification="go", queue="sim_dlq", publish=True
     )
     assert result.published == 1
     assert Job.objects.get(id=job.id).status == Status.QUEUED
@@ -104,7 +104,7 @@ def test_replay_can_publish_the_job_itself(amqp):
 
 def test_replay_is_retry_safe(amqp):
     job = worker_dead_letter(amqp)
-    operator = StaffFactory()
+    operator = OperatorFactory()
     first = dead_letters_replay(actor_user=operator, justification="once", job_ids=[job.id])
     events = AuditLog.objects.filter(chain=job_chain(job.id)).count()
 
@@ -121,7 +121,7 @@ def test_replay_of_a_worker_lost_dead_letter_without_a_broker_copy(topology):
     assert not row.broker_copy and row.queue == "sim_dlq"
 
     result = dead_letters_replay(
-        actor_user=StaffFactory(), justification="node replaced", job_ids=[job.id]
+        actor_user=OperatorFactory(), justification="node replaced", job_ids=[job.id]
     )
 
     assert result.resolved == [row.id] and result.broker_error is None
@@ -140,7 +140,7 @@ def test_replay_of_a_broker_made_dead_letter(amqp):
     assert Job.objects.get(id=job.id).status == Status.FAILED
 
     result = dead_letters_replay(
-        actor_user=StaffFactory(), justification="poison fixed", queue="default_dlq"
+        actor_user=OperatorFactory(), justification="poison fixed", queue="default_dlq"
     )
 
     job.refresh_from_db()
@@ -152,7 +152,7 @@ def test_replay_skips_a_row_whose_job_is_no_longer_failed(topology):
     job = worker_lost()
     # Behind the service's back: the job was re-run by other means meanwhile.
     Job.objects.filter(id=job.id).update(status=Status.PENDING)
-    result = dead_letters_replay(actor_user=StaffFactory(), justification="x", job_ids=[job.id])
+    result = dead_letters_replay(actor_user=OperatorFactory(), justification="x", job_ids=[job.id])
     assert not result.resolved and "pending" in result.skipped[0]["skipped"]
     assert DeadLetter.objects.get(job=job).state == "open"
 
@@ -161,18 +161,18 @@ def test_replay_and_discard_refuse_a_missing_justification_or_a_non_staff_actor(
     job = worker_lost()
     for text in ("", "   ", None):
         with pytest.raises(JustificationRequiredError) as refused:
-            dead_letters_replay(actor_user=StaffFactory(), justification=text, job_ids=[job.id])
+            dead_letters_replay(actor_user=OperatorFactory(), justification=text, job_ids=[job.id])
         assert refused.value.code == "ERR-DLQ-400"
     with pytest.raises(DeadLetterPermissionError):
         dead_letters_discard(actor_user=UserFactory(), justification="x", job_ids=[job.id])
     with pytest.raises(UnknownQueueError):
-        dead_letters_discard(actor_user=StaffFactory(), justification="x", queue="nope")
+        dead_letters_discard(actor_user=OperatorFactory(), justification="x", queue="nope")
     assert DeadLetter.objects.get(job=job).state == "open"
 
 
 def test_discard_closes_the_row_keeps_the_job_failed_and_drops_the_copy(amqp):
     job = worker_dead_letter(amqp, code="BAD_INPUT")
-    operator = StaffFactory()
+    operator = OperatorFactory()
 
     dry = dead_letters_discard(
         actor_user=operator,
@@ -209,9 +209,11 @@ def test_discard_of_a_row_without_a_job_audits_on_the_ops_chain(amqp):
     watch_once()
     row = DeadLetter.objects.get(job=None)
 
-    replay = dead_letters_replay(actor_user=StaffFactory(), justification="x", queue="erp_dlq")
+    replay = dead_letters_replay(actor_user=OperatorFactory(), justification="x", queue="erp_dlq")
     assert replay.matched == 0  # nothing to run again
-    result = dead_letters_discard(actor_user=StaffFactory(), justification="junk", queue="erp_dlq")
+    result = dead_letters_discard(
+        actor_user=OperatorFactory(), justification="junk", queue="erp_dlq"
+    )
 
     assert result.resolved == [row.id] and result.broker_acked == 1
     assert AuditLog.objects.filter(chain=OPS_CHAIN).latest("seq").event_type == "dlq_discarded"
@@ -256,8 +258,8 @@ def test_peek_refuses_anything_but_a_dead_letter_queue(topology):
 def test_replay_refuses_a_bad_limit_and_accepts_job_ids_from_a_generator(topology):
     job = worker_lost()
     with pytest.raises(DeadLetterInputError):
-        dead_letters_replay(actor_user=StaffFactory(), justification="x", limit=0)
+        dead_letters_replay(actor_user=OperatorFactory(), justification="x", limit=0)
     result = dead_letters_replay(
-        actor_user=StaffFactory(), justification="x", job_ids=(j for j in [job.id]), limit=5
+        actor_user=OperatorFactory(), justification="x", job_ids=(j for j in [job.id]), limit=5
     )
     assert result.job_ids == [str(job.id)]

@@ -19,7 +19,7 @@ from dlq.services import dead_letters_replay
 from jobs.models import Job
 from jobs.services import job_cancel
 from tests.e2e.live_api import free_port
-from tests.factories import StaffFactory, make_job
+from tests.factories import OperatorFactory, make_job
 from tests.workers import (
     FAST_ENV,
     celery_worker,
@@ -92,7 +92,7 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
             wait_for(lambda j=job: _ended(j.id), timeout=30)
         wait_for(lambda: DeadLetter.objects.filter(job_id=fatal.id).exists(), timeout=30)
         replay = dead_letters_replay(
-            actor_user=StaffFactory(), justification="metrics test", job_ids=[fatal.id]
+            actor_user=OperatorFactory(), justification="metrics test", job_ids=[fatal.id]
         )
         assert len(replay.resolved) == 1
         wait_for(

@@ -13,7 +13,7 @@ from audit.services import Actor
 from jobs.models import Job
 from jobs.services import artefact_save, transition
 from jobs.states import Status
-from tests.factories import UserFactory, make_job
+from tests.factories import OperatorFactory, UserFactory, make_job
 from tests.jobs.api_fixtures import *  # noqa: F403  (fixtures)
 from tests.jobs.api_fixtures import client_for
 
@@ -342,7 +342,9 @@ def test_staff_see_read_cancel_and_download_any_job(api, staff_api):
     artefact = artefact_save(job_id=job.id, kind="report", name="r.csv", data=b"x")
     assert staff_api.get(f"{JOBS}/{job.id}").status_code == 200
     assert staff_api.get(f"{JOBS}/{job.id}/artefacts/{artefact.id}").status_code == 200
-    assert staff_api.post(f"{JOBS}/{job.id}/cancel").json()["status"] == "cancelled"
+    # Cancelling another user's job takes the operator's permission (test_permissions.py).
+    operator_api = client_for(OperatorFactory())
+    assert operator_api.post(f"{JOBS}/{job.id}/cancel").json()["status"] == "cancelled"
     assert [j["id"] for j in staff_api.get(JOBS).json()["results"]] == [str(job.id)]
 
 

@@ -1,0 +1,101 @@
+"""Changing something needs its permission: a staff user who may only view is refused."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission
+from django_celery_results.models import TaskResult
+from django_otp import DEVICE_ID_SESSION_KEY
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from dlq.errors import DeadLetterPermissionError
+from dlq.services import dead_letters_discard, dead_letters_replay
+from jobs.models import Job
+from jobs.states import Status
+from tests.factories import OperatorFactory, StaffFactory, UserFactory, make_job
+from tests.jobs.api_fixtures import client_for
+
+pytestmark = pytest.mark.django_db
+
+VIEW_PERMS = ["view_job", "view_deadletter", "view_auditlog", "view_taskresult", "view_totpdevice"]
+
+
+def _otp_login(client, user):
+    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    client.force_login(user)
+    session = client.session
+    session[DEVICE_ID_SESSION_KEY] = device.persistent_id
+    session.save()
+    return client
+
+
+@pytest.fixture
+def viewer_client(client):
+    user = StaffFactory()
+    user.user_permissions.add(*Permission.objects.filter(codename__in=VIEW_PERMS))
+    return _otp_login(client, user)
+
+
+@pytest.fixture
+def operator_client(client):
+    user = OperatorFactory()
+    user.user_permissions.add(*Permission.objects.filter(codename__in=VIEW_PERMS))
+    return _otp_login(client, user)
+
+
+def _cancel_action(client, job):
+    return client.post(
+        "/admin/jobs/job/", {"action": "cancel_jobs", "_selected_action": [str(job.id)]}
+    )
+
+
+def test_a_viewer_is_not_offered_cancel_and_cannot_run_it(viewer_client):
+    job = make_job()
+    page = viewer_client.get("/admin/jobs/job/")
+    assert page.status_code == 200 and b"cancel_jobs" not in page.content
+    _cancel_action(viewer_client, job)
+    assert Job.objects.get(id=job.id).status == Status.PENDING
+
+
+def test_an_operator_cancels_from_the_admin(operator_client):
+    job = make_job()
+    assert b"cancel_jobs" in operator_client.get("/admin/jobs/job/").content
+    _cancel_action(operator_client, job)
+    assert Job.objects.get(id=job.id).status == Status.CANCELLED
+
+
+def test_a_viewer_cannot_edit_job_results_or_devices(viewer_client):
+    job = make_job()
+    result = TaskResult.objects.create(task_id="t-1", status="SUCCESS")
+    device = TOTPDevice.objects.create(user=UserFactory(), name="x", confirmed=True)
+    for url, data in [
+        (f"/admin/jobs/job/{job.id}/change/", {"status": "succeeded"}),
+        (f"/admin/django_celery_results/taskresult/{result.pk}/change/", {"status": "FAILURE"}),
+        (f"/admin/django_celery_results/taskresult/{result.pk}/delete/", {"post": "yes"}),
+        (f"/admin/otp_totp/totpdevice/{device.pk}/change/", {"name": "mine"}),
+        (f"/admin/otp_totp/totpdevice/{device.pk}/delete/", {"post": "yes"}),
+    ]:
+        assert viewer_client.post(url, data).status_code == 403, url
+    assert TaskResult.objects.get(pk=result.pk).status == "SUCCESS"
+    assert TOTPDevice.objects.get(pk=device.pk).name == "x"
+
+
+def test_replay_and_discard_need_their_permission():
+    staff = StaffFactory()
+    for action in (dead_letters_replay, dead_letters_discard):
+        with pytest.raises(DeadLetterPermissionError):
+            action(actor_user=staff, justification="why", job_ids=[])
+    operator = OperatorFactory()
+    assert dead_letters_replay(actor_user=operator, justification="why", job_ids=[]).matched == 0
+
+
+def test_staff_cancel_someone_elses_job_through_the_api_only_with_the_permission():
+    job = make_job(owner=UserFactory())
+    refused = client_for(StaffFactory()).post(f"/api/v1/jobs/{job.id}/cancel")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "ERR-AUTH-403"
+    assert Job.objects.get(id=job.id).status == Status.PENDING
+    allowed = client_for(OperatorFactory()).post(f"/api/v1/jobs/{job.id}/cancel")
+    assert allowed.status_code == 200 and allowed.json()["status"] == "cancelled"
+    own = make_job(owner=(owner := UserFactory()))
+    assert client_for(owner).post(f"/api/v1/jobs/{own.id}/cancel").status_code == 200
