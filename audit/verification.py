@@ -401,7 +401,11 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
                     ).hexdigest()
                 except ValueError:
                     expected_sig = ""
-                if not hmac.compare_digest(expected_sig, signature):
+                # Bytes, not str: compare_digest refuses a non-ASCII str with TypeError, and
+                # a tampered signature may be anything.
+                if not hmac.compare_digest(
+                    expected_sig.encode(), str(signature).encode("utf-8", "backslashreplace")
+                ):
                     broken.append("HMAC signature does not verify")
             if not broken:
                 # Genuine payload; JCS key order: created_at, heads, key_id,

@@ -132,6 +132,26 @@ def test_forged_checkpoint_columns_fail_verification():
     assert "columns disagree with the signed payload" in report.problems[0].message
 
 
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("signature", "é" * 64),  # crashed verification with TypeError before
+        ("signature", ""),
+        ("checkpoint_hash", "zz" * 32),  # not hex
+        ("checkpoint_hash", "ab"),  # wrong length
+        ("prev_hash", "é"),
+    ],
+)
+@pytest.mark.django_db
+def test_malformed_checkpoint_values_are_reported_not_a_crash(column, value):
+    make_job()
+    checkpoint = checkpoint_write()
+    tamper(f"UPDATE audit_checkpoints SET {column} = %s WHERE id = %s", [value, checkpoint.id])
+    report = audit_verify()
+    assert not report.ok
+    assert report.problems and report.problems[0].kind
+
+
 def _hold_open_append(job_id, appended: threading.Event, release: threading.Event) -> None:
     try:
         with transaction.atomic():

@@ -198,3 +198,16 @@ def test_a_blackholed_broker_does_not_hold_the_request(settings):
     assert response.status_code == 201, response.content
     assert response.json()["status"] == "pending"
     assert elapsed < 1.5, elapsed
+
+
+@pytest.mark.parametrize("query", ["status=%00", "q=a%00b", "type%00=sim"])
+def test_a_nul_in_an_admin_query_string_is_a_400(otp_admin_client, query):
+    make_job()
+    response = otp_admin_client.get(f"/admin/jobs/job/?{query}")
+    assert response.status_code == 400
+
+
+def test_a_nul_in_an_api_query_string_is_a_400_envelope(api):
+    response = api.get(f"{JOBS}?status=%00")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "ERR-HTTP-400"
