@@ -15,6 +15,7 @@ missing module, a bug) is logged and the loop goes on with the next one:
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from django.conf import settings
 from django.db import IntegrityError, close_old_connections, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from audit.services import Actor
 from jobs.errors import TransitionRefusedError
@@ -34,46 +36,118 @@ from jobs.models import Job
 from jobs.publisher import job_publish
 from jobs.services import STALE_LOCK_SQL, job_reclaim
 from jobs.states import Status
+from jobs.types import get_type
 
 log = structlog.get_logger("jobs.dispatcher")
 REAPER = Actor.system("reaper")
 
 _DUE_SQL = {
     Status.PENDING: (
-        "SELECT id FROM jobs WHERE status = 'pending' "
-        "AND created_at < now() - make_interval(secs => %s) "
+        "SELECT id, type FROM jobs WHERE status = 'pending' "
+        "AND created_at < now() - make_interval(secs => %s) AND id <> ALL(%s::uuid[]) "
         "ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED"
     ),
     Status.RETRYING: (
-        "SELECT id FROM jobs WHERE status = 'retrying' AND next_run_at <= now() "
-        "ORDER BY next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+        "SELECT id, type FROM jobs WHERE status = 'retrying' AND next_run_at <= now() "
+        "AND id <> ALL(%s::uuid[]) ORDER BY next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED"
     ),
 }
+# A job whose publish failed for a reason of its own (unroutable, refused) waits this
+# long, doubling to the cap, while the rows behind it go on. Per process: a restarted
+# dispatcher tries it again at once, which is only a retry sooner.
+PUBLISH_BACKOFF_SECONDS = 1.0
+PUBLISH_BACKOFF_CAP_SECONDS = 300.0
+_backoff: dict[str, tuple[float, float]] = {}  # job id -> (retry after, current delay)
+# The broker itself is away: no other row would fare better, so the pass stops.
+BROKER_DOWN_ERRORS = (ConnectionError, OSError, KombuOperationalError, socket.timeout)
+
+
+def _backing_off() -> list[str]:
+    now = time.monotonic()
+    for job_id in [j for j, (until, _) in _backoff.items() if until <= now]:
+        del _backoff[job_id]
+    return list(_backoff)
+
+
+def _back_off(job_id: str) -> float:
+    delay = min(
+        PUBLISH_BACKOFF_CAP_SECONDS, _backoff.get(job_id, (0, PUBLISH_BACKOFF_SECONDS / 2))[1] * 2
+    )
+    _backoff[job_id] = (time.monotonic() + delay, delay)
+    return delay
 
 
 def publish_due_once(*, limit: int = 500) -> int:
-    """Publish due `pending` and `retrying` jobs, one row-locked transaction each.
+    """Publish due `pending` and due `retrying` jobs, one row-locked transaction each.
 
     The row lock (SKIP LOCKED) is held across the publish and the `-> queued` write,
     so a second dispatcher skips the row instead of publishing it again. A worker that
     receives the message meanwhile waits on the lock for its claim, then claims the
-    `queued` job. A publish error rolls back (the job stays as it was) and propagates.
+    `queued` job.
+
+    Failures are per row: a job whose type no longer exists fails with a dead letter
+    (`TYPE_UNKNOWN`, replayable once the type is back); one the broker refuses (e.g.
+    unroutable) backs off while the rows behind it are published. A broker that cannot
+    be reached ends that pass. The pending and retrying passes run independently: one
+    failing does not keep the other from running. Returns the number published.
     """
     published = 0
-    for status, sql in _DUE_SQL.items():
-        params = (
-            [settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS] if status == Status.PENDING else []
-        )
-        while published < limit:
-            with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute(sql, params)
-                    row = cursor.fetchone()
-                if row is None:
-                    break
-                job_publish(job_id=row[0], sources=(status,))
-                published += 1
+    errors: list[BaseException] = []
+    for status in _DUE_SQL:
+        try:
+            published += _publish_pass(status, limit=limit - published)
+        except Exception as exc:
+            log.error("dispatcher_publish_pass_failed", status=str(status), error=repr(exc))
+            errors.append(exc)
+    if errors and not published:
+        raise errors[0]  # the loop reports the step as failed
     return published
+
+
+def _publish_pass(status: Status, *, limit: int) -> int:
+    published = 0
+    while published < limit:
+        skip = _backing_off()
+        params: list[Any] = [skip]
+        if status == Status.PENDING:
+            params.insert(0, settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(_DUE_SQL[status], params)
+                row = cursor.fetchone()
+            if row is None:
+                return published
+            job_id, job_type = str(row[0]), row[1]
+            if get_type(job_type) is None:
+                _fail_unknown_type(job_id, job_type, status)
+                continue
+            try:
+                with transaction.atomic():  # a failed publish leaves the row as it was
+                    job_publish(job_id=job_id, sources=(status,))
+            except BROKER_DOWN_ERRORS:
+                raise
+            except Exception as exc:
+                delay = _back_off(job_id)
+                log.error("job_publish_failed", job_id=job_id, error=repr(exc), retry_in=delay)
+                continue
+        _backoff.pop(job_id, None)
+        published += 1
+    return published
+
+
+def _fail_unknown_type(job_id: str, job_type: str, status: str) -> None:
+    """A job of a type this deployment no longer has cannot be published anywhere."""
+    from dlq.services import job_fail_with_dead_letter
+
+    job_fail_with_dead_letter(
+        job_id=job_id,
+        reason="nonretryable",
+        actor=Actor.system("dispatcher"),
+        error_code="TYPE_UNKNOWN",
+        error_message=f"job type {job_type!r} is not configured (JOB_TYPES)"[:500],
+        sources=[status],
+    )
+    log.error("job_type_unknown_dead_lettered", job_id=job_id, job_type=job_type)
 
 
 def reap_once(*, limit: int = 500) -> dict[str, int]:

@@ -93,3 +93,66 @@ def test_a_failing_step_is_reported_and_the_loop_goes_on():
     )
     assert "error" in report["bad"]
     assert report["reap"] == {"reclaimed": 0, "worker_lost": 0}
+
+
+@pytest.fixture
+def no_backoff():
+    from jobs import dispatcher
+
+    dispatcher._backoff.clear()
+    yield dispatcher._backoff
+    dispatcher._backoff.clear()
+
+
+def _old(job):
+    sql("UPDATE jobs SET created_at = now() - interval '2 minutes' WHERE id = %s", job.id)
+    return job
+
+
+def test_one_unpublishable_job_does_not_block_the_ones_behind_it(broker, settings, no_backoff):
+    settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 60
+    stuck = _old(make_job(job_type="erp", params={"event": "x"}))  # the oldest: first in line
+    behind = [_old(make_job()) for _ in range(3)]
+    with Connection(url := settings.BROKER_URL) as conn:
+        conn.channel().queue_unbind("erp", JOBS_EXCHANGE.name, "erp")
+    try:
+        assert publish_due_once() == 3
+        assert publish_due_once() == 0  # the stuck one waits out its backoff
+    finally:
+        with Connection(url) as conn:
+            conn.channel().queue_bind("erp", JOBS_EXCHANGE.name, "erp")
+    status = dict(Job.objects.values_list("id", "status"))
+    assert [status[j.id] for j in behind] == ["queued"] * 3
+    assert status[stuck.id] == "pending" and str(stuck.id) in no_backoff
+    no_backoff.clear()  # its backoff over, it goes once the route is back
+    assert publish_due_once() == 1
+    assert Job.objects.get(id=stuck.id).status == "queued"
+
+
+def test_a_job_of_a_removed_type_is_dead_lettered_not_retried_forever(broker, settings, no_backoff):
+    settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 60
+    gone = _old(make_job())
+    sql("UPDATE jobs SET type = 'retired' WHERE id = %s", gone.id)
+    after = _old(make_job())
+    assert publish_due_once() == 1
+    row = Job.objects.get(id=gone.id)
+    assert (row.status, row.last_error_code) == ("failed", "TYPE_UNKNOWN")
+    dead = DeadLetter.objects.get(job_id=gone.id)
+    assert (dead.state, dead.error_code) == ("open", "TYPE_UNKNOWN")
+    assert Job.objects.get(id=after.id).status == "queued"
+
+
+def test_the_retry_pass_runs_when_the_pending_pass_fails(broker, settings, monkeypatch, no_backoff):
+    from jobs import dispatcher
+
+    settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 60
+    _old(make_job())
+    due = make_job()
+    stale_running(due)
+    job_reclaim(job_id=due.id, lock_timeout=60)
+    sql("UPDATE jobs SET next_run_at = now() WHERE id = %s", due.id)
+    broken = dict(dispatcher._DUE_SQL)
+    broken["pending"] = "SELECT broken syntax"
+    monkeypatch.setattr(dispatcher, "_DUE_SQL", broken)
+    assert publish_due_once() == 1
+    assert Job.objects.get(id=due.id).status == "queued"
