@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
+import os
 from datetime import datetime, timedelta
 
+import structlog
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
@@ -24,6 +27,7 @@ from audit.models import AuditCheckpoint, AuditLog
 from audit.services import CHECKPOINT_BARRIER, format_ts
 
 logger = logging.getLogger(__name__)
+export_log = structlog.get_logger("audit.checkpoints")
 
 PAYLOAD_VERSION = 1
 # Heads per checkpoint row. More changed chains than this (the first checkpoint of
@@ -163,7 +167,7 @@ def _insert(
         }
     )
     digest = chain_hash(prev_hash, payload)
-    return AuditCheckpoint.objects.create(
+    checkpoint = AuditCheckpoint.objects.create(
         created_at=now,
         last_audit_id=last_audit_id,
         payload=payload.decode("utf-8"),
@@ -172,3 +176,36 @@ def _insert(
         key_id=key_id,
         signature=checkpoint_signature(key_id=key_id, checkpoint_hash=digest),
     )
+    transaction.on_commit(lambda: checkpoint_export(checkpoint))
+    return checkpoint
+
+
+def checkpoint_export(checkpoint: AuditCheckpoint) -> None:
+    """Put a committed checkpoint's hash where the database cannot reach it.
+
+    A superuser who deletes the newest checkpoint and the rows after it leaves a
+    consistent, shorter history; only a copy kept elsewhere shows it was longer.
+    Every checkpoint goes to the structured log (ship it off the host) and, with
+    AUDIT_CHECKPOINT_EXPORT set, is appended as one JSON line to that file (on
+    storage the database's host cannot rewrite). `verify_audit_chain
+    --expect-checkpoints-file` reads the file back.
+    """
+    record = {
+        "id": checkpoint.id,
+        "created_at": format_ts(checkpoint.created_at),
+        "checkpoint_hash": checkpoint.checkpoint_hash,
+        "prev_hash": checkpoint.prev_hash,
+        "key_id": checkpoint.key_id,
+        "signature": checkpoint.signature,
+    }
+    export_log.info("audit_checkpoint_written", **record)
+    path = settings.AUDIT_CHECKPOINT_EXPORT
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(json.dumps(record, sort_keys=True) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as exc:  # the checkpoint stands; the log line above still has it
+        export_log.error("audit_checkpoint_export_failed", path=path, error=repr(exc))

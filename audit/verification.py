@@ -22,6 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils.module_loading import import_string
 
 from audit.canonical import GENESIS_HASH, canonical_bytes
 from audit.services import job_chain
@@ -90,6 +91,7 @@ def audit_verify(
     job_ids: Iterable[uuid.UUID | str] | None = None,
     since: datetime | None = None,
     chains: Iterable[str] | None = None,
+    expected_checkpoints: Iterable[str] = (),
 ) -> VerificationReport:
     """Verify chains and checkpoints; never raises for tampering, reports it.
 
@@ -101,6 +103,11 @@ def audit_verify(
     4. For the checkpoints that proved genuine, check in SQL that every head they
        name (restricted to the chosen chains, plus every head of a checkpoint made
        at or after `since`) still exists with that hash.
+    5. Every checkpoint hash exported earlier (`expected_checkpoints`, see
+       audit.checkpoints.checkpoint_export) must still be a genuine checkpoint: a
+       deleted tail took the newest checkpoints with it.
+    6. The checks of AUDIT_VERIFY_CHECKS, e.g. each job's status against the last
+       transition in its chain (a chain that stops short).
     Runs in one REPEATABLE READ READ ONLY transaction when it can, so rows and
     checkpoints come from one snapshot.
     """
@@ -146,6 +153,9 @@ def audit_verify(
                     )
         genuine = _check_checkpoints(report)
         _check_heads(report, genuine, selected, since)
+        _check_expected(report, genuine, expected_checkpoints)
+        for path in settings.AUDIT_VERIFY_CHECKS:
+            import_string(path)(report, selected)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -496,5 +506,31 @@ def _check_heads(
                     job_id=_job_of(chain),
                     seq=seq,
                     checkpoint_id=cp_id,
+                )
+            )
+
+
+def _check_expected(
+    report: VerificationReport, genuine: list[int], expected: Iterable[str]
+) -> None:
+    wanted = sorted({h.strip().lower() for h in expected if h and h.strip()})
+    if not wanted:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT checkpoint_hash FROM audit_checkpoints "
+            "WHERE id = ANY(%s) AND checkpoint_hash = ANY(%s)",
+            [genuine, wanted],
+        )
+        present = {row[0] for row in cursor.fetchall()}
+    for digest in wanted:
+        if digest not in present:
+            report.add(
+                Problem(
+                    kind="checkpoint_missing",
+                    message=(
+                        f"exported checkpoint {digest} is not a genuine checkpoint in the "
+                        "database: history after it was deleted or rewritten"
+                    ),
                 )
             )

@@ -262,6 +262,9 @@ def main() -> int:
         "DJANGO_SETTINGS_MODULE": "bench.settings_bench",
         # Production-like: DEBUG off (no query log), so the production checks need values.
         "DEBUG": "false",
+        # Plain HTTP on localhost, as the postgres superuser: accepted here knowingly.
+        "SECURE_SSL_REDIRECT": "false",
+        "JOBOPS_DB_ALLOW_PRIVILEGED": "true",
         "SECRET_KEY": secrets.token_urlsafe(48),
         "AUDIT_SIGNING_KEY": secrets.token_urlsafe(48),
         "METRICS_TOKEN": secrets.token_urlsafe(24),

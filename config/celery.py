@@ -220,7 +220,9 @@ def _flush_worker_traces(pid: int | None = None, **_: Any) -> None:
 def _serve_worker_metrics(**_: Any) -> None:
     """The worker group's exporter (JOBOPS_METRICS_PORT), in the main process. Pool
     children count too only through PROMETHEUS_MULTIPROC_DIR (README, Observability)."""
+    from audit.db_roles import refuse_privileged_database_role
     from config.metrics import metrics_serve, multiprocess_dir_prune
 
+    refuse_privileged_database_role()
     multiprocess_dir_prune()
     metrics_serve()

@@ -265,6 +265,15 @@ AUDIT_SIGNING_KEYS: dict[str, str] = env_json("AUDIT_SIGNING_KEYS", {}) | {
     AUDIT_SIGNING_KEY_ID: AUDIT_SIGNING_KEY
 }
 AUDIT_CHECKPOINT_SECONDS = env_int("AUDIT_CHECKPOINT_SECONDS", 60)
+# Append each checkpoint's hash here too (JSON lines), on storage the database host
+# cannot rewrite; `verify_audit_chain --expect-checkpoints-file` checks against it.
+AUDIT_CHECKPOINT_EXPORT = env_str("AUDIT_CHECKPOINT_EXPORT", "")
+# With DEBUG off, web, workers and the dispatcher refuse a superuser or the audit tables'
+# owner as their database role (audit/db_roles.py); true accepts that risk knowingly.
+JOBOPS_DB_ALLOW_PRIVILEGED = env_bool("JOBOPS_DB_ALLOW_PRIVILEGED", False)
+# Checks verify_audit_chain runs in its snapshot besides the chains themselves:
+# dotted paths of `check(report, chains)` (jobs: each job's status against its chain).
+AUDIT_VERIFY_CHECKS: list[str] = ["jobs.audit_checks.job_status_matches_chain"]
 
 # --- Celery (the broker half lives in config/celery.py) -------------------------
 CELERY_BROKER_URL = BROKER_URL

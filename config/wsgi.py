@@ -8,3 +8,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Before the application loads its middleware: Django's instrumentation adds one.
 configure_tracing("web")
 application = get_wsgi_application()
+
+from audit.db_roles import refuse_privileged_database_role  # noqa: E402  (needs the apps)
+
+refuse_privileged_database_role()

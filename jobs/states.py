@@ -53,5 +53,14 @@ EVENT_FOR_STATUS: dict[str, str] = {
 }
 
 
+# The status each state-changing audit event leaves the job in; events not listed
+# (progress, cancel_requested, dead_lettered, dlq_discarded) change no status.
+STATUS_AFTER_EVENT: dict[str, str] = {
+    **{event: status for status, event in EVENT_FOR_STATUS.items()},
+    "reclaimed": Status.RETRYING,
+    "dlq_replayed": Status.PENDING,
+}
+
+
 def is_allowed(source: str, target: str) -> bool:
     return source in ALLOWED.get(target, frozenset())

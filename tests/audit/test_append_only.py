@@ -136,3 +136,25 @@ def test_app_role_without_update_grant_can_append_and_checkpoint(app_role):
             cursor.execute("RESET ROLE")
     assert checkpoint is not None
     assert audit_verify().ok
+
+
+@pytest.mark.parametrize(
+    ("seq_delta", "prev"),
+    [(1, "0" * 64), (2, None), (0, None), (-1, None)],
+    ids=["wrong-prev-hash", "seq-gap", "seq-repeated", "seq-behind"],
+)
+def test_an_insert_that_does_not_continue_the_chain_is_refused(seq_delta, prev):
+    job = job_with_history()
+    head = AuditLog.objects.filter(job_id=job.id).order_by("-seq").first()
+    with (
+        pytest.raises(DatabaseError, match="does not continue its chain"),
+        transaction.atomic(),
+        connection.cursor() as c,
+    ):
+        c.execute(
+            "INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, actor_id, ts, "
+            "payload, prev_hash, chain_hash) VALUES (%s, %s, %s, 'forged', 'system', 'x', now(), "
+            "'{}', %s, %s)",
+            [head.chain, job.id, head.seq + seq_delta, prev or head.chain_hash, "f" * 64],
+        )
+    assert AuditLog.objects.filter(job_id=job.id).count() == head.seq

@@ -134,3 +134,57 @@ def test_since_still_catches_a_chain_deleted_whole_after_a_recent_checkpoint():
     tamper("DELETE FROM audit_logs WHERE chain = %s", [job_chain(job.id)])
     status, out = verify("--since", since.isoformat())
     assert status == 1 and f"job {job.id}, seq 4" in out
+
+
+@pytest.mark.django_db
+def test_a_deleted_tail_with_its_checkpoint_is_caught_by_the_job_status():
+    """Delete the newest checkpoint and the rows after it: the chain and the remaining
+    checkpoints agree, but the job row still says `succeeded` (it ended at `started`)."""
+    job = make_job()
+    transition(job_id=job.id, target=Status.QUEUED, actor=Actor.system())
+    from jobs.services import Fence, job_claim, job_succeed
+
+    claimed = job_claim(job_id=job.id, locked_by="w")
+    checkpoint_write()  # names the chain at `started`
+    job_succeed(job_id=job.id, fence=Fence("w", claimed.attempts), result={})
+    newest = checkpoint_write()  # names it at `succeeded`
+    tamper("DELETE FROM audit_checkpoints WHERE id = %s", [newest.id])
+    tamper("DELETE FROM audit_logs WHERE chain = %s AND seq = 4", [job_chain(job.id)])
+    status, out = verify()
+    assert status == 1, out
+    assert f"job {job.id}" in out and "status_mismatch" in out
+    assert "is succeeded but its chain ends at started (seq 3)" in out
+
+
+@pytest.mark.django_db
+def test_exported_checkpoints_catch_a_deleted_newest_checkpoint(tmp_path, settings):
+    settings.AUDIT_CHECKPOINT_EXPORT = str(tmp_path / "checkpoints.jsonl")
+    from django.test import TestCase
+
+    job_with_history()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        first = checkpoint_write()
+    job_with_history()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        second = checkpoint_write()
+    lines = [json.loads(line) for line in open(settings.AUDIT_CHECKPOINT_EXPORT)]
+    assert [line["checkpoint_hash"] for line in lines] == [
+        first.checkpoint_hash,
+        second.checkpoint_hash,
+    ]
+    assert verify("--expect-checkpoints-file", settings.AUDIT_CHECKPOINT_EXPORT)[0] == 0
+    # The newest checkpoint goes (its heads still exist, so nothing else notices).
+    tamper("DELETE FROM audit_checkpoints WHERE id = %s", [second.id])
+    status, out = verify("--expect-checkpoints-file", settings.AUDIT_CHECKPOINT_EXPORT)
+    assert status == 1 and second.checkpoint_hash in out and "checkpoint_missing" in out
+    status, out = verify("--expect-checkpoint", second.checkpoint_hash.upper())
+    assert status == 1 and second.checkpoint_hash in out
+    assert verify("--expect-checkpoint", first.checkpoint_hash)[0] == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["nothex", "ab" * 31])
+def test_a_bad_expected_checkpoint_is_a_usage_error(value):
+    with pytest.raises(CommandError) as refused:
+        call_command("verify_audit_chain", "--expect-checkpoint", value)
+    assert refused.value.returncode == 2

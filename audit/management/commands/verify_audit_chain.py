@@ -46,6 +46,33 @@ def parse_job_id(value: str) -> uuid.UUID:
         raise CommandError(f"--job {value!r} is not a UUID", returncode=EXIT_USAGE) from None
 
 
+def parse_hash(value: str) -> str:
+    digest = value.strip().lower()
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise CommandError(
+            f"--expect-checkpoint {value!r} is not a sha256 hex digest", returncode=EXIT_USAGE
+        )
+    return digest
+
+
+def read_exported_hashes(path: str) -> list[str]:
+    """The checkpoint hashes of an export file (audit.checkpoints.checkpoint_export)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            lines = [line for line in file if line.strip()]
+    except OSError as exc:
+        raise CommandError(f"cannot read {path}: {exc}", returncode=EXIT_USAGE) from exc
+    hashes = []
+    for number, line in enumerate(lines, 1):
+        try:
+            hashes.append(parse_hash(json.loads(line)["checkpoint_hash"]))
+        except (ValueError, KeyError, TypeError, AttributeError, CommandError) as exc:
+            raise CommandError(
+                f"{path}:{number} is not an exported checkpoint line", returncode=EXIT_USAGE
+            ) from exc
+    return hashes
+
+
 class Command(BaseCommand):
     help = "Verify the audit hash chains and checkpoints. Exit 0 intact, 1 tampered, 2 usage."
 
@@ -57,13 +84,28 @@ class Command(BaseCommand):
             "--since", metavar="T", help="Only chains with activity since T (ISO 8601)."
         )
         parser.add_argument("--json", action="store_true", help="Print one JSON document.")
+        parser.add_argument(
+            "--expect-checkpoint",
+            action="append",
+            default=[],
+            metavar="HASH",
+            help="A checkpoint hash exported earlier that must still be in the database.",
+        )
+        parser.add_argument(
+            "--expect-checkpoints-file",
+            metavar="FILE",
+            help="Every checkpoint_hash of an AUDIT_CHECKPOINT_EXPORT file (JSON lines).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Validated here rather than by argparse types so that call_command and the
         # command line both give exit status 2 through CommandError.returncode.
         job_ids = [parse_job_id(v) for v in options["job"]] or None
         since = parse_since(options["since"]) if options["since"] else None
-        report = audit_verify(job_ids=job_ids, since=since)
+        expected = [parse_hash(v) for v in options["expect_checkpoint"]]
+        if options["expect_checkpoints_file"]:
+            expected += read_exported_hashes(options["expect_checkpoints_file"])
+        report = audit_verify(job_ids=job_ids, since=since, expected_checkpoints=expected)
         if options["json"]:
             document = report.as_dict()
             document["problems"] = [

@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from audit.db_roles import refuse_privileged_database_role
 from config.metrics import metrics_serve, multiprocess_dir_prune
 from config.tracing import configure_tracing, flush_tracing
 from jobs.dispatcher import dispatch_forever, dispatch_once
@@ -30,6 +31,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        refuse_privileged_database_role()
         configure_tracing("dispatcher")
         if not options["once"]:
             multiprocess_dir_prune()

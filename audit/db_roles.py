@@ -1,0 +1,110 @@
+"""Database roles that keep the application from rewriting its own audit trail.
+
+Triggers make audit rows append-only, but the owner of a table may disable its
+triggers and a superuser may set `session_replication_role = replica`: an app that
+connects as either can rewrite history. So a deployment runs two roles:
+
+- the *owner* role owns every table and runs `manage.py migrate`;
+- the *app* role (web, workers, dispatcher) may read and write the job tables, but only
+  SELECT and INSERT the audit tables, owns nothing and is no superuser.
+
+`manage.py setup_db_roles` prints (or applies) the SQL; with DEBUG off, web, workers
+and the dispatcher refuse to start on a privileged connection
+(`refuse_privileged_database_role`) unless JOBOPS_DB_ALLOW_PRIVILEGED says otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
+from psycopg import sql
+
+AUDIT_TABLES = ("audit_logs", "audit_checkpoints")
+
+
+def role_setup_sql(*, owner: str, app: str, database: str) -> list[sql.Composed]:
+    """The statements that make `owner` own everything and `app` only what it needs."""
+    o, a, db = sql.Identifier(owner), sql.Identifier(app), sql.Identifier(database)
+    audit = sql.SQL(", ").join(sql.Identifier(t) for t in AUDIT_TABLES)
+    statements = [
+        sql.SQL(
+            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {o_lit}) THEN "
+            "CREATE ROLE {o} LOGIN NOSUPERUSER NOCREATEROLE; END IF; END $$"
+        ),
+        sql.SQL(
+            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {a_lit}) THEN "
+            "CREATE ROLE {a} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE; END IF; END $$"
+        ),
+        sql.SQL("GRANT CONNECT ON DATABASE {db} TO {o}, {a}"),
+        sql.SQL("GRANT USAGE, CREATE ON SCHEMA public TO {o}"),
+        sql.SQL("GRANT USAGE ON SCHEMA public TO {a}"),
+        # Every existing table (its identity sequences follow it) now belongs to owner.
+        sql.SQL(
+            "DO $$ DECLARE t record; BEGIN FOR t IN SELECT tablename FROM pg_tables "
+            "WHERE schemaname = 'public' LOOP EXECUTE format("
+            "'ALTER TABLE public.%I OWNER TO %I', t.tablename, {o_lit}); END LOOP; END $$"
+        ),
+        sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {a}"),
+        sql.SQL("REVOKE UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER ON {audit} FROM {a}"),
+        sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {a}"),
+        # Tables later migrations create (as owner) get the same grants.
+        sql.SQL(
+            "ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA public "
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {a}"
+        ),
+        sql.SQL(
+            "ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA public "
+            "GRANT USAGE, SELECT ON SEQUENCES TO {a}"
+        ),
+    ]
+    names: dict[str, Any] = {
+        "o": o,
+        "a": a,
+        "db": db,
+        "audit": audit,
+        "o_lit": sql.Literal(owner),
+        "a_lit": sql.Literal(app),
+    }
+    return [s.format(**names) for s in statements]
+
+
+def database_role_problems() -> list[str]:
+    """Why the current connection could rewrite audit history, if it could."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT r.rolsuper, "
+            "       pg_has_role(current_user, c.relowner, 'USAGE') "
+            "FROM pg_roles r LEFT JOIN pg_class c "
+            "  ON c.oid = to_regclass('audit_logs') "
+            "WHERE r.rolname = current_user"
+        )
+        superuser, owner = cursor.fetchone()
+        cursor.execute("SELECT current_user")
+        (user,) = cursor.fetchone()
+    problems = []
+    if superuser:
+        problems.append(f"the database role {user!r} is a superuser")
+    if owner:
+        problems.append(f"the database role {user!r} owns audit_logs (or is a member of its owner)")
+    return problems
+
+
+def refuse_privileged_database_role() -> None:
+    """With DEBUG off, refuse to run web, workers or the dispatcher as a role that could
+    disable the audit triggers (see `manage.py setup_db_roles`)."""
+    if settings.DEBUG or settings.JOBOPS_DB_ALLOW_PRIVILEGED:
+        return
+    try:
+        problems = database_role_problems()
+    finally:
+        connection.close()  # opened at boot, before any fork
+    if problems:
+        raise ImproperlyConfigured(
+            "Refusing to start with DEBUG off: "
+            + "; ".join(problems)
+            + ". Connect as the app role of `manage.py setup_db_roles`, or set "
+            "JOBOPS_DB_ALLOW_PRIVILEGED=true to accept that the app can rewrite its audit trail."
+        )

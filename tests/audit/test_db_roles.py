@@ -1,0 +1,135 @@
+"""The documented role setup: an owner that runs migrations, an app role that cannot
+rewrite the audit trail; and production refuses to run as a privileged role."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import uuid
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+
+from audit.db_roles import database_role_problems
+from audit.models import AuditLog
+from audit.services import OPS_CHAIN, Actor, audit_append
+from audit.verification import audit_verify
+from tests.audit.conftest import ROOT, database_url, job_with_history
+from tests.factories import make_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def roles():
+    suffix = uuid.uuid4().hex[:8]
+    owner, app = f"jobops_owner_{suffix}", f"jobops_app_{suffix}"
+    job_with_history()
+    out = io.StringIO()
+    call_command("setup_db_roles", "--owner", owner, "--app", app, "--apply", stdout=out)
+    assert "ALTER DEFAULT PRIVILEGES" in out.getvalue()
+    try:
+        yield owner, app
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+            cursor.execute(f"REASSIGN OWNED BY {owner} TO CURRENT_USER")
+            for role in (owner, app):
+                cursor.execute(f"DROP OWNED BY {role}")
+                cursor.execute(f"DROP ROLE {role}")
+
+
+def _as(role: str) -> psycopg.Connection:
+    url = database_url().replace("postgres://postgres", f"postgres://{role}", 1)
+    return psycopg.connect(url, autocommit=True)
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE audit_logs SET event_type = 'forged'",
+        "DELETE FROM audit_logs",
+        "TRUNCATE audit_logs",
+        "DELETE FROM audit_checkpoints",
+        "ALTER TABLE audit_logs DISABLE TRIGGER USER",
+        "SET session_replication_role = replica",
+        "ALTER TABLE jobs OWNER TO CURRENT_USER",
+    ],
+)
+def test_the_app_role_cannot_rewrite_history_or_switch_triggers_off(roles, statement):
+    _, app = roles
+    with _as(app) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(statement)
+    assert AuditLog.objects.count() == 4
+
+
+def test_the_app_role_runs_the_application(roles):
+    """Jobs, audit appends and checkpoints all work as the app role."""
+    _, app = roles
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET ROLE {app}")
+    try:
+        assert database_role_problems() == []
+        make_job()
+        with transaction.atomic():
+            audit_append(chain=OPS_CHAIN, event_type="dlq_discarded", actor=Actor.system())
+        from audit.checkpoints import checkpoint_write
+
+        assert checkpoint_write() is not None
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+    assert audit_verify().ok
+
+
+def test_privileged_roles_are_named(roles):
+    owner, _ = roles
+    assert any("superuser" in p for p in database_role_problems())  # the test's own role
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET ROLE {owner}")
+    try:
+        assert any("owns audit_logs" in p for p in database_role_problems())
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+
+
+PRODUCTION = {
+    "DEBUG": "false",
+    "SECRET_KEY": "k3y-" + "0123456789abcdef" * 4,
+    "ALLOWED_HOSTS": "jobops.example.com",
+    "AUDIT_SIGNING_KEY": "a" * 40,
+    "METRICS_TOKEN": "m" * 32,
+    "DJANGO_SETTINGS_MODULE": "config.settings",
+}
+
+
+def _boot_web(**extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **PRODUCTION, "DATABASE_URL": database_url(), **extra}
+    return subprocess.run(
+        [sys.executable, "-c", "import config.wsgi; print('started')"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_production_refuses_to_start_as_a_superuser():
+    refused = _boot_web()
+    assert refused.returncode != 0
+    assert "Refusing to start with DEBUG off" in refused.stderr and "superuser" in refused.stderr
+    allowed = _boot_web(JOBOPS_DB_ALLOW_PRIVILEGED="true")
+    assert allowed.returncode == 0 and "started" in allowed.stdout, allowed.stderr
+
+
+def test_production_starts_as_the_app_role(roles):
+    _, app = roles
+    url = database_url().replace("postgres://postgres", f"postgres://{app}", 1)
+    started = _boot_web(DATABASE_URL=url)
+    assert started.returncode == 0 and "started" in started.stdout, started.stderr
