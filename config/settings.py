@@ -298,6 +298,10 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # Paths are served with and without a trailing slash; document each once.
     "PREPROCESSING_HOOKS": ["jobs.api.schema.drop_slash_aliases"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "jobs.api.schema.close_request_bodies",
+    ],
     "COMPONENT_SPLIT_REQUEST": True,
 }
 

@@ -25,6 +25,17 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class QueryFilterSerializer(serializers.Serializer):
+    """Filters from a query string. DRF reads `?status=` as "not given" (HTML form
+    semantics); for an API that is a client's mistake, refused like any bad value."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        blank = {name: ["May not be blank."] for name in self.fields if data.get(name) == ""}
+        if blank:
+            raise serializers.ValidationError(blank)
+        return super().to_internal_value(data)
+
+
 class ProgressSerializer(serializers.Serializer):
     percent = serializers.IntegerField(min_value=0, max_value=100)
     step = serializers.CharField(allow_null=True)

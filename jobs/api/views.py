@@ -29,7 +29,7 @@ from core.parsers import BoundedJSONParser
 from jobs.api.docs import RATE_LIMIT_HEADERS, REQUEST_ID, error_responses, response_header
 from jobs.api.exceptions import api_not_found
 from jobs.api.middleware import request_id_from
-from jobs.api.serializers import JobOutputSerializer, StrictCharField
+from jobs.api.serializers import JobOutputSerializer, QueryFilterSerializer, StrictCharField
 from jobs.backpressure import BackpressureError, backpressure_check
 from jobs.errors import (
     BadRequestError,
@@ -74,9 +74,14 @@ class JobCreateApi(APIView):
     parser_classes = [BoundedJSONParser]
 
     class JobCreateInputSerializer(serializers.Serializer):
-        type = StrictCharField(max_length=64, help_text="A job type, e.g. sim, report, erp.")
-        params = serializers.JSONField(
-            help_text="A JSON object checked against the type's params schema."
+        type = serializers.ChoiceField(
+            choices=sorted(settings.JOB_TYPES), help_text="The job's type (DESIGN.md 3.1)."
+        )
+        params = serializers.DictField(
+            help_text=(
+                "A JSON object checked against the type's params schema; what it cannot "
+                "express (e.g. the work a cam pocket implies) is answered 422."
+            )
         )
         idempotency_key = StrictCharField(
             required=False,
@@ -226,7 +231,7 @@ class JobListApi(APIView):
 
     pagination_class = JobCursorPagination
 
-    class JobListFilterSerializer(serializers.Serializer):
+    class JobListFilterSerializer(QueryFilterSerializer):
         status = serializers.ChoiceField(choices=Status.choices, required=False)
         type = serializers.ChoiceField(choices=sorted(settings.JOB_TYPES), required=False)
         created_after = serializers.DateTimeField(required=False)
