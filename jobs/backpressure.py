@@ -23,8 +23,10 @@ from django.conf import settings
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
+from jobs import metrics
 from jobs.errors import ApplicationError
 from jobs.redis_client import redis_client, redis_key
+from jobs.topology import dlq_name
 from jobs.types import queues
 
 logger = logging.getLogger(__name__)
@@ -51,12 +53,14 @@ def _depth_key(queue: str) -> str:
 def queue_depths_read_broker(conn: Connection) -> dict[str, int]:
     """Each primary queue's message count; a queue the broker lacks is left out.
 
-    Raises kombu/amqp connection errors when the broker is down.
+    The dead-letter queues are read too (for the dlq_depth gauge); backpressure only
+    looks at the primary ones. Raises kombu/amqp connection errors when the broker is
+    down.
     """
     depths: dict[str, int] = {}
     with conn:
         channel = conn.channel()
-        for name in queues():
+        for name in [*queues(), *(dlq_name(q) for q in queues())]:
             try:
                 _, count, _ = channel.queue_declare(queue=name, passive=True)
             except conn.channel_errors:
@@ -64,7 +68,12 @@ def queue_depths_read_broker(conn: Connection) -> dict[str, int]:
                 channel = conn.channel()
                 continue
             depths[name] = int(count)
-    return depths
+    # The same read feeds the queue_depth and dlq_depth gauges (DESIGN.md 8).
+    primaries = set(queues())
+    for name, depth in depths.items():
+        gauge = metrics.QUEUE_DEPTH if name in primaries else metrics.DLQ_DEPTH
+        gauge.labels(queue=name).set(depth)
+    return {name: depth for name, depth in depths.items() if name in primaries}
 
 
 def queue_depths_refresh(*, min_interval: float | None = None) -> dict[str, int]:

@@ -44,6 +44,12 @@ JOB_DURATION = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900),
 )
 RETRIES = Counter("retries", "Attempts that ended in a retry", ["type", "error_code"])
+QUEUE_DEPTH = Gauge(
+    "queue_depth",
+    "Messages ready in a primary queue (read by the dispatcher)",
+    ["queue"],
+    multiprocess_mode="mostrecent",
+)
 DLQ_DEPTH = Gauge(
     "dlq_depth",
     "Messages in a broker dead-letter queue",

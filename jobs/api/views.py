@@ -16,7 +16,12 @@ from django.utils.dateparse import parse_datetime
 from django.utils.http import parse_etags
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+)
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.pagination import CursorPagination
@@ -55,6 +60,12 @@ ETAG_HEADER = response_header("ETag", 'Strong validator "<id>-<version>".', [200
 CACHE_CONTROL = "private, no-cache"
 
 
+@extend_schema_field({"type": "object", "additionalProperties": {}})
+class ParamsField(serializers.JSONField):
+    """Documented as the object it must be; anything else is refused by the service as
+    422 ERR-JOB-422 with the other bad params (DESIGN.md 6), not as a 400."""
+
+
 def job_body(job: Job, request: Request) -> dict[str, Any]:
     return JobOutputSerializer(job, context={"request": request}).data
 
@@ -77,7 +88,7 @@ class JobCreateApi(APIView):
         type = serializers.ChoiceField(
             choices=sorted(settings.JOB_TYPES), help_text="The job's type (DESIGN.md 3.1)."
         )
-        params = serializers.DictField(
+        params = ParamsField(
             help_text=(
                 "A JSON object checked against the type's params schema; what it cannot "
                 "express (e.g. the work a cam pocket implies) is answered 422."
