@@ -23,7 +23,7 @@ def json_problem(value: Any, *, max_depth: int) -> str | None:
         item, depth = stack.pop()
         if isinstance(item, dict | list | tuple):
             if depth > max_depth:
-                return f"nested deeper than {max_depth} levels"
+                return f"is nested deeper than {max_depth} levels"
             if isinstance(item, dict):
                 for key, child in item.items():
                     if not isinstance(key, str):

@@ -24,7 +24,7 @@ class BoundedJSONParser(JSONParser):
         try:
             data = super().parse(stream, media_type, parser_context)
         except RecursionError as exc:
-            raise ParseError(f"JSON nested deeper than {limit} levels.") from exc
+            raise ParseError(f"The JSON body is nested deeper than {limit} levels.") from exc
         problem = json_problem(data, max_depth=limit)
         if problem:
             raise ParseError(f"The JSON body {problem}.")

@@ -19,15 +19,15 @@ def test_plain_json_has_no_problem():
 
 def test_depth_counts_containers_up_to_the_limit():
     assert json_problem(nested(32), max_depth=32) is None
-    assert json_problem(nested(33), max_depth=32) == "nested deeper than 32 levels"
-    assert json_problem([[[1]]], max_depth=2) == "nested deeper than 2 levels"
+    assert json_problem(nested(33), max_depth=32) == "is nested deeper than 32 levels"
+    assert json_problem([[[1]]], max_depth=2) == "is nested deeper than 2 levels"
 
 
 def test_nesting_far_past_the_recursion_limit_is_reported_not_raised():
     value: list = []
     for _ in range(100_000):
         value = [value]
-    assert json_problem(value, max_depth=32) == "nested deeper than 32 levels"
+    assert json_problem(value, max_depth=32) == "is nested deeper than 32 levels"
 
 
 @pytest.mark.parametrize(
