@@ -12,7 +12,7 @@ This module must not import Django settings: settings imports it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,9 +44,21 @@ _BEARER = re.compile(r"(?i)\b(bearer|token|basic)\s+[A-Za-z0-9._~+/=\-]{6,}")
 _URL_PASSWORD = re.compile(r"(?i)([a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^@/\s]+@")
 
 
+# A deployment's own personal-data fields (LOG_MASK_FIELDS, e.g. "phone,iban"), matched
+# like the parts above; set by `configure_masking` from settings.
+_extra_sensitive: tuple[str, ...] = ()
+
+
+def configure_masking(fields: Iterable[str]) -> None:
+    global _extra_sensitive
+    _extra_sensitive = tuple(f.strip().lower().replace("-", "_") for f in fields if f.strip())
+
+
 def _sensitive(key: Any) -> bool:
     name = str(key).lower().replace("-", "_")  # "X-Api-Key" -> "x_api_key"
-    return name not in NOT_SENSITIVE_KEYS and any(p in name for p in SENSITIVE_KEY_PARTS)
+    if name in NOT_SENSITIVE_KEYS:
+        return False
+    return any(p in name for p in SENSITIVE_KEY_PARTS) or any(p in name for p in _extra_sensitive)
 
 
 def mask_text(text: str) -> str:

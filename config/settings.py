@@ -13,7 +13,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_json, env_list, env_str
-from config.logging import configure_structlog, logging_config
+from config.logging import configure_masking, configure_structlog, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -321,6 +321,10 @@ LOG_JSON = env_bool("LOG_JSON", not DEBUG)
 # bound context (request_id, job_id, ...), secrets and PII masked; JSON lines if LOG_JSON.
 LOGGING = logging_config(json=LOG_JSON, level=LOG_LEVEL)
 configure_structlog()
+# Field names of personal data in this deployment's job params and events, masked in
+# every log line like passwords and tokens are (comma-separated, e.g. "phone,iban").
+LOG_MASK_FIELDS = env_list("LOG_MASK_FIELDS", [])
+configure_masking(LOG_MASK_FIELDS)
 
 OTP_TOTP_ISSUER = "jobops"
 

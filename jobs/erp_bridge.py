@@ -102,7 +102,7 @@ class ErpBridge:
             # One drain can bring a delivery past the budget (or the stop): hand it back.
             message.requeue()
             return
-        event_id, job_id = None, None
+        event_id, job_id, event = None, None, {}
         try:
             event = json.loads(message.body)
             event_id = str(event["event_id"])
@@ -110,7 +110,13 @@ class ErpBridge:
         except (ValueError, TypeError, KeyError) as exc:
             self.park(message, status=None, reason=f"not an event: {exc!r}"[:500])
             return
-        with log_context(event_id=event_id, job_id=job_id, routing_key="job.status.changed"):
+        with log_context(
+            event_id=event_id,
+            job_id=job_id,
+            request_id=event.get("request_id"),
+            correlation_id=event.get("correlation_id"),
+            routing_key="job.status.changed",
+        ):
             outcome, status, reason = event_post(
                 session=self.session, url=self.url, body=message.body, event_id=event_id
             )

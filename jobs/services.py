@@ -11,6 +11,7 @@ from datetime import timedelta
 from functools import partial
 from typing import IO, Any
 
+import structlog
 from django.conf import settings
 from django.core.files import File
 from django.core.files.base import ContentFile
@@ -38,6 +39,8 @@ from jobs.errors import (
 from jobs.models import Artefact, EventOutbox, Job
 from jobs.states import ALLOWED, EVENT_FOR_STATUS, Status
 from jobs.types import get_type
+
+log = structlog.get_logger("jobs.services")
 
 _JOB_COLUMNS = [f.column for f in Job._meta.concrete_fields]
 _JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
@@ -189,6 +192,9 @@ def _record(
             "progress": job.progress_percent,
             "attempt": job.attempts,
             "timestamp": format_ts(entry.ts),
+            # So the ERP bridge's log lines follow the request that made the job.
+            "request_id": job.request_id,
+            "correlation_id": job.correlation_id,
         },
     )
 
@@ -328,6 +334,7 @@ def job_create(
         # failure never reaches the caller: the job stays `pending` for the dispatcher.
         transaction.on_commit(partial(_publish_after_commit, job.id))
         transaction.on_commit(_create_counter(job_type, "created").inc)
+    log.info("job_created", job_id=str(job.id), job_type=job_type, queue=job.queue)
     return job, True
 
 

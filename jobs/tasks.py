@@ -12,6 +12,7 @@ from typing import Any
 from celery import Task
 
 from config.celery import app
+from config.logging import log_context
 from jobs.types import all_types
 
 
@@ -20,7 +21,20 @@ def _make_task(name: str) -> Task:
     def run(self: Task, payload: Any) -> dict[str, Any]:
         from jobs.runtime import job_execute
 
-        return job_execute(payload=payload, hostname=self.request.hostname)
+        # Every line of this delivery (ours, Celery's, a handler's, its libraries')
+        # carries the ids that tie it to the request that made the job (DESIGN.md 8).
+        ids = payload if isinstance(payload, dict) else {}
+        info = self.request.delivery_info or {}
+        with log_context(
+            job_id=ids.get("job_id"),
+            request_id=ids.get("request_id"),
+            correlation_id=ids.get("correlation_id"),
+            attempt=ids.get("attempt"),
+            idempotency_key=ids.get("job_id"),
+            routing_key=info.get("routing_key"),
+            queue=info.get("routing_key"),
+        ):
+            return job_execute(payload=payload, hostname=self.request.hostname)
 
     return run
 
