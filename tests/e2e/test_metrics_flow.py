@@ -66,7 +66,7 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
     settings.METRICS_TOKEN = ""
     scripted_table(settings, **NO_RETRIES_FOR_MODEL)
     settings.JOBOPS_LOCK_TIMEOUT = int(FAST_ENV["JOBOPS_LOCK_TIMEOUT"])
-    port = free_port()
+    port, dispatcher_port = free_port(), free_port()
     env = {
         **scripted_env(**NO_RETRIES_FOR_MODEL),
         "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
@@ -76,9 +76,16 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
     web_before = _scrape_web(client)
     with (
         celery_worker(queues=["default", "model"], concurrency=2, env=env, name="metrics"),
-        dispatcher_process(interval=0.2, env=scripted_env(**NO_RETRIES_FOR_MODEL)),
+        dispatcher_process(
+            interval=0.2,
+            env={
+                **scripted_env(**NO_RETRIES_FOR_MODEL),
+                "JOBOPS_METRICS_PORT": str(dispatcher_port),
+            },
+        ),
     ):
         worker_before = _scrape(port)
+        dispatcher_before = _scrape(dispatcher_port)
         ok = make_job(job_type="ai", params={"do": "steps", "steps": 3, "step_seconds": 0.4})
         retried = make_job(job_type="ai", params={"do": "fail_times", "n": 1})
         fatal = make_job(job_type="model", params={"do": "nonretryable"})
@@ -107,7 +114,13 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
             and s,
             timeout=10,
         )
+        # The dispatcher's own exporter: it relayed the jobs' events meanwhile.
+        dispatcher_after = _scrape(dispatcher_port)
     web_after = _scrape_web(client)
+    relayed = _value(dispatcher_after, "outbox_relayed_total") - _value(
+        dispatcher_before, "outbox_relayed_total"
+    )
+    assert relayed >= 5  # at least each job's `created` event
 
     def web(name: str, **labels: str) -> float:
         return _value(web_after, name, **labels) - _value(web_before, name, **labels)
