@@ -20,6 +20,7 @@ from audit.services import OPS_CHAIN, Actor, audit_append
 from audit.verification import audit_verify
 from tests.audit.conftest import ROOT, database_url, job_with_history
 from tests.factories import make_job
+from tests.test_settings import SAFE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -98,14 +99,7 @@ def test_privileged_roles_are_named(roles):
             cursor.execute("RESET ROLE")
 
 
-PRODUCTION = {
-    "DEBUG": "false",
-    "SECRET_KEY": "k3y-" + "0123456789abcdef" * 4,
-    "ALLOWED_HOSTS": "jobops.example.com",
-    "AUDIT_SIGNING_KEY": "a" * 40,
-    "METRICS_TOKEN": "m" * 32,
-    "DJANGO_SETTINGS_MODULE": "config.settings",
-}
+PRODUCTION = {**SAFE, "DJANGO_SETTINGS_MODULE": "config.settings"}
 
 
 def _boot_web(**extra: str) -> subprocess.CompletedProcess[str]:
