@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from kombu import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -108,7 +109,8 @@ def broker_url_for(vhost: str | None) -> str:
     base = os.environ.get("BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
     if vhost is None:
         return base
-    return base.rsplit("/", 1)[0] + f"/{vhost}"
+    # kombu builds the URL: "amqp://h//" names vhost "/", so string surgery on it goes wrong.
+    return Connection(base).clone(virtual_host=vhost).as_uri(include_password=True)
 
 
 def free_port() -> int:

@@ -85,6 +85,9 @@ class JobopsConsumer(Consumer):
         message.reject_log_error(logger, self.connection_errors, requeue=False)
 
 
+JOB_TASK_PREFIX = "jobs."
+
+
 def message_problem(message: Any) -> str | None:
     """Why a job message must not reach a pool child, or None.
 
@@ -105,6 +108,8 @@ def message_problem(message: Any) -> str | None:
     problem = json_problem(body, max_depth=settings.JOBOPS_MAX_JSON_DEPTH + 4)
     if problem:
         return f"body {problem}"
+    if not str(message.headers["task"]).startswith(JOB_TASK_PREFIX):
+        return None  # another app's task on this consumer (the raw Celery benchmark)
     if not (
         isinstance(body, list)
         and len(body) == 3
