@@ -21,6 +21,7 @@ from audit.verification import audit_verify
 from tests.audit.conftest import ROOT, database_url, job_with_history
 from tests.factories import make_job
 from tests.test_settings import SAFE
+from tests.workers import celery_worker, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -127,3 +128,45 @@ def test_production_starts_as_the_app_role(roles):
     url = database_url().replace("postgres://postgres", f"postgres://{app}", 1)
     started = _boot_web(DATABASE_URL=url)
     assert started.returncode == 0 and "started" in started.stdout, started.stderr
+
+
+def _boot_worker(**extra: str) -> tuple[int | None, str]:
+    """Start a real worker in production mode; (exit status or None if still running
+    after the timeout, its output)."""
+    env = {**subprocess_env(), **PRODUCTION, **extra}
+    env.pop("JOBOPS_METRICS_PORT", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "default",
+         "--prefetch-multiplier", "1", "-P", "solo", "-n", f"refuse-{uuid.uuid4().hex[:8]}@%h",
+         "-l", "info"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        return None, out
+    return proc.returncode, out
+
+
+def test_production_worker_refuses_to_start_as_a_superuser():
+    """Celery swallows an Exception raised by a worker_init receiver: the refusal must
+    really stop the worker, before it consumes anything."""
+    status, out = _boot_worker()
+    assert status not in (None, 0), out
+    assert "Refusing to start with DEBUG off" in out and "superuser" in out
+    assert " ready." not in out
+
+
+def test_production_worker_starts_as_a_superuser_only_when_allowed(broker):
+    with celery_worker(
+        queues=["default"], env={**PRODUCTION, "JOBOPS_DB_ALLOW_PRIVILEGED": "true"}
+    ) as worker:
+        assert worker.alive()
+    assert "Refusing to start" not in worker.log_text()
