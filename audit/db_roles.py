@@ -47,6 +47,14 @@ def role_setup_sql(*, owner: str, app: str, database: str) -> list[sql.Composed]
             "WHERE schemaname = 'public' LOOP EXECUTE format("
             "'ALTER TABLE public.%I OWNER TO %I', t.tablename, {o_lit}); END LOOP; END $$"
         ),
+        # And the functions migrations created (the audit triggers'), so that later
+        # migrations, run as owner, can replace or drop them. Extensions keep theirs.
+        sql.SQL(
+            "DO $$ DECLARE f record; BEGIN FOR f IN SELECT p.oid::regprocedure AS sig "
+            "FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace AND NOT EXISTS "
+            "(SELECT FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e') LOOP "
+            "EXECUTE format('ALTER FUNCTION %s OWNER TO %I', f.sig, {o_lit}); END LOOP; END $$"
+        ),
         sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {a}"),
         sql.SQL("REVOKE UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER ON {audit} FROM {a}"),
         sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {a}"),

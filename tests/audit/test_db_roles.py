@@ -170,3 +170,29 @@ def test_production_worker_starts_as_a_superuser_only_when_allowed(broker):
     ) as worker:
         assert worker.alive()
     assert "Refusing to start" not in worker.log_text()
+
+
+def test_the_owner_role_runs_migrations_including_the_audit_triggers(roles):
+    """`migrate` runs as the owner: it must own the trigger functions too, or a
+    migration that replaces or drops one fails with 'must be owner of function'."""
+    owner, app = roles
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc "
+            "WHERE proname LIKE 'jobops\\_%%'"
+        )
+        assert [r[0] for r in cursor.fetchall()] == [owner]
+        cursor.execute(f"SET ROLE {owner}")
+    try:
+        call_command("migrate", "audit", "0002", verbosity=0)
+        call_command("migrate", "audit", verbosity=0)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+    # The re-created trigger still refuses an insert out of order, as the app role.
+    with _as(app) as conn, pytest.raises(psycopg.errors.IntegrityConstraintViolation):
+        conn.execute(
+            "INSERT INTO audit_logs (chain, seq, event_type, actor_type, actor_id, ts, "
+            "payload, prev_hash, chain_hash) VALUES ('ops', 7, 'x', 'system', 'x', now(), "
+            "'{}', repeat('0', 64), repeat('f', 64))"
+        )
