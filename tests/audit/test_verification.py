@@ -184,3 +184,26 @@ def test_whole_chain_missing_is_named_when_asked_for_by_job():
         ("chain_missing", str(job.id)),
         ("status_mismatch", str(job.id)),
     ]
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "what"),
+    [
+        ("prev_hash", "xyz", "does not match the previous row's chain_hash"),
+        ("prev_hash", "ü" * 64, "does not match the previous row's chain_hash"),
+        ("chain_hash", "ab" * 31, "does not match sha256(prev_hash + payload)"),
+        ("chain_hash", "ö" * 64, "does not match sha256(prev_hash + payload)"),
+    ],
+)
+def test_malformed_row_hash_is_reported_by_the_command_not_a_crash(column, value, what):
+    """Not hex, wrong length, not ASCII: each is tampering, exit 1 naming job and seq."""
+    job = job_with_history()
+    tamper(
+        f"UPDATE audit_logs SET {column} = %s WHERE chain = %s AND seq = 4",
+        [value, job_chain(job.id)],
+    )
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("verify_audit_chain", stdout=out)
+    assert exited.value.code == 1
+    assert f"job {job.id}, seq 4: row_broken" in out.getvalue() and what in out.getvalue()
