@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 from psycopg import sql
+
+logger = structlog.get_logger(__name__)
 
 AUDIT_TABLES = ("audit_logs", "audit_checkpoints")
 
@@ -107,6 +110,15 @@ def refuse_privileged_database_role() -> None:
         return
     try:
         problems = database_role_problems()
+    except (OperationalError, InterfaceError) as exc:
+        # A database outage at boot must not keep web from starting (the API answers
+        # 503 meanwhile) nor make workers crash-loop; every new process (the next
+        # gunicorn worker, a respawned dispatcher) checks again.
+        logger.warning(
+            "could not check the database role (database unreachable); checked at the next start",
+            error=str(exc),
+        )
+        return
     finally:
         connection.close()  # opened at boot, before any fork
     if problems:

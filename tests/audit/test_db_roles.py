@@ -123,6 +123,16 @@ def test_production_refuses_to_start_as_a_superuser():
     assert allowed.returncode == 0 and "started" in allowed.stdout, allowed.stderr
 
 
+def test_production_web_still_starts_while_the_database_is_unreachable():
+    """The role check must not turn a database outage at boot into a web that cannot
+    start (the API answers 503 while the database is down); each new process, e.g.
+    the next gunicorn worker, checks again."""
+    down = "postgres://postgres@127.0.0.1:1/jobops_unreachable"
+    started = _boot_web(DATABASE_URL=down)
+    assert started.returncode == 0 and "started" in started.stdout, started.stderr
+    assert "could not check the database role" in started.stdout + started.stderr
+
+
 def test_production_starts_as_the_app_role(roles):
     _, app = roles
     url = database_url().replace("postgres://postgres", f"postgres://{app}", 1)
