@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 from psycopg import sql
+
+logger = structlog.get_logger(__name__)
 
 AUDIT_TABLES = ("audit_logs", "audit_checkpoints")
 
@@ -46,6 +49,14 @@ def role_setup_sql(*, owner: str, app: str, database: str) -> list[sql.Composed]
             "DO $$ DECLARE t record; BEGIN FOR t IN SELECT tablename FROM pg_tables "
             "WHERE schemaname = 'public' LOOP EXECUTE format("
             "'ALTER TABLE public.%I OWNER TO %I', t.tablename, {o_lit}); END LOOP; END $$"
+        ),
+        # And the functions migrations created (the audit triggers'), so that later
+        # migrations, run as owner, can replace or drop them. Extensions keep theirs.
+        sql.SQL(
+            "DO $$ DECLARE f record; BEGIN FOR f IN SELECT p.oid::regprocedure AS sig "
+            "FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace AND NOT EXISTS "
+            "(SELECT FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e') LOOP "
+            "EXECUTE format('ALTER FUNCTION %s OWNER TO %I', f.sig, {o_lit}); END LOOP; END $$"
         ),
         sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {a}"),
         sql.SQL("REVOKE UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER ON {audit} FROM {a}"),
@@ -99,6 +110,15 @@ def refuse_privileged_database_role() -> None:
         return
     try:
         problems = database_role_problems()
+    except (OperationalError, InterfaceError) as exc:
+        # A database outage at boot must not keep web from starting (the API answers
+        # 503 meanwhile) nor make workers crash-loop; every new process (the next
+        # gunicorn worker, a respawned dispatcher) checks again.
+        logger.warning(
+            "could not check the database role (database unreachable); checked at the next start",
+            error=str(exc),
+        )
+        return
     finally:
         connection.close()  # opened at boot, before any fork
     if problems:

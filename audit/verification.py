@@ -107,7 +107,9 @@ def audit_verify(
        audit.checkpoints.checkpoint_export) must still be a genuine checkpoint: a
        deleted tail took the newest checkpoints with it.
     6. The checks of AUDIT_VERIFY_CHECKS, e.g. each job's status against the last
-       transition in its chain (a chain that stops short).
+       transition in its chain (a chain that stops short). Each is called as
+       `check(report, chains, requested=..., since=...)`: the chosen chains, those
+       the caller named (None: all) and `since`.
     Runs in one REPEATABLE READ READ ONLY transaction when it can, so rows and
     checkpoints come from one snapshot.
     """
@@ -118,6 +120,7 @@ def audit_verify(
         selected = sorted(
             {job_chain(j) for j in (job_ids or [])} | {str(c) for c in (chains or [])}
         )
+    requested = selected
     with transaction.atomic():
         if len(connection.atomic_blocks) == 1:
             # Outermost block: nothing has run yet in this transaction.
@@ -155,7 +158,7 @@ def audit_verify(
         _check_heads(report, genuine, selected, since)
         _check_expected(report, genuine, expected_checkpoints)
         for path in settings.AUDIT_VERIFY_CHECKS:
-            import_string(path)(report, selected)
+            import_string(path)(report, selected, requested=requested, since=since)
     report.seconds = time.perf_counter() - started
     return report
 

@@ -222,12 +222,24 @@ def _flush_worker_traces(pid: int | None = None, **_: Any) -> None:
 
 
 @worker_init.connect
+def _refuse_privileged_database_role(**_: Any) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from audit.db_roles import refuse_privileged_database_role
+
+    try:
+        refuse_privileged_database_role()
+    except ImproperlyConfigured as exc:
+        # Celery logs and swallows Exceptions raised by signal receivers (the worker
+        # then started as a superuser anyway); SystemExit really stops it.
+        raise SystemExit(str(exc)) from None
+
+
+@worker_init.connect
 def _serve_worker_metrics(**_: Any) -> None:
     """The worker group's exporter (JOBOPS_METRICS_PORT), in the main process. Pool
     children count too only through PROMETHEUS_MULTIPROC_DIR (README, Observability)."""
-    from audit.db_roles import refuse_privileged_database_role
     from config.metrics import metrics_serve, multiprocess_dir_prune
 
-    refuse_privileged_database_role()
     multiprocess_dir_prune()
     metrics_serve()

@@ -9,6 +9,8 @@ is a chain that stops short, or a job row changed outside a transition.
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
 from typing import Any
 
 from django.db import connection
@@ -32,15 +34,36 @@ LIMIT %(limit)s
 """
 
 
-def job_status_matches_chain(report: VerificationReport, chains: list[str] | None) -> None:
-    """Report each job whose status is not where its audit chain says it should be."""
+def job_status_matches_chain(
+    report: VerificationReport,
+    chains: list[str] | None,
+    *,
+    requested: list[str] | None = None,
+    since: datetime | None = None,
+) -> None:
+    """Report each job whose status is not where its audit chain says it should be.
+
+    Which jobs: all; or those of `chains`; with `since`, also every job whose row
+    changed since then, among those `requested` (None: all). A tail deleted after
+    `since` leaves no audit row since then, so its chain is not among `chains`, but
+    the job row still changed since then.
+    """
     params: dict[str, Any] = {
         "events": list(STATUS_AFTER_EVENT),
         "statuses": [str(s) for s in STATUS_AFTER_EVENT.values()],
         "limit": MAX_PROBLEMS,
-        "ids": [c[4:] for c in chains or [] if c.startswith("job:")],
+        "ids": _job_ids(chains),
+        "requested": _job_ids(requested),
+        "since": since,
     }
-    scope = "AND j.id::text = ANY(%(ids)s)" if chains is not None else ""
+    # uuid[] rather than id::text: the primary key index serves `--job` lookups.
+    scope = ""
+    if since is not None:
+        scope = "AND (j.id = ANY(%(ids)s::uuid[]) OR j.updated_at >= %(since)s)"
+        if requested is not None:
+            scope += " AND j.id = ANY(%(requested)s::uuid[])"
+    elif chains is not None:
+        scope = "AND j.id = ANY(%(ids)s::uuid[])"
     with connection.cursor() as cursor:
         cursor.execute(_SQL.format(scope=scope), params)
         rows = cursor.fetchall()
@@ -53,5 +76,23 @@ def job_status_matches_chain(report: VerificationReport, chains: list[str] | Non
                 "stops short, or the job row was changed outside a transition"
             )
         report.add(
-            Problem(kind="status_mismatch", message=message, chain=f"job:{job_id}", job_id=job_id)
+            Problem(
+                kind="status_mismatch",
+                message=message,
+                chain=f"job:{job_id}",
+                job_id=job_id,
+                seq=seq,
+            )
         )
+
+
+def _job_ids(chains: list[str] | None) -> list[str]:
+    """The job ids of `job:<uuid>` chains (any other chain names no job)."""
+    ids = []
+    for chain in chains or []:
+        if chain.startswith("job:"):
+            try:
+                ids.append(str(uuid.UUID(chain[4:])))
+            except ValueError:
+                continue
+    return ids

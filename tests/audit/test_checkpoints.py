@@ -219,3 +219,39 @@ def test_write_if_due_takes_no_lock_when_nothing_changed(settings, monkeypatch):
     make_job()
     checkpoint_write_if_due()
     assert len(calls) == 1
+
+
+@pytest.mark.django_db
+def test_each_committed_checkpoint_hash_goes_to_the_structured_log(tmp_path, settings):
+    from django.test import TestCase
+    from structlog.testing import capture_logs
+
+    settings.AUDIT_CHECKPOINT_EXPORT = ""
+    make_job()
+    with capture_logs() as logs, TestCase.captureOnCommitCallbacks(execute=True):
+        checkpoint = checkpoint_write()
+    [line] = [e for e in logs if e["event"] == "audit_checkpoint_written"]
+    assert (line["id"], line["checkpoint_hash"]) == (checkpoint.id, checkpoint.checkpoint_hash)
+
+    # A rolled-back checkpoint is never exported (on commit only).
+    make_job()
+    with capture_logs() as logs, TestCase.captureOnCommitCallbacks(execute=True):
+        with pytest.raises(RuntimeError), transaction.atomic():
+            checkpoint_write()
+            raise RuntimeError("rolled back")
+    assert not [e for e in logs if e["event"] == "audit_checkpoint_written"]
+
+
+@pytest.mark.django_db
+def test_an_unwritable_export_file_keeps_the_checkpoint_and_logs_an_error(tmp_path, settings):
+    from django.test import TestCase
+    from structlog.testing import capture_logs
+
+    settings.AUDIT_CHECKPOINT_EXPORT = str(tmp_path / "missing-dir" / "checkpoints.jsonl")
+    make_job()
+    with capture_logs() as logs, TestCase.captureOnCommitCallbacks(execute=True):
+        checkpoint = checkpoint_write()
+    assert AuditCheckpoint.objects.filter(id=checkpoint.id).exists()
+    events = {e["event"]: e for e in logs}
+    assert events["audit_checkpoint_written"]["checkpoint_hash"] == checkpoint.checkpoint_hash
+    assert events["audit_checkpoint_export_failed"]["path"] == settings.AUDIT_CHECKPOINT_EXPORT

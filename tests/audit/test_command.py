@@ -188,3 +188,26 @@ def test_a_bad_expected_checkpoint_is_a_usage_error(value):
     with pytest.raises(CommandError) as refused:
         call_command("verify_audit_chain", "--expect-checkpoint", value)
     assert refused.value.returncode == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_since_catches_a_tail_deleted_after_t_by_the_job_row_changed_since_then():
+    """The tail written after T is deleted: no audit row since T is left, so no chain
+    is 'active since T'; the job row, changed since T, still gives it away. (Each step
+    commits, as in production: jobs.updated_at is the transaction's now().)"""
+    from jobs.services import Fence, job_succeed
+
+    bystander = job_with_history()
+    job = job_with_history(succeed=False)  # created, queued, started
+    job.refresh_from_db()
+    since = timezone.now()
+    job_succeed(job_id=job.id, fence=Fence(job.locked_by, job.attempts), result={})
+    tamper("DELETE FROM audit_logs WHERE chain = %s AND seq = 4", [job_chain(job.id)])
+
+    status, out = verify("--since", since.isoformat())
+    assert status == 1, out
+    assert f"job {job.id}, seq 3: status_mismatch" in out
+    assert str(bystander.id) not in out
+    # Limited to other jobs, the same window finds nothing.
+    assert verify("--since", since.isoformat(), "--job", str(bystander.id))[0] == 0
+    assert verify("--since", since.isoformat(), "--job", str(job.id))[0] == 1

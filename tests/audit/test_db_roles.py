@@ -21,6 +21,7 @@ from audit.verification import audit_verify
 from tests.audit.conftest import ROOT, database_url, job_with_history
 from tests.factories import make_job
 from tests.test_settings import SAFE
+from tests.workers import celery_worker, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -122,8 +123,86 @@ def test_production_refuses_to_start_as_a_superuser():
     assert allowed.returncode == 0 and "started" in allowed.stdout, allowed.stderr
 
 
+def test_production_web_still_starts_while_the_database_is_unreachable():
+    """The role check must not turn a database outage at boot into a web that cannot
+    start (the API answers 503 while the database is down); each new process, e.g.
+    the next gunicorn worker, checks again."""
+    down = "postgres://postgres@127.0.0.1:1/jobops_unreachable"
+    started = _boot_web(DATABASE_URL=down)
+    assert started.returncode == 0 and "started" in started.stdout, started.stderr
+    assert "could not check the database role" in started.stdout + started.stderr
+
+
 def test_production_starts_as_the_app_role(roles):
     _, app = roles
     url = database_url().replace("postgres://postgres", f"postgres://{app}", 1)
     started = _boot_web(DATABASE_URL=url)
     assert started.returncode == 0 and "started" in started.stdout, started.stderr
+
+
+def _boot_worker(**extra: str) -> tuple[int | None, str]:
+    """Start a real worker in production mode; (exit status or None if still running
+    after the timeout, its output)."""
+    env = {**subprocess_env(), **PRODUCTION, **extra}
+    env.pop("JOBOPS_METRICS_PORT", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "default",
+         "--prefetch-multiplier", "1", "-P", "solo", "-n", f"refuse-{uuid.uuid4().hex[:8]}@%h",
+         "-l", "info"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        return None, out
+    return proc.returncode, out
+
+
+def test_production_worker_refuses_to_start_as_a_superuser():
+    """Celery swallows an Exception raised by a worker_init receiver: the refusal must
+    really stop the worker, before it consumes anything."""
+    status, out = _boot_worker()
+    assert status not in (None, 0), out
+    assert "Refusing to start with DEBUG off" in out and "superuser" in out
+    assert " ready." not in out
+
+
+def test_production_worker_starts_as_a_superuser_only_when_allowed(broker):
+    with celery_worker(
+        queues=["default"], env={**PRODUCTION, "JOBOPS_DB_ALLOW_PRIVILEGED": "true"}
+    ) as worker:
+        assert worker.alive()
+    assert "Refusing to start" not in worker.log_text()
+
+
+def test_the_owner_role_runs_migrations_including_the_audit_triggers(roles):
+    """`migrate` runs as the owner: it must own the trigger functions too, or a
+    migration that replaces or drops one fails with 'must be owner of function'."""
+    owner, app = roles
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc "
+            "WHERE proname LIKE 'jobops\\_%%'"
+        )
+        assert [r[0] for r in cursor.fetchall()] == [owner]
+        cursor.execute(f"SET ROLE {owner}")
+    try:
+        call_command("migrate", "audit", "0002", verbosity=0)
+        call_command("migrate", "audit", verbosity=0)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+    # The re-created trigger still refuses an insert out of order, as the app role.
+    with _as(app) as conn, pytest.raises(psycopg.errors.IntegrityConstraintViolation):
+        conn.execute(
+            "INSERT INTO audit_logs (chain, seq, event_type, actor_type, actor_id, ts, "
+            "payload, prev_hash, chain_hash) VALUES ('ops', 7, 'x', 'system', 'x', now(), "
+            "'{}', repeat('0', 64), repeat('f', 64))"
+        )

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from django.core.management import call_command
+from django.db import connection, transaction
 
 from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
 from audit.checkpoints import checkpoint_write
@@ -57,6 +58,59 @@ def deleted_tail(job):
     checkpoint_write()
     tamper("DELETE FROM audit_logs WHERE chain = %s AND seq >= 3", [job_chain(job.id)])
     return 4, "recorded by the checkpoint is missing"
+
+
+def deleted_tail_and_its_checkpoint(job):
+    """Issue 7 point 5: the newest checkpoint goes with the tail it recorded, so no
+    remaining checkpoint or row misses it; the job row still says `succeeded` while
+    the chain ends at `started`."""
+    checkpoint_write()
+    tamper(
+        "DELETE FROM audit_logs WHERE chain = %s AND seq = 4; DELETE FROM audit_checkpoints",
+        [job_chain(job.id)],
+    )
+    return 3, "the job is succeeded but its chain ends at started (seq 3)"
+
+
+def deleted_tail_in_replica_mode(job):
+    """session_replication_role = replica skips every ordinary trigger (superuser only)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute("DELETE FROM audit_logs WHERE chain = %s AND seq = 4", [job_chain(job.id)])
+    return 3, "the job is succeeded but its chain ends at started (seq 3)"
+
+
+def deleted_whole_chain_without_checkpoint(job):
+    tamper("DELETE FROM audit_logs WHERE chain = %s", [job_chain(job.id)])
+    return None, "the job is succeeded but its chain records no transition at all"
+
+
+def job_row_changed_behind_the_services(job):
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE jobs SET status = 'failed' WHERE id = %s", [job.id])
+    return 4, "the job is failed but its chain ends at succeeded (seq 4)"
+
+
+def inserted_out_of_order(job):
+    """A well-formed row planted after a gap (the insert trigger disabled to do it)."""
+    head = rows_of(job)[-1]
+    payload = json.loads(head.payload) | {"seq": 6, "event_type": "progress", "data": {}}
+    text = canonical_bytes(payload)
+    tamper(
+        "INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, actor_id, ts, "
+        "payload, prev_hash, chain_hash) VALUES (%s, %s, 6, 'progress', %s, %s, %s, %s, %s, %s)",
+        [
+            head.chain,
+            str(job.id),
+            head.actor_type,
+            head.actor_id,
+            head.ts,
+            text.decode(),
+            head.chain_hash,
+            chain_hash(head.chain_hash, text),
+        ],
+    )
+    return 6, "sequence gap: expected seq 5, found 6"
 
 
 def deleted_whole_chain(job):
@@ -121,9 +175,14 @@ TAMPERS = [
     changed_event_type_column,
     deleted_middle_row,
     deleted_tail,
+    deleted_tail_and_its_checkpoint,
+    deleted_tail_in_replica_mode,
     deleted_whole_chain,
+    deleted_whole_chain_without_checkpoint,
+    job_row_changed_behind_the_services,
     forged_row_rehashed,
     naive_appended_forgery,
+    inserted_out_of_order,
 ]
 
 
@@ -158,7 +217,7 @@ def test_tamper_fails_verification_naming_job_and_seq(do_tamper):
     with pytest.raises(SystemExit) as exited:
         call_command("verify_audit_chain", stdout=out)
     assert exited.value.code == 1
-    assert f"job {job.id}, seq {seq}" in out.getvalue()
+    assert f"job {job.id}" + (f", seq {seq}" if seq else ":") in out.getvalue()
 
 
 def test_payload_fields_are_checked_exactly_when_the_fast_check_cannot_tell():
@@ -184,3 +243,26 @@ def test_whole_chain_missing_is_named_when_asked_for_by_job():
         ("chain_missing", str(job.id)),
         ("status_mismatch", str(job.id)),
     ]
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "what"),
+    [
+        ("prev_hash", "xyz", "does not match the previous row's chain_hash"),
+        ("prev_hash", "ü" * 64, "does not match the previous row's chain_hash"),
+        ("chain_hash", "ab" * 31, "does not match sha256(prev_hash + payload)"),
+        ("chain_hash", "ö" * 64, "does not match sha256(prev_hash + payload)"),
+    ],
+)
+def test_malformed_row_hash_is_reported_by_the_command_not_a_crash(column, value, what):
+    """Not hex, wrong length, not ASCII: each is tampering, exit 1 naming job and seq."""
+    job = job_with_history()
+    tamper(
+        f"UPDATE audit_logs SET {column} = %s WHERE chain = %s AND seq = 4",
+        [value, job_chain(job.id)],
+    )
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("verify_audit_chain", stdout=out)
+    assert exited.value.code == 1
+    assert f"job {job.id}, seq 4: row_broken" in out.getvalue() and what in out.getvalue()
