@@ -276,9 +276,6 @@ JOBOPS_DB_ALLOW_PRIVILEGED = env_bool("JOBOPS_DB_ALLOW_PRIVILEGED", False)
 AUDIT_VERIFY_CHECKS: list[str] = ["jobs.audit_checks.job_status_matches_chain"]
 
 # --- Celery (the broker half lives in config/celery.py) -------------------------
-CELERY_BROKER_URL = BROKER_URL
-CELERY_RESULT_BACKEND = "django-db"
-CELERY_RESULT_EXTENDED = True
 
 # --- API --------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -34,6 +34,7 @@ from kombu import Connection
 
 from core.json import json_problem
 from dlq.errors import UnknownQueueError
+from jobs import metrics
 from jobs.topology import dlq_name, primary_queues
 
 # x-death reasons (RabbitMQ) -> dead_letters.reason
@@ -321,13 +322,9 @@ def dlq_depths(
 
 def _export_depths(depths: dict[str, int | None]) -> None:
     """Feed the `dlq_depth{queue}` gauge (DESIGN.md 8) whenever depths are read."""
-    try:
-        from jobs.metrics import DLQ_DEPTH
-    except ImportError:  # metrics are optional here
-        return
     for name, depth in depths.items():
         if depth is not None:
-            DLQ_DEPTH.labels(queue=name).set(depth)
+            metrics.DLQ_DEPTH.labels(queue=name).set(depth)
 
 
 def _require_dlq(queue: str) -> None:

@@ -24,6 +24,7 @@ from dlq.errors import (
     UnknownQueueError,
 )
 from dlq.models import DeadLetter, Reason, State
+from jobs import metrics
 from jobs.errors import TransitionRefusedError
 from jobs.models import Job
 from jobs.services import STALE_LOCK_SQL, Fence, Raw, transition
@@ -323,10 +324,10 @@ def _check_request(
         raise DeadLetterPermissionError()
     if not (getattr(actor_user, "is_staff", False) and actor_user.has_perm(permission)):
         raise DeadLetterPermissionError()
-    text = (justification or "").strip()
-    if not text:
+    cleaned = (justification or "").strip()
+    if not cleaned:
         raise JustificationRequiredError(details={"justification": ["This field is required."]})
-    if len(text) > 2000:
+    if len(cleaned) > 2000:
         raise DeadLetterInputError(details={"justification": ["At most 2000 characters."]})
     if queue is not None and queue not in all_dlq_names():
         raise UnknownQueueError(
@@ -340,7 +341,7 @@ def _check_request(
         raise DeadLetterInputError(
             details={"filters": [f"Unknown filter(s): {', '.join(sorted(unknown))}."]}
         )
-    return text
+    return cleaned
 
 
 def _selection(
@@ -382,10 +383,10 @@ def _sample(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
     ]
 
 
-def _justification_digest(text: str) -> str:
+def _justification_digest(justification: str) -> str:
     # The text stays on the row (it may name people); the chain holds its digest, so
     # an edit of the stored justification is still detectable.
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(justification.encode("utf-8")).hexdigest()
 
 
 def dead_letters_replay(
@@ -417,7 +418,7 @@ def dead_letters_replay(
        harmless, the claim fences it); it costs one confirmed publish and one audited
        transition per job, so bulk replays leave it to the dispatcher.
     """
-    text = _check_request(
+    justification = _check_request(
         permission="dlq.replay_deadletter",
         actor_user=actor_user,
         justification=justification,
@@ -437,7 +438,11 @@ def dead_letters_replay(
     queues: set[str] = set()
     for row_id, job_id, queue_name in list(limited.values_list("id", "job_id", "queue")):
         skipped = _replay_one(
-            row_id=row_id, job_id=job_id, actor=actor, actor_user=actor_user, text=text
+            row_id=row_id,
+            job_id=job_id,
+            actor=actor,
+            actor_user=actor_user,
+            justification=justification,
         )
         if skipped:
             result.skipped.append({"dead_letter_id": row_id, "job_id": str(job_id), **skipped})
@@ -462,16 +467,12 @@ def _lap(result: ResolveResult, phase: str, since: float) -> float:
 
 
 def _count_replays(count: int) -> None:
-    try:
-        from jobs.metrics import DLQ_REPLAY
-    except ImportError:  # metrics are optional to the write path
-        return
     if count:
-        DLQ_REPLAY.inc(count)
+        metrics.DLQ_REPLAY.inc(count)
 
 
 def _replay_one(
-    *, row_id: int, job_id: uuid.UUID, actor: Actor, actor_user: Any, text: str
+    *, row_id: int, job_id: uuid.UUID, actor: Actor, actor_user: Any, justification: str
 ) -> dict[str, Any] | None:
     """One job's replay transaction; returns why it was skipped, or None when done."""
     with transaction.atomic():
@@ -501,20 +502,20 @@ def _replay_one(
                     "dead_letter_id": row.id,
                     "reason": row.reason,
                     "queue": row.queue,
-                    "justification_sha256": _justification_digest(text),
+                    "justification_sha256": _justification_digest(justification),
                 },
             )
         except TransitionRefusedError as refused:
             return {"skipped": f"job is {refused.current}, not failed"}
-        _resolve(row, state=State.REPLAYED, actor_user=actor_user, text=text)
+        _resolve(row, state=State.REPLAYED, actor_user=actor_user, justification=justification)
     return None
 
 
-def _resolve(row: DeadLetter, *, state: str, actor_user: Any, text: str) -> None:
+def _resolve(row: DeadLetter, *, state: str, actor_user: Any, justification: str) -> None:
     row.state = state
     row.resolved_by = actor_user
     row.resolved_at = timezone.now()
-    row.justification = text
+    row.justification = justification
     row.save(update_fields=["state", "resolved_by", "resolved_at", "justification"])
 
 
@@ -537,7 +538,7 @@ def dead_letters_discard(
        chain (the ops chain for a row without a job). Resolved rows are skipped.
     3. After the commits, the broker copies of resolved rows are acked away.
     """
-    text = _check_request(
+    justification = _check_request(
         permission="dlq.discard_deadletter",
         actor_user=actor_user,
         justification=justification,
@@ -563,7 +564,7 @@ def dead_letters_discard(
             if row is None:
                 result.skipped.append({"dead_letter_id": row_id, "skipped": "already resolved"})
                 continue
-            _resolve(row, state=State.DISCARDED, actor_user=actor_user, text=text)
+            _resolve(row, state=State.DISCARDED, actor_user=actor_user, justification=justification)
             audit_append(
                 chain=job_chain(job_id) if job_id else OPS_CHAIN,
                 event_type="dlq_discarded",
@@ -573,7 +574,7 @@ def dead_letters_discard(
                     "dead_letter_id": row.id,
                     "reason": row.reason,
                     "queue": row.queue,
-                    "justification_sha256": _justification_digest(text),
+                    "justification_sha256": _justification_digest(justification),
                 },
             )
         result.resolved.append(row_id)

@@ -131,7 +131,7 @@ def transition(
             raise TransitionRefusedError(job_id=job_id, current=current, target=target)
         job = _job_from_row(row[1:])
         previous = row[0]
-        _record(
+        _audit_and_emit(
             job,
             event_type=event_type or EVENT_FOR_STATUS[target],
             previous_status=previous,
@@ -160,7 +160,7 @@ def _job_from_row(values: Iterable[Any]) -> Job:
     return Job.from_db(connection.alias, _JOB_ATTNAMES, values)
 
 
-def _record(
+def _audit_and_emit(
     job: Job,
     *,
     event_type: str,
@@ -168,7 +168,7 @@ def _record(
     actor: Actor,
     data: dict[str, Any] | None = None,
 ) -> None:
-    """Audit a transition and queue its event, in the caller's transaction."""
+    """Audit a transition and write its outbox event, in the caller's transaction."""
     entry = audit_append(
         chain=job_chain(job.id),
         event_type=event_type,
@@ -329,7 +329,7 @@ def job_create(
                 raise IdempotencyMismatchError(details={"job_id": str(job.id)})
             _create_counter(job_type, "existing").inc()
             return job, False
-        _record(job, event_type="created", previous_status=None, actor=actor)
+        _audit_and_emit(job, event_type="created", previous_status=None, actor=actor)
         # Publish only once the row is committed (a worker must find it); a broker
         # failure never reaches the caller: the job stays `pending` for the dispatcher.
         transaction.on_commit(partial(_publish_after_commit, job.id))

@@ -20,26 +20,26 @@ class Status(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-P, Q, R, RT = Status.PENDING, Status.QUEUED, Status.RUNNING, Status.RETRYING
+# Not yet ended: what a cancel, a failure or the reaper may still move.
+_UNFINISHED = frozenset({Status.RUNNING, Status.PENDING, Status.QUEUED, Status.RETRYING})
 
 ALLOWED: dict[str, frozenset[str]] = {
     # publisher on confirm; dispatcher on confirm of a due retry
-    Status.QUEUED: frozenset({P, RT}),
+    Status.QUEUED: frozenset({Status.PENDING, Status.RETRYING}),
     # claim: a message can arrive before the publisher committed `queued`
-    Status.RUNNING: frozenset({P, Q, RT}),
-    Status.SUCCEEDED: frozenset({R}),
+    Status.RUNNING: frozenset({Status.PENDING, Status.QUEUED, Status.RETRYING}),
+    Status.SUCCEEDED: frozenset({Status.RUNNING}),
     # worker, reaper, dead-letter watcher
-    Status.FAILED: frozenset({R, P, Q, RT}),
+    Status.FAILED: _UNFINISHED,
     # worker (JobCancelled) or cancel before start
-    Status.CANCELLED: frozenset({R, P, Q, RT}),
+    Status.CANCELLED: _UNFINISHED,
     # worker retry or reaper reclaim
-    Status.RETRYING: frozenset({R}),
+    Status.RETRYING: frozenset({Status.RUNNING}),
     # DLQ replay or re-run by an operator
     Status.PENDING: frozenset({Status.FAILED}),
 }
 
 TERMINAL: frozenset[str] = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
-ACTIVE: frozenset[str] = frozenset({P, Q, R, RT})
 
 # Audit event written for each target state (DESIGN.md 5 "Events").
 EVENT_FOR_STATUS: dict[str, str] = {
@@ -60,7 +60,3 @@ STATUS_AFTER_EVENT: dict[str, str] = {
     "reclaimed": Status.RETRYING,
     "dlq_replayed": Status.PENDING,
 }
-
-
-def is_allowed(source: str, target: str) -> bool:
-    return source in ALLOWED.get(target, frozenset())

@@ -10,16 +10,16 @@ from jobs.api import views
 app_name = "api"
 
 
-def both(route: str, view, name: str):  # type: ignore[no-untyped-def]
+def with_slash_alias(route: str, view, name: str):  # type: ignore[no-untyped-def]
     """The route without a slash (named, documented) and its slashed alias."""
     return [path(route, view, name=name), path(route + "/", view)]
 
 
 urlpatterns = [
-    *both("jobs", views.JobCollectionApi.as_view(), "jobs"),
-    *both("jobs/<uuid:job_id>", views.JobDetailApi.as_view(), "job-detail"),
-    *both("jobs/<uuid:job_id>/cancel", views.JobCancelApi.as_view(), "job-cancel"),
-    *both(
+    *with_slash_alias("jobs", views.JobCollectionApi.as_view(), "jobs"),
+    *with_slash_alias("jobs/<uuid:job_id>", views.JobDetailApi.as_view(), "job-detail"),
+    *with_slash_alias("jobs/<uuid:job_id>/cancel", views.JobCancelApi.as_view(), "job-cancel"),
+    *with_slash_alias(
         "jobs/<uuid:job_id>/artefacts/<uuid:artefact_id>",
         views.JobArtefactApi.as_view(),
         "job-artefact",

@@ -38,11 +38,11 @@ UNREACHABLE_BROKER = "amqp://guest:guest@127.0.0.1:1//"
 
 
 def test_broker_down_create_succeeds_pending_and_runs_once_broker_is_back(settings):
-    settings.BROKER_URL = UNREACHABLE_BROKER
+    broker_url, settings.BROKER_URL = settings.BROKER_URL, UNREACHABLE_BROKER
     job = make_job(job_type="sim", params={"steps": 2, "step_seconds": 0})
     assert Job.objects.get(id=job.id).status == "pending"
     assert job_events(job.id) == ["created"]
-    settings.BROKER_URL = settings.CELERY_BROKER_URL  # the broker is back
+    settings.BROKER_URL = broker_url  # the broker is back
     with celery_worker(queues=["sim"]):
         report = run_dispatcher_once(env={"JOBOPS_DISPATCH_PENDING_AFTER_SECONDS": "0"})
         assert report["publish"] == 1
@@ -53,10 +53,10 @@ def test_broker_down_create_succeeds_pending_and_runs_once_broker_is_back(settin
 
 def test_two_dispatchers_racing_publish_each_job_into_one_run(settings):
     scripted_table(settings)
-    settings.BROKER_URL = UNREACHABLE_BROKER
+    broker_url, settings.BROKER_URL = settings.BROKER_URL, UNREACHABLE_BROKER
     owner = UserFactory()
     jobs = [make_job(owner, job_type="ai", params={"do": "noop"}) for _ in range(30)]
-    settings.BROKER_URL = settings.CELERY_BROKER_URL
+    settings.BROKER_URL = broker_url
     env = subprocess_env(JOBOPS_DISPATCH_PENDING_AFTER_SECONDS="0")
     racers = [
         subprocess.Popen(
