@@ -23,6 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import psycopg
+import redis
 import structlog
 from django.conf import settings
 from django.db import connection
@@ -53,8 +54,6 @@ def _check_rabbitmq(timeout: float) -> None:
 
 
 def _check_redis(timeout: float) -> None:
-    import redis
-
     client = redis.Redis.from_url(
         settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout
     )

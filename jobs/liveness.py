@@ -24,6 +24,7 @@ from celery import bootsteps
 from django.conf import settings
 
 from jobs.redis_client import redis_client, redis_key
+from jobs.types import queues
 
 log = structlog.get_logger("jobs.liveness")
 
@@ -44,8 +45,6 @@ def beat(kind: str, queues: tuple[str, ...] = ()) -> None:
 
 def missing_processes(found: dict[str, list[dict[str, Any]]]) -> list[str]:
     """What has no live process: the dispatcher, or a primary queue without a worker."""
-    from jobs.types import queues
-
     missing = [] if found.get("dispatcher") else ["dispatcher"]
     served = {q for w in found.get("worker", []) for q in w["queues"]}
     return missing + [f"worker for queue {q}" for q in queues() if q not in served]

@@ -285,13 +285,15 @@ def job_create(
     4. A new job's `created` audit entry and event share the insert's transaction.
     Returns (job, created).
     """
+    spec = get_type(job_type) if isinstance(job_type, str) else None
+    # A client-chosen type string never becomes a label: unknown types count as one.
+    counter = partial(metrics.JOB_CREATE.labels, type=spec.name if spec else "unknown")
     try:
         params = validate_params(job_type, params, owner=owner)
         idempotency_key = validate_idempotency_key(idempotency_key)
     except ApplicationError:
-        _create_counter(job_type, "rejected").inc()
+        counter(status="rejected").inc()
         raise
-    spec = get_type(job_type)
     assert spec is not None
     digest = params_hash(job_type, params)
     actor = actor or Actor.user(owner)
@@ -325,23 +327,17 @@ def job_create(
                 job_release_idempotency_keys(job_ids=[job.id])
                 continue
             if job.params_hash != digest:
-                _create_counter(job_type, "mismatch").inc()
+                counter(status="mismatch").inc()
                 raise IdempotencyMismatchError(details={"job_id": str(job.id)})
-            _create_counter(job_type, "existing").inc()
+            counter(status="existing").inc()
             return job, False
         _audit_and_emit(job, event_type="created", previous_status=None, actor=actor)
         # Publish only once the row is committed (a worker must find it); a broker
         # failure never reaches the caller: the job stays `pending` for the dispatcher.
         transaction.on_commit(partial(_publish_after_commit, job.id))
-        transaction.on_commit(_create_counter(job_type, "created").inc)
+        transaction.on_commit(counter(status="created").inc)
     log.info("job_created", job_id=str(job.id), job_type=job_type, queue=job.queue)
     return job, True
-
-
-def _create_counter(job_type: str, status: str) -> Any:
-    # A client-chosen type string never becomes a label: unknown types count as one.
-    known = get_type(job_type) is not None
-    return metrics.JOB_CREATE.labels(type=job_type if known else "unknown", status=status)
 
 
 def _publish_after_commit(job_id: uuid.UUID) -> None:
