@@ -53,7 +53,7 @@ MIDDLEWARE = [
     "core.health.HealthMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "jobs.api.middleware.RequestIdMiddleware",
+    "core.request_id.RequestIdMiddleware",
     "core.middleware.RejectNulMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -284,9 +284,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["core.parsers.BoundedJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["core.api.parsers.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "jobs.api.exceptions.exception_handler",
+    "EXCEPTION_HANDLER": "core.api.exceptions.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "jobops API",
@@ -294,7 +294,7 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Paths are served with and without a trailing slash; document each once.
-    "PREPROCESSING_HOOKS": ["jobs.api.schema.drop_slash_aliases"],
+    "PREPROCESSING_HOOKS": ["core.api.schema.drop_slash_aliases"],
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "jobs.api.schema.close_request_bodies",

@@ -2,8 +2,12 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 
 from config.metrics import metrics_view
-from jobs.api.exceptions import api_handler400, api_handler404, api_handler500
-from jobs.api.views import api_not_found_view
+from core.api.exceptions import (
+    api_handler400,
+    api_handler404,
+    api_handler500,
+    api_not_found_view,
+)
 
 urlpatterns = [
     path("admin/", admin.site.urls),

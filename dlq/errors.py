@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobs.errors import ApplicationError
+from core.errors import ApplicationError
 
 
 class DeadLetterInputError(ApplicationError):

@@ -25,7 +25,7 @@ from dlq.errors import (
 )
 from dlq.models import DeadLetter, Reason, State
 from jobs import metrics
-from jobs.errors import TransitionRefusedError
+from jobs.exceptions import TransitionRefusedError
 from jobs.models import Job
 from jobs.services import STALE_LOCK_SQL, Fence, Raw, transition
 from jobs.states import Status

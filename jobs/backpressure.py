@@ -23,8 +23,8 @@ from django.conf import settings
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
+from core.errors import ApplicationError
 from jobs import metrics
-from jobs.errors import ApplicationError
 from jobs.redis_client import redis_client, redis_key
 from jobs.topology import dlq_name
 from jobs.types import queues

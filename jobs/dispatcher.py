@@ -30,7 +30,7 @@ from django.utils.module_loading import import_string
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from audit.services import Actor
-from jobs.errors import TransitionRefusedError
+from jobs.exceptions import TransitionRefusedError
 from jobs.liveness import beat
 from jobs.models import Job
 from jobs.publisher import job_publish

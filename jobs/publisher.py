@@ -29,7 +29,7 @@ from kombu import Connection
 
 from audit.services import Actor
 from config.tracing import publish_span
-from jobs.errors import TransitionRefusedError
+from jobs.exceptions import TransitionRefusedError
 from jobs.models import Job
 from jobs.services import transition
 from jobs.states import Status

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
-from jobs.errors import ApplicationError
+from core.errors import ApplicationError
 from jobs.redis_client import redis_client, redis_key
 
 logger = logging.getLogger(__name__)

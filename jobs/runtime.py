@@ -29,7 +29,8 @@ from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 
 from jobs import metrics
-from jobs.errors import FatalError, JobCancelled, JobError, JobLost
+from jobs.errors import FatalError, JobCancelled, JobError
+from jobs.exceptions import JobLost
 from jobs.models import Artefact, Job
 from jobs.services import (
     WORKER,

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from jobs.errors import JobNotFoundError
+from jobs.exceptions import JobNotFoundError
 from jobs.models import Artefact, Job
 
 

@@ -22,10 +22,11 @@ from psycopg.types.json import Jsonb
 from audit.canonical import canonical_bytes
 from audit.services import Actor, audit_append, format_ts, job_chain
 from config.tracing import current_traceparent
+from core.errors import ApplicationError
 from core.json import json_problem
 from jobs import metrics
-from jobs.errors import (
-    ApplicationError,
+from jobs.errors import ResultInvalidError
+from jobs.exceptions import (
     IdempotencyKeyInvalidError,
     IdempotencyMismatchError,
     JobLost,
@@ -33,7 +34,6 @@ from jobs.errors import (
     JobParamsInvalidError,
     JobTypeUnknownError,
     PayloadTooLargeError,
-    ResultInvalidError,
     TransitionRefusedError,
 )
 from jobs.models import Artefact, EventOutbox, Job

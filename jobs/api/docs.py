@@ -1,4 +1,4 @@
-"""OpenAPI documentation pieces for the jobs API: error responses and headers.
+"""OpenAPI documentation pieces for the jobs API: its error table and rate-limit headers.
 
 Kept apart from the views so that each view's decorator reads as a list of what it
 can answer. Every status code and error code the API emits is listed here.
@@ -6,13 +6,12 @@ can answer. Every status code and error code the API emits is listed here.
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse
+from drf_spectacular.utils import OpenApiResponse
 
-from jobs.api.serializers import ErrorEnvelopeSerializer
+from core.api.docs import ErrorTable, error_responses_from, response_header
 
 # status -> (description, codes that status can carry)
-ERRORS: dict[int, tuple[str, list[str]]] = {
+ERRORS: ErrorTable = {
     400: (
         "ERR-JOB-400: unknown job type; idempotency key longer than 255 characters or not "
         "printable ASCII, or body and Idempotency-Key header disagree; malformed JSON; a body "
@@ -51,35 +50,9 @@ ERRORS: dict[int, tuple[str, list[str]]] = {
 
 
 def error_responses(*statuses: int) -> dict[int, OpenApiResponse]:
-    responses = {}
-    for status in statuses:
-        description, codes = ERRORS[status]
-        examples = [
-            OpenApiExample(
-                code,
-                value={"error": {"code": code, "message": "...", "details": {}}},
-                status_codes=[status],
-                response_only=True,
-            )
-            for code in codes
-        ]
-        responses[status] = OpenApiResponse(ErrorEnvelopeSerializer, description, examples)
-    return responses
+    return error_responses_from(ERRORS, *statuses)
 
 
-def response_header(name: str, description: str, statuses: list[int]) -> OpenApiParameter:
-    return OpenApiParameter(
-        name, OpenApiTypes.STR, OpenApiParameter.HEADER, description=description, response=statuses
-    )
-
-
-REQUEST_ID = OpenApiParameter(
-    "X-Request-ID",
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    description="Your id for this request (1-128 of A-Z a-z 0-9 . _ : -); else one is generated. "
-    "Returned in the response and stored on a created job.",
-)
 _LIMITED = [200, 201, 429]
 RATE_LIMIT_HEADERS = [
     response_header("RateLimit-Limit", "Submissions allowed per minute.", _LIMITED),

@@ -1,23 +1,8 @@
-"""drf-spectacular hooks for the jobs API."""
+"""drf-spectacular hooks for the jobs API: what its request bodies refuse."""
 
 from __future__ import annotations
 
 from typing import Any
-
-
-def drop_slash_aliases(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> list[tuple[Any, ...]]:
-    """Document `/api/v1/jobs` once: its `/api/v1/jobs/` alias serves the same view.
-
-    Also leaves out the catch-all that answers unknown /api/ paths with a JSON 404.
-    """
-    paths = {endpoint[0] for endpoint in endpoints}
-    return [
-        endpoint
-        for endpoint in endpoints
-        if not (endpoint[0].endswith("/") and endpoint[0].rstrip("/") in paths)
-        and "{unmatched}" not in endpoint[0]
-    ]
-
 
 # Request bodies whose serializer refuses unknown fields (mass assignment): say so.
 CLOSED_REQUEST_COMPONENTS = ("JobCreateInputRequest",)

@@ -1,4 +1,4 @@
-"""Serializers shared by the jobs API views: the job body and the error envelope.
+"""Serializers shared by the jobs API views: the job body.
 
 Each view keeps its own nested InputSerializer; the job body is shared because
 create, read, list and cancel all answer with it (DESIGN.md 6).
@@ -14,26 +14,6 @@ from rest_framework import serializers
 
 from jobs.models import Artefact, Job
 from jobs.states import Status
-
-
-class StrictCharField(serializers.CharField):
-    """A CharField that refuses numbers instead of quietly turning 12 into "12"."""
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class QueryFilterSerializer(serializers.Serializer):
-    """Filters from a query string. DRF reads `?status=` as "not given" (HTML form
-    semantics); for an API that is a client's mistake, refused like any bad value."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        blank = {name: ["May not be blank."] for name in self.fields if data.get(name) == ""}
-        if blank:
-            raise serializers.ValidationError(blank)
-        return super().to_internal_value(data)
 
 
 class ProgressSerializer(serializers.Serializer):
@@ -99,15 +79,3 @@ class JobOutputSerializer(serializers.Serializer):
         if not job.last_error_code and not job.last_error_message:
             return None
         return {"code": job.last_error_code, "message": job.last_error_message}
-
-
-class ErrorSerializer(serializers.Serializer):
-    code = serializers.CharField(help_text="Machine-readable, e.g. ERR-JOB-422.")
-    message = serializers.CharField()
-    details = serializers.JSONField(
-        help_text="Per-field messages for validation errors, else context such as job_id."
-    )
-
-
-class ErrorEnvelopeSerializer(serializers.Serializer):
-    error = ErrorSerializer()

@@ -5,14 +5,10 @@ from __future__ import annotations
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from core.api.routing import with_slash_alias
 from jobs.api import views
 
 app_name = "api"
-
-
-def with_slash_alias(route: str, view, name: str):  # type: ignore[no-untyped-def]
-    """The route without a slash (named, documented) and its slashed alias."""
-    return [path(route, view, name=name), path(route + "/", view)]
 
 
 urlpatterns = [

@@ -10,11 +10,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError
-from django.http import FileResponse, HttpRequest, HttpResponseBase
+from django.http import FileResponse, HttpResponseBase
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from django.utils.http import parse_etags
-from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -30,13 +29,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.services import Actor
-from core.parsers import BoundedJSONParser
-from jobs.api.docs import RATE_LIMIT_HEADERS, REQUEST_ID, error_responses, response_header
-from jobs.api.exceptions import api_not_found
-from jobs.api.middleware import request_id_from
-from jobs.api.serializers import JobOutputSerializer, QueryFilterSerializer, StrictCharField
+from core.api.docs import REQUEST_ID, response_header
+from core.api.parsers import BoundedJSONParser
+from core.api.serializers import QueryFilterSerializer, StrictCharField
+from core.request_id import request_id_from
+from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
+from jobs.api.serializers import JobOutputSerializer
 from jobs.backpressure import BackpressureError, backpressure_check
-from jobs.errors import (
+from jobs.exceptions import (
     BadRequestError,
     JobConflictError,
     JobNotFoundError,
@@ -358,8 +358,3 @@ class JobArtefactApi(APIView):
         )
         response["ETag"] = f'"{artefact.sha256}"'
         return response
-
-
-@csrf_exempt  # a POST to an unknown path is a 404, not a CSRF failure page
-def api_not_found_view(request: HttpRequest, unmatched: str = "") -> Any:
-    return api_not_found(request)

@@ -7,7 +7,7 @@ from audit.models import AuditLog
 from audit.services import Actor
 from dlq.models import DeadLetter
 from dlq.services import job_fail_with_dead_letter
-from jobs.errors import JobLost
+from jobs.exceptions import JobLost
 from jobs.models import Job
 from jobs.services import Fence, Raw, transition
 from jobs.states import Status

@@ -461,13 +461,13 @@ def test_another_jobs_artefact_id_is_404(api):
 
 
 def test_unexpected_exceptions_are_not_swallowed():
-    from jobs.api.exceptions import exception_handler
+    from core.api.exceptions import exception_handler
 
     assert exception_handler(ValueError("boom"), {}) is None
 
 
 def test_django_400_404_and_500_handlers_answer_json_for_api_paths(rf):
-    from jobs.api.exceptions import api_handler400, api_handler404, api_handler500
+    from core.api.exceptions import api_handler400, api_handler404, api_handler500
 
     bad = api_handler400(rf.get("/api/v1/jobs"), Exception())
     assert bad.status_code == 400

@@ -8,13 +8,8 @@ from django.db import IntegrityError, connection
 
 from audit.models import AuditLog
 from audit.services import Actor
-from jobs.errors import (
-    FatalError,
-    JobCancelled,
-    JobLost,
-    JobValidationError,
-    TransientExternalError,
-)
+from jobs.errors import FatalError, JobCancelled, JobValidationError, TransientExternalError
+from jobs.exceptions import JobLost
 from jobs.models import Job
 from jobs.runtime import JobContext, classify
 from jobs.services import (

@@ -7,7 +7,7 @@ from django.db import connection, connections
 
 from audit.models import AuditLog
 from audit.services import Actor
-from jobs.errors import (
+from jobs.exceptions import (
     IdempotencyKeyInvalidError,
     IdempotencyMismatchError,
     JobLost,

@@ -18,10 +18,10 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from core.errors import ApplicationError
 from dlq.broker import all_dlq_names, dlq_peek
 from dlq.selectors import dead_letters_by_error_code, dead_letters_for_messages, dlq_overview
 from dlq.services import ResolveResult, dead_letters_discard, dead_letters_replay
-from jobs.errors import ApplicationError
 from jobs.topology import dlq_name
 
 

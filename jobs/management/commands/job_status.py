@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
 from jobs.api.serializers import JobOutputSerializer
-from jobs.errors import JobNotFoundError
+from jobs.exceptions import JobNotFoundError
 from jobs.models import Job
 from jobs.selectors import job_get
 from jobs.states import TERMINAL, Status

@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs.errors import ApplicationError
+from core.errors import ApplicationError
 from jobs.services import job_create
 
 

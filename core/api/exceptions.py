@@ -16,11 +16,12 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from jobs.errors import ApplicationError
+from core.errors import ApplicationError
 
 # Codes for DRF's own exceptions. 400 and 404 take the view's prefix (`ERR-JOB`,
 # `ERR-DLQ`, ...) so that each API area keeps its codes; the others are HTTP-level.
@@ -158,3 +159,8 @@ def api_handler500(request: HttpRequest) -> HttpResponse:
     if request.path.startswith("/api/"):
         return api_server_error(request)
     return defaults.server_error(request)
+
+
+@csrf_exempt  # a POST to an unknown path is a 404, not a CSRF failure page
+def api_not_found_view(request: HttpRequest, unmatched: str = "") -> JsonResponse:
+    return api_not_found(request)

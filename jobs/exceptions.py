@@ -1,0 +1,72 @@
+"""What the job services refuse, as `ApplicationError`s the API renders (DESIGN.md 6).
+
+Each class names its code and HTTP status; `core.api.exceptions` turns them into the
+error envelope and the commands print their messages. The handler-facing taxonomy of
+DESIGN.md 3.3 (what a handler raises to choose its job's outcome) is `jobs.errors`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.errors import ApplicationError
+
+
+class JobTypeUnknownError(ApplicationError):
+    code = "ERR-JOB-400"
+    http_status = 400
+
+
+class BadRequestError(ApplicationError):
+    code = "ERR-JOB-400"
+    http_status = 400
+
+
+class IdempotencyKeyInvalidError(ApplicationError):
+    code = "ERR-JOB-400"
+    http_status = 400
+
+
+class JobParamsInvalidError(ApplicationError):
+    code = "ERR-JOB-422"
+    http_status = 422
+    default_message = "The job's params do not match its type's schema."
+
+
+class IdempotencyMismatchError(ApplicationError):
+    code = "ERR-JOB-IDEMPOTENCY-MISMATCH"
+    http_status = 422
+    default_message = "This idempotency key was already used with a different type or params."
+
+
+class JobConflictError(ApplicationError):
+    code = "ERR-JOB-409"
+    http_status = 409
+    default_message = "The job changed concurrently; retry the request."
+
+
+class PayloadTooLargeError(ApplicationError):
+    code = "ERR-JOB-413"
+    http_status = 413
+
+
+class JobNotFoundError(ApplicationError):
+    code = "ERR-JOB-404"
+    http_status = 404
+    default_message = "No such job."
+
+
+class TransitionRefusedError(JobConflictError):
+    """A transition that DESIGN.md 3.4 does not allow, or that lost its race."""
+
+    def __init__(self, *, job_id: Any, current: str | None, target: str, reason: str = "") -> None:
+        self.job_id, self.current, self.target = job_id, current, target
+        message = f"job {job_id}: transition {current} -> {target} refused"
+        super().__init__(
+            message + (f" ({reason})" if reason else ""),
+            details={"job_id": str(job_id), "status": current, "attempted": target},
+        )
+
+
+class JobLost(Exception):
+    """A fenced worker write matched no row: the job was reclaimed from under the worker."""
