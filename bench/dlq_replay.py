@@ -87,11 +87,10 @@ def run(*, jobs: int, purge: bool) -> None:
     from kombu import Connection
 
     from audit.services import Actor
-    from dlq.models import DeadLetter
     from dlq.services import dead_letters_replay, job_fail_with_dead_letter
     from dlq.watcher import watch_once
     from jobs.dispatcher import publish_due_once
-    from jobs.models import Job
+    from jobs.models import DeadLetter, Job
     from jobs.publisher import job_publish
     from jobs.services import Fence, job_claim, job_create
     from jobs.states import Status

@@ -10,7 +10,7 @@ import structlog
 from django.db.models import Count, Max, Min, Q, QuerySet
 
 from dlq.broker import DecodedMessage, all_dlq_names, dlq_depths
-from dlq.models import DeadLetter, State
+from jobs.models import DeadLetter, DeadLetterState
 
 log = structlog.get_logger("dlq")
 
@@ -19,7 +19,7 @@ def dead_letters_list(
     *,
     queue: str | None = None,
     reason: str | None = None,
-    state: str | None = State.OPEN,
+    state: str | None = DeadLetterState.OPEN,
     error_code: str | None = None,
     job_ids: Iterable[Any] | None = None,
 ) -> QuerySet[DeadLetter]:
@@ -42,7 +42,7 @@ def dead_letters_by_error_code(
     *,
     queue: str | None = None,
     reason: str | None = None,
-    state: str | None = State.OPEN,
+    state: str | None = DeadLetterState.OPEN,
 ) -> list[dict[str, Any]]:
     """Counts grouped by (queue, error code, reason), largest first: the few causes
     behind hundreds of failures. Served by the partial index on open rows."""
@@ -57,7 +57,7 @@ def dead_letters_by_error_code(
 
 def open_counts_by_queue() -> dict[str, int]:
     counts = (
-        DeadLetter.objects.filter(state=State.OPEN)
+        DeadLetter.objects.filter(state=DeadLetterState.OPEN)
         .order_by()
         .values("queue")
         .annotate(count=Count("id"))

@@ -23,10 +23,9 @@ from dlq.errors import (
     JustificationRequiredError,
     UnknownQueueError,
 )
-from dlq.models import DeadLetter, Reason, State
 from jobs import metrics
 from jobs.exceptions import TransitionRefusedError
-from jobs.models import Job
+from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState, Job
 from jobs.services import STALE_LOCK_SQL, Fence, Raw, transition
 from jobs.states import Status
 from jobs.topology import dlq_name
@@ -119,7 +118,7 @@ def _uuid_or_none(value: Any) -> uuid.UUID | None:
 
 
 def _broker_error(message: DecodedMessage) -> tuple[str, str]:
-    reason = message.reason or Reason.REJECTED
+    reason = message.reason or DeadLetterReason.REJECTED
     count = next(
         (d.get("count") for d in message.x_death or [] if d.get("queue") == message.queue), None
     )
@@ -157,7 +156,11 @@ def dead_letter_reconcile(*, message: DecodedMessage) -> str:
         if job.status == Status.FAILED:
             if attempt is not None and attempt < job.attempts:
                 return Outcome.STALE  # a copy of an attempt before a replay
-            row = DeadLetter.objects.select_for_update().filter(job=job, state=State.OPEN).first()
+            row = (
+                DeadLetter.objects.select_for_update()
+                .filter(job=job, state=DeadLetterState.OPEN)
+                .first()
+            )
             if row is None:
                 return Outcome.STALE
             if row.broker_copy:
@@ -188,14 +191,14 @@ def dead_letter_reconcile(*, message: DecodedMessage) -> str:
             row = DeadLetter.objects.create(
                 job=job,
                 queue=dlq_name(job.queue),
-                reason=message.reason or Reason.REJECTED,
+                reason=message.reason or DeadLetterReason.REJECTED,
                 error_code=_broker_error(message)[0],
                 error_message=_broker_error(message)[1],
                 x_death=message.x_death,
                 headers=message.headers,
                 broker_copy=True,
                 message_id=message.message_id,
-                state=State.DISCARDED,
+                state=DeadLetterState.DISCARDED,
                 resolved_at=timezone.now(),
                 justification=LIVE_LOCK_NOTE,
             )
@@ -226,7 +229,7 @@ def _fail_from_broker(
     code, text = _broker_error(message)
     _, row = job_fail_with_dead_letter(
         job_id=job.id,
-        reason=message.reason or Reason.REJECTED,
+        reason=message.reason or DeadLetterReason.REJECTED,
         actor=WATCHER,
         error_code=code,
         error_message=text,
@@ -253,7 +256,7 @@ def _record_without_job(*, message: DecodedMessage, job_id_text: str | None) -> 
     row = DeadLetter.objects.create(
         job=None,
         queue=message.dlq or "unknown",
-        reason=message.reason or Reason.REJECTED,
+        reason=message.reason or DeadLetterReason.REJECTED,
         error_code=code,
         error_message=text,
         x_death=message.x_death,
@@ -351,7 +354,7 @@ def _selection(
     filters: dict[str, Any] | None,
     with_job_only: bool,
 ) -> QuerySet[DeadLetter]:
-    rows = DeadLetter.objects.filter(state=State.OPEN)
+    rows = DeadLetter.objects.filter(state=DeadLetterState.OPEN)
     if queue is not None:
         rows = rows.filter(queue=queue)
     if job_ids is not None:
@@ -419,7 +422,7 @@ def dead_letters_replay(
        transition per job, so bulk replays leave it to the dispatcher.
     """
     justification = _check_request(
-        permission="dlq.replay_deadletter",
+        permission="jobs.replay_deadletter",
         actor_user=actor_user,
         justification=justification,
         queue=queue,
@@ -477,7 +480,11 @@ def _replay_one(
     """One job's replay transaction; returns why it was skipped, or None when done."""
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(id=job_id).first()
-        row = DeadLetter.objects.select_for_update().filter(id=row_id, state=State.OPEN).first()
+        row = (
+            DeadLetter.objects.select_for_update()
+            .filter(id=row_id, state=DeadLetterState.OPEN)
+            .first()
+        )
         if job is None or row is None:
             return {"skipped": "already resolved"}
         spec = get_type(job.type)
@@ -507,7 +514,9 @@ def _replay_one(
             )
         except TransitionRefusedError as refused:
             return {"skipped": f"job is {refused.current}, not failed"}
-        _resolve(row, state=State.REPLAYED, actor_user=actor_user, justification=justification)
+        _resolve(
+            row, state=DeadLetterState.REPLAYED, actor_user=actor_user, justification=justification
+        )
     return None
 
 
@@ -539,7 +548,7 @@ def dead_letters_discard(
     3. After the commits, the broker copies of resolved rows are acked away.
     """
     justification = _check_request(
-        permission="dlq.discard_deadletter",
+        permission="jobs.discard_deadletter",
         actor_user=actor_user,
         justification=justification,
         queue=queue,
@@ -560,11 +569,20 @@ def dead_letters_discard(
         with transaction.atomic():
             if job_id is not None:
                 Job.objects.select_for_update().filter(id=job_id).first()
-            row = DeadLetter.objects.select_for_update().filter(id=row_id, state=State.OPEN).first()
+            row = (
+                DeadLetter.objects.select_for_update()
+                .filter(id=row_id, state=DeadLetterState.OPEN)
+                .first()
+            )
             if row is None:
                 result.skipped.append({"dead_letter_id": row_id, "skipped": "already resolved"})
                 continue
-            _resolve(row, state=State.DISCARDED, actor_user=actor_user, justification=justification)
+            _resolve(
+                row,
+                state=DeadLetterState.DISCARDED,
+                actor_user=actor_user,
+                justification=justification,
+            )
             audit_append(
                 chain=job_chain(job_id) if job_id else OPS_CHAIN,
                 event_type="dlq_discarded",
@@ -636,14 +654,14 @@ def stale_message_ids(messages: list[DecodedMessage]) -> set[str]:
     }
     with_open = {
         str(j)
-        for j in DeadLetter.objects.filter(job_id__in=job_ids, state=State.OPEN).values_list(
-            "job_id", flat=True
-        )
+        for j in DeadLetter.objects.filter(
+            job_id__in=job_ids, state=DeadLetterState.OPEN
+        ).values_list("job_id", flat=True)
     }
     stale: set[str] = set()
     for m in messages:
         if m.message_id in by_message:
-            if by_message[m.message_id] != State.OPEN:
+            if by_message[m.message_id] != DeadLetterState.OPEN:
                 stale.add(m.message_id)
             continue
         job_key = str(_uuid_or_none(m.job_id)) if _uuid_or_none(m.job_id) else None

@@ -14,11 +14,10 @@ from django.utils import timezone
 
 from audit.models import AuditCheckpoint
 from config.logging import MASK, bind_request_context, clear_request_context, formatter, log_context
-from dlq.models import DeadLetter
 from jobs import metrics
 from jobs.events import outbox_relay_once
 from jobs.metrics import metrics_refresh_gauges
-from jobs.models import EventOutbox, Job
+from jobs.models import DeadLetter, EventOutbox, Job
 from jobs.states import Status
 from tests.factories import make_job
 

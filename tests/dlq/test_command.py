@@ -8,8 +8,7 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from dlq.models import DeadLetter
-from jobs.models import Job
+from jobs.models import DeadLetter, Job
 from jobs.states import Status
 from tests.dlq.conftest import depth, worker_dead_letter, worker_lost
 from tests.factories import OperatorFactory, UserFactory

@@ -7,9 +7,8 @@ import pytest
 from audit.models import AuditLog
 from audit.verification import audit_verify
 from dlq.broker import dlq_depths, dlq_peek
-from dlq.models import DeadLetter
 from dlq.services import dead_letters_replay
-from jobs.models import Job
+from jobs.models import DeadLetter, Job
 from tests import handlers
 from tests.factories import OperatorFactory, make_job
 from tests.workers import (

@@ -16,14 +16,13 @@ from dlq.errors import (
     JustificationRequiredError,
     UnknownQueueError,
 )
-from dlq.models import DeadLetter
 from dlq.services import (
     broker_copies_ack_stale,
     dead_letters_discard,
     dead_letters_replay,
 )
 from dlq.watcher import watch_once
-from jobs.models import Job
+from jobs.models import DeadLetter, Job
 from jobs.services import transition
 from jobs.states import Status
 from jobs.topology import WATCH_QUEUE_NAME

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dlq.models import DeadLetter
 from dlq.selectors import dead_letters_by_error_code, dead_letters_list, dlq_overview
+from jobs.models import DeadLetter
 from tests.dlq.conftest import worker_dead_letter, worker_lost
 
 pytestmark = pytest.mark.django_db

@@ -12,10 +12,9 @@ from kombu import Producer
 from audit.models import AuditLog
 from audit.services import OPS_CHAIN, Actor, job_chain
 from dlq.broker import decode_amqp
-from dlq.models import DeadLetter
 from dlq.services import Outcome, dead_letter_reconcile, job_fail_with_dead_letter
 from dlq.watcher import watch_once
-from jobs.models import Job
+from jobs.models import DeadLetter, Job
 from jobs.services import Fence, job_claim, transition
 from jobs.states import Status
 from jobs.topology import DELIVERY_LIMIT, JOBS_EXCHANGE, WATCH_QUEUE_NAME

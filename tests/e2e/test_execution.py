@@ -14,8 +14,7 @@ from kombu import Connection
 
 from audit.models import AuditLog
 from audit.services import Actor
-from dlq.models import DeadLetter
-from jobs.models import Job
+from jobs.models import DeadLetter, Job
 from jobs.publisher import message_publish
 from jobs.services import job_cancel
 from tests import handlers

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlq.models import DeadLetter
+from jobs.models import DeadLetter
 from tests import handlers
 from tests.factories import make_job
 from tests.workers import (

@@ -7,7 +7,7 @@ import pytest
 from django.conf import settings
 from kombu import Connection, Exchange, Producer
 
-from dlq.models import DeadLetter
+from jobs.models import DeadLetter
 from tests.factories import make_job
 from tests.workers import job_finished as finished
 from tests.workers import wait_for

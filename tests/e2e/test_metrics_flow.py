@@ -14,9 +14,8 @@ from django.db import transaction
 from prometheus_client.parser import text_string_to_metric_families
 
 from audit.services import Actor
-from dlq.models import DeadLetter
 from dlq.services import dead_letters_replay
-from jobs.models import Job
+from jobs.models import DeadLetter, Job
 from jobs.services import job_cancel
 from tests.e2e.live_api import free_port
 from tests.factories import OperatorFactory, make_job

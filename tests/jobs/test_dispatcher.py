@@ -6,9 +6,8 @@ import pytest
 from django.db import connection
 from kombu import Connection
 
-from dlq.models import DeadLetter
 from jobs.dispatcher import dispatch_once, publish_due_once, reap_once
-from jobs.models import Job
+from jobs.models import DeadLetter, Job
 from jobs.publisher import job_publish
 from jobs.services import job_claim, job_reclaim
 from jobs.topology import JOBS_EXCHANGE
