@@ -1,7 +1,7 @@
 """The event outbox relay (DESIGN.md 3.8): outbox rows -> `events.jobs`, at least once.
 
 Every transition writes an `EventOutbox` row in its own transaction
-(`jobs.services._audit_and_emit`). The relay publishes those rows to the topic exchange
+(`jobs.services.transitions`). The relay publishes those rows to the topic exchange
 `events.jobs` (routing key `job.status.changed`, `message_id = event_id`, persistent,
 JSON, publisher confirms, `mandatory`) and marks them `published_at` only after the
 broker's confirm, in the transaction that holds the row locks:

@@ -12,13 +12,15 @@ without decoding the body. Never the error's text: it may hold what a handler sa
 from __future__ import annotations
 
 import re
+import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import current_app
 from django.conf import settings
 
-from core.broker import broker_connection, broker_connection_drop
+from core.broker import broker_connection, broker_connection_drop, channel_close_quietly
 from core.tracing import publish_span
 from jobs.models import Job
 from jobs.types import get_type
@@ -56,37 +58,95 @@ def message_headers(job: Job) -> dict[str, Any]:
     return headers
 
 
-def message_publish(*, job: Job, timeout: float | None = None) -> None:
-    """Publish one job's message and wait for the broker's confirm.
+class PublishError(Exception):
+    """The broker could not take a batch: unreachable, or confirms missing in time."""
 
-    Raises on any failure: connection refused, an unroutable message (`mandatory`
-    makes RabbitMQ return it, and py-amqp raises), a nack, a confirm timeout.
-    `timeout` bounds the connect and the confirm (JOBOPS_PUBLISH_TIMEOUT_SECONDS).
+
+@dataclass
+class _Confirms:
+    """Publisher confirms of one channel: delivery tags 1, 2, ... in publish order."""
+
+    pending: set[int] = field(default_factory=set)
+    refused: dict[int, str] = field(default_factory=dict)  # tag -> why
+    returned: dict[str, str] = field(default_factory=dict)  # task id -> why
+
+    def on_ack(self, tag: int, multiple: bool) -> None:
+        self.pending -= {t for t in self.pending if t <= tag} if multiple else {tag}
+
+    def on_nack(self, tag: int, multiple: bool) -> None:
+        settled = {t for t in self.pending if t <= tag} if multiple else {tag} & self.pending
+        self.pending -= settled
+        self.refused.update(dict.fromkeys(settled, "nacked by the broker"))
+
+    def on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        # mandatory: an unroutable message comes back (then its ack follows, which alone
+        # would look like success). Celery sets correlation_id to the task id.
+        task_id = (getattr(message, "properties", None) or {}).get("correlation_id", "")
+        self.returned[str(task_id)] = f"returned by {exchange or '-'}/{routing_key}: {exc}"
+
+
+def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[str, str]:
+    """Publish one message per job and wait once for the broker's confirms of them all.
+
+    1. A channel of this thread's connection in confirm mode (core.broker), `mandatory`
+       publishes: no wait between messages, so a batch costs one round trip.
+    2. Wait until every delivery tag is settled, at most `timeout`
+       (JOBOPS_PUBLISH_TIMEOUT_SECONDS).
+    Returns {job id: why} for the messages the broker refused (nacked, or returned as
+    unroutable); every other job's message is confirmed. Raises PublishError (or the
+    connection error) when the broker cannot be reached or confirms are missing: then
+    no job of the batch may count as published (a repeat is harmless, the claim fences
+    it).
     """
     timeout = timeout or settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS
-    spec = get_type(job.type)
-    assert spec is not None
-    headers = message_headers(job)
     app = current_app
-    # Fail fast (one connect attempt): the caller is an API request or the dispatcher
-    # loop, and the job is safe in the database either way.
-    conn = broker_connection(confirm=True, timeout=timeout)
+    conn = broker_connection(timeout=timeout)
+    confirms = _Confirms()
+    tags: dict[int, str] = {}
+    task_jobs: dict[str, str] = {}
     try:
-        producer = app.amqp.Producer(conn.default_channel, auto_declare=False)
-        with publish_span(traceparent=job.traceparent, job_id=str(job.id), job_type=job.type):
-            app.send_task(
-                spec.task_name,
-                args=[wire_payload(job)],
-                task_id=str(uuid.uuid4()),
-                producer=producer,
-                headers=headers,
-                mandatory=True,
-                retry=False,
-                # Topology belongs to setup_topology; an undeclared queue must fail
-                # loudly (unroutable) rather than be created here with whatever arguments.
-                declare=[],
-                confirm_timeout=timeout,
-            )
+        channel = conn.channel()
+        channel.events["basic_ack"].add(confirms.on_ack)
+        channel.events["basic_nack"].add(confirms.on_nack)
+        channel.events["basic_return"].add(confirms.on_return)
+        channel.confirm_select()
+        producer = app.amqp.Producer(channel, auto_declare=False)
+        for tag, job in enumerate(jobs, start=1):
+            spec = get_type(job.type)
+            assert spec is not None
+            task_id = str(uuid.uuid4())
+            tags[tag], task_jobs[task_id] = str(job.id), str(job.id)
+            confirms.pending.add(tag)
+            with publish_span(traceparent=job.traceparent, job_id=str(job.id), job_type=job.type):
+                app.send_task(
+                    spec.task_name,
+                    args=[wire_payload(job)],
+                    task_id=task_id,
+                    producer=producer,
+                    headers=message_headers(job),
+                    mandatory=True,
+                    retry=False,
+                    # Topology belongs to setup_topology; an undeclared queue must fail
+                    # loudly (unroutable) rather than be created here with other arguments.
+                    declare=[],
+                )
+        deadline = time.monotonic() + timeout
+        while confirms.pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PublishError(f"{len(confirms.pending)} confirms missing after {timeout} s")
+            conn.drain_events(timeout=remaining)
     except Exception:
-        broker_connection_drop(conn)
+        broker_connection_drop(conn)  # the channel's state is unknown: start afresh
         raise
+    channel_close_quietly(channel)
+    refused = {tags[tag]: why for tag, why in confirms.refused.items()}
+    refused.update({task_jobs[t]: why for t, why in confirms.returned.items() if t in task_jobs})
+    return refused
+
+
+def message_publish(*, job: Job, timeout: float | None = None) -> None:
+    """Publish one job's message and wait for its confirm; raises when it was refused."""
+    refused = messages_publish(jobs=[job], timeout=timeout)
+    if refused:
+        raise PublishError(refused[str(job.id)])

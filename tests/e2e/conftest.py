@@ -20,7 +20,7 @@ def scripted(settings):
     the fast timings the subprocesses use."""
     scripted_table(settings)
     settings.JOBOPS_LOCK_TIMEOUT = int(FAST_ENV["JOBOPS_LOCK_TIMEOUT"])
-    settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 1.0
+    settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 0.0
     return settings
 
 

@@ -149,8 +149,13 @@ def test_the_retry_pass_runs_when_the_pending_pass_fails(broker, settings, monke
     stale_running(due)
     job_reclaim(job_id=due.id, lock_timeout=60)
     sql("UPDATE jobs SET next_run_at = now() WHERE id = %s", due.id)
-    broken = dict(publishing._DUE)
-    broken["pending"] = "SELECT broken syntax"
-    monkeypatch.setattr(publishing, "_DUE", broken)
+    real_due = publishing._due
+
+    def pending_pass_broken(status, **kwargs):
+        if status == "pending":
+            raise RuntimeError("the pending query broke")
+        return real_due(status, **kwargs)
+
+    monkeypatch.setattr(publishing, "_due", pending_pass_broken)
     assert publish_due_once() == 1
     assert Job.objects.get(id=due.id).status == "queued"
