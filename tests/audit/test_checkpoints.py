@@ -17,10 +17,9 @@ from audit.checkpoints import checkpoint_write, checkpoint_write_if_due
 from audit.models import AuditCheckpoint, AuditLog
 from audit.services import Actor, audit_append, job_chain
 from audit.verification import audit_verify
-from jobs.services import transition
-from jobs.states import Status
-from tests.audit.conftest import job_with_history, tamper
-from tests.factories import make_job
+from jobs.services import job_claim
+from tests.audit.tampering import tamper
+from tests.factories import job_in_state, make_job
 
 GENESIS = "0" * 64
 
@@ -37,7 +36,7 @@ def head_of(job):
 @pytest.mark.django_db
 def test_nothing_is_written_when_no_chain_changed():
     assert checkpoint_write() is None
-    job_with_history()
+    job_in_state("succeeded")
     assert checkpoint_write() is not None
     assert checkpoint_write() is None
     assert AuditCheckpoint.objects.count() == 1
@@ -45,7 +44,7 @@ def test_nothing_is_written_when_no_chain_changed():
 
 @pytest.mark.django_db
 def test_checkpoint_records_changed_heads_chained_and_signed(settings):
-    first_job, second_job = job_with_history(), make_job()
+    first_job, second_job = job_in_state("succeeded"), make_job()
     first = checkpoint_write()
     assert sorted(heads(first)) == sorted([head_of(first_job), head_of(second_job)])
     assert first.prev_hash == GENESIS
@@ -62,7 +61,7 @@ def test_checkpoint_records_changed_heads_chained_and_signed(settings):
     )
 
     # Only the chain that changed since is in the next one, chained to the first.
-    transition(job_id=second_job.id, target=Status.QUEUED, actor=Actor.system())
+    job_claim(job_id=second_job.id, locked_by="w1")
     second = checkpoint_write()
     assert heads(second) == [head_of(second_job)]
     assert second.prev_hash == first.checkpoint_hash
@@ -90,7 +89,7 @@ def test_write_if_due_honours_the_interval(settings):
     now = timezone.now()
     job = make_job()
     assert checkpoint_write_if_due(now=now) is not None
-    transition(job_id=job.id, target=Status.QUEUED, actor=Actor.system())
+    job_claim(job_id=job.id, locked_by="w1")
     assert checkpoint_write_if_due(now=now + timedelta(seconds=30)) is None
     later = checkpoint_write_if_due(now=now + timedelta(seconds=61))
     assert later is not None and heads(later) == [head_of(job)]

@@ -17,7 +17,8 @@ from jobs.models import DeadLetter, Job
 from jobs.services import job_cancel
 from tests import handlers
 from tests.factories import UserFactory, make_job
-from tests.workers import (
+from tests.polling import wait_for
+from tests.processes import (
     ROOT,
     Process,
     celery_worker,
@@ -28,7 +29,6 @@ from tests.workers import (
     scripted_env,
     scripted_table,
     subprocess_env,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]

@@ -11,9 +11,8 @@ from jobs.backpressure import queue_depth_cached, queue_depth_set, queue_depths_
 from jobs.ratelimit import rate_limit_take
 from jobs.redis_client import redis_client, redis_key
 from jobs.topology import JOBS_EXCHANGE
-from tests.factories import UserFactory
-from tests.jobs.api_fixtures import *  # noqa: F403  (fixtures)
-from tests.jobs.api_fixtures import client_for
+from tests.factories import UserFactory, client_for
+from tests.threads import run_in_threads
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clean_redis")]
 
@@ -47,20 +46,14 @@ def test_a_refusal_takes_from_no_bucket():
 
 def test_concurrent_takes_never_overspend_the_bucket():
     allowed, lock = [], threading.Lock()
-    barrier = threading.Barrier(20)
 
-    def worker() -> None:
-        barrier.wait()
+    def take_ten(_: int) -> None:
         for _ in range(10):
             decision = rate_limit_take(buckets=[("t:race", 50)])
             with lock:
                 allowed.append(decision.allowed)
 
-    threads = [threading.Thread(target=worker) for _ in range(20)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    assert run_in_threads(take_ten, 20) == []
     # 200 attempts in well under a second at 50/min: 50 tokens, at most one refilled.
     assert 50 <= sum(allowed) <= 51
 
@@ -146,14 +139,7 @@ def test_unknown_depth_never_refuses(settings, api):
     assert post(api).status_code == 201
 
 
-@pytest.fixture
-def topology():
-    from django.core.management import call_command
-
-    call_command("setup_topology", verbosity=0)
-
-
-def test_refresh_reads_depths_from_rabbitmq_into_redis(topology, settings):
+def test_refresh_reads_depths_from_rabbitmq_into_redis(broker, settings):
     with Connection(settings.BROKER_URL) as conn:
         channel = conn.channel()
         channel.queue_purge("report")
@@ -171,7 +157,7 @@ def test_refresh_reads_depths_from_rabbitmq_into_redis(topology, settings):
             channel.queue_purge("report")
 
 
-def test_refresh_reads_the_broker_at_most_every_min_interval(topology, settings):
+def test_refresh_reads_the_broker_at_most_every_min_interval(broker, settings):
     with Connection(settings.BROKER_URL) as conn:
         channel = conn.channel()
         channel.queue_purge("erp")
