@@ -6,6 +6,8 @@ import hashlib
 import hmac
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -163,6 +165,20 @@ def _hold_open_append(job_id, appended: threading.Event, release: threading.Even
         connection.close()
 
 
+@contextmanager
+def _append_in_flight(job_id) -> Iterator[None]:
+    """An audit append held open in another session: it holds the checkpoint barrier."""
+    appended, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_open_append, args=(job_id, appended, release))
+    holder.start()
+    try:
+        assert appended.wait(timeout=10), "the append never started"
+        yield
+    finally:
+        release.set()
+        holder.join(timeout=10)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_checkpoint_waits_for_in_flight_appends_so_none_is_skipped():
     """An append whose id is below the checkpoint's last_audit_id but which commits
@@ -196,28 +212,31 @@ def test_checkpoint_waits_for_in_flight_appends_so_none_is_skipped():
 def test_checkpoint_is_skipped_when_appends_do_not_drain(monkeypatch):
     monkeypatch.setattr(checkpoints, "LOCK_TIMEOUT", "100ms")
     job = make_job()
-    appended, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=_hold_open_append, args=(job.id, appended, release))
-    holder.start()
-    try:
-        assert appended.wait(timeout=10)
+    with _append_in_flight(job.id):
         assert checkpoint_write() is None
-    finally:
-        release.set()
-        holder.join(timeout=10)
     assert heads(checkpoint_write()) == [head_of(job)]
 
 
-@pytest.mark.django_db
-def test_write_if_due_takes_no_lock_when_nothing_changed(settings, monkeypatch):
+@pytest.mark.django_db(transaction=True)
+def test_write_if_due_takes_no_lock_when_nothing_changed(settings, monkeypatch, caplog):
+    """The dispatcher calls it every loop; with nothing new it must not queue on the
+    barrier (which would hold every append meanwhile)."""
     settings.AUDIT_CHECKPOINT_SECONDS = 0
-    calls = []
-    monkeypatch.setattr(checkpoints, "_write", lambda **kw: calls.append(kw))
-    assert checkpoint_write_if_due() is None
-    assert calls == []  # no audit rows at all
-    make_job()
-    checkpoint_write_if_due()
-    assert len(calls) == 1
+    monkeypatch.setattr(checkpoints, "LOCK_TIMEOUT", "100ms")
+    skipped = "audit checkpoint skipped"
+    job = make_job()
+    assert checkpoint_write() is not None
+
+    # Nothing committed since: no lock is asked for, so the open append does not matter.
+    with _append_in_flight(job.id):
+        assert checkpoint_write_if_due() is None
+    assert skipped not in caplog.text
+    # That append committed: now it queues on the barrier behind the next open one...
+    with _append_in_flight(job.id):
+        assert checkpoint_write_if_due() is None
+    assert skipped in caplog.text
+    # ... and writes once nothing holds it.
+    assert heads(checkpoint_write_if_due()) == [head_of(job)]
 
 
 @pytest.mark.django_db

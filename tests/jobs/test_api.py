@@ -484,22 +484,16 @@ def test_client_for_helper_makes_distinct_tokens():
     assert a._credentials != b._credentials
 
 
-def test_the_request_id_is_bound_to_every_log_line_of_the_request(api, monkeypatch):
+def test_the_request_id_is_bound_to_every_log_line_of_the_request(api, json_log_lines):
     import structlog
 
-    import jobs.api.views as views
+    job_id = post(api, SIM, HTTP_X_REQUEST_ID="trace-me").json()["id"]
+    structlog.get_logger("tests").info("after_the_request")
 
-    seen: dict = {}
-    real = views.job_create
-
-    def spy(**kwargs):
-        seen.update(structlog.contextvars.get_contextvars())
-        return real(**kwargs)
-
-    monkeypatch.setattr(views, "job_create", spy)
-    post(api, SIM, HTTP_X_REQUEST_ID="trace-me")
-    assert seen["request_id"] == "trace-me"
-    assert "request_id" not in structlog.contextvars.get_contextvars()
+    *during, after = json_log_lines()
+    assert any(line["event"] == "job_created" and line["job_id"] == job_id for line in during)
+    assert all(line["request_id"] == "trace-me" for line in during), during
+    assert after["event"] == "after_the_request" and "request_id" not in after
 
 
 def test_a_disallowed_host_on_an_api_path_is_a_json_400(client):
