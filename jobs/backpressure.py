@@ -118,11 +118,6 @@ def queue_depth_cached(queue: str) -> int | None:
     return int(raw) if raw is not None else None
 
 
-def queue_depth_set(queue: str, depth: int, ttl: int | None = None) -> None:
-    """Cache a depth by hand (tests, tools); the dispatcher uses queue_depths_refresh."""
-    redis_client().set(_depth_key(queue), depth, ex=ttl or settings.JOBOPS_QUEUE_DEPTH_TTL)
-
-
 def backpressure_check(*, queue: str) -> None:
     """Raise BackpressureError when `queue` is known to be deeper than its limit."""
     limit = settings.JOBOPS_QUEUE_DEPTH_LIMITS.get(queue)

@@ -26,7 +26,6 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import requests  # type: ignore[import-untyped]  # no stubs pinned (types-requests)
 import structlog
@@ -221,13 +220,3 @@ def erp_bridge_run(
                 last_activity = time.monotonic()
     log.info("erp_bridge_stopped", **bridge.counts)
     return dict(bridge.counts)
-
-
-def erp_bridge_status() -> dict[str, Any]:
-    """Depths of the bridge's queues (for an operator command or a health check)."""
-    with Connection(settings.BROKER_URL, connect_timeout=5) as conn:
-        channel = conn.channel()
-        return {
-            queue.name: queue(channel).queue_declare(passive=True).message_count
-            for queue in (erp_events_queue(), parked_queue())
-        }

@@ -14,14 +14,22 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from kombu import Connection
 
-from jobs.erp_bridge import PARKED_QUEUE_NAME, erp_bridge_run, erp_bridge_status, parked_queue
+from jobs.erp_bridge import PARKED_QUEUE_NAME, erp_bridge_run, erp_events_queue, parked_queue
 from jobs.events import outbox_relay_once
 from jobs.models import EventOutbox
 from tests.erp_receiver import Receiver
 from tests.factories import job_in_state
 from tests.processes import free_port
+from tests.queues import depth
 
 pytestmark = pytest.mark.django_db
+
+
+def bridge_depths() -> dict[str, int]:
+    """Messages ready in erp.events and in the bridge's parked queue, read from the broker."""
+    with Connection(django_settings.BROKER_URL, connect_timeout=10) as conn:
+        channel = conn.channel()
+        return {q.name: depth(channel, q.name) for q in (erp_events_queue(), parked_queue())}
 
 
 def relayed_job_events(status: str = "succeeded") -> list[dict]:
@@ -48,7 +56,7 @@ def test_each_event_is_posted_once_with_its_event_id_as_idempotency_key(erp_queu
         assert request["path"] == "/erp/events"
         assert request["headers"]["Idempotency-Key"] == request["body"]["event_id"]
         assert request["headers"]["Content-Type"] == "application/json"
-    assert erp_bridge_status() == {"erp.events": 0, PARKED_QUEUE_NAME: 0}
+    assert bridge_depths() == {"erp.events": 0, PARKED_QUEUE_NAME: 0}
 
 
 def test_a_server_error_then_success_is_retried_and_delivered_once_acked(erp_queues):
@@ -60,7 +68,7 @@ def test_a_server_error_then_success_is_retried_and_delivered_once_acked(erp_que
     assert len(erp.requests) == 4
     assert {r["headers"]["Idempotency-Key"] for r in erp.requests} == {event["event_id"]}
     assert counts == {"delivered": 1, "retry": 3, "park": 0}
-    assert erp_bridge_status() == {"erp.events": 0, PARKED_QUEUE_NAME: 0}
+    assert bridge_depths() == {"erp.events": 0, PARKED_QUEUE_NAME: 0}
 
 
 def test_an_unreachable_receiver_keeps_the_event_queued(erp_queues):
@@ -70,7 +78,7 @@ def test_an_unreachable_receiver_keeps_the_event_queued(erp_queues):
     assert counts == {"delivered": 0, "retry": 3, "park": 0}
     # Backoff between attempts (0.05, 0.1, 0.2 s): no tight loop.
     assert time.monotonic() - started >= 0.3
-    assert erp_bridge_status()["erp.events"] == 1  # requeued, not lost
+    assert bridge_depths()["erp.events"] == 1  # requeued, not lost
 
 
 def test_a_client_error_is_parked_not_retried(erp_queues):
@@ -81,7 +89,7 @@ def test_a_client_error_is_parked_not_retried(erp_queues):
 
     assert len(erp.requests) == 1  # no loop on a permanent refusal
     assert counts == {"delivered": 0, "retry": 0, "park": 1}
-    assert erp_bridge_status() == {"erp.events": 0, PARKED_QUEUE_NAME: 1}
+    assert bridge_depths() == {"erp.events": 0, PARKED_QUEUE_NAME: 1}
     with Connection(django_settings.BROKER_URL, connect_timeout=10) as conn:
         parked = parked_queue()(conn.channel()).get(no_ack=True)
     assert json.loads(parked.body) == event

@@ -5,13 +5,15 @@ from __future__ import annotations
 import threading
 
 import pytest
+from django.conf import settings as django_settings
 from kombu import Connection, Producer
 
-from jobs.backpressure import queue_depth_cached, queue_depth_set, queue_depths_refresh
+from jobs.backpressure import queue_depth_cached, queue_depths_refresh
 from jobs.ratelimit import rate_limit_take
 from jobs.redis_client import redis_client, redis_key
 from jobs.topology import JOBS_EXCHANGE
 from tests.factories import UserFactory, client_for
+from tests.queues import wait_depth
 from tests.threads import run_in_threads
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clean_redis")]
@@ -106,9 +108,22 @@ def test_redis_down_does_not_refuse_job_creation(settings, api):
 # --- backpressure -------------------------------------------------------------------------
 
 
-def test_a_queue_deeper_than_its_limit_answers_429_backpressure(settings, api):
+def queue_holds(queue: str, count: int) -> None:
+    """Put `count` messages in `queue` (emptied first) and let backpressure read them, as
+    the dispatcher's depth step does."""
+    with Connection(django_settings.BROKER_URL, connect_timeout=10) as conn:
+        channel = conn.channel()
+        channel.queue_purge(queue)
+        producer = Producer(channel, exchange=JOBS_EXCHANGE)
+        for n in range(count):
+            producer.publish({"n": n}, routing_key=queue)
+        wait_depth(channel, queue, count)
+    assert queue_depths_refresh(min_interval=0)[queue] == count
+
+
+def test_a_queue_deeper_than_its_limit_answers_429_backpressure(broker, settings, api):
     settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 10}
-    queue_depth_set("sim", 11)
+    queue_holds("sim", 11)
     response = post(api)
     assert response.status_code == 429
     error = response.json()["error"]
@@ -117,15 +132,15 @@ def test_a_queue_deeper_than_its_limit_answers_429_backpressure(settings, api):
     assert int(response["Retry-After"]) >= 1
     # Other queues are not affected; at the limit is still accepted.
     assert post(api, {"type": "report", "params": {}}).status_code == 201
-    queue_depth_set("sim", 10)
+    queue_holds("sim", 10)
     assert post(api).status_code == 201
 
 
-def test_backpressure_still_answers_a_repeat_of_an_existing_job(settings, api):
+def test_backpressure_still_answers_a_repeat_of_an_existing_job(broker, settings, api):
     settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 10}
     body = {**SIM, "idempotency_key": "before-the-flood"}
     created = post(api, body)
-    queue_depth_set("sim", 500)
+    queue_holds("sim", 500)
     repeat = post(api, body)
     assert (created.status_code, repeat.status_code) == (201, 200)
     assert post(api, {**SIM, "idempotency_key": "new"}).status_code == 429
