@@ -30,8 +30,7 @@ from django.db.backends.postgresql.operations import DatabaseOperations
 from kombu import Connection
 from psycopg.errors import DeadlockDetected
 
-from config.logging import formatter
-from jobs.erp_bridge import parked_queue
+from core.logging import formatter
 from tests.factories import UserFactory, otp_login
 from tests.queues import topology_declare_and_purge
 
@@ -86,24 +85,18 @@ def amqp(broker: None) -> Iterator[Any]:
 
 
 @pytest.fixture
-def erp_queues(broker: None, settings: Any) -> Iterator[None]:
-    """Topology declared, erp.events and the ERP bridge's parked queue empty; fast
-    bridge timings."""
+def erp_queues(broker: None, settings: Any) -> None:
+    """Topology declared (erp.events and the ERP bridge's parked queue among it, both
+    empty); fast bridge timings."""
     settings.JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS = 0.05
     settings.JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS = 0.2
     settings.JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS = 0.5
-    with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
-        parked_queue()(conn.channel()).declare()
-        parked_queue()(conn.channel()).purge()
-    yield
-    with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
-        parked_queue()(conn.channel()).purge()
 
 
 @pytest.fixture
 def json_log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
     """Every log line of this process from here on, rendered by the production JSON
-    chain (config/logging.py) with the context bound at the time; call it to read them."""
+    chain (core/logging.py) with the context bound at the time; call it to read them."""
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter(json=True))

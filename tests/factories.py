@@ -16,13 +16,13 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from audit.services import Actor
-from dlq.services import job_fail_with_dead_letter
 from jobs.models import Job
 from jobs.services import (
     Fence,
     job_cancel,
     job_claim,
     job_create,
+    job_fail_with_dead_letter,
     job_retry,
     job_succeed,
     transition,

@@ -13,10 +13,9 @@ from django.conf import settings
 from kombu import Connection
 
 from audit.services import Actor
-from dlq.services import job_fail_with_dead_letter
 from dlq.watcher import watch_once
 from jobs.models import Job
-from jobs.services import job_claim
+from jobs.services import job_claim, job_fail_with_dead_letter
 from jobs.topology import WATCH_QUEUE_NAME, dlq_name, topology
 from tests.factories import fence_of, job_in_state
 from tests.polling import wait_for

@@ -12,12 +12,12 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from audit.services import Actor
-from dlq.services import job_fail_with_dead_letter
 from jobs.models import Job
 from jobs.services import (
     job_cancel,
     job_cancel_confirm,
     job_claim,
+    job_fail_with_dead_letter,
     job_progress_write,
     job_succeed,
 )

@@ -14,22 +14,21 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from kombu import Connection
 
-from jobs.erp_bridge import PARKED_QUEUE_NAME, erp_bridge_run, erp_events_queue, parked_queue
+from core.broker import queue_depths
+from jobs.erp_bridge import erp_bridge_run
 from jobs.events import outbox_relay_once
 from jobs.models import EventOutbox
+from jobs.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, parked_queue
 from tests.erp_receiver import Receiver
 from tests.factories import job_in_state
 from tests.processes import free_port
-from tests.queues import depth
 
 pytestmark = pytest.mark.django_db
 
 
-def bridge_depths() -> dict[str, int]:
+def bridge_depths() -> dict[str, int | None]:
     """Messages ready in erp.events and in the bridge's parked queue, read from the broker."""
-    with Connection(django_settings.BROKER_URL, connect_timeout=10) as conn:
-        channel = conn.channel()
-        return {q.name: depth(channel, q.name) for q in (erp_events_queue(), parked_queue())}
+    return queue_depths([ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME])
 
 
 def relayed_job_events(status: str = "succeeded") -> list[dict]:

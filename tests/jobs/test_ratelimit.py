@@ -155,7 +155,7 @@ def test_unknown_depth_never_refuses(settings, api):
 
 
 def test_refresh_reads_depths_from_rabbitmq_into_redis(broker, settings):
-    with Connection(settings.BROKER_URL) as conn:
+    with Connection(settings.BROKER_URL, transport_options={"confirm_publish": True}) as conn:
         channel = conn.channel()
         channel.queue_purge("report")
         producer = Producer(channel, exchange=JOBS_EXCHANGE)
@@ -173,7 +173,8 @@ def test_refresh_reads_depths_from_rabbitmq_into_redis(broker, settings):
 
 
 def test_refresh_reads_the_broker_at_most_every_min_interval(broker, settings):
-    with Connection(settings.BROKER_URL) as conn:
+    # Confirmed publish: the message is in the queue before the depth is read again.
+    with Connection(settings.BROKER_URL, transport_options={"confirm_publish": True}) as conn:
         channel = conn.channel()
         channel.queue_purge("erp")
         first = queue_depths_refresh(min_interval=0)
