@@ -18,6 +18,7 @@ from rest_framework.test import APIClient
 from audit.services import Actor
 from jobs.models import Job
 from jobs.services import (
+    WORKER,
     Fence,
     job_cancel,
     job_claim,
@@ -87,7 +88,6 @@ def make_job(
 
 
 PUBLISHER = Actor.system("publisher")
-WORKER = Actor.system("worker")
 
 
 def job_in_state(
@@ -119,14 +119,16 @@ def job_in_state(
 
     Returns the job as stored. `fence_of(job)` is the running worker's fence.
     """
+    if status not in Status.values:
+        raise ValueError(f"no job state {status!r}; one of {', '.join(Status.values)}")
     job = make_job(owner, job_type, params, key)
     if status == Status.PENDING:
         return _stored(job)
-    if _stored(job).status == Status.PENDING:  # in a transactional test the publisher
-        # may have done this already. No public service reaches `queued` without a broker
-        # publish (the publisher moves a job on the broker's confirm), so this is the one
-        # direct transition the tests make: a message published here would outlive the
-        # test's transaction in the shared vhost.
+    # No public service reaches `queued` without a broker: job_publish moves the job on
+    # the broker's confirm, and a message published here would outlive the test's
+    # transaction in the shared vhost. So this is the one direct transition the tests
+    # make (in a transactional test the publisher may have done it already, on commit).
+    if _stored(job).status == Status.PENDING:
         transition(job_id=job.id, target=Status.QUEUED, sources=[Status.PENDING], actor=PUBLISHER)
     if status == Status.QUEUED:
         return _stored(job)
@@ -157,7 +159,7 @@ def job_in_state(
             fence=fence,
         )
         return failed
-    raise ValueError(f"no job state {status!r}; one of {', '.join(Status.values)}")
+    raise AssertionError(f"job_in_state does not build {status!r} yet")
 
 
 def fence_of(job: Job) -> Fence:

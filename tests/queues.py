@@ -15,6 +15,7 @@ from kombu import Connection
 from audit.services import Actor
 from dlq.watcher import watch_once
 from jobs.models import Job
+from jobs.publisher import message_publish
 from jobs.services import job_claim, job_fail_with_dead_letter
 from jobs.topology import WATCH_QUEUE_NAME, dlq_name, topology
 from tests.factories import fence_of, job_in_state
@@ -83,8 +84,6 @@ def get_one(channel: Any, queue: str, timeout: float = 10) -> Any:
 
 def publish_job_message(job: Job) -> None:
     """Publish exactly what the dispatcher publishes for this job (Celery protocol 2)."""
-    from jobs.publisher import message_publish
-
     message_publish(job=job)
 
 

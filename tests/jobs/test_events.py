@@ -39,7 +39,8 @@ def event_queue(broker):
         queue(channel).declare()
 
         def drain(*, expect: int = 0, timeout: float = 5.0) -> list:
-            """Messages in arrival order; waits until `expect` arrived, then for no more."""
+            """Messages in arrival order; waits until `expect` arrived (fails the test if
+            they do not within `timeout`), then for a short quiet period."""
             bound = queue(channel)
             got, deadline, quiet_until = [], time.monotonic() + timeout, None
             while True:
@@ -55,7 +56,7 @@ def event_queue(broker):
                     if now >= quiet_until:
                         return got
                 elif now > deadline:
-                    return got
+                    raise AssertionError(f"{len(got)} of {expect} events arrived in {timeout}s")
                 time.sleep(0.02)
 
         yield drain
