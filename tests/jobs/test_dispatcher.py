@@ -136,14 +136,23 @@ def test_a_job_of_a_removed_type_is_dead_lettered_not_retried_forever(broker, se
     assert Job.objects.get(id=after.id).status == "queued"
 
 
-def test_the_retry_pass_runs_when_the_pending_pass_fails(broker, settings, monkeypatch, no_backoff):
-    from jobs.services import publishing
-
+def test_the_retry_pass_runs_when_the_pending_pass_fails(
+    broker, settings, no_backoff, json_log_lines
+):
     settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 60
-    _old(make_job())
+    # A pending job of a retired type that already has an open dead letter (e.g. the
+    # watcher recorded one): failing it is refused by the one-open-row index, which
+    # ends the pending pass.
+    stuck = _old(make_job())
+    sql("UPDATE jobs SET type = 'retired' WHERE id = %s", stuck.id)
+    DeadLetter.objects.create(job=stuck, queue="sim_dlq", reason="rejected")
     due = job_in_state("retrying", retry_in=0)
-    broken = dict(publishing._DUE)
-    broken["pending"] = "SELECT broken syntax"
-    monkeypatch.setattr(publishing, "_DUE", broken)
+
     assert publish_due_once() == 1
+
     assert Job.objects.get(id=due.id).status == "queued"
+    failed = [
+        line for line in json_log_lines() if line["event"] == "dispatcher_publish_pass_failed"
+    ]
+    assert [line["status"] for line in failed] == ["pending"]
+    assert Job.objects.get(id=stuck.id).status == "pending"
