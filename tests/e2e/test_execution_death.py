@@ -11,20 +11,16 @@ from jobs.models import Job
 from jobs.services import reap_once
 from tests import handlers
 from tests.factories import make_job
-from tests.workers import (
+from tests.polling import wait_for
+from tests.processes import (
     assert_chain_valid,
     celery_worker,
     dispatcher_process,
     scripted_env,
     scripted_table,
-    wait_for,
 )
-from tests.workers import (
-    job_events as events,
-)
-from tests.workers import (
-    job_finished as finished,
-)
+from tests.processes import job_events as events
+from tests.processes import job_finished as finished
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 

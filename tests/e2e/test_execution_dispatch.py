@@ -16,7 +16,8 @@ from jobs.models import DeadLetter, Job
 from jobs.services import job_cancel, publish_due_once, reap_once
 from tests import handlers
 from tests.factories import UserFactory, make_job
-from tests.workers import (
+from tests.polling import wait_for
+from tests.processes import (
     ROOT,
     Process,
     celery_worker,
@@ -27,7 +28,6 @@ from tests.workers import (
     scripted_env,
     scripted_table,
     subprocess_env,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]

@@ -12,9 +12,7 @@ import pytest
 from django.db import connection
 
 from jobs.models import Job
-from tests.factories import UserFactory, make_job
-from tests.jobs.api_fixtures import *  # noqa: F403  (fixtures)
-from tests.jobs.api_fixtures import client_for
+from tests.factories import UserFactory, client_for, make_job
 
 pytestmark = pytest.mark.django_db
 JOBS = "/api/v1/jobs"
