@@ -94,6 +94,7 @@ class PendingListener:
                 params = connection.get_connection_params()
                 self.connection = psycopg.connect(**params, autocommit=True)
                 self.connection.execute(f"LISTEN {sql.PENDING_CHANNEL}")
+                log.info("dispatcher_listening", channel=sql.PENDING_CHANNEL)
             except psycopg.Error as exc:
                 log.warning("dispatcher_listen_failed", error=repr(exc))
                 self.close()

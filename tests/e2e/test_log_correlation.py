@@ -13,6 +13,7 @@ from core.logging import MASK, configure_masking
 from jobs.erp_bridge import erp_bridge_run
 from jobs.events import outbox_relay_once
 from jobs.models import Job
+from jobs.services import publish_due_once
 from tests.erp_receiver import Receiver
 from tests.factories import UserFactory, client_for
 from tests.polling import wait_for
@@ -33,6 +34,7 @@ def test_one_request_id_runs_through_api_worker_and_erp_bridge(erp_queues, json_
         )
         assert response.status_code == 201
         job_id = response.json()["id"]
+        publish_due_once()  # the dispatcher's step: the request never publishes
         wait_for(lambda: Job.objects.get(id=job_id).status == "succeeded", timeout=30)
         worker_log = worker.log_text()
     api_line = next(line for line in json_log_lines() if line["event"] == "job_created")
