@@ -12,15 +12,19 @@ without decoding the body. Never the error's text: it may hold what a handler sa
 from __future__ import annotations
 
 import re
-import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from celery import current_app
 from django.conf import settings
 
-from core.broker import broker_connection, broker_connection_drop, channel_close_quietly
+from core.broker import (
+    Confirms,
+    PublishError,
+    broker_connection,
+    broker_connection_drop,
+    channel_close_quietly,
+)
 from core.tracing import publish_span
 from jobs.models import Job
 from jobs.types import get_type
@@ -58,33 +62,6 @@ def message_headers(job: Job) -> dict[str, Any]:
     return headers
 
 
-class PublishError(Exception):
-    """The broker could not take a batch: unreachable, or confirms missing in time."""
-
-
-@dataclass
-class _Confirms:
-    """Publisher confirms of one channel: delivery tags 1, 2, ... in publish order."""
-
-    pending: set[int] = field(default_factory=set)
-    refused: dict[int, str] = field(default_factory=dict)  # tag -> why
-    returned: dict[str, str] = field(default_factory=dict)  # task id -> why
-
-    def on_ack(self, tag: int, multiple: bool) -> None:
-        self.pending -= {t for t in self.pending if t <= tag} if multiple else {tag}
-
-    def on_nack(self, tag: int, multiple: bool) -> None:
-        settled = {t for t in self.pending if t <= tag} if multiple else {tag} & self.pending
-        self.pending -= settled
-        self.refused.update(dict.fromkeys(settled, "nacked by the broker"))
-
-    def on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
-        # mandatory: an unroutable message comes back (then its ack follows, which alone
-        # would look like success). Celery sets correlation_id to the task id.
-        task_id = (getattr(message, "properties", None) or {}).get("correlation_id", "")
-        self.returned[str(task_id)] = f"returned by {exchange or '-'}/{routing_key}: {exc}"
-
-
 def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[str, str]:
     """Publish one message per job and wait once for the broker's confirms of them all.
 
@@ -101,22 +78,16 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
     timeout = timeout or settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS
     app = current_app
     conn = broker_connection(timeout=timeout)
-    confirms = _Confirms()
     tags: dict[int, str] = {}
     task_jobs: dict[str, str] = {}
     try:
         channel = conn.channel()
-        channel.events["basic_ack"].add(confirms.on_ack)
-        channel.events["basic_nack"].add(confirms.on_nack)
-        channel.events["basic_return"].add(confirms.on_return)
-        channel.confirm_select()
+        confirms = Confirms.select(channel)
         producer = app.amqp.Producer(channel, auto_declare=False)
-        for tag, job in enumerate(jobs, start=1):
+        for job in jobs:
             spec = get_type(job.type)
             assert spec is not None
             task_id = str(uuid.uuid4())
-            tags[tag], task_jobs[task_id] = str(job.id), str(job.id)
-            confirms.pending.add(tag)
             with publish_span(traceparent=job.traceparent, job_id=str(job.id), job_type=job.type):
                 app.send_task(
                     spec.task_name,
@@ -130,18 +101,18 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
                     # loudly (unroutable) rather than be created here with other arguments.
                     declare=[],
                 )
-        deadline = time.monotonic() + timeout
-        while confirms.pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise PublishError(f"{len(confirms.pending)} confirms missing after {timeout} s")
-            conn.drain_events(timeout=remaining)
+            tags[confirms.published()], task_jobs[task_id] = str(job.id), str(job.id)
+        confirms.wait(timeout=timeout)
     except Exception:
         broker_connection_drop(conn)  # the channel's state is unknown: start afresh
         raise
     channel_close_quietly(channel)
-    refused = {tags[tag]: why for tag, why in confirms.refused.items()}
-    refused.update({task_jobs[t]: why for t, why in confirms.returned.items() if t in task_jobs})
+    refused = {tags[tag]: "nacked by the broker" for tag in confirms.nacked}
+    # Celery sets the message's correlation_id to its task id.
+    for properties, why in confirms.returned:
+        job_id = task_jobs.get(str(properties.get("correlation_id")))
+        if job_id is not None:
+            refused[job_id] = why
     return refused
 
 

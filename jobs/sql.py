@@ -224,6 +224,17 @@ OUTBOX_BLOCKERS = (
 )
 
 
+# outbox_claim: a relay's batch, unpublished rows in id order (outbox_unpublished_idx),
+# rows another relay holds skipped; the payload as the JSON text stored, published as is.
+OUTBOX_CLAIM = (
+    "SELECT id, job_id, seq, event_id::text, payload::text FROM event_outbox "
+    "WHERE published_at IS NULL ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+)
+
+# outbox_mark: the claimed rows the broker confirmed, in the claim's transaction.
+OUTBOX_MARK = "UPDATE event_outbox SET published_at = now() WHERE id = ANY(%(ids)s)"
+
+
 # --- gauges (jobs/metrics.py) -------------------------------------------------------------
 
 # gauges: the oldest pending job, stale locks, outbox lag and backlog, and the newest

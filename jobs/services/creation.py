@@ -34,7 +34,7 @@ from jobs.exceptions import (
     JobTypeUnknownError,
     PayloadTooLargeError,
 )
-from jobs.models import Artefact, Job
+from jobs.models import Job
 from jobs.selectors import job_key_exists
 from jobs.services.transitions import job_insert
 from jobs.states import Status
@@ -209,5 +209,5 @@ def job_submit(
     except IntegrityError as exc:
         raise JobConflictError() from exc
     if created:
-        job._prefetched_objects_cache = {"artefacts": Artefact.objects.none()}  # type: ignore[attr-defined]
+        job.artefact_list = []  # type: ignore[attr-defined]
     return job, created

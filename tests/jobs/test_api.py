@@ -274,6 +274,17 @@ def test_304_path_reads_only_the_version(api, django_assert_num_queries):
     assert '"jobs"."params"' not in captured.captured_queries[-1]["sql"]
 
 
+def test_a_200_reads_the_job_with_its_artefacts_in_one_query(api, django_assert_num_queries):
+    job = make_job(owner=api.user)
+    artefact_save(job_id=job.id, kind="report", name="b.csv", data=b"b\n")
+    artefact_save(job_id=job.id, kind="report", name="a.csv", data=b"a,b\n")
+    # One query authenticates the token, one reads the job and its artefacts.
+    with django_assert_num_queries(2):
+        body = api.get(f"{JOBS}/{job.id}").json()
+    assert [(a["name"], a["size"]) for a in body["artefacts"]] == [("a.csv", 4), ("b.csv", 2)]
+    assert all(a["url"].endswith(f"/artefacts/{a['id']}") for a in body["artefacts"])
+
+
 def test_etag_changes_when_progress_moves(api):
     job = make_job(owner=api.user)
     etag = api.get(f"{JOBS}/{job.id}")["ETag"]
