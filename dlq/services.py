@@ -24,14 +24,13 @@ from dlq.errors import (
     UnknownQueueError,
 )
 from jobs import metrics
-from jobs.exceptions import TransitionRefusedError
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState, Job
 from jobs.services import (
     job_audit,
     job_fail_with_dead_letter,
     job_lock_is_stale,
     job_publish,
-    transition,
+    transition_many,
 )
 from jobs.states import Status
 from jobs.topology import dlq_name, dlq_names
@@ -383,21 +382,21 @@ def dead_letters_replay(
     actor = Actor.user(actor_user)
     clock = time.perf_counter()
     queues: set[str] = set()
-    for row_id, job_id, queue_name in list(limited.values_list("id", "job_id", "queue")):
-        skipped = _replay_one(
-            row_id=row_id,
-            job_id=job_id,
-            actor=actor,
-            actor_user=actor_user,
-            justification=justification,
+    selected = list(limited.values_list("id", "job_id", "queue"))
+    for start in range(0, len(selected), RESOLVE_CHUNK):
+        chunk = selected[start : start + RESOLVE_CHUNK]
+        replayed = _replay_chunk(
+            chunk=chunk, actor=actor, actor_user=actor_user, justification=justification
         )
-        if skipped:
-            result.skipped.append({"dead_letter_id": row_id, "job_id": str(job_id), **skipped})
-            continue
-        result.resolved.append(row_id)
-        result.job_ids.append(str(job_id))
-        queues.add(queue_name)
-    _count_replays(len(result.resolved))
+        for row_id, job_id, queue_name in chunk:
+            why = replayed.get(row_id)
+            if why is not None:
+                result.skipped.append({"dead_letter_id": row_id, "job_id": str(job_id), **why})
+                continue
+            result.resolved.append(row_id)
+            result.job_ids.append(str(job_id))
+            queues.add(queue_name)
+        _count_replays(sum(1 for why in replayed.values() if why is None))
     clock = _lap(result, "transactions", clock)
     _ack_away(result, queues)
     clock = _lap(result, "ack_away", clock)
@@ -418,29 +417,59 @@ def _count_replays(count: int) -> None:
         metrics.DLQ_REPLAY.inc(count)
 
 
-def _replay_one(
-    *, row_id: int, job_id: uuid.UUID, actor: Actor, actor_user: Any, justification: str
-) -> dict[str, Any] | None:
-    """One job's replay transaction; returns why it was skipped, or None when done."""
+# Rows resolved per transaction: one lock statement, one audited transition per job
+# type, one update of the rows. A large replay commits in chunks, so a failure half way
+# leaves whole chunks done and the rest open, both consistent and retry-safe.
+RESOLVE_CHUNK = 500
+
+
+def _replay_chunk(
+    *, chunk: list[tuple[int, uuid.UUID, str]], actor: Actor, actor_user: Any, justification: str
+) -> dict[int, dict[str, Any] | None]:
+    """Replay one chunk in one transaction; returns, per dead letter id, why it was
+    skipped or None when its job was replayed.
+
+    1. Lock the jobs, then their rows still open (the order every writer uses).
+    2. Per job type (its retry budget), one statement moves the failed jobs to
+       `pending` with their `dlq_replayed` entries (and wakes the dispatcher); a job
+       that is no longer `failed` is not moved and its row is skipped.
+    3. One update marks the replayed rows with the actor and justification.
+    """
+    digest = _justification_digest(justification)
+    outcome: dict[int, dict[str, Any] | None] = {}
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(id=job_id).first()
-        row = (
-            DeadLetter.objects.select_for_update()
-            .filter(id=row_id, state=DeadLetterState.OPEN)
-            .first()
-        )
-        if job is None or row is None:
-            return {"skipped": "already resolved"}
-        spec = get_type(job.type)
-        budget = spec.max_attempts if spec is not None else 1
-        try:
-            transition(
-                job_id=job.id,
+        jobs = {
+            job.id: job
+            for job in Job.objects.select_for_update()
+            .filter(id__in=[job_id for _, job_id, _ in chunk])
+            .order_by("id")
+            .only("id", "type", "status")
+        }
+        rows = {
+            row.id: row
+            for row in DeadLetter.objects.select_for_update()
+            .filter(id__in=[row_id for row_id, _, _ in chunk], state=DeadLetterState.OPEN)
+            .order_by("id")
+        }
+        by_type: dict[str, list[DeadLetter]] = {}
+        for row_id, job_id, _ in chunk:
+            row = rows.get(row_id)
+            if row is None or job_id not in jobs:
+                outcome[row_id] = {"skipped": "already resolved"}
+            elif jobs[job_id].status != Status.FAILED:
+                outcome[row_id] = {"skipped": f"job is {jobs[job_id].status}, not failed"}
+            else:
+                by_type.setdefault(jobs[job_id].type, []).append(row)
+        replayed: list[int] = []
+        for job_type, type_rows in by_type.items():
+            spec = get_type(job_type)
+            moved = transition_many(
+                job_ids=[row.job_id for row in type_rows if row.job_id is not None],
                 target=Status.PENDING,
                 sources=[Status.FAILED],
                 actor=actor,
                 event_type="dlq_replayed",
-                extend_attempts=budget,
+                extend_attempts=spec.max_attempts if spec is not None else 1,
                 fields={
                     "dead_letter_queue": None,
                     "next_run_at": None,
@@ -450,18 +479,39 @@ def _replay_one(
                     "progress_message": None,
                 },
                 audit_data={
-                    "dead_letter_id": row.id,
-                    "reason": row.reason,
-                    "queue": row.queue,
-                    "justification_sha256": _justification_digest(justification),
+                    str(row.job_id): {
+                        "dead_letter_id": row.id,
+                        "reason": row.reason,
+                        "queue": row.queue,
+                        "justification_sha256": digest,
+                    }
+                    for row in type_rows
                 },
             )
-        except TransitionRefusedError as refused:
-            return {"skipped": f"job is {refused.current}, not failed"}
-        _resolve(
-            row, state=DeadLetterState.REPLAYED, actor_user=actor_user, justification=justification
+            moved_ids = {job.id for job in moved}
+            for row in type_rows:
+                if row.job_id in moved_ids:
+                    outcome[row.id] = None
+                    replayed.append(row.id)
+                else:
+                    outcome[row.id] = {"skipped": "job is no longer failed"}
+        _resolve_rows(
+            replayed,
+            state=DeadLetterState.REPLAYED,
+            actor_user=actor_user,
+            justification=justification,
         )
-    return None
+    return outcome
+
+
+def _resolve_rows(ids: list[int], *, state: str, actor_user: Any, justification: str) -> None:
+    if ids:
+        DeadLetter.objects.filter(id__in=ids).update(
+            state=state,
+            resolved_by=actor_user,
+            resolved_at=timezone.now(),
+            justification=justification,
+        )
 
 
 def _resolve(row: DeadLetter, *, state: str, actor_user: Any, justification: str) -> None:

@@ -11,6 +11,8 @@ becomes SQL text.
 
 from __future__ import annotations
 
+import functools
+
 # --- conditions, written once ----------------------------------------------------------
 
 # The worker that claimed this attempt still holds the job (DESIGN.md 3.4 fencing).
@@ -46,13 +48,15 @@ CHAIN_HASH = (
 )
 
 
+@functools.lru_cache(maxsize=256)
 def job_append_sql(
     *,
-    holes: list[str],
-    assignments: list[str],
-    conditions: list[str],
-    columns: list[str],
+    holes: tuple[str, ...],
+    assignments: tuple[str, ...],
+    conditions: tuple[str, ...],
+    columns: tuple[str, ...],
     emit: bool,
+    notify: bool = False,
 ) -> str:
     """One statement that changes jobs and appends each one's audit entry (and event).
 
@@ -63,8 +67,10 @@ def job_append_sql(
     2. `upd`: the compare-and-set UPDATE (`conditions`; zero rows: nothing is written),
        which also moves the chain's head (audit_seq, audit_head) on the row.
     3. `audit`: the entry, continuing the head the row held (the insert-at-head trigger
-       checks it again); `outbox` (with `emit`): the job.status.changed event.
-    Returns each changed job's previous status, then its `columns`.
+       checks it again); `outbox` (with `emit`): the job.status.changed event; with
+       `notify`, NOTIFY jobs_pending (the jobs wait to be published).
+    Returns each changed job's previous status, then its `columns`. Built once per
+    combination of options (cached: the callers' fragments are constants).
     """
     pieces = [f"%(p{n})s::text[]" for n in range(len(holes) + 1)]
     payload = " || ".join(
@@ -108,6 +114,11 @@ def job_append_sql(
         "upd.id, upd.audit_seq, %(event_type)s, %(actor_type)s, %(actor_id)s, %(ts)s, "
         "upd.payload, upd.prev_hash, upd.audit_head FROM upd)"
         f"{emit_cte} SELECT upd.old_status, {returned} FROM upd"
+        + (
+            f" CROSS JOIN LATERAL (SELECT {NOTIFY_PENDING} WHERE upd.id IS NOT NULL) n"
+            if notify
+            else ""
+        )
     )
 
 

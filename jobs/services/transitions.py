@@ -214,6 +214,8 @@ def transition_many(
         conditions=conditions,
         params=params,
         emit=True,
+        # A job back in `pending` (a replay) waits for the dispatcher: wake it.
+        notify=target == Status.PENDING,
     )
     jobs = [_job_from_row(row[1:]) for row in rows]
     for job in jobs:
@@ -230,6 +232,7 @@ def _append(
     conditions: list[str],
     params: dict[str, Any],
     emit: bool,
+    notify: bool = False,
 ) -> list[tuple[Any, ...]]:
     """Run jobs.sql.job_append_sql for `entries` (job id -> the entry's data, with its
     Holes): one canonical template per job, cut where the database fills in."""
@@ -252,11 +255,12 @@ def _append(
     if any([h.name for h in t.holes] != holes for t in templates.values()):
         raise ValueError("one statement appends entries with the same holes only")
     statement = sql.job_append_sql(
-        holes=holes,
-        assignments=assignments,
-        conditions=conditions,
-        columns=_JOB_COLUMNS,
+        holes=tuple(holes),
+        assignments=tuple(assignments),
+        conditions=tuple(conditions),
+        columns=tuple(_JOB_COLUMNS),
         emit=emit,
+        notify=notify,
     )
     params = {
         **params,
