@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from jobs.services import (
     job_fail_with_dead_letter,
     job_lock_is_stale,
     job_publish,
+    jobs_audit,
     transition_many,
 )
 from jobs.states import Status
@@ -504,6 +505,58 @@ def _replay_chunk(
     return outcome
 
 
+def _discard_chunk(
+    *,
+    chunk: Sequence[tuple[int, uuid.UUID | None, str]],
+    actor: Actor,
+    actor_user: Any,
+    justification: str,
+) -> set[int]:
+    """Discard one chunk in one transaction; returns the dead letter ids discarded.
+
+    Jobs locked first, then their rows still open; one update closes the rows; each
+    job's chain gets its `dlq_discarded` entry in one statement for the chunk (rows
+    without a job: the ops chain, one entry each).
+    """
+    digest = _justification_digest(justification)
+    with transaction.atomic():
+        list(
+            Job.objects.select_for_update()
+            .filter(id__in=[job_id for _, job_id, _ in chunk if job_id is not None])
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        rows = list(
+            DeadLetter.objects.select_for_update()
+            .filter(id__in=[row_id for row_id, _, _ in chunk], state=DeadLetterState.OPEN)
+            .order_by("id")
+        )
+        _resolve_rows(
+            [row.id for row in rows],
+            state=DeadLetterState.DISCARDED,
+            actor_user=actor_user,
+            justification=justification,
+        )
+        entries = {
+            row.id: {
+                "dead_letter_id": row.id,
+                "reason": row.reason,
+                "queue": row.queue,
+                "justification_sha256": digest,
+            }
+            for row in rows
+        }
+        with_job = {row.job_id: entries[row.id] for row in rows if row.job_id is not None}
+        if with_job:
+            jobs_audit(entries=with_job, event_type="dlq_discarded", actor=actor)
+        for row in rows:
+            if row.job_id is None:
+                audit_append(
+                    chain=OPS_CHAIN, event_type="dlq_discarded", actor=actor, data=entries[row.id]
+                )
+    return {row.id for row in rows}
+
+
 def _resolve_rows(ids: list[int], *, state: str, actor_user: Any, justification: str) -> None:
     if ids:
         DeadLetter.objects.filter(id__in=ids).update(
@@ -512,14 +565,6 @@ def _resolve_rows(ids: list[int], *, state: str, actor_user: Any, justification:
             resolved_at=timezone.now(),
             justification=justification,
         )
-
-
-def _resolve(row: DeadLetter, *, state: str, actor_user: Any, justification: str) -> None:
-    row.state = state
-    row.resolved_by = actor_user
-    row.resolved_at = timezone.now()
-    row.justification = justification
-    row.save(update_fields=["state", "resolved_by", "resolved_at", "justification"])
 
 
 def dead_letters_discard(
@@ -559,39 +604,20 @@ def dead_letters_discard(
     actor = Actor.user(actor_user)
     clock = time.perf_counter()
     queues: set[str] = set()
-    for row_id, job_id, queue_name in list(limited.values_list("id", "job_id", "queue")):
-        with transaction.atomic():
-            if job_id is not None:
-                Job.objects.select_for_update().filter(id=job_id).first()
-            row = (
-                DeadLetter.objects.select_for_update()
-                .filter(id=row_id, state=DeadLetterState.OPEN)
-                .first()
-            )
-            if row is None:
+    selected = list(limited.values_list("id", "job_id", "queue"))
+    for start in range(0, len(selected), RESOLVE_CHUNK):
+        chunk = selected[start : start + RESOLVE_CHUNK]
+        discarded = _discard_chunk(
+            chunk=chunk, actor=actor, actor_user=actor_user, justification=justification
+        )
+        for row_id, job_id, queue_name in chunk:
+            if row_id not in discarded:
                 result.skipped.append({"dead_letter_id": row_id, "skipped": "already resolved"})
                 continue
-            _resolve(
-                row,
-                state=DeadLetterState.DISCARDED,
-                actor_user=actor_user,
-                justification=justification,
-            )
-            _audit(
-                job_id=job_id,
-                event_type="dlq_discarded",
-                actor=actor,
-                data={
-                    "dead_letter_id": row.id,
-                    "reason": row.reason,
-                    "queue": row.queue,
-                    "justification_sha256": _justification_digest(justification),
-                },
-            )
-        result.resolved.append(row_id)
-        queues.add(queue_name)
-        if job_id is not None:
-            result.job_ids.append(str(job_id))
+            result.resolved.append(row_id)
+            queues.add(queue_name)
+            if job_id is not None:
+                result.job_ids.append(str(job_id))
     clock = _lap(result, "transactions", clock)
     _ack_away(result, queues)
     _lap(result, "ack_away", clock)

@@ -321,6 +321,24 @@ def job_audit(
     return rows[0] if rows else None
 
 
+def jobs_audit(*, entries: dict[Any, dict[str, Any]], event_type: str, actor: Actor) -> int:
+    """`job_audit` for many jobs in one statement (entries: job id -> the entry's data),
+    for an operator's bulk action; returns how many entries were appended."""
+    if not entries:
+        return 0
+    return len(
+        _append(
+            entries=entries,
+            event_type=event_type,
+            actor=actor,
+            assignments=[],
+            conditions=[],
+            params={"attempt_inc": 0},
+            emit=False,
+        )
+    )
+
+
 def job_insert(job: Job, *, actor: Actor) -> bool:
     """Insert a new `pending` job with its `created` entry and event, and wake the
     dispatcher, in one statement (jobs.sql.job_insert_sql). Creation counts as the
