@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -78,26 +78,10 @@ class Progress:
         return cls(percent, value.get("step"), value.get("message"))
 
 
-def transition(
-    *,
-    job_id: uuid.UUID | str,
-    target: str,
-    actor: Actor,
-    sources: Iterable[str] | None = None,
-    fence: Fence | None = None,
-    claim_for: str | None = None,
-    stale_after: float | None = None,
-    run_in: float | None = None,
-    progress: Progress | None = None,
-    complete: bool = False,
-    extend_attempts: int | None = None,
-    fields: dict[str, Any] | None = None,
-    event_type: str | None = None,
-    audit_data: dict[str, Any] | None = None,
-) -> Job:
-    """Apply one compare-and-set transition and audit it; returns the updated job.
+class TransitionOptions(TypedDict, total=False):
+    """What a transition does besides the status (each a named fragment of `jobs.sql`).
 
-    Options (each a named fragment of `jobs.sql`):
+    - `sources`: the states it may leave (default: every state jobs.states allows);
     - `fence`: only while this worker still holds the lock and attempt (else JobLost);
     - `claim_for`: take the lock for this holder, count an attempt; a retrying job only
       when it is due;
@@ -105,8 +89,32 @@ def transition(
     - `run_in`: `next_run_at = now() + run_in` seconds;
     - `progress`: a last progress value (monotonic); `complete`: progress 100 %;
     - `extend_attempts`: `max_attempts` grows by this many (a replay's fresh budget);
-    - `fields`: plain column values (SETTABLE_FIELDS).
+    - `fields`: plain column values (SETTABLE_FIELDS);
+    - `event_type`: the audit event, when not the target state's own (`reclaimed`...).
     Leaving `running` always releases the lock (only a running job holds one).
+    """
+
+    sources: Iterable[str] | None
+    fence: Fence | None
+    claim_for: str | None
+    stale_after: float | None
+    run_in: float | None
+    progress: Progress | None
+    complete: bool
+    extend_attempts: int | None
+    fields: dict[str, Any] | None
+    event_type: str | None
+
+
+def transition(
+    *,
+    job_id: uuid.UUID | str,
+    target: str,
+    actor: Actor,
+    audit_data: dict[str, Any] | None = None,
+    **options: Unpack[TransitionOptions],
+) -> Job:
+    """Apply one compare-and-set transition and audit it; returns the updated job.
 
     1. Refuse at once any source -> target pair that jobs.states.ALLOWED lacks.
     2. One statement (jobs.sql.job_append_sql): the conditional UPDATE, the audit entry
@@ -119,19 +127,11 @@ def transition(
         job_ids=[job_id],
         target=target,
         actor=actor,
-        sources=sources,
-        fence=fence,
-        claim_for=claim_for,
-        stale_after=stale_after,
-        run_in=run_in,
-        progress=progress,
-        complete=complete,
-        extend_attempts=extend_attempts,
-        fields=fields,
-        event_type=event_type,
         audit_data={str(job_id): audit_data} if audit_data else None,
+        **options,
     )
     if not changed:
+        fence = options.get("fence")
         if fence is not None:
             raise JobLost(f"job {job_id}: lock {fence.locked_by} attempt {fence.attempt} lost")
         current = Job.objects.filter(id=job_id).values_list("status", flat=True).first()
@@ -144,21 +144,17 @@ def transition_many(
     job_ids: list[uuid.UUID | str],
     target: str,
     actor: Actor,
-    sources: Iterable[str] | None = None,
-    fence: Fence | None = None,
-    claim_for: str | None = None,
-    stale_after: float | None = None,
-    run_in: float | None = None,
-    progress: Progress | None = None,
-    complete: bool = False,
-    extend_attempts: int | None = None,
-    fields: dict[str, Any] | None = None,
-    event_type: str | None = None,
     audit_data: dict[str, dict[str, Any]] | None = None,
+    **options: Unpack[TransitionOptions],
 ) -> list[Job]:
     """`transition` for many jobs in one statement (the dispatcher's publish batch, a
     replay chunk); `audit_data` is per job id. Returns the jobs that moved: a job the
     compare-and-set refused is simply not among them."""
+    sources = options.get("sources")
+    fence, claim_for = options.get("fence"), options.get("claim_for")
+    stale_after, run_in = options.get("stale_after"), options.get("run_in")
+    progress, complete = options.get("progress"), options.get("complete", False)
+    extend_attempts, fields = options.get("extend_attempts"), options.get("fields")
     allowed = ALLOWED.get(target, frozenset())
     source_set = frozenset(sources) if sources is not None else allowed
     illegal = source_set - allowed
@@ -209,7 +205,7 @@ def transition_many(
     }
     rows = _append(
         entries=entries,
-        event_type=event_type or EVENT_FOR_STATUS[target],
+        event_type=options.get("event_type") or EVENT_FOR_STATUS[target],
         actor=actor,
         assignments=assignments,
         conditions=conditions,
