@@ -528,6 +528,73 @@ def queue_depth(broker_url: str, queue: str) -> int:
         return int(conn.default_channel.queue_declare(queue, passive=True).message_count)
 
 
+def raw_confirmed_publish(
+    broker_url: str,
+    *,
+    exchange: str,
+    routing_key: str,
+    bodies: list[bytes],
+    batch: int = 1000,
+) -> float:
+    """The broker's floor for a relay: publish `bodies` persistent and `mandatory`,
+    one confirm wait per `batch`; returns the seconds it took."""
+    from kombu import Connection
+
+    with Connection(broker_url, connect_timeout=10) as conn:
+        channel = conn.channel()
+        acked = [0]
+        channel.events["basic_ack"].add(
+            lambda tag, multiple: acked.__setitem__(0, tag if multiple else acked[0] + 1)
+        )
+        channel.confirm_select()
+        started = time.perf_counter()
+        for offset in range(0, len(bodies), batch):
+            chunk = bodies[offset : offset + batch]
+            for body in chunk:
+                message = channel.prepare_message(
+                    body,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    properties={"delivery_mode": 2},
+                )
+                channel.basic_publish(
+                    message, exchange=exchange, routing_key=routing_key, mandatory=True
+                )
+            while acked[0] < offset + len(chunk):
+                conn.drain_events(timeout=30)
+        seconds = time.perf_counter() - started
+        channel.close()
+    return seconds
+
+
+def drain_queue(
+    broker_url: str, queue: str, handle: Callable[[Any], None], *, idle: float = 2.0
+) -> int:
+    """Consume `queue` until it stays quiet for `idle` seconds; returns the count.
+
+    A consumer (no_ack), not basic_get: one round trip per message would make counting
+    40,000 events slower than relaying them. `handle` gets each py-amqp message.
+    """
+    from kombu import Connection
+
+    count = [0]
+    with Connection(broker_url, connect_timeout=10) as conn:
+        channel = conn.channel()
+
+        def on_message(message: Any) -> None:
+            handle(message)
+            count[0] += 1
+
+        channel.basic_consume(queue, callback=on_message, no_ack=True)
+        while True:
+            try:
+                conn.drain_events(timeout=idle)
+            except TimeoutError:
+                break
+        channel.close()
+    return count[0]
+
+
 # --- timing ----------------------------------------------------------------------------
 def wait_until(
     predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1
