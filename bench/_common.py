@@ -765,18 +765,29 @@ class Report:
         baseline_label: str,
         unit: str,
         target: float | None = None,
+        absolute: float | None = None,
         higher_is_better: bool = True,
         note: str = "",
     ) -> float | None:
-        """Print `label value unit | baseline_label baseline | ratio (target)`.
+        """Print `label value unit | baseline_label baseline | ratio (targets)`.
 
-        The ratio is value / baseline. With `higher_is_better` False (latencies, memory,
-        slowdowns) the target is an upper bound on the ratio.
+        The ratio is value / baseline; `target` bounds the ratio, `absolute` the value
+        itself (issue 10 gives some targets as ratios, some as rates). With
+        `higher_is_better` False (latencies, memory, slowdowns) both are upper bounds.
         """
         ratio = round(value / baseline, 3) if baseline else None
-        met = None
-        if target is not None and ratio is not None:
-            met = ratio >= target if higher_is_better else ratio <= target
+        checks = []
+        if target is not None:
+            checks.append(
+                (
+                    "ratio",
+                    target,
+                    None if ratio is None else self._met(ratio, target, higher_is_better),
+                )
+            )
+        if absolute is not None:
+            checks.append((unit, absolute, self._met(value, absolute, higher_is_better)))
+        met = None if not checks else all(c[2] for c in checks)
         self.data["comparisons"][key] = {
             "label": label,
             "value": value,
@@ -784,22 +795,29 @@ class Report:
             "baseline_label": baseline_label,
             "unit": unit,
             "ratio": ratio,
-            "target": target,
+            "target_ratio": target,
+            "target_value": absolute,
             "target_is": "min" if higher_is_better else "max",
             "met": met,
             "note": note,
         }
-        goal = ""
-        if target is not None:
-            goal = f" (target {'>=' if higher_is_better else '<='} {target}: "
-            goal += f"{'met' if met else 'MISSED'})"
+        op = ">=" if higher_is_better else "<="
+        goals = "".join(
+            f"  [{'ratio' if what == 'ratio' else ''}{op} {fmt(bound)}"
+            f"{'' if what == 'ratio' else ' ' + what}: {'met' if ok else 'MISSED'}]"
+            for what, bound, ok in checks
+        )
         print(
-            f"  {label:<34} {fmt(value):>9} {unit:<7}| {baseline_label:<26} "
-            f"{fmt(baseline):>9} | ratio {'n/a' if ratio is None else f'{ratio:.2f}'}{goal}"
+            f"  {label:<34} {fmt(value):>9} {unit:<7}| {baseline_label:<24} "
+            f"{fmt(baseline):>9} | ratio {'n/a' if ratio is None else f'{ratio:.2f}'}{goals}"
             + (f"  {note}" if note else ""),
             flush=True,
         )
         return ratio
+
+    @staticmethod
+    def _met(value: float, bound: float, higher_is_better: bool) -> bool:
+        return value >= bound if higher_is_better else value <= bound
 
     def target(
         self,
@@ -811,19 +829,19 @@ class Report:
         target: float,
         higher_is_better: bool = True,
     ) -> bool:
-        """An absolute target from issue 10 (e.g. >= 5,000 events/s)."""
-        met = value >= target if higher_is_better else value <= target
+        """A figure with an absolute target and no baseline (e.g. a p99 in ms)."""
+        met = self._met(value, target, higher_is_better)
         self.data["comparisons"][key] = {
             "label": label,
             "value": value,
             "unit": unit,
-            "target": target,
+            "target_value": target,
             "target_is": "min" if higher_is_better else "max",
             "met": met,
         }
         print(
-            f"  {label:<34} {fmt(value):>9} {unit:<7}| target "
-            f"{'>=' if higher_is_better else '<='} {fmt(target)}: {'met' if met else 'MISSED'}",
+            f"  {label:<34} {fmt(value):>9} {unit:<7}| [{'>=' if higher_is_better else '<='} "
+            f"{fmt(target)} {unit}: {'met' if met else 'MISSED'}]",
             flush=True,
         )
         return met
