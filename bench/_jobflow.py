@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from bench._common import BenchError, Scratch, rate, wait_until
+from bench._common import BenchError, Scratch, rate, start_worker, stopwatch, wait_until
 
 
 def bench_user(username: str, *, superuser: bool = False) -> Any:
@@ -175,3 +175,58 @@ def start_times(scratch: Scratch, job_ids: list[str]) -> tuple[list[float], list
     to_start = [(times["started"][j] - created[j]) * 1000 for j in job_ids]
     to_done = [(times["succeeded"][j] - created[j]) * 1000 for j in job_ids]
     return to_start, to_done
+
+
+def create_and_drain(
+    scratch: Scratch,
+    *,
+    bench: str,
+    env: dict[str, str],
+    jobs: int,
+    owner: Any,
+    queue: str = "default",
+    concurrency: int = 2,
+    prefetch: int = 3,
+) -> dict[str, Any]:
+    """Creation rate, then drain rate, of `jobs` no-op `ai` jobs; the dispatcher must
+    be running (it publishes whatever the creating process leaves pending).
+
+    1. Create them with `job_create`, one at a time (jobs/s of creation).
+    2. Wait until none is `pending` (published and confirmed), so the drain that
+       follows measures the workers, not the publishing.
+    3. Start a worker, wait until all succeeded; jobs/s from the first `started` to
+       the last `succeeded` (audit trail), and the worker's peak memory.
+    """
+    ids, create_seconds = create_jobs(jobs, owner=owner)
+    with stopwatch() as published:
+        wait_for_status(
+            scratch,
+            count=len(ids),
+            statuses=("queued",),
+            job_ids=ids,
+            timeout=600,
+            what="every job to be published (queued)",
+        )
+    worker = start_worker(
+        bench=bench, env=env, queues=queue, concurrency=concurrency, prefetch=prefetch
+    )
+    try:
+        wait_for_status(
+            scratch,
+            count=len(ids),
+            statuses=("succeeded",),
+            job_ids=ids,
+            timeout=1800,
+            what="the jobs to succeed",
+            watch=[worker],
+        )
+    finally:
+        worker.stop()
+    return {
+        "create_seconds": round(create_seconds, 3),
+        "create_per_s": rate(len(ids), create_seconds),
+        "publish_wait_after_create_seconds": round(published["seconds"], 3),
+        **drain_rate(scratch, ids),
+        "peak_worker_rss_bytes": worker.peak_rss,
+        "peak_worker_pss_bytes": worker.peak_pss,
+    }

@@ -53,13 +53,11 @@ from bench._common import (
     start_dispatcher,
     start_gunicorn,
     start_worker,
-    stopwatch,
     wait_until,
 )
 from bench._jobflow import (
     bench_user,
-    create_jobs,
-    drain_rate,
+    create_and_drain,
     start_times,
     status_counts,
     user_token,
@@ -107,44 +105,6 @@ def run_raw(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]:
         "tasks": args.jobs,
         "seconds": round(seconds, 3),
         "tasks_per_s": rate(args.jobs, seconds),
-    }
-
-
-def run_drain(scratch: Scratch, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
-    """Create N jobs (dispatcher running), wait until all are published, then drain."""
-    owner = bench_user("bench-e2e")
-    ids, create_seconds = create_jobs(args.jobs, owner=owner, job_type=JOB_TYPE, params=PARAMS)
-    with stopwatch() as published:
-        wait_for_status(
-            scratch,
-            count=len(ids),
-            statuses=("queued",),
-            job_ids=ids,
-            timeout=600,
-            what="every job to be published (queued)",
-        )
-    worker = start_worker(
-        bench=NAME, env=env, queues=JOB_QUEUE, concurrency=args.concurrency, prefetch=args.prefetch
-    )
-    try:
-        wait_for_status(
-            scratch,
-            count=len(ids),
-            statuses=("succeeded",),
-            job_ids=ids,
-            timeout=1800,
-            what="the jobs to succeed",
-            watch=[worker],
-        )
-    finally:
-        worker.stop()
-    return {
-        "create_seconds": round(create_seconds, 3),
-        "create_per_s": rate(len(ids), create_seconds),
-        "publish_wait_after_create_seconds": round(published["seconds"], 3),
-        **drain_rate(scratch, ids),
-        "peak_worker_rss_bytes": worker.peak_rss,
-        "peak_worker_pss_bytes": worker.peak_pss,
     }
 
 
@@ -341,7 +301,16 @@ def measure(
     # Running throughout, raw phases included, so that its polling loads both sides.
     dispatcher = start_dispatcher(bench=NAME, env=env)
     raw_before = run_raw(scratch, args)
-    drain = run_drain(scratch, args, env)
+    drain = create_and_drain(
+        scratch,
+        bench=NAME,
+        env=env,
+        jobs=args.jobs,
+        owner=bench_user("bench-e2e"),
+        queue=JOB_QUEUE,
+        concurrency=args.concurrency,
+        prefetch=args.prefetch,
+    )
     raw_after = run_raw(scratch, args)
     raw_per_s = round((raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2, 1)
     report.extra("raw_celery", {"before": raw_before, "after": raw_after, "mean": raw_per_s})
