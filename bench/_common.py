@@ -95,6 +95,18 @@ def resolve_sizes(
     return args
 
 
+def prepare(
+    name: str,
+    parser: argparse.ArgumentParser,
+    *,
+    full: dict[str, Any],
+    quick: dict[str, Any],
+) -> tuple[argparse.Namespace, Report]:
+    """Parse the arguments, fill the sizes, open the benchmark's Report."""
+    args = resolve_sizes(parser.parse_args(), full=full, quick=quick)
+    return args, Report(name, args)
+
+
 # --- scratch places ------------------------------------------------------------------
 def _with_path(url: str, path: str) -> str:
     parts = urlsplit(url)
@@ -803,7 +815,7 @@ class Report:
         }
         op = ">=" if higher_is_better else "<="
         goals = "".join(
-            f"  [{'ratio' if what == 'ratio' else ''}{op} {fmt(bound)}"
+            f"  [{'ratio ' if what == 'ratio' else ''}{op} {fmt(bound)}"
             f"{'' if what == 'ratio' else ' ' + what}: {'met' if ok else 'MISSED'}]"
             for what, bound, ok in checks
         )

@@ -125,6 +125,24 @@ def wait_for_status(
     wait_until(done, timeout=timeout, what=what, interval=0.25)
 
 
+def wait_then_stop(
+    scratch: Scratch, worker: Any, *, job_ids: list[str], status: str, timeout: float, what: str
+) -> None:
+    """Wait until every job of `job_ids` is `status` while `worker` stays alive; stop it."""
+    try:
+        wait_for_status(
+            scratch,
+            count=len(job_ids),
+            statuses=(status,),
+            job_ids=job_ids,
+            timeout=timeout,
+            what=what,
+            watch=[worker],
+        )
+    finally:
+        worker.stop()
+
+
 def audit_times(
     scratch: Scratch, *, events: tuple[str, ...], job_ids: list[str] | None = None
 ) -> dict[str, dict[str, float]]:
@@ -210,18 +228,9 @@ def create_and_drain(
     worker = start_worker(
         bench=bench, env=env, queues=queue, concurrency=concurrency, prefetch=prefetch
     )
-    try:
-        wait_for_status(
-            scratch,
-            count=len(ids),
-            statuses=("succeeded",),
-            job_ids=ids,
-            timeout=1800,
-            what="the jobs to succeed",
-            watch=[worker],
-        )
-    finally:
-        worker.stop()
+    wait_then_stop(
+        scratch, worker, job_ids=ids, status="succeeded", timeout=1800, what="the jobs to succeed"
+    )
     return {
         "create_seconds": round(create_seconds, 3),
         "create_per_s": rate(len(ids), create_seconds),

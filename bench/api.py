@@ -33,20 +33,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import (
-    Report,
-    Scratch,
-    latency_summary,
-    parser_for,
-    rate,
-    resolve_sizes,
-    start_dispatcher,
-    start_gunicorn,
-    stop_all,
-)
+from bench import _common as common
 from bench._jobflow import bench_user, user_token
 
 NAME = "api"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"seconds": 8.0}
+QUICK = {"seconds": 2.0}
 SIM = {"type": "sim", "params": {"steps": 3}}
 
 
@@ -97,8 +90,8 @@ def load(
     return {
         "requests": len(latencies),
         "seconds": round(elapsed, 2),
-        "req_per_s": rate(len(latencies), elapsed),
-        **latency_summary(latencies),
+        "req_per_s": common.rate(len(latencies), elapsed),
+        **common.latency_summary(latencies),
         "statuses": {str(k): v for k, v in statuses.items()},
         "unexpected": sum(n for code, n in statuses.items() if code != expect),
     }
@@ -107,7 +100,7 @@ def load(
 SETUP_NOTE = ""
 
 
-def setup(scratch: Scratch) -> dict[str, str]:
+def setup(scratch: common.Scratch) -> dict[str, str]:
     """The bench table, a user with a token, a job with 3 artefacts, a key to repeat."""
     global SETUP_NOTE
     from bench.urls_bench import BENCH_TABLE_SQL
@@ -131,29 +124,28 @@ def setup(scratch: Scratch) -> dict[str, str]:
 
 
 def main() -> int:
-    parser = parser_for(__doc__)
+    parser = common.parser_for(__doc__)
     parser.add_argument("--workers", type=int, default=4, help="gunicorn workers (both paths)")
     parser.add_argument("--concurrency", type=int, default=16, help="client threads")
     parser.add_argument("--seconds", type=float, help="per figure [8]")
     parser.add_argument("--broker-down", action="store_true", help="add the create without broker")
     parser.add_argument("--no-dispatcher", action="store_true", help="do not run the dispatcher")
-    args = resolve_sizes(parser.parse_args(), full={"seconds": 8.0}, quick={"seconds": 2.0})
-    report = Report(NAME, args)
-    with Scratch(NAME, keep=args.keep) as scratch:
+    args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
         scratch.setup_django()
         ids = setup(scratch)
         auth = {"Authorization": f"Token {ids['token']}"}
         env = scratch.env()
         if not args.no_dispatcher:
-            start_dispatcher(bench=NAME, env=env)
-        _web, base = start_gunicorn(
+            common.start_dispatcher(bench=NAME, env=env)
+        _web, base = common.start_gunicorn(
             bench=NAME, env=env, workers=args.workers, probe="/api/v1/jobs", headers=auth
         )
         import requests
 
         job_url = f"{base}/api/v1/jobs/{ids['job_id']}"
         etag = requests.get(job_url, headers=auth, timeout=10).headers["ETag"]
-        common = {"concurrency": args.concurrency, "headers": auth}
+        shared = {"concurrency": args.concurrency, "headers": auth}
 
         def new_key() -> dict[str, Any]:
             return {**SIM, "idempotency_key": uuid.uuid4().hex}
@@ -189,18 +181,18 @@ def main() -> int:
         ]
         figures: dict[str, dict[str, Any]] = {}
         for label, spec in plan:
-            load(**{**common, **spec, "seconds": 1.0})  # every worker has its connections
-            figures[label] = load(**{**common, **spec, "seconds": args.seconds})
+            load(**{**shared, **spec, "seconds": 1.0})  # every worker has its connections
+            figures[label] = load(**{**shared, **spec, "seconds": args.seconds})
         if args.broker_down:
             # Connection refused at once: the request without its broker work.
-            stop_all()
+            common.stop_all()
             down = scratch.env(BROKER_URL="amqp://guest:guest@127.0.0.1:1//")
-            _web, base = start_gunicorn(
+            _web, base = common.start_gunicorn(
                 bench=NAME, env=down, workers=args.workers, probe="/api/v1/jobs", headers=auth
             )
             spec = {**plan[1][1], "url": f"{base}/api/v1/jobs"}
-            load(**{**common, **spec, "seconds": 1.0})
-            figures["create_post_broker_down"] = load(**{**common, **spec, "seconds": args.seconds})
+            load(**{**shared, **spec, "seconds": 1.0})
+            figures["create_post_broker_down"] = load(**{**shared, **spec, "seconds": args.seconds})
         report.extra("figures_detail", figures)
         if SETUP_NOTE:
             report.extra("note", SETUP_NOTE)
@@ -209,8 +201,7 @@ def main() -> int:
     return 1 if report.failed else 0
 
 
-def print_figures(report: Report, figures: dict[str, dict[str, Any]]) -> None:
-    bare = figures["bare_post"]
+def print_figures(report: common.Report, figures: dict[str, dict[str, Any]]) -> None:
     for key, label in [
         ("bare_post", "POST /bench/bare"),
         ("create_post", "POST /api/v1/jobs (new key)"),
@@ -228,43 +219,51 @@ def print_figures(report: Report, figures: dict[str, dict[str, Any]]) -> None:
                 + (f"  UNEXPECTED {f['statuses']}" if f["unexpected"] else ""),
                 label,
             )
-    report.compare(
-        "create_vs_bare",
-        label="POST /api/v1/jobs",
-        value=figures["create_post"]["req_per_s"],
-        unit="req/s",
-        baseline=bare["req_per_s"],
-        baseline_label="bare token-auth insert",
-        target=0.5,
-    )
-    report.compare(
-        "create_p99_vs_bare_p99",
-        label="POST /api/v1/jobs p99",
-        value=figures["create_post"]["p99_ms"],
-        unit="ms",
-        baseline=bare["p99_ms"],
-        baseline_label="bare insert p99",
-        target=2.0,
-        higher_is_better=False,
-    )
-    report.compare(
-        "get_200_vs_bare",
-        label="GET 200",
-        value=figures["get_200"]["req_per_s"],
-        unit="req/s",
-        baseline=bare["req_per_s"],
-        baseline_label="bare token-auth insert",
-        target=1.0,
-    )
-    report.compare(
-        "get_304_vs_200",
-        label="GET 304",
-        value=figures["get_304"]["req_per_s"],
-        unit="req/s",
-        baseline=figures["get_200"]["req_per_s"],
-        baseline_label="GET 200",
-        target=1.5,
-    )
+    # (key, label, figure, field, baseline figure, its label, target ratio, higher is better)
+    targets = [
+        (
+            "create_vs_bare",
+            "POST /api/v1/jobs",
+            "create_post",
+            "req_per_s",
+            "bare_post",
+            "bare token-auth insert",
+            0.5,
+            True,
+        ),
+        (
+            "create_p99_vs_bare_p99",
+            "POST /api/v1/jobs p99",
+            "create_post",
+            "p99_ms",
+            "bare_post",
+            "bare insert p99",
+            2.0,
+            False,
+        ),
+        (
+            "get_200_vs_bare",
+            "GET 200",
+            "get_200",
+            "req_per_s",
+            "bare_post",
+            "bare token-auth insert",
+            1.0,
+            True,
+        ),
+        ("get_304_vs_200", "GET 304", "get_304", "req_per_s", "get_200", "GET 200", 1.5, True),
+    ]
+    for key, label, figure, field, base, base_label, target, higher in targets:
+        report.compare(
+            key,
+            label=label,
+            value=figures[figure][field],
+            unit="req/s" if field == "req_per_s" else "ms",
+            baseline=figures[base][field],
+            baseline_label=base_label,
+            target=target,
+            higher_is_better=higher,
+        )
     report.check(
         "statuses",
         label="every answer had the expected status",

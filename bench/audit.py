@@ -32,25 +32,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _common as common
 from bench._chains import check_payload_form, copy_chains
-from bench._common import (
-    BenchError,
-    Report,
-    Scratch,
-    parser_for,
-    peak_rss_kb,
-    rate,
-    resolve_sizes,
-    stopwatch,
-)
 
 NAME = "audit"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"rows": 1_000_000, "jobs": 100_000}
+QUICK = {"rows": 50_000, "jobs": 5_000}
 
 
-def load(scratch: Scratch, *, rows: int, jobs: int) -> float:
+def load(scratch: common.Scratch, *, rows: int, jobs: int) -> float:
     """COPY the chains with the audit triggers off for the load only; the seconds."""
     job_ids = [str(uuid.uuid4()) for _ in range(jobs)]
-    with stopwatch() as timing:
+    with common.stopwatch() as timing:
         with scratch.connect(autocommit=False) as conn:
             conn.execute("ALTER TABLE audit_logs DISABLE TRIGGER USER")
             copy_chains(conn, job_ids, per_job=rows // jobs, by_chain=False)
@@ -69,7 +63,7 @@ def child(kind: str) -> None:
         django.setup()
         from django.core.management import call_command
 
-        rss_setup = peak_rss_kb()
+        rss_setup = common.peak_rss_kb()
         out = io.StringIO()
         started = time.perf_counter()
         try:
@@ -84,7 +78,7 @@ def child(kind: str) -> None:
     else:
         import psycopg
 
-        rss_setup = peak_rss_kb()
+        rss_setup = common.peak_rss_kb()
         started = time.perf_counter()
         rows, broken = walk(psycopg.connect(os.environ["DATABASE_URL"]))
         seconds = time.perf_counter() - started
@@ -96,7 +90,7 @@ def child(kind: str) -> None:
                 "rows": rows,
                 "seconds": seconds,
                 "rss_after_setup_kb": rss_setup,
-                "peak_rss_kb": peak_rss_kb(),
+                "peak_rss_kb": common.peak_rss_kb(),
             },
             default=str,
         )
@@ -125,7 +119,7 @@ def walk(conn: Any) -> tuple[int, int]:
     return rows, broken
 
 
-def run_child(scratch: Scratch, kind: str) -> dict[str, Any]:
+def run_child(scratch: common.Scratch, kind: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, __file__, "--child", kind],
         env=scratch.env(),
@@ -133,15 +127,15 @@ def run_child(scratch: Scratch, kind: str) -> dict[str, Any]:
         text=True,
     )
     if done.returncode != 0:
-        raise BenchError(f"{kind} process failed:\n{done.stderr[-3000:]}")
+        raise common.BenchError(f"{kind} process failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     if not result["ok"]:
-        raise BenchError(f"{kind} found the generated chains broken: {result['problems']}")
+        raise common.BenchError(f"{kind} found the generated chains broken: {result['problems']}")
     return result
 
 
 def main() -> int:
-    parser = parser_for(__doc__)
+    parser = common.parser_for(__doc__)
     parser.add_argument("--rows", type=int, help="audit rows [1000000]")
     parser.add_argument("--jobs", type=int, help="job chains [100000]")
     parser.add_argument("--child", choices=["verify", "walk"], help=argparse.SUPPRESS)
@@ -149,15 +143,13 @@ def main() -> int:
     if args.child:
         child(args.child)
         return 0
-    args = resolve_sizes(
-        args, full={"rows": 1_000_000, "jobs": 100_000}, quick={"rows": 50_000, "jobs": 5_000}
-    )
-    report = Report(NAME, args)
-    with Scratch(NAME, keep=args.keep) as scratch:
+    args = common.resolve_sizes(args, full=FULL, quick=QUICK)
+    report = common.Report(NAME, args)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
         scratch.setup_django()
         check_payload_form(scratch)
         report.figure("load_seconds", round(load(scratch, rows=args.rows, jobs=args.jobs), 1), "s")
-        with stopwatch() as checkpoint:
+        with common.stopwatch() as checkpoint:
             scratch.manage("audit_checkpoint")
         report.figure("checkpoint_seconds", round(checkpoint["seconds"], 2), "s")
         verify = run_child(scratch, "verify")
@@ -168,9 +160,9 @@ def main() -> int:
         report.compare(
             "verify_rows_per_s",
             label="verify_audit_chain",
-            value=rate(verify["rows"], verify["seconds"]),
+            value=common.rate(verify["rows"], verify["seconds"]),
             unit="rows/s",
-            baseline=rate(bare["rows"], bare["seconds"]),
+            baseline=common.rate(bare["rows"], bare["seconds"]),
             baseline_label="bare chain walk",
             absolute=150_000,
         )

@@ -36,16 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import (
-    Report,
-    Scratch,
-    latency_summary,
-    parser_for,
-    resolve_sizes,
-    start_dispatcher,
-    start_gunicorn,
-    start_worker,
-)
+from bench import _common as common
 from bench._jobflow import (
     bench_user,
     created_times,
@@ -55,6 +46,9 @@ from bench._jobflow import (
 )
 
 NAME = "burst"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"requests": 1000, "users": 5}
+QUICK = {"requests": 200, "users": 2}
 JOB_TYPE, QUEUE = "ai", "default"
 
 
@@ -115,8 +109,8 @@ def allowance(accepted: list[float], *, capacity: int, ran_dry: bool) -> tuple[i
 
 
 def check_buckets(
-    report: Report,
-    scratch: Scratch,
+    report: common.Report,
+    scratch: common.Scratch,
     burst: list[Sent],
     users: list[str],
     limits: tuple[int, int],
@@ -188,7 +182,11 @@ def retry_refused(base: str, burst: list[Sent], tokens: dict[str, str]) -> list[
 
 
 def check_jobs(
-    report: Report, scratch: Scratch, burst: list[Sent], retries: list[Sent], runs_key: str
+    report: common.Report,
+    scratch: common.Scratch,
+    burst: list[Sent],
+    retries: list[Sent],
+    runs_key: str,
 ) -> None:
     import redis
 
@@ -229,18 +227,13 @@ def check_jobs(
 
 
 def main() -> int:
-    parser = parser_for(__doc__)
+    parser = common.parser_for(__doc__)
     parser.add_argument("--requests", type=int, help="concurrent POSTs [1000]")
     parser.add_argument("--users", type=int, help="users sending them [5]")
     parser.add_argument("--per-user", type=int, default=60, help="per-user limit per minute")
     parser.add_argument("--global-limit", type=int, default=500, help="global limit per minute")
-    args = resolve_sizes(
-        parser.parse_args(),
-        full={"requests": 1000, "users": 5},
-        quick={"requests": 200, "users": 2},
-    )
-    report = Report(NAME, args)
-    with Scratch(NAME, keep=args.keep) as scratch:
+    args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
         scratch.setup_django()
         users = [f"bench-burst-{n}" for n in range(1, args.users + 1)]
         tokens = {user: user_token(bench_user(user)) for user in users}
@@ -257,15 +250,15 @@ def main() -> int:
             BENCH_RUNS_KEY=runs_key,
         )
         # The probe is a GET: it must not spend a token of the buckets under test.
-        _web, base = start_gunicorn(
+        _web, base = common.start_gunicorn(
             bench=NAME,
             env=env,
             workers=4,
             probe="/api/v1/jobs",
             headers={"Authorization": f"Token {tokens[users[0]]}"},
         )
-        dispatcher = start_dispatcher(bench=NAME, env=env)
-        worker = start_worker(bench=NAME, env=env, queues=QUEUE)
+        dispatcher = common.start_dispatcher(bench=NAME, env=env)
+        worker = common.start_worker(bench=NAME, env=env, queues=QUEUE)
 
         burst = [
             Sent(user=users[i % len(users)], key=uuid.uuid4().hex) for i in range(args.requests)
@@ -284,7 +277,7 @@ def main() -> int:
         report.extra(
             "latency_ms",
             {
-                str(code): latency_summary(
+                str(code): common.latency_summary(
                     [(r.answered - r.sent) * 1000 for r in burst if r.status == code]
                 )
                 for code in statuses

@@ -33,28 +33,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import (
-    BenchError,
-    Report,
-    Scratch,
-    drain_queue,
-    parser_for,
-    queue_depth,
-    rate,
-    raw_confirmed_publish,
-    resolve_sizes,
-    start_worker,
-    stopwatch,
-    wait_until,
-)
-from bench._jobflow import bench_user, create_jobs, status_counts, wait_for_status
+from bench import _common as common
+from bench._jobflow import bench_user, create_jobs, status_counts, wait_then_stop
 
 NAME = "dlq_replay"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"jobs": 10_000}
+QUICK = {"jobs": 300}
 JOB_TYPE, QUEUE, DLQ, WATCH = "ai", "default", "default_dlq", "dlq.watch"
 FAILING = json.dumps({JOB_TYPE: "bench._handlers.fail"})
 
 
-def publish_pending(scratch: Scratch, *, timeout: float) -> int:
+def publish_pending(scratch: common.Scratch, *, timeout: float) -> int:
     """The dispatcher's publish step, in this process, until no job is pending."""
     from jobs.dispatcher import publish_due_once
 
@@ -65,7 +55,7 @@ def publish_pending(scratch: Scratch, *, timeout: float) -> int:
         published += publish_due_once()
         return status_counts(scratch).get("pending", 0) == 0
 
-    wait_until(done, timeout=timeout, what="every pending job to be published", interval=0)
+    common.wait_until(done, timeout=timeout, what="every pending job to be published", interval=0)
     return published
 
 
@@ -76,34 +66,30 @@ def watch_step() -> tuple[str, str]:
     for name, path in STEPS:
         if name == "dlq_watch":
             return name, path
-    raise BenchError("the dispatcher has no dlq_watch step (jobs.dispatcher.STEPS)")
+    raise common.BenchError("the dispatcher has no dlq_watch step (jobs.dispatcher.STEPS)")
 
 
-def broker_copies(scratch: Scratch) -> int:
+def broker_copies(scratch: common.Scratch) -> int:
     return int(scratch.scalar("SELECT count(*) FROM dead_letters WHERE broker_copy"))
 
 
-def make_dead_letters(scratch: Scratch, jobs: int) -> dict[str, float]:
+def make_dead_letters(scratch: common.Scratch, jobs: int) -> dict[str, float]:
     """Step 1: N failed jobs with open dead letters and their broker copies."""
     owner = bench_user("bench-dlq")
     ids, create_seconds = create_jobs(jobs, owner=owner, job_type=JOB_TYPE, threads=4)
-    with stopwatch() as publishing:
+    with common.stopwatch() as publishing:
         publish_pending(scratch, timeout=1800)
-    worker = start_worker(bench=NAME, env=scratch.env(JOBOPS_HANDLERS=FAILING), queues=QUEUE)
-    try:
-        wait_for_status(
-            scratch,
-            count=jobs,
-            statuses=("failed",),
-            job_ids=ids,
-            timeout=3600,
-            what="every job to fail with its dead letter",
-            watch=[worker],
-        )
-    finally:
-        worker.stop()
-    wait_until(
-        lambda: queue_depth(scratch.broker_url, WATCH) >= jobs,
+    worker = common.start_worker(bench=NAME, env=scratch.env(JOBOPS_HANDLERS=FAILING), queues=QUEUE)
+    wait_then_stop(
+        scratch,
+        worker,
+        job_ids=ids,
+        status="failed",
+        timeout=3600,
+        what="every job to fail with its dead letter",
+    )
+    common.wait_until(
+        lambda: common.queue_depth(scratch.broker_url, WATCH) >= jobs,
         timeout=120,
         what=f"{jobs} dead letters in {WATCH}",
     )
@@ -113,7 +99,7 @@ def make_dead_letters(scratch: Scratch, jobs: int) -> dict[str, float]:
     }
 
 
-def watch(scratch: Scratch, jobs: int) -> dict[str, float]:
+def watch(scratch: common.Scratch, jobs: int) -> dict[str, float]:
     """Step 2: the watcher records every broker copy."""
     from jobs.dispatcher import dispatch_once
 
@@ -122,20 +108,23 @@ def watch(scratch: Scratch, jobs: int) -> dict[str, float]:
     def recorded() -> bool:
         outcome = dispatch_once(steps=[step])[step[0]]
         if isinstance(outcome, dict) and "error" in outcome:
-            raise BenchError(f"the watcher failed: {outcome['error']}")
+            raise common.BenchError(f"the watcher failed: {outcome['error']}")
         return broker_copies(scratch) >= jobs
 
-    with stopwatch() as timing:
-        wait_until(
+    with common.stopwatch() as timing:
+        common.wait_until(
             recorded,
             timeout=3600,
             what="the watcher to record every broker copy",
             interval=0,
         )
-    return {"seconds": round(timing["seconds"], 2), "msgs_per_s": rate(jobs, timing["seconds"])}
+    return {
+        "seconds": round(timing["seconds"], 2),
+        "msgs_per_s": common.rate(jobs, timing["seconds"]),
+    }
 
 
-def count_losses(scratch: Scratch, jobs: int) -> dict[str, int]:
+def count_losses(scratch: common.Scratch, jobs: int) -> dict[str, int]:
     """Step 5: what came back into `default`, once each, and what stayed behind."""
     seen: Counter[str] = Counter()
 
@@ -143,7 +132,7 @@ def count_losses(scratch: Scratch, jobs: int) -> dict[str, int]:
         body = json.loads(message.body)
         seen[body[0][0]["job_id"]] += 1  # Celery protocol 2: [[payload], {}, {...}]
 
-    drain_queue(scratch.broker_url, QUEUE, handle)
+    common.drain_queue(scratch.broker_url, QUEUE, handle)
     with scratch.connect() as conn:
         replayed = {
             str(row[0])
@@ -161,16 +150,15 @@ def count_losses(scratch: Scratch, jobs: int) -> dict[str, int]:
         "duplicated": sum(1 for n in seen.values() if n > 1),
         "unexpected_messages": len(set(seen) - replayed),
         "rows_not_replayed": int(rows_not_replayed),
-        "dlq_left": queue_depth(scratch.broker_url, DLQ),
+        "dlq_left": common.queue_depth(scratch.broker_url, DLQ),
     }
 
 
 def main() -> int:
-    parser = parser_for(__doc__)
+    parser = common.parser_for(__doc__)
     parser.add_argument("--jobs", type=int, help="dead letters replayed [10000]")
-    args = resolve_sizes(parser.parse_args(), full={"jobs": 10_000}, quick={"jobs": 300})
-    report = Report(NAME, args)
-    with Scratch(NAME, keep=args.keep) as scratch:
+    args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
         # Publish pending jobs at once (the dispatcher's default waits 5 s for the
         # request's own publish, a wait that only slows this setup down).
         scratch.setup_django(JOBOPS_DISPATCH_PENDING_AFTER_SECONDS="0")
@@ -178,25 +166,25 @@ def main() -> int:
         detail["watcher"] = watch(scratch, args.jobs)
         # Baseline into the very queue the replayed jobs go back to (a quorum queue),
         # emptied again before the replay.
-        raw_seconds = raw_confirmed_publish(
+        raw_seconds = common.raw_confirmed_publish(
             scratch.broker_url,
             exchange="jobs.direct",
             routing_key=QUEUE,
             bodies=[b'{"job": "' + b"x" * 700 + b'"}'] * args.jobs,
         )
-        raw_per_s = rate(args.jobs, raw_seconds)
+        raw_per_s = common.rate(args.jobs, raw_seconds)
         purge_queue(scratch, QUEUE)
 
         from dlq.services import dead_letters_replay
 
         actor = bench_user("bench-dlq-operator", superuser=True)
-        with stopwatch() as dry:
+        with common.stopwatch() as dry:
             preview = dead_letters_replay(
                 actor_user=actor, justification="benchmark", queue=DLQ, dry_run=True
             )
-        with stopwatch() as replay:
+        with common.stopwatch() as replay:
             result = dead_letters_replay(actor_user=actor, justification="benchmark", queue=DLQ)
-        with stopwatch() as publish:
+        with common.stopwatch() as publish:
             publish_pending(scratch, timeout=3600)
         total = replay["seconds"] + publish["seconds"]
         detail["replay"] = {
@@ -218,7 +206,7 @@ def main() -> int:
         report.compare(
             "replay_call",
             label=f"dead_letters_replay, {args.jobs}",
-            value=rate(args.jobs, replay["seconds"]),
+            value=common.rate(args.jobs, replay["seconds"]),
             unit="msgs/s",
             baseline=raw_per_s,
             baseline_label="raw confirmed publish",
@@ -227,7 +215,7 @@ def main() -> int:
         report.compare(
             "replay_to_queue",
             label="replay + publish (back in queue)",
-            value=rate(args.jobs, total),
+            value=common.rate(args.jobs, total),
             unit="msgs/s",
             baseline=raw_per_s,
             baseline_label="raw confirmed publish",
@@ -253,7 +241,7 @@ def main() -> int:
     return 1 if report.failed else 0
 
 
-def purge_queue(scratch: Scratch, queue: str) -> None:
+def purge_queue(scratch: common.Scratch, queue: str) -> None:
     from kombu import Connection
 
     with Connection(scratch.broker_url) as conn:

@@ -39,22 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _common as common
 from bench import _profiling
-from bench._common import (
-    RESULTS_DIR,
-    BenchError,
-    Report,
-    Scratch,
-    latency_summary,
-    parser_for,
-    queue_depth,
-    rate,
-    resolve_sizes,
-    start_dispatcher,
-    start_gunicorn,
-    start_worker,
-    wait_until,
-)
 from bench._jobflow import (
     bench_user,
     create_and_drain,
@@ -62,15 +48,19 @@ from bench._jobflow import (
     status_counts,
     user_token,
     wait_for_status,
+    wait_then_stop,
 )
 
 NAME = "e2e"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"jobs": 5000, "latency_jobs": 1000, "profile_jobs": 200}
+QUICK = {"jobs": 300, "latency_jobs": 100, "profile_jobs": 50}
 JOB_TYPE, JOB_QUEUE, PARAMS = "ai", "default", {"text": "x"}
 HANDLERS = json.dumps({JOB_TYPE: "bench._handlers.noop"})
-PROFILE_DIR = RESULTS_DIR / "e2e-profile"
+PROFILE_DIR = common.RESULTS_DIR / "e2e-profile"
 
 
-def run_raw(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]:
+def run_raw(scratch: common.Scratch, args: argparse.Namespace) -> dict[str, Any]:
     """Raw Celery tasks/s (bench/_raw_celery.py)."""
     import redis
 
@@ -82,7 +72,7 @@ def run_raw(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]:
     env = scratch.env(BENCH_RAW_KEY=key)
     _raw_celery.app.conf.broker_url = scratch.broker_url
     _raw_celery.publish(args.jobs)
-    worker = start_worker(
+    worker = common.start_worker(
         bench=NAME,
         env=env,
         queues=_raw_celery.QUEUE,
@@ -92,7 +82,7 @@ def run_raw(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]:
         role="raw-worker",
     )
     try:
-        wait_until(
+        common.wait_until(
             lambda: worker.check_alive() or int(client.get(f"{key}:done") or 0) >= args.jobs,
             timeout=900,
             what="raw Celery tasks",
@@ -104,53 +94,46 @@ def run_raw(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "tasks": args.jobs,
         "seconds": round(seconds, 3),
-        "tasks_per_s": rate(args.jobs, seconds),
+        "tasks_per_s": common.rate(args.jobs, seconds),
     }
 
 
 def run_latency(
-    scratch: Scratch, args: argparse.Namespace, env: dict[str, str], per_s: float
+    scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], per_s: float
 ) -> dict[str, Any]:
     """Open loop at a fixed rate below capacity: the figures are the pipeline's
     latency, not the wait in a queue that a saturating submitter would build."""
     from jobs.services import job_create
 
     owner = bench_user("bench-e2e")
-    worker = start_worker(
+    worker = common.start_worker(
         bench=NAME, env=env, queues=JOB_QUEUE, concurrency=args.concurrency, prefetch=args.prefetch
     )
     ids: list[str] = []
-    try:
-        interval, next_at = 1.0 / per_s, time.monotonic()
-        for _ in range(args.latency_jobs):
-            next_at += interval
-            job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
-            ids.append(str(job.id))
-            time.sleep(max(0.0, next_at - time.monotonic()))
-        wait_for_status(
-            scratch,
-            count=len(ids),
-            statuses=("succeeded",),
-            job_ids=ids,
-            timeout=900,
-            what="the latency jobs to succeed",
-            watch=[worker],
-        )
-    finally:
-        worker.stop()
+    interval, next_at = 1.0 / per_s, time.monotonic()
+    for _ in range(args.latency_jobs):
+        next_at += interval
+        job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
+        ids.append(str(job.id))
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    wait_then_stop(
+        scratch, worker, job_ids=ids, status="succeeded", timeout=900, what="the latency jobs"
+    )
     to_start, to_done = start_times(scratch, ids)
     return {
         "jobs": len(ids),
         "submit_rate_per_s": round(per_s, 1),
-        "submit_to_start": latency_summary(to_start),
-        "submit_to_done": latency_summary(to_done),
+        "submit_to_start": common.latency_summary(to_start),
+        "submit_to_done": common.latency_summary(to_done),
         "peak_worker_rss_bytes": worker.peak_rss,
         "peak_worker_pss_bytes": worker.peak_pss,
     }
 
 
 # --- profile ------------------------------------------------------------------------------
-def run_profile(scratch: Scratch, args: argparse.Namespace, report: Report) -> dict[str, Any]:
+def run_profile(
+    scratch: common.Scratch, args: argparse.Namespace, report: common.Report
+) -> dict[str, Any]:
     """Statements, round trips and Python time per job, per process (issue 10, point 1).
 
     1. Web (1 gunicorn worker), dispatcher and a solo worker start with the SQL trace
@@ -176,11 +159,11 @@ def run_profile(scratch: Scratch, args: argparse.Namespace, report: Report) -> d
             **extra,
         )
 
-    web, base = start_gunicorn(
+    web, base = common.start_gunicorn(
         bench=NAME, env=env_for("web"), workers=1, probe="/api/v1/jobs", headers=headers
     )
-    dispatcher = start_dispatcher(bench=NAME, env=env_for("dispatcher"))
-    worker = start_worker(
+    dispatcher = common.start_dispatcher(bench=NAME, env=env_for("dispatcher"))
+    worker = common.start_worker(
         bench=NAME,
         env=env_for("worker", BENCH_CPROFILE=str(prof_path)),
         queues=JOB_QUEUE,
@@ -198,7 +181,9 @@ def run_profile(scratch: Scratch, args: argparse.Namespace, report: Report) -> d
                 f"{base}/api/v1/jobs", json={"type": JOB_TYPE, "params": PARAMS}, timeout=30
             )
             if response.status_code != 201:
-                raise BenchError(f"POST /api/v1/jobs: {response.status_code} {response.text}")
+                raise common.BenchError(
+                    f"POST /api/v1/jobs: {response.status_code} {response.text}"
+                )
             ids.append(response.json()["id"])
         wait_for_status(
             scratch,
@@ -254,7 +239,7 @@ def run_profile(scratch: Scratch, args: argparse.Namespace, report: Report) -> d
         "worker_task_ms_per_job": (
             round(python["total_seconds"] / jobs * 1000, 2) if python else None
         ),
-        "raw": str(PROFILE_DIR.relative_to(RESULTS_DIR.parent.parent)),
+        "raw": str(PROFILE_DIR.relative_to(common.RESULTS_DIR.parent.parent)),
     }
     (PROFILE_DIR / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_profile(summary)
@@ -295,11 +280,11 @@ def print_profile(summary: dict[str, Any]) -> None:
 
 
 def measure(
-    scratch: Scratch, args: argparse.Namespace, env: dict[str, str], report: Report
+    scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], report: common.Report
 ) -> None:
     """Phases 1-4: raw Celery, drain, latency, memory."""
     # Running throughout, raw phases included, so that its polling loads both sides.
-    dispatcher = start_dispatcher(bench=NAME, env=env)
+    dispatcher = common.start_dispatcher(bench=NAME, env=env)
     raw_before = run_raw(scratch, args)
     drain = create_and_drain(
         scratch,
@@ -357,12 +342,12 @@ def measure(
     report.check(
         "queue_empty",
         label="queue `default` empty at the end",
-        ok=queue_depth(scratch.broker_url, JOB_QUEUE) == 0,
+        ok=common.queue_depth(scratch.broker_url, JOB_QUEUE) == 0,
     )
 
 
 def main() -> int:
-    parser = parser_for(__doc__)
+    parser = common.parser_for(__doc__)
     parser.add_argument("--jobs", type=int, help="jobs (and raw tasks) drained [5000]")
     parser.add_argument("--latency-jobs", type=int, help="jobs of the latency run [1000]")
     parser.add_argument("--latency-rate", type=float, default=0, help="jobs/s (0: half capacity)")
@@ -371,13 +356,8 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="add the profile phase")
     parser.add_argument("--profile-only", action="store_true", help="only the profile phase")
     parser.add_argument("--profile-jobs", type=int, help="jobs of the profile phase [200]")
-    args = resolve_sizes(
-        parser.parse_args(),
-        full={"jobs": 5000, "latency_jobs": 1000, "profile_jobs": 200},
-        quick={"jobs": 300, "latency_jobs": 100, "profile_jobs": 50},
-    )
-    report = Report(NAME, args)
-    with Scratch(NAME, keep=args.keep) as scratch:
+    args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
         scratch.setup_django(JOBOPS_HANDLERS=HANDLERS)
         env = scratch.env(JOBOPS_HANDLERS=HANDLERS)
         if not args.profile_only:

@@ -29,18 +29,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import (
-    Report,
-    Scratch,
-    drain_queue,
-    parser_for,
-    rate,
-    raw_confirmed_publish,
-    resolve_sizes,
-    stopwatch,
-)
+from bench import _common as common
 
 NAME = "events"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"jobs": 5000}
+QUICK = {"jobs": 500}
 EVENTS_PER_JOB = 4
 EXCHANGE, ROUTING_KEY = "events.jobs", "job.status.changed"  # DESIGN.md 3.8
 SINK = "bench.events.sink"
@@ -69,7 +63,7 @@ def outbox_rows(jobs: int) -> list[tuple[str, str, int, str]]:
     return rows
 
 
-def fill_outbox(scratch: Scratch, rows: list[tuple[str, str, int, str]]) -> None:
+def fill_outbox(scratch: common.Scratch, rows: list[tuple[str, str, int, str]]) -> None:
     with scratch.connect(autocommit=False) as conn, conn.cursor() as cursor:
         with cursor.copy(
             "COPY event_outbox (event_id, job_id, seq, payload, created_at) FROM STDIN"
@@ -79,11 +73,11 @@ def fill_outbox(scratch: Scratch, rows: list[tuple[str, str, int, str]]) -> None
         conn.commit()
 
 
-def unpublished(scratch: Scratch) -> int:
+def unpublished(scratch: common.Scratch) -> int:
     return int(scratch.scalar("SELECT count(*) FROM event_outbox WHERE published_at IS NULL"))
 
 
-def relay(scratch: Scratch, relays: int) -> float:
+def relay(scratch: common.Scratch, relays: int) -> float:
     """Run `relays` relays in threads until nothing is unpublished; the seconds."""
     from django.db import connection
 
@@ -100,7 +94,7 @@ def relay(scratch: Scratch, relays: int) -> float:
         finally:
             connection.close()
 
-    with stopwatch() as timing:
+    with common.stopwatch() as timing:
         threads = [threading.Thread(target=one) for _ in range(relays)]
         for thread in threads:
             thread.start()
@@ -111,7 +105,7 @@ def relay(scratch: Scratch, relays: int) -> float:
     return timing["seconds"]
 
 
-def read_back(scratch: Scratch, rows: list[tuple[str, str, int, str]]) -> dict[str, int]:
+def read_back(scratch: common.Scratch, rows: list[tuple[str, str, int, str]]) -> dict[str, int]:
     """Missing events, jobs whose events arrived out of seq order, duplicates."""
     arrived: dict[str, list[int]] = {}
 
@@ -119,7 +113,7 @@ def read_back(scratch: Scratch, rows: list[tuple[str, str, int, str]]) -> dict[s
         body = json.loads(message.body)
         arrived.setdefault(body["job_id"], []).append(body["seq"])
 
-    received = drain_queue(scratch.broker_url, SINK, handle)
+    received = common.drain_queue(scratch.broker_url, SINK, handle)
     expected = {(job_id, seq) for _e, job_id, seq, _p in rows}
     seen = {(job_id, seq) for job_id, seqs in arrived.items() for seq in seqs}
     return {
@@ -130,7 +124,7 @@ def read_back(scratch: Scratch, rows: list[tuple[str, str, int, str]]) -> dict[s
     }
 
 
-def purge(scratch: Scratch, *queues: str) -> None:
+def purge(scratch: common.Scratch, *queues: str) -> None:
     from kombu import Connection
 
     with Connection(scratch.broker_url) as conn:
@@ -139,11 +133,10 @@ def purge(scratch: Scratch, *queues: str) -> None:
 
 
 def main() -> int:
-    parser = parser_for(__doc__)
+    parser = common.parser_for(__doc__)
     parser.add_argument("--jobs", type=int, help="jobs, 4 events each [5000]")
-    args = resolve_sizes(parser.parse_args(), full={"jobs": 5000}, quick={"jobs": 500})
-    report = Report(NAME, args)
-    with Scratch(NAME, keep=args.keep) as scratch:
+    args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
         scratch.setup_django()
         from kombu import Connection
 
@@ -154,13 +147,13 @@ def main() -> int:
         events = args.jobs * EVENTS_PER_JOB
 
         rows = outbox_rows(args.jobs)
-        raw_seconds = raw_confirmed_publish(
+        raw_seconds = common.raw_confirmed_publish(
             scratch.broker_url,
             exchange=EXCHANGE,
             routing_key=ROUTING_KEY,
             bodies=[payload.encode() for *_, payload in rows],
         )
-        raw_per_s = rate(events, raw_seconds)
+        raw_per_s = common.rate(events, raw_seconds)
         purge(scratch, SINK, "erp.events")
 
         # Warm-up: the relay's first call pays for imports and its broker connection.
@@ -177,7 +170,7 @@ def main() -> int:
             purge(scratch, "erp.events")  # the ERP bridge's queue gets a copy of each
             results[f"relays_{relays}"] = {
                 "seconds": round(seconds, 3),
-                "events_per_s": rate(events, seconds),
+                "events_per_s": common.rate(events, seconds),
                 **counts,
             }
         report.extra("detail", results)

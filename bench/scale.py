@@ -44,20 +44,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _common as common
 from bench._chains import EVENTS, check_payload_form, copy_chains
-from bench._common import (
-    RESULTS_DIR,
-    BenchError,
-    Report,
-    Scratch,
-    parser_for,
-    resolve_sizes,
-    start_dispatcher,
-    stopwatch,
-)
 from bench._jobflow import bench_user, create_and_drain
 
 NAME = "scale"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"scale": 1.0, "measured": 500, "loops": 20}
+QUICK = {"scale": 0.01, "measured": 100, "loops": 5}
 HANDLERS = json.dumps({"ai": "bench._handlers.noop"})
 TABLES = ("jobs", "event_outbox", "audit_logs", "dead_letters", "audit_checkpoints", "artefacts")
 # Columns of the cloned jobs that must differ per row; every other column is the
@@ -74,9 +68,9 @@ CLONE_OVERRIDES = {
 
 
 # --- measurements (run on the empty, then on the loaded database) ------------------------
-def measure(scratch: Scratch, args: Any, phase: str) -> dict[str, Any]:
+def measure(scratch: common.Scratch, args: Any, phase: str) -> dict[str, Any]:
     env = scratch.env(JOBOPS_HANDLERS=HANDLERS)
-    dispatcher = start_dispatcher(bench=NAME, env=env)
+    dispatcher = common.start_dispatcher(bench=NAME, env=env)
     flow = create_and_drain(
         scratch, bench=NAME, env=env, jobs=args.measured, owner=bench_user("bench-scale")
     )
@@ -108,11 +102,11 @@ def dispatcher_loops(count: int) -> dict[str, Any]:
     with connection.execute_wrapper(capture):
         for _ in range(count):
             db_seconds[0] = 0.0
-            with stopwatch() as loop:
+            with common.stopwatch() as loop:
                 report = dispatch_once()
             failed = {k: v for k, v in report.items() if isinstance(v, dict) and "error" in v}
             if failed:
-                raise BenchError(f"dispatcher steps failed: {failed}")
+                raise common.BenchError(f"dispatcher steps failed: {failed}")
             walls.append(loop["seconds"] * 1000)
             dbs.append(db_seconds[0] * 1000)
     plans = explain(list(statements.values()))
@@ -147,15 +141,15 @@ def explain(statements: list[tuple[str, Any]]) -> list[dict[str, Any]]:
 
 
 # --- preload --------------------------------------------------------------------------------
-def preload(scratch: Scratch, args: Any, report: Report) -> dict[str, Any]:
+def preload(scratch: common.Scratch, args: Any, report: common.Report) -> dict[str, Any]:
     jobs = max(1, int(1_000_000 * args.scale))
     per_job = len(EVENTS)
     ids = sorted(str(uuid.uuid4()) for _ in range(jobs))
     timings: dict[str, Any] = {"jobs": jobs, "audit_rows": jobs * per_job}
-    with stopwatch() as t:
+    with common.stopwatch() as t:
         timings["cloned_columns"] = clone_jobs(scratch, ids)
     timings["jobs_seconds"] = round(t["seconds"], 1)
-    with stopwatch() as t, scratch.connect(autocommit=False) as conn:
+    with common.stopwatch() as t, scratch.connect(autocommit=False) as conn:
         # Off for this COPY only, in this scratch database, as the table's owner: the
         # insert-at-head trigger looks up every row's chain head, which would make
         # ten million rows take an hour. `verify_audit_chain` checks the result below.
@@ -164,15 +158,15 @@ def preload(scratch: Scratch, args: Any, report: Report) -> dict[str, Any]:
         conn.execute("ALTER TABLE audit_logs ENABLE TRIGGER USER")
         conn.commit()
     timings["audit_seconds"] = round(t["seconds"], 1)
-    with stopwatch() as t:
+    with common.stopwatch() as t:
         load_outbox(scratch, ids, args.outbox_per_job)
     timings["outbox_rows"] = jobs * args.outbox_per_job
     timings["outbox_seconds"] = round(t["seconds"], 1)
-    with stopwatch() as t, scratch.connect() as conn:
+    with common.stopwatch() as t, scratch.connect() as conn:
         for table in ("jobs", "audit_logs", "event_outbox"):
             conn.execute(f"VACUUM ANALYZE {table}")  # type: ignore[arg-type]
     timings["vacuum_seconds"] = round(t["seconds"], 1)
-    with stopwatch() as t:
+    with common.stopwatch() as t:
         scratch.manage("audit_checkpoint")
     timings["first_checkpoint_seconds"] = round(t["seconds"], 1)
     report.figure("preloaded_jobs", jobs, "jobs")
@@ -202,14 +196,14 @@ def preload(scratch: Scratch, args: Any, report: Report) -> dict[str, Any]:
     return timings
 
 
-def clone_jobs(scratch: Scratch, ids: list[str]) -> list[str]:
+def clone_jobs(scratch: common.Scratch, ids: list[str]) -> list[str]:
     """Insert one job per id, cloned from a finished job; the columns cloned as-is."""
     with scratch.connect(autocommit=False) as conn:
         template = conn.execute(
             "SELECT id FROM jobs WHERE status = 'succeeded' ORDER BY created_at LIMIT 1"
         ).fetchone()
         if template is None:
-            raise BenchError("no finished job to clone (the empty phase made none)")
+            raise common.BenchError("no finished job to clone (the empty phase made none)")
         columns = [
             row[0]
             for row in conn.execute(
@@ -232,7 +226,7 @@ def clone_jobs(scratch: Scratch, ids: list[str]) -> list[str]:
     return [c for c in columns if c not in CLONE_OVERRIDES]
 
 
-def load_outbox(scratch: Scratch, ids: list[str], per_job: int) -> None:
+def load_outbox(scratch: common.Scratch, ids: list[str], per_job: int) -> None:
     if per_job <= 0:
         return
     with scratch.connect(autocommit=False) as conn, conn.cursor() as cursor:
@@ -249,7 +243,7 @@ def load_outbox(scratch: Scratch, ids: list[str], per_job: int) -> None:
 
 
 # --- report -------------------------------------------------------------------------------
-def print_plans(report: Report, plans: list[dict[str, Any]], partial: set[str]) -> None:
+def print_plans(report: common.Report, plans: list[dict[str, Any]], partial: set[str]) -> None:
     """The scan lines of each plan; every read of a jobops table must use an index."""
     seq_scans = []
     lines = []
@@ -264,7 +258,7 @@ def print_plans(report: Report, plans: list[dict[str, Any]], partial: set[str]) 
                 seq_scans.append(scan)
         print(f"      {plan['time']}")
         lines += ["  " + line for line in plan["plan"]] + [""]
-    (RESULTS_DIR / "scale-plans.txt").write_text("\n".join(lines) + "\n")
+    (common.RESULTS_DIR / "scale-plans.txt").write_text("\n".join(lines) + "\n")
     used = sorted({n for p in plans for s in p["scans"] for n in partial if n in s})
     report.check(
         "plans_use_indexes",
@@ -275,7 +269,7 @@ def print_plans(report: Report, plans: list[dict[str, Any]], partial: set[str]) 
     )
 
 
-def partial_indexes(scratch: Scratch) -> set[str]:
+def partial_indexes(scratch: common.Scratch) -> set[str]:
     with scratch.connect() as conn:
         rows = conn.execute(
             "SELECT indexname FROM pg_indexes WHERE tablename = ANY(%s) "
@@ -286,18 +280,13 @@ def partial_indexes(scratch: Scratch) -> set[str]:
 
 
 def main() -> int:
-    parser = parser_for(__doc__)
+    parser = common.parser_for(__doc__)
     parser.add_argument("--scale", type=float, help="1.0 = 1M jobs, 10M audit rows [1.0]")
     parser.add_argument("--measured", type=int, help="jobs created and drained per phase [500]")
     parser.add_argument("--loops", type=int, help="dispatcher loops timed per phase [20]")
     parser.add_argument("--outbox-per-job", type=int, default=1, help="published events per job")
-    args = resolve_sizes(
-        parser.parse_args(),
-        full={"scale": 1.0, "measured": 500, "loops": 20},
-        quick={"scale": 0.01, "measured": 100, "loops": 5},
-    )
-    report = Report(NAME, args)
-    with Scratch(NAME, keep=args.keep) as scratch:
+    args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
         scratch.setup_django(JOBOPS_HANDLERS=HANDLERS)
         check_payload_form(scratch)
         empty = measure(scratch, args, "empty")
