@@ -1,18 +1,18 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
 
-from config.metrics import metrics_view
 from core.api.exceptions import (
     api_handler400,
     api_handler404,
     api_handler500,
     api_not_found_view,
 )
+from core.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("jobs.api.urls")),
-    # django-prometheus' exporter behind METRICS_TOKEN (config/metrics.py).
+    # django-prometheus' exporter behind METRICS_TOKEN (core/metrics.py).
     path("metrics", metrics_view, name="prometheus-django-metrics"),
     # Last: any other /api/ path is a JSON 404 envelope, also with DEBUG on.
     re_path(r"^api/(?P<unmatched>.*)$", api_not_found_view),
