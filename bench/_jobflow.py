@@ -89,6 +89,31 @@ def create_jobs(
     return ids, seconds
 
 
+def dispatcher_step(name: str) -> Any:
+    """Run the dispatcher's own loop step `name` once (`dispatch_once`); its result.
+
+    Steps are looked up by name in the loop's list (settings.JOBOPS_DISPATCHER_STEPS,
+    or jobs.dispatcher.STEPS in older code), not imported from their modules, which
+    move: the same benchmark then runs before and after a refactoring.
+    """
+    from django.conf import settings
+
+    from jobs.dispatcher import dispatch_once
+
+    steps = getattr(settings, "JOBOPS_DISPATCHER_STEPS", None)
+    if steps is None:
+        from jobs import dispatcher
+
+        steps = dispatcher.STEPS  # type: ignore[attr-defined]
+    step = next((s for s in steps if s[0] == name), None)
+    if step is None:
+        raise BenchError(f"the dispatcher has no step {name!r}: {[s[0] for s in steps]}")
+    result = dispatch_once(steps=[step])[name]
+    if isinstance(result, dict) and "error" in result:
+        raise BenchError(f"dispatcher step {name} failed: {result['error']}")
+    return result
+
+
 def status_counts(scratch: Scratch, job_ids: Iterable[str] | None = None) -> dict[str, int]:
     sql = "SELECT status, count(*) FROM jobs"
     params: list[Any] = []
@@ -228,8 +253,9 @@ def create_and_drain(
     worker = start_worker(
         bench=bench, env=env, queues=queue, concurrency=concurrency, prefetch=prefetch
     )
+    # At least a job a second, or something is stuck (a message routed elsewhere).
     wait_then_stop(
-        scratch, worker, job_ids=ids, status="succeeded", timeout=1800, what="the jobs to succeed"
+        scratch, worker, job_ids=ids, status="succeeded", timeout=max(300, jobs), what="the jobs"
     )
     return {
         "create_seconds": round(create_seconds, 3),

@@ -22,7 +22,9 @@ from kombu import Exchange, Queue
 QUEUE = "bench_raw"
 KEY_ENV = "BENCH_RAW_KEY"
 
-app = Celery("bench_raw")
+# Not the current app: in the benchmark process jobops publishes through Celery's
+# current_app (jobs/publisher.py), which a second app would otherwise replace.
+app = Celery("bench_raw", set_as_current=False)
 
 
 def _config() -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Scratch database and vhost `jobops_bench_dlq_replay` with the real topology.
 
 1. Setup as production makes dead letters: N `ai` jobs created with `job_create`,
-   published (`publish_due_once`), run by a real worker whose handler raises a fatal
+   published (the dispatcher's `publish` step), run by a real worker whose handler raises a fatal
    error: each job fails with its dead letter, and the rejected message goes to
    `default_dlq` and `dlq.watch`.
 2. The watcher: the dispatcher's `dlq_watch` step (`dispatch_once`) until every
@@ -13,7 +13,7 @@ Scratch database and vhost `jobops_bench_dlq_replay` with the real topology.
    back in their queue), then purged.
 4. A dry run, then `dead_letters_replay(queue="default_dlq")` (failed -> pending,
    audited, rows `replayed`, broker copies acked away), then the dispatcher's
-   publish step (`publish_due_once`) until no job is pending: msgs/s for the replay
+   `publish` step until no job is pending: msgs/s for the replay
    call and for replay + publish, i.e. until the jobs are back in their queue
    (target >= 2,000 msgs/s).
 5. Counts: every replayed job `queued` with exactly one message in `default` (lost,
@@ -34,7 +34,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _common as common
-from bench._jobflow import bench_user, create_jobs, status_counts, wait_then_stop
+from bench._jobflow import (
+    bench_user,
+    create_jobs,
+    dispatcher_step,
+    status_counts,
+    wait_then_stop,
+)
 
 NAME = "dlq_replay"
 # Sizes of `make bench`, and of --quick (seconds, for development).
@@ -46,27 +52,15 @@ FAILING = json.dumps({JOB_TYPE: "bench._handlers.fail"})
 
 def publish_pending(scratch: common.Scratch, *, timeout: float) -> int:
     """The dispatcher's publish step, in this process, until no job is pending."""
-    from jobs.dispatcher import publish_due_once
-
     published = 0
 
     def done() -> bool:
         nonlocal published
-        published += publish_due_once()
+        published += int(dispatcher_step("publish") or 0)
         return status_counts(scratch).get("pending", 0) == 0
 
     common.wait_until(done, timeout=timeout, what="every pending job to be published", interval=0)
     return published
-
-
-def watch_step() -> tuple[str, str]:
-    """The dispatcher's own dead-letter watch step, by its name in the loop."""
-    from jobs.dispatcher import STEPS
-
-    for name, path in STEPS:
-        if name == "dlq_watch":
-            return name, path
-    raise common.BenchError("the dispatcher has no dlq_watch step (jobs.dispatcher.STEPS)")
 
 
 def broker_copies(scratch: common.Scratch) -> int:
@@ -101,14 +95,9 @@ def make_dead_letters(scratch: common.Scratch, jobs: int) -> dict[str, float]:
 
 def watch(scratch: common.Scratch, jobs: int) -> dict[str, float]:
     """Step 2: the watcher records every broker copy."""
-    from jobs.dispatcher import dispatch_once
-
-    step = watch_step()
 
     def recorded() -> bool:
-        outcome = dispatch_once(steps=[step])[step[0]]
-        if isinstance(outcome, dict) and "error" in outcome:
-            raise common.BenchError(f"the watcher failed: {outcome['error']}")
+        dispatcher_step("dlq_watch")
         return broker_copies(scratch) >= jobs
 
     with common.stopwatch() as timing:
