@@ -1,297 +1,185 @@
-"""Benchmark: verify 1,000,000 audit rows over 100,000 job chains (issue 2, point 10).
+"""Benchmark: `verify_audit_chain` over 1,000,000 rows vs a bare chain walk (DESIGN.md 5, 10).
 
-1. Drop and re-create a scratch database (jobops_bench_audit, i.e. <db>_bench_audit
-   beside the database of DATABASE_URL) and migrate it with `manage.py migrate`.
-2. Generate valid chained rows in Python (payloads byte-identical to what
-   audit_append writes; checked against rfc8785 on a sample) and load them with COPY.
-   Rows are written round by round (event 1 of every job, then event 2, ...) so that
-   a chain's rows are spread over the table as they are in production.
-3. Write one checkpoint (`manage.py audit_checkpoint`).
-4. In a fresh subprocess, time `audit.verification.audit_verify()` over everything
-   and read its peak RSS (ru_maxrss, which includes Django itself).
-Prints one line per figure and writes bench/results/audit.json.
+Scratch database `jobops_bench_audit`:
 
-Usage: python bench/audit.py [--rows 1000000] [--jobs 100000] [--keep]
+1. Load --rows valid audit rows over --jobs job chains with COPY (bench/_chains.py,
+   checked first against a payload the app writes), round by round so that a chain's
+   rows are spread over the table as in production. The audit triggers are disabled
+   for the load only (as the table owner, in the scratch database) and re-enabled.
+2. Write one checkpoint (`manage.py audit_checkpoint`).
+3. In a fresh process, time `manage.py verify_audit_chain --json` (the command,
+   in-process through call_command) and read its peak RSS (VmHWM).
+4. Baseline, in a fresh process without Django: stream the same rows in (chain, seq)
+   order with a server-side cursor and recompute every hash and link in Python: the
+   floor of any verifier in this language on this machine.
+Target (issue 10): >= 150,000 rows/s in < 100 MB. Writes bench/results/audit.json.
+
+Usage: python bench/audit.py [--rows 1000000] [--jobs 100000] [--quick] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import io
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _common as common
+from bench._chains import check_payload_form, copy_chains
 
-def scratch_name() -> str:
-    """jobops_bench_audit, or <db>_bench_audit beside a non-default DATABASE_URL database,
-    so that parallel environments never drop each other's scratch database."""
-    import dj_database_url
-
-    if os.environ.get("BENCH_AUDIT_DATABASE"):
-        return os.environ["BENCH_AUDIT_DATABASE"]
-    name = dj_database_url.parse(
-        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobops")
-    )["NAME"]
-    return f"{name}_bench_audit"
+NAME = "audit"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"rows": 1_000_000, "jobs": 100_000}
+QUICK = {"rows": 50_000, "jobs": 5_000}
 
 
-DB_NAME = scratch_name()
-GENESIS = "0" * 64
-EVENTS = [
-    ("created", None, "pending"),
-    ("queued", "pending", "queued"),
-    ("started", "queued", "running"),
-    ("retrying", "running", "retrying"),
-    ("queued", "retrying", "queued"),
-    ("started", "queued", "running"),
-    ("progress", "running", "running"),
-    ("progress", "running", "running"),
-    ("progress", "running", "running"),
-    ("succeeded", "running", "succeeded"),
-]
+def load(scratch: common.Scratch, *, rows: int, jobs: int) -> float:
+    """COPY the chains with the audit triggers off for the load only; the seconds."""
+    job_ids = [str(uuid.uuid4()) for _ in range(jobs)]
+    with common.stopwatch() as timing:
+        with scratch.connect(autocommit=False) as conn:
+            conn.execute("ALTER TABLE audit_logs DISABLE TRIGGER USER")
+            copy_chains(conn, job_ids, per_job=rows // jobs, by_chain=False)
+            conn.execute("ALTER TABLE audit_logs ENABLE TRIGGER USER")
+            conn.commit()
+        with scratch.connect() as conn:
+            conn.execute("VACUUM ANALYZE audit_logs")
+    return timing["seconds"]
 
 
-def database_url(name: str) -> str:
-    import dj_database_url
+def child(kind: str) -> None:
+    """Runs in a fresh process; prints one JSON line (seconds, rows, peak RSS)."""
+    if kind == "verify":
+        import django
 
-    base = dj_database_url.parse(
-        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobops")
-    )
-    auth = base["USER"] + (f":{base['PASSWORD']}" if base.get("PASSWORD") else "")
-    return f"postgres://{auth}@{base['HOST'] or '127.0.0.1'}:{base['PORT'] or 5432}/{name}"
+        django.setup()
+        from django.core.management import call_command
 
+        rss_setup = common.peak_rss_kb()
+        out = io.StringIO()
+        started = time.perf_counter()
+        try:
+            call_command("verify_audit_chain", "--json", stdout=out)
+            code = 0
+        except SystemExit as exc:  # exit 1: tampered; the JSON says what
+            code = int(exc.code or 0)
+        seconds = time.perf_counter() - started
+        document = json.loads(out.getvalue())
+        rows = int(document.get("rows_checked", 0))
+        result = {"exit": code, "ok": document.get("ok"), "problems": document.get("problems")}
+    else:
+        import psycopg
 
-def recreate_database(url: str) -> None:
-    import psycopg
-
-    admin = url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DB_NAME}"')
-
-
-def manage(url: str, *args: str) -> str:
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings"}
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout
-
-
-def payload_text(chain: str, seq: int, ts: str, event: str, job: str, src, dst, attempt) -> str:
-    # The canonical (RFC 8785) form of audit_append's payload: keys sorted, no spaces.
-    src_json = "null" if src is None else f'"{src}"'
-    return (
-        f'{{"actor":{{"id":"jobops","type":"system"}},"chain":"{chain}",'
-        f'"data":{{"attempt":{attempt},"from":{src_json},"to":"{dst}"}},'
-        f'"event_type":"{event}","job_id":"{job}","seq":{seq},"ts":"{ts}"}}'
-    )
-
-
-def check_payload_form() -> None:
-    """The f-string above must match rfc8785 byte for byte, or the bench proves nothing."""
-    from audit.canonical import canonical_bytes
-
-    job = str(uuid.uuid4())
-    expected = canonical_bytes(
-        {
-            "chain": f"job:{job}",
-            "seq": 2,
-            "ts": "2026-01-01T00:00:00.000001Z",
-            "event_type": "queued",
-            "actor": {"type": "system", "id": "jobops"},
-            "job_id": job,
-            "data": {"from": "pending", "to": "queued", "attempt": 0},
-        }
-    )
-    got = payload_text(
-        f"job:{job}", 2, "2026-01-01T00:00:00.000001Z", "queued", job, "pending", "queued", 0
-    )
-    assert got.encode() == expected, (got, expected)
-
-
-def load_rows(url: str, rows: int, jobs: int) -> float:
-    import psycopg
-
-    per_job = rows // jobs
-    job_ids = [str(uuid.UUID(int=(i + 1) * 7919 + (1 << 100))) for i in range(jobs)]
-    heads = [GENESIS] * jobs
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    started = time.perf_counter()
-    columns = (
-        "chain, job_id, seq, event_type, actor_type, actor_id, ts, payload, prev_hash, chain_hash"
-    )
-    with psycopg.connect(url) as conn, conn.cursor() as cur:
-        with cur.copy(f"COPY audit_logs ({columns}) FROM STDIN") as copy:
-            tick = 0
-            for r in range(per_job):
-                event, src, dst = EVENTS[r % len(EVENTS)]
-                lines = []
-                for j, job in enumerate(job_ids):
-                    tick += 1
-                    ts_dt = start + timedelta(microseconds=tick * 137)
-                    ts = ts_dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-                    chain = f"job:{job}"
-                    text = payload_text(chain, r + 1, ts, event, job, src, dst, r // 4)
-                    prev = heads[j]
-                    digest = hashlib.sha256(bytes.fromhex(prev) + text.encode()).hexdigest()
-                    heads[j] = digest
-                    # COPY text format: our values hold no tab, newline or backslash.
-                    lines.append(
-                        f"{chain}\t{job}\t{r + 1}\t{event}\tsystem\tjobops\t{ts}\t{text}\t"
-                        f"{prev}\t{digest}\n"
-                    )
-                copy.write("".join(lines))
-        conn.commit()
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE audit_logs")
-    return time.perf_counter() - started
-
-
-def peak_rss_kb() -> int:
-    """VmHWM of this process. ru_maxrss is not used: after fork+exec Linux carries the
-    parent's high-water mark into the child, which would charge the loader's memory."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def backend_cpu_seconds(pid: int) -> float | None:
-    """CPU used so far by a PostgreSQL backend, when the server runs on this host."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def verify_child() -> None:
-    """Runs in a fresh process: time the verification routine, report peak RSS."""
-    import django
-
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    django.setup()
-    from django.db import connection
-
-    from audit.verification import audit_verify
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        backend = cursor.fetchone()[0]
-    pg_before = backend_cpu_seconds(backend)
-    rss_before = peak_rss_kb()
-    cpu_before = time.process_time()
-    started = time.perf_counter()
-    report = audit_verify()
-    seconds = time.perf_counter() - started
-    cpu_seconds = time.process_time() - cpu_before
-    pg_after = backend_cpu_seconds(backend)
+        rss_setup = common.peak_rss_kb()
+        started = time.perf_counter()
+        rows, broken = walk(psycopg.connect(os.environ["DATABASE_URL"]))
+        seconds = time.perf_counter() - started
+        result = {"exit": 0 if not broken else 1, "ok": not broken, "problems": broken}
     print(
         json.dumps(
             {
-                "ok": report.ok,
-                "rows": report.rows_checked,
-                "chains": report.chains_checked,
-                "checkpoints": report.checkpoints_checked,
-                "heads": report.heads_checked,
+                **result,
+                "rows": rows,
                 "seconds": seconds,
-                "cpu_seconds": cpu_seconds,
-                "pg_cpu_seconds": None if pg_before is None else pg_after - pg_before,
-                "rss_after_django_setup_kb": rss_before,
-                "peak_rss_kb": peak_rss_kb(),
-                "problems": [str(p) for p in report.problems[:5]],
-            }
+                "rss_after_setup_kb": rss_setup,
+                "peak_rss_kb": common.peak_rss_kb(),
+            },
+            default=str,
         )
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--keep", action="store_true", help="keep the scratch database")
-    parser.add_argument(
-        "--verify-only",
-        action="store_true",
-        help="re-time verification on a kept scratch database (no drop, no load)",
-    )
-    parser.add_argument("--verify-child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.verify_child:
-        verify_child()
-        return
+def walk(conn: Any) -> tuple[int, int]:
+    """Every row's hash and link, in chain order: (rows, broken rows)."""
+    import hashlib
 
-    check_payload_form()
-    url = database_url(DB_NAME)
-    load_seconds = checkpoint_seconds = None
-    if not args.verify_only:
-        recreate_database(url)
-        manage(url, "migrate", "--noinput", "-v", "0")
-        load_seconds = round(load_rows(url, args.rows, args.jobs), 2)
-        started = time.perf_counter()
-        manage(url, "audit_checkpoint")
-        checkpoint_seconds = round(time.perf_counter() - started, 2)
+    rows = broken = 0
+    chain, head = None, "0" * 64
+    with conn.transaction(), conn.cursor(name="walk") as cursor:
+        cursor.itersize = 10_000
+        cursor.execute(
+            "SELECT chain, payload, prev_hash, chain_hash FROM audit_logs ORDER BY chain, seq"
+        )
+        for row_chain, payload, prev, digest in cursor:
+            if row_chain != chain:
+                chain, head = row_chain, "0" * 64
+            computed = hashlib.sha256(bytes.fromhex(prev) + payload.encode()).hexdigest()
+            if prev != head or computed != digest:
+                broken += 1
+            head = digest
+            rows += 1
+    return rows, broken
 
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings"}
-    child = subprocess.run(
-        [sys.executable, __file__, "--verify-child"],
-        env=env,
-        cwd=ROOT,
-        check=True,
+
+def run_child(scratch: common.Scratch, kind: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", kind],
+        env=scratch.env(),
         capture_output=True,
         text=True,
     )
-    result = json.loads(child.stdout.strip().splitlines()[-1])
+    if done.returncode != 0:
+        raise common.BenchError(f"{kind} process failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     if not result["ok"]:
-        raise SystemExit(f"verification failed on generated data: {result['problems']}")
-    figures = {
-        "rows": result["rows"],
-        "chains": result["chains"],
-        "checkpoint_heads": result["heads"],
-        "load_seconds": load_seconds,
-        "checkpoint_seconds": checkpoint_seconds,
-        "verify_seconds": round(result["seconds"], 2),
-        "verify_rows_per_second": round(result["rows"] / result["seconds"]),
-        # CPU of the verifying process only (PostgreSQL's share runs beside it); on a
-        # shared, busy machine wall-clock figures vary a lot, so the load is recorded.
-        "verify_process_cpu_seconds": round(result["cpu_seconds"], 2),
-        "verify_postgres_backend_cpu_seconds": (
-            None if result["pg_cpu_seconds"] is None else round(result["pg_cpu_seconds"], 2)
-        ),
-        "load_average_1m": round(os.getloadavg()[0], 2),
-        "cpus": os.cpu_count(),
-        "verify_peak_rss_mb": round(result["peak_rss_kb"] / 1024, 1),
-        "rss_after_django_setup_mb": round(result["rss_after_django_setup_kb"] / 1024, 1),
-        "target_rows_per_second": 100_000,
-        "target_peak_rss_mb": 100,
-    }
-    for name, value in figures.items():
-        print(f"audit.{name}: {value}")
-    out = ROOT / "bench" / "results" / "audit.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2) + "\n")
-    if not (args.keep or args.verify_only):
-        import psycopg
+        raise common.BenchError(f"{kind} found the generated chains broken: {result['problems']}")
+    return result
 
-        with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+
+def main() -> int:
+    parser = common.parser_for(__doc__)
+    parser.add_argument("--rows", type=int, help="audit rows [1000000]")
+    parser.add_argument("--jobs", type=int, help="job chains [100000]")
+    parser.add_argument("--child", choices=["verify", "walk"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
+    args = common.resolve_sizes(args, full=FULL, quick=QUICK)
+    report = common.Report(NAME, args)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
+        scratch.setup_django()
+        check_payload_form(scratch)
+        report.figure("load_seconds", round(load(scratch, rows=args.rows, jobs=args.jobs), 1), "s")
+        with common.stopwatch() as checkpoint:
+            scratch.manage("audit_checkpoint")
+        report.figure("checkpoint_seconds", round(checkpoint["seconds"], 2), "s")
+        verify = run_child(scratch, "verify")
+        bare = run_child(scratch, "walk")
+        report.extra("verify", verify)
+        report.extra("walk", bare)
+        report.figure("rows_verified", verify["rows"], "rows")
+        report.compare(
+            "verify_rows_per_s",
+            label="verify_audit_chain",
+            value=common.rate(verify["rows"], verify["seconds"]),
+            unit="rows/s",
+            baseline=common.rate(bare["rows"], bare["seconds"]),
+            baseline_label="bare chain walk",
+            absolute=150_000,
+        )
+        report.compare(
+            "verify_peak_rss_mb",
+            label="verify_audit_chain peak RSS",
+            value=round(verify["peak_rss_kb"] / 1024, 1),
+            unit="MB",
+            baseline=round(bare["peak_rss_kb"] / 1024, 1),
+            baseline_label="bare chain walk peak RSS",
+            absolute=100,
+            higher_is_better=False,
+            note=f"(Django loaded: {verify['rss_after_setup_kb'] / 1024:.0f} MB)",
+        )
+        report.write(scratch)
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

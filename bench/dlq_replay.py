@@ -1,198 +1,241 @@
-"""Benchmark: replay 10,000 dead letters and count what was lost (DESIGN.md 10).
+"""Benchmark: replay 10,000 dead letters and count what was lost (DESIGN.md 4.1, 10).
 
-1. Re-create a scratch database (jobops_bench_dlq on the server of DATABASE_URL) and
-   migrate it; declare the topology in the vhost of BROKER_URL. The queues it uses
-   (`sim`, `sim_dlq`, `dlq.watch`) must be empty, or pass --purge: use a scratch vhost
-   (e.g. BROKER_URL=amqp://guest:guest@127.0.0.1:5672/bench) rather than a live one.
-2. Make N failed `sim` jobs with open worker-made dead letters, exactly as a worker
-   leaves them: the job's Celery message published (confirms), taken from `sim` and
-   rejected without requeue, so the broker copies sit in `sim_dlq` and `dlq.watch`.
-3. Time the watcher reconciling the N watch messages (broker copy marked, audited).
-4. Time a dry run, then `dead_letters_replay(queue="sim_dlq")`: N transactions
-   (failed -> pending, audited) and one ack-away pass over the DLQ; then the
-   dispatcher's publish step (confirmed publish + `queued` per job) separately.
-5. Count losses: every replayed job must be `queued` with exactly one message in `sim`,
-   its row `replayed`, and no copy left in `sim_dlq`.
-Prints one line per figure and writes bench/results/dlq_replay.json.
+Scratch database and vhost `jobops_bench_dlq_replay` with the real topology.
 
-Usage: python bench/dlq_replay.py [--jobs 10000] [--purge]
+1. Setup as production makes dead letters: N `ai` jobs created with `job_create`,
+   published (the dispatcher's `publish` step), run by a real worker whose handler raises a fatal
+   error: each job fails with its dead letter, and the rejected message goes to
+   `default_dlq` and `dlq.watch`.
+2. The watcher: the dispatcher's `dlq_watch` step (`dispatch_once`) until every
+   dead letter has its broker copy recorded; messages/s.
+3. Baseline: N messages of a job message's size published raw to `jobs.direct` ->
+   `default` with one confirm wait per 1,000 (the broker's floor for putting N jobs
+   back in their queue), then purged.
+4. A dry run, then `dead_letters_replay(queue="default_dlq")` (failed -> pending,
+   audited, rows `replayed`, broker copies acked away), then the dispatcher's
+   `publish` step until no job is pending: msgs/s for the replay
+   call and for replay + publish, i.e. until the jobs are back in their queue
+   (target >= 2,000 msgs/s).
+5. Counts: every replayed job `queued` with exactly one message in `default` (lost,
+   duplicated), no copy left in `default_dlq`, every row `replayed`.
+Writes bench/results/dlq_replay.json.
+
+Usage: python bench/dlq_replay.py [--jobs 10000] [--quick] [--keep]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
 import sys
-import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-DB_NAME = "jobops_bench_dlq"
-QUEUES = ("sim", "sim_dlq", "dlq.watch")
+from bench import _common as common
+from bench._jobflow import (
+    bench_user,
+    create_jobs,
+    dispatcher_step,
+    status_counts,
+    wait_then_stop,
+)
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--purge", action="store_true", help="empty sim, sim_dlq, dlq.watch")
-    args = parser.parse_args()
-
-    url = scratch_database()
-    manage(url, "migrate", "--noinput")
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    import django
-
-    django.setup()
-    manage(url, "setup_topology")
-    run(jobs=args.jobs, purge=args.purge)
+NAME = "dlq_replay"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"jobs": 10_000}
+QUICK = {"jobs": 300}
+JOB_TYPE, QUEUE, DLQ, WATCH = "ai", "default", "default_dlq", "dlq.watch"
+FAILING = json.dumps({JOB_TYPE: "bench._handlers.fail"})
 
 
-def scratch_database() -> str:
-    """Drop and create DB_NAME on the server of DATABASE_URL; return its URL."""
-    import dj_database_url
-    import psycopg
+def publish_pending(scratch: common.Scratch, *, timeout: float) -> int:
+    """The dispatcher's publish step, in this process, until no job is pending."""
+    published = 0
 
-    base = dj_database_url.parse(
-        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobops")
+    def done() -> bool:
+        nonlocal published
+        published += int(dispatcher_step("publish") or 0)
+        return status_counts(scratch).get("pending", 0) == 0
+
+    common.wait_until(done, timeout=timeout, what="every pending job to be published", interval=0)
+    return published
+
+
+def broker_copies(scratch: common.Scratch) -> int:
+    return int(scratch.scalar("SELECT count(*) FROM dead_letters WHERE broker_copy"))
+
+
+def make_dead_letters(scratch: common.Scratch, jobs: int) -> dict[str, float]:
+    """Step 1: N failed jobs with open dead letters and their broker copies."""
+    owner = bench_user("bench-dlq")
+    ids, create_seconds = create_jobs(jobs, owner=owner, job_type=JOB_TYPE, threads=4)
+    with common.stopwatch() as publishing:
+        publish_pending(scratch, timeout=1800)
+    worker = common.start_worker(bench=NAME, env=scratch.env(JOBOPS_HANDLERS=FAILING), queues=QUEUE)
+    wait_then_stop(
+        scratch,
+        worker,
+        job_ids=ids,
+        status="failed",
+        timeout=3600,
+        what="every job to fail with its dead letter",
     )
-    auth = base["USER"] + (f":{base['PASSWORD']}" if base.get("PASSWORD") else "")
-    server = f"postgres://{auth}@{base['HOST'] or '127.0.0.1'}:{base['PORT'] or 5432}"
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{DB_NAME}"')
-    return f"{server}/{DB_NAME}"
-
-
-def manage(url: str, *args: str) -> None:
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings"}
-    subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
+    common.wait_until(
+        lambda: common.queue_depth(scratch.broker_url, WATCH) >= jobs,
+        timeout=120,
+        what=f"{jobs} dead letters in {WATCH}",
     )
+    return {
+        "create_seconds": round(create_seconds, 2),
+        "publish_seconds": round(publishing["seconds"], 2),
+    }
 
 
-def run(*, jobs: int, purge: bool) -> None:
-    from django.conf import settings
-    from django.contrib.auth import get_user_model
+def watch(scratch: common.Scratch, jobs: int) -> dict[str, float]:
+    """Step 2: the watcher records every broker copy."""
+
+    def recorded() -> bool:
+        dispatcher_step("dlq_watch")
+        return broker_copies(scratch) >= jobs
+
+    with common.stopwatch() as timing:
+        common.wait_until(
+            recorded,
+            timeout=3600,
+            what="the watcher to record every broker copy",
+            interval=0,
+        )
+    return {
+        "seconds": round(timing["seconds"], 2),
+        "msgs_per_s": common.rate(jobs, timing["seconds"]),
+    }
+
+
+def count_losses(scratch: common.Scratch, jobs: int) -> dict[str, int]:
+    """Step 5: what came back into `default`, once each, and what stayed behind."""
+    seen: Counter[str] = Counter()
+
+    def handle(message: Any) -> None:
+        body = json.loads(message.body)
+        seen[body[0][0]["job_id"]] += 1  # Celery protocol 2: [[payload], {}, {...}]
+
+    common.drain_queue(scratch.broker_url, QUEUE, handle)
+    with scratch.connect() as conn:
+        replayed = {
+            str(row[0])
+            for row in conn.execute("SELECT job_id FROM dead_letters WHERE state = 'replayed'")
+        }
+        queued = {
+            str(row[0]) for row in conn.execute("SELECT id FROM jobs WHERE status = 'queued'")
+        }
+        rows_not_replayed = conn.execute(
+            "SELECT count(*) FROM dead_letters WHERE state <> 'replayed'"
+        ).fetchone()[0]
+    return {
+        "replayed_rows": len(replayed),
+        "lost": len(replayed - set(seen)) + len(replayed - queued),
+        "duplicated": sum(1 for n in seen.values() if n > 1),
+        "unexpected_messages": len(set(seen) - replayed),
+        "rows_not_replayed": int(rows_not_replayed),
+        "dlq_left": common.queue_depth(scratch.broker_url, DLQ),
+    }
+
+
+def main() -> int:
+    parser = common.parser_for(__doc__)
+    parser.add_argument("--jobs", type=int, help="dead letters replayed [10000]")
+    args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
+        # Publish pending jobs at once (the dispatcher's default waits 5 s for the
+        # request's own publish, a wait that only slows this setup down).
+        scratch.setup_django(JOBOPS_DISPATCH_PENDING_AFTER_SECONDS="0")
+        detail: dict[str, Any] = {"setup": make_dead_letters(scratch, args.jobs)}
+        detail["watcher"] = watch(scratch, args.jobs)
+        # Baseline into the very queue the replayed jobs go back to (a quorum queue),
+        # emptied again before the replay.
+        raw_seconds = common.raw_confirmed_publish(
+            scratch.broker_url,
+            exchange="jobs.direct",
+            routing_key=QUEUE,
+            bodies=[b'{"job": "' + b"x" * 700 + b'"}'] * args.jobs,
+        )
+        raw_per_s = common.rate(args.jobs, raw_seconds)
+        purge_queue(scratch, QUEUE)
+
+        from dlq.services import dead_letters_replay
+
+        actor = bench_user("bench-dlq-operator", superuser=True)
+        with common.stopwatch() as dry:
+            preview = dead_letters_replay(
+                actor_user=actor, justification="benchmark", queue=DLQ, dry_run=True
+            )
+        with common.stopwatch() as replay:
+            result = dead_letters_replay(actor_user=actor, justification="benchmark", queue=DLQ)
+        with common.stopwatch() as publish:
+            publish_pending(scratch, timeout=3600)
+        total = replay["seconds"] + publish["seconds"]
+        detail["replay"] = {
+            "dry_run_matched": getattr(preview, "matched", None),
+            "dry_run_seconds": round(dry["seconds"], 3),
+            "replay_seconds": round(replay["seconds"], 2),
+            "replay_phases": getattr(result, "seconds", {}),
+            "broker_copies_acked": getattr(result, "broker_acked", None),
+            "publish_seconds": round(publish["seconds"], 2),
+        }
+        counts = count_losses(scratch, args.jobs)
+        detail["counts"] = counts
+        report.extra("detail", detail)
+
+        report.figure(
+            "watcher_msgs_per_s", detail["watcher"]["msgs_per_s"], "msgs/s", "watcher (dlq.watch)"
+        )
+        report.figure("dry_run_ms", round(dry["seconds"] * 1000, 1), "ms", "replay dry run")
+        report.compare(
+            "replay_call",
+            label=f"dead_letters_replay, {args.jobs}",
+            value=common.rate(args.jobs, replay["seconds"]),
+            unit="msgs/s",
+            baseline=raw_per_s,
+            baseline_label="raw confirmed publish",
+            absolute=2000,
+        )
+        report.compare(
+            "replay_to_queue",
+            label="replay + publish (back in queue)",
+            value=common.rate(args.jobs, total),
+            unit="msgs/s",
+            baseline=raw_per_s,
+            baseline_label="raw confirmed publish",
+            absolute=2000,
+        )
+        report.check(
+            "replayed_all",
+            label=f"{args.jobs} replayed, none left in {DLQ}",
+            ok=counts["replayed_rows"] == args.jobs
+            and counts["rows_not_replayed"] == 0
+            and counts["dlq_left"] == 0,
+            detail=f"rows replayed {counts['replayed_rows']}, not replayed "
+            f"{counts['rows_not_replayed']}, left in {DLQ} {counts['dlq_left']}",
+        )
+        report.check(
+            "lost_duplicated",
+            label="0 lost, 0 duplicated",
+            ok=counts["lost"] == 0 and counts["duplicated"] == 0,
+            detail=f"lost {counts['lost']}, duplicated {counts['duplicated']}, "
+            f"unexpected {counts['unexpected_messages']}",
+        )
+        report.write(scratch)
+    return 1 if report.failed else 0
+
+
+def purge_queue(scratch: common.Scratch, queue: str) -> None:
     from kombu import Connection
 
-    from audit.services import Actor
-    from dlq.services import dead_letters_replay, job_fail_with_dead_letter
-    from dlq.watcher import watch_once
-    from jobs.models import DeadLetter, Job
-    from jobs.services import Fence, job_claim, job_create, job_publish, publish_due_once
-    from jobs.states import Status
-
-    figures: dict[str, float | int | str] = {"jobs": jobs}
-    conn = Connection(settings.BROKER_URL)
-    channel = conn.channel()
-    depths = {q: channel.queue_declare(queue=q, passive=True)[1] for q in QUEUES}
-    if any(depths.values()):
-        if not purge:
-            sys.exit(f"queues not empty {depths}; use a scratch vhost or --purge")
-        for q in QUEUES:
-            channel.queue_purge(q)
-
-    owner = get_user_model().objects.create_user("bench-dlq", is_staff=True)
-    worker = Actor.system("worker")
-    started = time.perf_counter()
-    for i in range(jobs):
-        job, _ = job_create(
-            owner=owner, job_type="sim", params={"steps": 1, "step_seconds": 0}, actor=worker
-        )
-        # job_create published it on commit (confirmed -> queued); a failed publish
-        # would leave it pending: publish it now then.
-        job_publish(job_id=job.id, sources=(Status.PENDING,))
-        claimed = job_claim(job_id=job.id, locked_by="bench")
-        job_fail_with_dead_letter(
-            job_id=job.id,
-            reason="nonretryable",
-            error_code=f"BENCH_{i % 3}",
-            error_message="planned",
-            actor=worker,
-            fence=Fence("bench", claimed.attempts),
-        )
-    # Take every message from `sim` and reject it: the broker makes the copies.
-    while (message := channel.basic_get(queue="sim", no_ack=False)) is not None:
-        channel.basic_reject(message.delivery_tag, requeue=False)
-    deadline = time.monotonic() + 60
-    while channel.queue_declare(queue="dlq.watch", passive=True)[1] < jobs:
-        if time.monotonic() > deadline:
-            sys.exit("dead letters did not all reach dlq.watch")
-        time.sleep(0.05)
-    figures["setup_seconds"] = round(time.perf_counter() - started, 2)
-
-    started = time.perf_counter()
-    watched = 0
-    while watched < jobs:
-        done = watch_once(limit=jobs, timeout=600)
-        if not done:
-            break
-        watched += done
-    seconds = time.perf_counter() - started
-    figures["watcher_msgs"] = watched
-    figures["watcher_msgs_per_s"] = round(watched / seconds, 1)
-
-    started = time.perf_counter()
-    dry = dead_letters_replay(
-        actor_user=owner, justification="bench", queue="sim_dlq", dry_run=True
-    )
-    figures["dry_run_matched"] = dry.matched
-    figures["dry_run_ms"] = round((time.perf_counter() - started) * 1000, 1)
-
-    started = time.perf_counter()
-    result = dead_letters_replay(actor_user=owner, justification="bench", queue="sim_dlq")
-    seconds = time.perf_counter() - started
-    figures["replay_seconds"] = round(seconds, 2)
-    figures["replay_msgs_per_s"] = round(len(result.resolved) / seconds, 1)
-    figures["replayed"] = len(result.resolved)
-    figures["broker_copies_acked"] = result.broker_acked
-    for phase, phase_seconds in result.seconds.items():
-        figures[f"replay_{phase}_seconds"] = phase_seconds
-
-    # The dispatcher's publish step: every replayed job published and `queued`.
-    started = time.perf_counter()
-    published = 0
-    while published < len(result.resolved):
-        done = publish_due_once(limit=1000)
-        if not done:
-            break
-        published += done
-    seconds = time.perf_counter() - started
-    figures["dispatcher_published"] = published
-    figures["dispatcher_publish_per_s"] = round(published / seconds, 1) if seconds else 0
-
-    # Losses: each replayed job queued once in `sim`, no copy left in `sim_dlq`.
-    seen: dict[str, int] = {}
-    while (message := channel.basic_get(queue="sim", no_ack=True)) is not None:
-        job_id = json.loads(message.body)[0][0]["job_id"]
-        seen[job_id] = seen.get(job_id, 0) + 1
-    replayed_ids = set(result.job_ids)
-    queued = set(
-        str(j) for j in Job.objects.filter(status=Status.QUEUED).values_list("id", flat=True)
-    )
-    figures["lost"] = len(replayed_ids - set(seen)) + len(replayed_ids - queued)
-    figures["duplicated"] = sum(1 for n in seen.values() if n > 1)
-    figures["rows_not_replayed"] = DeadLetter.objects.exclude(state="replayed").count()
-    figures["dlq_left"] = channel.queue_declare(queue="sim_dlq", passive=True)[1]
-    conn.release()
-
-    for name, value in figures.items():
-        print(f"{name}: {value}")
-    out = ROOT / "bench" / "results" / "dlq_replay.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2) + "\n")
+    with Connection(scratch.broker_url) as conn:
+        conn.default_channel.queue_purge(queue)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

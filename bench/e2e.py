@@ -1,496 +1,372 @@
-"""Benchmark: jobops no-op jobs vs raw Celery no-op tasks, same broker and worker settings.
+"""Benchmark: jobops no-op jobs end to end vs raw Celery no-op tasks (DESIGN.md 10).
 
-1. Scratch places: a database `<db>_bench_e2e` (dropped, re-created, migrated) and a
-   RabbitMQ vhost `<vhost>_bench_e2e` (via rabbitmqctl; falls back to the configured
-   vhost when rabbitmqctl is missing) with the topology declared.
-2. Raw Celery: N no-op tasks published with confirms to a quorum queue shaped like ours
-   (acks_late, reject on worker loss, prefetch and concurrency as jobops, no database,
-   results ignored); then a worker is started; tasks/s = N / (first start -> last done),
-   timestamps kept in Redis.
-3. jobops throughput: N no-op `ai` jobs created through `job_create` (committed,
-   published with confirms, `queued`), then a worker is started; jobs/s = N / (first
-   `started` -> last `succeeded`, audit timestamps). Each job: claim, heartbeat thread,
-   handler, `succeeded`, audit entries and outbox rows, Celery's result row.
-4. jobops latency: with the worker running, M jobs submitted at a fixed rate (half the
+Same broker, same worker settings (prefork, concurrency, prefetch, acks late, quorum
+queue, jobops' consumer), scratch database and vhost `jobops_bench_e2e`:
+
+1. Raw Celery: N tasks published, then a worker started; tasks/s = N / (first start ->
+   last done). Run before and after jobops; the ratio uses their mean, so that a
+   change in machine load during the run favours neither side.
+2. jobops drain: the dispatcher runs (as in `make run`); N no-op `ai` jobs are created
+   through `job_create` (creation rate, one at a time as one API worker would); once
+   none is `pending` (published, confirmed), a worker starts; jobs/s = N / (first
+   `started` -> last `succeeded`, from the audit trail).
+3. Latency: with the worker running, M jobs submitted at a fixed rate (half the
    measured capacity unless --latency-rate); submit -> start and submit -> done
-   p50/p99 from the job's created_at and its audit trail.
-5. Peak worker RSS (main process + pool children, sampled from /proc).
-6. `--profile`: cProfile of the in-process path (job_create + job_execute) for 300
-   jobs, printing where the time goes and the SQL statements per job.
-Prints one line per figure and writes bench/results/e2e.json.
+   p50/p99 (issue 10: submit -> start p99 under 50 ms at half capacity).
+4. Peak worker memory (RSS and PSS over the worker's process tree).
+5. --profile: web (gunicorn), dispatcher and a solo-pool worker with the SQL trace
+   and the worker under cProfile; P jobs POSTed one at a time; prints statements,
+   round trips and transactions per job per process, the most frequent statements,
+   and where the worker's Python time goes. Raw traces and worker.prof stay in
+   bench/results/e2e-profile/.
 
-Usage: python bench/e2e.py [--jobs 5000] [--latency-jobs 1000] [--concurrency 2]
-       [--prefetch 3] [--profile] [--keep]
+Prints each figure beside its baseline, writes bench/results/e2e.json.
+
+Usage: python bench/e2e.py [--jobs 5000] [--latency-jobs 1000] [--latency-rate R]
+       [--concurrency 2] [--prefetch 3] [--profile] [--profile-jobs 200] [--quick]
+       [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import secrets
 import shutil
-import statistics
-import subprocess
 import sys
-import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse, urlunparse
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results" / "e2e.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# --- the raw Celery app (imported by its worker subprocess: no Django) ---------------
-from celery import Celery  # noqa: E402
-from kombu import Exchange, Queue  # noqa: E402
+from bench import _common as common
+from bench import _profiling
+from bench._jobflow import (
+    bench_user,
+    create_and_drain,
+    start_times,
+    status_counts,
+    user_token,
+    wait_for_status,
+    wait_then_stop,
+)
 
-RAW_QUEUE = "bench_raw"
-raw_app = Celery("bench_raw")
-
-
-def _raw_config() -> dict[str, Any]:
-    from jobs.topology import DELIVERY_LIMIT, MAX_LENGTH
-
-    queue = Queue(
-        RAW_QUEUE,
-        exchange=Exchange("bench.direct", type="direct", durable=True),
-        routing_key=RAW_QUEUE,
-        durable=True,
-        queue_arguments={
-            "x-queue-type": "quorum",
-            "x-dead-letter-exchange": f"{RAW_QUEUE}.dlx",
-            "x-dead-letter-strategy": "at-least-once",
-            "x-overflow": "reject-publish",
-            "x-delivery-limit": DELIVERY_LIMIT,
-            "x-max-length": MAX_LENGTH,
-        },
-    )
-    return {
-        "broker_url": os.environ["BROKER_URL"],
-        "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {"confirm_publish": True},
-        "task_queues": [queue],
-        "task_default_queue": RAW_QUEUE,
-        "task_create_missing_queues": False,
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "task_acks_on_failure_or_timeout": False,
-        "task_ignore_result": True,
-        "worker_consumer": "config.celery:JobopsConsumer",
-        "worker_hijack_root_logger": False,
-    }
+NAME = "e2e"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"jobs": 5000, "latency_jobs": 1000, "profile_jobs": 200}
+QUICK = {"jobs": 300, "latency_jobs": 100, "profile_jobs": 50}
+JOB_TYPE, JOB_QUEUE, PARAMS = "ai", "default", {"text": "x"}
+HANDLERS = json.dumps({JOB_TYPE: "bench._handlers.noop"})
+PROFILE_DIR = common.RESULTS_DIR / "e2e-profile"
 
 
-raw_app.add_defaults(_raw_config)
-
-
-@raw_app.task(name="bench.noop")
-def raw_noop(i: int) -> None:
+def run_raw(scratch: common.Scratch, args: argparse.Namespace) -> dict[str, Any]:
+    """Raw Celery tasks/s (bench/_raw_celery.py)."""
     import redis
 
-    r = redis.Redis.from_url(os.environ["REDIS_URL"])
-    now = repr(time.time())
-    r.set("bench:e2e:first", now, nx=True)
-    r.set("bench:e2e:last", now)
-    r.incr("bench:e2e:done")
+    from bench import _raw_celery
 
-
-def noop_handler(ctx: Any, params: dict[str, Any]) -> None:
-    """The jobops no-op handler (wired with JOBOPS_HANDLERS in the worker)."""
-    return None
-
-
-# --- scratch database and vhost -----------------------------------------------------
-def scratch_env() -> dict[str, str]:
-    from config.env import env_str
-
-    db = urlparse(env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobops"))
-    db_name = db.path.lstrip("/") + "_bench_e2e"
-    broker = urlparse(env_str("BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//"))
-    vhost = broker.path[1:] or "/"
-    bench_vhost = ("jobops" if vhost == "/" else vhost) + "_bench_e2e"
-    if shutil.which("rabbitmqctl"):
-        subprocess.run(["rabbitmqctl", "-q", "add_vhost", bench_vhost], capture_output=True)
-        user = broker.username or "guest"
-        subprocess.run(
-            ["rabbitmqctl", "-q", "set_permissions", "-p", bench_vhost, user, ".*", ".*", ".*"],
-            check=True,
-            capture_output=True,
-        )
-        from urllib.parse import quote
-
-        broker = broker._replace(path="/" + quote(bench_vhost, safe=""))
-    else:
-        print("rabbitmqctl not found: using the configured vhost", file=sys.stderr)
-    return {
-        **os.environ,
-        "DATABASE_URL": urlunparse(db._replace(path="/" + db_name)),
-        "BROKER_URL": urlunparse(broker),
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        # Production mode: DEBUG on records every SQL statement (time and memory).
-        "DEBUG": "false",
-        # Plain HTTP on localhost, as the postgres superuser: accepted here knowingly.
-        "SECURE_SSL_REDIRECT": "false",
-        "JOBOPS_DB_ALLOW_PRIVILEGED": "true",
-        "SECRET_KEY": secrets.token_urlsafe(48),
-        "AUDIT_SIGNING_KEY": secrets.token_urlsafe(48),
-        "METRICS_TOKEN": secrets.token_urlsafe(24),
-        "ALLOWED_HOSTS": "localhost",
-        "LOG_LEVEL": "WARNING",
-        "JOBOPS_HANDLERS": json.dumps({"ai": "bench.e2e.noop_handler"}),
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def manage(env: dict[str, str], *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True, capture_output=True
+    key = f"{scratch.redis_prefix}:raw"
+    client = redis.Redis.from_url(scratch.redis_url)
+    client.delete(f"{key}:first", f"{key}:last", f"{key}:done")
+    env = scratch.env(BENCH_RAW_KEY=key)
+    _raw_celery.app.conf.broker_url = scratch.broker_url
+    _raw_celery.publish(args.jobs)
+    worker = common.start_worker(
+        bench=NAME,
+        env=env,
+        queues=_raw_celery.QUEUE,
+        app="bench._raw_celery",
+        concurrency=args.concurrency,
+        prefetch=args.prefetch,
+        role="raw-worker",
     )
-
-
-def prepare(env: dict[str, str]) -> None:
-    import psycopg
-
-    url = urlparse(env["DATABASE_URL"])
-    name = url.path.lstrip("/")
-    admin = urlunparse(url._replace(path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    manage(env, "migrate", "--noinput")
-    manage(env, "setup_topology")
-
-
-# --- workers --------------------------------------------------------------------------
-class Worker:
-    def __init__(self, env: dict[str, str], app: str, queues: str, args: argparse.Namespace):
-        self.log = Path(f"/tmp/jobops-bench-e2e-{uuid.uuid4().hex[:6]}.log")
-        cmd = [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queues]
-        cmd += ["-c", str(args.concurrency), "--prefetch-multiplier", str(args.prefetch)]
-        cmd += ["-l", "warning", "--without-gossip", "--without-mingle", "-n", f"{app}@%h"]
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=env,
-            stdout=self.log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.peak_rss = self.peak_pss = 0
-        self._stop = threading.Event()
-        self._sampler = threading.Thread(target=self._sample, daemon=True)
-        self._sampler.start()
-
-    def _pids(self) -> list[int]:
-        pids, todo = [], [self.proc.pid]
-        while todo:
-            pid = todo.pop()
-            pids.append(pid)
-            try:
-                for task in Path(f"/proc/{pid}/task").iterdir():
-                    todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-        return pids
-
-    def memory(self) -> tuple[int, int]:
-        """(RSS, PSS) summed over the worker's processes. RSS counts the pages the pool
-        children share with their parent once per process; PSS splits them."""
-        rss = pss = 0
-        for pid in self._pids():
-            try:
-                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                    if line.startswith("Rss:"):
-                        rss += int(line.split()[1]) * 1024
-                    elif line.startswith("Pss:"):
-                        pss += int(line.split()[1]) * 1024
-            except OSError:
-                pass
-        return rss, pss
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.2):
-            rss, pss = self.memory()
-            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
-
-    def stop(self) -> None:
-        self._stop.set()
-        os.killpg(self.proc.pid, 15)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-
-
-def consumers(env: dict[str, str], queue: str) -> int:
-    from kombu import Connection
-
-    with Connection(env["BROKER_URL"]) as conn:
-        return conn.default_channel.queue_declare(queue, passive=True).consumer_count
-
-
-def wait(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-# --- phases ---------------------------------------------------------------------------
-def run_raw(env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    import redis
-    from django.conf import settings
-
-    r = redis.Redis.from_url(settings.REDIS_URL)
-    r.delete("bench:e2e:first", "bench:e2e:last", "bench:e2e:done")
-    raw_app.conf.broker_url = env["BROKER_URL"]
-    with raw_app.connection_for_write() as conn:
-        queue = raw_app.conf.task_queues[0]
-        queue(conn.default_channel).declare()
-        queue(conn.default_channel).purge()
-        with raw_app.producer_or_acquire() as producer:
-            for i in range(args.jobs):
-                raw_noop.apply_async(args=[i], producer=producer)
-    raw_env = {**env, "PYTHONPATH": f"{ROOT / 'bench'}:{ROOT}", "REDIS_URL": settings.REDIS_URL}
-    raw_env.pop("DJANGO_SETTINGS_MODULE")  # no Django, no database in the raw worker
-    worker = Worker(raw_env, "e2e:raw_app", RAW_QUEUE, args)
     try:
-        wait(lambda: int(r.get("bench:e2e:done") or 0) >= args.jobs, 600, "raw tasks")
+        common.wait_until(
+            lambda: worker.check_alive() or int(client.get(f"{key}:done") or 0) >= args.jobs,
+            timeout=900,
+            what="raw Celery tasks",
+        )
     finally:
         worker.stop()
-    elapsed = float(r.get("bench:e2e:last")) - float(r.get("bench:e2e:first"))
-    return {"tasks": args.jobs, "seconds": elapsed, "tasks_per_s": args.jobs / elapsed}
+    seconds = float(client.get(f"{key}:last") or 0) - float(client.get(f"{key}:first") or 0)
+    client.close()
+    return {
+        "tasks": args.jobs,
+        "seconds": round(seconds, 3),
+        "tasks_per_s": common.rate(args.jobs, seconds),
+    }
 
 
-def _owner() -> Any:
-    from django.contrib.auth import get_user_model
-
-    user, _ = get_user_model().objects.get_or_create(username="bench-e2e")
-    return user
-
-
-def _create_jobs(n: int) -> list[Any]:
+def run_latency(
+    scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], per_s: float
+) -> dict[str, Any]:
+    """Open loop at a fixed rate below capacity: the figures are the pipeline's
+    latency, not the wait in a queue that a saturating submitter would build."""
     from jobs.services import job_create
 
-    owner = _owner()
-    return [job_create(owner=owner, job_type="ai", params={"text": "x"})[0].id for _ in range(n)]
-
-
-def _stamps(event: str) -> dict[Any, float]:
-    from audit.models import AuditLog
-
-    rows = AuditLog.objects.filter(event_type=event).values_list("job_id", "ts")
-    return {job_id: ts.timestamp() for job_id, ts in rows}
-
-
-def _succeeded() -> int:
-    from jobs.models import Job
-
-    return Job.objects.filter(status="succeeded").count()
-
-
-def run_jobops_throughput(env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    from jobs.models import Job
-
-    t0 = time.monotonic()
-    _create_jobs(args.jobs)
-    submit_seconds = time.monotonic() - t0
-    queued = Job.objects.filter(status="queued").count()
-    worker = Worker(env, "config", "default", args)
-    try:
-        wait(lambda: _succeeded() >= args.jobs, 900, "jobops jobs")
-    finally:
-        worker.stop()
-    started, done = _stamps("started"), _stamps("succeeded")
-    elapsed = max(done.values()) - min(started.values())
-    return {
-        "jobs": args.jobs,
-        "queued_on_confirm": queued,
-        "submit_seconds": submit_seconds,
-        "submit_per_s": args.jobs / submit_seconds,
-        "seconds": elapsed,
-        "jobs_per_s": args.jobs / elapsed,
-        "peak_worker_rss_bytes": worker.peak_rss,
-        "peak_worker_pss_bytes": worker.peak_pss,
-    }
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-def run_jobops_latency(
-    env: dict[str, str], args: argparse.Namespace, rate: float
-) -> dict[str, Any]:
-    from audit.models import AuditLog
-    from jobs.models import Job
-
-    before = _succeeded()
-    worker = Worker(env, "config", "default", args)
-    try:
-        wait(lambda: consumers(env, "default") > 0, 60, "the worker to consume")
-        # Open loop at a fixed rate below capacity, so that the figures are the
-        # pipeline's latency, not the wait in a queue that a saturating submitter builds.
-        from jobs.services import job_create
-
-        owner, ids, interval = _owner(), [], 1.0 / rate
-        next_at = time.monotonic()
-        for _ in range(args.latency_jobs):
-            next_at += interval
-            ids.append(job_create(owner=owner, job_type="ai", params={"text": "x"})[0].id)
-            time.sleep(max(0.0, next_at - time.monotonic()))
-        wait(lambda: _succeeded() >= before + args.latency_jobs, 600, "latency jobs")
-    finally:
-        worker.stop()
-    created = dict(Job.objects.filter(id__in=ids).values_list("id", "created_at"))
-    rows = AuditLog.objects.filter(job_id__in=ids, event_type__in=["started", "succeeded"])
-    start, done = {}, {}
-    for job_id, event, ts in rows.values_list("job_id", "event_type", "ts"):
-        (start if event == "started" else done)[job_id] = ts.timestamp()
-    to_start = [(start[j] - created[j].timestamp()) * 1000 for j in ids]
-    to_done = [(done[j] - created[j].timestamp()) * 1000 for j in ids]
+    owner = bench_user("bench-e2e")
+    worker = common.start_worker(
+        bench=NAME, env=env, queues=JOB_QUEUE, concurrency=args.concurrency, prefetch=args.prefetch
+    )
+    ids: list[str] = []
+    interval, next_at = 1.0 / per_s, time.monotonic()
+    for _ in range(args.latency_jobs):
+        next_at += interval
+        job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
+        ids.append(str(job.id))
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    wait_then_stop(
+        scratch, worker, job_ids=ids, status="succeeded", timeout=900, what="the latency jobs"
+    )
+    to_start, to_done = start_times(scratch, ids)
     return {
         "jobs": len(ids),
-        "submit_to_start_ms_p50": _pct(to_start, 50),
-        "submit_to_start_ms_p99": _pct(to_start, 99),
-        "submit_to_done_ms_p50": _pct(to_done, 50),
-        "submit_to_done_ms_p99": _pct(to_done, 99),
-        "submit_to_done_ms_mean": statistics.fmean(to_done),
-        "submit_rate_per_s": rate,
+        "submit_rate_per_s": round(per_s, 1),
+        "submit_to_start": common.latency_summary(to_start),
+        "submit_to_done": common.latency_summary(to_done),
         "peak_worker_rss_bytes": worker.peak_rss,
         "peak_worker_pss_bytes": worker.peak_pss,
     }
 
 
-def run_profile(n: int = 300) -> dict[str, Any]:
-    """cProfile of create + execute in process; counts SQL statements per job."""
-    import cProfile
-    import io
-    import pstats
+# --- profile ------------------------------------------------------------------------------
+def run_profile(
+    scratch: common.Scratch, args: argparse.Namespace, report: common.Report
+) -> dict[str, Any]:
+    """Statements, round trips and Python time per job, per process (issue 10, point 1).
 
-    from django.db import connection
+    1. Web (1 gunicorn worker), dispatcher and a solo worker start with the SQL trace
+       on; the worker also under cProfile.
+    2. Warm-up jobs run first (imports, connections, caches), then an idle window
+       measures the dispatcher's own polling, so that it can be taken off the count.
+    3. P jobs are POSTed one at a time and run; the counts between the two snapshots,
+       divided by P, are the cost of one job.
+    """
+    import requests
 
-    from jobs.models import Job
-    from jobs.publisher import wire_payload
-    from jobs.runtime import job_execute
+    shutil.rmtree(PROFILE_DIR, ignore_errors=True)
+    PROFILE_DIR.mkdir(parents=True)
+    prof_path = PROFILE_DIR / "worker.prof"
+    owner = bench_user("bench-e2e-profile")
+    headers = {"Authorization": f"Token {user_token(owner)}"}
 
-    statements = {"n": 0}
-
-    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        statements["n"] += 1
-        return execute(sql, params, many, context)
-
-    profiler = cProfile.Profile()
-    with connection.execute_wrapper(count):
-        profiler.enable()
-        t0 = time.perf_counter()
-        ids = _create_jobs(n)
-        create_s = time.perf_counter() - t0
-        create_sql = statements["n"]
-        t1 = time.perf_counter()
-        for job in Job.objects.filter(id__in=ids):
-            job_execute(payload=wire_payload(job), hostname="profile")
-        execute_s = time.perf_counter() - t1
-        profiler.disable()
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(12)
-    print(out.getvalue())
-    return {
-        "jobs": n,
-        "create_ms_per_job": create_s / n * 1000,
-        "execute_ms_per_job": execute_s / n * 1000,
-        "sql_per_job_create": create_sql / n,
-        "sql_per_job_execute": (statements["n"] - create_sql) / n,
-    }
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=5000)
-    parser.add_argument("--latency-jobs", type=int, default=1000)
-    parser.add_argument("--latency-rate", type=float, default=0, help="jobs/s (0: half capacity)")
-    parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--prefetch", type=int, default=3)
-    parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch database")
-    args = parser.parse_args()
-
-    env = scratch_env()
-    prepare(env)
-    os.environ.update(env)
-    import django
-
-    django.setup()
-    # Raw Celery runs before and after jobops and the ratio uses their mean, so that a
-    # change in machine load during the run does not favour either side.
-    raw_before = run_raw(env, args)
-    print(f"raw celery no-op (before): {raw_before['tasks_per_s']:.0f} tasks/s")
-    tp = run_jobops_throughput(env, args)
-    print(f"jobops no-op: {tp['jobs_per_s']:.0f} jobs/s ({tp['jobs']} jobs)")
-    raw_after = run_raw(env, args)
-    print(f"raw celery no-op (after): {raw_after['tasks_per_s']:.0f} tasks/s")
-    raw = {
-        "tasks": args.jobs,
-        "tasks_per_s": (raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2,
-        "before": raw_before,
-        "after": raw_after,
-    }
-    print(f"raw celery no-op: {raw['tasks_per_s']:.0f} tasks/s ({raw['tasks']} tasks, mean)")
-    print(f"jobops submit (job_create + confirmed publish): {tp['submit_per_s']:.0f} jobs/s")
-    rate = args.latency_rate or max(1.0, 0.5 * min(tp["jobs_per_s"], tp["submit_per_s"]))
-    lat = run_jobops_latency(env, args, rate)
-    print(f"latency run: {lat['jobs']} jobs submitted at {rate:.0f}/s (half of capacity)")
-    print(f"submit->start p50: {lat['submit_to_start_ms_p50']:.1f} ms")
-    print(f"submit->start p99: {lat['submit_to_start_ms_p99']:.1f} ms")
-    print(f"submit->done p50: {lat['submit_to_done_ms_p50']:.1f} ms")
-    print(f"submit->done p99: {lat['submit_to_done_ms_p99']:.1f} ms")
-    peak = max(tp["peak_worker_rss_bytes"], lat["peak_worker_rss_bytes"])
-    pss = max(tp["peak_worker_pss_bytes"], lat["peak_worker_pss_bytes"])
-    print(
-        f"peak worker RSS (main + {args.concurrency} children): {peak / 2**20:.0f} MiB "
-        f"(PSS {pss / 2**20:.0f} MiB)"
-    )
-    ratio = tp["jobs_per_s"] / raw["tasks_per_s"]
-    print(f"ratio jobops/raw: {ratio:.2f} (target >= 0.5)")
-    result: dict[str, Any] = {
-        "settings": {
-            "concurrency": args.concurrency,
-            "prefetch_multiplier": args.prefetch,
-            "acks_late": True,
-            "queue": "quorum",
-        },
-        "raw_celery": raw,
-        "jobops_throughput": tp,
-        "jobops_latency": lat,
-        "peak_worker_rss_bytes": peak,
-        "peak_worker_pss_bytes": pss,
-        "ratio": ratio,
-        "load_average_at_end": os.getloadavg(),
-        "cpus": os.cpu_count(),
-    }
-    if args.profile:
-        result["profile"] = run_profile()
-        p = result["profile"]
-        print(
-            f"profile: {p['sql_per_job_create']:.1f} SQL/job create, "
-            f"{p['sql_per_job_execute']:.1f} SQL/job execute, "
-            f"{p['execute_ms_per_job']:.2f} ms/job execute in process"
+    def env_for(role: str, **extra: str) -> dict[str, str]:
+        return scratch.env(
+            JOBOPS_HANDLERS=HANDLERS,
+            BENCH_TRACE_DIR=str(PROFILE_DIR),
+            BENCH_ROLE=role,
+            **extra,
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written {RESULTS.relative_to(ROOT)}")
-    if not args.keep:
-        from django.db import connection
 
-        connection.close()
+    web, base = common.start_gunicorn(
+        bench=NAME, env=env_for("web"), workers=1, probe="/api/v1/jobs", headers=headers
+    )
+    dispatcher = common.start_dispatcher(bench=NAME, env=env_for("dispatcher"))
+    worker = common.start_worker(
+        bench=NAME,
+        env=env_for("worker", BENCH_CPROFILE=str(prof_path)),
+        queues=JOB_QUEUE,
+        concurrency=1,
+        pool="solo",
+        role="profile-worker",
+    )
+    session = requests.Session()
+    session.headers.update(headers)
+
+    def post(n: int) -> list[str]:
+        ids = []
+        for _ in range(n):
+            response = session.post(
+                f"{base}/api/v1/jobs", json={"type": JOB_TYPE, "params": PARAMS}, timeout=30
+            )
+            if response.status_code != 201:
+                raise common.BenchError(
+                    f"POST /api/v1/jobs: {response.status_code} {response.text}"
+                )
+            ids.append(response.json()["id"])
+        wait_for_status(
+            scratch,
+            count=n,
+            statuses=("succeeded",),
+            job_ids=ids,
+            timeout=600,
+            what="the profiled jobs to succeed",
+            watch=[web, dispatcher, worker],
+        )
+        return ids
+
+    services = {"web": web, "dispatcher": dispatcher, "worker": worker}
+
+    def snapshot() -> tuple[dict[str, _profiling.TraceCounts], dict[str, float], float]:
+        time.sleep(1.2)  # the processes flush their trace twice a second
+        cpu = {role: service.cpu_seconds() for role, service in services.items()}
+        return _profiling.read_traces(PROFILE_DIR), cpu, time.monotonic()
+
+    post(5)
+    idle_from, cpu_idle_from, idle_started = snapshot()
+    time.sleep(3.0)
+    idle_to, cpu_idle_to, idle_ended = snapshot()
+    post(args.profile_jobs)
+    after, cpu_after, ended = snapshot()
+    worker.stop(timeout=60)  # warm shutdown: the worker dumps its profile
+    web.stop()
+    dispatcher.stop()
+
+    jobs, empty = args.profile_jobs, _profiling.TraceCounts()
+    scale = (ended - idle_ended) / (idle_ended - idle_started)
+    rows: dict[str, dict[str, Any]] = {}
+    for role in services:
+        rows[role] = _profiling.per_job(
+            phase=after.get(role, empty).minus(idle_to.get(role, empty)),
+            idle=idle_to.get(role, empty).minus(idle_from.get(role, empty)),
+            jobs=jobs,
+            idle_scale=scale,
+        )
+        idle_cpu = cpu_idle_to[role] - cpu_idle_from[role]
+        rows[role]["cpu_ms"] = round(
+            (cpu_after[role] - cpu_idle_to[role] - idle_cpu * scale) / jobs * 1000, 2
+        )
+    rows["total"] = {
+        key: round(sum(rows[r][key] for r in services), 2)
+        for key in ("statements", "round_trips", "transactions", "cpu_ms")
+    }
+    python = _profiling.profile_summary(prof_path) if prof_path.exists() else {}
+    summary = {
+        "jobs": jobs,
+        "per_job": rows,
+        "worker_task_python": python,
+        "worker_task_ms_per_job": (
+            round(python["total_seconds"] / jobs * 1000, 2) if python else None
+        ),
+        "raw": str(PROFILE_DIR.relative_to(common.RESULTS_DIR.parent.parent)),
+    }
+    (PROFILE_DIR / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print_profile(summary)
+    for key in ("statements", "round_trips", "cpu_ms"):
+        report.figure(f"profile_{key}_per_job", rows["total"][key], f"{key}/job")
+    return summary
+
+
+def print_profile(summary: dict[str, Any]) -> None:
+    rows = summary["per_job"]
+    print(f"  profile over {summary['jobs']} jobs (POST, dispatch, run), per job:")
+    print(
+        f"    {'process':<12}{'statements':>11}{'round trips':>13}{'transactions':>14}{'CPU ms':>9}"
+    )
+    for role, row in rows.items():
+        print(
+            f"    {role:<12}{row['statements']:>11.2f}{row['round_trips']:>13.2f}"
+            f"{row['transactions']:>14.2f}{row['cpu_ms']:>9.2f}"
+        )
+    print("    (the dispatcher's idle polling, measured before, is taken off its counts)")
+    for role, row in rows.items():
+        if role == "total":
+            continue
+        print(f"    most frequent statements per job, {role}:")
+        for n, shape in row["top_statements"][:8]:
+            print(f"      {n:>5.2f}  {shape[:105]}")
+    python = summary["worker_task_python"]
+    if python:
+        print(
+            f"    worker task path (prerun..postrun) under cProfile: "
+            f"{summary['worker_task_ms_per_job']} ms/job wall; own time by package:"
+        )
+        for group, seconds in python["by_group"].items():
+            print(f"      {seconds / python['total_seconds'] * 100:5.1f} %  {group}")
+        print("    top functions by own time:")
+        for row in python["top"][:12]:
+            print(f"      {row['own_s']:>7.3f} s {row['calls']:>8} calls  {row['function'][:90]}")
+
+
+def measure(
+    scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], report: common.Report
+) -> None:
+    """Phases 1-4: raw Celery, drain, latency, memory."""
+    # Running throughout, raw phases included, so that its polling loads both sides.
+    dispatcher = common.start_dispatcher(bench=NAME, env=env)
+    raw_before = run_raw(scratch, args)
+    drain = create_and_drain(
+        scratch,
+        bench=NAME,
+        env=env,
+        jobs=args.jobs,
+        owner=bench_user("bench-e2e"),
+        queue=JOB_QUEUE,
+        concurrency=args.concurrency,
+        prefetch=args.prefetch,
+    )
+    raw_after = run_raw(scratch, args)
+    raw_per_s = round((raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2, 1)
+    report.extra("raw_celery", {"before": raw_before, "after": raw_after, "mean": raw_per_s})
+    report.extra("jobops_drain", drain)
+    report.compare(
+        "drain",
+        label="no-op drain, jobops",
+        value=drain["jobs_per_s"],
+        unit="jobs/s",
+        baseline=raw_per_s,
+        baseline_label="raw Celery (mean of 2)",
+        target=0.5,
+    )
+    report.figure("create_per_s", drain["create_per_s"], "jobs/s", "creation through job_create")
+    capacity = min(drain["jobs_per_s"], drain["create_per_s"])
+    per_s = args.latency_rate or max(1.0, 0.5 * capacity)
+    latency = run_latency(scratch, args, env, per_s)
+    dispatcher.check_alive()
+    dispatcher.stop()
+    report.extra("jobops_latency", latency)
+    start, done = latency["submit_to_start"], latency["submit_to_done"]
+    report.figure("latency_rate", latency["submit_rate_per_s"], "jobs/s", "latency run rate")
+    report.figure("submit_to_start_p50_ms", start["p50_ms"], "ms", "submit -> start p50")
+    report.target(
+        "submit_to_start_p99_ms",
+        label="submit -> start p99",
+        value=float(start["p99_ms"] or 0),
+        unit="ms",
+        target=50,
+        higher_is_better=False,
+    )
+    report.figure("submit_to_done_p50_ms", done["p50_ms"], "ms", "submit -> done p50")
+    report.figure("submit_to_done_p99_ms", done["p99_ms"], "ms", "submit -> done p99")
+    rss = max(drain["peak_worker_rss_bytes"], latency["peak_worker_rss_bytes"])
+    pss = max(drain["peak_worker_pss_bytes"], latency["peak_worker_pss_bytes"])
+    report.figure("peak_worker_rss_mb", round(rss / 2**20, 1), "MiB", "peak worker RSS")
+    report.figure("peak_worker_pss_mb", round(pss / 2**20, 1), "MiB", "peak worker PSS")
+    report.check(
+        "nothing_left",
+        label="every job succeeded",
+        ok=set(status_counts(scratch)) == {"succeeded"},
+        detail=str(status_counts(scratch)),
+    )
+    report.check(
+        "queue_empty",
+        label="queue `default` empty at the end",
+        ok=common.queue_depth(scratch.broker_url, JOB_QUEUE) == 0,
+    )
+
+
+def main() -> int:
+    parser = common.parser_for(__doc__)
+    parser.add_argument("--jobs", type=int, help="jobs (and raw tasks) drained [5000]")
+    parser.add_argument("--latency-jobs", type=int, help="jobs of the latency run [1000]")
+    parser.add_argument("--latency-rate", type=float, default=0, help="jobs/s (0: half capacity)")
+    parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
+    parser.add_argument("--prefetch", type=int, default=3, help="prefetch multiplier")
+    parser.add_argument("--profile", action="store_true", help="add the profile phase")
+    parser.add_argument("--profile-only", action="store_true", help="only the profile phase")
+    parser.add_argument("--profile-jobs", type=int, help="jobs of the profile phase [200]")
+    args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
+        scratch.setup_django(JOBOPS_HANDLERS=HANDLERS)
+        env = scratch.env(JOBOPS_HANDLERS=HANDLERS)
+        if not args.profile_only:
+            measure(scratch, args, env, report)
+        if args.profile or args.profile_only:
+            report.extra("profile", run_profile(scratch, args, report))
+        report.write(scratch)
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

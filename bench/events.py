@@ -1,132 +1,208 @@
-"""Benchmark: outbox relay throughput (DESIGN.md 3.8), one relay and two at once.
+"""Benchmark: the outbox relay vs a raw batched confirmed publish (DESIGN.md 3.8).
 
-1. Create a scratch database (<test db>_bench_events) with Django's test machinery and
-   fill `event_outbox` with 4 events per job for `--jobs` jobs, inserted round by round
-   (event 1 of every job, then event 2, ...) as real transitions interleave.
-2. Point the relay at a scratch topic exchange with one bound queue (same code path,
-   same confirms and persistence; the real `events.jobs`/`erp.events` stay untouched).
-3. Time `outbox_relay_once` draining everything with one relay, then again (fresh rows)
-   with two relays in threads at once; read the queue back and count what is missing
-   and any job whose events arrived out of seq order (both must be 0).
-Prints one line per figure and writes bench/results/events.json.
+Scratch database and vhost `jobops_bench_events` with the real topology; a sink queue
+bound to `events.jobs` receives what the relay publishes (as `erp.events` does).
 
-Usage: python bench/events.py [--jobs 5000] [--keep]
+1. Fill `event_outbox` (COPY) with 4 events per job for --jobs jobs, round by round
+   (event 1 of every job, then event 2, ...) as interleaved transitions write them.
+   A warm-up batch goes first (imports, the relay's broker connection).
+2. Baseline: the same payloads published raw to `events.jobs` (persistent,
+   mandatory, one confirm wait per 1,000): the broker's floor for any relay.
+3. One relay: `jobs.events.outbox_relay_once()` called until nothing is left
+   unpublished, as the dispatcher's loop calls it; events/s (target >= 5,000).
+4. Two relays at once (threads, own connections), fresh rows.
+5. After each relay run the sink is read back: every event of every job must arrive
+   (0 missing) and each job's events in seq order (0 out of order).
+Writes bench/results/events.json.
+
+Usage: python bench/events.py [--jobs 5000] [--quick] [--keep]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _common as common
+
+NAME = "events"
+# Sizes of `make bench`, and of --quick (seconds, for development).
+FULL = {"jobs": 5000}
+QUICK = {"jobs": 500}
+EVENTS_PER_JOB = 4
+EXCHANGE, ROUTING_KEY = "events.jobs", "job.status.changed"  # DESIGN.md 3.8
+SINK = "bench.events.sink"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=5000)
-    parser.add_argument("--keep", action="store_true", help="keep the scratch database")
-    args = parser.parse_args()
+def outbox_rows(jobs: int) -> list[tuple[str, str, int, str]]:
+    """(event_id, job_id, seq, payload JSON), round by round."""
+    job_ids = [str(uuid.uuid4()) for _ in range(jobs)]
+    rows = []
+    for seq in range(1, EVENTS_PER_JOB + 1):
+        for job_id in job_ids:
+            event_id = str(uuid.uuid4())
+            payload = {
+                "event_id": event_id,
+                "type": "job.status.changed",
+                "job_id": job_id,
+                "job_type": "sim",
+                "seq": seq,
+                "status": "queued",
+                "previous_status": "pending",
+                "progress": 0,
+                "attempt": 0,
+                "timestamp": "2026-01-01T00:00:00.000000Z",
+            }
+            rows.append((event_id, job_id, seq, json.dumps(payload)))
+    return rows
 
-    import logging
 
-    import django
-    from django.conf import settings
+def fill_outbox(scratch: common.Scratch, rows: list[tuple[str, str, int, str]]) -> None:
+    with scratch.connect(autocommit=False) as conn, conn.cursor() as cursor:
+        with cursor.copy(
+            "COPY event_outbox (event_id, job_id, seq, payload, created_at) FROM STDIN"
+        ) as copy:
+            for event_id, job_id, seq, payload in rows:
+                copy.write_row((event_id, job_id, seq, payload, "now"))
+        conn.commit()
 
-    django.setup()
 
-    logging.getLogger("jobs.events").setLevel(logging.WARNING)
+def unpublished(scratch: common.Scratch) -> int:
+    return int(scratch.scalar("SELECT count(*) FROM event_outbox WHERE published_at IS NULL"))
+
+
+def relay(scratch: common.Scratch, relays: int) -> float:
+    """Run `relays` relays in threads until nothing is unpublished; the seconds."""
     from django.db import connection
-    from kombu import Connection, Exchange, Queue
 
     import jobs.events
-    from jobs.models import EventOutbox
 
-    old_name = connection.settings_dict["NAME"]
-    connection.settings_dict["TEST"]["NAME"] = f"{old_name}_bench_events"
-    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
-    exchange = Exchange(f"bench.events.{uuid.uuid4().hex[:6]}", type="topic", durable=False)
-    queue = Queue(f"bench.events.{uuid.uuid4().hex[:6]}", exchange=exchange, routing_key="#")
-    jobs.events.EVENTS_EXCHANGE = exchange  # type: ignore[misc]
-    results: dict[str, float | int] = {"jobs": args.jobs, "events": args.jobs * 4}
-    try:
-        with Connection(settings.BROKER_URL) as conn:
-            channel = conn.channel()
-            exchange(channel).declare()
-            queue(channel).declare()
+    errors: list[BaseException] = []
 
-            for relays in (1, 2):
-                job_ids = [uuid.uuid4() for _ in range(args.jobs)]
-                rows = []
-                for seq in range(1, 5):
-                    for job_id in job_ids:
-                        event_id = uuid.uuid4()
-                        rows.append(
-                            EventOutbox(
-                                event_id=event_id,
-                                job_id=job_id,
-                                seq=seq,
-                                payload={
-                                    "event_id": str(event_id),
-                                    "type": "job.status.changed",
-                                    "job_id": str(job_id),
-                                    "job_type": "sim",
-                                    "seq": seq,
-                                    "status": "queued",
-                                    "previous_status": "pending",
-                                    "progress": 0,
-                                    "attempt": 0,
-                                    "timestamp": "2026-01-01T00:00:00.000000Z",
-                                },
-                            )
-                        )
-                EventOutbox.objects.bulk_create(rows, batch_size=5000)
+    def one() -> None:
+        try:
+            while unpublished(scratch):
+                jobs.events.outbox_relay_once()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
 
-                def relay() -> None:
-                    try:
-                        while EventOutbox.objects.filter(published_at__isnull=True).exists():
-                            jobs.events.outbox_relay_once(limit=5000)
-                    finally:
-                        connection.close()
+    with common.stopwatch() as timing:
+        threads = [threading.Thread(target=one) for _ in range(relays)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise errors[0]
+    return timing["seconds"]
 
-                started = time.perf_counter()
-                threads = [threading.Thread(target=relay) for _ in range(relays)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                elapsed = time.perf_counter() - started
 
-                seen: dict[str, list[int]] = {}
-                bound = queue(channel)
-                while (message := bound.get(no_ack=True)) is not None:
-                    body = json.loads(message.body)
-                    seen.setdefault(body["job_id"], []).append(body["seq"])
-                missing = sum(4 - len(set(seen.get(str(j), []))) for j in job_ids)
-                out_of_order = sum(1 for seqs in seen.values() if seqs != sorted(seqs))
-                key = f"relays_{relays}"
-                results[f"{key}_events_per_s"] = round(len(rows) / elapsed, 1)
-                results[f"{key}_seconds"] = round(elapsed, 2)
-                results[f"{key}_missing"] = missing
-                results[f"{key}_jobs_out_of_order"] = out_of_order
-            queue(channel).delete()
-            exchange(channel).delete()
-    finally:
-        if not args.keep:
-            connection.creation.destroy_test_db(old_name, verbosity=0)
-    for name, value in results.items():
-        print(f"{name}: {value}")
-    out = ROOT / "bench" / "results" / "events.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+def read_back(scratch: common.Scratch, rows: list[tuple[str, str, int, str]]) -> dict[str, int]:
+    """Missing events, jobs whose events arrived out of seq order, duplicates."""
+    arrived: dict[str, list[int]] = {}
+
+    def handle(message: Any) -> None:
+        body = json.loads(message.body)
+        arrived.setdefault(body["job_id"], []).append(body["seq"])
+
+    received = common.drain_queue(scratch.broker_url, SINK, handle)
+    expected = {(job_id, seq) for _e, job_id, seq, _p in rows}
+    seen = {(job_id, seq) for job_id, seqs in arrived.items() for seq in seqs}
+    return {
+        "received": received,
+        "missing": len(expected - seen),
+        "jobs_out_of_order": sum(1 for seqs in arrived.values() if seqs != sorted(seqs)),
+        "duplicates": received - len(seen),
+    }
+
+
+def purge(scratch: common.Scratch, *queues: str) -> None:
+    from kombu import Connection
+
+    with Connection(scratch.broker_url) as conn:
+        for queue in queues:
+            conn.default_channel.queue_purge(queue)
+
+
+def main() -> int:
+    parser = common.parser_for(__doc__)
+    parser.add_argument("--jobs", type=int, help="jobs, 4 events each [5000]")
+    args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
+    with common.Scratch(NAME, keep=args.keep) as scratch:
+        scratch.setup_django()
+        from kombu import Connection
+
+        with Connection(scratch.broker_url) as conn:
+            channel = conn.default_channel
+            channel.queue_declare(SINK, durable=True, auto_delete=False)
+            channel.queue_bind(SINK, EXCHANGE, "#")
+        events = args.jobs * EVENTS_PER_JOB
+
+        rows = outbox_rows(args.jobs)
+        raw_seconds = common.raw_confirmed_publish(
+            scratch.broker_url,
+            exchange=EXCHANGE,
+            routing_key=ROUTING_KEY,
+            bodies=[payload.encode() for *_, payload in rows],
+        )
+        raw_per_s = common.rate(events, raw_seconds)
+        purge(scratch, SINK, "erp.events")
+
+        # Warm-up: the relay's first call pays for imports and its broker connection.
+        fill_outbox(scratch, outbox_rows(25))
+        relay(scratch, 1)
+        purge(scratch, SINK, "erp.events")
+
+        results: dict[str, Any] = {"raw_publish": {"seconds": raw_seconds, "per_s": raw_per_s}}
+        for relays in (1, 2):
+            rows = outbox_rows(args.jobs)
+            fill_outbox(scratch, rows)
+            seconds = relay(scratch, relays)
+            counts = read_back(scratch, rows)
+            purge(scratch, "erp.events")  # the ERP bridge's queue gets a copy of each
+            results[f"relays_{relays}"] = {
+                "seconds": round(seconds, 3),
+                "events_per_s": common.rate(events, seconds),
+                **counts,
+            }
+        report.extra("detail", results)
+        one, two = results["relays_1"], results["relays_2"]
+        report.compare(
+            "relay_vs_raw",
+            label=f"outbox relay, 1 relay, {events} events",
+            value=one["events_per_s"],
+            unit="ev/s",
+            baseline=raw_per_s,
+            baseline_label="raw confirmed publish",
+            absolute=5000,
+        )
+        report.compare(
+            "two_relays_vs_one",
+            label="outbox relay, 2 relays at once",
+            value=two["events_per_s"],
+            unit="ev/s",
+            baseline=one["events_per_s"],
+            baseline_label="1 relay",
+        )
+        for relays, result in ((1, one), (2, two)):
+            report.check(
+                f"relays_{relays}_complete",
+                label=f"{relays} relay(s): 0 missing, 0 out of order",
+                ok=result["missing"] == 0 and result["jobs_out_of_order"] == 0,
+                detail=f"missing {result['missing']}, jobs out of order "
+                f"{result['jobs_out_of_order']}, duplicates {result['duplicates']}",
+            )
+        report.write(scratch)
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Job handlers the benchmarks plug in with JOBOPS_HANDLERS (DESIGN.md 3.1, 3.2).
+
+They do no work of their own, so that a benchmark measures jobops' cost per job.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+RUNS_KEY_ENV = "BENCH_RUNS_KEY"
+
+
+def noop(ctx: Any, params: dict[str, Any]) -> None:
+    """Nothing: the cost of a job is then all jobops'."""
+    return None
+
+
+def fail(ctx: Any, params: dict[str, Any]) -> None:
+    """A fatal error (DESIGN.md 3.3): the job fails at once with a dead letter, and the
+    worker rejects the message so that the broker makes its DLQ copy."""
+    try:
+        from jobs.errors import FatalError  # the handler taxonomy, public to handlers
+    except ImportError:  # pragma: no cover - the taxonomy moved; the design's other fatal
+        from django.db import IntegrityError as FatalError  # type: ignore[assignment]
+    raise FatalError("planned by the benchmark")
+
+
+def count_run(ctx: Any, params: dict[str, Any]) -> None:
+    """Count each execution in Redis (hash BENCH_RUNS_KEY, field = job id): the
+    benchmark then checks that every accepted job ran exactly once."""
+    import redis
+
+    client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    client.hincrby(os.environ[RUNS_KEY_ENV], str(ctx.job_id), 1)
+    client.close()
