@@ -199,6 +199,8 @@ STEPS: list[tuple[str, str]] = [
     ("checkpoint", "audit.checkpoints.checkpoint_write_if_due"),
     ("queue_depths", "jobs.backpressure.queue_depths_refresh"),
     ("dlq_watch", "dlq.watcher.watch_once"),
+    # Background replays and discards (dlq/bulk.py): one chunk per loop.
+    ("dlq_bulk", "dlq.bulk.bulk_operations_run_once"),
 ]
 
 
