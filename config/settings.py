@@ -316,6 +316,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "jobs.api.schema.close_request_bodies",
+        "core.api.schema.close_request_bodies",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
 }

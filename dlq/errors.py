@@ -62,3 +62,10 @@ class DeadLetterRateLimitedError(ApplicationError):
     def __init__(self, *, retry_after: int) -> None:
         super().__init__(details={"retry_after": retry_after})
         self.retry_after = retry_after
+
+
+class BrokerUnavailableError(ApplicationError):
+    code = "ERR-DLQ-503"
+    http_status = 503
+    default_message = "RabbitMQ cannot be reached; retry shortly."
+    retry_after = 5

@@ -48,3 +48,54 @@ class OperatorFactory(StaffFactory):
                     codename__in=["cancel_job", "replay_deadletter", "discard_deadletter"]
                 )
             )
+
+
+def role_user(role: str, **fields):
+    """Staff in the `viewer` or `operator` group, as dlq migration 0006 made them.
+
+    Transactional tests empty auth_group between tests, so the group is made again from
+    the migration's own table when missing.
+    """
+    import importlib
+
+    from django.contrib.auth.models import Group, Permission
+
+    roles = importlib.import_module("dlq.migrations.0006_roles").ROLES
+    group, created = Group.objects.get_or_create(name=role)
+    if created:
+        group.permissions.set(
+            [
+                Permission.objects.get(content_type__app_label=app, codename=codename)
+                for app, codename in roles[role]
+            ]
+        )
+    user = StaffFactory(**fields)
+    user.groups.add(group)
+    return user
+
+
+def totp_device(user):
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    return TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+
+
+def totp_code(device) -> str:
+    """The code the user's authenticator app shows now."""
+    from django_otp.oath import TOTP
+
+    totp = TOTP(device.bin_key, device.step, device.t0, device.digits, device.drift)
+    return f"{totp.token():0{device.digits}d}"
+
+
+def otp_login(client, user):
+    """Log `client` in as `user` with an OTP-verified session (as the admin login does)."""
+    from django_otp import DEVICE_ID_SESSION_KEY
+
+    device = totp_device(user)
+    client.force_login(user)
+    session = client.session
+    session[DEVICE_ID_SESSION_KEY] = device.persistent_id
+    session.save()
+    client.user = user
+    return client

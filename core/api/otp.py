@@ -21,11 +21,12 @@ from typing import Any
 import structlog
 from django.conf import settings
 from django.core.cache import cache
+from django.core.validators import RegexValidator
 from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django_otp.plugins.otp_totp.models import TOTPDevice
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.permissions import IsAuthenticated
@@ -33,6 +34,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.api.docs import REQUEST_ID, ErrorTable, error_responses_from
+from core.api.serializers import ClosedSerializer, StrictCharField
 from core.api.views import ThrottledApiView
 from core.errors import ApplicationError
 
@@ -162,6 +164,17 @@ ERRORS: ErrorTable = {
 }
 
 
+OTP_CODE_PATTERN = r"^[0-9]{6,8}$"
+
+
+@extend_schema_field({"type": "string", "pattern": OTP_CODE_PATTERN})
+class OtpCodeField(StrictCharField):
+    """6 to 8 digits, as a string (a number would lose leading zeros)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(validators=[RegexValidator(OTP_CODE_PATTERN, "6 to 8 digits.")], **kwargs)
+
+
 class OtpGrantApi(ThrottledApiView):
     """POST /api/v1/admin/otp: a current TOTP code -> a grant for this token."""
 
@@ -170,18 +183,10 @@ class OtpGrantApi(ThrottledApiView):
     error_prefix = "ERR-OTP"
     rate_limited_error = OtpRateLimitedError
 
-    class InputSerializer(serializers.Serializer):
-        otp_token = serializers.RegexField(
-            r"^[0-9]{6,8}$", help_text="The code your authenticator app shows now."
-        )
+    class OtpGrantInputSerializer(ClosedSerializer):
+        otp_token = OtpCodeField(help_text="The code your authenticator app shows now.")
 
-        def to_internal_value(self, data: Any) -> Any:
-            if isinstance(data, dict) and set(data) - set(self.fields):
-                unknown = sorted(set(data) - set(self.fields))
-                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
-            return super().to_internal_value(data)
-
-    class OutputSerializer(serializers.Serializer):
+    class OtpGrantOutputSerializer(serializers.Serializer):
         expires_at = serializers.DateTimeField(help_text="The grant ends then (15 minutes).")
         expires_in = serializers.IntegerField(help_text="Seconds until then.")
 
@@ -189,22 +194,21 @@ class OtpGrantApi(ThrottledApiView):
         operation_id="admin_otp_grant",
         summary="Exchange a TOTP code for a 15-minute admin grant on this token",
         tags=["admin"],
-        request=InputSerializer,
+        request=OtpGrantInputSerializer,
         parameters=[REQUEST_ID],
         responses={
             200: OpenApiResponse(
-                OutputSerializer,
+                OtpGrantOutputSerializer,
                 "Granted: admin calls with this token count as OTP-verified until `expires_at`.",
             ),
             **error_responses_from(ERRORS, 400, 401, 403, 415, 429, 503),
         },
     )
     def post(self, request: Request) -> Response:
-        body = self.InputSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        code = body.validated_data["otp_token"]
+        given = self.OtpGrantInputSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        code = given.validated_data["otp_token"]
         grant = otp_grant_issue(user=request.user, token_key=request.auth.key, otp_token=code)
         seconds = max(0, int((grant.expires_at - timezone.now()).total_seconds()))
-        return Response(
-            self.OutputSerializer({"expires_at": grant.expires_at, "expires_in": seconds}).data
-        )
+        body = {"expires_at": grant.expires_at, "expires_in": seconds}
+        return Response(self.OtpGrantOutputSerializer(body).data)
