@@ -38,6 +38,7 @@ run: migrate
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy config core jobs audit dlq
@@ -46,7 +47,7 @@ fmt: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: lint
+test: lint typecheck
 	$(BIN)/pytest
 
 test-slow: install

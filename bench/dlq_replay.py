@@ -89,10 +89,8 @@ def run(*, jobs: int, purge: bool) -> None:
     from audit.services import Actor
     from dlq.services import dead_letters_replay, job_fail_with_dead_letter
     from dlq.watcher import watch_once
-    from jobs.dispatcher import publish_due_once
     from jobs.models import DeadLetter, Job
-    from jobs.publisher import job_publish
-    from jobs.services import Fence, job_claim, job_create
+    from jobs.services import Fence, job_claim, job_create, job_publish, publish_due_once
     from jobs.states import Status
 
     figures: dict[str, float | int | str] = {"jobs": jobs}

@@ -4,7 +4,7 @@ Everything comes from settings, read lazily (this module is imported by
 `config/__init__.py`, before Django has loaded its settings):
 
 - `task_queues` are the very `Queue` objects `setup_topology` declares
-  (`jobs.topology.primary_queues()`), and Celery may not invent others
+  (`jobs.topology.job_queues()`), and Celery may not invent others
   (`task_create_missing_queues=False`), so a worker never meets a queue whose
   arguments differ (RabbitMQ would answer 406 and the worker would die).
 - `task_routes` map `jobs.<type>` to the type's queue on `jobs.direct`, routing key =
@@ -30,8 +30,18 @@ from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 from celery.utils.log import get_logger
 from celery.worker.consumer import Consumer
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from kombu.utils.encoding import safe_repr
+from prometheus_client import multiprocess
 from vine import promise
+
+from audit.db_roles import refuse_privileged_database_role
+from core.json import json_problem
+from core.metrics import metrics_serve, multiprocess_dir_prune
+from core.tracing import configure_tracing, flush_tracing
+from jobs.topology import JOBS_EXCHANGE, job_queues
+from jobs.types import all_types
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -95,9 +105,6 @@ def message_problem(message: Any) -> str | None:
     argument, no deeper than the API would ever accept (JOBOPS_MAX_JSON_DEPTH for the
     params inside the payload and its envelope).
     """
-    from django.conf import settings
-
-    from core.json import json_problem
 
     if not isinstance(message.headers, dict) or "task" not in message.headers:
         return None  # Celery's own path rejects unknown formats without requeue
@@ -123,10 +130,6 @@ def message_problem(message: Any) -> str | None:
 
 def celery_config() -> dict[str, Any]:
     """The whole Celery configuration, built from Django settings on first use."""
-    from django.conf import settings
-
-    from jobs.topology import JOBS_EXCHANGE, primary_queues
-    from jobs.types import all_types
 
     types = all_types().values()
     return {
@@ -138,7 +141,7 @@ def celery_config() -> dict[str, Any]:
         "task_serializer": "json",
         "accept_content": ["json"],
         "result_serializer": "json",
-        "task_queues": primary_queues(),
+        "task_queues": job_queues(),
         "task_create_missing_queues": False,
         "task_default_queue": "default",
         "task_default_exchange": JOBS_EXCHANGE.name,
@@ -170,7 +173,6 @@ app.add_defaults(celery_config)
 
 def prefetch_problems(*, multiplier: int, queues: list[str], consumer_timeout: int) -> list[str]:
     """Queues whose reserved messages could wait past consumer_timeout / 2 (DESIGN.md 4)."""
-    from jobs.types import all_types
 
     problems = []
     for t in all_types().values():
@@ -184,8 +186,6 @@ def prefetch_problems(*, multiplier: int, queues: list[str], consumer_timeout: i
 
 @worker_init.connect
 def _refuse_unsafe_prefetch(sender: Any = None, **_: Any) -> None:
-    from django.conf import settings
-
     queues = list(sender.app.amqp.queues.consume_from or sender.app.amqp.queues)
     problems = prefetch_problems(
         multiplier=int(sender.prefetch_multiplier),
@@ -205,28 +205,19 @@ def _refuse_unsafe_prefetch(sender: Any = None, **_: Any) -> None:
 @worker_process_init.connect
 def _trace_worker_process(**_: Any) -> None:
     # In each pool child: the SDK's export thread does not survive the fork.
-    from config.tracing import configure_tracing
 
     configure_tracing("worker")
 
 
 @worker_process_shutdown.connect
 def _flush_worker_traces(pid: int | None = None, **_: Any) -> None:
-    from config.tracing import flush_tracing
-
     flush_tracing()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
         multiprocess.mark_process_dead(pid or os.getpid())  # its live gauges stop counting
 
 
 @worker_init.connect
 def _refuse_privileged_database_role(**_: Any) -> None:
-    from django.core.exceptions import ImproperlyConfigured
-
-    from audit.db_roles import refuse_privileged_database_role
-
     try:
         refuse_privileged_database_role()
     except ImproperlyConfigured as exc:
@@ -239,7 +230,6 @@ def _refuse_privileged_database_role(**_: Any) -> None:
 def _serve_worker_metrics(**_: Any) -> None:
     """The worker group's exporter (JOBOPS_METRICS_PORT), in the main process. Pool
     children count too only through PROMETHEUS_MULTIPROC_DIR (README, Observability)."""
-    from config.metrics import metrics_serve, multiprocess_dir_prune
 
     multiprocess_dir_prune()
     metrics_serve()

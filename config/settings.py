@@ -13,7 +13,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_json, env_list, env_str
-from config.logging import configure_masking, configure_structlog, logging_config
+from core.logging import configure_masking, configure_structlog, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -222,6 +222,18 @@ JOBOPS_PROGRESS_INTERVAL_SECONDS = env_float("JOBOPS_PROGRESS_INTERVAL_SECONDS",
 JOBOPS_CANCEL_CHECK_SECONDS = env_float("JOBOPS_CANCEL_CHECK_SECONDS", 0.5)
 JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = env_float("JOBOPS_DISPATCH_PENDING_AFTER_SECONDS", 5.0)
 JOBOPS_DISPATCHER_INTERVAL_SECONDS = env_float("JOBOPS_DISPATCHER_INTERVAL_SECONDS", 1.0)
+# The dispatcher loop's steps, in order: (name, dotted path of a no-argument callable).
+# Listed here, where the apps are composed, so that jobs never names the dlq app.
+JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
+    ("publish", "jobs.services.publishing.publish_due_once"),
+    ("reap", "jobs.services.reaper.reap_once"),
+    ("outbox", "jobs.events.outbox_relay_once"),
+    ("checkpoint", "audit.checkpoints.checkpoint_write_if_due"),
+    ("queue_depths", "jobs.backpressure.queue_depths_refresh"),
+    ("dlq_watch", "dlq.watcher.watch_once"),
+    # Background replays and discards (dlq/bulk.py): one chunk per loop.
+    ("dlq_bulk", "dlq.bulk.bulk_operations_run_once"),
+]
 JOBOPS_PUBLISH_TIMEOUT_SECONDS = env_float("JOBOPS_PUBLISH_TIMEOUT_SECONDS", 5.0)
 # The same bound for the publish an API request makes after its commit: short, since a
 # job left `pending` is published by the dispatcher anyway.
@@ -323,6 +335,9 @@ SPECTACULAR_SETTINGS = {
 
 # --- observability ------------------------------------------------------------------
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# Refreshed at each /metrics scrape: dotted paths of no-argument callables that set the
+# gauges derived from the database (core/metrics.py stays ignorant of the apps).
+JOBOPS_METRICS_REFRESH: list[str] = ["jobs.metrics.metrics_refresh_gauges"]
 # Workers and dispatchers have no web server: each serves /metrics here (0: off).
 JOBOPS_METRICS_PORT = env_int("JOBOPS_METRICS_PORT", 0)
 JOBOPS_METRICS_ADDR = env_str("JOBOPS_METRICS_ADDR", "127.0.0.1")
@@ -333,7 +348,7 @@ JOBOPS_READY_CACHE_SECONDS = env_float("JOBOPS_READY_CACHE_SECONDS", 2.0)
 JOBOPS_PROCESS_HEARTBEAT_SECONDS = env_float("JOBOPS_PROCESS_HEARTBEAT_SECONDS", 10.0)
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
 LOG_JSON = env_bool("LOG_JSON", not DEBUG)
-# structlog and stdlib records share one chain (config/logging.py): timestamp, level,
+# structlog and stdlib records share one chain (core/logging.py): timestamp, level,
 # bound context (request_id, job_id, ...), secrets and PII masked; JSON lines if LOG_JSON.
 LOGGING = logging_config(json=LOG_JSON, level=LOG_LEVEL)
 configure_structlog()

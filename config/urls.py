@@ -1,7 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
 
-from config.metrics import metrics_view
 from core.api.exceptions import (
     api_handler400,
     api_handler404,
@@ -10,6 +9,7 @@ from core.api.exceptions import (
 )
 from core.api.otp import OtpGrantApi
 from core.api.routing import with_slash_alias
+from core.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -17,7 +17,7 @@ urlpatterns = [
     # Admin calls (DESIGN.md 6): the OTP grant, then the DLQ tools.
     *with_slash_alias("api/v1/admin/otp", OtpGrantApi.as_view(), "admin-otp"),
     path("api/v1/admin/", include("dlq.api.urls")),
-    # django-prometheus' exporter behind METRICS_TOKEN (config/metrics.py).
+    # django-prometheus' exporter behind METRICS_TOKEN (core/metrics.py).
     path("metrics", metrics_view, name="prometheus-django-metrics"),
     # Last: any other /api/ path is a JSON 404 envelope, also with DEBUG on.
     re_path(r"^api/(?P<unmatched>.*)$", api_not_found_view),

@@ -2,7 +2,7 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
-from config.tracing import configure_tracing
+from core.tracing import configure_tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Before the application loads its middleware: Django's instrumentation adds one.

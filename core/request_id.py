@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
-from config.logging import bind_request_context, clear_request_context
+from core.logging import bind_request_context, clear_request_context
 
 HEADER = "X-Request-ID"
 # A client's id lands in logs and in the jobs table: short, and no characters that
@@ -20,6 +21,14 @@ def request_id_from(value: str | None) -> str:
     if value and _SANE.match(value):
         return value
     return uuid.uuid4().hex
+
+
+def request_id_of(request: Any) -> str:
+    """The id RequestIdMiddleware gave this request (a Django or DRF request), or one
+    made from its header when the middleware did not run (a request built in a test)."""
+    return getattr(request, "request_id", None) or request_id_from(
+        request.headers.get("X-Request-ID")
+    )
 
 
 class RequestIdMiddleware:

@@ -23,8 +23,7 @@ import datetime
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,10 +33,11 @@ from django.conf import settings
 from kombu import Connection
 from kombu.exceptions import OperationalError as KombuOperationalError
 
+from core.broker import broker_channel, queue_depths
 from core.json import json_problem
 from dlq.errors import UnknownQueueError
 from jobs import metrics
-from jobs.topology import dlq_name, primary_queues
+from jobs.topology import dlq_name, dlq_names, is_dlq, job_queues
 
 # What a caller sees when RabbitMQ cannot be reached (refused, timed out, closed).
 BROKER_ERRORS = (OSError, KombuOperationalError, AmqpConnectionError)
@@ -199,7 +199,7 @@ def decode_message(
     except UnicodeDecodeError:
         msg.body_text = "base64:" + base64.b64encode(raw[:MAX_BODY_CHARS]).decode("ascii")
     # The death in the primary queue: the first entry naming a jobs queue, else the last.
-    primaries = {q.name for q in primary_queues()}
+    primaries = {q.name for q in job_queues()}
     death = None
     for entry in x_death or []:
         if isinstance(entry, dict) and entry.get("queue") in primaries:
@@ -263,40 +263,6 @@ def decode_amqp(message: Any) -> DecodedMessage:
 # --- connections and queues ---------------------------------------------------------
 
 
-@contextmanager
-def broker_channel(connection: Connection | None = None) -> Iterator[Any]:
-    """A py-amqp channel on `connection`, or on a fresh connection to BROKER_URL."""
-    if connection is not None:
-        channel = connection.channel()
-        try:
-            yield channel
-        finally:
-            _close_quietly(channel)
-        return
-    with Connection(settings.BROKER_URL, connect_timeout=5) as conn:
-        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.1)
-        channel = conn.channel()
-        try:
-            yield channel
-        finally:
-            _close_quietly(channel)
-
-
-def _close_quietly(channel: Any) -> None:
-    try:
-        channel.close()
-    except Exception:  # a channel closed by the broker (404) cannot close again
-        pass
-
-
-def all_dlq_names() -> list[str]:
-    return [dlq_name(q.name) for q in primary_queues()]
-
-
-def is_dlq(name: str) -> bool:
-    return name in all_dlq_names()
-
-
 def queue_depth(channel: Any, name: str) -> int:
     """Messages ready in `name` (passive declare; unacked messages are not counted)."""
     _, count, _ = channel.queue_declare(queue=name, passive=True)
@@ -311,16 +277,8 @@ def dlq_depths(
     Raises the broker's connection error when RabbitMQ cannot be reached; callers that
     must not fail (the portal overview) catch it and show "unknown".
     """
-    names = list(queues) if queues is not None else all_dlq_names()
-    depths: dict[str, int | None] = {}
-    with broker_channel(connection) as channel:
-        for name in names:
-            try:
-                depths[name] = queue_depth(channel, name)
-            except NotFound:
-                # A 404 closes the channel; carry on with a fresh one.
-                depths[name] = None
-                channel = channel.connection.channel()
+    names = list(queues) if queues is not None else dlq_names()
+    depths = queue_depths(names, connection=connection)
     _export_depths(depths)
     return depths
 
@@ -338,7 +296,7 @@ def _require_dlq(queue: str) -> None:
     if not is_dlq(queue):
         raise UnknownQueueError(
             f"{queue!r} is not a dead-letter queue.",
-            details={"queue": [f"One of: {', '.join(all_dlq_names())}."]},
+            details={"queue": [f"One of: {', '.join(dlq_names())}."]},
         )
 
 

@@ -27,7 +27,6 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from dlq.broker import all_dlq_names
 from dlq.errors import BulkOperationNotFoundError, DeadLetterPermissionError
 from dlq.models import BulkOperation, BulkState
 from dlq.services import (
@@ -41,6 +40,7 @@ from dlq.services import (
     dead_letters_selected,
 )
 from jobs.models import DeadLetter
+from jobs.topology import dlq_names
 
 log = structlog.get_logger("dlq.bulk")
 
@@ -277,7 +277,7 @@ def _finish(
     operation.refresh_from_db(fields=["resolved"])
     result = ResolveResult(action=operation.action, dry_run=False)
     if operation.resolved:
-        queues = [operation.queue] if operation.queue else all_dlq_names()
+        queues = [operation.queue] if operation.queue else dlq_names()
         broker_copies_ack_resolved(result=result, queues=queues)
     BulkOperation.objects.filter(id=operation.id, lease_owner=owner).update(
         state=state,

@@ -9,10 +9,11 @@ from typing import Any
 import structlog
 from django.db.models import Count, Max, Min, Q, QuerySet
 
-from dlq.broker import DecodedMessage, all_dlq_names, dlq_depths
+from dlq.broker import DecodedMessage, dlq_depths
 from dlq.errors import BulkOperationNotFoundError
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, DeadLetterState
+from jobs.topology import dlq_names
 
 log = structlog.get_logger("dlq")
 
@@ -71,7 +72,7 @@ def dlq_overview() -> list[dict[str, Any]]:
     """Each DLQ with its broker depth (None when unknown: broker down or queue missing)
     and its count of open dead letters. The two can differ: `worker_lost` rows have no
     broker copy, and copies of resolved rows wait for the next ack-away pass."""
-    names = all_dlq_names()
+    names = dlq_names()
     try:
         depths: dict[str, int | None] = dlq_depths(queues=names)
         broker_error = None

@@ -12,13 +12,13 @@ from typing import Any
 
 import structlog
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from audit.services import OPS_CHAIN, Actor, audit_append, job_chain
-from dlq.broker import DecodedMessage, DrainResult, all_dlq_names, dlq_drain
+from audit.services import OPS_CHAIN, Actor, audit_append
+from dlq.broker import DecodedMessage, DrainResult, dlq_drain
 from dlq.errors import (
     DeadLetterInputError,
     DeadLetterPermissionError,
@@ -28,68 +28,18 @@ from dlq.errors import (
 from jobs import metrics
 from jobs.exceptions import TransitionRefusedError
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState, Job
-from jobs.services import STALE_LOCK_SQL, Fence, Raw, transition
+from jobs.services import (
+    job_audit,
+    job_fail_with_dead_letter,
+    job_lock_is_stale,
+    job_publish,
+    transition,
+)
 from jobs.states import Status
-from jobs.topology import dlq_name
+from jobs.topology import dlq_name, dlq_names
 from jobs.types import get_type
 
 log = structlog.get_logger("dlq")
-
-
-def job_fail_with_dead_letter(
-    *,
-    job_id: uuid.UUID | str,
-    reason: str,
-    actor: Actor,
-    error_code: str | None = None,
-    error_message: str | None = None,
-    fence: Fence | None = None,
-    sources: Iterable[str] | None = None,
-    where: str = "",
-    where_params: Iterable[Any] = (),
-    broker_copy: bool = False,
-    x_death: Any = None,
-    headers: Any = None,
-) -> tuple[Job, DeadLetter]:
-    """Move a job to `failed` and open its dead letter, in one transaction.
-
-    1. The compare-and-set transition to `failed` (fenced for a worker; `where` lets the
-       reaper add its stale-lock condition); raises JobLost / TransitionRefusedError.
-    2. The `dead_letters` row for the job's DLQ; the partial unique index keeps it to
-       one open row per job.
-    The caller rejects the broker message (requeue=False) only after this commits.
-    """
-    with transaction.atomic():
-        # The queue is needed before the UPDATE to set dead_letter_queue in the same write.
-        queue = Job.objects.values_list("queue", flat=True).get(id=job_id)
-        job = transition(
-            job_id=job_id,
-            target=Status.FAILED,
-            sources=sources or [Status.RUNNING],
-            actor=actor,
-            fence=fence,
-            where=where,
-            where_params=where_params,
-            set_fields={
-                "dead_letter_queue": dlq_name(queue),
-                "last_error_code": error_code,
-                "last_error_message": error_message,
-                "locked_by": None,
-                "locked_at": None,
-            },
-            audit_data={"reason": reason, "error_code": error_code},
-        )
-        dead_letter = DeadLetter.objects.create(
-            job_id=job.id,
-            queue=dlq_name(queue),
-            reason=reason,
-            error_code=error_code,
-            error_message=error_message,
-            broker_copy=broker_copy,
-            x_death=x_death,
-            headers=headers,
-        )
-    return job, dead_letter
 
 
 # --- the dead-letter watcher's reconciliation (DESIGN.md 4.1) --------------------------
@@ -181,13 +131,12 @@ def dead_letter_reconcile(*, message: DecodedMessage) -> str:
         if job.status == Status.RUNNING:
             if attempt is not None and attempt < job.attempts:
                 return Outcome.STALE
-            if _lock_is_stale(job):
+            if job_lock_is_stale(job_id=job.id):
                 _fail_from_broker(
                     job=job,
                     message=message,
                     sources=[Status.RUNNING],
-                    where=STALE_LOCK_SQL,
-                    where_params=[float(settings.JOBOPS_LOCK_TIMEOUT)],
+                    stale_after=float(settings.JOBOPS_LOCK_TIMEOUT),
                 )
                 return Outcome.FAILED
             row = DeadLetter.objects.create(
@@ -209,24 +158,12 @@ def dead_letter_reconcile(*, message: DecodedMessage) -> str:
         return Outcome.STALE  # succeeded or cancelled: nothing to decide
 
 
-def _lock_is_stale(job: Job) -> bool:
-    # By the database clock, like the reaper's compare-and-set.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {STALE_LOCK_SQL} FROM jobs WHERE id = %s",
-            [float(settings.JOBOPS_LOCK_TIMEOUT), job.id],
-        )
-        row = cursor.fetchone()
-    return bool(row and row[0])
-
-
 def _fail_from_broker(
     *,
     job: Job,
     message: DecodedMessage,
     sources: list[str],
-    where: str = "",
-    where_params: Iterable[Any] = (),
+    stale_after: float | None = None,
 ) -> DeadLetter:
     code, text = _broker_error(message)
     _, row = job_fail_with_dead_letter(
@@ -236,14 +173,12 @@ def _fail_from_broker(
         error_code=code,
         error_message=text,
         sources=sources,
-        where=where,
-        where_params=where_params,
+        stale_after=stale_after,
         broker_copy=True,
         x_death=message.x_death,
         headers=message.headers,
+        message_id=message.message_id,
     )
-    row.message_id = message.message_id
-    row.save(update_fields=["message_id"])
     _audit_dead_lettered(row, message)
     return row
 
@@ -271,12 +206,21 @@ def _record_without_job(*, message: DecodedMessage, job_id_text: str | None) -> 
     return row
 
 
+def _audit(
+    *, job_id: uuid.UUID | None, event_type: str, actor: Actor, data: dict[str, Any]
+) -> None:
+    """On the job's chain, or on the ops chain for a dead letter that names no job."""
+    if job_id is not None:
+        job_audit(job_id=job_id, event_type=event_type, actor=actor, data=data)
+    else:
+        audit_append(chain=OPS_CHAIN, event_type=event_type, actor=actor, data=data)
+
+
 def _audit_dead_lettered(row: DeadLetter, message: DecodedMessage, **extra: Any) -> None:
-    audit_append(
-        chain=job_chain(row.job_id) if row.job_id else OPS_CHAIN,
+    _audit(
+        job_id=row.job_id,
         event_type="dead_lettered",
         actor=WATCHER,
-        job_id=row.job_id,
         data={
             "dead_letter_id": row.id,
             "queue": row.queue,
@@ -364,10 +308,10 @@ def dead_letter_action_check(
         raise DeadLetterInputError(
             details={"justification": [f"At most {MAX_JUSTIFICATION_CHARS} characters."]}
         )
-    if queue is not None and queue not in all_dlq_names():
+    if queue is not None and queue not in dlq_names():
         raise UnknownQueueError(
             f"{queue!r} is not a dead-letter queue.",
-            details={"queue": [f"One of: {', '.join(all_dlq_names())}."]},
+            details={"queue": [f"One of: {', '.join(dlq_names())}."]},
         )
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise DeadLetterInputError(details={"limit": ["A positive integer."]})
@@ -710,8 +654,8 @@ def _replay_one(
                 sources=[Status.FAILED],
                 actor=actor,
                 event_type="dlq_replayed",
-                set_fields={
-                    "max_attempts": Raw(f"jobs.max_attempts + {int(budget)}"),
+                extend_attempts=budget,
+                fields={
                     "dead_letter_queue": None,
                     "next_run_at": None,
                     "result": None,
@@ -752,11 +696,10 @@ def _discard_one(
         _resolve(
             row, state=DeadLetterState.DISCARDED, actor_user=actor_user, justification=justification
         )
-        audit_append(
-            chain=job_chain(job_id) if job_id else OPS_CHAIN,
+        _audit(
+            job_id=job_id,
             event_type="dlq_discarded",
             actor=actor,
-            job_id=job_id,
             data=_audit_data(row, justification, audit_extra),
         )
     return row.message_id or ""
@@ -773,7 +716,7 @@ def _resolve(row: DeadLetter, *, state: str, actor_user: Any, justification: str
 def broker_copies_ack_resolved(*, result: ResolveResult, queues: Iterable[str]) -> None:
     """Ack away the broker copies of resolved rows in `queues` (one pass per DLQ), into
     `result`; a broker that cannot be reached leaves them for a later pass."""
-    for name in sorted(q for q in queues if q in all_dlq_names()):
+    for name in sorted(q for q in queues if q in dlq_names()):
         try:
             result.broker_acked += broker_copies_ack_stale(queue=name).acked
         except Exception as exc:  # broker down: the copies stay for a later pass
@@ -782,8 +725,6 @@ def broker_copies_ack_resolved(*, result: ResolveResult, queues: Iterable[str]) 
 
 
 def _publish(job_ids: list[str]) -> int:
-    from jobs.publisher import job_publish
-
     published = 0
     for job_id in job_ids:
         try:

@@ -15,7 +15,8 @@ from amqp.exceptions import NotFound
 from django.db import InterfaceError, OperationalError
 from kombu import Connection
 
-from dlq.broker import DecodedMessage, broker_channel, decode_amqp, queue_depth
+from core.broker import broker_channel
+from dlq.broker import DecodedMessage, decode_amqp, queue_depth
 from dlq.services import Outcome, broker_copies_ack_stale, dead_letter_reconcile
 from jobs.topology import WATCH_QUEUE_NAME
 

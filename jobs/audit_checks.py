@@ -16,22 +16,8 @@ from typing import Any
 from django.db import connection
 
 from audit.verification import MAX_PROBLEMS, Problem, VerificationReport
+from jobs import sql
 from jobs.states import STATUS_AFTER_EVENT
-
-_SQL = """
-SELECT j.id::text, j.status, last.event_type, last.seq
-FROM jobs j
-LEFT JOIN LATERAL (
-    SELECT a.event_type, a.seq FROM audit_logs a
-    WHERE a.chain = 'job:' || j.id::text AND a.event_type = ANY(%(events)s)
-    ORDER BY a.seq DESC LIMIT 1
-) last ON true
-LEFT JOIN unnest(%(events)s::text[], %(statuses)s::text[]) AS m(event, status)
-    ON m.event = last.event_type
-WHERE m.status IS DISTINCT FROM j.status {scope}
-ORDER BY j.id
-LIMIT %(limit)s
-"""
 
 
 def job_status_matches_chain(
@@ -56,16 +42,13 @@ def job_status_matches_chain(
         "requested": _job_ids(requested),
         "since": since,
     }
-    # uuid[] rather than id::text: the primary key index serves `--job` lookups.
-    scope = ""
+    scope = sql.STATUS_SCOPE_ALL
     if since is not None:
-        scope = "AND (j.id = ANY(%(ids)s::uuid[]) OR j.updated_at >= %(since)s)"
-        if requested is not None:
-            scope += " AND j.id = ANY(%(requested)s::uuid[])"
+        scope = sql.STATUS_SCOPE_SINCE if requested is None else sql.STATUS_SCOPE_SINCE_REQUESTED
     elif chains is not None:
-        scope = "AND j.id = ANY(%(ids)s::uuid[])"
+        scope = sql.STATUS_SCOPE_CHAINS
     with connection.cursor() as cursor:
-        cursor.execute(_SQL.format(scope=scope), params)
+        cursor.execute(sql.STATUS_AGAINST_CHAIN.format(scope=scope), params)
         rows = cursor.fetchall()
     for job_id, status, event, seq in rows:
         if event is None:

@@ -19,19 +19,19 @@ import time
 from typing import Any
 
 import redis
+from amqp.exceptions import AMQPError
 from django.conf import settings
-from kombu import Connection
 from kombu.exceptions import OperationalError
 
+from core.broker import queue_depths as broker_queue_depths
 from core.errors import ApplicationError
 from jobs import metrics
 from jobs.redis_client import redis_client, redis_key
 from jobs.topology import dlq_name
-from jobs.types import queues
+from jobs.types import primary_queue_names
 
 logger = logging.getLogger(__name__)
 
-BROKER_TIMEOUT = 2.0
 # Per broker URL: (monotonic time, depths) of this process's last broker read.
 _last_read: dict[str, tuple[float, dict[str, int]]] = {}
 
@@ -50,26 +50,17 @@ def _depth_key(queue: str) -> str:
     return redis_key("queue-depth", queue)
 
 
-def queue_depths_read_broker(conn: Connection) -> dict[str, int]:
+def queue_depths_read_broker() -> dict[str, int]:
     """Each primary queue's message count; a queue the broker lacks is left out.
 
     The dead-letter queues are read too (for the dlq_depth gauge); backpressure only
     looks at the primary ones. Raises kombu/amqp connection errors when the broker is
     down.
     """
-    depths: dict[str, int] = {}
-    with conn:
-        channel = conn.channel()
-        for name in [*queues(), *(dlq_name(q) for q in queues())]:
-            try:
-                _, count, _ = channel.queue_declare(queue=name, passive=True)
-            except conn.channel_errors:
-                # 404 NOT_FOUND closes the channel: note nothing, take a new one.
-                channel = conn.channel()
-                continue
-            depths[name] = int(count)
+    primaries = primary_queue_names()
+    read = broker_queue_depths([*primaries, *(dlq_name(q) for q in primaries)])
+    depths = {name: depth for name, depth in read.items() if depth is not None}
     # The same read feeds the queue_depth and dlq_depth gauges (DESIGN.md 8).
-    primaries = set(queues())
     for name, depth in depths.items():
         gauge = metrics.QUEUE_DEPTH if name in primaries else metrics.DLQ_DEPTH
         gauge.labels(queue=name).set(depth)
@@ -90,10 +81,9 @@ def queue_depths_refresh(*, min_interval: float | None = None) -> dict[str, int]
     last = _last_read.get(settings.BROKER_URL)
     if last is not None and time.monotonic() - last[0] < interval:
         return last[1]
-    conn = Connection(settings.BROKER_URL, connect_timeout=BROKER_TIMEOUT)
     try:
-        depths = queue_depths_read_broker(conn)
-    except (OSError, OperationalError, *conn.connection_errors) as exc:
+        depths = queue_depths_read_broker()
+    except (OSError, OperationalError, AMQPError) as exc:
         logger.warning("queue depths not refreshed: broker unavailable (%s)", exc)
         return {}
     _last_read[settings.BROKER_URL] = (time.monotonic(), depths)
@@ -116,11 +106,6 @@ def queue_depth_cached(queue: str) -> int | None:
         logger.warning("backpressure not applied: Redis unavailable", exc_info=True)
         return None
     return int(raw) if raw is not None else None
-
-
-def queue_depth_set(queue: str, depth: int, ttl: int | None = None) -> None:
-    """Cache a depth by hand (tests, tools); the dispatcher uses queue_depths_refresh."""
-    redis_client().set(_depth_key(queue), depth, ex=ttl or settings.JOBOPS_QUEUE_DEPTH_TTL)
 
 
 def backpressure_check(*, queue: str) -> None:

@@ -26,31 +26,25 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import requests  # type: ignore[import-untyped]  # no stubs pinned (types-requests)
 import structlog
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from kombu import Connection, Consumer, Producer, Queue
+from kombu import Consumer, Producer
 from kombu.message import Message
 
-from config.logging import log_context
+from core.broker import broker_connect, queue_depths
+from core.logging import log_context
 from core.redact import redact_url, redact_urls_in
 from jobs import metrics
-from jobs.topology import erp_events_queue
+from jobs.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, erp_events_queue
 
 log = structlog.get_logger("jobs.erp_bridge")
 
-PARKED_QUEUE_NAME = "erp.events.parked"
 # Statuses worth another try; every other non-2xx is a permanent refusal.
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 DELIVERED, RETRY, PARK = "delivered", "retry", "park"
-
-
-def parked_queue() -> Queue:
-    """Refused events wait here (default exchange, routing key = the queue's name)."""
-    return Queue(PARKED_QUEUE_NAME, durable=True, queue_arguments={"x-queue-mode": "lazy"})
 
 
 def event_post(
@@ -186,14 +180,10 @@ def erp_bridge_run(
     if not url:
         raise ImproperlyConfigured("JOBOPS_ERP_EVENTS_URL is not set: nowhere to POST events")
     stop = stop or threading.Event()
-    with Connection(
-        settings.BROKER_URL,
-        connect_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
-        transport_options={"confirm_publish": True},
-    ) as conn:
+    # Its own connection (a long-lived consumer), with confirms for parking.
+    with broker_connect(confirm=True) as conn:
         conn.ensure_connection(max_retries=3)
         publish_channel = conn.channel()
-        parked_queue()(publish_channel).declare()
         bridge = ErpBridge(
             url=url, producer=Producer(publish_channel), stop=stop, max_messages=max_messages
         )
@@ -223,11 +213,6 @@ def erp_bridge_run(
     return dict(bridge.counts)
 
 
-def erp_bridge_status() -> dict[str, Any]:
+def erp_bridge_status() -> dict[str, int | None]:
     """Depths of the bridge's queues (for an operator command or a health check)."""
-    with Connection(settings.BROKER_URL, connect_timeout=5) as conn:
-        channel = conn.channel()
-        return {
-            queue.name: queue(channel).queue_declare(passive=True).message_count
-            for queue in (erp_events_queue(), parked_queue())
-        }
+    return queue_depths([ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME])

@@ -28,7 +28,6 @@ allow.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -39,53 +38,14 @@ import structlog
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
-from kombu import Connection, Producer
+from kombu import Producer
 
-from jobs import metrics
+from core.broker import broker_connection, broker_connection_drop, channel_close_quietly
+from jobs import metrics, sql
 from jobs.models import EventOutbox
 from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
 
 log = structlog.get_logger("jobs.events")
-
-# The lowest unpublished seq per job among rows this relay did not claim: in flight in
-# another relay, or beyond this claim's LIMIT. Our rows at or above it must wait.
-_BLOCKERS_SQL = (
-    "SELECT job_id, min(seq) FROM event_outbox "
-    "WHERE published_at IS NULL AND job_id = ANY(%s) AND NOT (id = ANY(%s)) GROUP BY job_id"
-)
-
-_local = threading.local()
-
-
-def _connection() -> Connection:
-    """One broker connection per thread, reused, rebuilt after an error.
-
-    Not kombu's `confirm_publish` mode, which waits for each message's confirm in
-    turn (one round trip per event); `events_publish` selects confirms on its channel
-    and waits once for the whole batch.
-
-    Keyed by URL so that a reconfigured process (or a test pointing BROKER_URL at a
-    closed port) connects to the new place.
-    """
-    url = settings.BROKER_URL
-    conn = getattr(_local, "conn", None)
-    if conn is not None and getattr(_local, "url", None) != url:
-        _drop_connection()
-        conn = None
-    if conn is None:
-        conn = Connection(url, connect_timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS)
-        _local.conn, _local.url = conn, url
-    return conn
-
-
-def _drop_connection() -> None:
-    conn = getattr(_local, "conn", None)
-    _local.conn = None
-    if conn is not None:
-        try:
-            conn.release()
-        except Exception:  # a broken connection may fail to close
-            pass
 
 
 class EventPublishError(Exception):
@@ -153,12 +113,14 @@ def events_publish(*, payloads: list[dict[str, Any]]) -> None:
        nothing; events already confirmed go out again later (at least once).
     """
     timeout = settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS
-    conn = _connection()
+    # Not kombu's confirm_publish mode, which waits for each message's confirm in turn
+    # (one round trip per event): confirms are selected on this channel and awaited
+    # once for the whole batch.
+    conn = broker_connection()
     try:
-        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
         channel = conn.channel()
     except Exception:
-        _drop_connection()
+        broker_connection_drop(conn)
         raise
     confirms = _Confirms()
     try:
@@ -180,12 +142,9 @@ def events_publish(*, payloads: list[dict[str, Any]]) -> None:
         if confirms.failures:
             raise EventPublishError("; ".join(confirms.failures[:5]))
     except Exception:
-        _drop_connection()  # the channel's state is unknown: start afresh next time
+        broker_connection_drop(conn)  # the channel's state is unknown: start afresh
         raise
-    try:
-        channel.close()
-    except Exception:  # the events are confirmed; a failing close changes nothing
-        _drop_connection()
+    channel_close_quietly(channel)  # the events are confirmed; a failing close changes nothing
 
 
 def _mark_published(ids: list[int]) -> None:
@@ -198,7 +157,10 @@ def _publishable(rows: list[EventOutbox]) -> list[EventOutbox]:
     if not rows:
         return rows
     with connection.cursor() as cursor:
-        cursor.execute(_BLOCKERS_SQL, [list({r.job_id for r in rows}), [r.id for r in rows]])
+        cursor.execute(
+            sql.OUTBOX_BLOCKERS,
+            {"job_ids": list({r.job_id for r in rows}), "ids": [r.id for r in rows]},
+        )
         blockers = dict(cursor.fetchall())
     kept: list[EventOutbox] = []
     held: dict[Any, int] = defaultdict(int)

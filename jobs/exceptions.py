@@ -56,6 +56,12 @@ class JobNotFoundError(ApplicationError):
     default_message = "No such job."
 
 
+class JobCancelForbiddenError(ApplicationError):
+    code = "ERR-AUTH-403"
+    http_status = 403
+    default_message = "Cancelling another user's job needs jobs.cancel_job."
+
+
 class TransitionRefusedError(JobConflictError):
     """A transition that DESIGN.md 3.4 does not allow, or that lost its race."""
 

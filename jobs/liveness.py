@@ -24,7 +24,7 @@ from celery import bootsteps
 from django.conf import settings
 
 from jobs.redis_client import redis_client, redis_key
-from jobs.types import queues
+from jobs.types import primary_queue_names
 
 log = structlog.get_logger("jobs.liveness")
 
@@ -47,7 +47,7 @@ def missing_processes(found: dict[str, list[dict[str, Any]]]) -> list[str]:
     """What has no live process: the dispatcher, or a primary queue without a worker."""
     missing = [] if found.get("dispatcher") else ["dispatcher"]
     served = {q for w in found.get("worker", []) for q in w["queues"]}
-    return missing + [f"worker for queue {q}" for q in queues() if q not in served]
+    return missing + [f"worker for queue {q}" for q in primary_queue_names() if q not in served]
 
 
 def live_processes() -> dict[str, list[dict[str, Any]]]:

@@ -20,8 +20,9 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import Counter, Gauge, Histogram
 
+from jobs import sql
 from jobs.liveness import live_processes
-from jobs.types import queues
+from jobs.types import primary_queue_names
 
 log = structlog.get_logger("jobs.metrics")
 
@@ -107,20 +108,6 @@ LIVE_DISPATCHERS = Gauge(
     multiprocess_mode="mostrecent",
 )
 
-# Each query is served by a partial index (jobs_pending_idx, jobs_running_lock_idx,
-# outbox_unpublished_idx) or reads one row, so a scrape stays cheap on a large table.
-_GAUGES_SQL = """
-SELECT
-  (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM jobs WHERE status = 'pending'),
-  (SELECT count(*) FROM jobs WHERE status = 'running'
-     AND locked_at < now() - make_interval(secs => %s)),
-  (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM event_outbox
-     WHERE published_at IS NULL),
-  (SELECT count(*) FROM event_outbox WHERE published_at IS NULL),
-  (SELECT EXTRACT(EPOCH FROM now() - max(created_at)) FROM audit_checkpoints)
-"""
-_DEAD_LETTERS_SQL = "SELECT queue, count(*) FROM dead_letters WHERE state = 'open' GROUP BY queue"
-
 
 def metrics_refresh_gauges() -> dict[str, float]:
     """Recompute the database-derived gauges; returns the values it set.
@@ -130,9 +117,9 @@ def metrics_refresh_gauges() -> dict[str, float]:
     2. A second counts open dead letters per DLQ; queues that emptied drop to 0.
     """
     with connection.cursor() as cursor:
-        cursor.execute(_GAUGES_SQL, [float(settings.JOBOPS_LOCK_TIMEOUT)])
+        cursor.execute(sql.GAUGES, {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
         pending_age, stale, lag, unpublished, checkpoint_age = cursor.fetchone()
-        cursor.execute(_DEAD_LETTERS_SQL)
+        cursor.execute(sql.DEAD_LETTERS_OPEN)
         open_rows = dict(cursor.fetchall())
     values = {
         "oldest_pending_age": max(0.0, float(pending_age or 0)),
@@ -146,7 +133,7 @@ def metrics_refresh_gauges() -> dict[str, float]:
     OUTBOX_LAG.set(values["outbox_lag"])
     OUTBOX_UNPUBLISHED.set(values["outbox_unpublished"])
     CHECKPOINT_AGE.set(values["checkpoint_age"])
-    for queue in {f"{q}_dlq" for q in queues()} | set(open_rows):
+    for queue in {f"{q}_dlq" for q in primary_queue_names()} | set(open_rows):
         DEAD_LETTERS_OPEN.labels(queue=queue).set(open_rows.get(queue, 0))
     metrics_refresh_liveness()
     return values
@@ -159,7 +146,7 @@ def metrics_refresh_liveness() -> dict[str, float]:
     except Exception as exc:  # Redis down: say nothing rather than "nobody is alive"
         log.warning("liveness_refresh_failed", error=repr(exc))
         return {}
-    per_queue = dict.fromkeys(queues(), 0)
+    per_queue = dict.fromkeys(primary_queue_names(), 0)
     for worker in found.get("worker", []):
         for queue in worker["queues"]:
             per_queue[queue] = per_queue.get(queue, 0) + 1

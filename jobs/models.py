@@ -39,7 +39,7 @@ class Job(models.Model):
     dead_letter_queue = models.CharField(max_length=64, null=True, blank=True)
     request_id = models.CharField(max_length=128, null=True, blank=True)
     correlation_id = models.CharField(max_length=128, null=True, blank=True)
-    # W3C trace context of the creating request (config/tracing.py), so a publish
+    # W3C trace context of the creating request (core/tracing.py), so a publish
     # that happens later in the dispatcher still joins the request's trace.
     traceparent = models.CharField(max_length=55, null=True, blank=True)
     # Bumped by every write except heartbeats; the API's ETag is "<id>-<version>".

@@ -1,13 +1,7 @@
-"""Publishing jobs to RabbitMQ with publisher confirms and `mandatory` (DESIGN.md 3.5).
+"""Sending a job's message to RabbitMQ: the wire payload, its headers, a confirmed publish.
 
-Only a broker confirm moves a job `pending` -> `queued` (or a due `retrying` ->
-`queued`). A publish that fails (broker down, unroutable, nacked) leaves the job as
-it was; the dispatcher publishes it later, so nothing accepted is lost. A message
-can reach a worker before the confirm is recorded: the claim accepts `pending` and
-`queued` alike, and a lost `-> queued` compare-and-set (zero rows) means the job
-was already claimed, which is success.
-
-The wire payload (the task's one argument) is
+Transport only: which job to publish and what a confirm means for its status are the
+services' (`jobs.services.publishing`). The wire payload (the task's one argument) is
 `{job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id}`;
 the message headers (`message_headers`) carry `job_id`, `request_id`, `correlation_id`
 and the attempt too, and on a retry or a replay the previous attempt's error code and
@@ -18,32 +12,16 @@ without decoding the body. Never the error's text: it may hold what a handler sa
 from __future__ import annotations
 
 import re
-import threading
-import time
 import uuid
 from typing import Any
 
-import structlog
+from celery import current_app
 from django.conf import settings
-from kombu import Connection
 
-from audit.services import Actor
-from config.tracing import publish_span
-from jobs.exceptions import TransitionRefusedError
+from core.broker import broker_connection, broker_connection_drop
+from core.tracing import publish_span
 from jobs.models import Job
-from jobs.services import transition
-from jobs.states import Status
 from jobs.types import get_type
-
-log = structlog.get_logger(__name__)
-PUBLISHER = Actor.system("publisher")
-
-_local = threading.local()
-# After a failed publish, on_commit publishing pauses this long (per broker URL) and
-# leaves new jobs `pending` for the dispatcher, so a dead broker costs one request one
-# connect timeout, not every request.
-BROKER_DOWN_BACKOFF_SECONDS = 5.0
-_broker_down_until: dict[str, float] = {}
 
 
 def wire_payload(job: Job) -> dict[str, Any]:
@@ -78,36 +56,6 @@ def message_headers(job: Job) -> dict[str, Any]:
     return headers
 
 
-def _connection(timeout: float) -> Connection:
-    """One broker connection per thread, reused across publishes, rebuilt after errors.
-
-    Keyed by URL and timeout so that a test (or a reconfigured process) pointing
-    BROKER_URL elsewhere gets a connection to the new place, and a request thread's
-    short connect timeout is never a dispatcher's long one.
-    """
-    key = (settings.BROKER_URL, timeout)
-    conn = getattr(_local, "conn", None)
-    if conn is not None and getattr(_local, "key", None) != key:
-        _drop_connection()
-        conn = None
-    if conn is None:
-        conn = Connection(
-            key[0], connect_timeout=timeout, transport_options={"confirm_publish": True}
-        )
-        _local.conn, _local.key = conn, key
-    return conn
-
-
-def _drop_connection() -> None:
-    conn = getattr(_local, "conn", None)
-    _local.conn = None
-    if conn is not None:
-        try:
-            conn.release()
-        except Exception:  # a broken connection may fail to close
-            pass
-
-
 def message_publish(*, job: Job, timeout: float | None = None) -> None:
     """Publish one job's message and wait for the broker's confirm.
 
@@ -116,16 +64,14 @@ def message_publish(*, job: Job, timeout: float | None = None) -> None:
     `timeout` bounds the connect and the confirm (JOBOPS_PUBLISH_TIMEOUT_SECONDS).
     """
     timeout = timeout or settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS
-    from config.celery import app
-
     spec = get_type(job.type)
     assert spec is not None
     headers = message_headers(job)
+    app = current_app
+    # Fail fast (one connect attempt): the caller is an API request or the dispatcher
+    # loop, and the job is safe in the database either way.
+    conn = broker_connection(confirm=True, timeout=timeout)
     try:
-        conn = _connection(timeout)
-        # Fail fast (no sleeping between tries): the caller is an API request or the
-        # dispatcher loop, and the job is safe in the database either way.
-        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
         producer = app.amqp.Producer(conn.default_channel, auto_declare=False)
         with publish_span(traceparent=job.traceparent, job_id=str(job.id), job_type=job.type):
             app.send_task(
@@ -142,56 +88,5 @@ def message_publish(*, job: Job, timeout: float | None = None) -> None:
                 confirm_timeout=timeout,
             )
     except Exception:
-        _drop_connection()
+        broker_connection_drop(conn)
         raise
-
-
-def job_publish(
-    *,
-    job_id: uuid.UUID | str,
-    sources: tuple[str, ...] | None = None,
-    timeout: float | None = None,
-) -> bool:
-    """Publish a `pending` (or due `retrying`) job; on confirm move it to `queued`.
-
-    1. Read the job; anything not publishable (already queued, running, ended) is
-       left alone and False returned.
-    2. Publish with confirms + mandatory (raises on failure; the job is unchanged).
-    3. Compare-and-set `-> queued`. Zero rows: a worker claimed it first (or it was
-       cancelled meanwhile): the publish still succeeded.
-    """
-    sources = sources or (Status.PENDING, Status.RETRYING)
-    job = Job.objects.filter(id=job_id, status__in=sources).first()
-    if job is None:
-        return False
-    message_publish(job=job, timeout=timeout)
-    try:
-        transition(job_id=job.id, target=Status.QUEUED, sources=[job.status], actor=PUBLISHER)
-    except TransitionRefusedError:
-        pass
-    return True
-
-
-def job_publish_after_commit(job_id: uuid.UUID | str) -> None:
-    """The `transaction.on_commit` hook of job_create: never raises into the API.
-
-    A failure leaves the job `pending`; the dispatcher publishes it later.
-    """
-    url = settings.BROKER_URL
-    if time.monotonic() < _broker_down_until.get(url, 0.0):
-        # The broker failed moments ago: do not make every request wait for it again.
-        log.info("job_publish_deferred", job_id=str(job_id), error="broker recently down")
-        return
-    try:
-        # A request must not wait long on a slow or blackholed broker: the short
-        # timeout leaves the job `pending` for the dispatcher instead.
-        job_publish(
-            job_id=job_id,
-            sources=(Status.PENDING,),
-            timeout=settings.JOBOPS_REQUEST_BROKER_TIMEOUT_SECONDS,
-        )
-    except Exception as exc:  # broker down must not fail the request
-        _broker_down_until[url] = time.monotonic() + BROKER_DOWN_BACKOFF_SECONDS
-        log.warning("job_publish_deferred", job_id=str(job_id), error=repr(exc))
-    else:
-        _broker_down_until.pop(url, None)

@@ -39,6 +39,7 @@ from jobs.services import (
     backoff_delay,
     job_cancel_confirm,
     job_claim,
+    job_fail_with_dead_letter,
     job_heartbeat,
     job_lock_state,
     job_progress_write,
@@ -290,8 +291,6 @@ def _finish(
     error: BaseException | None,
     result: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    from dlq.services import job_fail_with_dead_letter
-
     log, fence = ctx.log, ctx._fence
     progress = ctx.take_pending_progress()
     summary: dict[str, Any] = {"job_id": str(job.id), "attempt": fence.attempt}

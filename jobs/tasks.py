@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import Task
+from celery import Task, shared_task
 
-from config.celery import app
-from config.logging import log_context
+from core.logging import log_context
 from jobs.types import all_types
 
 
 def _make_task(name: str) -> Task:
-    @app.task(name=name, bind=True)
+    @shared_task(name=name, bind=True)
     def run(self: Task, payload: Any) -> dict[str, Any]:
         from jobs.runtime import job_execute
 

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 
 from kombu import Exchange, Queue, binding
 
-from jobs.types import queues as primary_queue_names
+from jobs.types import primary_queue_names
 
 JOBS_EXCHANGE = Exchange("jobs.direct", type="direct", durable=True)
 EVENTS_EXCHANGE = Exchange("events.jobs", type="topic", durable=True)
 EVENT_ROUTING_KEY = "job.status.changed"
 WATCH_QUEUE_NAME = "dlq.watch"
 ERP_EVENTS_QUEUE_NAME = "erp.events"
+PARKED_QUEUE_NAME = "erp.events.parked"
 
 DELIVERY_LIMIT = 20
 MAX_LENGTH = 1_000_000
@@ -33,7 +34,7 @@ def dlq_name(queue: str) -> str:
     return f"{queue}_dlq"
 
 
-def primary_queue(name: str) -> Queue:
+def job_queue(name: str) -> Queue:
     return Queue(
         name,
         exchange=JOBS_EXCHANGE,
@@ -52,8 +53,18 @@ def primary_queue(name: str) -> Queue:
     )
 
 
-def primary_queues() -> list[Queue]:
-    return [primary_queue(name) for name in primary_queue_names()]
+def job_queues() -> list[Queue]:
+    """The primary (quorum) queues, as Celery's `task_queues` and setup_topology use them."""
+    return [job_queue(name) for name in primary_queue_names()]
+
+
+def dlq_names() -> list[str]:
+    """Every dead-letter queue, `<q>_dlq`, in the types table's order."""
+    return [dlq_name(name) for name in primary_queue_names()]
+
+
+def is_dlq(name: str) -> bool:
+    return name in dlq_names()
 
 
 def dead_letter_exchange(queue: str) -> Exchange:
@@ -79,6 +90,12 @@ def watch_queue() -> Queue:
     )
 
 
+def parked_queue() -> Queue:
+    """Events the ERP refused for good wait here for an operator (jobs/erp_bridge.py):
+    default exchange, routing key = the queue's name."""
+    return Queue(PARKED_QUEUE_NAME, durable=True, queue_arguments={"x-queue-mode": "lazy"})
+
+
 def erp_events_queue() -> Queue:
     return Queue(
         ERP_EVENTS_QUEUE_NAME, exchange=EVENTS_EXCHANGE, routing_key=EVENT_ROUTING_KEY, durable=True
@@ -96,9 +113,10 @@ def topology() -> Topology:
     return Topology(
         exchanges=[JOBS_EXCHANGE, EVENTS_EXCHANGE, *(dead_letter_exchange(q) for q in names)],
         queues=[
-            *primary_queues(),
+            *job_queues(),
             *(dead_letter_queue(q) for q in names),
             watch_queue(),
             erp_events_queue(),
+            parked_queue(),
         ],
     )

@@ -44,6 +44,6 @@ def get_type(name: str) -> JobType | None:
     return all_types().get(name)
 
 
-def queues() -> list[str]:
+def primary_queue_names() -> list[str]:
     """The primary queues, in table order, without repeats."""
     return list(dict.fromkeys(t.queue for t in all_types().values()))

@@ -13,7 +13,7 @@ import structlog
 from django.utils import timezone
 
 from audit.models import AuditCheckpoint
-from config.logging import MASK, bind_request_context, clear_request_context, formatter, log_context
+from core.logging import MASK, bind_request_context, clear_request_context, formatter, log_context
 from jobs import metrics
 from jobs.events import outbox_relay_once
 from jobs.metrics import metrics_refresh_gauges

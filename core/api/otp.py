@@ -35,7 +35,7 @@ from rest_framework.response import Response
 
 from core.api.docs import REQUEST_ID, ErrorTable, error_responses_from
 from core.api.serializers import ClosedSerializer, StrictCharField
-from core.api.views import ThrottledApiView
+from core.api.throttles import ThrottledApiView
 from core.errors import ApplicationError
 
 log = structlog.get_logger("core.otp")

@@ -16,6 +16,8 @@ from rest_framework.authtoken.models import Token
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
+from core.api.otp import otp_grant_for
+
 
 def otp_verified(request: Request) -> bool:
     """Whether this request carries a verified second factor.
@@ -27,8 +29,6 @@ def otp_verified(request: Request) -> bool:
         is_verified = getattr(request.user, "is_verified", None)
         return bool(is_verified and is_verified())
     if isinstance(request.auth, Token):
-        from core.api.otp import otp_grant_for  # otp's view is built on this module
-
         return otp_grant_for(token_key=request.auth.key, user=request.user) is not None
     return False
 

@@ -27,7 +27,7 @@ from dlq.api.serializers import (
     PeekMessageOutputSerializer,
     ResolveResultOutputSerializer,
 )
-from dlq.broker import BROKER_ERRORS, all_dlq_names, dlq_peek
+from dlq.broker import BROKER_ERRORS, dlq_peek
 from dlq.bulk import bulk_operation_stop, dead_letters_act
 from dlq.errors import (
     BrokerUnavailableError,
@@ -43,6 +43,7 @@ from dlq.selectors import (
     death_summary,
     dlq_overview,
 )
+from jobs.topology import dlq_names
 
 TAGS = ["admin"]
 QUEUE = OpenApiParameter(
@@ -50,7 +51,7 @@ QUEUE = OpenApiParameter(
     OpenApiTypes.STR,
     OpenApiParameter.PATH,
     description="The dead-letter queue, e.g. `sim_dlq`.",
-    enum=all_dlq_names(),
+    enum=dlq_names(),
 )
 OPERATION = OpenApiParameter(
     "operation_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="A bulk operation."
@@ -65,10 +66,10 @@ class DlqApiView(AdminApiView):
 
 
 def _require_queue(queue: str) -> str:
-    if queue not in all_dlq_names():
+    if queue not in dlq_names():
         raise UnknownQueueError(
             f"{queue!r} is not a dead-letter queue.",
-            details={"queue": [f"One of: {', '.join(all_dlq_names())}."]},
+            details={"queue": [f"One of: {', '.join(dlq_names())}."]},
         )
     return queue
 

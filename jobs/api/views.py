@@ -9,7 +9,6 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError
 from django.http import FileResponse, HttpResponseBase
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
@@ -22,38 +21,32 @@ from drf_spectacular.utils import (
     extend_schema_field,
 )
 from rest_framework import serializers, status
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit.services import Actor
 from core.api.docs import REQUEST_ID, response_header
 from core.api.parsers import BoundedJSONParser
 from core.api.serializers import QueryFilterSerializer, StrictCharField
-from core.request_id import request_id_from
+from core.request_id import request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.serializers import JobOutputSerializer
-from jobs.backpressure import BackpressureError, backpressure_check
+from jobs.api.throttles import JobCreateThrottle
 from jobs.exceptions import (
     BadRequestError,
-    JobConflictError,
     JobNotFoundError,
     PayloadTooLargeError,
 )
-from jobs.models import Artefact, Job
-from jobs.ratelimit import job_create_rate_limit
+from jobs.models import Job
 from jobs.selectors import (
     artefact_get_for_user,
     job_get_for_user,
-    job_key_exists,
     job_list_for_user,
     job_version_for_user,
 )
-from jobs.services import job_cancel, job_create
+from jobs.services import job_cancel_for_user, job_submit
 from jobs.states import Status
-from jobs.types import get_type
 
 ETAG_HEADER = response_header("ETag", 'Strong validator "<id>-<version>".', [200, 201])
 # Clients must revalidate (If-None-Match) rather than reuse a stored body.
@@ -83,6 +76,7 @@ class JobCreateApi(APIView):
     """POST /api/v1/jobs: create a job, or return the one its idempotency key made."""
 
     parser_classes = [BoundedJSONParser]
+    throttle_classes = [JobCreateThrottle]
 
     class JobCreateInputSerializer(serializers.Serializer):
         type = serializers.ChoiceField(
@@ -117,7 +111,7 @@ class JobCreateApi(APIView):
         self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any
     ) -> HttpResponseBase:
         # Every answer to a counted POST, refusals included, carries the allowance.
-        for name, value in getattr(self, "rate_headers", {}).items():
+        for name, value in getattr(request, "rate_limit_headers", {}).items():
             response.setdefault(name, value)
         return super().finalize_response(request, response, *args, **kwargs)
 
@@ -144,37 +138,19 @@ class JobCreateApi(APIView):
         },
     )
     def post(self, request: Request) -> Response:
-        """1. count the request (rate limit); 2. size check before parsing; 3. parse and
-        validate; 4. backpressure; 5. create through the service."""
-        decision = job_create_rate_limit(user_id=request.user.pk)
-        self.rate_headers = decision.headers() if decision else {}
+        """The throttle has counted the request; 1. size check before parsing; 2. parse
+        and validate; 3. submit through the service."""
         _refuse_large_body(request)
         serializer = self.JobCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        key = _idempotency_key(request, data.get("idempotency_key"))
-        spec = get_type(data["type"])
-        if spec is not None:
-            try:
-                backpressure_check(queue=spec.queue)
-            except BackpressureError:
-                # A repeat makes no new work: answer it even when the queue is deep.
-                if key is None or not job_key_exists(owner=request.user, key=key):
-                    raise
-        try:
-            job, created = job_create(
-                owner=request.user,
-                job_type=data["type"],
-                params=data["params"],
-                idempotency_key=key,
-                request_id=getattr(request._request, "request_id", None)
-                or request_id_from(request.headers.get("X-Request-ID")),
-            )
-        except IntegrityError as exc:  # e.g. a key released and reused concurrently
-            raise JobConflictError() from exc
-        if created:
-            # A job created in this request has no artefacts yet: skip the query.
-            job._prefetched_objects_cache = {"artefacts": Artefact.objects.none()}  # type: ignore[attr-defined]
+        job, created = job_submit(
+            owner=request.user,
+            job_type=data["type"],
+            params=data["params"],
+            idempotency_key=_idempotency_key(request, data.get("idempotency_key")),
+            request_id=request_id_of(request),
+        )
         headers = {"ETag": job.etag}
         if created:
             headers["Location"] = request.build_absolute_uri(
@@ -323,12 +299,7 @@ class JobCancelApi(APIView):
         responses={200: JobOutputSerializer, **error_responses(401, 403, 404, 409)},
     )
     def post(self, request: Request, job_id: uuid.UUID) -> Response:
-        job = job_get_for_user(job_id=job_id, user=request.user)
-        # Staff see every job; cancelling someone else's takes the operator's permission.
-        if job.owner_id != request.user.pk and not request.user.has_perm("jobs.cancel_job"):
-            raise PermissionDenied("Cancelling another user's job needs jobs.cancel_job.")
-        job_cancel(job_id=job_id, actor=Actor.user(request.user))
-        job = job_get_for_user(job_id=job_id, user=request.user)
+        job = job_cancel_for_user(job_id=job_id, user=request.user)
         return Response(job_body(job, request), headers={"ETag": job.etag})
 
 

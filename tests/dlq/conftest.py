@@ -11,10 +11,9 @@ from django.conf import settings
 from kombu import Connection
 
 from audit.services import Actor
-from dlq.services import job_fail_with_dead_letter
 from dlq.watcher import watch_once
 from jobs.models import Job
-from jobs.services import Fence, job_claim, transition
+from jobs.services import Fence, job_claim, job_fail_with_dead_letter, transition
 from jobs.states import Status
 from jobs.topology import WATCH_QUEUE_NAME, dlq_name
 from tests.factories import make_job

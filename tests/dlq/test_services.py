@@ -5,10 +5,9 @@ from django.db import IntegrityError, transaction
 
 from audit.models import AuditLog
 from audit.services import Actor
-from dlq.services import job_fail_with_dead_letter
 from jobs.exceptions import JobLost
 from jobs.models import DeadLetter, Job
-from jobs.services import Fence, Raw, transition
+from jobs.services import Fence, job_fail_with_dead_letter, transition
 from jobs.states import Status
 from tests.factories import make_job
 
@@ -21,11 +20,7 @@ def _claim(job, worker="w1"):
         job_id=job.id,
         target=Status.RUNNING,
         actor=SYSTEM,
-        set_fields={
-            "locked_by": worker,
-            "locked_at": Raw("now()"),
-            "attempts": Raw("jobs.attempts + 1"),
-        },
+        claim_for=worker,
     )
 
 

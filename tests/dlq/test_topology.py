@@ -16,8 +16,8 @@ from jobs.topology import (
     JOBS_EXCHANGE,
     WATCH_QUEUE_NAME,
     dlq_name,
-    primary_queue,
-    primary_queues,
+    job_queue,
+    job_queues,
 )
 from tests.dlq.conftest import depth, get_one, wait_depth
 from tests.workers import ROOT, subprocess_env
@@ -49,7 +49,7 @@ def test_setup_topology_twice_exits_zero_and_keeps_queued_messages(amqp):
     assert "topology is in place" in second.stdout
     # Nothing was redeclared differently or purged: the message is still there.
     assert depth(amqp, "sim") == 1
-    for queue in primary_queues():  # and the arguments still match (else 406)
+    for queue in job_queues():  # and the arguments still match (else 406)
         queue(amqp).declare()
 
 
@@ -68,13 +68,13 @@ def test_setup_topology_reports_a_conflicting_queue_without_a_traceback(topology
             assert "declared queue sim_dlq" in result.stdout
         finally:
             conn.channel().queue_delete("report")
-            primary_queue("report")(conn.channel()).declare()
+            job_queue("report")(conn.channel()).declare()
     # The restored queue has the design's arguments again.
     with Connection(settings.BROKER_URL) as conn:
-        primary_queue("report")(conn.channel()).declare()
+        job_queue("report")(conn.channel()).declare()
 
 
-@pytest.mark.parametrize("queue", [q.name for q in primary_queues()])
+@pytest.mark.parametrize("queue", [q.name for q in job_queues()])
 def test_each_routing_key_reaches_its_primary_quorum_queue(amqp, queue):
     marker = str(uuid.uuid4())
     _publish(amqp, queue, {"marker": marker})
@@ -87,7 +87,7 @@ def test_each_routing_key_reaches_its_primary_quorum_queue(amqp, queue):
 
 
 def test_reject_without_requeue_lands_in_its_dlq_and_the_watch_queue(amqp):
-    for queue in [q.name for q in primary_queues()]:
+    for queue in [q.name for q in job_queues()]:
         _publish(amqp, queue, {"q": queue})
         message = get_one(amqp, queue)
         amqp.basic_reject(message.delivery_tag, requeue=False)
@@ -101,7 +101,7 @@ def test_reject_without_requeue_lands_in_its_dlq_and_the_watch_queue(amqp):
             assert copy.headers["x-first-death-reason"] == "rejected"
             amqp.basic_ack(copy.delivery_tag)
     # Nothing else was dead-lettered anywhere.
-    for queue in primary_queues():
+    for queue in job_queues():
         assert depth(amqp, dlq_name(queue.name)) == 0
     assert depth(amqp, WATCH_QUEUE_NAME) == 0
 

@@ -12,10 +12,10 @@ from kombu import Producer
 from audit.models import AuditLog
 from audit.services import OPS_CHAIN, Actor, job_chain
 from dlq.broker import decode_amqp
-from dlq.services import Outcome, dead_letter_reconcile, job_fail_with_dead_letter
+from dlq.services import Outcome, dead_letter_reconcile
 from dlq.watcher import watch_once
 from jobs.models import DeadLetter, Job
-from jobs.services import Fence, job_claim, transition
+from jobs.services import Fence, job_claim, job_fail_with_dead_letter, transition
 from jobs.states import Status
 from jobs.topology import DELIVERY_LIMIT, JOBS_EXCHANGE, WATCH_QUEUE_NAME
 from tests.dlq.conftest import dead_letter_by_reject, depth, get_one, publish_job_message

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from jobs.dispatcher import reap_once
 from jobs.models import Job
+from jobs.services import reap_once
 from tests import handlers
 from tests.factories import make_job
 from tests.workers import (

@@ -12,9 +12,8 @@ import pytest
 from django.db import connection
 
 from audit.services import Actor
-from jobs.dispatcher import publish_due_once, reap_once
 from jobs.models import DeadLetter, Job
-from jobs.services import job_cancel
+from jobs.services import job_cancel, publish_due_once, reap_once
 from tests import handlers
 from tests.factories import UserFactory, make_job
 from tests.workers import (

@@ -1,6 +1,6 @@
 """One request id, followed from the API's log line to the worker's and the ERP bridge's.
 
-Each process renders through config/logging.py: the API (this process) and the bridge
+Each process renders through core/logging.py: the API (this process) and the bridge
 (run here too) into a JSON buffer, the worker (a real Celery subprocess) to its log.
 """
 
@@ -13,7 +13,7 @@ import logging
 import pytest
 import structlog
 
-from config.logging import MASK, configure_masking, formatter
+from core.logging import MASK, configure_masking, formatter
 from jobs.erp_bridge import erp_bridge_run
 from jobs.events import outbox_relay_once
 from jobs.models import Job

@@ -116,7 +116,7 @@ def test_the_worker_span_descends_from_the_api_request(collector):
     with celery_worker(queues=("sim",), env=env) as worker, dispatcher_process(env=env):
         chain = _submit_and_trace(collector, env)
         worker_log = worker.log_text()
-    # The worker's log lines of this job carry the trace id (config/logging.py).
+    # The worker's log lines of this job carry the trace id (core/logging.py).
     assert f"trace_id={chain[0]['trace_id']}" in worker_log or (
         f'"trace_id": "{chain[0]["trace_id"]}"' in worker_log
     ), worker_log[-2000:]

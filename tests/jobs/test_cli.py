@@ -99,7 +99,7 @@ def _drive(job_id, *, end: str) -> threading.Thread:
             system = Actor.system()
             time.sleep(0.1)
             transition(job_id=job_id, target=Status.RUNNING, actor=system,
-                       set_fields={"locked_by": "w1", "attempts": 1})  # fmt: skip
+                       claim_for="w1")  # fmt: skip
             for percent in (25, 60):
                 time.sleep(0.1)
                 Job.objects.filter(id=job_id).update(progress_percent=percent, progress_step="step")

@@ -6,10 +6,9 @@ import pytest
 from django.db import connection
 from kombu import Connection
 
-from jobs.dispatcher import dispatch_once, publish_due_once, reap_once
+from jobs.dispatcher import dispatch_once
 from jobs.models import DeadLetter, Job
-from jobs.publisher import job_publish
-from jobs.services import job_claim, job_reclaim
+from jobs.services import job_claim, job_publish, job_reclaim, publish_due_once, reap_once
 from jobs.topology import JOBS_EXCHANGE
 from tests.factories import make_job
 from tests.workers import job_events
@@ -88,7 +87,7 @@ def test_unroutable_publish_is_an_error_and_the_job_stays_pending(broker, settin
 
 def test_a_failing_step_is_reported_and_the_loop_goes_on():
     report = dispatch_once(
-        steps=[("bad", "no.such.module.step"), ("reap", "jobs.dispatcher.reap_once")]
+        steps=[("bad", "no.such.module.step"), ("reap", "jobs.services.reaper.reap_once")]
     )
     assert "error" in report["bad"]
     assert report["reap"] == {"reclaimed": 0, "worker_lost": 0}
@@ -96,11 +95,11 @@ def test_a_failing_step_is_reported_and_the_loop_goes_on():
 
 @pytest.fixture
 def no_backoff():
-    from jobs import dispatcher
+    from jobs.services import publishing
 
-    dispatcher._backoff.clear()
-    yield dispatcher._backoff
-    dispatcher._backoff.clear()
+    publishing._backoff.clear()
+    yield publishing._backoff
+    publishing._backoff.clear()
 
 
 def _old(job):
@@ -142,7 +141,7 @@ def test_a_job_of_a_removed_type_is_dead_lettered_not_retried_forever(broker, se
 
 
 def test_the_retry_pass_runs_when_the_pending_pass_fails(broker, settings, monkeypatch, no_backoff):
-    from jobs import dispatcher
+    from jobs.services import publishing
 
     settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 60
     _old(make_job())
@@ -150,8 +149,8 @@ def test_the_retry_pass_runs_when_the_pending_pass_fails(broker, settings, monke
     stale_running(due)
     job_reclaim(job_id=due.id, lock_timeout=60)
     sql("UPDATE jobs SET next_run_at = now() WHERE id = %s", due.id)
-    broken = dict(dispatcher._DUE_SQL)
+    broken = dict(publishing._DUE)
     broken["pending"] = "SELECT broken syntax"
-    monkeypatch.setattr(dispatcher, "_DUE_SQL", broken)
+    monkeypatch.setattr(publishing, "_DUE", broken)
     assert publish_due_once() == 1
     assert Job.objects.get(id=due.id).status == "queued"

@@ -16,9 +16,10 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from kombu import Connection
 
-from jobs.erp_bridge import PARKED_QUEUE_NAME, erp_bridge_run, erp_bridge_status, parked_queue
+from jobs.erp_bridge import erp_bridge_run, erp_bridge_status
 from jobs.events import outbox_relay_once
 from jobs.models import EventOutbox
+from jobs.topology import PARKED_QUEUE_NAME, parked_queue
 from tests.factories import make_job
 from tests.jobs.test_events import LIFECYCLE, closed_port, run_lifecycle
 

@@ -24,7 +24,7 @@ from audit.services import Actor
 from jobs.dispatcher import dispatch_once
 from jobs.events import outbox_prune, outbox_relay_once
 from jobs.models import EventOutbox, Job
-from jobs.services import Fence, Raw, transition
+from jobs.services import Fence, transition
 from jobs.states import Status
 from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
 from tests.factories import make_job
@@ -75,11 +75,7 @@ def run_lifecycle(job: Job) -> None:
         target=Status.RUNNING,
         sources=[Status.QUEUED],
         actor=SYSTEM,
-        set_fields={
-            "locked_by": "w1",
-            "locked_at": Raw("now()"),
-            "attempts": Raw("jobs.attempts + 1"),
-        },
+        claim_for="w1",
     )
     transition(
         job_id=job.id,
@@ -87,7 +83,7 @@ def run_lifecycle(job: Job) -> None:
         sources=[Status.RUNNING],
         actor=SYSTEM,
         fence=Fence("w1", 1),
-        set_fields={"locked_by": None, "locked_at": None, "result": {"ok": True}},
+        fields={"result": {"ok": True}},
     )
 
 
@@ -200,7 +196,7 @@ def test_concurrent_relays_keep_each_jobs_seq_order_and_lose_nothing(event_queue
                     target=Status.RUNNING,
                     sources=[Status.QUEUED],
                     actor=SYSTEM,
-                    set_fields={"locked_by": "w1", "locked_at": Raw("now()"), "attempts": 1},
+                    claim_for="w1",
                 )
             else:
                 transition(
@@ -209,7 +205,6 @@ def test_concurrent_relays_keep_each_jobs_seq_order_and_lose_nothing(event_queue
                     sources=[Status.RUNNING],
                     actor=SYSTEM,
                     fence=Fence("w1", 1),
-                    set_fields={"locked_by": None, "locked_at": None},
                 )
     expected = EventOutbox.objects.count()
     assert expected == 12 * 4

@@ -180,13 +180,13 @@ def test_a_blackholed_broker_does_not_hold_the_request(settings):
     import socket
     import time
 
-    from jobs import publisher
+    from jobs.services import publishing
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)  # the kernel completes the TCP handshake; AMQP never answers
     settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{silent.getsockname()[1]}//"
-    publisher._broker_down_until.clear()
+    publishing._broker_down_until.clear()
     client = client_for(UserFactory())
     try:
         started = time.monotonic()
@@ -194,7 +194,7 @@ def test_a_blackholed_broker_does_not_hold_the_request(settings):
         elapsed = time.monotonic() - started
     finally:
         silent.close()
-        publisher._broker_down_until.clear()
+        publishing._broker_down_until.clear()
     assert response.status_code == 201, response.content
     assert response.json()["status"] == "pending"
     assert elapsed < 1.5, elapsed

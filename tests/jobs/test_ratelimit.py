@@ -7,7 +7,7 @@ import threading
 import pytest
 from kombu import Connection, Producer
 
-from jobs.backpressure import queue_depth_cached, queue_depth_set, queue_depths_refresh
+from jobs.backpressure import queue_depth_cached, queue_depths_refresh
 from jobs.ratelimit import rate_limit_take
 from jobs.redis_client import redis_client, redis_key
 from jobs.topology import JOBS_EXCHANGE
@@ -19,6 +19,11 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clean_redis")]
 
 JOBS = "/api/v1/jobs"
 SIM = {"type": "sim", "params": {"steps": 1, "step_seconds": 0}}
+
+
+def queue_depth_set(queue: str, depth: int) -> None:
+    """Cache a depth as the dispatcher's refresh would (jobs.backpressure)."""
+    redis_client().set(redis_key("queue-depth", queue), depth, ex=60)
 
 
 def post(client, body=SIM, **extra):
@@ -154,7 +159,7 @@ def topology():
 
 
 def test_refresh_reads_depths_from_rabbitmq_into_redis(topology, settings):
-    with Connection(settings.BROKER_URL) as conn:
+    with Connection(settings.BROKER_URL, transport_options={"confirm_publish": True}) as conn:
         channel = conn.channel()
         channel.queue_purge("report")
         producer = Producer(channel, exchange=JOBS_EXCHANGE)
@@ -172,7 +177,8 @@ def test_refresh_reads_depths_from_rabbitmq_into_redis(topology, settings):
 
 
 def test_refresh_reads_the_broker_at_most_every_min_interval(topology, settings):
-    with Connection(settings.BROKER_URL) as conn:
+    # Confirmed publish: the message is in the queue before the depth is read again.
+    with Connection(settings.BROKER_URL, transport_options={"confirm_publish": True}) as conn:
         channel = conn.channel()
         channel.queue_purge("erp")
         first = queue_depths_refresh(min_interval=0)

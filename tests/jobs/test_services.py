@@ -17,7 +17,7 @@ from jobs.exceptions import (
     TransitionRefusedError,
 )
 from jobs.models import EventOutbox, Job
-from jobs.services import Fence, Raw, job_cancel, job_create, transition
+from jobs.services import Fence, job_cancel, job_create, transition
 from jobs.states import ALLOWED, Status
 from tests.factories import UserFactory, make_job
 
@@ -156,11 +156,7 @@ def test_fenced_write_after_reclaim_raises_job_lost():
         job_id=job.id,
         target=Status.RUNNING,
         actor=SYSTEM,
-        set_fields={
-            "locked_by": "w1",
-            "locked_at": Raw("now()"),
-            "attempts": Raw("jobs.attempts + 1"),
-        },
+        claim_for="w1",
     )
     assert claimed.attempts == 1
     # someone else reclaims the job behind the worker's back

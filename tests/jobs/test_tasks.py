@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from config.celery import app, prefetch_problems
 from jobs.tasks import TASKS
-from jobs.topology import primary_queues
+from jobs.topology import job_queues
 from jobs.types import all_types
 
 
@@ -21,9 +21,7 @@ def test_every_type_has_a_task_routed_to_its_queue_on_jobs_direct():
 
 
 def test_celery_queues_are_the_topology_declarations():
-    declared = {
-        q.name: (q.queue_arguments, q.routing_key, q.exchange.name) for q in primary_queues()
-    }
+    declared = {q.name: (q.queue_arguments, q.routing_key, q.exchange.name) for q in job_queues()}
     celery = {
         q.name: (q.queue_arguments, q.routing_key, q.exchange.name) for q in app.conf.task_queues
     }

@@ -19,10 +19,10 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import ApplicationError
-from dlq.broker import all_dlq_names, dlq_peek
+from dlq.broker import dlq_peek
 from dlq.selectors import dead_letters_by_error_code, dead_letters_for_messages, dlq_overview
 from dlq.services import ResolveResult, dead_letters_discard, dead_letters_replay
-from jobs.topology import dlq_name
+from jobs.topology import dlq_name, dlq_names
 
 
 class Command(BaseCommand):
@@ -132,13 +132,11 @@ class Command(BaseCommand):
     # --- helpers ------------------------------------------------------------------
 
     def _queue(self, name: str) -> str:
-        if name in all_dlq_names():
+        if name in dlq_names():
             return name
-        if dlq_name(name) in all_dlq_names():
+        if dlq_name(name) in dlq_names():
             return dlq_name(name)
-        raise CommandError(
-            f"unknown queue {name!r}; dead-letter queues: {', '.join(all_dlq_names())}"
-        )
+        raise CommandError(f"unknown queue {name!r}; dead-letter queues: {', '.join(dlq_names())}")
 
     def _resolve(self, service: Any, options: dict[str, Any]) -> None:
         user = get_user_model().objects.filter(username=options["username"]).first()

@@ -93,7 +93,7 @@ def mask_secrets(_logger: WrappedLogger, _method: str, event_dict: EventDict) ->
 
 
 def add_trace_id(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
-    """The active OpenTelemetry span's trace id (config/tracing.py), when tracing is on."""
+    """The active OpenTelemetry span's trace id (core/tracing.py), when tracing is on."""
     if "trace_id" not in event_dict and _otel_trace is not None:
         context = _otel_trace.get_current_span().get_span_context()
         if context.is_valid:
@@ -171,7 +171,7 @@ def logging_config(*, json: bool, level: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {
-            "structlog": {"()": "config.logging.formatter", "json": json},
+            "structlog": {"()": "core.logging.formatter", "json": json},
         },
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structlog"}},
         "root": {"handlers": ["console"], "level": level},

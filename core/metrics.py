@@ -4,9 +4,9 @@ With `METRICS_TOKEN` set, a scrape needs `Authorization: Bearer <token>` (401
 otherwise; compared in constant time). Unset (development only: production refuses
 to start without it, see config/settings.py) the page is open.
 
-Each scrape first refreshes the gauges derived from the database
-(`jobs.metrics.metrics_refresh_gauges`); a database outage must not hide the other
-metrics, so a failure there is logged and the page still served.
+Each scrape first refreshes the gauges derived from the database (the callables of
+`JOBOPS_METRICS_REFRESH`: jobs' `metrics_refresh_gauges`); a database outage must not
+hide the other metrics, so a failure there is logged and the page still served.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from typing import Any
 import structlog
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.module_loading import import_string
 from django.views.decorators.cache import never_cache
 from django_prometheus.exports import ExportToDjangoView
 from prometheus_client import REGISTRY, CollectorRegistry, multiprocess, start_http_server
 
-log = structlog.get_logger("config.metrics")
+log = structlog.get_logger("core.metrics")
 
 
 def _authorized(request: HttpRequest) -> bool:
@@ -52,12 +53,11 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    from jobs.metrics import metrics_refresh_gauges
-
-    try:
-        metrics_refresh_gauges()
-    except Exception as exc:
-        log.warning("metrics_gauges_refresh_failed", error=repr(exc))
+    for path in settings.JOBOPS_METRICS_REFRESH:
+        try:
+            import_string(path)()
+        except Exception as exc:
+            log.warning("metrics_gauges_refresh_failed", refresh=path, error=repr(exc))
     return ExportToDjangoView(request)
 
 

@@ -11,7 +11,7 @@ One trace per job submission: the API request's span (Django instrumentation) ->
 `traceparent` is stored on the job row) -> Celery's publish span, which puts
 `traceparent` into the task headers -> the worker's run span. psycopg statements are
 spans of whichever of these runs them. Log lines carry the `trace_id`
-(config/logging.py `add_trace_id`).
+(core/logging.py `add_trace_id`).
 
 Each process calls `configure_tracing(<process>)` once: web from config/wsgi.py, each
 prefork worker child from `worker_process_init` (the SDK's export thread does not

@@ -1,0 +1,133 @@
+"""Connections to RabbitMQ (kombu), made in one place for every part of jobops.
+
+Two kinds:
+
+- `broker_connection(confirm=..., timeout=...)`: this thread's connection, reused across
+  calls and rebuilt after an error (`broker_connection_drop`). Opening an AMQP connection
+  costs several round trips and RabbitMQ advises against churn, so the publisher, the
+  event relay, the DLQ tools and the queue-depth reader share one per thread. Keyed by
+  URL, confirm mode and timeout: a test (or a reconfigured process) pointing BROKER_URL
+  elsewhere gets a connection to the new place, and a request's short connect timeout is
+  never a dispatcher's long one.
+- `broker_connect(...)`: a new connection the caller owns and closes, for a long-lived
+  consumer (the ERP bridge).
+
+`confirm=True` turns on kombu's `confirm_publish`: every publish on it waits for the
+broker's ack (one round trip per message). Batch publishers (the event relay) leave it
+off and select confirms on their own channel to wait once per batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.conf import settings
+from kombu import Connection
+
+_local = threading.local()
+
+
+def broker_connect(*, confirm: bool = False, timeout: float | None = None) -> Connection:
+    """A new, not yet connected, connection to BROKER_URL that the caller owns."""
+    options = {"confirm_publish": True} if confirm else {}
+    return Connection(
+        settings.BROKER_URL,
+        connect_timeout=timeout or settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
+        transport_options=options,
+    )
+
+
+def broker_connection(*, confirm: bool = False, timeout: float | None = None) -> Connection:
+    """This thread's connection for (BROKER_URL, confirm, timeout), connected.
+
+    Connects with one quick attempt (no sleeping between tries): the callers are an API
+    request, the dispatcher loop or an operator, and each has its own retry. Raises the
+    broker's connection error when it cannot be reached; the connection is then dropped.
+    """
+    key = (settings.BROKER_URL, confirm, timeout)
+    cache: dict[tuple[Any, ...], Connection] = _local.__dict__.setdefault("connections", {})
+    for stale in [k for k in cache if k[0] != key[0]]:  # BROKER_URL changed
+        _release(cache.pop(stale))
+    conn = cache.get(key)
+    if conn is None:
+        conn = cache[key] = broker_connect(confirm=confirm, timeout=timeout)
+    try:
+        conn.ensure_connection(
+            max_retries=1, interval_start=0, interval_step=0, timeout=conn.connect_timeout
+        )
+    except Exception:
+        broker_connection_drop(conn)
+        raise
+    return conn
+
+
+def broker_connection_drop(conn: Connection | None = None) -> None:
+    """Forget `conn` (or every connection of this thread) after an error: its channel
+    state is unknown, so the next call starts afresh."""
+    cache: dict[tuple[Any, ...], Connection] = _local.__dict__.setdefault("connections", {})
+    for key in [k for k, c in cache.items() if conn is None or c is conn]:
+        _release(cache.pop(key))
+
+
+def _release(conn: Connection) -> None:
+    try:
+        conn.release()
+    except Exception:  # a broken connection may fail to close
+        pass
+
+
+@contextmanager
+def broker_channel(connection: Connection | None = None) -> Iterator[Any]:
+    """A new channel on `connection`, or on this thread's connection; closed after.
+
+    An error inside drops this thread's connection (not a caller's own).
+    """
+    conn = connection or broker_connection()
+    try:
+        channel = conn.channel()
+    except Exception:
+        if connection is None:
+            broker_connection_drop(conn)
+        raise
+    try:
+        yield channel
+    except Exception:
+        if connection is None:
+            broker_connection_drop(conn)
+        raise
+    finally:
+        channel_close_quietly(channel)
+
+
+def channel_close_quietly(channel: Any) -> None:
+    try:
+        channel.close()
+    except Exception:  # a channel closed by the broker (404) cannot close again
+        pass
+
+
+def queue_depths(
+    names: list[str], *, connection: Connection | None = None
+) -> dict[str, int | None]:
+    """Messages ready in each queue (a passive declare: nothing is created or changed;
+    unacked messages are not counted); None where the broker has no such queue.
+
+    Raises the broker's connection error when RabbitMQ cannot be reached.
+    """
+    depths: dict[str, int | None] = {}
+    with broker_channel(connection) as channel:
+        for name in names:
+            try:
+                _, count, _ = channel.queue_declare(queue=name, passive=True)
+            except channel.connection.channel_errors:
+                # A 404 closes the channel: note nothing, carry on with a fresh one.
+                depths[name] = None
+                channel_close_quietly(channel)
+                channel = channel.connection.channel()
+                continue
+            depths[name] = int(count)
+        channel_close_quietly(channel)
+    return depths

@@ -1,0 +1,28 @@
+"""DRF throttle for job creation: the atomic Redis token buckets of jobs/ratelimit.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.request import Request
+from rest_framework.throttling import BaseThrottle
+
+from jobs.ratelimit import job_create_rate_limit
+
+
+class JobCreateThrottle(BaseThrottle):
+    """Every POST counts (DESIGN.md 6), idempotent repeats and refusals included.
+
+    A refusal raises RateLimitExceededError (429 ERR-JOB-RATE-LIMIT with Retry-After and
+    the RateLimit-* headers); an allowed request leaves its decision on the request so
+    that the view can send the RateLimit-* headers with its answer. Runs after
+    authentication and before the body is parsed, so an oversized or malformed body
+    counts too. Redis down: allowed (jobs/ratelimit.py fails open).
+    """
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        if request.method != "POST":
+            return True
+        decision = job_create_rate_limit(user_id=request.user.pk)
+        request.rate_limit_headers = decision.headers() if decision else {}  # type: ignore[attr-defined]
+        return True

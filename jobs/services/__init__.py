@@ -1,0 +1,74 @@
+"""Write paths for jobs: the only code that changes a job (STYLE.md).
+
+Split by concern, re-exported here so that callers say `from jobs.services import ...`:
+
+- `transitions`: the one compare-and-set of DESIGN.md 3.4 with its audit entry and
+  event (`transition`, `Fence`), and `job_audit` for events that change no status;
+- `creation`: `job_create`, the API's `job_submit`, validation, idempotency keys;
+- `cancellation`: `job_cancel`;
+- `publishing`: a confirmed publish moves a job to `queued`; the dispatcher's pass;
+- `worker`: claim, heartbeat, progress, succeed, retry, cancel confirm;
+- `dead_letters`: failing a job with its dead letter;
+- `reaper`: reclaiming jobs whose worker was lost;
+- `artefacts`: files a job produces.
+"""
+
+from jobs.services.artefacts import artefact_save
+from jobs.services.cancellation import job_cancel, job_cancel_for_user
+from jobs.services.creation import (
+    job_create,
+    job_release_idempotency_keys,
+    job_submit,
+    params_hash,
+    validate_idempotency_key,
+    validate_params,
+)
+from jobs.services.dead_letters import job_fail_with_dead_letter
+from jobs.services.publishing import job_publish, job_publish_after_commit, publish_due_once
+from jobs.services.reaper import job_lock_is_stale, job_reclaim, reap_once
+from jobs.services.transitions import Fence, Progress, job_audit, transition
+from jobs.services.worker import (
+    WORKER,
+    backoff_delay,
+    job_cancel_confirm,
+    job_claim,
+    job_heartbeat,
+    job_lock_state,
+    job_progress_write,
+    job_retry,
+    job_succeed,
+    validate_result,
+)
+
+__all__ = [
+    "WORKER",
+    "Fence",
+    "Progress",
+    "artefact_save",
+    "backoff_delay",
+    "job_audit",
+    "job_cancel",
+    "job_cancel_confirm",
+    "job_cancel_for_user",
+    "job_claim",
+    "job_create",
+    "job_fail_with_dead_letter",
+    "job_heartbeat",
+    "job_lock_is_stale",
+    "job_lock_state",
+    "job_progress_write",
+    "job_publish",
+    "job_publish_after_commit",
+    "job_reclaim",
+    "job_release_idempotency_keys",
+    "job_retry",
+    "job_submit",
+    "job_succeed",
+    "params_hash",
+    "publish_due_once",
+    "reap_once",
+    "transition",
+    "validate_idempotency_key",
+    "validate_params",
+    "validate_result",
+]

@@ -1,0 +1,61 @@
+"""Cancelling a job (DESIGN.md 3.7): a client's or operator's request, idempotent."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import models, transaction
+from django.utils import timezone
+
+from audit.services import Actor
+from jobs.exceptions import JobCancelForbiddenError, JobNotFoundError, TransitionRefusedError
+from jobs.models import Job
+from jobs.selectors import job_visible_queryset
+from jobs.services.transitions import job_audit, transition
+from jobs.states import Status
+
+
+def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
+    """Request cancellation (DESIGN.md 3.7); idempotent.
+
+    1. Raise the flag once (audit `cancel_requested`) unless the job already ended.
+    2. A job that has not started moves to `cancelled` now; a running one stops at
+       its handler's next check_cancel(). A lost race (it just started) is fine:
+       the flag is set and the worker will see it.
+    """
+    with transaction.atomic():
+        flagged = (
+            Job.objects.filter(id=job_id, cancel_requested=False)
+            .exclude(status__in=[Status.SUCCEEDED, Status.FAILED, Status.CANCELLED])
+            .update(
+                cancel_requested=True, version=models.F("version") + 1, updated_at=timezone.now()
+            )
+        )
+        if flagged:
+            job_audit(job_id=job_id, event_type="cancel_requested", actor=actor)
+        try:
+            return transition(
+                job_id=job_id,
+                target=Status.CANCELLED,
+                sources=[Status.PENDING, Status.QUEUED, Status.RETRYING],
+                actor=actor,
+            )
+        except TransitionRefusedError as refused:
+            if refused.current is None:
+                raise JobNotFoundError() from refused
+            return Job.objects.get(id=job_id)
+
+
+def job_cancel_for_user(*, job_id: uuid.UUID | str, user: Any) -> Job:
+    """Cancel on behalf of `user` (the API): their own job, or any job they may see with
+    the operator's `jobs.cancel_job` permission. One visibility read; a job the user may
+    not see is not found (404, never 403, so ids cannot be probed)."""
+    owner_id = (
+        job_visible_queryset(user=user).filter(id=job_id).values_list("owner_id", flat=True).first()
+    )
+    if owner_id is None:
+        raise JobNotFoundError()
+    if owner_id != user.pk and not user.has_perm("jobs.cancel_job"):
+        raise JobCancelForbiddenError()
+    return job_cancel(job_id=job_id, actor=Actor.user(user))

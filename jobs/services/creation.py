@@ -1,0 +1,217 @@
+"""Creating jobs (DESIGN.md 3.5): validation, idempotency keys, and the API's submit.
+
+`job_create` is the one way a job comes to be (API, command line, tests); `job_submit`
+adds what the API's create answers with on top: backpressure, and a conflict turned
+into a 409 the client can retry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit.canonical import canonical_bytes
+from audit.services import Actor
+from core.errors import ApplicationError
+from core.json import json_problem
+from core.tracing import current_traceparent
+from jobs import metrics
+from jobs.backpressure import BackpressureError, backpressure_check
+from jobs.exceptions import (
+    IdempotencyKeyInvalidError,
+    IdempotencyMismatchError,
+    JobConflictError,
+    JobParamsInvalidError,
+    JobTypeUnknownError,
+    PayloadTooLargeError,
+)
+from jobs.models import Artefact, Job
+from jobs.selectors import job_key_exists
+from jobs.services.publishing import job_publish_after_commit
+from jobs.services.transitions import audit_and_emit
+from jobs.states import Status
+from jobs.types import get_type
+
+log = structlog.get_logger("jobs.services")
+_PRINTABLE_ASCII = frozenset(chr(c) for c in range(0x20, 0x7F))
+
+
+def params_hash(job_type: str, params: Any) -> str:
+    return hashlib.sha256(canonical_bytes({"type": job_type, "params": params})).hexdigest()
+
+
+def validate_idempotency_key(key: str | None) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str) or not 1 <= len(key) <= 255 or not set(key) <= _PRINTABLE_ASCII:
+        raise IdempotencyKeyInvalidError(
+            "Idempotency keys are 1 to 255 printable ASCII characters.",
+            details={"idempotency_key": ["1 to 255 printable ASCII characters."]},
+        )
+    return key
+
+
+def validate_params(job_type: str, params: Any, *, owner: Any = None) -> dict[str, Any]:
+    """Check type and params against the types table; return the params to store.
+
+    What is stored (and what the handler receives) is the schema's validated value:
+    `{"steps": "20.0"}` becomes `{"steps": 20}`, defaults are filled in.
+    """
+    spec = get_type(job_type) if isinstance(job_type, str) else None
+    if spec is None:
+        raise JobTypeUnknownError(
+            f"Unknown job type {job_type!r}.",
+            details={"type": [f"One of: {', '.join(sorted(settings.JOB_TYPES))}."]},
+        )
+    if not isinstance(params, dict):
+        raise JobParamsInvalidError(details={"params": ["Must be a JSON object."]})
+    problem = json_problem(params, max_depth=settings.JOBOPS_MAX_JSON_DEPTH)
+    if problem:
+        raise JobParamsInvalidError(details={"params": [f"Not storable JSON: it {problem}."]})
+    try:
+        encoded = canonical_bytes(params)
+    except Exception as exc:  # rfc8785 refuses NaN, huge ints, non-string keys
+        raise JobParamsInvalidError(details={"params": [f"Not canonical JSON: {exc}"]}) from exc
+    if len(encoded) > settings.JOBOPS_MAX_PAYLOAD_BYTES:
+        raise PayloadTooLargeError(
+            f"params exceed {settings.JOBOPS_MAX_PAYLOAD_BYTES} bytes; "
+            "pass large inputs by reference"
+        )
+    serializer = spec.load_params_serializer()(data=params, context={"spec": spec, "owner": owner})
+    if not serializer.is_valid():
+        raise JobParamsInvalidError(details=serializer.errors)
+    return dict(serializer.validated_data)
+
+
+def job_create(
+    *,
+    owner: Any,
+    job_type: str,
+    params: Any,
+    idempotency_key: str | None = None,
+    request_id: str | None = None,
+    correlation_id: str | None = None,
+    actor: Actor | None = None,
+) -> tuple[Job, bool]:
+    """Create a job, or return the one this idempotency key already made.
+
+    1. Validate type, params and key (nothing is written for bad input).
+    2. INSERT ... ON CONFLICT DO NOTHING, then read the row by (owner, key): if it is
+       ours the job is new; concurrent identical requests all read the one winner.
+    3. A different (type, params) under the same key is a mismatch error; a key past
+       its retention is released and the insert runs again.
+    4. A new job's `created` audit entry and event share the insert's transaction.
+    Returns (job, created).
+    """
+    spec = get_type(job_type) if isinstance(job_type, str) else None
+    # A client-chosen type string never becomes a label: unknown types count as one.
+    counter = partial(metrics.JOB_CREATE.labels, type=spec.name if spec else "unknown")
+    try:
+        params = validate_params(job_type, params, owner=owner)
+        idempotency_key = validate_idempotency_key(idempotency_key)
+    except ApplicationError:
+        counter(status="rejected").inc()
+        raise
+    assert spec is not None
+    digest = params_hash(job_type, params)
+    actor = actor or Actor.user(owner)
+    now = timezone.now()
+    candidate = Job(
+        type=job_type,
+        queue=spec.queue,
+        params=params,
+        params_hash=digest,
+        status=Status.PENDING,
+        owner=owner,
+        idempotency_key=idempotency_key,
+        idempotency_expires_at=(
+            now + timedelta(days=settings.JOBOPS_IDEMPOTENCY_KEY_DAYS) if idempotency_key else None
+        ),
+        max_attempts=spec.max_attempts,
+        request_id=request_id,
+        correlation_id=correlation_id or request_id,
+        traceparent=current_traceparent(),
+    )
+    with transaction.atomic():
+        for _ in range(2):
+            Job.objects.bulk_create([candidate], ignore_conflicts=True)
+            if idempotency_key is None:
+                job = candidate
+                break
+            job = Job.objects.get(owner=owner, idempotency_key=idempotency_key)
+            if job.id == candidate.id:
+                break
+            if job.idempotency_expires_at and job.idempotency_expires_at <= now:
+                job_release_idempotency_keys(job_ids=[job.id])
+                continue
+            if job.params_hash != digest:
+                counter(status="mismatch").inc()
+                raise IdempotencyMismatchError(details={"job_id": str(job.id)})
+            counter(status="existing").inc()
+            return job, False
+        audit_and_emit(job, event_type="created", previous_status=None, actor=actor)
+        # Publish only once the row is committed (a worker must find it); a broker
+        # failure never reaches the caller: the job stays `pending` for the dispatcher.
+        transaction.on_commit(partial(job_publish_after_commit, job.id))
+        transaction.on_commit(counter(status="created").inc)
+    log.info("job_created", job_id=str(job.id), job_type=job_type, queue=job.queue)
+    return job, True
+
+
+def job_release_idempotency_keys(*, job_ids: Iterable[uuid.UUID] | None = None) -> int:
+    """Forget keys past their retention (DESIGN.md 3.5) so that a reuse makes a new job."""
+    expired = Job.objects.filter(
+        idempotency_key__isnull=False, idempotency_expires_at__lte=timezone.now()
+    )
+    if job_ids is not None:
+        expired = expired.filter(id__in=list(job_ids))
+    return expired.update(idempotency_key=None, idempotency_expires_at=None)
+
+
+def job_submit(
+    *,
+    owner: Any,
+    job_type: str,
+    params: Any,
+    idempotency_key: str | None = None,
+    request_id: str | None = None,
+) -> tuple[Job, bool]:
+    """The API's create (DESIGN.md 6): `job_create` behind backpressure.
+
+    1. Backpressure: a queue known to be deeper than its limit refuses new work (429);
+       a repeat of an existing key makes no new work and is answered anyway.
+    2. Create (or find) the job; a database conflict (e.g. a key released and reused
+       concurrently) is a 409 the client can retry.
+    3. A job created here has no artefacts yet: say so, so that rendering it costs no
+       query.
+    Returns (job, created).
+    """
+    spec = get_type(job_type) if isinstance(job_type, str) else None
+    if spec is not None:
+        try:
+            backpressure_check(queue=spec.queue)
+        except BackpressureError:
+            if idempotency_key is None or not job_key_exists(owner=owner, key=idempotency_key):
+                raise
+    try:
+        job, created = job_create(
+            owner=owner,
+            job_type=job_type,
+            params=params,
+            idempotency_key=idempotency_key,
+            request_id=request_id,
+        )
+    except IntegrityError as exc:
+        raise JobConflictError() from exc
+    if created:
+        job._prefetched_objects_cache = {"artefacts": Artefact.objects.none()}  # type: ignore[attr-defined]
+    return job, created

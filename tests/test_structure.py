@@ -1,0 +1,64 @@
+"""The import structure of the README's architecture, held by tests (issue 8).
+
+1. import-linter's contracts (pyproject.toml): the apps import downward only
+   (config > dlq > jobs > audit > core), the publisher is transport only, services
+   never import an API, a task or the admin.
+2. No function-level import from another project package: such an import hides a
+   dependency (often a cycle) from readers and from import-linter's layers alike.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+from tests.workers import ROOT
+
+PACKAGES = ("config", "core", "audit", "jobs", "dlq")
+
+
+def test_the_import_contracts_hold():
+    result = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "lint-imports"), "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def _function_level_imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.ImportFrom) and inner.module and inner.level == 0:
+                found.append((inner.lineno, inner.module))
+            elif isinstance(inner, ast.Import):
+                found += [(inner.lineno, alias.name) for alias in inner.names]
+    return found
+
+
+def test_no_function_level_import_crosses_a_package():
+    crossing = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            for line, module in _function_level_imports(path):
+                top = module.split(".")[0]
+                if top in PACKAGES and top != package:
+                    crossing.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert crossing == []
+
+
+def test_the_structure_check_sees_a_function_level_import(tmp_path):
+    # The check above must not pass vacuously: it finds a crossing import when one exists.
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    from dlq.services import x\n    return x\n")
+    assert _function_level_imports(sample) == [(2, "dlq.services")]
