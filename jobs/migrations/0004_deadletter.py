@@ -10,8 +10,27 @@ from django.db import migrations, models
 
 
 def rename_content_type(apps, *, old, new):
+    """Give the content type the model's new app; where one already exists there (made
+    by a post_migrate in between), move the permissions and their grants onto it."""
     ContentType = apps.get_model("contenttypes", "ContentType")
-    ContentType.objects.filter(app_label=old, model="deadletter").update(app_label=new)
+    Permission = apps.get_model("auth", "Permission")
+    source = ContentType.objects.filter(app_label=old, model="deadletter").first()
+    if source is None:
+        return
+    target = ContentType.objects.filter(app_label=new, model="deadletter").first()
+    if target is None:
+        source.app_label = new
+        source.save(update_fields=["app_label"])
+        return
+    for permission in Permission.objects.filter(content_type=source):
+        kept = Permission.objects.filter(content_type=target, codename=permission.codename).first()
+        if kept is None:
+            permission.content_type = target
+            permission.save(update_fields=["content_type"])
+            continue
+        kept.user_set.add(*permission.user_set.all())
+        kept.group_set.add(*permission.group_set.all())
+        permission.delete()
 
 
 def forwards(apps, schema_editor):
@@ -28,6 +47,7 @@ class Migration(migrations.Migration):
         ('jobs', '0003_permissions'),
         ('dlq', '0003_permissions'),
         ('contenttypes', '0002_remove_content_type_name'),
+        ('auth', '0012_alter_user_first_name_max_length'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
