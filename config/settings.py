@@ -358,6 +358,9 @@ LOG_MASK_FIELDS = env_list("LOG_MASK_FIELDS", [])
 configure_masking(LOG_MASK_FIELDS)
 
 OTP_TOTP_ISSUER = "jobops"
+# No device secret (TOTP key, QR code) is ever shown in the portal, not even to
+# superusers: devices are enrolled with `manage.py otp_enroll` on the host.
+OTP_ADMIN_HIDE_SENSITIVE_DATA = True
 
 
 def check_production_safety() -> None:

@@ -70,6 +70,7 @@ class BulkOperation(models.Model):
 
     class Meta:
         db_table = "dlq_bulk_operations"
+        verbose_name = "background operation"
         constraints = [
             models.CheckConstraint(
                 condition=Q(state__in=BulkState.values), name="bulk_ops_state_valid"

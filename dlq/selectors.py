@@ -154,3 +154,20 @@ def bulk_operations_recent(*, limit: int = 10) -> list[BulkOperation]:
     """The newest background operations, running ones first."""
     rows = BulkOperation.objects.select_related("requested_by").order_by("-created_at")
     return sorted(rows[:limit], key=lambda op: not op.active)
+
+
+def dead_letter_groups(*, rows: QuerySet[DeadLetter], limit: int = 20) -> list[dict[str, Any]]:
+    """`rows` (any filtered selection) by queue, error code and reason, largest first,
+    with how many are still open and when the first and last arrived."""
+    groups = (
+        rows.order_by()
+        .values("queue", "error_code", "reason")
+        .annotate(
+            count=Count("id"),
+            open=Count("id", filter=Q(state=DeadLetterState.OPEN)),
+            first_at=Min("created_at"),
+            last_at=Max("created_at"),
+        )
+        .order_by("-count", "queue", "error_code")
+    )
+    return list(groups[:limit])

@@ -45,6 +45,7 @@ class Migration(migrations.Migration):
                 ('stopped_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
             ],
             options={
+                'verbose_name': 'background operation',
                 'db_table': 'dlq_bulk_operations',
                 'indexes': [models.Index(condition=models.Q(('state__in', ['queued', 'running'])), fields=['created_at'], name='bulk_ops_active_idx')],
                 'constraints': [models.CheckConstraint(condition=models.Q(('state__in', ['queued', 'running', 'done', 'stopped', 'failed'])), name='bulk_ops_state_valid'), models.CheckConstraint(condition=models.Q(('action__in', ['replay', 'discard'])), name='bulk_ops_action_valid')],

@@ -27,11 +27,13 @@ def test_job_detail_shows_its_audit_trail_and_cannot_be_edited(otp_admin_client)
     assert Job.objects.get(id=job.id).status == Status.PENDING
 
 
-def test_cancel_action_cancels_through_the_service(otp_admin_client):
+def test_cancel_action_asks_first_then_cancels_through_the_service(otp_admin_client):
     job = make_job()
-    response = otp_admin_client.post(
-        "/admin/jobs/job/", {"action": "cancel_jobs", "_selected_action": [str(job.id)]}
-    )
+    chosen = {"action": "cancel_jobs", "_selected_action": [str(job.id)]}
+    asked = otp_admin_client.post("/admin/jobs/job/", chosen)
+    assert asked.status_code == 200 and b"Yes, cancel 1 job" in asked.content
+    assert Job.objects.get(id=job.id).status == Status.PENDING
+    response = otp_admin_client.post("/admin/jobs/job/", {**chosen, "confirm": "yes"})
     assert response.status_code == 302
     assert Job.objects.get(id=job.id).status == Status.CANCELLED
     actor_ids = set(AuditLog.objects.filter(job_id=job.id).values_list("actor_id", flat=True))
