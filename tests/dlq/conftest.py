@@ -111,3 +111,19 @@ def worker_lost(job_type="sim"):
     job_claim(job_id=job.id, locked_by="w1")
     job_fail_with_dead_letter(job_id=job.id, reason="worker_lost", actor=WORKER)
     return Job.objects.get(id=job.id)
+
+
+def job_failed(code: str, reason: str = "exhausted", job_type: str = "sim") -> Job:
+    """A job a worker failed with a dead letter (`code`, `reason`), no broker copy."""
+    params = {"event": "order.created"} if job_type == "erp" else None
+    job = make_job(job_type=job_type, params=params)
+    claimed = job_claim(job_id=job.id, locked_by="w1")
+    job_fail_with_dead_letter(
+        job_id=job.id,
+        reason=reason,
+        error_code=code,
+        error_message=f"{code} happened",
+        actor=WORKER,
+        fence=Fence("w1", claimed.attempts),
+    )
+    return Job.objects.get(id=job.id)
