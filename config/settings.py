@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and ReDoc served from here (offline docs)
     "django_celery_results",
     "django_prometheus",
     "audit",
@@ -320,7 +321,8 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "jobops API",
-    "DESCRIPTION": "Submit, watch and cancel background jobs.",
+    "DESCRIPTION": "Submit, watch and cancel background jobs; operators' admin calls (an OTP "
+    "grant, the dead-letter queues) under /api/v1/admin/.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Paths are served with and without a trailing slash; document each once.
@@ -331,6 +333,11 @@ SPECTACULAR_SETTINGS = {
         "core.api.schema.close_request_bodies",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
+    # The docs pages load their JavaScript and CSS from this server, not from a CDN: they
+    # work without internet access (an operator's network often has none).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- observability ------------------------------------------------------------------

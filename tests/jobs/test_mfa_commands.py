@@ -95,7 +95,7 @@ def test_the_first_administrator_of_make_run_still_logs_in():
     password = re.search(r"password: (\S+)", out).group(1)
     uri = re.search(r"TOTP URI: (\S+)", out).group(1)
     tokens = re.search(r"backup tokens: (.+)$", out, re.M).group(1).split()
-    assert (len(tokens) == 6 and "\u2588" in out) or "\u2580" in out
+    assert len(tokens) == 6 and ("\u2588" in out or "\u2580" in out)
     assert _login("admin", password, _code_from_uri(uri)) == 302
     assert _login("admin", password, tokens[0]) == 302
     assert "nothing to do" in _run("bootstrap_admin")
