@@ -29,6 +29,7 @@ class JobopsAdminSite(OTPAdminSite):
     # On a 1366 px laptop the sidebar of every table squeezes the lists to unreadable;
     # the dashboard and the breadcrumbs lead everywhere instead.
     enable_nav_sidebar = False
+    site_url = None  # there is no public site to "view"
 
     def get_urls(self) -> list[URLPattern]:
         panel = path(

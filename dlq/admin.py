@@ -32,7 +32,7 @@ from django.utils.safestring import SafeString
 from audit.admin import ReadOnlyAdmin
 from core.admin_filters import InputFilter
 from core.errors import ApplicationError
-from dlq.broker import BROKER_ERRORS, dlq_peek
+from dlq.broker import BROKER_ERRORS, dlq_depths, dlq_peek
 from dlq.bulk import bulk_operation_stop, dead_letters_act
 from dlq.models import BulkOperation
 from dlq.selectors import (
@@ -303,8 +303,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             limit = max(1, min(100, int(request.GET.get("limit") or 20)))
         except ValueError:
             limit = 20
-        error, found = None, []
+        error, found, depth = None, [], None
         try:
+            depth = dlq_depths(queues=[queue]).get(queue)
             messages_ = dlq_peek(queue=queue, limit=limit)
         except BROKER_ERRORS as exc:
             error, messages_ = f"RabbitMQ cannot be reached: {exc}", []
@@ -313,7 +314,13 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             found.append(
                 {"m": message, "death": death_summary(message), "rows": rows[message.message_id]}
             )
-        context = {"queue": queue, "limit": limit, "messages_found": found, "error": error}
+        context = {
+            "queue": queue,
+            "limit": limit,
+            "depth": depth,
+            "messages_found": found,
+            "error": error,
+        }
         return self._render(request, "admin/jobs/deadletter/peek.html", f"Peek at {queue}", context)
 
     def action_view(self, request: HttpRequest, action: str) -> HttpResponse:

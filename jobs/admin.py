@@ -202,6 +202,7 @@ class JobAdmin(ReadOnlyAdmin):
         wrap = self.admin_site.admin_view
         return [
             path("<uuid:job_id>/cancel/", wrap(self.cancel_view), name="jobs_job_cancel"),
+            path("<uuid:job_id>/live/", wrap(self.live_view), name="jobs_job_live"),
             path(
                 "<uuid:job_id>/artefacts/<uuid:artefact_id>/",
                 wrap(self.artefact_view),
@@ -222,18 +223,31 @@ class JobAdmin(ReadOnlyAdmin):
         if request.method != "GET":
             raise PermissionDenied  # nothing on this page is a form: a job is not edited
         job = self._job_or_404(request, object_id)
-        letters = list(job.dead_letters.select_related("resolved_by").order_by("-id"))
         context = {
-            "job": job,
+            **self._live_context(request, job),
             "artefacts": list(job.artefacts.order_by("kind", "name")),
             "timeline": job_timeline(job_id=job.id),
+            "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
+        }
+        return self._render(request, "admin/jobs/job/detail.html", f"Job {job.id}", context)
+
+    def live_view(self, request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+        """The changing part of the job's page (status, progress, error, actions)."""
+        job = self._job_or_404(request, str(job_id))
+        context = self._live_context(request, job)
+        return self._render(request, "admin/jobs/job/live.html", "", context)
+
+    def _live_context(self, request: HttpRequest, job: Job) -> dict[str, Any]:
+        letters = list(job.dead_letters.select_related("resolved_by").order_by("-id"))
+        return {
+            "job": job,
+            "finished": job.status in TERMINAL,
             "dead_letters": letters,
             "open_dead_letter": next((d for d in letters if d.state == "open"), None),
             "can_cancel": job.status not in TERMINAL and self.has_cancel_permission(request),
             "can_replay": request.user.has_perm("jobs.replay_deadletter"),
             "can_verify": request.user.has_perm("audit.view_auditlog"),
         }
-        return self._render(request, "admin/jobs/job/detail.html", f"Job {job.id}", context)
 
     def cancel_view(self, request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
         """GET: are you sure? POST: cancel through the service (operator only)."""

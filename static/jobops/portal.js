@@ -20,6 +20,12 @@
       .then(function (html) {
         panel.innerHTML = html;
         if (note) { note.classList.remove("show"); }
+        if (panel.querySelector("[data-reload-page]")) {
+          // What the panel follows has ended: show the whole page as it is now.
+          panel.removeAttribute("data-refresh-url");
+          window.location.reload();
+          return;
+        }
         panel.dispatchEvent(new CustomEvent("portal:refreshed", { bubbles: true }));
       })
       .catch(function () {
@@ -31,7 +37,7 @@
     var seconds = parseFloat(panel.getAttribute("data-refresh-seconds") || "5");
     var busy = false;
     window.setInterval(function () {
-      if (busy || document.hidden) { return; }
+      if (busy || document.hidden || !panel.getAttribute("data-refresh-url")) { return; }
       busy = true;
       refresh(panel).then(function () { busy = false; });
     }, Math.max(1, seconds) * 1000);
