@@ -221,7 +221,11 @@ JOBOPS_HEARTBEAT_SECONDS = env_int("JOBOPS_HEARTBEAT_SECONDS", 10)
 JOBOPS_BACKOFF_BASE_SECONDS = env_float("JOBOPS_BACKOFF_BASE_SECONDS", 2.0)
 JOBOPS_PROGRESS_INTERVAL_SECONDS = env_float("JOBOPS_PROGRESS_INTERVAL_SECONDS", 2.0)
 JOBOPS_CANCEL_CHECK_SECONDS = env_float("JOBOPS_CANCEL_CHECK_SECONDS", 0.5)
-JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = env_float("JOBOPS_DISPATCH_PENDING_AFTER_SECONDS", 5.0)
+# A pending job is published once it is this old (0: at once; the request never
+# publishes, NOTIFY jobs_pending wakes the dispatcher). Raise it to hold new jobs back.
+JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = env_float("JOBOPS_DISPATCH_PENDING_AFTER_SECONDS", 0.0)
+# The dispatcher runs every step at least this often; a NOTIFY runs the publish step
+# at once in between.
 JOBOPS_DISPATCHER_INTERVAL_SECONDS = env_float("JOBOPS_DISPATCHER_INTERVAL_SECONDS", 1.0)
 # The dispatcher loop's steps, in order: (name, dotted path of a no-argument callable).
 # Listed here, where the apps are composed, so that jobs never names the dlq app.
@@ -236,9 +240,6 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("dlq_bulk", "dlq.bulk.bulk_operations_run_once"),
 ]
 JOBOPS_PUBLISH_TIMEOUT_SECONDS = env_float("JOBOPS_PUBLISH_TIMEOUT_SECONDS", 5.0)
-# The same bound for the publish an API request makes after its commit: short, since a
-# job left `pending` is published by the dispatcher anyway.
-JOBOPS_REQUEST_BROKER_TIMEOUT_SECONDS = env_float("JOBOPS_REQUEST_BROKER_TIMEOUT_SECONDS", 0.5)
 # RabbitMQ's consumer_timeout (default 30 min); workers refuse prefetch settings that
 # could keep a reserved message waiting past half of it.
 JOBOPS_CONSUMER_TIMEOUT_SECONDS = env_int("JOBOPS_CONSUMER_TIMEOUT_SECONDS", 1800)

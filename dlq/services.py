@@ -26,14 +26,13 @@ from dlq.errors import (
     UnknownQueueError,
 )
 from jobs import metrics
-from jobs.exceptions import TransitionRefusedError
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState, Job
 from jobs.services import (
     job_audit,
     job_fail_with_dead_letter,
     job_lock_is_stale,
     job_publish,
-    transition,
+    transition_many,
 )
 from jobs.states import Status
 from jobs.topology import dlq_name, dlq_names
@@ -450,7 +449,7 @@ def dead_letters_replay(
     name, e.g. `sim_dlq`), of `job_ids` or `dead_letter_ids`, matching `filters`
     (FILTER_FIELDS), oldest first, at most `limit`.
     1. Dry run: the count and a sample; nothing is written.
-    2. One transaction per job (job row locked first, then its open row):
+    2. In transactions of RESOLVE_CHUNK rows (jobs locked first, then their open rows):
        `failed` -> `pending` audited `dlq_replayed` (attempts keep counting,
        `max_attempts` grows by the type's max_retries + 1, the last error stays as
        history until a success clears it), the row -> `replayed` with the actor and
@@ -571,35 +570,50 @@ def dead_letters_resolve_rows(
     result: ResolveResult,
     audit_extra: dict[str, Any] | None = None,
 ) -> set[str]:
-    """Replay or discard each (row id, job id, queue), one transaction each, into `result`.
+    """Replay or discard each (row id, job id, queue) into `result`: replays in chunks
+    of RESOLVE_CHUNK per transaction, discards one transaction per row.
 
     The caller has checked actor and justification. Returns the DLQs touched (their
     broker copies are acked away afterwards, outside any transaction).
     """
     actor = Actor.user(actor_user)
-    one = _replay_one if action == "replay" else _discard_one
+    selected = list(rows)
+    outcome: dict[int, dict[str, Any] | str] = {}
+    if action == "replay":
+        for start in range(0, len(selected), RESOLVE_CHUNK):
+            chunk = selected[start : start + RESOLVE_CHUNK]
+            done = _replay_chunk(
+                chunk=chunk,
+                actor=actor,
+                actor_user=actor_user,
+                justification=justification,
+                audit_extra=audit_extra or {},
+            )
+            outcome.update(done)
+            _count_replays(sum(1 for why in done.values() if isinstance(why, str)))
+    else:
+        for row_id, job_id, _ in selected:
+            outcome[row_id] = _discard_one(
+                row_id=row_id,
+                job_id=job_id,
+                actor=actor,
+                actor_user=actor_user,
+                justification=justification,
+                audit_extra=audit_extra or {},
+            )
     queues: set[str] = set()
-    for row_id, job_id, queue_name in rows:
-        done = one(
-            row_id=row_id,
-            job_id=job_id,
-            actor=actor,
-            actor_user=actor_user,
-            justification=justification,
-            audit_extra=audit_extra or {},
-        )
-        if isinstance(done, dict):
+    for row_id, job_id, queue_name in selected:
+        what = outcome[row_id]
+        if isinstance(what, dict):
             job_text = str(job_id) if job_id else None
-            result.skipped.append({"dead_letter_id": row_id, "job_id": job_text, **done})
+            result.skipped.append({"dead_letter_id": row_id, "job_id": job_text, **what})
             continue
         result.resolved.append(row_id)
         if job_id is not None:
             result.job_ids.append(str(job_id))
-        if done:
-            result.message_ids.append(done)
+        if what:
+            result.message_ids.append(what)
         queues.add(queue_name)
-    if action == "replay":
-        _count_replays(len(result.resolved))
     return queues
 
 
@@ -614,47 +628,78 @@ def _count_replays(count: int) -> None:
         metrics.DLQ_REPLAY.inc(count)
 
 
-def _audit_data(row: DeadLetter, justification: str, extra: dict[str, Any]) -> dict[str, Any]:
+def _audit_data(row: DeadLetter, digest: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """What a replay or discard audits about its row: which dead letter, why it died,
+    which broker message it was, and the justification's digest (the text stays on the
+    row: it may name people)."""
     return {
         "dead_letter_id": row.id,
         "reason": row.reason,
         "queue": row.queue,
         "message_id": row.message_id,
-        "justification_sha256": _justification_digest(justification),
+        "justification_sha256": digest,
         **extra,
     }
 
 
-def _replay_one(
+# Rows resolved per transaction: one lock statement, one audited transition per job
+# type, one update of the rows. A large replay commits in chunks, so a failure half way
+# leaves whole chunks done and the rest open, both consistent and retry-safe.
+RESOLVE_CHUNK = 500
+
+
+def _replay_chunk(
     *,
-    row_id: int,
-    job_id: uuid.UUID | None,
+    chunk: list[tuple[int, uuid.UUID | None, str]],
     actor: Actor,
     actor_user: Any,
     justification: str,
     audit_extra: dict[str, Any],
-) -> dict[str, Any] | str:
-    """One job's replay transaction: the row's message id ("" if none) when done, or a
-    dict saying why it was skipped."""
+) -> dict[int, dict[str, Any] | str]:
+    """Replay one chunk in one transaction; returns, per dead letter id, why it was
+    skipped (a dict) or, when its job was replayed, the row's message id ("" if none).
+
+    1. Lock the jobs, then their rows still open (the order every writer uses).
+    2. Per job type (its retry budget), one statement moves the failed jobs to
+       `pending` with their `dlq_replayed` entries (and wakes the dispatcher); a job
+       that is no longer `failed` is not moved and its row is skipped.
+    3. One update marks the replayed rows with the actor and justification.
+    """
+    digest = _justification_digest(justification)
+    outcome: dict[int, dict[str, Any] | str] = {}
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(id=job_id).first() if job_id else None
-        row = (
-            DeadLetter.objects.select_for_update()
-            .filter(id=row_id, state=DeadLetterState.OPEN)
-            .first()
-        )
-        if job is None or row is None:
-            return {"skipped": "already resolved"}
-        spec = get_type(job.type)
-        budget = spec.max_attempts if spec is not None else 1
-        try:
-            transition(
-                job_id=job.id,
+        jobs = {
+            job.id: job
+            for job in Job.objects.select_for_update()
+            .filter(id__in=[job_id for _, job_id, _ in chunk if job_id is not None])
+            .order_by("id")
+            .only("id", "type", "status")
+        }
+        rows = {
+            row.id: row
+            for row in DeadLetter.objects.select_for_update()
+            .filter(id__in=[row_id for row_id, _, _ in chunk], state=DeadLetterState.OPEN)
+            .order_by("id")
+        }
+        by_type: dict[str, list[DeadLetter]] = {}
+        for row_id, job_id, _ in chunk:
+            row = rows.get(row_id)
+            if row is None or job_id not in jobs:
+                outcome[row_id] = {"skipped": "already resolved"}
+            elif jobs[job_id].status != Status.FAILED:
+                outcome[row_id] = {"skipped": f"job is {jobs[job_id].status}, not failed"}
+            else:
+                by_type.setdefault(jobs[job_id].type, []).append(row)
+        replayed: list[int] = []
+        for job_type, type_rows in by_type.items():
+            spec = get_type(job_type)
+            moved = transition_many(
+                job_ids=[row.job_id for row in type_rows if row.job_id is not None],
                 target=Status.PENDING,
                 sources=[Status.FAILED],
                 actor=actor,
                 event_type="dlq_replayed",
-                extend_attempts=budget,
+                extend_attempts=spec.max_attempts if spec is not None else 1,
                 fields={
                     "dead_letter_queue": None,
                     "next_run_at": None,
@@ -663,14 +708,34 @@ def _replay_one(
                     "progress_step": None,
                     "progress_message": None,
                 },
-                audit_data=_audit_data(row, justification, audit_extra),
+                audit_data={
+                    str(row.job_id): _audit_data(row, digest, audit_extra) for row in type_rows
+                },
             )
-        except TransitionRefusedError as refused:
-            return {"skipped": f"job is {refused.current}, not failed"}
-        _resolve(
-            row, state=DeadLetterState.REPLAYED, actor_user=actor_user, justification=justification
+            moved_ids = {job.id for job in moved}
+            for row in type_rows:
+                if row.job_id in moved_ids:
+                    outcome[row.id] = row.message_id or ""
+                    replayed.append(row.id)
+                else:
+                    outcome[row.id] = {"skipped": "job is no longer failed"}
+        _resolve_rows(
+            replayed,
+            state=DeadLetterState.REPLAYED,
+            actor_user=actor_user,
+            justification=justification,
         )
-    return row.message_id or ""
+    return outcome
+
+
+def _resolve_rows(ids: list[int], *, state: str, actor_user: Any, justification: str) -> None:
+    if ids:
+        DeadLetter.objects.filter(id__in=ids).update(
+            state=state,
+            resolved_by=actor_user,
+            resolved_at=timezone.now(),
+            justification=justification,
+        )
 
 
 def _discard_one(
@@ -700,7 +765,7 @@ def _discard_one(
             job_id=job_id,
             event_type="dlq_discarded",
             actor=actor,
-            data=_audit_data(row, justification, audit_extra),
+            data=_audit_data(row, _justification_digest(justification), audit_extra),
         )
     return row.message_id or ""
 

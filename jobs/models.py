@@ -44,6 +44,12 @@ class Job(models.Model):
     traceparent = models.CharField(max_length=55, null=True, blank=True)
     # Bumped by every write except heartbeats; the API's ETag is "<id>-<version>".
     version = models.PositiveIntegerField(default=1)
+    # The head (seq, chain_hash) of the job's audit chain. The statement that changes
+    # the job appends its audit entry from here under the row lock it already holds,
+    # so a transition is one round trip (jobs/sql.py); the insert-at-head trigger on
+    # audit_logs still refuses any entry that does not continue the chain.
+    audit_seq = models.PositiveIntegerField(default=0, db_default=0)
+    audit_head = models.CharField(max_length=64, default="0" * 64, db_default="0" * 64)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

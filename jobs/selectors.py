@@ -13,8 +13,10 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet
+from django.db.models.functions import JSONObject
 
 from audit.models import ActorType, AuditLog
 from audit.services import job_chain
@@ -41,11 +43,35 @@ def job_version_for_user(*, job_id: uuid.UUID, user: Any) -> int | None:
     )
 
 
+# An artefact's fields as the job body shows them, aggregated into the job's own query.
+_ARTEFACT_JSON = JSONObject(
+    id="id", kind="kind", name="name", content_type="content_type", sha256="sha256", size="size"
+)
+
+
 def job_get_for_user(*, job_id: uuid.UUID, user: Any) -> Job:
-    """The job with its artefacts (the body lists them), or JobNotFoundError."""
-    job = job_visible_queryset(user=user).prefetch_related("artefacts").filter(id=job_id).first()
+    """The job with its artefacts (the body lists them), or JobNotFoundError.
+
+    One query: the artefacts come as a JSON array of the same row and are kept as
+    `job.artefact_list`, which the body serializer reads before `job.artefacts`.
+    """
+    artefacts = (
+        Artefact.objects.filter(job_id=OuterRef("id"))
+        .order_by("kind", "name")
+        .values(json=_ARTEFACT_JSON)
+    )
+    job = (
+        job_visible_queryset(user=user)
+        .annotate(artefact_rows=ArraySubquery(artefacts))
+        .filter(id=job_id)
+        .first()
+    )
     if job is None:
         raise JobNotFoundError()
+    job.artefact_list = [  # type: ignore[attr-defined]
+        Artefact(job_id=job.id, **row)
+        for row in job.artefact_rows  # type: ignore[attr-defined]
+    ]
     return job
 
 

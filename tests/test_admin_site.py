@@ -10,8 +10,7 @@ from django_celery_results.models import GroupResult, TaskResult
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 
 from dlq.dashboard import CACHE_KEY, dashboard_overview
-from tests.dlq.conftest import job_failed
-from tests.factories import make_job, otp_login, role_user, totp_device
+from tests.factories import job_failed, make_job, otp_login, role_user, totp_device
 
 pytestmark = pytest.mark.django_db
 

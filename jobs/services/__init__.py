@@ -24,9 +24,9 @@ from jobs.services.creation import (
     validate_params,
 )
 from jobs.services.dead_letters import job_fail_with_dead_letter
-from jobs.services.publishing import job_publish, job_publish_after_commit, publish_due_once
+from jobs.services.publishing import job_publish, publish_due_once
 from jobs.services.reaper import job_lock_is_stale, job_reclaim, reap_once
-from jobs.services.transitions import Fence, Progress, job_audit, transition
+from jobs.services.transitions import Fence, Progress, job_audit, transition, transition_many
 from jobs.services.worker import (
     WORKER,
     backoff_delay,
@@ -58,7 +58,6 @@ __all__ = [
     "job_lock_state",
     "job_progress_write",
     "job_publish",
-    "job_publish_after_commit",
     "job_reclaim",
     "job_release_idempotency_keys",
     "job_retry",
@@ -68,6 +67,7 @@ __all__ = [
     "publish_due_once",
     "reap_once",
     "transition",
+    "transition_many",
     "validate_idempotency_key",
     "validate_params",
     "validate_result",

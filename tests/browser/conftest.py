@@ -7,9 +7,6 @@ from pathlib import Path
 
 import pytest
 
-# The DLQ fixtures (topology declared, a raw AMQP channel) for the dead-letter pages.
-from tests.dlq.conftest import amqp, topology  # noqa: F401
-
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"

@@ -15,9 +15,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, Job
 from tests.browser.conftest import shoot
-from tests.dlq.conftest import depth, job_failed, worker_dead_letter
-from tests.factories import make_job, role_user, totp_code, totp_device
-from tests.workers import celery_worker, wait_for
+from tests.factories import job_failed, make_job, role_user, totp_code, totp_device
+from tests.polling import wait_for
+from tests.processes import celery_worker, dispatcher_process
+from tests.queues import depth, worker_dead_letter
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 PASSWORD = "pw-for-tests"
@@ -107,6 +108,7 @@ def test_filter_the_job_list_and_open_a_job(operator, live_server):
 def test_cancel_a_running_job(operator, live_server):
     with (
         override_settings(JOBOPS_PORTAL_REFRESH_SECONDS=1),
+        dispatcher_process(interval=0.2, name="browser-cancel-dispatcher"),
         celery_worker(queues=["sim"], name="browser-cancel") as worker,
     ):
         job = make_job(params={"steps": 600, "step_seconds": 0.1})

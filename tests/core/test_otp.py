@@ -10,8 +10,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from rest_framework.authtoken.models import Token
 
 from core.api.otp import otp_grant_for
-from tests.factories import StaffFactory, UserFactory, totp_code, totp_device
-from tests.jobs.api_fixtures import client_for
+from tests.factories import StaffFactory, UserFactory, client_for, totp_code, totp_device
 
 pytestmark = pytest.mark.django_db
 OTP_URL = "/api/v1/admin/otp"

@@ -11,8 +11,8 @@ from django.utils import timezone
 from audit.models import AuditLog
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, Job
-from tests.dlq.conftest import depth, job_failed, worker_dead_letter, worker_lost
-from tests.factories import otp_login, role_user
+from tests.factories import job_failed, otp_login, role_user, worker_lost
+from tests.queues import depth, worker_dead_letter
 
 pytestmark = pytest.mark.django_db
 LIST = "/admin/jobs/deadletter/"
@@ -33,7 +33,7 @@ def test_the_queues_page_shows_each_dlq_with_depth_and_open_rows(operator, amqp)
     assert b'data-refresh-url="/admin/jobs/deadletter/queues/panel/"' in page.content
 
 
-def test_the_list_groups_dead_letters_by_cause(operator, topology):
+def test_the_list_groups_dead_letters_by_cause(operator, broker):
     for _ in range(3):
         job_failed("TRANSIENT_EXTERNAL", job_type="erp")
     job_failed("FATAL", reason="fatal")
@@ -56,7 +56,7 @@ def test_the_list_groups_dead_letters_by_cause(operator, topology):
     ],
 )
 def test_the_list_filters_by_queue_reason_state_code_age_and_cause(
-    operator, topology, query, expected
+    operator, broker, query, expected
 ):
     job_failed("E1", job_type="erp")
     job_failed("F1", reason="fatal")
@@ -105,7 +105,7 @@ def test_replay_shows_a_dry_run_then_needs_a_justification(operator, amqp):
     assert depth(amqp, "sim_dlq") == 0
 
 
-def test_the_selected_rows_go_to_a_discard_dry_run(operator, topology):
+def test_the_selected_rows_go_to_a_discard_dry_run(operator, broker):
     keep, drop = worker_lost(), worker_lost()
     row = DeadLetter.objects.get(job=drop)
     chosen = operator.post(LIST, {"action": "discard_selected", "_selected_action": [row.id]})
@@ -117,7 +117,7 @@ def test_the_selected_rows_go_to_a_discard_dry_run(operator, topology):
     assert DeadLetter.objects.get(job=keep).state == "open"
 
 
-def test_the_age_filter_is_pinned_between_the_dry_run_and_the_confirm(operator, topology):
+def test_the_age_filter_is_pinned_between_the_dry_run_and_the_confirm(operator, broker):
     worker_lost()
     dry = operator.get(RUN.format(action="discard"), {"age": "24h"})
     hidden = dict(dry.context["hidden"])
@@ -125,7 +125,7 @@ def test_the_age_filter_is_pinned_between_the_dry_run_and_the_confirm(operator, 
     assert dry.context["dry_run"].matched == 1
 
 
-def test_a_large_replay_runs_in_the_background_with_a_page_to_stop_it(operator, topology, settings):
+def test_a_large_replay_runs_in_the_background_with_a_page_to_stop_it(operator, broker, settings):
     settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD = 2
     for _ in range(3):
         worker_lost()
@@ -145,7 +145,7 @@ def test_a_large_replay_runs_in_the_background_with_a_page_to_stop_it(operator, 
     assert b'id="stop-operation"' not in operator.get(started["Location"]).content
 
 
-def test_dead_letters_cannot_be_edited_or_deleted(operator, topology):
+def test_dead_letters_cannot_be_edited_or_deleted(operator, broker):
     row = DeadLetter.objects.get(job=worker_lost())
     superuser = otp_login(Client(), role_user("operator", is_superuser=True))
     for client in (operator, superuser):

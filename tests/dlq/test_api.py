@@ -10,9 +10,15 @@ from audit.models import AuditLog
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, Job
 from jobs.states import Status
-from tests.dlq.conftest import depth, worker_dead_letter, worker_lost
-from tests.factories import OperatorFactory, StaffFactory, otp_login, role_user
-from tests.jobs.api_fixtures import client_for
+from tests.factories import (
+    OperatorFactory,
+    StaffFactory,
+    client_for,
+    otp_login,
+    role_user,
+    worker_lost,
+)
+from tests.queues import depth, worker_dead_letter
 
 pytestmark = pytest.mark.django_db
 DLQ = "/api/v1/admin/dlq"
@@ -43,7 +49,7 @@ def _code(response) -> str:
     return response.json()["error"]["code"]
 
 
-def test_calls_without_a_verified_otp_are_err_dlq_401(topology):
+def test_calls_without_a_verified_otp_are_err_dlq_401(broker):
     anonymous = APIClient()
     token_only = client_for(OperatorFactory())  # staff with a token, but no OTP grant
     password_only = APIClient()
@@ -54,13 +60,13 @@ def test_calls_without_a_verified_otp_are_err_dlq_401(topology):
             assert "WWW-Authenticate" in call
 
 
-def test_verified_non_staff_are_err_dlq_401(topology):
+def test_verified_non_staff_are_err_dlq_401(broker):
     user = OperatorFactory(is_staff=False)
     refused = session_api(user).get(DLQ)
     assert refused.status_code == 401 and _code(refused) == "ERR-DLQ-401"
 
 
-def test_the_list_shows_each_dlq_with_depth_and_open_dead_letters(viewer_api, topology):
+def test_the_list_shows_each_dlq_with_depth_and_open_dead_letters(viewer_api, broker):
     worker_lost()
     queues = {q["queue"]: q for q in viewer_api.get(DLQ).json()}
     assert set(queues) >= {"default_dlq", "sim_dlq", "erp_dlq"}
@@ -80,7 +86,7 @@ def test_peek_shows_messages_with_their_rows_and_consumes_nothing(viewer_api, am
     assert depth(amqp, "sim_dlq") == before == 1
 
 
-def test_peek_refuses_an_unknown_queue_and_a_bad_limit(viewer_api, topology):
+def test_peek_refuses_an_unknown_queue_and_a_bad_limit(viewer_api, broker):
     missing = viewer_api.get(f"{DLQ}/sim/peek")  # the primary queue is not a DLQ
     assert missing.status_code == 404 and _code(missing) == "ERR-DLQ-404"
     for limit in ("0", "101", "2.0", "x"):
@@ -88,7 +94,7 @@ def test_peek_refuses_an_unknown_queue_and_a_bad_limit(viewer_api, topology):
         assert bad.status_code == 400 and _code(bad) == "ERR-DLQ-400", limit
 
 
-def test_viewer_is_refused_a_replay_and_a_discard(viewer_api, topology):
+def test_viewer_is_refused_a_replay_and_a_discard(viewer_api, broker):
     job = worker_lost()
     for action in ("replay", "discard"):
         refused = viewer_api.post(
@@ -98,7 +104,7 @@ def test_viewer_is_refused_a_replay_and_a_discard(viewer_api, topology):
     assert Job.objects.get(id=job.id).status == Status.FAILED
 
 
-def test_operator_dry_run_counts_and_samples_and_changes_nothing(operator_api, topology):
+def test_operator_dry_run_counts_and_samples_and_changes_nothing(operator_api, broker):
     jobs = [worker_lost() for _ in range(3)]
     answer = operator_api.post(
         f"{DLQ}/sim_dlq/replay", {"dry_run": True, "limit": 2}, format="json"
@@ -132,7 +138,7 @@ def test_operator_replays_chosen_jobs_and_the_audit_names_user_row_and_message(o
     assert depth(amqp, "sim_dlq") == 0
 
 
-def test_operator_discards_by_filter(operator_api, topology):
+def test_operator_discards_by_filter(operator_api, broker):
     job = worker_lost()
     answer = operator_api.post(
         f"{DLQ}/sim_dlq/discard",
@@ -158,7 +164,7 @@ def test_operator_discards_by_filter(operator_api, topology):
         ([], "ERR-DLQ-400"),
     ],
 )
-def test_bad_requests_are_refused_with_their_code(operator_api, topology, body, code):
+def test_bad_requests_are_refused_with_their_code(operator_api, broker, body, code):
     worker_lost()
     refused = operator_api.post(f"{DLQ}/sim_dlq/replay", body, format="json")
     assert _code(refused) == code, refused.content
@@ -166,13 +172,13 @@ def test_bad_requests_are_refused_with_their_code(operator_api, topology, body, 
     assert DeadLetter.objects.get().state == "open"
 
 
-def test_a_replay_in_an_unknown_queue_is_err_dlq_404(operator_api, topology):
+def test_a_replay_in_an_unknown_queue_is_err_dlq_404(operator_api, broker):
     answer = operator_api.post(f"{DLQ}/nope_dlq/replay", {"justification": "x"}, format="json")
     assert answer.status_code == 404 and _code(answer) == "ERR-DLQ-404"
 
 
 def test_a_large_selection_runs_in_the_background_and_can_be_stopped(
-    operator_api, topology, settings
+    operator_api, broker, settings
 ):
     settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD = 2
     for _ in range(3):
@@ -196,7 +202,7 @@ def test_unknown_operations_are_err_dlq_404(viewer_api):
         assert missing.status_code == 404 and _code(missing) == "ERR-DLQ-404"
 
 
-def test_admin_calls_are_limited_per_minute(viewer_api, topology, settings):
+def test_admin_calls_are_limited_per_minute(viewer_api, broker, settings):
     settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "admin_dlq": 3}
     assert [viewer_api.get(DLQ).status_code for _ in range(3)] == [200, 200, 200]
     limited = viewer_api.get(DLQ)

@@ -13,9 +13,9 @@ from dlq.bulk import bulk_operation_start, bulk_operation_stop, bulk_operations_
 from dlq.errors import DeadLetterPermissionError
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, Job
-from tests.dlq.conftest import worker_lost
-from tests.factories import OperatorFactory, role_user
-from tests.workers import dispatcher_process, wait_for
+from tests.factories import OperatorFactory, role_user, worker_lost
+from tests.polling import wait_for
+from tests.processes import dispatcher_process
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +26,7 @@ def _start(operator, **selection):
     )
 
 
-def test_a_bulk_replay_goes_chunk_by_chunk_and_records_its_progress(topology):
+def test_a_bulk_replay_goes_chunk_by_chunk_and_records_its_progress(broker):
     jobs = [worker_lost() for _ in range(5)]
     operation = _start(OperatorFactory(), queue="sim_dlq")
     assert (operation.state, operation.total, operation.percent) == ("queued", 5, 0)
@@ -47,7 +47,7 @@ def test_a_bulk_replay_goes_chunk_by_chunk_and_records_its_progress(topology):
     assert all(f'"bulk_operation_id":"{operation.id}"' in e.payload for e in replays)
 
 
-def test_stop_ends_it_before_the_next_chunk_and_keeps_what_was_done(topology):
+def test_stop_ends_it_before_the_next_chunk_and_keeps_what_was_done(broker):
     for _ in range(4):
         worker_lost()
     operator = OperatorFactory()
@@ -62,7 +62,7 @@ def test_stop_ends_it_before_the_next_chunk_and_keeps_what_was_done(topology):
     assert bulk_operations_run_once(chunk=2) == {}  # nothing left to work on
 
 
-def test_a_queued_operation_stops_at_once(topology):
+def test_a_queued_operation_stops_at_once(broker):
     worker_lost()
     operator = OperatorFactory()
     operation = bulk_operation_stop(operation_id=_start(operator).id, actor_user=operator)
@@ -70,7 +70,7 @@ def test_a_queued_operation_stops_at_once(topology):
     assert bulk_operations_run_once() == {}
 
 
-def test_a_viewer_cannot_stop_an_operation(topology):
+def test_a_viewer_cannot_stop_an_operation(broker):
     worker_lost()
     operation = _start(OperatorFactory())
     with pytest.raises(DeadLetterPermissionError):
@@ -78,7 +78,7 @@ def test_a_viewer_cannot_stop_an_operation(topology):
     assert BulkOperation.objects.get().state == "queued"
 
 
-def test_dead_letters_recorded_after_the_start_are_not_chased(topology):
+def test_dead_letters_recorded_after_the_start_are_not_chased(broker):
     first = worker_lost()
     operation = _start(OperatorFactory(), queue="sim_dlq")
     later = worker_lost()  # e.g. a replayed job that failed again
@@ -90,7 +90,7 @@ def test_dead_letters_recorded_after_the_start_are_not_chased(topology):
     assert DeadLetter.objects.get(job=later).state == "open"
 
 
-def test_a_held_lease_keeps_other_dispatchers_off_and_an_expired_one_is_taken_over(topology):
+def test_a_held_lease_keeps_other_dispatchers_off_and_an_expired_one_is_taken_over(broker):
     worker_lost()
     operation = _start(OperatorFactory())
     BulkOperation.objects.filter(id=operation.id).update(
@@ -105,7 +105,7 @@ def test_a_held_lease_keeps_other_dispatchers_off_and_an_expired_one_is_taken_ov
     assert bulk_operations_run_once()["resolved"] == 1
 
 
-def test_an_operation_fails_when_its_requester_loses_the_permission(topology):
+def test_an_operation_fails_when_its_requester_loses_the_permission(broker):
     worker_lost()
     operator = OperatorFactory()
     operation = _start(operator)
@@ -117,7 +117,7 @@ def test_an_operation_fails_when_its_requester_loses_the_permission(topology):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_dispatcher_works_a_bulk_discard_through(topology):
+def test_the_dispatcher_works_a_bulk_discard_through(broker):
     for _ in range(7):
         worker_lost()
     operation = bulk_operation_start(

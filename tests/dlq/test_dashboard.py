@@ -9,8 +9,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from tests.dlq.conftest import job_failed
-from tests.factories import otp_login, role_user
+from tests.factories import job_failed, otp_login, role_user
 
 pytestmark = pytest.mark.django_db
 MILLION = 1_000_000

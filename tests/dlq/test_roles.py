@@ -12,8 +12,7 @@ from django.test import Client
 
 from dlq.bulk import bulk_operation_start
 from jobs.models import DeadLetter, Job
-from tests.dlq.conftest import worker_lost
-from tests.factories import make_job, otp_login, role_user
+from tests.factories import make_job, otp_login, role_user, worker_lost
 
 pytestmark = pytest.mark.django_db
 ROLES = importlib.import_module("dlq.migrations.0006_roles").ROLES
@@ -35,7 +34,7 @@ def test_the_migration_makes_the_viewer_and_operator_groups():
 
 
 @pytest.fixture
-def pages(topology):
+def pages(broker):
     job = worker_lost()
     row = DeadLetter.objects.get(job=job)
     operation = bulk_operation_start(

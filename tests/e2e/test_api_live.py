@@ -21,10 +21,9 @@ from audit.models import AuditLog
 from core.api.otp import otp_grant_issue
 from core.json import json_problem
 from jobs.models import Job
-from tests.dlq.conftest import worker_lost
 from tests.e2e.live_api import gunicorn_server
-from tests.factories import role_user, totp_code, totp_device
-from tests.workers import topology_declare_and_purge
+from tests.factories import role_user, totp_code, totp_device, worker_lost
+from tests.queues import topology_declare_and_purge
 
 # Schemathesis' full check set (all 12 of 4.1): besides no 500 and conformance, invalid
 # input must be refused, valid input accepted, auth enforced, unknown methods refused,

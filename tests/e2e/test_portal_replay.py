@@ -13,9 +13,10 @@ from django.test import Client
 
 from audit.verification import audit_verify
 from jobs.models import DeadLetter, Job
+from tests.erp_receiver import Receiver
 from tests.factories import make_job, otp_login, role_user
-from tests.jobs.test_erp_bridge import Receiver
-from tests.workers import celery_worker, dispatcher_process, job_events, wait_for
+from tests.polling import wait_for
+from tests.processes import celery_worker, dispatcher_process, job_events
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 

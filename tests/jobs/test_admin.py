@@ -86,8 +86,7 @@ def _running(job, *, percent=40, step="mesh", message="refining cell 12"):
 def test_the_job_list_filters(otp_admin_client, query, expected):
     from datetime import datetime
 
-    from tests.dlq.conftest import worker_lost
-    from tests.factories import UserFactory
+    from tests.factories import UserFactory, worker_lost
 
     named = {
         "bob": make_job(owner=UserFactory(username="bob")),
@@ -137,7 +136,7 @@ def test_the_job_page_is_laid_out_for_a_person(otp_admin_client, settings, tmp_p
 
 
 def test_a_failed_job_page_shows_its_error_dead_letter_and_a_replay_link(otp_admin_client):
-    from tests.dlq.conftest import job_failed
+    from tests.factories import job_failed
 
     job = job_failed("ERP_NOT_CONFIGURED", reason="fatal")
     text = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/").content.decode()

@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('jobs', '0004_deadletter'),
+        ('jobs', '0005_audit_head'),
     ]
 
     operations = [
