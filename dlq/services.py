@@ -6,7 +6,7 @@ import datetime
 import hashlib
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from jobs.services import (
     job_fail_with_dead_letter,
     job_lock_is_stale,
     job_publish,
+    jobs_audit,
     transition_many,
 )
 from jobs.states import Status
@@ -491,9 +492,10 @@ def dead_letters_discard(
 
     Same selection as replay, plus rows that name no job.
     1. Dry run: the count and a sample; nothing is written.
-    2. One transaction per row (job row locked first when there is one): the row ->
-       `discarded` with actor and justification, audited `dlq_discarded` on the job's
-       chain (the ops chain for a row without a job). Resolved rows are skipped.
+    2. In transactions of RESOLVE_CHUNK rows (jobs locked first, then their open rows):
+       the rows -> `discarded` with actor and justification, audited `dlq_discarded` on
+       each job's chain (the ops chain for a row without a job). Resolved rows are
+       skipped.
     3. After the commits, the broker copies of resolved rows are acked away.
     """
     return _resolve_selection(
@@ -570,8 +572,8 @@ def dead_letters_resolve_rows(
     result: ResolveResult,
     audit_extra: dict[str, Any] | None = None,
 ) -> set[str]:
-    """Replay or discard each (row id, job id, queue) into `result`: replays in chunks
-    of RESOLVE_CHUNK per transaction, discards one transaction per row.
+    """Replay or discard each (row id, job id, queue) into `result`, RESOLVE_CHUNK rows
+    per transaction.
 
     The caller has checked actor and justification. Returns the DLQs touched (their
     broker copies are acked away afterwards, outside any transaction).
@@ -592,15 +594,17 @@ def dead_letters_resolve_rows(
             outcome.update(done)
             _count_replays(sum(1 for why in done.values() if isinstance(why, str)))
     else:
-        for row_id, job_id, _ in selected:
-            outcome[row_id] = _discard_one(
-                row_id=row_id,
-                job_id=job_id,
+        for start in range(0, len(selected), RESOLVE_CHUNK):
+            chunk = selected[start : start + RESOLVE_CHUNK]
+            discarded = _discard_chunk(
+                chunk=chunk,
                 actor=actor,
                 actor_user=actor_user,
                 justification=justification,
                 audit_extra=audit_extra or {},
             )
+            for row_id, _, _ in chunk:
+                outcome[row_id] = discarded.get(row_id, {"skipped": "already resolved"})
     queues: set[str] = set()
     for row_id, job_id, queue_name in selected:
         what = outcome[row_id]
@@ -728,6 +732,52 @@ def _replay_chunk(
     return outcome
 
 
+def _discard_chunk(
+    *,
+    chunk: Sequence[tuple[int, uuid.UUID | None, str]],
+    actor: Actor,
+    actor_user: Any,
+    justification: str,
+    audit_extra: dict[str, Any],
+) -> dict[int, str]:
+    """Discard one chunk in one transaction; returns {dead letter id: its broker message
+    id ("" if none)} for the rows discarded.
+
+    Jobs locked first, then their rows still open; one update closes the rows; each
+    job's chain gets its `dlq_discarded` entry in one statement for the chunk (rows
+    without a job: the ops chain, one entry each).
+    """
+    digest = _justification_digest(justification)
+    with transaction.atomic():
+        list(
+            Job.objects.select_for_update()
+            .filter(id__in=[job_id for _, job_id, _ in chunk if job_id is not None])
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        rows = list(
+            DeadLetter.objects.select_for_update()
+            .filter(id__in=[row_id for row_id, _, _ in chunk], state=DeadLetterState.OPEN)
+            .order_by("id")
+        )
+        _resolve_rows(
+            [row.id for row in rows],
+            state=DeadLetterState.DISCARDED,
+            actor_user=actor_user,
+            justification=justification,
+        )
+        entries = {row.id: _audit_data(row, digest, audit_extra) for row in rows}
+        with_job = {row.job_id: entries[row.id] for row in rows if row.job_id is not None}
+        if with_job:
+            jobs_audit(entries=with_job, event_type="dlq_discarded", actor=actor)
+        for row in rows:
+            if row.job_id is None:
+                audit_append(
+                    chain=OPS_CHAIN, event_type="dlq_discarded", actor=actor, data=entries[row.id]
+                )
+    return {row.id: row.message_id or "" for row in rows}
+
+
 def _resolve_rows(ids: list[int], *, state: str, actor_user: Any, justification: str) -> None:
     if ids:
         DeadLetter.objects.filter(id__in=ids).update(
@@ -736,46 +786,6 @@ def _resolve_rows(ids: list[int], *, state: str, actor_user: Any, justification:
             resolved_at=timezone.now(),
             justification=justification,
         )
-
-
-def _discard_one(
-    *,
-    row_id: int,
-    job_id: uuid.UUID | None,
-    actor: Actor,
-    actor_user: Any,
-    justification: str,
-    audit_extra: dict[str, Any],
-) -> dict[str, Any] | str:
-    """One row's discard transaction (job row locked first, like every writer)."""
-    with transaction.atomic():
-        if job_id is not None:
-            Job.objects.select_for_update().filter(id=job_id).first()
-        row = (
-            DeadLetter.objects.select_for_update()
-            .filter(id=row_id, state=DeadLetterState.OPEN)
-            .first()
-        )
-        if row is None:
-            return {"skipped": "already resolved"}
-        _resolve(
-            row, state=DeadLetterState.DISCARDED, actor_user=actor_user, justification=justification
-        )
-        _audit(
-            job_id=job_id,
-            event_type="dlq_discarded",
-            actor=actor,
-            data=_audit_data(row, _justification_digest(justification), audit_extra),
-        )
-    return row.message_id or ""
-
-
-def _resolve(row: DeadLetter, *, state: str, actor_user: Any, justification: str) -> None:
-    row.state = state
-    row.resolved_by = actor_user
-    row.resolved_at = timezone.now()
-    row.justification = justification
-    row.save(update_fields=["state", "resolved_by", "resolved_at", "justification"])
 
 
 def broker_copies_ack_resolved(*, result: ResolveResult, queues: Iterable[str]) -> None:

@@ -108,7 +108,7 @@ def job_append_sql(
         "ORDER BY j.id FOR UPDATE OF j), "
         f"upd AS (UPDATE jobs SET {sets} FROM old WHERE {where} RETURNING "
         "old.status AS old_status, old.audit_head AS prev_hash, old.payload AS payload, "
-        "jobs.*), "
+        f"{', '.join(f'jobs.{c}' for c in columns)}), "
         "audit AS (INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, "
         "actor_id, ts, payload, prev_hash, chain_hash) SELECT 'job:' || upd.id::text, "
         "upd.id, upd.audit_seq, %(event_type)s, %(actor_type)s, %(actor_id)s, %(ts)s, "
@@ -122,7 +122,8 @@ def job_append_sql(
     )
 
 
-def job_insert_sql(*, columns: list[str]) -> str:
+@functools.lru_cache(maxsize=4)
+def job_insert_sql(*, columns: tuple[str, ...]) -> str:
     """Create a job (DESIGN.md 3.5) in one statement, atomic by itself.
 
     The INSERT (`ON CONFLICT DO NOTHING`: an idempotency key already taken inserts

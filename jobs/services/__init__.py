@@ -26,7 +26,14 @@ from jobs.services.creation import (
 from jobs.services.dead_letters import job_fail_with_dead_letter
 from jobs.services.publishing import job_publish, publish_due_once
 from jobs.services.reaper import job_lock_is_stale, job_reclaim, reap_once
-from jobs.services.transitions import Fence, Progress, job_audit, transition, transition_many
+from jobs.services.transitions import (
+    Fence,
+    Progress,
+    job_audit,
+    jobs_audit,
+    transition,
+    transition_many,
+)
 from jobs.services.worker import (
     WORKER,
     backoff_delay,
@@ -63,6 +70,7 @@ __all__ = [
     "job_retry",
     "job_submit",
     "job_succeed",
+    "jobs_audit",
     "params_hash",
     "publish_due_once",
     "reap_once",

@@ -25,6 +25,7 @@ from audit.services import (
     format_ts,
     job_chain,
 )
+from core.db import execute_prepared
 from jobs import metrics, sql
 from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Job
@@ -273,9 +274,7 @@ def _append(
         "ts_text": format_ts(ts),
         **{f"p{n}": [t.pieces[n] for t in templates.values()] for n in range(len(holes) + 1)},
     }
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.fetchall()
+    return execute_prepared(statement, params)
 
 
 def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
@@ -320,6 +319,24 @@ def job_audit(
         emit=False,
     )
     return rows[0] if rows else None
+
+
+def jobs_audit(*, entries: dict[Any, dict[str, Any]], event_type: str, actor: Actor) -> int:
+    """`job_audit` for many jobs in one statement (entries: job id -> the entry's data),
+    for an operator's bulk action; returns how many entries were appended."""
+    if not entries:
+        return 0
+    return len(
+        _append(
+            entries=entries,
+            event_type=event_type,
+            actor=actor,
+            assignments=[],
+            conditions=[],
+            params={"attempt_inc": 0},
+            emit=False,
+        )
+    )
 
 
 def job_insert(job: Job, *, actor: Actor) -> bool:
@@ -372,6 +389,4 @@ def job_insert(job: Job, *, actor: Actor) -> bool:
             }
         ),
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql.job_insert_sql(columns=_JOB_COLUMNS), params)
-        return cursor.fetchone() is not None
+    return bool(execute_prepared(sql.job_insert_sql(columns=tuple(_JOB_COLUMNS)), params))

@@ -221,3 +221,27 @@ def test_a_hostile_message_is_recorded_sanitised_and_the_next_one_follows(amqp, 
     assert len(hostile.message_id) <= 255 and hostile.queue == "erp_dlq"
     assert "\x00" not in json.dumps(hostile.headers, ensure_ascii=False) + (hostile.body or "")
     assert depth(amqp, WATCH_QUEUE_NAME) == 0
+
+
+def test_a_burst_of_dead_letters_is_recorded_in_batches_and_nothing_is_left(amqp):
+    """More messages than one batch (WATCH_BATCH): every one recorded once, the queue
+    drained, the batches committed and acked as wholes."""
+    from dlq.watcher import WATCH_BATCH
+
+    count = WATCH_BATCH + 37
+    producer = Producer(amqp, exchange=JOBS_EXCHANGE)
+    for n in range(count):
+        producer.publish(
+            f"not json {n}".encode(),
+            routing_key="erp",
+            content_type="application/octet-stream",
+            content_encoding="binary",
+        )
+    for _ in range(count):
+        amqp.basic_reject(get_one(amqp, "erp").delivery_tag, requeue=False)
+    wait_depth(amqp, WATCH_QUEUE_NAME, count)
+    assert watch_once(timeout=30) == count
+    assert depth(amqp, WATCH_QUEUE_NAME) == 0
+    rows = DeadLetter.objects.filter(job__isnull=True, error_code="UNDECODABLE")
+    assert rows.count() == count
+    assert rows.values("message_id").distinct().count() == count
