@@ -79,6 +79,23 @@ class Job(models.Model):
             # The API list: the caller's jobs, newest first.
             models.Index(fields=["owner", "-created_at"], name="jobs_owner_created_idx"),
             models.Index(fields=["-created_at"], name="jobs_created_idx"),
+            # Operator dashboard: unfinished jobs per queue and status (however many ended).
+            models.Index(
+                fields=["queue", "status"],
+                name="jobs_unfinished_idx",
+                condition=Q(status__in=["pending", "queued", "running", "retrying"]),
+            ),
+            # Portal search: a job by the request id or idempotency key a caller quotes.
+            models.Index(
+                fields=["request_id"],
+                name="jobs_request_id_idx",
+                condition=Q(request_id__isnull=False),
+            ),
+            models.Index(
+                fields=["idempotency_key"],
+                name="jobs_idempotency_key_idx",
+                condition=Q(idempotency_key__isnull=False),
+            ),
             # Dispatcher: pending jobs to (re)publish, oldest first.
             models.Index(
                 fields=["created_at"], name="jobs_pending_idx", condition=Q(status=Status.PENDING)
@@ -252,6 +269,8 @@ class DeadLetter(models.Model):
                 name="dl_open_queue_code_idx",
                 condition=Q(state="open"),
             ),
+            # Operator dashboard: failures of the last 24 hours by error code.
+            models.Index(fields=["created_at"], name="dl_created_idx"),
         ]
 
     def __str__(self) -> str:

@@ -267,6 +267,30 @@ GAUGES = (
 DEAD_LETTERS_OPEN = "SELECT queue, count(*) FROM dead_letters WHERE state = 'open' GROUP BY queue"
 
 
+# --- operator dashboard (jobs/selectors.py) ------------------------------------------------
+
+# queue_unfinished: per queue and status, the jobs not yet ended, with the queue's oldest
+# pending job, its running jobs whose lock is stale, and its retries already due. Served
+# by jobs_unfinished_idx (partial: only unfinished jobs, however many have
+# ended).
+QUEUE_UNFINISHED = (
+    "SELECT queue, status, count(*),"
+    " EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending')),"
+    " count(*) FILTER (WHERE status = 'running' AND " + LOCK_IS_STALE + "),"
+    " count(*) FILTER (WHERE status = 'retrying' AND next_run_at <= now())"
+    " FROM jobs WHERE status IN ('pending', 'queued', 'running', 'retrying')"
+    " GROUP BY queue, status"
+)
+# queue_finished_since: per queue and status, jobs created in the last `hours` that
+# ended (jobs_created_idx: a range of the newest rows, not the whole table).
+QUEUE_FINISHED_SINCE = (
+    "SELECT queue, status, count(*) FROM jobs"
+    " WHERE created_at >= now() - make_interval(hours => %(hours)s)"
+    " AND status IN ('succeeded', 'failed', 'cancelled')"
+    " GROUP BY queue, status"
+)
+
+
 # --- audit verification (jobs/audit_checks.py) ---------------------------------------------
 
 # status_against_chain: jobs whose status is not the one their chain's last transition

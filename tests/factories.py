@@ -196,13 +196,74 @@ def client_for(user: Any) -> APIClient:
 
 
 def otp_login(client: Any, user: Any) -> Any:
-    """Log `user` into the Django test `client` with a session that passed OTP."""
+    """Log `user` into the Django test `client` with a session that passed OTP
+    (`client.user` is the user)."""
     from django_otp import DEVICE_ID_SESSION_KEY
-    from django_otp.plugins.otp_totp.models import TOTPDevice
 
-    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    device = totp_device(user)
     client.force_login(user)
     session = client.session
     session[DEVICE_ID_SESSION_KEY] = device.persistent_id
     session.save()
+    client.user = user
     return client
+
+
+# --- portal users (issue 9) -----------------------------------------------------------------
+
+
+def role_user(role: str, **fields: Any) -> Any:
+    """Staff in the `viewer` or `operator` group, as dlq migration 0006 made them.
+
+    Transactional tests empty auth_group between tests, so the group is made again from
+    the migration's own table when missing.
+    """
+    import importlib
+
+    from django.contrib.auth.models import Group, Permission
+
+    roles = importlib.import_module("dlq.migrations.0006_roles").ROLES
+    group, created = Group.objects.get_or_create(name=role)
+    if created:
+        group.permissions.set(
+            [
+                Permission.objects.get(content_type__app_label=app, codename=codename)
+                for app, codename in roles[role]
+            ]
+        )
+    user = StaffFactory(**fields)
+    user.groups.add(group)
+    return user
+
+
+def totp_device(user: Any) -> Any:
+    """A confirmed TOTP device for `user` (what `manage.py otp_enroll` makes)."""
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    return TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+
+
+def totp_code(device: Any) -> str:
+    """The code the user's authenticator app shows now."""
+    from django_otp.oath import TOTP
+
+    totp = TOTP(device.bin_key, device.step, device.t0, device.digits, device.drift)
+    return f"{totp.token():0{device.digits}d}"
+
+
+def job_failed(code: str | None = None, reason: str = "exhausted", job_type: str = "sim") -> Job:
+    """A job a worker failed with an open dead letter (`code`, `reason`), no broker copy."""
+    params = {"event": "order.created"} if job_type == "erp" else None
+    return job_in_state(
+        "failed",
+        job_type=job_type,
+        params=params,
+        reason=reason,
+        error_code=code,
+        error_message=f"{code} happened" if code else None,
+    )
+
+
+def worker_lost(job_type: str = "sim") -> Job:
+    """A dead letter without a broker copy: the reaper's `worker_lost`."""
+    return job_in_state("failed", job_type=job_type, reason="worker_lost")

@@ -70,10 +70,10 @@ def test_discard_of_selected_jobs(amqp):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["replay", "sim", "--as", "carol", "--justification", "  "], "ERR-DLQ-400"),
+        (["replay", "sim", "--as", "carol", "--justification", "  "], "ERR-DLQ-422"),
         (["replay", "nope_dlq", "--as", "carol", "--justification", "x"], "unknown queue"),
         (["replay", "sim", "--as", "ghost", "--justification", "x"], "no user"),
-        (["discard", "sim", "--as", "dave", "--justification", "x"], "ERR-DLQ-401"),
+        (["discard", "sim", "--as", "dave", "--justification", "x"], "ERR-DLQ-403"),
         (["replay", "sim", "--as", "carol", "--justification", "x", "--job", "42"], "Not job"),
         (["peek", "sim", "--limit", "0"], "--limit"),
     ],

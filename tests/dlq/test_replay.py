@@ -151,7 +151,7 @@ def test_replay_and_discard_refuse_a_missing_justification_or_a_non_staff_actor(
     for text in ("", "   ", None):
         with pytest.raises(JustificationRequiredError) as refused:
             dead_letters_replay(actor_user=OperatorFactory(), justification=text, job_ids=[job.id])
-        assert refused.value.code == "ERR-DLQ-400"
+        assert refused.value.code == "ERR-DLQ-422"
     with pytest.raises(DeadLetterPermissionError):
         dead_letters_discard(actor_user=UserFactory(), justification="x", job_ids=[job.id])
     with pytest.raises(UnknownQueueError):

@@ -41,7 +41,8 @@ def operator_client(client):
 
 def _cancel_action(client, job):
     return client.post(
-        "/admin/jobs/job/", {"action": "cancel_jobs", "_selected_action": [str(job.id)]}
+        "/admin/jobs/job/",
+        {"action": "cancel_jobs", "_selected_action": [str(job.id)], "confirm": "yes"},
     )
 
 
