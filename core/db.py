@@ -7,6 +7,9 @@ the work itself. Here the parameters travel separately and the statement is prep
 first use per connection (psycopg keeps the prepared statements of its connection), so
 later executions send only the values.
 
+Behind a connection pooler in transaction mode, prepared statements need its protocol
+support (PgBouncer 1.21+ with max_prepared_statements set).
+
 Errors come out as Django's database exceptions (IntegrityError, OperationalError...),
 exactly as from `connection.cursor()`, and the statement joins the caller's transaction
 (it runs on Django's own connection).
@@ -19,11 +22,20 @@ from typing import Any
 import psycopg
 from django.db import connection
 
+NEVER_BY_COUNT = 2**31
+
 
 def execute_prepared(statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     """Execute `statement` with server-side binding, prepared; returns its rows."""
     connection.ensure_connection()
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        # Django opens its connections with preparing off (its own cursors bind on the
+        # client and never prepare); `prepare=True` below prepares only these
+        # statements, and no other statement is prepared by count.
+        raw.prepare_threshold = NEVER_BY_COUNT
     with connection.wrap_database_errors:
-        with psycopg.Cursor(connection.connection) as cursor:
+        with psycopg.Cursor(raw) as cursor:
             cursor.execute(statement, params, prepare=True)  # type: ignore[call-overload]
-            return cursor.fetchall() if cursor.description else []
+            # Every statement run here returns rows (RETURNING or SELECT).
+            return cursor.fetchall()

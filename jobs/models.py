@@ -17,8 +17,10 @@ class Job(models.Model):
     # sha256 of the canonical JSON of (type, params): decides idempotent repeats.
     params_hash = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    # No index of its own: (owner, created_at) and (owner, idempotency_key) lead with it,
+    # and every index is one more write per transition.
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs", db_index=False
     )
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # Until when the key deduplicates; after it a maintenance task releases the key.

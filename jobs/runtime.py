@@ -6,7 +6,8 @@
    (the broker dead-letters it and the watcher records it with a null job).
 2. Claim (one compare-and-set). Zero rows: a duplicate, a stale message, or the job
    runs elsewhere (a live lock): ack and do nothing.
-3. Run the handler with a `JobContext` while a heartbeat thread refreshes the lock.
+3. Run the handler with a `JobContext` while the process's heartbeat thread refreshes
+   the lock.
 4. Record the outcome, fenced by `Fence(locked_by, attempt)`: succeeded; retrying
    with a jittered backoff (the dispatcher republishes it when due); failed with a
    dead letter, committed BEFORE the message is rejected with requeue=False so that
@@ -148,38 +149,71 @@ class JobContext:
             return value
 
 
-class Heartbeat(threading.Thread):
-    """Refreshes the lock every JOBOPS_HEARTBEAT_SECONDS, reads the cancel flag, and
-    flushes a coalesced progress value that the handler left waiting."""
+class Heartbeats:
+    """One thread per worker process that keeps the locks of the jobs it runs alive.
 
-    def __init__(self, ctx: JobContext) -> None:
-        super().__init__(name=f"heartbeat-{ctx.job_id}", daemon=True)
-        self.ctx = ctx
-        self.stopped = threading.Event()
+    Every JOBOPS_HEARTBEAT_SECONDS after its claim, each running job's lock is refreshed
+    (fenced), its cancel flag read, and a coalesced progress value its handler left
+    waiting is flushed. One long-lived thread (started on first use, after the pool
+    forked) with its own database connection, rather than a thread per job: a short
+    job then costs no thread start and join, and a beat no new connection.
+    """
 
-    def run(self) -> None:
-        ctx = self.ctx
+    def __init__(self) -> None:
+        self._jobs: dict[Any, tuple[JobContext, float]] = {}  # job id -> (ctx, next beat)
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def add(self, ctx: JobContext) -> None:
+        with self._changed:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()  # a thread does not survive a fork: start anew
+                self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
+                self._thread.start()
+            due = time.monotonic() + settings.JOBOPS_HEARTBEAT_SECONDS
+            self._jobs[ctx.job_id] = (ctx, due)
+            self._changed.notify()
+
+    def remove(self, ctx: JobContext) -> None:
+        """No beat for this job any more. A beat already under way is fenced: once the
+        job has left `running` it matches no row and is ignored."""
+        with self._changed:
+            self._jobs.pop(ctx.job_id, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [ctx for ctx, at in self._jobs.values() if at <= now]
+                for ctx in due:
+                    self._jobs[ctx.job_id] = (ctx, now + settings.JOBOPS_HEARTBEAT_SECONDS)
+                if not due:
+                    soonest = min((at for _, at in self._jobs.values()), default=now + 60)
+                    self._changed.wait(timeout=max(0.0, soonest - now))
+                    continue
+            for ctx in due:
+                self._beat(ctx)
+
+    def _beat(self, ctx: JobContext) -> None:
         try:
-            while not self.stopped.wait(settings.JOBOPS_HEARTBEAT_SECONDS):
-                try:
-                    if job_heartbeat(job_id=ctx.job_id, fence=ctx._fence):
-                        ctx._cancel_seen = True
-                    ctx._flush_if_due()
-                except JobLost:
-                    ctx._lost.set()
-                    ctx.log.warning("job_lock_lost")
-                    return
-                except Exception as exc:
-                    # A database blip: the next beat tries again (the lock may go stale,
-                    # then the reaper reclaims the job and our writes are refused).
-                    ctx.log.warning("heartbeat_failed", error=repr(exc))
-                    connection.close()
-        finally:
+            if job_heartbeat(job_id=ctx.job_id, fence=ctx._fence):
+                ctx._cancel_seen = True
+            ctx._flush_if_due()
+        except JobLost:
+            with self._changed:
+                running = self._jobs.pop(ctx.job_id, None) is not None
+            if running:  # not a job that just ended while its beat was on the way
+                ctx._lost.set()
+                ctx.log.warning("job_lock_lost")
+        except Exception as exc:
+            # A database blip: the next beat tries again (the lock may go stale, then
+            # the reaper reclaims the job and our writes are refused).
+            ctx.log.warning("heartbeat_failed", error=repr(exc))
             connection.close()  # this thread's own connection
 
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join(timeout=5)
+
+HEARTBEATS = Heartbeats()
 
 
 def worker_identity(hostname: str | None = None) -> str:
@@ -247,8 +281,7 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
     spec = get_type(job.type)
     assert spec is not None
     log.info("job_started")
-    heartbeat = Heartbeat(ctx)
-    heartbeat.start()
+    HEARTBEATS.add(ctx)
     outcome, error, result = "succeeded", None, None
     in_progress = metrics.JOB_IN_PROGRESS.labels(type=job.type)
     in_progress.inc()
@@ -267,7 +300,7 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
         except Exception as exc:
             outcome, error = "error", exc
     finally:
-        heartbeat.stop()
+        HEARTBEATS.remove(ctx)
         in_progress.dec()
         metrics.JOB_DURATION.labels(type=job.type).observe(time.monotonic() - started)
     if outcome == "lost" or ctx._lost.is_set():
