@@ -79,11 +79,9 @@ def test_the_dashboard_reads_at_a_glance_and_refreshes_itself(operator, live_ser
         assert "3 \u00d7" in operator.find_element(By.ID, "failures").text  # "3 times"
         shoot(operator, "10-dashboard")
         job_failed("TRANSIENT_EXTERNAL", job_type="erp")  # a new failure, no reload
+        # Read in one step: the refresh replaces the row between a find and a read.
         wait_for(
-            lambda: operator.find_element(
-                By.CSS_SELECTOR, 'tr[data-queue="erp"] td:nth-child(2)'
-            ).text
-            == "5",
+            lambda: text_of(operator, 'tr[data-queue="erp"] td:nth-child(2)') == "5",
             timeout=10,
         )
 
