@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -12,19 +11,7 @@ from django.urls import URLPattern, path
 
 from audit.models import AuditCheckpoint, AuditLog
 from audit.verification import VerificationReport, audit_verify
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Audit rows can be looked at, never added, changed or deleted from the admin."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+from core.admin_base import ReadOnlyAdmin
 
 
 @admin.register(AuditLog)

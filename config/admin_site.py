@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django_otp.admin import OTPAdminSite
 
+from core.admin_base import ReadOnlyAdmin
 from dlq.dashboard import dashboard_overview
 
 
@@ -55,17 +56,8 @@ class JobopsAdminSite(OTPAdminSite):
         }
 
 
-class ReadOnlyThirdPartyAdmin(admin.ModelAdmin):
+class ReadOnlyThirdPartyAdmin(ReadOnlyAdmin):
     """View only: nobody adds, changes or deletes these from the portal."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 def read_only_admin(model_admin: type[admin.ModelAdmin]) -> type[admin.ModelAdmin]:

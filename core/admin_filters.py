@@ -97,3 +97,20 @@ def _other_params(changelist: Any, own: set[str]) -> list[tuple[str, str]]:
         if key in changelist.params:
             hidden.append((key, changelist.params[key]))
     return hidden
+
+
+class ChoicesFilter(admin.SimpleListFilter):
+    """`?<parameter_name>=value` on `field`, from a fixed list of values the code knows
+    (`values()`: a types table, the queues, a model's choices), never a DISTINCT over
+    the table. Subclasses set title, parameter_name, field and values."""
+
+    field = ""
+
+    def values(self) -> list[str]:
+        raise NotImplementedError
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, value) for value in self.values()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset

@@ -29,8 +29,8 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from audit.admin import ReadOnlyAdmin
-from core.admin_filters import InputFilter
+from core.admin_base import ReadOnlyAdmin
+from core.admin_filters import ChoicesFilter, InputFilter
 from core.errors import ApplicationError
 from dlq.broker import BROKER_ERRORS, dlq_depths, dlq_peek
 from dlq.bulk import bulk_operation_stop, dead_letters_act
@@ -43,7 +43,7 @@ from dlq.selectors import (
     dlq_overview,
 )
 from dlq.services import PERMISSIONS, RETRYABLE_REASONS
-from jobs.models import DeadLetter, DeadLetterReason
+from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState
 from jobs.topology import dlq_names
 
 ACTIONS = ("replay", "discard")
@@ -61,37 +61,25 @@ SELECTION_PARAMS = ("queue", "reason", "error_code", "retryable", "age", "state"
 # --- list filters ------------------------------------------------------------------------
 
 
-class StateFilter(admin.SimpleListFilter):
-    title = "state"
-    parameter_name = "state"
+class StateFilter(ChoicesFilter):
+    title, parameter_name, field = "state", "state", "state"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("open", "open"), ("replayed", "replayed"), ("discarded", "discarded")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
-        return queryset.filter(state=self.value()) if self.value() else queryset
+    def values(self) -> list[str]:
+        return list(DeadLetterState.values)
 
 
-class DlqFilter(admin.SimpleListFilter):
-    title = "queue"
-    parameter_name = "queue"
+class DlqFilter(ChoicesFilter):
+    title, parameter_name, field = "queue", "queue", "queue"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in dlq_names()]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
-        return queryset.filter(queue=self.value()) if self.value() else queryset
+    def values(self) -> list[str]:
+        return dlq_names()
 
 
-class ReasonFilter(admin.SimpleListFilter):
-    title = "reason"
-    parameter_name = "reason"
+class ReasonFilter(ChoicesFilter):
+    title, parameter_name, field = "reason", "reason", "reason"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(reason, reason) for reason in DeadLetterReason.values]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
-        return queryset.filter(reason=self.value()) if self.value() else queryset
+    def values(self) -> list[str]:
+        return list(DeadLetterReason.values)
 
 
 class ErrorCodeFilter(InputFilter):
@@ -272,7 +260,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         ]
 
     def queues_view(self, request: HttpRequest) -> HttpResponse:
-        return self._render(
+        return self.render_page(
             request,
             "admin/jobs/deadletter/queues.html",
             "Dead-letter queues",
@@ -280,12 +268,12 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         )
 
     def queues_panel(self, request: HttpRequest) -> HttpResponse:
-        return self._render(
+        return self.render_page(
             request, "admin/jobs/deadletter/queues_panel.html", "", self._queues(request)
         )
 
     def _queues(self, request: HttpRequest) -> dict[str, Any]:
-        self._require_view(request)
+        self.require_view(request)
         return {
             "queues": dlq_overview(),
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
@@ -296,7 +284,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     def peek_view(self, request: HttpRequest, queue: str) -> HttpResponse:
         """A DLQ's first messages with what they say and their rows; nothing consumed."""
-        self._require_view(request)
+        self.require_view(request)
         if queue not in dlq_names():
             raise Http404(f"{queue!r} is not a dead-letter queue.")
         try:
@@ -321,7 +309,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "messages_found": found,
             "error": error,
         }
-        return self._render(request, "admin/jobs/deadletter/peek.html", f"Peek at {queue}", context)
+        return self.render_page(
+            request, "admin/jobs/deadletter/peek.html", f"Peek at {queue}", context
+        )
 
     def action_view(self, request: HttpRequest, action: str) -> HttpResponse:
         """Replay or discard: GET shows the dry run (count, sample) and asks for a
@@ -354,7 +344,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             context["error"], context["error_details"] = exc.message, exc.details
         context["background_threshold"] = settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD
         title = f"{action.capitalize()} dead letters"
-        return self._render(request, "admin/jobs/deadletter/action.html", title, context)
+        return self.render_page(request, "admin/jobs/deadletter/action.html", title, context)
 
     def _after_action(self, request: HttpRequest, action: str, outcome: Any) -> HttpResponse:
         if isinstance(outcome, BulkOperation):
@@ -367,29 +357,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 reverse("admin:dlq_bulkoperation_change", args=[outcome.pk])
             )
         title = f"{action.capitalize()} done"
-        return self._render(
+        return self.render_page(
             request,
             "admin/jobs/deadletter/action_done.html",
             title,
             {"action": action, "result": outcome},
-        )
-
-    def _require_view(self, request: HttpRequest) -> None:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-
-    def _render(
-        self, request: HttpRequest, template: str, title: str, context: dict[str, Any]
-    ) -> TemplateResponse:
-        return TemplateResponse(
-            request,
-            template,
-            {
-                **self.admin_site.each_context(request),
-                "opts": self.model._meta,
-                "title": title,
-                **context,
-            },
         )
 
 

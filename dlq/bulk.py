@@ -18,8 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterable
-from typing import Any
+from typing import Any, Unpack
 
 import structlog
 from django.conf import settings
@@ -32,8 +31,9 @@ from dlq.models import BulkOperation, BulkState
 from dlq.services import (
     PERMISSIONS,
     ResolveResult,
+    Selection,
     broker_copies_ack_resolved,
-    dead_letter_action_check,
+    dead_letters_checked_selection,
     dead_letters_discard,
     dead_letters_replay,
     dead_letters_resolve_rows,
@@ -54,33 +54,26 @@ def bulk_operation_start(
     action: str,
     actor_user: Any,
     justification: str,
-    queue: str | None = None,
-    job_ids: Iterable[Any] | None = None,
-    dead_letter_ids: Iterable[int] | None = None,
-    filters: dict[str, Any] | None = None,
-    limit: int | None = None,
+    **selection: Unpack[Selection],
 ) -> BulkOperation:
     """Accept a replay or discard for the background; the dispatcher does the work.
 
     The request is checked like a direct one (permission, justification, selection);
     `total` is its dry-run count now and `up_to_id` the newest dead letter now.
     """
-    justification, filters = dead_letter_action_check(
+    given_jobs, given_rows = selection.get("job_ids"), selection.get("dead_letter_ids")
+    job_ids = [str(j) for j in given_jobs] if given_jobs is not None else None
+    dead_letter_ids = [int(i) for i in given_rows] if given_rows is not None else None
+    queue, limit = selection.get("queue"), selection.get("limit")
+    justification, filters, rows = dead_letters_checked_selection(
         action=action,
         actor_user=actor_user,
         justification=justification,
         queue=queue,
-        filters=filters,
-        limit=limit,
-    )
-    job_ids = [str(j) for j in job_ids] if job_ids is not None else None
-    dead_letter_ids = [int(i) for i in dead_letter_ids] if dead_letter_ids is not None else None
-    rows = dead_letters_selected(
-        action=action,
-        queue=queue,
         job_ids=job_ids,
         dead_letter_ids=dead_letter_ids,
-        filters=filters,
+        filters=selection.get("filters"),
+        limit=limit,
     )
     total = (rows[:limit] if limit is not None else rows).count()
     up_to_id = DeadLetter.objects.aggregate(newest=Max("id"))["newest"] or 0
@@ -107,13 +100,9 @@ def dead_letters_act(
     action: str,
     actor_user: Any,
     justification: str,
-    queue: str | None = None,
-    job_ids: Iterable[Any] | None = None,
-    dead_letter_ids: Iterable[int] | None = None,
-    filters: dict[str, Any] | None = None,
-    limit: int | None = None,
     dry_run: bool = False,
     background_above: int | None = None,
+    **selection: Unpack[Selection],
 ) -> ResolveResult | BulkOperation:
     """A replay or discard as the portal and the admin API ask for it.
 
@@ -121,27 +110,28 @@ def dead_letters_act(
     JOBOPS_DLQ_BACKGROUND_THRESHOLD), runs now and returns its ResolveResult; a larger
     one becomes a BulkOperation for the dispatcher, returned at once.
     """
-    job_ids = list(job_ids) if job_ids is not None else None
-    dead_letter_ids = list(dead_letter_ids) if dead_letter_ids is not None else None
-    selection: dict[str, Any] = {
-        "actor_user": actor_user,
-        "justification": justification,
-        "queue": queue,
-        "job_ids": job_ids,
-        "dead_letter_ids": dead_letter_ids,
-        "filters": filters,
-        "limit": limit,
-    }
+    # Iterables given are read more than once (dry run, then the work).
+    if selection.get("job_ids") is not None:
+        selection["job_ids"] = list(selection["job_ids"] or [])
+    if selection.get("dead_letter_ids") is not None:
+        selection["dead_letter_ids"] = list(selection["dead_letter_ids"] or [])
     service = dead_letters_replay if action == "replay" else dead_letters_discard
+
+    def run(*, dry_run: bool) -> ResolveResult:
+        return service(
+            actor_user=actor_user, justification=justification, dry_run=dry_run, **selection
+        )
+
     if dry_run:
-        return service(**selection, dry_run=True)
+        return run(dry_run=True)
     threshold = (
         settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD if background_above is None else background_above
     )
-    rehearsal = service(**selection, dry_run=True)
-    if rehearsal.matched > threshold:
-        return bulk_operation_start(action=action, **selection)
-    return service(**selection)
+    if run(dry_run=True).matched > threshold:
+        return bulk_operation_start(
+            action=action, actor_user=actor_user, justification=justification, **selection
+        )
+    return run(dry_run=False)
 
 
 def bulk_operation_stop(*, operation_id: uuid.UUID | str, actor_user: Any) -> BulkOperation:

@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import structlog
 from django.conf import settings
@@ -432,17 +432,55 @@ def _justification_digest(justification: str) -> str:
     return hashlib.sha256(justification.encode("utf-8")).hexdigest()
 
 
+class Selection(TypedDict, total=False):
+    """Which open dead letters an operator's replay or discard takes: in `queue` (a DLQ
+    name), of `job_ids` or `dead_letter_ids`, matching `filters` (FILTER_FIELDS), at
+    most `limit`."""
+
+    queue: str | None
+    job_ids: Iterable[Any] | None
+    dead_letter_ids: Iterable[int] | None
+    filters: dict[str, Any] | None
+    limit: int | None
+
+
+def dead_letters_checked_selection(
+    *,
+    action: str,
+    actor_user: Any,
+    justification: str,
+    dry_run: bool = False,
+    **selection: Unpack[Selection],
+) -> tuple[str, dict[str, Any], QuerySet[DeadLetter]]:
+    """Check an operator's request (permission, justification, selection) and return
+    the cleaned justification and filters and the selected rows, oldest first (not yet
+    limited)."""
+    justification, filters = dead_letter_action_check(
+        action=action,
+        actor_user=actor_user,
+        justification=justification,
+        queue=selection.get("queue"),
+        filters=selection.get("filters"),
+        limit=selection.get("limit"),
+        dry_run=dry_run,
+    )
+    rows = dead_letters_selected(
+        action=action,
+        queue=selection.get("queue"),
+        job_ids=selection.get("job_ids"),
+        dead_letter_ids=selection.get("dead_letter_ids"),
+        filters=filters,
+    )
+    return justification, filters, rows
+
+
 def dead_letters_replay(
     *,
     actor_user: Any,
     justification: str,
-    queue: str | None = None,
-    job_ids: Iterable[Any] | None = None,
-    dead_letter_ids: Iterable[int] | None = None,
-    filters: dict[str, Any] | None = None,
-    limit: int | None = None,
     dry_run: bool = False,
     publish: bool = False,
+    **selection: Unpack[Selection],
 ) -> ReplayResult:
     """Replay open dead letters: their jobs run again with a fresh retry budget.
 
@@ -467,13 +505,9 @@ def dead_letters_replay(
         action="replay",
         actor_user=actor_user,
         justification=justification,
-        queue=queue,
-        job_ids=job_ids,
-        dead_letter_ids=dead_letter_ids,
-        filters=filters,
-        limit=limit,
         dry_run=dry_run,
         publish=publish,
+        **selection,
     )
 
 
@@ -481,12 +515,8 @@ def dead_letters_discard(
     *,
     actor_user: Any,
     justification: str,
-    queue: str | None = None,
-    job_ids: Iterable[Any] | None = None,
-    dead_letter_ids: Iterable[int] | None = None,
-    filters: dict[str, Any] | None = None,
-    limit: int | None = None,
     dry_run: bool = False,
+    **selection: Unpack[Selection],
 ) -> DiscardResult:
     """Discard open dead letters: the rows close, the jobs stay `failed`.
 
@@ -502,12 +532,8 @@ def dead_letters_discard(
         action="discard",
         actor_user=actor_user,
         justification=justification,
-        queue=queue,
-        job_ids=job_ids,
-        dead_letter_ids=dead_letter_ids,
-        filters=filters,
-        limit=limit,
         dry_run=dry_run,
+        **selection,
     )
 
 
@@ -516,30 +542,18 @@ def _resolve_selection(
     action: str,
     actor_user: Any,
     justification: str,
-    queue: str | None,
-    job_ids: Iterable[Any] | None,
-    dead_letter_ids: Iterable[int] | None,
-    filters: dict[str, Any] | None,
-    limit: int | None,
     dry_run: bool,
     publish: bool = False,
+    **selection: Unpack[Selection],
 ) -> ResolveResult:
-    justification, filters = dead_letter_action_check(
+    justification, _, rows = dead_letters_checked_selection(
         action=action,
         actor_user=actor_user,
         justification=justification,
-        queue=queue,
-        filters=filters,
-        limit=limit,
         dry_run=dry_run,
+        **selection,
     )
-    rows = dead_letters_selected(
-        action=action,
-        queue=queue,
-        job_ids=job_ids,
-        dead_letter_ids=dead_letter_ids,
-        filters=filters,
-    )
+    limit = selection.get("limit")
     result = ResolveResult(action=action, dry_run=dry_run)
     limited = rows[:limit] if limit is not None else rows
     result.matched = limited.count()

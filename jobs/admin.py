@@ -13,14 +13,13 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from audit.admin import ReadOnlyAdmin
 from audit.services import Actor
-from core.admin_filters import DateRangeFilter, InputFilter
+from core.admin_base import ReadOnlyAdmin
+from core.admin_filters import ChoicesFilter, DateRangeFilter, InputFilter
 from jobs.models import Artefact, DeadLetter, Job
 from jobs.selectors import job_timeline
 from jobs.services import job_cancel
@@ -30,26 +29,18 @@ from jobs.types import primary_queue_names
 CANCEL_PERMISSION = "jobs.cancel_job"
 
 
-class TypeFilter(admin.SimpleListFilter):
-    title = "type"
-    parameter_name = "type__exact"
+class TypeFilter(ChoicesFilter):
+    title, parameter_name, field = "type", "type__exact", "type"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in sorted(settings.JOB_TYPES)]  # no DISTINCT scan
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        return queryset.filter(type=self.value()) if self.value() else queryset
+    def values(self) -> list[str]:
+        return sorted(settings.JOB_TYPES)
 
 
-class QueueFilter(admin.SimpleListFilter):
-    title = "queue"
-    parameter_name = "queue__exact"
+class QueueFilter(ChoicesFilter):
+    title, parameter_name, field = "queue", "queue__exact", "queue"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in primary_queue_names()]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        return queryset.filter(queue=self.value()) if self.value() else queryset
+    def values(self) -> list[str]:
+        return primary_queue_names()
 
 
 class OwnerFilter(InputFilter):
@@ -187,7 +178,7 @@ class JobAdmin(ReadOnlyAdmin):
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         jobs = list(queryset.select_related("owner")[:500])
         if request.POST.get("confirm") != "yes":
-            return self._render(
+            return self.render_page(
                 request, "admin/jobs/job/cancel_confirm.html", "Cancel jobs", {"jobs": jobs}
             )
         actor = Actor.user(request.user)
@@ -229,13 +220,13 @@ class JobAdmin(ReadOnlyAdmin):
             "timeline": job_timeline(job_id=job.id),
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
         }
-        return self._render(request, "admin/jobs/job/detail.html", f"Job {job.id}", context)
+        return self.render_page(request, "admin/jobs/job/detail.html", f"Job {job.id}", context)
 
     def live_view(self, request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
         """The changing part of the job's page (status, progress, error, actions)."""
         job = self._job_or_404(request, str(job_id))
         context = self._live_context(request, job)
-        return self._render(request, "admin/jobs/job/live.html", "", context)
+        return self.render_page(request, "admin/jobs/job/live.html", "", context)
 
     def _live_context(self, request: HttpRequest, job: Job) -> dict[str, Any]:
         letters = list(job.dead_letters.select_related("resolved_by").order_by("-id"))
@@ -262,7 +253,7 @@ class JobAdmin(ReadOnlyAdmin):
                 + (" and stops at its next check." if job.status == "running" else "."),
             )
             return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
-        return self._render(
+        return self.render_page(
             request, "admin/jobs/job/cancel_confirm.html", "Cancel this job?", {"jobs": [job]}
         )
 
@@ -285,8 +276,7 @@ class JobAdmin(ReadOnlyAdmin):
         )
 
     def _job_or_404(self, request: HttpRequest, object_id: str) -> Job:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+        self.require_view(request)
         try:
             job = Job.objects.select_related("owner").filter(pk=uuid.UUID(str(object_id))).first()
         except ValueError:
@@ -294,18 +284,3 @@ class JobAdmin(ReadOnlyAdmin):
         if job is None:
             raise Http404("No such job.")
         return job
-
-    def _render(
-        self, request: HttpRequest, template: str, title: str, context: dict[str, Any]
-    ) -> TemplateResponse:
-        return TemplateResponse(
-            request,
-            template,
-            {
-                **self.admin_site.each_context(request),
-                "opts": self.model._meta,
-                "title": title,
-                "app_label": self.model._meta.app_label,
-                **context,
-            },
-        )
