@@ -10,7 +10,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
+from audit.canonical import GENESIS_HASH, Hole, canonical_bytes, chain_hash
 from audit.models import ActorType, AuditLog
 
 OPS_CHAIN = "ops"
@@ -45,6 +45,33 @@ def format_ts(ts: datetime) -> str:
     return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def audit_payload(
+    *,
+    chain: str,
+    seq: int | Hole,
+    ts: datetime,
+    event_type: str,
+    actor: Actor,
+    job_id: uuid.UUID | str | None,
+    data: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What an entry hashes (DESIGN.md 5): chain, seq, ts, actor, event type, job, data.
+
+    The one definition of the payload, for `audit_append` and for the job chains that
+    `jobs` appends in the statement of each transition (with `seq` as a Hole the
+    database fills; see audit.canonical.canonical_template).
+    """
+    return {
+        "chain": chain,
+        "seq": seq,
+        "ts": format_ts(ts),
+        "event_type": event_type,
+        "actor": {"type": str(actor.type), "id": actor.id},
+        "job_id": str(job_id) if job_id else None,
+        "data": data or {},
+    }
+
+
 def audit_append(
     *,
     chain: str,
@@ -54,6 +81,11 @@ def audit_append(
     data: dict[str, Any] | None = None,
 ) -> AuditLog:
     """Append one entry to `chain`; must run inside the caller's transaction.
+
+    For every chain but a job's: a job keeps its chain's head on its row, and `jobs`
+    appends to it in the same statement as the change it records (one round trip); an
+    entry appended here to a job's chain would leave that head behind, and the
+    insert-at-head trigger would refuse the job's next entry.
 
     1. Take a transaction-scoped advisory lock on the chain, so concurrent appenders
        (including two first entries) queue up instead of forking it (and the shared
@@ -79,15 +111,15 @@ def audit_append(
     seq, prev_hash = (head[0] + 1, head[1]) if head else (1, GENESIS_HASH)
     ts = timezone.now()
     payload = canonical_bytes(
-        {
-            "chain": chain,
-            "seq": seq,
-            "ts": format_ts(ts),
-            "event_type": event_type,
-            "actor": {"type": str(actor.type), "id": actor.id},
-            "job_id": str(job_id) if job_id else None,
-            "data": data or {},
-        }
+        audit_payload(
+            chain=chain,
+            seq=seq,
+            ts=ts,
+            event_type=event_type,
+            actor=actor,
+            job_id=job_id,
+            data=data,
+        )
     )
     return AuditLog.objects.create(
         chain=chain,

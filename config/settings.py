@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and ReDoc served from here (offline docs)
     "django_celery_results",
     "django_prometheus",
     "audit",
@@ -220,7 +221,11 @@ JOBOPS_HEARTBEAT_SECONDS = env_int("JOBOPS_HEARTBEAT_SECONDS", 10)
 JOBOPS_BACKOFF_BASE_SECONDS = env_float("JOBOPS_BACKOFF_BASE_SECONDS", 2.0)
 JOBOPS_PROGRESS_INTERVAL_SECONDS = env_float("JOBOPS_PROGRESS_INTERVAL_SECONDS", 2.0)
 JOBOPS_CANCEL_CHECK_SECONDS = env_float("JOBOPS_CANCEL_CHECK_SECONDS", 0.5)
-JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = env_float("JOBOPS_DISPATCH_PENDING_AFTER_SECONDS", 5.0)
+# A pending job is published once it is this old (0: at once; the request never
+# publishes, NOTIFY jobs_pending wakes the dispatcher). Raise it to hold new jobs back.
+JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = env_float("JOBOPS_DISPATCH_PENDING_AFTER_SECONDS", 0.0)
+# The dispatcher runs every step at least this often; a NOTIFY runs the publish step
+# at once in between.
 JOBOPS_DISPATCHER_INTERVAL_SECONDS = env_float("JOBOPS_DISPATCHER_INTERVAL_SECONDS", 1.0)
 # The dispatcher loop's steps, in order: (name, dotted path of a no-argument callable).
 # Listed here, where the apps are composed, so that jobs never names the dlq app.
@@ -231,11 +236,10 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("checkpoint", "audit.checkpoints.checkpoint_write_if_due"),
     ("queue_depths", "jobs.backpressure.queue_depths_refresh"),
     ("dlq_watch", "dlq.watcher.watch_once"),
+    # Background replays and discards (dlq/bulk.py): one chunk per loop.
+    ("dlq_bulk", "dlq.bulk.bulk_operations_run_once"),
 ]
 JOBOPS_PUBLISH_TIMEOUT_SECONDS = env_float("JOBOPS_PUBLISH_TIMEOUT_SECONDS", 5.0)
-# The same bound for the publish an API request makes after its commit: short, since a
-# job left `pending` is published by the dispatcher anyway.
-JOBOPS_REQUEST_BROKER_TIMEOUT_SECONDS = env_float("JOBOPS_REQUEST_BROKER_TIMEOUT_SECONDS", 0.5)
 # RabbitMQ's consumer_timeout (default 30 min); workers refuse prefetch settings that
 # could keep a reserved message waiting past half of it.
 JOBOPS_CONSUMER_TIMEOUT_SECONDS = env_int("JOBOPS_CONSUMER_TIMEOUT_SECONDS", 1800)
@@ -248,9 +252,12 @@ JOBOPS_MAX_PAYLOAD_BYTES = env_int("JOBOPS_MAX_PAYLOAD_BYTES", 256 * 1024)
 JOBOPS_MAX_JSON_DEPTH = env_int("JOBOPS_MAX_JSON_DEPTH", 32)
 # Retry-After of the 503 answered while the database is down or read-only.
 JOBOPS_DB_RETRY_AFTER_SECONDS = env_int("JOBOPS_DB_RETRY_AFTER_SECONDS", 5)
-JOBOPS_RATE_LIMITS: dict[str, int] = env_json(
-    "JOBOPS_RATE_LIMITS", {"create_per_user": 60, "create_global": 500, "admin_dlq": 30}
-)
+# Defaults first, so that an override naming one limit keeps the others.
+JOBOPS_RATE_LIMITS: dict[str, int] = {
+    "create_per_user": 60,
+    "create_global": 500,
+    "admin_dlq": 30,
+} | env_json("JOBOPS_RATE_LIMITS", {})
 JOBOPS_QUEUE_DEPTH_LIMITS: dict[str, int] = {
     queue: 100_000 for queue in {str(t["queue"]) for t in JOB_TYPES.values()}
 } | env_json("JOBOPS_QUEUE_DEPTH_LIMITS", {})
@@ -266,6 +273,21 @@ JOBOPS_ERP_EVENTS_URL = env_str("JOBOPS_ERP_EVENTS_URL", "")
 JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS = env_float("JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS", 10.0)
 JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS", 1.0)
 JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS", 30.0)
+
+# --- operator portal and admin API (DESIGN.md 6, 7) -------------------------------
+# How long a grant from POST /api/v1/admin/otp lets a token make admin calls.
+JOBOPS_OTP_GRANT_SECONDS = env_int("JOBOPS_OTP_GRANT_SECONDS", 15 * 60)
+# A replay or discard selecting more dead letters than this runs in the background
+# (a bulk operation the dispatcher works through in chunks, stoppable from the portal).
+JOBOPS_DLQ_BACKGROUND_THRESHOLD = env_int("JOBOPS_DLQ_BACKGROUND_THRESHOLD", 100)
+JOBOPS_DLQ_BULK_CHUNK = env_int("JOBOPS_DLQ_BULK_CHUNK", 100)
+# A dispatcher that dies mid-chunk leaves its claim; another takes the operation over
+# after this long.
+JOBOPS_DLQ_BULK_LEASE_SECONDS = env_int("JOBOPS_DLQ_BULK_LEASE_SECONDS", 60)
+# The dashboard's figures are computed at most this often (shared by every viewer).
+JOBOPS_DASHBOARD_CACHE_SECONDS = env_float("JOBOPS_DASHBOARD_CACHE_SECONDS", 5.0)
+# How often the dashboard, DLQ overview and bulk operation pages refresh themselves.
+JOBOPS_PORTAL_REFRESH_SECONDS = env_int("JOBOPS_PORTAL_REFRESH_SECONDS", 5)
 
 # --- audit (DESIGN.md 5) ------------------------------------------------------
 AUDIT_SIGNING_KEY = env_str("AUDIT_SIGNING_KEY", DEV_SIGNING_KEY)
@@ -300,7 +322,8 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "jobops API",
-    "DESCRIPTION": "Submit, watch and cancel background jobs.",
+    "DESCRIPTION": "Submit, watch and cancel background jobs; operators' admin calls (an OTP "
+    "grant, the dead-letter queues) under /api/v1/admin/.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Paths are served with and without a trailing slash; document each once.
@@ -308,8 +331,14 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "jobs.api.schema.close_request_bodies",
+        "core.api.schema.close_request_bodies",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
+    # The docs pages load their JavaScript and CSS from this server, not from a CDN: they
+    # work without internet access (an operator's network often has none).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- observability ------------------------------------------------------------------
@@ -337,6 +366,9 @@ LOG_MASK_FIELDS = env_list("LOG_MASK_FIELDS", [])
 configure_masking(LOG_MASK_FIELDS)
 
 OTP_TOTP_ISSUER = "jobops"
+# No device secret (TOTP key, QR code) is ever shown in the portal, not even to
+# superusers: devices are enrolled with `manage.py otp_enroll` on the host.
+OTP_ADMIN_HIDE_SENSITIVE_DATA = True
 
 
 def check_production_safety() -> None:

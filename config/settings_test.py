@@ -18,3 +18,5 @@ STORAGES = {  # no manifest needed for tests
 # Serve static files from the apps in tests; no collectstatic run needed.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
+# Each test sees the dashboard of its own data (the cache would serve the previous test's).
+JOBOPS_DASHBOARD_CACHE_SECONDS = 0

@@ -7,11 +7,16 @@ from core.api.exceptions import (
     api_handler500,
     api_not_found_view,
 )
+from core.api.otp import OtpGrantApi
+from core.api.routing import with_slash_alias
 from core.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("jobs.api.urls")),
+    # Admin calls (DESIGN.md 6): the OTP grant, then the DLQ tools.
+    *with_slash_alias("api/v1/admin/otp", OtpGrantApi.as_view(), "admin-otp"),
+    path("api/v1/admin/", include("dlq.api.urls")),
     # django-prometheus' exporter behind METRICS_TOKEN (core/metrics.py).
     path("metrics", metrics_view, name="prometheus-django-metrics"),
     # Last: any other /api/ path is a JSON 404 envelope, also with DEBUG on.

@@ -20,8 +20,10 @@ off and select confirms on their own channel to wait once per batch.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -131,3 +133,68 @@ def queue_depths(
             depths[name] = int(count)
         channel_close_quietly(channel)
     return depths
+
+
+class PublishError(Exception):
+    """The broker could not take a batch: confirms missing in time, or (for callers that
+    need every message through) a message nacked or returned."""
+
+
+@dataclass
+class Confirms:
+    """Publisher confirms of one channel in confirm mode: delivery tags 1, 2, ... in
+    publish order, settled by the broker's acks and nacks; with `mandatory`, an
+    unroutable message comes back as a basic.return before its ack (which alone would
+    look like success).
+
+    Publishing a batch this way costs one wait for all its confirms, not one per message
+    (kombu's `confirm_publish` mode waits after each publish).
+    """
+
+    channel: Any
+    sent: int = 0
+    pending: set[int] = field(default_factory=set)
+    nacked: set[int] = field(default_factory=set)
+    # (the returned message's properties, why): Celery and the relay set an id there.
+    returned: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+    @classmethod
+    def select(cls, channel: Any) -> Confirms:
+        """Put `channel` in confirm mode and track its confirms from now on."""
+        confirms = cls(channel)
+        channel.events["basic_ack"].add(confirms._on_ack)
+        channel.events["basic_nack"].add(confirms._on_nack)
+        channel.events["basic_return"].add(confirms._on_return)
+        channel.confirm_select()
+        return confirms
+
+    def published(self) -> int:
+        """Count one message just published; returns its delivery tag."""
+        self.sent += 1
+        self.pending.add(self.sent)
+        return self.sent
+
+    def _settle(self, tag: int, multiple: bool) -> set[int]:
+        settled = {t for t in self.pending if t <= tag} if multiple else {tag} & self.pending
+        self.pending -= settled
+        return settled
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple)
+
+    def _on_nack(self, tag: int, multiple: bool) -> None:
+        self.nacked |= self._settle(tag, multiple)
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        properties = dict(getattr(message, "properties", None) or {})
+        self.returned.append((properties, f"returned by {exchange or '-'}/{routing_key}: {exc}"))
+
+    def wait(self, *, timeout: float) -> None:
+        """Drain the connection until every message is settled; PublishError after
+        `timeout` seconds (then nothing of the batch may count as published)."""
+        deadline = time.monotonic() + timeout
+        while self.pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PublishError(f"{len(self.pending)} confirms missing after {timeout} s")
+            self.channel.connection.drain_events(timeout=remaining)

@@ -3,4 +3,4 @@ from django.apps import AppConfig
 
 class DlqConfig(AppConfig):
     name = "dlq"
-    verbose_name = "Dead letters"
+    verbose_name = "Dead-letter operations"

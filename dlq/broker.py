@@ -27,15 +27,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from amqp.exceptions import ConnectionError as AmqpConnectionError
 from amqp.exceptions import NotFound
 from django.conf import settings
 from kombu import Connection
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from core.broker import broker_channel, queue_depths
 from core.json import json_problem
 from dlq.errors import UnknownQueueError
 from jobs import metrics
 from jobs.topology import dlq_name, dlq_names, is_dlq, job_queues
+
+# What a caller sees when RabbitMQ cannot be reached (refused, timed out, closed).
+BROKER_ERRORS = (OSError, KombuOperationalError, AmqpConnectionError)
 
 # x-death reasons (RabbitMQ) -> dead_letters.reason
 BROKER_REASONS = {

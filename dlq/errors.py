@@ -1,4 +1,11 @@
-"""Errors of the dead-letter tools; rendered in the API's one envelope (DESIGN.md 6)."""
+"""Errors of the dead-letter tools; rendered in the API's one envelope (DESIGN.md 6).
+
+The codes are DESIGN.md 6's for the admin calls: 401 not staff with a verified OTP,
+403 verified but without the operator's permission, 404 unknown queue or operation,
+422 a selection or justification the service refuses, 429 too many admin calls.
+Malformed requests (a body that is not JSON, a field of the wrong type) are DRF's
+validation errors, answered 400 `ERR-DLQ-400` through the views' `error_prefix`.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +13,32 @@ from core.errors import ApplicationError
 
 
 class DeadLetterInputError(ApplicationError):
-    code = "ERR-DLQ-400"
-    http_status = 400
-    default_message = "The dead-letter request is invalid."
+    code = "ERR-DLQ-422"
+    http_status = 422
+    default_message = "The dead-letter selection is invalid."
 
 
 class JustificationRequiredError(DeadLetterInputError):
     default_message = "A justification is required to replay or discard dead letters."
 
 
-class DeadLetterPermissionError(ApplicationError):
+class DeadLetterNotVerifiedError(ApplicationError):
     code = "ERR-DLQ-401"
+    http_status = 401
+    default_message = (
+        "Dead-letter calls need an active staff user with a verified one-time password: "
+        "an OTP-verified admin session, or a token holding a live grant from "
+        "POST /api/v1/admin/otp."
+    )
+    headers = {"WWW-Authenticate": 'Token realm="jobops admin"'}
+
+
+class DeadLetterPermissionError(ApplicationError):
+    code = "ERR-DLQ-403"
     http_status = 403
     default_message = (
         "Replaying or discarding dead letters needs an active staff user with the "
-        "replay_deadletter or discard_deadletter permission."
+        "replay_deadletter or discard_deadletter permission (the operator role)."
     )
 
 
@@ -28,3 +46,26 @@ class UnknownQueueError(ApplicationError):
     code = "ERR-DLQ-404"
     http_status = 404
     default_message = "No such dead-letter queue."
+
+
+class BulkOperationNotFoundError(ApplicationError):
+    code = "ERR-DLQ-404"
+    http_status = 404
+    default_message = "No such bulk operation."
+
+
+class DeadLetterRateLimitedError(ApplicationError):
+    code = "ERR-DLQ-429"
+    http_status = 429
+    default_message = "Too many admin calls; retry after Retry-After seconds."
+
+    def __init__(self, *, retry_after: int) -> None:
+        super().__init__(details={"retry_after": retry_after})
+        self.retry_after = retry_after
+
+
+class BrokerUnavailableError(ApplicationError):
+    code = "ERR-DLQ-503"
+    http_status = 503
+    default_message = "RabbitMQ cannot be reached; retry shortly."
+    retry_after = 5

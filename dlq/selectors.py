@@ -10,6 +10,8 @@ import structlog
 from django.db.models import Count, Max, Min, Q, QuerySet
 
 from dlq.broker import DecodedMessage, dlq_depths
+from dlq.errors import BulkOperationNotFoundError
+from dlq.models import BulkOperation
 from jobs.models import DeadLetter, DeadLetterState
 from jobs.topology import dlq_names
 
@@ -116,3 +118,56 @@ def _uuid(value: Any) -> uuid.UUID | None:
         return uuid.UUID(str(value)) if value else None
     except ValueError:
         return None
+
+
+def death_summary(message: DecodedMessage) -> dict[str, Any]:
+    """x-death in short for a person: the reason, the queue it died in, how often, and
+    the first and last time any death was recorded (RabbitMQ keeps one entry per
+    queue and reason, counting repeats)."""
+    deaths = [d for d in message.x_death or [] if isinstance(d, dict)]
+    mine = next((d for d in deaths if d.get("queue") == message.queue), deaths[0] if deaths else {})
+    times = sorted(str(d["time"]) for d in deaths if d.get("time"))
+    count = mine.get("count")
+    return {
+        "reason": mine.get("reason") or message.reason,
+        "queue": mine.get("queue") or message.queue,
+        "count": count if isinstance(count, int) else None,
+        "first_time": times[0] if times else None,
+        "last_time": times[-1] if times else None,
+    }
+
+
+def bulk_operation_get(*, operation_id: Any) -> BulkOperation:
+    """A background operation by id (a string that is no UUID is simply not found)."""
+    parsed = _uuid(operation_id)
+    operation = (
+        BulkOperation.objects.select_related("requested_by", "stopped_by").filter(id=parsed).first()
+        if parsed
+        else None
+    )
+    if operation is None:
+        raise BulkOperationNotFoundError()
+    return operation
+
+
+def bulk_operations_recent(*, limit: int = 10) -> list[BulkOperation]:
+    """The newest background operations, running ones first."""
+    rows = BulkOperation.objects.select_related("requested_by").order_by("-created_at")
+    return sorted(rows[:limit], key=lambda op: not op.active)
+
+
+def dead_letter_groups(*, rows: QuerySet[DeadLetter], limit: int = 20) -> list[dict[str, Any]]:
+    """`rows` (any filtered selection) by queue, error code and reason, largest first,
+    with how many are still open and when the first and last arrived."""
+    groups = (
+        rows.order_by()
+        .values("queue", "error_code", "reason")
+        .annotate(
+            count=Count("id"),
+            open=Count("id", filter=Q(state=DeadLetterState.OPEN)),
+            first_at=Min("created_at"),
+            last_at=Max("created_at"),
+        )
+        .order_by("-count", "queue", "error_code")
+    )
+    return list(groups[:limit])

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from audit.services import OPS_CHAIN, Actor, audit_append
 from dlq.broker import DecodedMessage, DrainResult, dlq_drain
@@ -24,14 +26,14 @@ from dlq.errors import (
     UnknownQueueError,
 )
 from jobs import metrics
-from jobs.exceptions import TransitionRefusedError
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState, Job
 from jobs.services import (
     job_audit,
     job_fail_with_dead_letter,
     job_lock_is_stale,
     job_publish,
-    transition,
+    jobs_audit,
+    transition_many,
 )
 from jobs.states import Status
 from jobs.topology import dlq_name, dlq_names
@@ -242,6 +244,7 @@ class ResolveResult:
     sample: list[dict[str, Any]] = field(default_factory=list)
     resolved: list[int] = field(default_factory=list)  # dead_letters ids
     job_ids: list[str] = field(default_factory=list)
+    message_ids: list[str] = field(default_factory=list)  # broker copies of resolved rows
     skipped: list[dict[str, Any]] = field(default_factory=list)
     broker_acked: int = 0
     broker_error: str | None = None
@@ -255,27 +258,56 @@ class ResolveResult:
 ReplayResult = ResolveResult
 DiscardResult = ResolveResult
 SAMPLE_SIZE = 10
-FILTER_FIELDS = ("reason", "error_code")
+MAX_JUSTIFICATION_CHARS = 2000
+PERMISSIONS = {"replay": "jobs.replay_deadletter", "discard": "jobs.discard_deadletter"}
+# Causes that a replay can cure without a code or data fix: a retryable error that ran
+# out of attempts, a lost worker, a broker limit. Non-retryable and fatal errors need
+# their cause fixed first; the portal's "only retryable" filter selects these reasons.
+RETRYABLE_REASONS = (
+    DeadLetterReason.EXHAUSTED,
+    DeadLetterReason.WORKER_LOST,
+    DeadLetterReason.DELIVERY_LIMIT,
+    DeadLetterReason.EXPIRED,
+    DeadLetterReason.MAXLEN,
+)
+# filter name -> ORM lookup on dead_letters; `retryable` (bool) is RETRYABLE_REASONS.
+FILTER_LOOKUPS = {
+    "reason": "reason",
+    "error_code": "error_code",
+    "created_after": "created_at__gte",
+    "created_before": "created_at__lt",
+}
+FILTER_FIELDS = (*FILTER_LOOKUPS, "retryable")
 
 
-def _check_request(
+def dead_letter_action_check(
     *,
+    action: str,
     actor_user: Any,
-    permission: str,
     justification: str | None,
-    queue: str | None,
-    filters: Any,
-    limit: int | None,
-) -> str:
+    queue: str | None = None,
+    filters: dict[str, Any] | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """Refuse what no replay or discard may do; returns (justification, filters) cleaned.
+
+    The actor must be active staff with the action's permission (403), the
+    justification non-blank unless this is a dry run, which writes nothing (422), the
+    queue a DLQ (404), the limit positive and the filters known (422).
+    """
+    permission = PERMISSIONS[action]
     if actor_user is None or not getattr(actor_user, "is_active", False):
         raise DeadLetterPermissionError()
     if not (getattr(actor_user, "is_staff", False) and actor_user.has_perm(permission)):
         raise DeadLetterPermissionError()
     cleaned = (justification or "").strip()
-    if not cleaned:
+    if not cleaned and not dry_run:
         raise JustificationRequiredError(details={"justification": ["This field is required."]})
-    if len(cleaned) > 2000:
-        raise DeadLetterInputError(details={"justification": ["At most 2000 characters."]})
+    if len(cleaned) > MAX_JUSTIFICATION_CHARS:
+        raise DeadLetterInputError(
+            details={"justification": [f"At most {MAX_JUSTIFICATION_CHARS} characters."]}
+        )
     if queue is not None and queue not in dlq_names():
         raise UnknownQueueError(
             f"{queue!r} is not a dead-letter queue.",
@@ -283,40 +315,103 @@ def _check_request(
         )
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise DeadLetterInputError(details={"limit": ["A positive integer."]})
+    return cleaned, _clean_filters(filters)
+
+
+def _clean_filters(filters: dict[str, Any] | None) -> dict[str, Any]:
     unknown = set(filters or {}) - set(FILTER_FIELDS)
     if unknown:
         raise DeadLetterInputError(
             details={"filters": [f"Unknown filter(s): {', '.join(sorted(unknown))}."]}
         )
+    cleaned: dict[str, Any] = {}
+    for name, value in (filters or {}).items():
+        if value in (None, "", False):
+            continue
+        if name.startswith("created_") and isinstance(value, str):
+            parsed = _datetime_or_none(value)
+            if parsed is None:
+                raise DeadLetterInputError(details={name: ["An ISO 8601 date and time."]})
+            value = parsed
+        cleaned[name] = value
     return cleaned
 
 
-def _selection(
+def _datetime_or_none(value: str) -> Any:
+    try:
+        parsed = parse_datetime(value)
+    except ValueError:
+        return None
+    if parsed is not None and timezone.is_naive(parsed):
+        parsed = timezone.make_aware(parsed, datetime.UTC)
+    return parsed
+
+
+def dead_letters_selected(
     *,
-    queue: str | None,
-    job_ids: Iterable[Any] | None,
-    filters: dict[str, Any] | None,
-    with_job_only: bool,
+    action: str,
+    queue: str | None = None,
+    job_ids: Iterable[Any] | None = None,
+    dead_letter_ids: Iterable[int] | None = None,
+    filters: dict[str, Any] | None = None,
+    after_id: int | None = None,
+    up_to_id: int | None = None,
 ) -> QuerySet[DeadLetter]:
+    """Open dead letters an action applies to, oldest first (every given part must match).
+
+    Replay takes only rows that name a job; discard also those without one. Job or row
+    ids that name no dead letter at all (in `queue`, when given) are a bad selection
+    (422); ids whose rows are resolved already simply match nothing, so a repeated
+    request is harmless. `after_id`/`up_to_id` bound a bulk operation's window.
+    """
     rows = DeadLetter.objects.filter(state=DeadLetterState.OPEN)
+    known = DeadLetter.objects.filter(queue=queue) if queue is not None else DeadLetter.objects
     if queue is not None:
         rows = rows.filter(queue=queue)
     if job_ids is not None:
-        given = list(job_ids)
-        parsed = [_uuid_or_none(j) for j in given]
-        bad = [str(j) for j, p in zip(given, parsed, strict=True) if p is None]
-        if bad:
-            raise DeadLetterInputError(details={"job_ids": [f"Not job ids: {', '.join(bad)}."]})
+        parsed = _job_ids(job_ids)
+        found = known.filter(job_id__in=parsed).values_list("job_id", flat=True)
+        missing = set(parsed) - set(found)
+        if missing:
+            raise DeadLetterInputError(
+                f"No dead letter for {len(missing)} of the given job(s)"
+                + (f" in {queue}." if queue else "."),
+                details={"job_ids": [f"No dead letter: {', '.join(sorted(map(str, missing)))}."]},
+            )
         rows = rows.filter(job_id__in=parsed)
-    for name, value in (filters or {}).items():
-        if value not in (None, ""):
-            rows = rows.filter(**{name: value})
-    if with_job_only:
+    if dead_letter_ids is not None:
+        wanted = {int(i) for i in dead_letter_ids}
+        missing_rows = wanted - set(known.filter(id__in=wanted).values_list("id", flat=True))
+        if missing_rows:
+            raise DeadLetterInputError(
+                details={"dead_letter_ids": [f"Unknown: {sorted(missing_rows)}."]}
+            )
+        rows = rows.filter(id__in=wanted)
+    for name, value in _clean_filters(filters).items():
+        if name == "retryable":
+            rows = rows.filter(reason__in=RETRYABLE_REASONS)
+        else:
+            rows = rows.filter(**{FILTER_LOOKUPS[name]: value})
+    if action == "replay":
         rows = rows.filter(job__isnull=False)
+    if after_id is not None:
+        rows = rows.filter(id__gt=after_id)
+    if up_to_id is not None:
+        rows = rows.filter(id__lte=up_to_id)
     return rows.order_by("id")
 
 
-def _sample(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
+def _job_ids(job_ids: Iterable[Any]) -> list[uuid.UUID]:
+    given = list(job_ids)
+    parsed = [_uuid_or_none(j) for j in given]
+    bad = [str(j) for j, p in zip(given, parsed, strict=True) if p is None]
+    if bad:
+        raise DeadLetterInputError(details={"job_ids": [f"Not job ids: {', '.join(bad)}."]})
+    return [p for p in parsed if p is not None]
+
+
+def dead_letters_sample(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
+    """The first SAMPLE_SIZE rows of a selection, as the dry run shows them."""
     return [
         {
             "dead_letter_id": r.id,
@@ -324,6 +419,7 @@ def _sample(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
             "queue": r.queue,
             "reason": r.reason,
             "error_code": r.error_code,
+            "error_message": (r.error_message or "")[:200],
             "created_at": r.created_at.isoformat(),
         }
         for r in rows[:SAMPLE_SIZE]
@@ -342,6 +438,7 @@ def dead_letters_replay(
     justification: str,
     queue: str | None = None,
     job_ids: Iterable[Any] | None = None,
+    dead_letter_ids: Iterable[int] | None = None,
     filters: dict[str, Any] | None = None,
     limit: int | None = None,
     dry_run: bool = False,
@@ -349,10 +446,11 @@ def dead_letters_replay(
 ) -> ReplayResult:
     """Replay open dead letters: their jobs run again with a fresh retry budget.
 
-    Selection: open rows that name a job, in `queue` (a DLQ name, e.g. `sim_dlq`), of
-    `job_ids`, matching `filters` (reason, error_code), oldest first, at most `limit`.
+    Selection (`dead_letters_selected`): open rows that name a job, in `queue` (a DLQ
+    name, e.g. `sim_dlq`), of `job_ids` or `dead_letter_ids`, matching `filters`
+    (FILTER_FIELDS), oldest first, at most `limit`.
     1. Dry run: the count and a sample; nothing is written.
-    2. One transaction per job (job row locked first, then its open row):
+    2. In transactions of RESOLVE_CHUNK rows (jobs locked first, then their open rows):
        `failed` -> `pending` audited `dlq_replayed` (attempts keep counting,
        `max_attempts` grows by the type's max_retries + 1, the last error stays as
        history until a success clears it), the row -> `replayed` with the actor and
@@ -365,46 +463,162 @@ def dead_letters_replay(
        harmless, the claim fences it); it costs one confirmed publish and one audited
        transition per job, so bulk replays leave it to the dispatcher.
     """
-    justification = _check_request(
-        permission="jobs.replay_deadletter",
+    return _resolve_selection(
+        action="replay",
+        actor_user=actor_user,
+        justification=justification,
+        queue=queue,
+        job_ids=job_ids,
+        dead_letter_ids=dead_letter_ids,
+        filters=filters,
+        limit=limit,
+        dry_run=dry_run,
+        publish=publish,
+    )
+
+
+def dead_letters_discard(
+    *,
+    actor_user: Any,
+    justification: str,
+    queue: str | None = None,
+    job_ids: Iterable[Any] | None = None,
+    dead_letter_ids: Iterable[int] | None = None,
+    filters: dict[str, Any] | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+) -> DiscardResult:
+    """Discard open dead letters: the rows close, the jobs stay `failed`.
+
+    Same selection as replay, plus rows that name no job.
+    1. Dry run: the count and a sample; nothing is written.
+    2. In transactions of RESOLVE_CHUNK rows (jobs locked first, then their open rows):
+       the rows -> `discarded` with actor and justification, audited `dlq_discarded` on
+       each job's chain (the ops chain for a row without a job). Resolved rows are
+       skipped.
+    3. After the commits, the broker copies of resolved rows are acked away.
+    """
+    return _resolve_selection(
+        action="discard",
+        actor_user=actor_user,
+        justification=justification,
+        queue=queue,
+        job_ids=job_ids,
+        dead_letter_ids=dead_letter_ids,
+        filters=filters,
+        limit=limit,
+        dry_run=dry_run,
+    )
+
+
+def _resolve_selection(
+    *,
+    action: str,
+    actor_user: Any,
+    justification: str,
+    queue: str | None,
+    job_ids: Iterable[Any] | None,
+    dead_letter_ids: Iterable[int] | None,
+    filters: dict[str, Any] | None,
+    limit: int | None,
+    dry_run: bool,
+    publish: bool = False,
+) -> ResolveResult:
+    justification, filters = dead_letter_action_check(
+        action=action,
         actor_user=actor_user,
         justification=justification,
         queue=queue,
         filters=filters,
         limit=limit,
+        dry_run=dry_run,
     )
-    rows = _selection(queue=queue, job_ids=job_ids, filters=filters, with_job_only=True)
-    result = ReplayResult(action="replay", dry_run=dry_run)
+    rows = dead_letters_selected(
+        action=action,
+        queue=queue,
+        job_ids=job_ids,
+        dead_letter_ids=dead_letter_ids,
+        filters=filters,
+    )
+    result = ResolveResult(action=action, dry_run=dry_run)
     limited = rows[:limit] if limit is not None else rows
     result.matched = limited.count()
-    result.sample = _sample(rows)
+    result.sample = dead_letters_sample(rows)
     if dry_run:
         return result
-    actor = Actor.user(actor_user)
     clock = time.perf_counter()
-    queues: set[str] = set()
-    for row_id, job_id, queue_name in list(limited.values_list("id", "job_id", "queue")):
-        skipped = _replay_one(
-            row_id=row_id,
-            job_id=job_id,
-            actor=actor,
-            actor_user=actor_user,
-            justification=justification,
-        )
-        if skipped:
-            result.skipped.append({"dead_letter_id": row_id, "job_id": str(job_id), **skipped})
-            continue
-        result.resolved.append(row_id)
-        result.job_ids.append(str(job_id))
-        queues.add(queue_name)
-    _count_replays(len(result.resolved))
+    queues = dead_letters_resolve_rows(
+        action=action,
+        rows=list(limited.values_list("id", "job_id", "queue")),
+        actor_user=actor_user,
+        justification=justification,
+        result=result,
+    )
     clock = _lap(result, "transactions", clock)
-    _ack_away(result, queues)
+    broker_copies_ack_resolved(result=result, queues=queues)
     clock = _lap(result, "ack_away", clock)
-    if publish:
+    if publish and action == "replay":
         result.published = _publish(result.job_ids)
         _lap(result, "publish", clock)
     return result
+
+
+def dead_letters_resolve_rows(
+    *,
+    action: str,
+    rows: Iterable[tuple[int, uuid.UUID | None, str]],
+    actor_user: Any,
+    justification: str,
+    result: ResolveResult,
+    audit_extra: dict[str, Any] | None = None,
+) -> set[str]:
+    """Replay or discard each (row id, job id, queue) into `result`, RESOLVE_CHUNK rows
+    per transaction.
+
+    The caller has checked actor and justification. Returns the DLQs touched (their
+    broker copies are acked away afterwards, outside any transaction).
+    """
+    actor = Actor.user(actor_user)
+    selected = list(rows)
+    outcome: dict[int, dict[str, Any] | str] = {}
+    if action == "replay":
+        for start in range(0, len(selected), RESOLVE_CHUNK):
+            chunk = selected[start : start + RESOLVE_CHUNK]
+            done = _replay_chunk(
+                chunk=chunk,
+                actor=actor,
+                actor_user=actor_user,
+                justification=justification,
+                audit_extra=audit_extra or {},
+            )
+            outcome.update(done)
+            _count_replays(sum(1 for why in done.values() if isinstance(why, str)))
+    else:
+        for start in range(0, len(selected), RESOLVE_CHUNK):
+            chunk = selected[start : start + RESOLVE_CHUNK]
+            discarded = _discard_chunk(
+                chunk=chunk,
+                actor=actor,
+                actor_user=actor_user,
+                justification=justification,
+                audit_extra=audit_extra or {},
+            )
+            for row_id, _, _ in chunk:
+                outcome[row_id] = discarded.get(row_id, {"skipped": "already resolved"})
+    queues: set[str] = set()
+    for row_id, job_id, queue_name in selected:
+        what = outcome[row_id]
+        if isinstance(what, dict):
+            job_text = str(job_id) if job_id else None
+            result.skipped.append({"dead_letter_id": row_id, "job_id": job_text, **what})
+            continue
+        result.resolved.append(row_id)
+        if job_id is not None:
+            result.job_ids.append(str(job_id))
+        if what:
+            result.message_ids.append(what)
+        queues.add(queue_name)
+    return queues
 
 
 def _lap(result: ResolveResult, phase: str, since: float) -> float:
@@ -418,29 +632,78 @@ def _count_replays(count: int) -> None:
         metrics.DLQ_REPLAY.inc(count)
 
 
-def _replay_one(
-    *, row_id: int, job_id: uuid.UUID, actor: Actor, actor_user: Any, justification: str
-) -> dict[str, Any] | None:
-    """One job's replay transaction; returns why it was skipped, or None when done."""
+def _audit_data(row: DeadLetter, digest: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """What a replay or discard audits about its row: which dead letter, why it died,
+    which broker message it was, and the justification's digest (the text stays on the
+    row: it may name people)."""
+    return {
+        "dead_letter_id": row.id,
+        "reason": row.reason,
+        "queue": row.queue,
+        "message_id": row.message_id,
+        "justification_sha256": digest,
+        **extra,
+    }
+
+
+# Rows resolved per transaction: one lock statement, one audited transition per job
+# type, one update of the rows. A large replay commits in chunks, so a failure half way
+# leaves whole chunks done and the rest open, both consistent and retry-safe.
+RESOLVE_CHUNK = 500
+
+
+def _replay_chunk(
+    *,
+    chunk: list[tuple[int, uuid.UUID | None, str]],
+    actor: Actor,
+    actor_user: Any,
+    justification: str,
+    audit_extra: dict[str, Any],
+) -> dict[int, dict[str, Any] | str]:
+    """Replay one chunk in one transaction; returns, per dead letter id, why it was
+    skipped (a dict) or, when its job was replayed, the row's message id ("" if none).
+
+    1. Lock the jobs, then their rows still open (the order every writer uses).
+    2. Per job type (its retry budget), one statement moves the failed jobs to
+       `pending` with their `dlq_replayed` entries (and wakes the dispatcher); a job
+       that is no longer `failed` is not moved and its row is skipped.
+    3. One update marks the replayed rows with the actor and justification.
+    """
+    digest = _justification_digest(justification)
+    outcome: dict[int, dict[str, Any] | str] = {}
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(id=job_id).first()
-        row = (
-            DeadLetter.objects.select_for_update()
-            .filter(id=row_id, state=DeadLetterState.OPEN)
-            .first()
-        )
-        if job is None or row is None:
-            return {"skipped": "already resolved"}
-        spec = get_type(job.type)
-        budget = spec.max_attempts if spec is not None else 1
-        try:
-            transition(
-                job_id=job.id,
+        jobs = {
+            job.id: job
+            for job in Job.objects.select_for_update()
+            .filter(id__in=[job_id for _, job_id, _ in chunk if job_id is not None])
+            .order_by("id")
+            .only("id", "type", "status")
+        }
+        rows = {
+            row.id: row
+            for row in DeadLetter.objects.select_for_update()
+            .filter(id__in=[row_id for row_id, _, _ in chunk], state=DeadLetterState.OPEN)
+            .order_by("id")
+        }
+        by_type: dict[str, list[DeadLetter]] = {}
+        for row_id, job_id, _ in chunk:
+            row = rows.get(row_id)
+            if row is None or job_id not in jobs:
+                outcome[row_id] = {"skipped": "already resolved"}
+            elif jobs[job_id].status != Status.FAILED:
+                outcome[row_id] = {"skipped": f"job is {jobs[job_id].status}, not failed"}
+            else:
+                by_type.setdefault(jobs[job_id].type, []).append(row)
+        replayed: list[int] = []
+        for job_type, type_rows in by_type.items():
+            spec = get_type(job_type)
+            moved = transition_many(
+                job_ids=[row.job_id for row in type_rows if row.job_id is not None],
                 target=Status.PENDING,
                 sources=[Status.FAILED],
                 actor=actor,
                 event_type="dlq_replayed",
-                extend_attempts=budget,
+                extend_attempts=spec.max_attempts if spec is not None else 1,
                 fields={
                     "dead_letter_queue": None,
                     "next_run_at": None,
@@ -450,105 +713,84 @@ def _replay_one(
                     "progress_message": None,
                 },
                 audit_data={
-                    "dead_letter_id": row.id,
-                    "reason": row.reason,
-                    "queue": row.queue,
-                    "justification_sha256": _justification_digest(justification),
+                    str(row.job_id): _audit_data(row, digest, audit_extra) for row in type_rows
                 },
             )
-        except TransitionRefusedError as refused:
-            return {"skipped": f"job is {refused.current}, not failed"}
-        _resolve(
-            row, state=DeadLetterState.REPLAYED, actor_user=actor_user, justification=justification
+            moved_ids = {job.id for job in moved}
+            for row in type_rows:
+                if row.job_id in moved_ids:
+                    outcome[row.id] = row.message_id or ""
+                    replayed.append(row.id)
+                else:
+                    outcome[row.id] = {"skipped": "job is no longer failed"}
+        _resolve_rows(
+            replayed,
+            state=DeadLetterState.REPLAYED,
+            actor_user=actor_user,
+            justification=justification,
         )
-    return None
+    return outcome
 
 
-def _resolve(row: DeadLetter, *, state: str, actor_user: Any, justification: str) -> None:
-    row.state = state
-    row.resolved_by = actor_user
-    row.resolved_at = timezone.now()
-    row.justification = justification
-    row.save(update_fields=["state", "resolved_by", "resolved_at", "justification"])
-
-
-def dead_letters_discard(
+def _discard_chunk(
     *,
+    chunk: Sequence[tuple[int, uuid.UUID | None, str]],
+    actor: Actor,
     actor_user: Any,
     justification: str,
-    queue: str | None = None,
-    job_ids: Iterable[Any] | None = None,
-    filters: dict[str, Any] | None = None,
-    limit: int | None = None,
-    dry_run: bool = False,
-) -> DiscardResult:
-    """Discard open dead letters: the rows close, the jobs stay `failed`.
+    audit_extra: dict[str, Any],
+) -> dict[int, str]:
+    """Discard one chunk in one transaction; returns {dead letter id: its broker message
+    id ("" if none)} for the rows discarded.
 
-    Same selection as replay, plus rows that name no job (unless `job_ids` is given).
-    1. Dry run: the count and a sample; nothing is written.
-    2. One transaction per row (job row locked first when there is one): the row ->
-       `discarded` with actor and justification, audited `dlq_discarded` on the job's
-       chain (the ops chain for a row without a job). Resolved rows are skipped.
-    3. After the commits, the broker copies of resolved rows are acked away.
+    Jobs locked first, then their rows still open; one update closes the rows; each
+    job's chain gets its `dlq_discarded` entry in one statement for the chunk (rows
+    without a job: the ops chain, one entry each).
     """
-    justification = _check_request(
-        permission="jobs.discard_deadletter",
-        actor_user=actor_user,
-        justification=justification,
-        queue=queue,
-        filters=filters,
-        limit=limit,
-    )
-    rows = _selection(queue=queue, job_ids=job_ids, filters=filters, with_job_only=False)
-    result = DiscardResult(action="discard", dry_run=dry_run)
-    limited = rows[:limit] if limit is not None else rows
-    result.matched = limited.count()
-    result.sample = _sample(rows)
-    if dry_run:
-        return result
-    actor = Actor.user(actor_user)
-    clock = time.perf_counter()
-    queues: set[str] = set()
-    for row_id, job_id, queue_name in list(limited.values_list("id", "job_id", "queue")):
-        with transaction.atomic():
-            if job_id is not None:
-                Job.objects.select_for_update().filter(id=job_id).first()
-            row = (
-                DeadLetter.objects.select_for_update()
-                .filter(id=row_id, state=DeadLetterState.OPEN)
-                .first()
-            )
-            if row is None:
-                result.skipped.append({"dead_letter_id": row_id, "skipped": "already resolved"})
-                continue
-            _resolve(
-                row,
-                state=DeadLetterState.DISCARDED,
-                actor_user=actor_user,
-                justification=justification,
-            )
-            _audit(
-                job_id=job_id,
-                event_type="dlq_discarded",
-                actor=actor,
-                data={
-                    "dead_letter_id": row.id,
-                    "reason": row.reason,
-                    "queue": row.queue,
-                    "justification_sha256": _justification_digest(justification),
-                },
-            )
-        result.resolved.append(row_id)
-        queues.add(queue_name)
-        if job_id is not None:
-            result.job_ids.append(str(job_id))
-    clock = _lap(result, "transactions", clock)
-    _ack_away(result, queues)
-    _lap(result, "ack_away", clock)
-    return result
+    digest = _justification_digest(justification)
+    with transaction.atomic():
+        list(
+            Job.objects.select_for_update()
+            .filter(id__in=[job_id for _, job_id, _ in chunk if job_id is not None])
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        rows = list(
+            DeadLetter.objects.select_for_update()
+            .filter(id__in=[row_id for row_id, _, _ in chunk], state=DeadLetterState.OPEN)
+            .order_by("id")
+        )
+        _resolve_rows(
+            [row.id for row in rows],
+            state=DeadLetterState.DISCARDED,
+            actor_user=actor_user,
+            justification=justification,
+        )
+        entries = {row.id: _audit_data(row, digest, audit_extra) for row in rows}
+        with_job = {row.job_id: entries[row.id] for row in rows if row.job_id is not None}
+        if with_job:
+            jobs_audit(entries=with_job, event_type="dlq_discarded", actor=actor)
+        for row in rows:
+            if row.job_id is None:
+                audit_append(
+                    chain=OPS_CHAIN, event_type="dlq_discarded", actor=actor, data=entries[row.id]
+                )
+    return {row.id: row.message_id or "" for row in rows}
 
 
-def _ack_away(result: ResolveResult, queues: Iterable[str]) -> None:
+def _resolve_rows(ids: list[int], *, state: str, actor_user: Any, justification: str) -> None:
+    if ids:
+        DeadLetter.objects.filter(id__in=ids).update(
+            state=state,
+            resolved_by=actor_user,
+            resolved_at=timezone.now(),
+            justification=justification,
+        )
+
+
+def broker_copies_ack_resolved(*, result: ResolveResult, queues: Iterable[str]) -> None:
+    """Ack away the broker copies of resolved rows in `queues` (one pass per DLQ), into
+    `result`; a broker that cannot be reached leaves them for a later pass."""
     for name in sorted(q for q in queues if q in dlq_names()):
         try:
             result.broker_acked += broker_copies_ack_stale(queue=name).acked

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 from amqp.exceptions import NotFound
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, transaction
 from kombu import Connection
 
 from core.broker import broker_channel
@@ -23,16 +23,22 @@ from jobs.topology import WATCH_QUEUE_NAME
 log = structlog.get_logger("dlq.watcher")
 
 
+# Messages reconciled per transaction: one commit (and one ack) per batch, not per
+# message, so a burst of broker-made dead letters is recorded at the database's pace.
+WATCH_BATCH = 200
+
+
 def watch_once(
-    *, limit: int = 500, timeout: float = 2.0, connection: Connection | None = None
+    *, limit: int = 2000, timeout: float = 2.0, connection: Connection | None = None
 ) -> int:
     """Reconcile up to `limit` messages of `dlq.watch`, spending at most ~`timeout` s.
 
     1. Passive-declare the queue: nothing waiting costs one round trip.
-    2. For each message (basic_get): decode it and reconcile it in one transaction;
-       ack only after that commit, so a crash in between redelivers the message and the
-       repeat changes nothing (the message id is recorded with the row).
-    3. The database unreachable: requeue the message, stop, and re-raise (the
+    2. Take up to WATCH_BATCH messages (basic_get, unacked); decode and reconcile each
+       in its own savepoint of one transaction; ack them all (one `multiple` ack) only
+       after that commit, so a crash in between redelivers them and the repeats change
+       nothing (each message id is recorded with its row).
+    3. The database unreachable: requeue what the batch took, stop, and re-raise (the
        dispatcher logs it and tries again next loop); nothing is decided without it.
     Returns the number of messages acked.
     """
@@ -47,21 +53,33 @@ def watch_once(
             log.error("dlq_watch_queue_missing", queue=WATCH_QUEUE_NAME)
             return 0
         while done < limit and time.monotonic() < deadline:
-            message = channel.basic_get(queue=WATCH_QUEUE_NAME, no_ack=False)
-            if message is None:
+            batch: list[Any] = []
+            while len(batch) < min(WATCH_BATCH, limit - done):
+                message = channel.basic_get(queue=WATCH_QUEUE_NAME, no_ack=False)
+                if message is None:
+                    break
+                batch.append(message)
+            if not batch:
                 break
-            decoded, outcome = _reconcile(channel, message)
-            channel.basic_ack(message.delivery_tag)
-            done += 1
-            log.info(
-                "dlq_watch_message",
-                outcome=outcome,
-                job_id=decoded.job_id,
-                queue=decoded.queue,
-                reason=decoded.reason,
-            )
-            if outcome in SWEEP_AFTER and decoded.dlq:
-                needs_sweep.add(decoded.dlq)
+            try:
+                with transaction.atomic():
+                    outcomes = [_reconcile(message) for message in batch]
+            except Exception:
+                for message in batch:
+                    channel.basic_reject(message.delivery_tag, requeue=True)
+                raise
+            channel.basic_ack(batch[-1].delivery_tag, multiple=True)
+            done += len(batch)
+            for decoded, outcome in outcomes:
+                log.info(
+                    "dlq_watch_message",
+                    outcome=outcome,
+                    job_id=decoded.job_id,
+                    queue=decoded.queue,
+                    reason=decoded.reason,
+                )
+                if outcome in SWEEP_AFTER and decoded.dlq:
+                    needs_sweep.add(decoded.dlq)
     _sweep(needs_sweep, connection)
     return done
 
@@ -79,8 +97,9 @@ def _sweep(queues: set[str], connection: Connection | None) -> None:
             log.warning("dlq_sweep_failed", queue=queue, error=repr(exc))
 
 
-def _reconcile(channel: Any, message: Any) -> tuple[DecodedMessage, str]:
-    """Record one watched message; only an unreachable database hands it back.
+def _reconcile(message: Any) -> tuple[DecodedMessage, str]:
+    """Record one watched message (in its own savepoint); only an unreachable database
+    fails it, and with it the batch, which goes back to the queue.
 
     Any other failure (a value the database refuses, a bug) would bring the message back
     at the head of `dlq.watch` forever and block every message behind it: it is kept
@@ -93,11 +112,9 @@ def _reconcile(channel: Any, message: Any) -> tuple[DecodedMessage, str]:
         try:
             return decoded, dead_letter_reconcile(message=decoded)
         except (OperationalError, InterfaceError):
-            channel.basic_reject(message.delivery_tag, requeue=True)
             raise
         except Exception:
             log.exception("dlq_watch_reconcile_failed", message_id=decoded.message_id)
-    channel.basic_reject(message.delivery_tag, requeue=True)
     raise RuntimeError(f"dead letter {decoded.message_id} could not be recorded")
 
 

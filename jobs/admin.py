@@ -1,15 +1,88 @@
+"""Job pages of the operator portal (DESIGN.md 7): a list with filters and search, and a
+detail page laid out for a person. Nothing here edits a job: cancel goes through
+`jobs.services` behind a confirmation and the operator's permission; replay is the
+dead-letter pages' (dlq/admin.py), linked from here."""
+
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
+from django.conf import settings
 from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.utils.html import format_html_join
+from django.core.exceptions import PermissionDenied
+from django.db.models import Exists, OuterRef, QuerySet
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from audit.admin import ReadOnlyAdmin
-from audit.models import AuditLog
 from audit.services import Actor
-from jobs.models import Artefact, Job
+from core.admin_filters import DateRangeFilter, InputFilter
+from jobs.models import Artefact, DeadLetter, Job
+from jobs.selectors import job_timeline
 from jobs.services import job_cancel
+from jobs.states import TERMINAL
+from jobs.types import primary_queue_names
+
+CANCEL_PERMISSION = "jobs.cancel_job"
+
+
+class TypeFilter(admin.SimpleListFilter):
+    title = "type"
+    parameter_name = "type__exact"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in sorted(settings.JOB_TYPES)]  # no DISTINCT scan
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        return queryset.filter(type=self.value()) if self.value() else queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue__exact"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in primary_queue_names()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class OwnerFilter(InputFilter):
+    title = "owner (username)"
+    parameter_name = "owner"
+    placeholder = "username"
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        value = (self.value() or "").strip()
+        return queryset.filter(owner__username=value) if value else queryset
+
+
+class CreatedFilter(DateRangeFilter):
+    title = "created"
+    field_name = "created_at"
+
+
+class HasDeadLetterFilter(admin.SimpleListFilter):
+    title = "dead letter"
+    parameter_name = "dead_letter"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("open", "open"), ("any", "any, ever"), ("none", "none")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        letters = DeadLetter.objects.filter(job_id=OuterRef("pk"))
+        if self.value() == "open":
+            return queryset.filter(Exists(letters.filter(state="open")))
+        if self.value() == "any":
+            return queryset.filter(Exists(letters))
+        if self.value() == "none":
+            return queryset.filter(~Exists(letters))
+        return queryset
 
 
 class ArtefactInline(admin.TabularInline):
@@ -28,43 +101,211 @@ class ArtefactInline(admin.TabularInline):
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
-    """Jobs are looked at here; their state changes only through services (actions)."""
+    """Jobs are looked at here; their state changes only through services."""
 
     list_display = [
-        "id",
+        "job_link",
+        "status_badge",
         "type",
         "queue",
-        "status",
-        "progress_percent",
-        "attempts",
+        "progress_bar",
+        "attempts_of_max",
         "owner",
-        "created_at",
+        "created",
     ]
-    list_filter = ["status", "type", "queue", "created_at"]
-    search_fields = ["=id", "=idempotency_key"]
+    list_display_links = None
+    list_filter = [
+        "status",
+        TypeFilter,
+        QueueFilter,
+        OwnerFilter,
+        CreatedFilter,
+        HasDeadLetterFilter,
+    ]
+    search_fields = ["=id", "=idempotency_key", "=request_id"]
+    search_help_text = "A job id, an idempotency key or a request id (exact)."
     list_select_related = ["owner"]
+    list_per_page = 50
     ordering = ["-created_at"]
-    show_full_result_count = False
+    show_full_result_count = False  # counting a million rows on every page is slow
+    show_facets = admin.ShowFacets.NEVER
     inlines = [ArtefactInline]
     actions = ["cancel_jobs"]
-    readonly_fields = ["audit_trail"]
 
-    @admin.display(description="Audit trail")
-    def audit_trail(self, job: Job) -> str:
-        rows = AuditLog.objects.filter(chain=f"job:{job.id}").order_by("seq")
-        return format_html_join(
-            "\n",
-            "<div>#{} {} {} by {}:{}</div>",
-            ((e.seq, e.ts.isoformat(), e.event_type, e.actor_type, e.actor_id) for e in rows),
+    # --- the list ------------------------------------------------------------------
+
+    @admin.display(description="job")
+    def job_link(self, job: Job) -> SafeString:
+        url = reverse("admin:jobs_job_change", args=[job.pk])
+        short = str(job.pk)[:8]
+        return format_html('<a href="{}" title="{}"><code>{}</code></a>', url, job.pk, short)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, job: Job) -> SafeString:
+        flag = " ⚑" if job.cancel_requested and job.status not in TERMINAL else ""
+        return format_html('<span class="badge badge-{}">{}</span>{}', job.status, job.status, flag)
+
+    @admin.display(description="progress")
+    def progress_bar(self, job: Job) -> SafeString:
+        return format_html(
+            '<div class="bar" title="{}%"><span style="width: {}%"></span></div>',
+            job.progress_percent,
+            job.progress_percent,
         )
 
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("jobs.cancel_job")
+    @admin.display(description="created (UTC)", ordering="created_at")
+    def created(self, job: Job) -> str:
+        return job.created_at.strftime("%Y-%m-%d %H:%M:%S")
 
-    # Django offers, and runs, the action only for users with has_cancel_permission().
+    @admin.display(description="attempts")
+    def attempts_of_max(self, job: Job) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().changelist_view(request, {"title": "Jobs", **(extra_context or {})})
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        # "=id" needs a UUID: a key or request id is searched without it (else a 500).
+        term = search_term.strip()
+        try:
+            uuid.UUID(term)
+        except ValueError:
+            if not term:
+                return queryset, False
+            return queryset.filter(idempotency_key=term) | queryset.filter(request_id=term), False
+        return queryset.filter(id=term) | queryset.filter(idempotency_key=term), False
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(CANCEL_PERMISSION)
+
+    # Offered, and run, only for users with has_cancel_permission(); it asks first.
     @admin.action(description="Cancel the selected jobs", permissions=["cancel"])
-    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        jobs = list(queryset.select_related("owner")[:500])
+        if request.POST.get("confirm") != "yes":
+            return self._render(
+                request, "admin/jobs/job/cancel_confirm.html", "Cancel jobs", {"jobs": jobs}
+            )
         actor = Actor.user(request.user)
-        for job_id in queryset.values_list("id", flat=True):
-            job_cancel(job_id=job_id, actor=actor)
-        messages.success(request, f"Cancellation requested for {queryset.count()} job(s).")
+        for job in jobs:
+            job_cancel(job_id=job.id, actor=actor)
+        messages.success(request, f"Cancellation requested for {len(jobs)} job(s).")
+        return None
+
+    # --- the detail page and its actions ------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("<uuid:job_id>/cancel/", wrap(self.cancel_view), name="jobs_job_cancel"),
+            path("<uuid:job_id>/live/", wrap(self.live_view), name="jobs_job_live"),
+            path(
+                "<uuid:job_id>/artefacts/<uuid:artefact_id>/",
+                wrap(self.artefact_view),
+                name="jobs_job_artefact",
+            ),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """The job for a person: status, progress, attempts, error, result, artefacts,
+        its audit trail as a timeline, its dead letters; and what the user may do."""
+        if request.method != "GET":
+            raise PermissionDenied  # nothing on this page is a form: a job is not edited
+        job = self._job_or_404(request, object_id)
+        context = {
+            **self._live_context(request, job),
+            "artefacts": list(job.artefacts.order_by("kind", "name")),
+            "timeline": job_timeline(job_id=job.id),
+            "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
+        }
+        return self._render(request, "admin/jobs/job/detail.html", f"Job {job.id}", context)
+
+    def live_view(self, request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+        """The changing part of the job's page (status, progress, error, actions)."""
+        job = self._job_or_404(request, str(job_id))
+        context = self._live_context(request, job)
+        return self._render(request, "admin/jobs/job/live.html", "", context)
+
+    def _live_context(self, request: HttpRequest, job: Job) -> dict[str, Any]:
+        letters = list(job.dead_letters.select_related("resolved_by").order_by("-id"))
+        return {
+            "job": job,
+            "finished": job.status in TERMINAL,
+            "dead_letters": letters,
+            "open_dead_letter": next((d for d in letters if d.state == "open"), None),
+            "can_cancel": job.status not in TERMINAL and self.has_cancel_permission(request),
+            "can_replay": request.user.has_perm("jobs.replay_deadletter"),
+            "can_verify": request.user.has_perm("audit.view_auditlog"),
+        }
+
+    def cancel_view(self, request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+        """GET: are you sure? POST: cancel through the service (operator only)."""
+        job = self._job_or_404(request, str(job_id))
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            job = job_cancel(job_id=job.id, actor=Actor.user(request.user))
+            messages.success(
+                request,
+                f"Cancellation requested: the job is {job.status}"
+                + (" and stops at its next check." if job.status == "running" else "."),
+            )
+            return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
+        return self._render(
+            request, "admin/jobs/job/cancel_confirm.html", "Cancel this job?", {"jobs": [job]}
+        )
+
+    def artefact_view(
+        self, request: HttpRequest, job_id: uuid.UUID, artefact_id: uuid.UUID
+    ) -> FileResponse:
+        self._job_or_404(request, str(job_id))
+        artefact = Artefact.objects.filter(id=artefact_id, job_id=job_id).first()
+        if artefact is None:
+            raise Http404("No such artefact.")
+        try:
+            handle = artefact.file.open("rb")
+        except FileNotFoundError as exc:
+            raise Http404("The artefact's file is missing from storage.") from exc
+        return FileResponse(
+            handle,
+            as_attachment=True,
+            filename=artefact.name,
+            content_type=artefact.content_type or "application/octet-stream",
+        )
+
+    def _job_or_404(self, request: HttpRequest, object_id: str) -> Job:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            job = Job.objects.select_related("owner").filter(pk=uuid.UUID(str(object_id))).first()
+        except ValueError:
+            job = None
+        if job is None:
+            raise Http404("No such job.")
+        return job
+
+    def _render(
+        self, request: HttpRequest, template: str, title: str, context: dict[str, Any]
+    ) -> TemplateResponse:
+        return TemplateResponse(
+            request,
+            template,
+            {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "title": title,
+                "app_label": self.model._meta.app_label,
+                **context,
+            },
+        )

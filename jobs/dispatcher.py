@@ -23,11 +23,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import structlog
 from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils.module_loading import import_string
 
+from jobs import sql
 from jobs.liveness import beat
 
 log = structlog.get_logger("jobs.dispatcher")
@@ -49,11 +51,86 @@ def dispatch_once(*, steps: list[tuple[str, str]] | None = None) -> dict[str, An
 
 
 def dispatch_forever(*, interval: float, stop: threading.Event | None = None) -> None:
+    """Run the loop until `stop`: every step at least every `interval` seconds, and the
+    publish step as soon as NOTIFY jobs_pending says a job was created (DESIGN.md 3.5),
+    so that a new job is published within milliseconds, not at the next loop."""
     stop = stop or threading.Event()
     log.info("dispatcher_started", interval=interval)
+    listener = PendingListener()
+    next_full = 0.0
     while not stop.is_set():
-        started = time.monotonic()
-        beat("dispatcher")
-        dispatch_once()
-        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+        if time.monotonic() >= next_full:
+            beat("dispatcher")
+            dispatch_once()
+            next_full = time.monotonic() + interval
+        else:
+            dispatch_once(steps=PUBLISH_STEPS)
+        listener.wait(until=next_full, stop=stop)
+    listener.close()
     log.info("dispatcher_stopped")
+
+
+PUBLISH_STEPS = [("publish", "jobs.services.publishing.publish_due_once")]
+# How often a sleeping dispatcher looks at `stop` while it waits for a notification.
+STOP_CHECK_SECONDS = 0.25
+# How long to wait for the notifications that came with the first one.
+DRAIN_SECONDS = 0.001
+
+
+class PendingListener:
+    """A connection of its own that LISTENs on jobs_pending (jobs.sql.PENDING_CHANNEL).
+
+    Django's connection cannot wait for notifications while it also runs the steps, so
+    this one only listens. Without it (the database away, LISTEN refused) the loop
+    falls back to its interval: slower, never wrong, since every step polls the tables.
+    """
+
+    def __init__(self) -> None:
+        self.connection: psycopg.Connection[Any] | None = None
+
+    def _connect(self) -> psycopg.Connection[Any] | None:
+        if self.connection is None or self.connection.closed:
+            try:
+                params = connection.get_connection_params()
+                self.connection = psycopg.connect(**params, autocommit=True)
+                self.connection.execute(f"LISTEN {sql.PENDING_CHANNEL}")
+                log.info("dispatcher_listening", channel=sql.PENDING_CHANNEL)
+            except psycopg.Error as exc:
+                log.warning("dispatcher_listen_failed", error=repr(exc))
+                self.close()
+        return self.connection
+
+    def wait(self, *, until: float, stop: threading.Event) -> None:
+        """Return at the first notification (after draining the others), at `until`, or
+        soon after `stop` is set."""
+        while not stop.is_set():
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return
+            conn = self._connect()
+            if conn is None:
+                stop.wait(min(remaining, STOP_CHECK_SECONDS))
+                continue
+            try:
+                if self._notified(conn, timeout=min(remaining, STOP_CHECK_SECONDS)):
+                    # One wake-up for every job created meanwhile: drain the rest.
+                    while self._notified(conn, timeout=DRAIN_SECONDS):
+                        pass
+                    return
+            except psycopg.Error as exc:
+                log.warning("dispatcher_listen_failed", error=repr(exc))
+                self.close()
+
+    @staticmethod
+    def _notified(conn: psycopg.Connection[Any], *, timeout: float) -> bool:
+        # Each call runs a notifies() generator to its end: a suspended one holds the
+        # connection's lock, and a second one would wait for it forever.
+        return any(True for _ in conn.notifies(timeout=timeout, stop_after=1))
+
+    def close(self) -> None:
+        if self.connection is not None:
+            try:
+                self.connection.close()
+            except psycopg.Error:
+                pass
+        self.connection = None

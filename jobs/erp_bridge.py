@@ -34,11 +34,11 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Consumer, Producer
 from kombu.message import Message
 
-from core.broker import broker_connect, queue_depths
+from core.broker import broker_connect
 from core.logging import log_context
 from core.redact import redact_url, redact_urls_in
 from jobs import metrics
-from jobs.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, erp_events_queue
+from jobs.topology import PARKED_QUEUE_NAME, erp_events_queue
 
 log = structlog.get_logger("jobs.erp_bridge")
 
@@ -211,8 +211,3 @@ def erp_bridge_run(
                 last_activity = time.monotonic()
     log.info("erp_bridge_stopped", **bridge.counts)
     return dict(bridge.counts)
-
-
-def erp_bridge_status() -> dict[str, int | None]:
-    """Depths of the bridge's queues (for an operator command or a health check)."""
-    return queue_depths([ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME])

@@ -1,7 +1,7 @@
 """The event outbox relay (DESIGN.md 3.8): outbox rows -> `events.jobs`, at least once.
 
 Every transition writes an `EventOutbox` row in its own transaction
-(`jobs.services._audit_and_emit`). The relay publishes those rows to the topic exchange
+(`jobs.services.transitions`). The relay publishes those rows to the topic exchange
 `events.jobs` (routing key `job.status.changed`, `message_id = event_id`, persistent,
 JSON, publisher confirms, `mandatory`) and marks them `published_at` only after the
 broker's confirm, in the transaction that holds the row locks:
@@ -30,17 +30,23 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import amqp
 import structlog
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
-from kombu import Producer
 
-from core.broker import broker_connection, broker_connection_drop, channel_close_quietly
+from core.broker import (
+    Confirms,
+    PublishError,
+    broker_connection,
+    broker_connection_drop,
+    channel_close_quietly,
+)
 from jobs import metrics, sql
 from jobs.models import EventOutbox
 from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
@@ -48,99 +54,70 @@ from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
 log = structlog.get_logger("jobs.events")
 
 
-class EventPublishError(Exception):
+class EventPublishError(PublishError):
     """The broker nacked or returned (unroutable) an event, or its confirm timed out."""
 
 
-def event_publish(*, producer: Producer, payload: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class OutboxRow:
+    """A claimed outbox row, its payload as the JSON text the database holds (published
+    as it is: no decode and encode per event)."""
+
+    id: int
+    job_id: Any
+    seq: int
+    event_id: str
+    body: str
+
+
+def event_publish(*, channel: Any, event: OutboxRow) -> None:
     """Send one event on a confirm-mode channel (its confirm is awaited by the caller).
 
-    `mandatory`: an event that no queue receives (topology missing) comes back as a
-    basic.return, counted as a failure instead of a silent success.
+    Persistent, JSON, `message_id = event_id`, headers job_id and seq. `mandatory`: an
+    event that no queue receives (topology missing) comes back as a basic.return,
+    counted as a failure instead of a silent success.
     """
-    producer.publish(
-        payload,
-        exchange=EVENTS_EXCHANGE,
+    channel.basic_publish(
+        amqp.Message(
+            event.body.encode("utf-8"),
+            content_type="application/json",
+            content_encoding="utf-8",
+            delivery_mode=2,
+            message_id=event.event_id,
+            application_headers={"job_id": str(event.job_id), "seq": event.seq},
+        ),
+        exchange=EVENTS_EXCHANGE.name,
         routing_key=EVENT_ROUTING_KEY,
-        serializer="json",
-        delivery_mode=2,  # persistent
         mandatory=True,
-        message_id=payload["event_id"],
-        headers={"job_id": payload["job_id"], "seq": payload["seq"]},
-        retry=False,
-        declare=[],  # topology belongs to setup_topology
-        timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS,
     )
 
 
-@dataclass
-class _Confirms:
-    """Publisher confirms of one channel: delivery tags 1, 2, ... in publish order."""
-
-    sent: int = 0
-    pending: set[int] = field(default_factory=set)
-    failures: list[str] = field(default_factory=list)
-
-    def on_sent(self) -> None:
-        self.sent += 1
-        self.pending.add(self.sent)
-
-    def _settle(self, tag: int, multiple: bool) -> set[int]:
-        settled = {t for t in self.pending if t <= tag} if multiple else {tag} & self.pending
-        self.pending -= settled
-        return settled
-
-    def on_ack(self, tag: int, multiple: bool) -> None:
-        self._settle(tag, multiple)
-
-    def on_nack(self, tag: int, multiple: bool) -> None:
-        self.failures.append(f"nacked: {sorted(self._settle(tag, multiple))}")
-
-    def on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
-        # A return precedes the message's ack; the ack alone would look like success.
-        self.failures.append(f"returned by {exchange}/{routing_key}: {exc}")
-
-
-def events_publish(*, payloads: list[dict[str, Any]]) -> None:
+def events_publish(*, events: list[OutboxRow]) -> None:
     """Publish a batch of events and wait until the broker confirmed every one.
 
-    1. Connect (one quick attempt: the dispatcher loop is the retry and must not
-       stall) and open a channel in confirm mode.
-    2. Send every event without waiting (in order, on one channel: RabbitMQ keeps
-       that order into each queue).
-    3. Drain until each delivery tag is acked, or raise EventPublishError on a nack,
-       a return or JOBOPS_PUBLISH_TIMEOUT_SECONDS. A raise means the caller marks
-       nothing; events already confirmed go out again later (at least once).
+    1. This thread's connection (one quick connect attempt: the dispatcher loop is the
+       retry and must not stall), a channel in confirm mode (core.broker.Confirms).
+    2. Send every event without waiting (in order, on one channel: RabbitMQ keeps that
+       order into each queue).
+    3. Wait once until each is confirmed; EventPublishError on a nack, a return or
+       JOBOPS_PUBLISH_TIMEOUT_SECONDS. A raise means the caller marks nothing; events
+       already confirmed go out again later (at least once).
     """
-    timeout = settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS
-    # Not kombu's confirm_publish mode, which waits for each message's confirm in turn
-    # (one round trip per event): confirms are selected on this channel and awaited
-    # once for the whole batch.
     conn = broker_connection()
     try:
         channel = conn.channel()
-    except Exception:
-        broker_connection_drop(conn)
-        raise
-    confirms = _Confirms()
-    try:
-        channel.events["basic_ack"].add(confirms.on_ack)
-        channel.events["basic_nack"].add(confirms.on_nack)
-        channel.events["basic_return"].add(confirms.on_return)
-        channel.confirm_select()
-        producer = Producer(channel, auto_declare=False)
-        for payload in payloads:
-            event_publish(producer=producer, payload=payload)
-            confirms.on_sent()
-        deadline = time.monotonic() + timeout
-        while confirms.pending and not confirms.failures:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = len(confirms.pending)
-                raise EventPublishError(f"{missing} confirms missing after {timeout} s")
-            conn.drain_events(timeout=remaining)
-        if confirms.failures:
-            raise EventPublishError("; ".join(confirms.failures[:5]))
+        confirms = Confirms.select(channel)
+        for event in events:
+            event_publish(channel=channel, event=event)
+            confirms.published()
+        try:
+            confirms.wait(timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS)
+        except PublishError as exc:
+            raise EventPublishError(str(exc)) from exc
+        if confirms.nacked or confirms.returned:
+            why = [f"nacked: {sorted(confirms.nacked)}"] if confirms.nacked else []
+            why += [reason for _, reason in confirms.returned]
+            raise EventPublishError("; ".join(why[:5]))
     except Exception:
         broker_connection_drop(conn)  # the channel's state is unknown: start afresh
         raise
@@ -149,10 +126,11 @@ def events_publish(*, payloads: list[dict[str, Any]]) -> None:
 
 def _mark_published(ids: list[int]) -> None:
     """Mark rows relayed; runs in the claim's transaction, after every confirm."""
-    EventOutbox.objects.filter(id__in=ids).update(published_at=timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute(sql.OUTBOX_MARK, {"ids": ids})
 
 
-def _publishable(rows: list[EventOutbox]) -> list[EventOutbox]:
+def _publishable(rows: list[OutboxRow]) -> list[OutboxRow]:
     """Drop claimed rows that a lower unpublished seq outside the claim must precede."""
     if not rows:
         return rows
@@ -162,7 +140,7 @@ def _publishable(rows: list[EventOutbox]) -> list[EventOutbox]:
             {"job_ids": list({r.job_id for r in rows}), "ids": [r.id for r in rows]},
         )
         blockers = dict(cursor.fetchall())
-    kept: list[EventOutbox] = []
+    kept: list[OutboxRow] = []
     held: dict[Any, int] = defaultdict(int)
     for row in rows:
         floor = blockers.get(row.job_id)
@@ -175,41 +153,45 @@ def _publishable(rows: list[EventOutbox]) -> list[EventOutbox]:
     return kept
 
 
-def outbox_relay_batch(*, limit: int = 500) -> int:
+# One claim, one confirm wait and one mark per this many events.
+RELAY_BATCH = 1000
+
+
+def outbox_relay_batch(*, limit: int = RELAY_BATCH) -> int:
     """Relay one claimed batch; returns the number of rows published and marked.
 
     1. In one transaction, claim up to `limit` unpublished rows in `id` order with
-       `FOR UPDATE SKIP LOCKED` (rows another relay holds are skipped).
+       `FOR UPDATE SKIP LOCKED` (rows another relay holds are skipped), each payload as
+       the JSON text the database holds.
     2. Keep only rows that no lower-seq unpublished row of their job outside the
        claim precedes (per-job seq order across relays; see the module docstring).
-    3. Publish the kept rows and wait for every confirm (an exception rolls back:
+    3. Publish the kept rows and wait once for every confirm (an exception rolls back:
        nothing marked).
-    4. Mark the published rows `published_at`, then commit (releasing the locks).
+    4. Mark the published rows `published_at` in one statement, then commit.
     """
     with transaction.atomic():
-        claim = (
-            EventOutbox.objects.select_for_update(skip_locked=True)
-            .filter(published_at__isnull=True)
-            .order_by("id")
-        )
-        rows = _publishable(list(claim[:limit]))
+        with connection.cursor() as cursor:
+            cursor.execute(sql.OUTBOX_CLAIM, {"limit": limit})
+            rows = _publishable([OutboxRow(*row) for row in cursor.fetchall()])
         if not rows:
             return 0
-        events_publish(payloads=[row.payload for row in rows])
+        events_publish(events=rows)
         _mark_published([row.id for row in rows])
     return len(rows)
 
 
-def outbox_relay_once(*, limit: int = 1000) -> int:
-    """Relay unpublished events until none is left or `limit` rows went out.
+def outbox_relay_once(*, limit: int = 100_000, seconds: float = 1.0) -> int:
+    """Relay unpublished events until none is left, `limit` rows went out or `seconds`
+    passed (the dispatcher calls this every loop and has other steps to run).
 
-    The dispatcher calls this every loop. A batch can stop early when rows wait for
-    a lower seq held by another relay; those go out in a later run. Broker errors
-    propagate (the dispatcher logs them); nothing is marked for an unconfirmed event.
+    A batch can stop early when rows wait for a lower seq held by another relay; those
+    go out in a later run. Broker errors propagate (the dispatcher logs them); nothing
+    is marked for an unconfirmed event.
     """
     total = 0
-    while total < limit:
-        relayed = outbox_relay_batch(limit=min(100, limit - total))
+    deadline = time.monotonic() + seconds
+    while total < limit and time.monotonic() < deadline:
+        relayed = outbox_relay_batch(limit=min(RELAY_BATCH, limit - total))
         if relayed == 0:
             break
         total += relayed

@@ -44,6 +44,12 @@ class Job(models.Model):
     traceparent = models.CharField(max_length=55, null=True, blank=True)
     # Bumped by every write except heartbeats; the API's ETag is "<id>-<version>".
     version = models.PositiveIntegerField(default=1)
+    # The head (seq, chain_hash) of the job's audit chain. The statement that changes
+    # the job appends its audit entry from here under the row lock it already holds,
+    # so a transition is one round trip (jobs/sql.py); the insert-at-head trigger on
+    # audit_logs still refuses any entry that does not continue the chain.
+    audit_seq = models.PositiveIntegerField(default=0, db_default=0)
+    audit_head = models.CharField(max_length=64, default="0" * 64, db_default="0" * 64)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -73,6 +79,23 @@ class Job(models.Model):
             # The API list: the caller's jobs, newest first.
             models.Index(fields=["owner", "-created_at"], name="jobs_owner_created_idx"),
             models.Index(fields=["-created_at"], name="jobs_created_idx"),
+            # Operator dashboard: unfinished jobs per queue and status (however many ended).
+            models.Index(
+                fields=["queue", "status"],
+                name="jobs_unfinished_idx",
+                condition=Q(status__in=["pending", "queued", "running", "retrying"]),
+            ),
+            # Portal search: a job by the request id or idempotency key a caller quotes.
+            models.Index(
+                fields=["request_id"],
+                name="jobs_request_id_idx",
+                condition=Q(request_id__isnull=False),
+            ),
+            models.Index(
+                fields=["idempotency_key"],
+                name="jobs_idempotency_key_idx",
+                condition=Q(idempotency_key__isnull=False),
+            ),
             # Dispatcher: pending jobs to (re)publish, oldest first.
             models.Index(
                 fields=["created_at"], name="jobs_pending_idx", condition=Q(status=Status.PENDING)
@@ -246,6 +269,8 @@ class DeadLetter(models.Model):
                 name="dl_open_queue_code_idx",
                 condition=Q(state="open"),
             ),
+            # Operator dashboard: failures of the last 24 hours by error code.
+            models.Index(fields=["created_at"], name="dl_created_idx"),
         ]
 
     def __str__(self) -> str:

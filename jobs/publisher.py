@@ -18,7 +18,13 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 
-from core.broker import broker_connection, broker_connection_drop
+from core.broker import (
+    Confirms,
+    PublishError,
+    broker_connection,
+    broker_connection_drop,
+    channel_close_quietly,
+)
 from core.tracing import publish_span
 from jobs.models import Job
 from jobs.types import get_type
@@ -56,37 +62,62 @@ def message_headers(job: Job) -> dict[str, Any]:
     return headers
 
 
-def message_publish(*, job: Job, timeout: float | None = None) -> None:
-    """Publish one job's message and wait for the broker's confirm.
+def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[str, str]:
+    """Publish one message per job and wait once for the broker's confirms of them all.
 
-    Raises on any failure: connection refused, an unroutable message (`mandatory`
-    makes RabbitMQ return it, and py-amqp raises), a nack, a confirm timeout.
-    `timeout` bounds the connect and the confirm (JOBOPS_PUBLISH_TIMEOUT_SECONDS).
+    1. A channel of this thread's connection in confirm mode (core.broker), `mandatory`
+       publishes: no wait between messages, so a batch costs one round trip.
+    2. Wait until every delivery tag is settled, at most `timeout`
+       (JOBOPS_PUBLISH_TIMEOUT_SECONDS).
+    Returns {job id: why} for the messages the broker refused (nacked, or returned as
+    unroutable); every other job's message is confirmed. Raises PublishError (or the
+    connection error) when the broker cannot be reached or confirms are missing: then
+    no job of the batch may count as published (a repeat is harmless, the claim fences
+    it).
     """
     timeout = timeout or settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS
-    spec = get_type(job.type)
-    assert spec is not None
-    headers = message_headers(job)
     app = current_app
-    # Fail fast (one connect attempt): the caller is an API request or the dispatcher
-    # loop, and the job is safe in the database either way.
-    conn = broker_connection(confirm=True, timeout=timeout)
+    conn = broker_connection(timeout=timeout)
+    tags: dict[int, str] = {}
+    task_jobs: dict[str, str] = {}
     try:
-        producer = app.amqp.Producer(conn.default_channel, auto_declare=False)
-        with publish_span(traceparent=job.traceparent, job_id=str(job.id), job_type=job.type):
-            app.send_task(
-                spec.task_name,
-                args=[wire_payload(job)],
-                task_id=str(uuid.uuid4()),
-                producer=producer,
-                headers=headers,
-                mandatory=True,
-                retry=False,
-                # Topology belongs to setup_topology; an undeclared queue must fail
-                # loudly (unroutable) rather than be created here with whatever arguments.
-                declare=[],
-                confirm_timeout=timeout,
-            )
+        channel = conn.channel()
+        confirms = Confirms.select(channel)
+        producer = app.amqp.Producer(channel, auto_declare=False)
+        for job in jobs:
+            spec = get_type(job.type)
+            assert spec is not None
+            task_id = str(uuid.uuid4())
+            with publish_span(traceparent=job.traceparent, job_id=str(job.id), job_type=job.type):
+                app.send_task(
+                    spec.task_name,
+                    args=[wire_payload(job)],
+                    task_id=task_id,
+                    producer=producer,
+                    headers=message_headers(job),
+                    mandatory=True,
+                    retry=False,
+                    # Topology belongs to setup_topology; an undeclared queue must fail
+                    # loudly (unroutable) rather than be created here with other arguments.
+                    declare=[],
+                )
+            tags[confirms.published()], task_jobs[task_id] = str(job.id), str(job.id)
+        confirms.wait(timeout=timeout)
     except Exception:
-        broker_connection_drop(conn)
+        broker_connection_drop(conn)  # the channel's state is unknown: start afresh
         raise
+    channel_close_quietly(channel)
+    refused = {tags[tag]: "nacked by the broker" for tag in confirms.nacked}
+    # Celery sets the message's correlation_id to its task id.
+    for properties, why in confirms.returned:
+        job_id = task_jobs.get(str(properties.get("correlation_id")))
+        if job_id is not None:
+            refused[job_id] = why
+    return refused
+
+
+def message_publish(*, job: Job, timeout: float | None = None) -> None:
+    """Publish one job's message and wait for its confirm; raises when it was refused."""
+    refused = messages_publish(jobs=[job], timeout=timeout)
+    if refused:
+        raise PublishError(refused[str(job.id)])

@@ -6,14 +6,24 @@ cannot be probed.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.postgres.expressions import ArraySubquery
+from django.db import connection
+from django.db.models import OuterRef, QuerySet
+from django.db.models.functions import JSONObject
 
+from audit.models import ActorType, AuditLog
+from audit.services import job_chain
+from jobs import sql
 from jobs.exceptions import JobNotFoundError
-from jobs.models import Artefact, Job
+from jobs.models import Artefact, DeadLetter, Job
+from jobs.states import Status
 
 
 def job_visible_queryset(*, user: Any) -> QuerySet[Job]:
@@ -33,11 +43,35 @@ def job_version_for_user(*, job_id: uuid.UUID, user: Any) -> int | None:
     )
 
 
+# An artefact's fields as the job body shows them, aggregated into the job's own query.
+_ARTEFACT_JSON = JSONObject(
+    id="id", kind="kind", name="name", content_type="content_type", sha256="sha256", size="size"
+)
+
+
 def job_get_for_user(*, job_id: uuid.UUID, user: Any) -> Job:
-    """The job with its artefacts (the body lists them), or JobNotFoundError."""
-    job = job_visible_queryset(user=user).prefetch_related("artefacts").filter(id=job_id).first()
+    """The job with its artefacts (the body lists them), or JobNotFoundError.
+
+    One query: the artefacts come as a JSON array of the same row and are kept as
+    `job.artefact_list`, which the body serializer reads before `job.artefacts`.
+    """
+    artefacts = (
+        Artefact.objects.filter(job_id=OuterRef("id"))
+        .order_by("kind", "name")
+        .values(json=_ARTEFACT_JSON)
+    )
+    job = (
+        job_visible_queryset(user=user)
+        .annotate(artefact_rows=ArraySubquery(artefacts))
+        .filter(id=job_id)
+        .first()
+    )
     if job is None:
         raise JobNotFoundError()
+    job.artefact_list = [  # type: ignore[attr-defined]
+        Artefact(job_id=job.id, **row)
+        for row in job.artefact_rows  # type: ignore[attr-defined]
+    ]
     return job
 
 
@@ -80,3 +114,125 @@ def job_get(*, job_id: uuid.UUID | str) -> Job:
     if job is None:
         raise JobNotFoundError(f"No job {job_id}.")
     return job
+
+
+def job_counts_by_queue(*, finished_hours: int = 24) -> dict[str, dict[str, Any]]:
+    """Per queue, for the operator dashboard (two statements, whatever the table's size):
+
+    `unfinished` {status: count} for jobs not yet ended; `finished` {status: count} for
+    jobs created in the last `finished_hours` that ended; `oldest_pending_seconds`;
+    `stale_locks` (running, lock older than JOBOPS_LOCK_TIMEOUT); `retries_due`.
+    """
+    queues: dict[str, dict[str, Any]] = {}
+
+    def entry(queue: str) -> dict[str, Any]:
+        return queues.setdefault(
+            queue,
+            {
+                "unfinished": {},
+                "finished": {},
+                "oldest_pending_seconds": None,
+                "stale_locks": 0,
+                "retries_due": 0,
+            },
+        )
+
+    with connection.cursor() as cursor:
+        cursor.execute(sql.QUEUE_UNFINISHED, {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
+        for queue, status, count, pending_age, stale, due in cursor.fetchall():
+            row = entry(queue)
+            row["unfinished"][status] = count
+            if status == Status.PENDING and pending_age is not None:
+                row["oldest_pending_seconds"] = max(0.0, float(pending_age))
+            row["stale_locks"] += stale
+            row["retries_due"] += due
+        cursor.execute(sql.QUEUE_FINISHED_SINCE, {"hours": int(finished_hours)})
+        for queue, status, count in cursor.fetchall():
+            entry(queue)["finished"][status] = count
+    return queues
+
+
+def job_health_gauges() -> dict[str, float | None]:
+    """The on-call figures of DESIGN.md 8 as of now (one statement, sql.GAUGES): the
+    oldest pending job, stale locks, outbox lag and backlog, and the newest checkpoint's
+    age (None when none was ever written)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.GAUGES, {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
+        pending_age, stale, lag, unpublished, checkpoint_age = cursor.fetchone()
+    return {
+        "oldest_pending_seconds": max(0.0, float(pending_age or 0)),
+        "stale_locks": float(stale),
+        "outbox_lag_seconds": max(0.0, float(lag or 0)),
+        "outbox_unpublished": float(unpublished),
+        "checkpoint_age_seconds": None if checkpoint_age is None else float(checkpoint_age),
+    }
+
+
+def job_timeline(*, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
+    """The job's audit trail for a person: each entry with its time, event, who did it
+    (a username, or the system part) and what it said. Runs of `progress` entries
+    collapse into one (with their count and last value). Three queries: the chain,
+    the users it names, the dead letters it names (for the justifications)."""
+    rows = list(AuditLog.objects.filter(chain=job_chain(job_id)).order_by("seq"))
+    data = {row.seq: _payload_data(row) for row in rows}
+    user_ids = {r.actor_id for r in rows if r.actor_type == ActorType.USER and r.actor_id.isdigit()}
+    names = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "username"))
+    letters = {
+        d.get("dead_letter_id") for d in data.values() if d.get("dead_letter_id") is not None
+    }
+    justifications = dict(
+        DeadLetter.objects.filter(id__in=letters).values_list("id", "justification")
+    )
+    entries: list[dict[str, Any]] = []
+    for row in rows:
+        details = data[row.seq]
+        if row.event_type == "progress" and entries and entries[-1]["event"] == "progress":
+            entries[-1].update(count=entries[-1]["count"] + 1, data=details, last_ts=row.ts)
+            continue
+        if row.actor_type == ActorType.USER:
+            actor = names.get(int(row.actor_id)) if row.actor_id.isdigit() else None
+            actor = actor or f"user #{row.actor_id}"
+        else:
+            actor = f"{row.actor_type}: {row.actor_id}"
+        entries.append(
+            {
+                "seq": row.seq,
+                "ts": row.ts,
+                "last_ts": row.ts,
+                "event": row.event_type,
+                "actor": actor,
+                "count": 1,
+                "data": details,
+                "justification": justifications.get(details.get("dead_letter_id") or 0),
+            }
+        )
+    for entry in entries:
+        entry["summary"] = _summary(entry["event"], entry["data"])
+    return entries
+
+
+def _summary(event: str, data: dict[str, Any]) -> str:
+    """What an audit entry says, in a line: `running → failed · attempt 2 · FATAL`."""
+    parts = []
+    if data.get("from") or data.get("to"):
+        parts.append(f"{data.get('from') or '∅'} → {data.get('to')}")
+    if data.get("attempt"):
+        parts.append(f"attempt {data['attempt']}")
+    if event == "progress" and data.get("percent") is not None:
+        parts.append(f"{data['percent']}%" + (f" {data['step']}" if data.get("step") else ""))
+    for key in ("error_code", "reason", "queue"):
+        if data.get(key):
+            parts.append(str(data[key]))
+    if data.get("delay_ms"):
+        parts.append(f"retry in {data['delay_ms'] / 1000:.1f} s")
+    if data.get("message_id"):
+        parts.append(f"message {str(data['message_id'])[:24]}")
+    return " · ".join(parts)
+
+
+def _payload_data(row: AuditLog) -> dict[str, Any]:
+    try:
+        data = json.loads(row.payload).get("data") or {}
+    except (ValueError, AttributeError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -11,6 +11,8 @@ becomes SQL text.
 
 from __future__ import annotations
 
+import functools
+
 # --- conditions, written once ----------------------------------------------------------
 
 # The worker that claimed this attempt still holds the job (DESIGN.md 3.4 fencing).
@@ -26,27 +28,138 @@ RETRY_IS_DUE = "(jobs.status <> 'retrying' OR jobs.next_run_at <= now())"
 MONOTONIC_PERCENT = "GREATEST(jobs.progress_percent, %(percent)s)"
 
 
-# --- transition: the one compare-and-set of DESIGN.md 3.4 -------------------------------
+# --- the job-chain append: every change of a job and its audit entry, one statement -----
+
+# Who holds the checkpoint barrier (audit.services.CHECKPOINT_BARRIER) in shared mode:
+# every append, so that a checkpoint (exclusive) never skips an entry in flight.
+BARRIER = "pg_advisory_xact_lock_shared(hashtextextended(%(barrier)s, 0))"
+
+# What fills each hole of an entry's canonical payload (audit.canonical.Hole), read
+# from the locked row `j` as it was before the change.
+HOLES = {
+    "seq": "(j.audit_seq + 1)::text",
+    "from": "j.status",
+    "attempt": "(j.attempts + %(attempt_inc)s)::text",
+    "percent": "GREATEST(j.progress_percent, %(percent)s)::text",
+}
+# The entry's hash: sha256(previous head bytes + payload bytes), as audit.canonical.
+CHAIN_HASH = (
+    "encode(sha256(decode(old.audit_head, 'hex') || convert_to(old.payload, 'UTF8')), 'hex')"
+)
 
 
-def transition_sql(*, assignments: list[str], conditions: list[str], columns: list[str]) -> str:
-    """`UPDATE jobs` for one transition: status IN sources plus `conditions`.
+@functools.lru_cache(maxsize=256)
+def job_append_sql(
+    *,
+    holes: tuple[str, ...],
+    assignments: tuple[str, ...],
+    conditions: tuple[str, ...],
+    columns: tuple[str, ...],
+    emit: bool,
+    notify: bool = False,
+) -> str:
+    """One statement that changes jobs and appends each one's audit entry (and event).
 
-    The FOR UPDATE subquery locks the row first and reads the status this UPDATE
-    replaces, so the result names the previous status (the audit entry's `from`).
-    Returns `old.status` and then the job's `columns` (in the model's order, which the
-    table's may not be). `assignments` and `conditions` are fragments of this module,
-    chosen by `jobs.services.transitions`.
+    1. `old`: lock the jobs (`FOR UPDATE`, in id order so that batches never deadlock)
+       and take the checkpoint barrier; build each entry's payload from its template
+       pieces (`%(p0)s`..., one array element per job) and `holes` (HOLES, in template
+       order), from the row as it is before the change.
+    2. `upd`: the compare-and-set UPDATE (`conditions`; zero rows: nothing is written),
+       which also moves the chain's head (audit_seq, audit_head) on the row.
+    3. `audit`: the entry, continuing the head the row held (the insert-at-head trigger
+       checks it again); `outbox` (with `emit`): the job.status.changed event; with
+       `notify`, NOTIFY jobs_pending (the jobs wait to be published).
+    Returns each changed job's previous status, then its `columns`. Built once per
+    combination of options (cached: the callers' fragments are constants).
     """
+    pieces = [f"%(p{n})s::text[]" for n in range(len(holes) + 1)]
+    payload = " || ".join(
+        part
+        for n, hole in enumerate([*holes, None])
+        for part in ([f"i.p{n}"] + ([HOLES[hole]] if hole else []))
+    )
     sets = ", ".join(
-        ["status = %(target)s", "version = jobs.version + 1", "updated_at = now()", *assignments]
+        [
+            *assignments,
+            "audit_seq = jobs.audit_seq + 1",
+            f"audit_head = {CHAIN_HASH}",
+        ]
     )
-    where = " AND ".join(["jobs.id = old.id", "jobs.status = ANY(%(sources)s)", *conditions])
+    where = " AND ".join(["jobs.id = old.id", *conditions])
+    returned = ", ".join(f"upd.{c}" for c in columns)
+    emit_cte = (
+        ", outbox AS (INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at) "
+        "SELECT u.eid, u.id, u.audit_seq, jsonb_build_object("
+        "'event_id', u.eid::text, 'type', 'job.status.changed', 'job_id', u.id::text, "
+        "'job_type', u.type, 'seq', u.audit_seq, 'status', u.status, "
+        "'previous_status', u.old_status, 'progress', u.progress_percent, "
+        "'attempt', u.attempts, 'timestamp', %(ts_text)s::text, "
+        "'request_id', u.request_id, 'correlation_id', u.correlation_id), now() "
+        # A volatile call in a subquery's select list runs once per row: one id each.
+        "FROM (SELECT upd.*, gen_random_uuid() AS eid FROM upd) u)"
+        if emit
+        else ""
+    )
     return (
-        f"UPDATE jobs SET {sets} "
-        "FROM (SELECT id, status FROM jobs WHERE id = %(job_id)s FOR UPDATE) AS old "
-        f"WHERE {where} RETURNING old.status, {', '.join(f'jobs.{c}' for c in columns)}"
+        f"WITH i AS (SELECT * FROM unnest(%(ids)s::uuid[], {', '.join(pieces)}) "
+        f"AS i(id, {', '.join(f'p{n}' for n in range(len(pieces)))})), "
+        "old AS (SELECT j.id, j.status, j.audit_head, "
+        f"{payload} AS payload FROM jobs j JOIN i ON i.id = j.id CROSS JOIN {BARRIER} "
+        "ORDER BY j.id FOR UPDATE OF j), "
+        f"upd AS (UPDATE jobs SET {sets} FROM old WHERE {where} RETURNING "
+        "old.status AS old_status, old.audit_head AS prev_hash, old.payload AS payload, "
+        f"{', '.join(f'jobs.{c}' for c in columns)}), "
+        "audit AS (INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, "
+        "actor_id, ts, payload, prev_hash, chain_hash) SELECT 'job:' || upd.id::text, "
+        "upd.id, upd.audit_seq, %(event_type)s, %(actor_type)s, %(actor_id)s, %(ts)s, "
+        "upd.payload, upd.prev_hash, upd.audit_head FROM upd)"
+        f"{emit_cte} SELECT upd.old_status, {returned} FROM upd"
+        + (
+            f" CROSS JOIN LATERAL (SELECT {NOTIFY_PENDING} WHERE upd.id IS NOT NULL) n"
+            if notify
+            else ""
+        )
     )
+
+
+@functools.lru_cache(maxsize=4)
+def job_insert_sql(*, columns: tuple[str, ...]) -> str:
+    """Create a job (DESIGN.md 3.5) in one statement, atomic by itself.
+
+    The INSERT (`ON CONFLICT DO NOTHING`: an idempotency key already taken inserts
+    nothing, and the caller reads the existing job), the `created` entry (seq 1, its
+    hash computed by the caller: nothing of it is left for the database to fill), the
+    outbox event, and `NOTIFY jobs_pending`, which wakes the dispatcher to publish it
+    (delivered on commit). Returns the id when the job was inserted.
+    """
+    values = ", ".join(f"%(c_{c})s" for c in columns)
+    return (
+        f"WITH ins AS (INSERT INTO jobs ({', '.join(columns)}) VALUES ({values}) "
+        "ON CONFLICT DO NOTHING RETURNING id), "
+        "audit AS (INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, "
+        "actor_id, ts, payload, prev_hash, chain_hash) SELECT 'job:' || ins.id::text, ins.id, "
+        "1, 'created', %(actor_type)s, %(actor_id)s, %(ts)s, %(payload)s, %(prev_hash)s, "
+        f"%(chain_hash)s FROM ins CROSS JOIN {BARRIER}), "
+        "outbox AS (INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at) "
+        "SELECT %(event_id)s, ins.id, 1, %(event)s, now() FROM ins) "
+        f"SELECT ins.id FROM ins CROSS JOIN LATERAL (SELECT {NOTIFY_PENDING}) AS n"
+    )
+
+
+# Wakes the dispatchers (LISTEN jobs_pending): a job waits to be published. Delivered on
+# commit; identical notifications of one transaction arrive once.
+PENDING_CHANNEL = "jobs_pending"
+NOTIFY_PENDING = f"pg_notify('{PENDING_CHANNEL}', '')"
+
+# A transition's compare-and-set: only from the allowed source states.
+STATUS_IN_SOURCES = "jobs.status = ANY(%(sources)s)"
+SET_STATUS = ["status = %(target)s", "version = jobs.version + 1", "updated_at = now()"]
+SET_VERSION = ["version = jobs.version + 1", "updated_at = now()"]
+SET_CANCEL_REQUESTED = ["cancel_requested = true", *SET_VERSION]
+# Raising the flag is a change only for a job that has not ended and was not flagged yet.
+CANCEL_NOT_REQUESTED = (
+    "jobs.cancel_requested = false AND jobs.status NOT IN ('succeeded', 'failed', 'cancelled')"
+)
 
 
 # Assignments a transition may make, by named option of `transition()`.
@@ -76,15 +189,6 @@ HEARTBEAT = (
     "UPDATE jobs SET locked_at = now() WHERE id = %(job_id)s AND "
     + WORKER_HOLDS_LOCK
     + " RETURNING cancel_requested"
-)
-
-# progress_write: one coalesced progress value, fenced; bumps `version` (the ETag moves).
-PROGRESS_WRITE = (
-    "UPDATE jobs SET "
-    + ", ".join(SET_PROGRESS)
-    + ", version = jobs.version + 1, updated_at = now() WHERE id = %(job_id)s AND "
-    + WORKER_HOLDS_LOCK
-    + " RETURNING progress_percent"
 )
 
 # worker_lock: lock the job row for a fenced write beside it (an artefact), or nothing.
@@ -132,6 +236,17 @@ OUTBOX_BLOCKERS = (
 )
 
 
+# outbox_claim: a relay's batch, unpublished rows in id order (outbox_unpublished_idx),
+# rows another relay holds skipped; the payload as the JSON text stored, published as is.
+OUTBOX_CLAIM = (
+    "SELECT id, job_id, seq, event_id::text, payload::text FROM event_outbox "
+    "WHERE published_at IS NULL ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+)
+
+# outbox_mark: the claimed rows the broker confirmed, in the claim's transaction.
+OUTBOX_MARK = "UPDATE event_outbox SET published_at = now() WHERE id = ANY(%(ids)s)"
+
+
 # --- gauges (jobs/metrics.py) -------------------------------------------------------------
 
 # gauges: the oldest pending job, stale locks, outbox lag and backlog, and the newest
@@ -150,6 +265,30 @@ GAUGES = (
 
 # dead_letters_open: open dead letters per DLQ (dl_open_queue_code_idx).
 DEAD_LETTERS_OPEN = "SELECT queue, count(*) FROM dead_letters WHERE state = 'open' GROUP BY queue"
+
+
+# --- operator dashboard (jobs/selectors.py) ------------------------------------------------
+
+# queue_unfinished: per queue and status, the jobs not yet ended, with the queue's oldest
+# pending job, its running jobs whose lock is stale, and its retries already due. Served
+# by jobs_unfinished_idx (partial: only unfinished jobs, however many have
+# ended).
+QUEUE_UNFINISHED = (
+    "SELECT queue, status, count(*),"
+    " EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending')),"
+    " count(*) FILTER (WHERE status = 'running' AND " + LOCK_IS_STALE + "),"
+    " count(*) FILTER (WHERE status = 'retrying' AND next_run_at <= now())"
+    " FROM jobs WHERE status IN ('pending', 'queued', 'running', 'retrying')"
+    " GROUP BY queue, status"
+)
+# queue_finished_since: per queue and status, jobs created in the last `hours` that
+# ended (jobs_created_idx: a range of the newest rows, not the whole table).
+QUEUE_FINISHED_SINCE = (
+    "SELECT queue, status, count(*) FROM jobs"
+    " WHERE created_at >= now() - make_interval(hours => %(hours)s)"
+    " AND status IN ('succeeded', 'failed', 'cancelled')"
+    " GROUP BY queue, status"
+)
 
 
 # --- audit verification (jobs/audit_checks.py) ---------------------------------------------

@@ -16,7 +16,9 @@ from jobs.types import all_types
 
 
 def _make_task(name: str) -> Task:
-    @shared_task(name=name, bind=True)
+    # No Celery result row: the job row is the result (DESIGN.md 3.2), and a result
+    # write per job would double the database work of a short job.
+    @shared_task(name=name, bind=True, ignore_result=True)
     def run(self: Task, payload: Any) -> dict[str, Any]:
         from jobs.runtime import job_execute
 

@@ -1,16 +1,38 @@
-"""Suite-wide fixtures. Every test talks to the real PostgreSQL, RabbitMQ and Redis."""
+"""Suite-wide fixtures. Every test talks to the real PostgreSQL, RabbitMQ and Redis.
+
+The toolkit has one conftest layer per package: this file for what several packages
+need (the flush of the append-only tables, the broker, the ERP queues, log capture, an
+OTP-verified admin), `tests/<package>/conftest.py` for that package's own fixtures.
+Helpers are plain modules, imported by name (never from a conftest):
+
+- tests.factories: users (factory_boy), jobs through the services (`make_job`,
+  `job_in_state`), API and admin clients;
+- tests.polling: `wait_for`, a condition polled until a deadline, failing loudly;
+- tests.queues: the topology, queue depths and messages by raw AMQP;
+- tests.processes: real workers, dispatchers and manage.py runs on the test database;
+- tests.threads: `run_in_threads`, a race on purpose;
+- tests.handlers, tests.erp_receiver: what subprocesses run, an ERP stand-in.
+"""
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import OperationalError
 from django.db.backends.postgresql.operations import DatabaseOperations
+from kombu import Connection
 from psycopg.errors import DeadlockDetected
 
-# `broker` fixture (topology declared, queues purged) for every test package.
-pytest_plugins = ["tests.workers"]
+from core.logging import formatter
+from tests.factories import UserFactory, otp_login
+from tests.queues import topology_declare_and_purge
 
 APPEND_ONLY_TABLES = ("audit_logs", "audit_checkpoints")
 FLUSH_ATTEMPTS = 5
@@ -47,18 +69,50 @@ def _allow_flush_of_append_only_tables():
 
 
 @pytest.fixture
+def broker() -> Iterator[None]:
+    """The topology of DESIGN.md 4 declared in this run's vhost, every queue of it
+    purged before and after the test."""
+    topology_declare_and_purge()
+    yield
+    topology_declare_and_purge()
+
+
+@pytest.fixture
+def amqp(broker: None) -> Iterator[Any]:
+    """A raw py-amqp channel on BROKER_URL (the vhost of this run), topology in place."""
+    with Connection(django_settings.BROKER_URL, connect_timeout=10) as conn:
+        yield conn.channel()
+
+
+@pytest.fixture
+def erp_queues(broker: None, settings: Any) -> None:
+    """Topology declared (erp.events and the ERP bridge's parked queue among it, both
+    empty); fast bridge timings."""
+    settings.JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS = 0.05
+    settings.JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS = 0.2
+    settings.JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS = 0.5
+
+
+@pytest.fixture
+def json_log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """Every log line of this process from here on, rendered by the production JSON
+    chain (core/logging.py) with the context bound at the time; call it to read them."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter(json=True))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    level = root.level
+    root.setLevel(logging.INFO)
+    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    root.removeHandler(handler)
+    root.setLevel(level)
+
+
+@pytest.fixture
 def otp_admin_client(client):
     """A client logged in as a superuser whose session passed OTP verification."""
-    from django_otp import DEVICE_ID_SESSION_KEY
-    from django_otp.plugins.otp_totp.models import TOTPDevice
-
-    from tests.factories import UserFactory
-
     user = UserFactory(username="otp-admin", is_staff=True, is_superuser=True)
-    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
-    client.force_login(user)
-    session = client.session
-    session[DEVICE_ID_SESSION_KEY] = device.persistent_id
-    session.save()
+    otp_login(client, user)
     client.user = user
     return client

@@ -18,8 +18,7 @@ from jobs import metrics
 from jobs.events import outbox_relay_once
 from jobs.metrics import metrics_refresh_gauges
 from jobs.models import DeadLetter, EventOutbox, Job
-from jobs.states import Status
-from tests.factories import make_job
+from tests.factories import backdate, job_in_state, make_job
 
 TOKEN = "metrics-token-for-tests-0123456789"
 
@@ -87,13 +86,9 @@ def test_gauges_are_computed_from_real_rows(client, settings):
     old_pending = make_job()
     Job.objects.filter(id=old_pending.id).update(created_at=now - timedelta(seconds=300))
     make_job()  # a fresh pending job does not lower the oldest age
-    stale, live = make_job(), make_job()
-    Job.objects.filter(id=stale.id).update(
-        status=Status.RUNNING, locked_by="w1", attempts=1, locked_at=now - timedelta(seconds=120)
-    )
-    Job.objects.filter(id=live.id).update(
-        status=Status.RUNNING, locked_by="w2", attempts=1, locked_at=now
-    )
+    stale = job_in_state("running", worker="w1")
+    backdate(stale, locked_at=120)
+    job_in_state("running", worker="w2")  # a live lock
     EventOutbox.objects.filter(job_id=old_pending.id).update(created_at=now - timedelta(seconds=90))
     AuditCheckpoint.objects.create(
         created_at=now - timedelta(seconds=45),
@@ -110,7 +105,8 @@ def test_gauges_are_computed_from_real_rows(client, settings):
     assert 299 <= values["oldest_pending_age"] < 330
     assert values["stale_locks"] == 1
     assert 89 <= values["outbox_lag"] < 120
-    assert values["outbox_unpublished"] == 4  # one `created` event per job
+    # One `created` event per job, and `queued`, `started` of each running one.
+    assert values["outbox_unpublished"] == 8
     assert 44 <= values["checkpoint_age"] < 75
 
     text = client.get("/metrics").content.decode()

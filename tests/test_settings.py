@@ -5,18 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SAFE = {
-    "DEBUG": "false",
-    "SECRET_KEY": "k3y-" + "0123456789abcdef" * 4,
-    "ALLOWED_HOSTS": "jobops.example.com",
-    "AUDIT_SIGNING_KEY": "a" * 40,
-    "METRICS_TOKEN": "m" * 32,
-}
+from tests.processes import PRODUCTION_SAFE as SAFE
+from tests.processes import ROOT
 
 
 def _start(**overrides: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ import ast
 import subprocess
 from pathlib import Path
 
-from tests.workers import ROOT
+from tests.processes import ROOT
 
 PACKAGES = ("config", "core", "audit", "jobs", "dlq")
 

@@ -17,3 +17,13 @@ def drop_slash_aliases(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> list[
         if not (endpoint[0].endswith("/") and endpoint[0].rstrip("/") in paths)
         and "{unmatched}" not in endpoint[0]
     ]
+
+
+def close_request_bodies(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Mark the request bodies of `ClosedSerializer`s `additionalProperties: false`."""
+    from core.api.serializers import CLOSED_REQUEST_COMPONENTS
+
+    schemas = result.get("components", {}).get("schemas", {})
+    for name in CLOSED_REQUEST_COMPONENTS & set(schemas):
+        schemas[name]["additionalProperties"] = False
+    return result

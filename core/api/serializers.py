@@ -1,10 +1,23 @@
-"""Serializers every API area shares: strict fields, query filters, the error envelope."""
+"""Serializers every API area shares: strict fields, closed bodies, query filters, the
+error envelope.
+
+DRF's fields are lenient the way HTML forms need: "true", 1 and "yes" are booleans,
+"5.0" and 5.0 are the integer 5, an integer is a UUID. For a JSON API whose schema
+says `boolean`, `integer` or a UUID string, accepting other types means the schema
+lies (schemathesis' negative checks catch exactly that), so the API uses these.
+"""
 
 from __future__ import annotations
 
+import re
+import uuid
 from typing import Any
 
 from rest_framework import serializers
+
+# Request components (as drf-spectacular names them) whose serializer refuses unknown
+# fields; core.api.schema.close_request_bodies marks them additionalProperties: false.
+CLOSED_REQUEST_COMPONENTS: set[str] = set()
 
 
 class StrictCharField(serializers.CharField):
@@ -13,6 +26,59 @@ class StrictCharField(serializers.CharField):
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """JSON true or false only."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer, or (in a query string) only digits; no floats, no booleans."""
+
+    _DIGITS = re.compile(r"^-?[0-9]{1,18}$")
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int | str):
+            self.fail("invalid")
+        if isinstance(data, str) and not self._DIGITS.match(data):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID in its canonical hyphenated text form only."""
+
+    _CANONICAL = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
+
+    def to_internal_value(self, data: Any) -> uuid.UUID:
+        if not isinstance(data, str) or not self._CANONICAL.match(data):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
+class ClosedSerializer(serializers.Serializer):
+    """A request body that refuses fields it does not define (mass assignment, typos).
+
+    Subclasses are recorded so that the OpenAPI schema says so too.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        CLOSED_REQUEST_COMPONENTS.add(cls.__name__.removesuffix("Serializer") + "Request")
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: ["Unknown field; it cannot be set here."] for name in unknown}
+                )
         return super().to_internal_value(data)
 
 

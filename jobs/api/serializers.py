@@ -59,7 +59,7 @@ class JobOutputSerializer(serializers.Serializer):
     request_id = serializers.CharField(allow_null=True)
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
-    artefacts = ArtefactOutputSerializer(many=True)
+    artefacts = serializers.SerializerMethodField()
     last_error = serializers.SerializerMethodField()
     result = serializers.JSONField(allow_null=True)
 
@@ -73,6 +73,14 @@ class JobOutputSerializer(serializers.Serializer):
             if job.progress_updated_at
             else None,
         }
+
+    @extend_schema_field(ArtefactOutputSerializer(many=True))
+    def get_artefacts(self, job: Job) -> list[dict[str, Any]]:
+        # The selectors read them with the job (`artefact_list`); else the relation.
+        artefacts = getattr(job, "artefact_list", None)
+        if artefacts is None:
+            artefacts = job.artefacts.all()
+        return ArtefactOutputSerializer(artefacts, many=True, context=self.context).data
 
     @extend_schema_field(LastErrorSerializer(allow_null=True))
     def get_last_error(self, job: Job) -> dict[str, Any] | None:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import (
+    SpectacularAPIView,
+    SpectacularRedocView,
+    SpectacularSwaggerView,
+)
 
 from core.api.routing import with_slash_alias
 from jobs.api import views
@@ -22,4 +26,5 @@ urlpatterns = [
     ),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
 ]

@@ -24,9 +24,16 @@ from jobs.services.creation import (
     validate_params,
 )
 from jobs.services.dead_letters import job_fail_with_dead_letter
-from jobs.services.publishing import job_publish, job_publish_after_commit, publish_due_once
+from jobs.services.publishing import job_publish, publish_due_once
 from jobs.services.reaper import job_lock_is_stale, job_reclaim, reap_once
-from jobs.services.transitions import Fence, Progress, job_audit, transition
+from jobs.services.transitions import (
+    Fence,
+    Progress,
+    job_audit,
+    jobs_audit,
+    transition,
+    transition_many,
+)
 from jobs.services.worker import (
     WORKER,
     backoff_delay,
@@ -58,16 +65,17 @@ __all__ = [
     "job_lock_state",
     "job_progress_write",
     "job_publish",
-    "job_publish_after_commit",
     "job_reclaim",
     "job_release_idempotency_keys",
     "job_retry",
     "job_submit",
     "job_succeed",
+    "jobs_audit",
     "params_hash",
     "publish_due_once",
     "reap_once",
     "transition",
+    "transition_many",
     "validate_idempotency_key",
     "validate_params",
     "validate_result",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import models, transaction
-from django.utils import timezone
+from django.db import transaction
 
 from audit.services import Actor
+from jobs import sql
 from jobs.exceptions import JobCancelForbiddenError, JobNotFoundError, TransitionRefusedError
 from jobs.models import Job
 from jobs.selectors import job_visible_queryset
@@ -25,15 +25,14 @@ def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
        the flag is set and the worker will see it.
     """
     with transaction.atomic():
-        flagged = (
-            Job.objects.filter(id=job_id, cancel_requested=False)
-            .exclude(status__in=[Status.SUCCEEDED, Status.FAILED, Status.CANCELLED])
-            .update(
-                cancel_requested=True, version=models.F("version") + 1, updated_at=timezone.now()
-            )
+        # The flag and its entry in one statement; nothing when already raised or ended.
+        job_audit(
+            job_id=job_id,
+            event_type="cancel_requested",
+            actor=actor,
+            assignments=sql.SET_CANCEL_REQUESTED,
+            conditions=[sql.CANCEL_NOT_REQUESTED],
         )
-        if flagged:
-            job_audit(job_id=job_id, event_type="cancel_requested", actor=actor)
         try:
             return transition(
                 job_id=job_id,

@@ -34,10 +34,9 @@ from jobs.exceptions import (
     JobTypeUnknownError,
     PayloadTooLargeError,
 )
-from jobs.models import Artefact, Job
+from jobs.models import Job
 from jobs.selectors import job_key_exists
-from jobs.services.publishing import job_publish_after_commit
-from jobs.services.transitions import audit_and_emit
+from jobs.services.transitions import job_insert
 from jobs.states import Status
 from jobs.types import get_type
 
@@ -105,11 +104,12 @@ def job_create(
     """Create a job, or return the one this idempotency key already made.
 
     1. Validate type, params and key (nothing is written for bad input).
-    2. INSERT ... ON CONFLICT DO NOTHING, then read the row by (owner, key): if it is
-       ours the job is new; concurrent identical requests all read the one winner.
-    3. A different (type, params) under the same key is a mismatch error; a key past
-       its retention is released and the insert runs again.
-    4. A new job's `created` audit entry and event share the insert's transaction.
+    2. One statement: INSERT ... ON CONFLICT DO NOTHING with the `created` entry, the
+       event and NOTIFY jobs_pending (jobs.services.transitions.job_insert); the
+       dispatcher publishes the job.
+    3. Nothing inserted: read the row by (owner, key). A different (type, params) under
+       the same key is a mismatch error; a key past its retention is released and the
+       insert runs again.
     Returns (job, created).
     """
     spec = get_type(job_type) if isinstance(job_type, str) else None
@@ -141,30 +141,26 @@ def job_create(
         correlation_id=correlation_id or request_id,
         traceparent=current_traceparent(),
     )
-    with transaction.atomic():
-        for _ in range(2):
-            Job.objects.bulk_create([candidate], ignore_conflicts=True)
-            if idempotency_key is None:
-                job = candidate
-                break
-            job = Job.objects.get(owner=owner, idempotency_key=idempotency_key)
-            if job.id == candidate.id:
-                break
-            if job.idempotency_expires_at and job.idempotency_expires_at <= now:
-                job_release_idempotency_keys(job_ids=[job.id])
-                continue
-            if job.params_hash != digest:
-                counter(status="mismatch").inc()
-                raise IdempotencyMismatchError(details={"job_id": str(job.id)})
-            counter(status="existing").inc()
-            return job, False
-        audit_and_emit(job, event_type="created", previous_status=None, actor=actor)
-        # Publish only once the row is committed (a worker must find it); a broker
-        # failure never reaches the caller: the job stays `pending` for the dispatcher.
-        transaction.on_commit(partial(job_publish_after_commit, job.id))
-        transaction.on_commit(counter(status="created").inc)
-    log.info("job_created", job_id=str(job.id), job_type=job_type, queue=job.queue)
-    return job, True
+    for _ in range(2):
+        # One statement: the row, its `created` entry and event, and the NOTIFY that
+        # wakes a dispatcher to publish it. The request never waits on the broker.
+        if job_insert(candidate, actor=actor):
+            transaction.on_commit(counter(status="created").inc)
+            log.info("job_created", job_id=str(candidate.id), job_type=job_type, queue=spec.queue)
+            return candidate, True
+        if idempotency_key is None:
+            raise JobConflictError()  # only a job id collision inserts nothing: retry
+        # The key was taken: concurrent identical requests all read the one winner.
+        job = Job.objects.get(owner=owner, idempotency_key=idempotency_key)
+        if job.idempotency_expires_at and job.idempotency_expires_at <= now:
+            job_release_idempotency_keys(job_ids=[job.id])
+            continue
+        if job.params_hash != digest:
+            counter(status="mismatch").inc()
+            raise IdempotencyMismatchError(details={"job_id": str(job.id)})
+        counter(status="existing").inc()
+        return job, False
+    raise JobConflictError()  # the released key was taken again meanwhile: retry
 
 
 def job_release_idempotency_keys(*, job_ids: Iterable[uuid.UUID] | None = None) -> int:
@@ -213,5 +209,5 @@ def job_submit(
     except IntegrityError as exc:
         raise JobConflictError() from exc
     if created:
-        job._prefetched_objects_cache = {"artefacts": Artefact.objects.none()}  # type: ignore[attr-defined]
+        job.artefact_list = []  # type: ignore[attr-defined]
     return job, created

@@ -10,34 +10,25 @@ was already claimed, which is success. The message itself is `jobs.publisher`'s.
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
-from typing import Any
+from datetime import timedelta
 
 import structlog
 from django.conf import settings
-from django.db import connection, transaction
-from kombu.exceptions import OperationalError as KombuOperationalError
+from django.db import transaction
+from django.utils import timezone
 
 from audit.services import Actor
-from jobs import sql
-from jobs.exceptions import TransitionRefusedError
 from jobs.models import Job
-from jobs.publisher import message_publish
+from jobs.publisher import message_publish, messages_publish
 from jobs.services.dead_letters import job_fail_with_dead_letter
-from jobs.services.transitions import transition
+from jobs.services.transitions import transition_many
 from jobs.states import Status
 from jobs.types import get_type
 
 log = structlog.get_logger("jobs.publishing")
 PUBLISHER = Actor.system("publisher")
-
-# After a failed publish, on_commit publishing pauses this long (per broker URL) and
-# leaves new jobs `pending` for the dispatcher, so a dead broker costs one request one
-# connect timeout, not every request.
-BROKER_DOWN_BACKOFF_SECONDS = 5.0
-_broker_down_until: dict[str, float] = {}
 
 
 def job_publish(
@@ -46,62 +37,46 @@ def job_publish(
     sources: tuple[str, ...] | None = None,
     timeout: float | None = None,
 ) -> bool:
-    """Publish a `pending` (or due `retrying`) job; on confirm move it to `queued`.
+    """Publish one `pending` (or due `retrying`) job now; on confirm move it to `queued`.
 
-    1. Read the job; anything not publishable (already queued, running, ended) is
-       left alone and False returned.
-    2. Publish with confirms + mandatory (raises on failure; the job is unchanged).
-    3. Compare-and-set `-> queued`. Zero rows: a worker claimed it first (or it was
-       cancelled meanwhile): the publish still succeeded.
+    For an operator's replay that asks for it, and for tools; the dispatcher publishes
+    in batches (`publish_due_once`). Anything not publishable (already queued, running,
+    ended) is left alone and False returned. Raises when the broker refused or could
+    not take the message (the job is unchanged).
     """
     sources = sources or (Status.PENDING, Status.RETRYING)
-    job = Job.objects.filter(id=job_id, status__in=sources).first()
-    if job is None:
-        return False
-    message_publish(job=job, timeout=timeout)
-    try:
-        transition(job_id=job.id, target=Status.QUEUED, sources=[job.status], actor=PUBLISHER)
-    except TransitionRefusedError:
-        pass
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id, status__in=sources).first()
+        if job is None:
+            return False
+        message_publish(job=job, timeout=timeout)
+        _mark_queued([job])
     return True
 
 
-def job_publish_after_commit(job_id: uuid.UUID | str) -> None:
-    """The `transaction.on_commit` hook of job_create: never raises into the API.
-
-    A failure leaves the job `pending`; the dispatcher publishes it later.
-    """
-    url = settings.BROKER_URL
-    if time.monotonic() < _broker_down_until.get(url, 0.0):
-        # The broker failed moments ago: do not make every request wait for it again.
-        log.info("job_publish_deferred", job_id=str(job_id), error="broker recently down")
-        return
-    try:
-        # A request must not wait long on a slow or blackholed broker: the short
-        # timeout leaves the job `pending` for the dispatcher instead.
-        job_publish(
-            job_id=job_id,
-            sources=(Status.PENDING,),
-            timeout=settings.JOBOPS_REQUEST_BROKER_TIMEOUT_SECONDS,
+def _mark_queued(jobs: list[Job]) -> None:
+    """Compare-and-set each confirmed job `-> queued`, one statement per source status.
+    A job that moved on meanwhile (a worker claimed it, a cancel) is left as it is: its
+    publish still succeeded."""
+    for status in {job.status for job in jobs}:
+        transition_many(
+            job_ids=[job.id for job in jobs if job.status == status],
+            target=Status.QUEUED,
+            sources=[status],
+            actor=PUBLISHER,
         )
-    except Exception as exc:  # broker down must not fail the request
-        _broker_down_until[url] = time.monotonic() + BROKER_DOWN_BACKOFF_SECONDS
-        log.warning("job_publish_deferred", job_id=str(job_id), error=repr(exc))
-    else:
-        _broker_down_until.pop(url, None)
 
 
 # --- the dispatcher's publish pass (DESIGN.md 3.5) -----------------------------------------
 
-_DUE = {Status.PENDING: sql.DUE_PENDING, Status.RETRYING: sql.DUE_RETRYING}
 # A job whose publish failed for a reason of its own (unroutable, refused) waits this
 # long, doubling to the cap, while the rows behind it go on. Per process: a restarted
 # dispatcher tries it again at once, which is only a retry sooner.
 PUBLISH_BACKOFF_SECONDS = 1.0
 PUBLISH_BACKOFF_CAP_SECONDS = 300.0
 _backoff: dict[str, tuple[float, float]] = {}  # job id -> (retry after, current delay)
-# The broker itself is away: no other row would fare better, so the pass stops.
-BROKER_DOWN_ERRORS = (ConnectionError, OSError, KombuOperationalError, socket.timeout)
+# How many jobs one confirmed batch carries (one claim, one confirm wait, one write).
+PUBLISH_BATCH = 500
 
 
 def _backing_off() -> list[str]:
@@ -119,23 +94,24 @@ def _back_off(job_id: str) -> float:
     return delay
 
 
-def publish_due_once(*, limit: int = 500) -> int:
-    """Publish due `pending` and due `retrying` jobs, one row-locked transaction each.
+def publish_due_once(*, limit: int = 5000) -> int:
+    """Publish `pending` and due `retrying` jobs in confirmed batches; returns how many.
 
-    The row lock (SKIP LOCKED) is held across the publish and the `-> queued` write,
-    so a second dispatcher skips the row instead of publishing it again. A worker that
-    receives the message meanwhile waits on the lock for its claim, then claims the
-    `queued` job.
+    Each batch is one transaction: claim up to PUBLISH_BATCH rows with `FOR UPDATE SKIP
+    LOCKED` (a second dispatcher takes other rows), publish them all and wait once for
+    the broker's confirms, then move the confirmed ones `-> queued` in one statement.
+    The row locks are held across the publish, so no other dispatcher publishes them
+    again; a worker that receives a message meanwhile waits on the lock for its claim.
 
     Failures are per row: a job whose type no longer exists fails with a dead letter
     (`TYPE_UNKNOWN`, replayable once the type is back); one the broker refuses (e.g.
-    unroutable) backs off while the rows behind it are published. A broker that cannot
-    be reached ends that pass. The pending and retrying passes run independently: one
-    failing does not keep the other from running. Returns the number published.
+    unroutable) backs off while the rest of its batch is published. A broker that cannot
+    be reached ends the pass (the rows stay as they were). The pending and the
+    retrying pass run independently: one failing does not keep the other from running.
     """
     published = 0
     errors: list[BaseException] = []
-    for status in _DUE:
+    for status in (Status.PENDING, Status.RETRYING):
         try:
             published += _publish_pass(status, limit=limit - published)
         except Exception as exc:
@@ -146,34 +122,46 @@ def publish_due_once(*, limit: int = 500) -> int:
     return published
 
 
-def _publish_pass(status: Status, *, limit: int) -> int:
+def _due(status: str, *, limit: int) -> list[Job]:
+    """Claim due rows of `status`, oldest first, skipping locked and backing-off rows
+    (jobs_pending_idx / jobs_retry_due_idx serve it)."""
+    rows = Job.objects.select_for_update(skip_locked=True).filter(status=status)
+    if status == Status.PENDING:
+        after = timezone.now() - timedelta(seconds=settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS)
+        rows = rows.filter(created_at__lte=after).order_by("created_at")
+    else:
+        rows = rows.filter(next_run_at__lte=timezone.now()).order_by("next_run_at")
+    skip = _backing_off()
+    if skip:
+        rows = rows.exclude(id__in=skip)
+    return list(rows[:limit])
+
+
+def _publish_pass(status: str, *, limit: int) -> int:
     published = 0
     while published < limit:
-        params: dict[str, Any] = {
-            "skip": _backing_off(),
-            "after": settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS,
-        }
         with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(_DUE[status], params)
-                row = cursor.fetchone()
-            if row is None:
+            jobs = _due(status, limit=min(PUBLISH_BATCH, limit - published))
+            if not jobs:
                 return published
-            job_id, job_type = str(row[0]), row[1]
-            if get_type(job_type) is None:
-                _fail_unknown_type(job_id, job_type, status)
-                continue
-            try:
-                with transaction.atomic():  # a failed publish leaves the row as it was
-                    job_publish(job_id=job_id, sources=(status,))
-            except BROKER_DOWN_ERRORS:
-                raise
-            except Exception as exc:
-                delay = _back_off(job_id)
-                log.error("job_publish_failed", job_id=job_id, error=repr(exc), retry_in=delay)
-                continue
-        _backoff.pop(job_id, None)
-        published += 1
+            known = [job for job in jobs if get_type(job.type) is not None]
+            for job in jobs:
+                if get_type(job.type) is None:
+                    _fail_unknown_type(str(job.id), job.type, status)
+            confirmed: list[Job] = []
+            if known:
+                refused = messages_publish(jobs=known)
+                for job_id, why in refused.items():
+                    delay = _back_off(job_id)
+                    log.error("job_publish_failed", job_id=job_id, error=why, retry_in=delay)
+                confirmed = [job for job in known if str(job.id) not in refused]
+                if confirmed:
+                    _mark_queued(confirmed)
+        for job in confirmed:
+            _backoff.pop(str(job.id), None)
+        published += len(confirmed)
+        if len(jobs) < PUBLISH_BATCH:
+            return published
     return published
 
 

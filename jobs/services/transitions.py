@@ -11,15 +11,24 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from django.db import connection, transaction
+from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from audit.services import Actor, audit_append, format_ts, job_chain
+from audit.canonical import GENESIS_HASH, Hole, canonical_bytes, canonical_template, chain_hash
+from audit.services import (
+    CHECKPOINT_BARRIER,
+    Actor,
+    audit_payload,
+    format_ts,
+    job_chain,
+)
+from core.db import execute_prepared
 from jobs import metrics, sql
 from jobs.exceptions import JobLost, TransitionRefusedError
-from jobs.models import EventOutbox, Job
+from jobs.models import Job
 from jobs.states import ALLOWED, EVENT_FOR_STATUS, Status
 
 _JOB_COLUMNS = [f.column for f in Job._meta.concrete_fields]
@@ -69,26 +78,10 @@ class Progress:
         return cls(percent, value.get("step"), value.get("message"))
 
 
-def transition(
-    *,
-    job_id: uuid.UUID | str,
-    target: str,
-    actor: Actor,
-    sources: Iterable[str] | None = None,
-    fence: Fence | None = None,
-    claim_for: str | None = None,
-    stale_after: float | None = None,
-    run_in: float | None = None,
-    progress: Progress | None = None,
-    complete: bool = False,
-    extend_attempts: int | None = None,
-    fields: dict[str, Any] | None = None,
-    event_type: str | None = None,
-    audit_data: dict[str, Any] | None = None,
-) -> Job:
-    """Apply one compare-and-set transition and audit it; returns the updated job.
+class TransitionOptions(TypedDict, total=False):
+    """What a transition does besides the status (each a named fragment of `jobs.sql`).
 
-    Options (each a named fragment of `jobs.sql`):
+    - `sources`: the states it may leave (default: every state jobs.states allows);
     - `fence`: only while this worker still holds the lock and attempt (else JobLost);
     - `claim_for`: take the lock for this holder, count an attempt; a retrying job only
       when it is due;
@@ -96,21 +89,78 @@ def transition(
     - `run_in`: `next_run_at = now() + run_in` seconds;
     - `progress`: a last progress value (monotonic); `complete`: progress 100 %;
     - `extend_attempts`: `max_attempts` grows by this many (a replay's fresh budget);
-    - `fields`: plain column values (SETTABLE_FIELDS).
+    - `fields`: plain column values (SETTABLE_FIELDS);
+    - `event_type`: the audit event, when not the target state's own (`reclaimed`...).
     Leaving `running` always releases the lock (only a running job holds one).
+    """
+
+    sources: Iterable[str] | None
+    fence: Fence | None
+    claim_for: str | None
+    stale_after: float | None
+    run_in: float | None
+    progress: Progress | None
+    complete: bool
+    extend_attempts: int | None
+    fields: dict[str, Any] | None
+    event_type: str | None
+
+
+def transition(
+    *,
+    job_id: uuid.UUID | str,
+    target: str,
+    actor: Actor,
+    audit_data: dict[str, Any] | None = None,
+    **options: Unpack[TransitionOptions],
+) -> Job:
+    """Apply one compare-and-set transition and audit it; returns the updated job.
 
     1. Refuse at once any source -> target pair that jobs.states.ALLOWED lacks.
-    2. One conditional UPDATE that also returns the previous status.
+    2. One statement (jobs.sql.job_append_sql): the conditional UPDATE, the audit entry
+       continuing the chain's head kept on the row, and the outbox event; one round
+       trip, atomic by itself (or part of the caller's transaction).
     3. Zero rows: JobLost for a fenced write, else TransitionRefusedError naming the
        job's current status. Nothing has changed.
-    4. In the same transaction append the audit entry and the outbox event.
     """
+    changed = transition_many(
+        job_ids=[job_id],
+        target=target,
+        actor=actor,
+        audit_data={str(job_id): audit_data} if audit_data else None,
+        **options,
+    )
+    if not changed:
+        fence = options.get("fence")
+        if fence is not None:
+            raise JobLost(f"job {job_id}: lock {fence.locked_by} attempt {fence.attempt} lost")
+        current = Job.objects.filter(id=job_id).values_list("status", flat=True).first()
+        raise TransitionRefusedError(job_id=job_id, current=current, target=target)
+    return changed[0]
+
+
+def transition_many(
+    *,
+    job_ids: list[uuid.UUID | str],
+    target: str,
+    actor: Actor,
+    audit_data: dict[str, dict[str, Any]] | None = None,
+    **options: Unpack[TransitionOptions],
+) -> list[Job]:
+    """`transition` for many jobs in one statement (the dispatcher's publish batch, a
+    replay chunk); `audit_data` is per job id. Returns the jobs that moved: a job the
+    compare-and-set refused is simply not among them."""
+    sources = options.get("sources")
+    fence, claim_for = options.get("fence"), options.get("claim_for")
+    stale_after, run_in = options.get("stale_after"), options.get("run_in")
+    progress, complete = options.get("progress"), options.get("complete", False)
+    extend_attempts, fields = options.get("extend_attempts"), options.get("fields")
     allowed = ALLOWED.get(target, frozenset())
     source_set = frozenset(sources) if sources is not None else allowed
     illegal = source_set - allowed
     if illegal or not source_set:
         raise TransitionRefusedError(
-            job_id=job_id,
+            job_id=",".join(str(j) for j in job_ids),
             current=",".join(sorted(illegal)) or None,
             target=target,
             reason="not an allowed transition",
@@ -118,16 +168,16 @@ def transition(
     unknown = set(fields or {}) - SETTABLE_FIELDS
     if unknown:
         raise ValueError(f"transition cannot set {sorted(unknown)}")
-    params: dict[str, Any] = {"job_id": job_id, "target": target, "sources": list(source_set)}
-    assignments: list[str] = []
-    conditions: list[str] = []
+    params: dict[str, Any] = {"target": target, "sources": list(source_set), "attempt_inc": 0}
+    assignments: list[str] = list(sql.SET_STATUS)
+    conditions: list[str] = [sql.STATUS_IN_SOURCES]
     if fence is not None:
         conditions.append(sql.WORKER_HOLDS_LOCK)
         params.update(locked_by=fence.locked_by, attempt=fence.attempt)
     if claim_for is not None:
         assignments += sql.SET_CLAIM
         conditions.append(sql.RETRY_IS_DUE)
-        params["claim_for"] = claim_for
+        params.update(claim_for=claim_for, attempt_inc=1)
     elif target != Status.RUNNING:
         assignments += sql.SET_UNLOCK
     if stale_after is not None:
@@ -148,28 +198,79 @@ def transition(
     for column, value in (fields or {}).items():
         assignments.append(f"{column} = %(f_{column})s")
         params[f"f_{column}"] = Jsonb(value) if isinstance(value, dict | list) else value
-    statement = sql.transition_sql(
-        assignments=assignments, conditions=conditions, columns=_JOB_COLUMNS
+    entries = {
+        job_id: {"from": Hole("from", "text"), "to": target, "attempt": Hole("attempt")}
+        | ((audit_data or {}).get(str(job_id)) or {})
+        for job_id in job_ids
+    }
+    rows = _append(
+        entries=entries,
+        event_type=options.get("event_type") or EVENT_FOR_STATUS[target],
+        actor=actor,
+        assignments=assignments,
+        conditions=conditions,
+        params=params,
+        emit=True,
+        # A job back in `pending` (a replay) waits for the dispatcher: wake it.
+        notify=target == Status.PENDING,
     )
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(statement, params)
-            row = cursor.fetchone()
-        if row is None:
-            if fence is not None:
-                raise JobLost(f"job {job_id}: lock {fence.locked_by} attempt {fence.attempt} lost")
-            current = Job.objects.filter(id=job_id).values_list("status", flat=True).first()
-            raise TransitionRefusedError(job_id=job_id, current=current, target=target)
-        job = _job_from_row(row[1:])
-        audit_and_emit(
-            job,
-            event_type=event_type or EVENT_FOR_STATUS[target],
-            previous_status=row[0],
-            actor=actor,
-            data=audit_data,
-        )
+    jobs = [_job_from_row(row[1:]) for row in rows]
+    for job in jobs:
         _count_transition(job, target, writes_progress=progress is not None)
-    return job
+    return jobs
+
+
+def _append(
+    *,
+    entries: dict[Any, dict[str, Any]],
+    event_type: str,
+    actor: Actor,
+    assignments: list[str],
+    conditions: list[str],
+    params: dict[str, Any],
+    emit: bool,
+    notify: bool = False,
+) -> list[tuple[Any, ...]]:
+    """Run jobs.sql.job_append_sql for `entries` (job id -> the entry's data, with its
+    Holes): one canonical template per job, cut where the database fills in."""
+    ts = timezone.now()
+    templates = {
+        job_id: canonical_template(
+            audit_payload(
+                chain=job_chain(job_id),
+                seq=Hole("seq"),
+                ts=ts,
+                event_type=event_type,
+                actor=actor,
+                job_id=job_id,
+                data=data,
+            )
+        )
+        for job_id, data in entries.items()
+    }
+    holes = [h.name for h in next(iter(templates.values())).holes]
+    if any([h.name for h in t.holes] != holes for t in templates.values()):
+        raise ValueError("one statement appends entries with the same holes only")
+    statement = sql.job_append_sql(
+        holes=tuple(holes),
+        assignments=tuple(assignments),
+        conditions=tuple(conditions),
+        columns=tuple(_JOB_COLUMNS),
+        emit=emit,
+        notify=notify,
+    )
+    params = {
+        **params,
+        "ids": list(templates),
+        "barrier": CHECKPOINT_BARRIER,
+        "event_type": event_type,
+        "actor_type": str(actor.type),
+        "actor_id": actor.id,
+        "ts": ts,
+        "ts_text": format_ts(ts),
+        **{f"p{n}": [t.pieces[n] for t in templates.values()] for n in range(len(holes) + 1)},
+    }
+    return execute_prepared(statement, params)
 
 
 def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
@@ -191,49 +292,97 @@ def _job_from_row(values: Iterable[Any]) -> Job:
 
 
 def job_audit(
-    *, job_id: uuid.UUID | str, event_type: str, actor: Actor, data: dict[str, Any] | None = None
-) -> None:
-    """Audit an event that changes no status (progress, cancel_requested, dead_lettered,
-    dlq_discarded) on the job's chain, in the caller's transaction."""
-    audit_append(
-        chain=job_chain(job_id), event_type=event_type, actor=actor, job_id=job_id, data=data
-    )
-
-
-def audit_and_emit(
-    job: Job,
     *,
+    job_id: uuid.UUID | str,
     event_type: str,
-    previous_status: str | None,
     actor: Actor,
     data: dict[str, Any] | None = None,
-) -> None:
-    """Audit a transition and write its outbox event, in the caller's transaction."""
-    entry = audit_append(
-        chain=job_chain(job.id),
+    assignments: list[str] | None = None,
+    conditions: list[str] | None = None,
+    params: dict[str, Any] | None = None,
+) -> tuple[Any, ...] | None:
+    """Audit an event that changes no status (progress, cancel_requested, dead_lettered,
+    dlq_discarded) on the job's chain, in one statement with the row change it records
+    (`assignments` under `conditions`, fragments of jobs.sql). Returns the job's row
+    (previous status, then its columns), or None when `conditions` matched nothing."""
+    rows = _append(
+        entries={job_id: data or {}},
         event_type=event_type,
         actor=actor,
-        job_id=job.id,
-        data={"from": previous_status, "to": job.status, "attempt": job.attempts, **(data or {})},
+        assignments=assignments or [],
+        conditions=conditions or [],
+        params={"attempt_inc": 0, **(params or {})},
+        emit=False,
     )
+    return rows[0] if rows else None
+
+
+def jobs_audit(*, entries: dict[Any, dict[str, Any]], event_type: str, actor: Actor) -> int:
+    """`job_audit` for many jobs in one statement (entries: job id -> the entry's data),
+    for an operator's bulk action; returns how many entries were appended."""
+    if not entries:
+        return 0
+    return len(
+        _append(
+            entries=entries,
+            event_type=event_type,
+            actor=actor,
+            assignments=[],
+            conditions=[],
+            params={"attempt_inc": 0},
+            emit=False,
+        )
+    )
+
+
+def job_insert(job: Job, *, actor: Actor) -> bool:
+    """Insert a new `pending` job with its `created` entry and event, and wake the
+    dispatcher, in one statement (jobs.sql.job_insert_sql). Creation counts as the
+    transition into `pending` (DESIGN.md 3.4). Returns False when the job's idempotency
+    key was taken (nothing was written)."""
+    ts = timezone.now()
+    payload = canonical_bytes(
+        audit_payload(
+            chain=job_chain(job.id),
+            seq=1,
+            ts=ts,
+            event_type="created",
+            actor=actor,
+            job_id=job.id,
+            data={"from": None, "to": job.status, "attempt": job.attempts},
+        )
+    )
+    job.audit_seq, job.audit_head = 1, chain_hash(GENESIS_HASH, payload)
     event_id = uuid.uuid4()
-    EventOutbox.objects.create(
+    params: dict[str, Any] = {
+        f"c_{f.column}": f.get_db_prep_save(f.pre_save(job, True), connection)
+        for f in Job._meta.concrete_fields
+    }
+    params.update(
+        barrier=CHECKPOINT_BARRIER,
+        actor_type=str(actor.type),
+        actor_id=actor.id,
+        ts=ts,
+        payload=payload.decode("utf-8"),
+        prev_hash=GENESIS_HASH,
+        chain_hash=job.audit_head,
         event_id=event_id,
-        job_id=job.id,
-        seq=entry.seq,
-        payload={
-            "event_id": str(event_id),
-            "type": "job.status.changed",
-            "job_id": str(job.id),
-            "job_type": job.type,
-            "seq": entry.seq,
-            "status": job.status,
-            "previous_status": previous_status,
-            "progress": job.progress_percent,
-            "attempt": job.attempts,
-            "timestamp": format_ts(entry.ts),
-            # So the ERP bridge's log lines follow the request that made the job.
-            "request_id": job.request_id,
-            "correlation_id": job.correlation_id,
-        },
+        event=Jsonb(
+            {
+                "event_id": str(event_id),
+                "type": "job.status.changed",
+                "job_id": str(job.id),
+                "job_type": job.type,
+                "seq": 1,
+                "status": job.status,
+                "previous_status": None,
+                "progress": job.progress_percent,
+                "attempt": job.attempts,
+                "timestamp": format_ts(ts),
+                # So the ERP bridge's log lines follow the request that made the job.
+                "request_id": job.request_id,
+                "correlation_id": job.correlation_id,
+            }
+        ),
     )
+    return bool(execute_prepared(sql.job_insert_sql(columns=tuple(_JOB_COLUMNS)), params))

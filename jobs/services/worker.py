@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from audit.canonical import canonical_bytes
+from audit.canonical import Hole, canonical_bytes
 from audit.services import Actor
 from core.json import json_problem
 from jobs import metrics, sql
@@ -97,24 +97,22 @@ def job_worker_lock(*, job_id: uuid.UUID | str, fence: Fence) -> None:
 def job_progress_write(
     *, job_id: uuid.UUID | str, fence: Fence, percent: int, step: str | None, message: str | None
 ) -> None:
-    """Write one (coalesced) progress value and audit it, fenced; bumps `version`."""
+    """Write one (coalesced) progress value and audit it, fenced, in one statement;
+    bumps `version` (the ETag moves). The entry records the percent the row holds
+    after the write (progress never goes back)."""
     value = Progress(max(0, min(100, int(percent))), step, message)
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                sql.PROGRESS_WRITE,
-                _fenced(job_id, fence, percent=value.percent, step=step, message=message),
-            )
-            row = cursor.fetchone()
-        if row is None:
-            raise _lost(job_id, fence)
-        transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
-        job_audit(
-            job_id=job_id,
-            event_type="progress",
-            actor=WORKER,
-            data={"percent": row[0], "step": step, "attempt": fence.attempt},
-        )
+    row = job_audit(
+        job_id=job_id,
+        event_type="progress",
+        actor=WORKER,
+        data={"percent": Hole("percent"), "step": step, "attempt": fence.attempt},
+        assignments=[*sql.SET_PROGRESS, *sql.SET_VERSION],
+        conditions=[sql.WORKER_HOLDS_LOCK],
+        params=_fenced(job_id, fence, percent=value.percent, step=step, message=message),
+    )
+    if row is None:
+        raise _lost(job_id, fence)
+    transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
 
 
 def validate_result(result: dict[str, Any] | None) -> None:

@@ -7,15 +7,15 @@ import pytest
 from audit.checkpoints import checkpoint_write
 from audit.models import AuditLog
 from audit.services import job_chain
-from tests.audit.conftest import job_with_history, tamper
-from tests.factories import UserFactory
+from tests.audit.tampering import tamper
+from tests.factories import UserFactory, job_in_state
 
 pytestmark = pytest.mark.django_db
 VERIFY_URL = "/admin/audit/auditlog/verify/"
 
 
 def test_verify_page_reports_an_intact_trail(otp_admin_client):
-    job_with_history()
+    job_in_state("succeeded")
     checkpoint_write()
     page = otp_admin_client.get(VERIFY_URL)
     assert page.status_code == 200 and b"verify-result" not in page.content  # form only
@@ -26,7 +26,7 @@ def test_verify_page_reports_an_intact_trail(otp_admin_client):
 
 
 def test_verify_page_names_job_and_seq_of_a_tamper_and_can_check_one_job(otp_admin_client):
-    job, other = job_with_history(), job_with_history()
+    job, other = job_in_state("succeeded"), job_in_state("succeeded")
     tamper("DELETE FROM audit_logs WHERE chain = %s AND seq = 2", [job_chain(job.id)])
     result = otp_admin_client.get(VERIFY_URL, {"run": "1"})
     assert b"TAMPERED: 1 problem." in result.content
@@ -47,14 +47,14 @@ def test_verify_page_is_for_otp_verified_staff_only(client):
 
 
 def test_changelist_links_to_the_verify_page(otp_admin_client):
-    job_with_history()
+    job_in_state("succeeded")
     page = otp_admin_client.get("/admin/audit/auditlog/")
     assert page.status_code == 200
     assert VERIFY_URL.encode() in page.content
 
 
 def test_action_verifies_the_chains_of_the_selected_rows(otp_admin_client):
-    job, other = job_with_history(), job_with_history()
+    job, other = job_in_state("succeeded"), job_in_state("succeeded")
     tamper("UPDATE audit_logs SET chain_hash = repeat('a', 64) WHERE chain = %s AND seq = 4",
            [job_chain(job.id)])  # fmt: skip
     selected = AuditLog.objects.filter(job_id=other.id, seq__in=[1, 2])
@@ -76,7 +76,7 @@ def test_action_verifies_the_chains_of_the_selected_rows(otp_admin_client):
 
 
 def test_audit_admin_stays_read_only(otp_admin_client):
-    job_with_history()
+    job_in_state("succeeded")
     checkpoint = checkpoint_write()
     entry = AuditLog.objects.first()
     for url in ("/admin/audit/auditlog/add/", "/admin/audit/auditcheckpoint/add/"):

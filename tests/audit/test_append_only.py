@@ -14,7 +14,8 @@ from audit.errors import AuditImmutableError
 from audit.models import AuditCheckpoint, AuditLog
 from audit.services import OPS_CHAIN, Actor, audit_append
 from audit.verification import audit_verify
-from tests.audit.conftest import database_url, job_with_history
+from tests.factories import job_in_state
+from tests.processes import database_url
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +31,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize("sql", REFUSALS)
 def test_triggers_refuse_change_even_for_the_table_owner(sql):
-    job_with_history()
+    job_in_state("succeeded")
     checkpoint_write()
     before = (AuditLog.objects.count(), AuditCheckpoint.objects.count())
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
@@ -41,7 +42,7 @@ def test_triggers_refuse_change_even_for_the_table_owner(sql):
 
 
 def test_model_save_of_an_existing_row_raises():
-    entry = job_with_history().id and AuditLog.objects.first()
+    entry = job_in_state("succeeded").id and AuditLog.objects.first()
     entry.event_type = "forged"
     with pytest.raises(AuditImmutableError):
         entry.save()
@@ -52,7 +53,7 @@ def test_model_save_of_an_existing_row_raises():
 
 
 def test_model_delete_raises():
-    job_with_history()
+    job_in_state("succeeded")
     with pytest.raises(AuditImmutableError):
         AuditLog.objects.first().delete()
     with pytest.raises(AuditImmutableError):
@@ -61,7 +62,7 @@ def test_model_delete_raises():
 
 
 def test_queryset_update_and_delete_raise():
-    job_with_history()
+    job_in_state("succeeded")
     checkpoint_write()
     for queryset in (AuditLog.objects.all(), AuditCheckpoint.objects.all()):
         with pytest.raises(AuditImmutableError):
@@ -76,7 +77,7 @@ def test_queryset_update_and_delete_raise():
 def app_role(transactional_db):
     """A login role like a deployment's app role: SELECT and INSERT only, no superuser."""
     name = f"jobops_app_{uuid.uuid4().hex[:10]}"
-    job_with_history()  # committed rows, so the row triggers would have something to see
+    job_in_state("succeeded")  # committed rows, so the row triggers would have something to see
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE ROLE {name} LOGIN NOSUPERUSER")
         cursor.execute(f"GRANT SELECT, INSERT ON audit_logs, audit_checkpoints TO {name}")
@@ -114,7 +115,7 @@ def test_app_role_is_refused_update_delete_truncate_by_psql(app_role, sql):
 def test_triggers_refuse_even_an_app_role_granted_update_and_delete(app_role):
     with connection.cursor() as cursor:
         cursor.execute(f"GRANT UPDATE, DELETE, TRUNCATE ON audit_logs TO {app_role}")
-    url = database_url().replace("postgres://postgres", f"postgres://{app_role}", 1)
+    url = database_url(USER=app_role, PASSWORD="")
     with psycopg.connect(url, autocommit=True) as conn:
         for sql in REFUSALS[:3]:
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
@@ -144,7 +145,7 @@ def test_app_role_without_update_grant_can_append_and_checkpoint(app_role):
     ids=["wrong-prev-hash", "seq-gap", "seq-repeated", "seq-behind"],
 )
 def test_an_insert_that_does_not_continue_the_chain_is_refused(seq_delta, prev):
-    job = job_with_history()
+    job = job_in_state("succeeded")
     head = AuditLog.objects.filter(job_id=job.id).order_by("-seq").first()
     with (
         pytest.raises(DatabaseError, match="does not continue its chain"),

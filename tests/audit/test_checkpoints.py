@@ -6,6 +6,8 @@ import hashlib
 import hmac
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -17,10 +19,9 @@ from audit.checkpoints import checkpoint_write, checkpoint_write_if_due
 from audit.models import AuditCheckpoint, AuditLog
 from audit.services import Actor, audit_append, job_chain
 from audit.verification import audit_verify
-from jobs.services import transition
-from jobs.states import Status
-from tests.audit.conftest import job_with_history, tamper
-from tests.factories import make_job
+from jobs.services import job_claim
+from tests.audit.tampering import tamper
+from tests.factories import job_in_state, make_job
 
 GENESIS = "0" * 64
 
@@ -37,7 +38,7 @@ def head_of(job):
 @pytest.mark.django_db
 def test_nothing_is_written_when_no_chain_changed():
     assert checkpoint_write() is None
-    job_with_history()
+    job_in_state("succeeded")
     assert checkpoint_write() is not None
     assert checkpoint_write() is None
     assert AuditCheckpoint.objects.count() == 1
@@ -45,7 +46,7 @@ def test_nothing_is_written_when_no_chain_changed():
 
 @pytest.mark.django_db
 def test_checkpoint_records_changed_heads_chained_and_signed(settings):
-    first_job, second_job = job_with_history(), make_job()
+    first_job, second_job = job_in_state("succeeded"), make_job()
     first = checkpoint_write()
     assert sorted(heads(first)) == sorted([head_of(first_job), head_of(second_job)])
     assert first.prev_hash == GENESIS
@@ -62,7 +63,7 @@ def test_checkpoint_records_changed_heads_chained_and_signed(settings):
     )
 
     # Only the chain that changed since is in the next one, chained to the first.
-    transition(job_id=second_job.id, target=Status.QUEUED, actor=Actor.system())
+    job_claim(job_id=second_job.id, locked_by="w1")
     second = checkpoint_write()
     assert heads(second) == [head_of(second_job)]
     assert second.prev_hash == first.checkpoint_hash
@@ -90,7 +91,7 @@ def test_write_if_due_honours_the_interval(settings):
     now = timezone.now()
     job = make_job()
     assert checkpoint_write_if_due(now=now) is not None
-    transition(job_id=job.id, target=Status.QUEUED, actor=Actor.system())
+    job_claim(job_id=job.id, locked_by="w1")
     assert checkpoint_write_if_due(now=now + timedelta(seconds=30)) is None
     later = checkpoint_write_if_due(now=now + timedelta(seconds=61))
     assert later is not None and heads(later) == [head_of(job)]
@@ -164,6 +165,20 @@ def _hold_open_append(job_id, appended: threading.Event, release: threading.Even
         connection.close()
 
 
+@contextmanager
+def _append_in_flight(job_id) -> Iterator[None]:
+    """An audit append held open in another session: it holds the checkpoint barrier."""
+    appended, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_open_append, args=(job_id, appended, release))
+    holder.start()
+    try:
+        assert appended.wait(timeout=10), "the append never started"
+        yield
+    finally:
+        release.set()
+        holder.join(timeout=10)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_checkpoint_waits_for_in_flight_appends_so_none_is_skipped():
     """An append whose id is below the checkpoint's last_audit_id but which commits
@@ -197,28 +212,31 @@ def test_checkpoint_waits_for_in_flight_appends_so_none_is_skipped():
 def test_checkpoint_is_skipped_when_appends_do_not_drain(monkeypatch):
     monkeypatch.setattr(checkpoints, "LOCK_TIMEOUT", "100ms")
     job = make_job()
-    appended, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=_hold_open_append, args=(job.id, appended, release))
-    holder.start()
-    try:
-        assert appended.wait(timeout=10)
+    with _append_in_flight(job.id):
         assert checkpoint_write() is None
-    finally:
-        release.set()
-        holder.join(timeout=10)
     assert heads(checkpoint_write()) == [head_of(job)]
 
 
-@pytest.mark.django_db
-def test_write_if_due_takes_no_lock_when_nothing_changed(settings, monkeypatch):
+@pytest.mark.django_db(transaction=True)
+def test_write_if_due_takes_no_lock_when_nothing_changed(settings, monkeypatch, caplog):
+    """The dispatcher calls it every loop; with nothing new it must not queue on the
+    barrier (which would hold every append meanwhile)."""
     settings.AUDIT_CHECKPOINT_SECONDS = 0
-    calls = []
-    monkeypatch.setattr(checkpoints, "_write", lambda **kw: calls.append(kw))
-    assert checkpoint_write_if_due() is None
-    assert calls == []  # no audit rows at all
-    make_job()
-    checkpoint_write_if_due()
-    assert len(calls) == 1
+    monkeypatch.setattr(checkpoints, "LOCK_TIMEOUT", "100ms")
+    skipped = "audit checkpoint skipped"
+    job = make_job()
+    assert checkpoint_write() is not None
+
+    # Nothing committed since: no lock is asked for, so the open append does not matter.
+    with _append_in_flight(job.id):
+        assert checkpoint_write_if_due() is None
+    assert skipped not in caplog.text
+    # That append committed: now it queues on the barrier behind the next open one...
+    with _append_in_flight(job.id):
+        assert checkpoint_write_if_due() is None
+    assert skipped in caplog.text
+    # ... and writes once nothing holds it.
+    assert heads(checkpoint_write_if_due()) == [head_of(job)]
 
 
 @pytest.mark.django_db

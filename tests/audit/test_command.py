@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from audit.checkpoints import checkpoint_write
-from audit.services import Actor, job_chain
-from jobs.services import transition
-from jobs.states import Status
-from tests.audit.conftest import job_with_history, run_manage, tamper
-from tests.factories import make_job
+from audit.services import job_chain
+from jobs.services import job_succeed
+from tests.audit.tampering import tamper
+from tests.factories import fence_of, job_in_state
+from tests.processes import operator_env, run_manage
 
 
 def change_payload(job, seq: int = 2) -> None:
@@ -27,6 +28,12 @@ def change_payload(job, seq: int = 2) -> None:
         "WHERE chain = %s AND seq = %s",
         [job_chain(job.id), seq],
     )
+
+
+def verify_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """verify_audit_chain as an operator runs it: a real process with manage.py's own
+    settings module (exit status, stdout, stderr)."""
+    return run_manage("verify_audit_chain", *args, env=operator_env())
 
 
 def verify(*args: str) -> tuple[int, str]:
@@ -41,14 +48,14 @@ def verify(*args: str) -> tuple[int, str]:
 
 @pytest.mark.django_db(transaction=True)
 def test_process_exits_0_when_intact_and_1_naming_job_and_seq_after_a_tamper():
-    job, other = job_with_history(), job_with_history()
+    job, other = job_in_state("succeeded"), job_in_state("succeeded")
     checkpoint_write()
-    intact = run_manage("verify_audit_chain")
+    intact = verify_process()
     assert intact.returncode == 0, intact.stdout + intact.stderr
     assert "intact: 8 rows in 2 chains, 1 checkpoints (2 heads)" in intact.stdout
 
     change_payload(job)
-    tampered = run_manage("verify_audit_chain")
+    tampered = verify_process()
     assert tampered.returncode == 1, tampered.stdout + tampered.stderr
     assert f"TAMPERED chain job:{job.id}, job {job.id}, seq 2: row_broken" in tampered.stdout
     assert str(other.id) not in tampered.stdout
@@ -56,9 +63,9 @@ def test_process_exits_0_when_intact_and_1_naming_job_and_seq_after_a_tamper():
 
 @pytest.mark.django_db(transaction=True)
 def test_process_json_prints_one_document():
-    job = job_with_history()
+    job = job_in_state("succeeded")
     change_payload(job, seq=3)
-    result = run_manage("verify_audit_chain", "--json")
+    result = verify_process("--json")
     assert result.returncode == 1
     document = json.loads(result.stdout)
     assert document["ok"] is False
@@ -70,10 +77,10 @@ def test_process_json_prints_one_document():
 
 @pytest.mark.django_db(transaction=True)
 def test_process_usage_errors_exit_2():
-    bad_job = run_manage("verify_audit_chain", "--job", "not-a-uuid")
+    bad_job = verify_process("--job", "not-a-uuid")
     assert bad_job.returncode == 2, bad_job.stdout + bad_job.stderr
     assert "is not a UUID" in bad_job.stderr
-    bad_since = run_manage("verify_audit_chain", "--since", "last tuesday", "--json")
+    bad_since = verify_process("--since", "last tuesday", "--json")
     assert bad_since.returncode == 2, bad_since.stdout + bad_since.stderr
     assert "is not an ISO 8601 date or datetime" in bad_since.stderr
 
@@ -88,7 +95,7 @@ def test_unparseable_since_is_a_usage_error(since):
 
 @pytest.mark.django_db
 def test_job_limits_verification_to_those_chains():
-    job, other = job_with_history(), job_with_history()
+    job, other = job_in_state("succeeded"), job_in_state("succeeded")
     change_payload(job)
     assert verify("--job", str(other.id))[0] == 0
     status, out = verify("--job", str(job.id))
@@ -99,7 +106,7 @@ def test_job_limits_verification_to_those_chains():
 
 @pytest.mark.django_db
 def test_deleted_tail_after_a_checkpoint_exits_1():
-    job = job_with_history()
+    job = job_in_state("succeeded")
     checkpoint_write()
     tamper("DELETE FROM audit_logs WHERE chain = %s AND seq = 4", [job_chain(job.id)])
     status, out = verify()
@@ -109,11 +116,10 @@ def test_deleted_tail_after_a_checkpoint_exits_1():
 
 @pytest.mark.django_db
 def test_since_verifies_only_chains_active_since_then_from_seq_1():
-    old = job_with_history()
+    old = job_in_state("succeeded")
     change_payload(old)
     since = timezone.now()
-    recent = make_job()
-    transition(job_id=recent.id, target=Status.QUEUED, actor=Actor.system())
+    recent = job_in_state("queued")
     change_payload(recent, seq=1)
 
     status, out = verify("--since", since.isoformat(), "--json")
@@ -128,7 +134,7 @@ def test_since_verifies_only_chains_active_since_then_from_seq_1():
 
 @pytest.mark.django_db
 def test_since_still_catches_a_chain_deleted_whole_after_a_recent_checkpoint():
-    job = job_with_history()
+    job = job_in_state("succeeded")
     since = timezone.now()
     checkpoint_write()
     tamper("DELETE FROM audit_logs WHERE chain = %s", [job_chain(job.id)])
@@ -140,13 +146,9 @@ def test_since_still_catches_a_chain_deleted_whole_after_a_recent_checkpoint():
 def test_a_deleted_tail_with_its_checkpoint_is_caught_by_the_job_status():
     """Delete the newest checkpoint and the rows after it: the chain and the remaining
     checkpoints agree, but the job row still says `succeeded` (it ended at `started`)."""
-    job = make_job()
-    transition(job_id=job.id, target=Status.QUEUED, actor=Actor.system())
-    from jobs.services import Fence, job_claim, job_succeed
-
-    claimed = job_claim(job_id=job.id, locked_by="w")
+    job = job_in_state("running")
     checkpoint_write()  # names the chain at `started`
-    job_succeed(job_id=job.id, fence=Fence("w", claimed.attempts), result={})
+    job_succeed(job_id=job.id, fence=fence_of(job), result={})
     newest = checkpoint_write()  # names it at `succeeded`
     tamper("DELETE FROM audit_checkpoints WHERE id = %s", [newest.id])
     tamper("DELETE FROM audit_logs WHERE chain = %s AND seq = 4", [job_chain(job.id)])
@@ -161,10 +163,10 @@ def test_exported_checkpoints_catch_a_deleted_newest_checkpoint(tmp_path, settin
     settings.AUDIT_CHECKPOINT_EXPORT = str(tmp_path / "checkpoints.jsonl")
     from django.test import TestCase
 
-    job_with_history()
+    job_in_state("succeeded")
     with TestCase.captureOnCommitCallbacks(execute=True):
         first = checkpoint_write()
-    job_with_history()
+    job_in_state("succeeded")
     with TestCase.captureOnCommitCallbacks(execute=True):
         second = checkpoint_write()
     lines = [json.loads(line) for line in open(settings.AUDIT_CHECKPOINT_EXPORT)]
@@ -197,8 +199,8 @@ def test_since_catches_a_tail_deleted_after_t_by_the_job_row_changed_since_then(
     commits, as in production: jobs.updated_at is the transaction's now().)"""
     from jobs.services import Fence, job_succeed
 
-    bystander = job_with_history()
-    job = job_with_history(succeed=False)  # created, queued, started
+    bystander = job_in_state("succeeded")
+    job = job_in_state("running")  # created, queued, started
     job.refresh_from_db()
     since = timezone.now()
     job_succeed(job_id=job.id, fence=Fence(job.locked_by, job.attempts), result={})

@@ -3,42 +3,20 @@
 from __future__ import annotations
 
 import itertools
-import threading
 import uuid
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from audit.checkpoints import checkpoint_write
 from audit.models import AuditCheckpoint, AuditLog
 from audit.services import Actor, audit_append, job_chain
 from audit.verification import audit_verify
-from tests.audit.conftest import job_with_history
+from tests.factories import job_in_state
+from tests.threads import run_in_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 THREADS = 20
-
-
-def run_in_threads(target, count: int = THREADS) -> list[BaseException]:
-    """Start `count` threads at the same instant; return what any of them raised."""
-    barrier = threading.Barrier(count)
-    errors: list[BaseException] = []
-
-    def worker(index: int) -> None:
-        try:
-            barrier.wait(timeout=10)
-            target(index)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()  # each thread has its own connection
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return errors
 
 
 def append(chain: str, job_id, index: int) -> None:
@@ -55,7 +33,7 @@ def append(chain: str, job_id, index: int) -> None:
 def test_twenty_concurrent_first_entries_make_one_unforked_chain():
     job_id = uuid.uuid4()
     chain = job_chain(job_id)
-    assert run_in_threads(lambda i: append(chain, job_id, i)) == []
+    assert run_in_threads(lambda i: append(chain, job_id, i), THREADS) == []
     rows = list(AuditLog.objects.filter(chain=chain).order_by("seq"))
     assert [r.seq for r in rows] == list(range(1, THREADS + 1))
     assert rows[0].prev_hash == "0" * 64
@@ -67,8 +45,8 @@ def test_twenty_concurrent_first_entries_make_one_unforked_chain():
 
 
 def test_concurrent_appends_to_a_job_with_history_continue_its_chain():
-    job = job_with_history()
-    assert run_in_threads(lambda i: append(job_chain(job.id), job.id, i)) == []
+    job = job_in_state("succeeded")
+    assert run_in_threads(lambda i: append(job_chain(job.id), job.id, i), THREADS) == []
     seqs = list(
         AuditLog.objects.filter(job_id=job.id).order_by("seq").values_list("seq", flat=True)
     )
@@ -77,9 +55,9 @@ def test_concurrent_appends_to_a_job_with_history_continue_its_chain():
 
 
 def test_concurrent_checkpoint_writers_write_one_checkpoint():
-    job_with_history()
+    job_in_state("succeeded")
     written = []
-    assert run_in_threads(lambda i: written.append(checkpoint_write()), count=4) == []
+    assert run_in_threads(lambda i: written.append(checkpoint_write()), 4) == []
     assert sum(c is not None for c in written) == 1
     assert AuditCheckpoint.objects.count() == 1
     assert audit_verify().ok

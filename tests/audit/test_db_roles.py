@@ -18,10 +18,14 @@ from audit.db_roles import database_role_problems
 from audit.models import AuditLog
 from audit.services import OPS_CHAIN, Actor, audit_append
 from audit.verification import audit_verify
-from tests.audit.conftest import ROOT, database_url, job_with_history
-from tests.factories import make_job
-from tests.test_settings import SAFE
-from tests.workers import celery_worker, subprocess_env
+from tests.factories import job_in_state, make_job
+from tests.processes import (
+    PRODUCTION_SAFE,
+    ROOT,
+    celery_worker,
+    database_url,
+    subprocess_env,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,7 +34,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def roles():
     suffix = uuid.uuid4().hex[:8]
     owner, app = f"jobops_owner_{suffix}", f"jobops_app_{suffix}"
-    job_with_history()
+    job_in_state("succeeded")
     out = io.StringIO()
     call_command("setup_db_roles", "--owner", owner, "--app", app, "--apply", stdout=out)
     assert "ALTER DEFAULT PRIVILEGES" in out.getvalue()
@@ -46,7 +50,7 @@ def roles():
 
 
 def _as(role: str) -> psycopg.Connection:
-    url = database_url().replace("postgres://postgres", f"postgres://{role}", 1)
+    url = database_url(USER=role, PASSWORD="")
     return psycopg.connect(url, autocommit=True)
 
 
@@ -100,7 +104,7 @@ def test_privileged_roles_are_named(roles):
             cursor.execute("RESET ROLE")
 
 
-PRODUCTION = {**SAFE, "DJANGO_SETTINGS_MODULE": "config.settings"}
+PRODUCTION = {**PRODUCTION_SAFE, "DJANGO_SETTINGS_MODULE": "config.settings"}
 
 
 def _boot_web(**extra: str) -> subprocess.CompletedProcess[str]:
@@ -135,7 +139,7 @@ def test_production_web_still_starts_while_the_database_is_unreachable():
 
 def test_production_starts_as_the_app_role(roles):
     _, app = roles
-    url = database_url().replace("postgres://postgres", f"postgres://{app}", 1)
+    url = database_url(USER=app, PASSWORD="")
     started = _boot_web(DATABASE_URL=url)
     assert started.returncode == 0 and "started" in started.stdout, started.stderr
 

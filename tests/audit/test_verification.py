@@ -15,7 +15,8 @@ from audit.checkpoints import checkpoint_write
 from audit.models import AuditLog
 from audit.services import job_chain
 from audit.verification import audit_verify
-from tests.audit.conftest import job_with_history, tamper
+from tests.audit.tampering import tamper
+from tests.factories import job_in_state
 
 pytestmark = pytest.mark.django_db
 
@@ -187,7 +188,7 @@ TAMPERS = [
 
 
 def test_untouched_history_verifies():
-    jobs = [job_with_history() for _ in range(3)]
+    jobs = [job_in_state("succeeded") for _ in range(3)]
     checkpoint_write()
     report = audit_verify()
     assert report.ok, report.problems
@@ -198,8 +199,8 @@ def test_untouched_history_verifies():
 
 @pytest.mark.parametrize("do_tamper", TAMPERS, ids=lambda f: f.__name__)
 def test_tamper_fails_verification_naming_job_and_seq(do_tamper):
-    bystander = job_with_history()
-    job = job_with_history()
+    bystander = job_in_state("succeeded")
+    job = job_in_state("succeeded")
     seq, what = do_tamper(job)
 
     report = audit_verify()
@@ -235,7 +236,7 @@ def test_payload_fields_are_checked_exactly_when_the_fast_check_cannot_tell():
 
 
 def test_whole_chain_missing_is_named_when_asked_for_by_job():
-    job = job_with_history()
+    job = job_in_state("succeeded")
     tamper("DELETE FROM audit_logs WHERE chain = %s", [job_chain(job.id)])
     report = audit_verify(job_ids=[job.id])
     # The job row, still there, also says its chain should not be empty.
@@ -256,7 +257,7 @@ def test_whole_chain_missing_is_named_when_asked_for_by_job():
 )
 def test_malformed_row_hash_is_reported_by_the_command_not_a_crash(column, value, what):
     """Not hex, wrong length, not ASCII: each is tampering, exit 1 naming job and seq."""
-    job = job_with_history()
+    job = job_in_state("succeeded")
     tamper(
         f"UPDATE audit_logs SET {column} = %s WHERE chain = %s AND seq = 4",
         [value, job_chain(job.id)],

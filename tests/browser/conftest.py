@@ -2,22 +2,22 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
+# The sizes the pages are made for: a laptop, and a phone held upright.
+LAPTOP = (1366, 768)
+PHONE = (390, 844)
 
 
-@pytest.fixture
-def browser():
-    """Headless Debian Chromium driven by its own chromedriver (no downloads)."""
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.skip("Debian chromium + chromium-driver are not installed (.ci/run installs them)")
+def _options(extra: tuple[str, ...] = ()):
     from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
 
-    profile = tempfile.mkdtemp(prefix="jobops-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in (
@@ -30,11 +30,63 @@ def browser():
         "--disable-background-networking",
         "--disable-component-update",
         "--disable-sync",
-        f"--user-data-dir={profile}",
+        *extra,
     ):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    return options
+
+
+def _driver(extra: tuple[str, ...] = ()):
+    """Headless Debian Chromium driven by its own chromedriver (no downloads)."""
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        pytest.skip("Debian chromium + chromium-driver are not installed (.ci/run installs them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="jobops-chromium-")
+    driver = webdriver.Chrome(
+        service=Service(CHROMEDRIVER), options=_options((*extra, f"--user-data-dir={profile}"))
+    )
     driver.set_page_load_timeout(30)
+    viewport(driver, *LAPTOP)
+    return driver, profile
+
+
+@pytest.fixture
+def browser():
+    driver, profile = _driver()
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def offline_browser():
+    """A browser that reaches this machine and nothing else: no CDN, no font service."""
+    rules = "MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"
+    driver, profile = _driver((f"--host-resolver-rules={rules}",))
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def viewport(driver, width: int, height: int, *, mobile: bool = False) -> None:
+    """Exactly this many CSS pixels of page (a window size would include browser chrome)."""
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile},
+    )
+
+
+def shoot(driver, name: str) -> list[Path]:
+    """Save what an operator sees now, at laptop and at phone width, under var/screenshots/."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    saved = []
+    for (width, height), tag, mobile in ((LAPTOP, "laptop", False), (PHONE, "phone", True)):
+        viewport(driver, width, height, mobile=mobile)
+        time.sleep(0.3)  # let the layout settle at the new width
+        path = SCREENSHOTS / f"{name}-{tag}.png"
+        driver.save_screenshot(str(path))
+        saved.append(path)
+    viewport(driver, *LAPTOP)
+    return saved

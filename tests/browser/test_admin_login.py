@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from django_otp.oath import TOTP
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.factories import UserFactory
+from tests.browser.conftest import shoot
+from tests.factories import UserFactory, totp_code
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -24,17 +24,14 @@ def operator():
     return user, device
 
 
-def _current_code(device: TOTPDevice) -> str:
-    totp = TOTP(device.bin_key, device.step, device.t0, device.digits, device.drift)
-    return f"{totp.token():0{device.digits}d}"
-
-
-def _login(browser, live_server, password: str, token: str) -> None:
+def _login(browser, live_server, password: str, token: str, *, screenshot: str = "") -> None:
     browser.get(f"{live_server.url}/admin/")
     assert "/admin/login/" in browser.current_url
     browser.find_element(By.NAME, "username").send_keys("operator")
     browser.find_element(By.NAME, "password").send_keys(password)
     browser.find_element(By.NAME, "otp_token").send_keys(token)
+    if screenshot:
+        shoot(browser, screenshot)
     form = browser.find_element(By.TAG_NAME, "form")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
     # click() returns before the POST's answer replaces the page: wait for it,
@@ -51,19 +48,20 @@ def test_login_form_asks_for_password_and_otp(browser, live_server, operator):
 def test_password_without_valid_otp_is_refused(browser, live_server, operator):
     _login(browser, live_server, "pw-for-tests", "000000")
     assert "/admin/login/" in browser.current_url
-    assert "Operations" not in browser.title
+    assert "Dashboard" not in browser.title
+    shoot(browser, "01-login-refused-without-otp")
 
 
 def test_password_and_totp_code_open_the_portal(browser, live_server, operator):
     _, device = operator
-    _login(browser, live_server, "pw-for-tests", _current_code(device))
+    _login(browser, live_server, "pw-for-tests", totp_code(device), screenshot="00-login")
     assert "/admin/login/" not in browser.current_url
-    assert "Operations" in browser.page_source
+    assert "Dashboard" in browser.title
 
 
 def test_a_backup_token_works_once(browser, live_server, operator):
     _login(browser, live_server, "pw-for-tests", "backup01")
-    assert "Operations" in browser.page_source
+    assert "Dashboard" in browser.title
     browser.delete_all_cookies()
     _login(browser, live_server, "pw-for-tests", "backup01")
     assert "/admin/login/" in browser.current_url

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import subprocess
 import sys
 import time
@@ -16,12 +15,8 @@ from django.conf import settings
 from django.db import connection
 
 from core import health
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again when the block ends: nothing listens
+from tests.polling import wait_for
+from tests.processes import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +46,7 @@ def test_readyz_is_ready_when_every_service_answers(client):
 
 @pytest.mark.django_db
 def test_readyz_names_an_unreachable_broker_quickly(client, settings, caplog):
-    settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{_closed_port()}//"
+    settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="django.request"):
         response = client.get("/readyz")
@@ -68,7 +63,7 @@ def test_readyz_names_an_unreachable_broker_quickly(client, settings, caplog):
 
 @pytest.mark.django_db
 def test_readyz_names_redis_and_postgres_when_they_are_down(client, settings, monkeypatch):
-    port = _closed_port()
+    port = free_port()
     settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
     monkeypatch.setitem(connection.settings_dict, "PORT", str(port))
     response = client.get("/readyz")
@@ -80,15 +75,23 @@ def test_readyz_names_redis_and_postgres_when_they_are_down(client, settings, mo
 def test_readyz_reuses_its_answer_within_the_cache_window(client, settings):
     settings.JOBOPS_READY_CACHE_SECONDS = 60
     assert client.get("/readyz").status_code == 200
-    settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{_closed_port()}//"
+    settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
     assert client.get("/readyz").status_code == 200  # cached: a probe storm costs one check
     health._cache = None
     assert client.get("/readyz").status_code == 503
 
 
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+    except OSError:  # not listening yet
+        return False
+    return True
+
+
 def test_gunicorn_access_log_skips_probes(tmp_path):
     """The Procfile's gunicorn flags: probes leave no access-log line, API calls do."""
-    port = _closed_port()
+    port = free_port()
     log_file = tmp_path / "access.log"
     server = subprocess.Popen(
         [
@@ -108,15 +111,7 @@ def test_gunicorn_access_log_skips_probes(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), timeout=20, interval=0.2)
         for path in ("/healthz", "/readyz", "/api/v1/nope"):
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5)

@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.polling import wait_for
+from tests.processes import ROOT
+
 ENV = {**os.environ, "RESPAWN_MIN_BACKOFF": "0.1", "PYTHONUNBUFFERED": "1"}
 
 
@@ -57,18 +59,19 @@ def test_honcho_keeps_the_other_processes_when_a_respawned_one_exits(tmp_path):
         f"steady: {sys.executable} -c 'import time; time.sleep(60)'\n"
     )
     honcho = Path(sys.executable).parent / "honcho"
-    proc = subprocess.Popen(
-        [str(honcho), "start", "-f", str(procfile), "-d", str(ROOT)],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    log = tmp_path / "honcho.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(honcho), "start", "-f", str(procfile), "-d", str(ROOT)],
+            env=ENV,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        time.sleep(3)  # crashy has exited (and been restarted) many times by now
-        assert proc.poll() is None, proc.stdout.read()
+        wait_for(lambda: log.read_text().count("exited with 1") >= 2, timeout=15)
+        assert proc.poll() is None, log.read_text()  # crashy went on restarting, steady too
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate(timeout=15)
-    assert out.count("exited with 1") >= 2
+        proc.wait(timeout=15)
+    assert "steady.1" in log.read_text()

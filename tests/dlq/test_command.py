@@ -10,8 +10,8 @@ from django.core.management import CommandError, call_command
 
 from jobs.models import DeadLetter, Job
 from jobs.states import Status
-from tests.dlq.conftest import depth, worker_dead_letter, worker_lost
-from tests.factories import OperatorFactory, UserFactory
+from tests.factories import OperatorFactory, UserFactory, job_in_state
+from tests.queues import depth, worker_dead_letter
 
 pytestmark = pytest.mark.django_db
 
@@ -25,7 +25,7 @@ def _run(*args: str) -> str:
 def test_list_shows_depths_open_rows_and_error_codes(amqp):
     worker_dead_letter(amqp, code="UPSTREAM_500")
     worker_dead_letter(amqp, code="UPSTREAM_500")
-    worker_lost()
+    job_in_state("failed", reason="worker_lost")
     out = _run("list")
     assert "sim_dlq                     2          3" in out
     assert "2  sim_dlq" in out and "UPSTREAM_500" in out
@@ -56,7 +56,10 @@ def test_replay_dry_run_then_for_real(amqp):
 
 
 def test_discard_of_selected_jobs(amqp):
-    keep, drop = worker_lost(), worker_lost()
+    keep, drop = (
+        job_in_state("failed", reason="worker_lost"),
+        job_in_state("failed", reason="worker_lost"),
+    )
     OperatorFactory(username="bob")
     out = _run("discard", "sim", "--as", "bob", "--justification", "dup", "--job", str(drop.id))
     assert "discarded 1 dead letter(s)" in out
@@ -67,15 +70,15 @@ def test_discard_of_selected_jobs(amqp):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["replay", "sim", "--as", "carol", "--justification", "  "], "ERR-DLQ-400"),
+        (["replay", "sim", "--as", "carol", "--justification", "  "], "ERR-DLQ-422"),
         (["replay", "nope_dlq", "--as", "carol", "--justification", "x"], "unknown queue"),
         (["replay", "sim", "--as", "ghost", "--justification", "x"], "no user"),
-        (["discard", "sim", "--as", "dave", "--justification", "x"], "ERR-DLQ-401"),
+        (["discard", "sim", "--as", "dave", "--justification", "x"], "ERR-DLQ-403"),
         (["replay", "sim", "--as", "carol", "--justification", "x", "--job", "42"], "Not job"),
         (["peek", "sim", "--limit", "0"], "--limit"),
     ],
 )
-def test_bad_input_is_a_clear_error(topology, args, message):
+def test_bad_input_is_a_clear_error(broker, args, message):
     OperatorFactory(username="carol")
     UserFactory(username="dave")
     with pytest.raises(CommandError, match=message):

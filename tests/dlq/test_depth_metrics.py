@@ -7,8 +7,8 @@ from prometheus_client import REGISTRY
 
 from jobs.backpressure import queue_depths_refresh
 from jobs.models import Job
-from tests.dlq.conftest import dead_letter_by_reject, publish_job_message
 from tests.factories import make_job
+from tests.queues import dead_letter_by_reject, publish_job_message
 
 pytestmark = pytest.mark.django_db
 

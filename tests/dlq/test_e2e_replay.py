@@ -11,16 +11,16 @@ from dlq.services import dead_letters_replay
 from jobs.models import DeadLetter, Job
 from tests import handlers
 from tests.factories import OperatorFactory, make_job
-from tests.workers import (
+from tests.polling import wait_for
+from tests.processes import (
     FAST_ENV,
     celery_worker,
     dispatcher_process,
     scripted_env,
     scripted_table,
-    wait_for,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("topology")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
 # No retries for `ai` here: the first failure dead-letters the job at once.
 NO_RETRIES = {"ai": {"max_retries": 0}}

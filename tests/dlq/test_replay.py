@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from audit.models import AuditLog
-from audit.services import OPS_CHAIN, Actor, job_chain
+from audit.services import OPS_CHAIN, job_chain
 from dlq.broker import dlq_peek
 from dlq.errors import (
     DeadLetterInputError,
@@ -23,21 +23,12 @@ from dlq.services import (
 )
 from dlq.watcher import watch_once
 from jobs.models import DeadLetter, Job
-from jobs.services import transition
 from jobs.states import Status
 from jobs.topology import WATCH_QUEUE_NAME
-from tests.dlq.conftest import (
-    depth,
-    get_one,
-    publish_job_message,
-    wait_depth,
-    worker_dead_letter,
-    worker_lost,
-)
-from tests.factories import OperatorFactory, UserFactory, make_job
+from tests.factories import OperatorFactory, UserFactory, job_in_state
+from tests.queues import depth, get_one, publish_job_message, wait_depth, worker_dead_letter
 
 pytestmark = pytest.mark.django_db
-WORKER = Actor.system("worker")
 
 
 def test_replay_dry_run_counts_and_samples_without_writing(amqp):
@@ -114,8 +105,8 @@ def test_replay_is_retry_safe(amqp):
     assert Job.objects.get(id=job.id).max_attempts == 12
 
 
-def test_replay_of_a_worker_lost_dead_letter_without_a_broker_copy(topology):
-    job = worker_lost()
+def test_replay_of_a_worker_lost_dead_letter_without_a_broker_copy(broker):
+    job = job_in_state("failed", reason="worker_lost")
     row = DeadLetter.objects.get(job=job)
     assert not row.broker_copy and row.queue == "sim_dlq"
 
@@ -128,8 +119,7 @@ def test_replay_of_a_worker_lost_dead_letter_without_a_broker_copy(topology):
 
 
 def test_replay_of_a_broker_made_dead_letter(amqp):
-    job = make_job(job_type="ai", params={"text": "x"})
-    transition(job_id=job.id, target=Status.QUEUED, actor=WORKER)
+    job = job_in_state("queued", job_type="ai", params={"text": "x"})
     publish_job_message(job)
     for _ in range(21):  # x-delivery-limit 20
         message = get_one(amqp, "default", timeout=2)
@@ -147,8 +137,8 @@ def test_replay_of_a_broker_made_dead_letter(amqp):
     assert depth(amqp, "default_dlq") == 0
 
 
-def test_replay_skips_a_row_whose_job_is_no_longer_failed(topology):
-    job = worker_lost()
+def test_replay_skips_a_row_whose_job_is_no_longer_failed(broker):
+    job = job_in_state("failed", reason="worker_lost")
     # Behind the service's back: the job was re-run by other means meanwhile.
     Job.objects.filter(id=job.id).update(status=Status.PENDING)
     result = dead_letters_replay(actor_user=OperatorFactory(), justification="x", job_ids=[job.id])
@@ -156,12 +146,12 @@ def test_replay_skips_a_row_whose_job_is_no_longer_failed(topology):
     assert DeadLetter.objects.get(job=job).state == "open"
 
 
-def test_replay_and_discard_refuse_a_missing_justification_or_a_non_staff_actor(topology):
-    job = worker_lost()
+def test_replay_and_discard_refuse_a_missing_justification_or_a_non_staff_actor(broker):
+    job = job_in_state("failed", reason="worker_lost")
     for text in ("", "   ", None):
         with pytest.raises(JustificationRequiredError) as refused:
             dead_letters_replay(actor_user=OperatorFactory(), justification=text, job_ids=[job.id])
-        assert refused.value.code == "ERR-DLQ-400"
+        assert refused.value.code == "ERR-DLQ-422"
     with pytest.raises(DeadLetterPermissionError):
         dead_letters_discard(actor_user=UserFactory(), justification="x", job_ids=[job.id])
     with pytest.raises(UnknownQueueError):
@@ -247,15 +237,15 @@ def test_ack_away_pass_keeps_copies_of_open_rows_and_unwatched_new_ones(amqp):
     assert [m.job_id for m in dlq_peek(queue="sim_dlq", limit=5)] == [str(kept.id)]
 
 
-def test_peek_refuses_anything_but_a_dead_letter_queue(topology):
+def test_peek_refuses_anything_but_a_dead_letter_queue(broker):
     # A get-and-requeue on a primary quorum queue would count towards its delivery limit.
     for name in ("sim", "dlq.watch", "nope"):
         with pytest.raises(UnknownQueueError):
             dlq_peek(queue=name, limit=1)
 
 
-def test_replay_refuses_a_bad_limit_and_accepts_job_ids_from_a_generator(topology):
-    job = worker_lost()
+def test_replay_refuses_a_bad_limit_and_accepts_job_ids_from_a_generator(broker):
+    job = job_in_state("failed", reason="worker_lost")
     with pytest.raises(DeadLetterInputError):
         dead_letters_replay(actor_user=OperatorFactory(), justification="x", limit=0)
     result = dead_letters_replay(

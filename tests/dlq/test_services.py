@@ -7,25 +7,16 @@ from audit.models import AuditLog
 from audit.services import Actor
 from jobs.exceptions import JobLost
 from jobs.models import DeadLetter, Job
-from jobs.services import Fence, job_fail_with_dead_letter, transition
+from jobs.services import Fence, job_fail_with_dead_letter
 from jobs.states import Status
-from tests.factories import make_job
+from tests.factories import job_in_state, make_job
 
 pytestmark = pytest.mark.django_db
 SYSTEM = Actor.system()
 
 
-def _claim(job, worker="w1"):
-    return transition(
-        job_id=job.id,
-        target=Status.RUNNING,
-        actor=SYSTEM,
-        claim_for=worker,
-    )
-
-
 def test_fail_with_dead_letter_commits_failed_and_an_open_row():
-    job = _claim(make_job())
+    job = job_in_state("running", worker="w1")
     failed, row = job_fail_with_dead_letter(
         job_id=job.id,
         reason="fatal",
@@ -42,7 +33,7 @@ def test_fail_with_dead_letter_commits_failed_and_an_open_row():
 
 
 def test_fail_with_dead_letter_by_a_reclaimed_worker_writes_nothing():
-    job = _claim(make_job())
+    job = job_in_state("running", worker="w1")
     Job.objects.filter(id=job.id).update(locked_by="w2", attempts=2)
     with pytest.raises(JobLost):
         job_fail_with_dead_letter(job_id=job.id, reason="fatal", actor=SYSTEM, fence=Fence("w1", 1))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 
 import pytest
@@ -19,19 +17,8 @@ from jobs.topology import (
     job_queue,
     job_queues,
 )
-from tests.dlq.conftest import depth, get_one, wait_depth
-from tests.workers import ROOT, subprocess_env
-
-
-def _setup_topology() -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", "setup_topology"],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+from tests.processes import run_manage
+from tests.queues import depth, get_one, get_one_or_none, wait_depth
 
 
 def _publish(channel, routing_key: str, body: dict) -> None:
@@ -43,7 +30,7 @@ def _publish(channel, routing_key: str, body: dict) -> None:
 def test_setup_topology_twice_exits_zero_and_keeps_queued_messages(amqp):
     _publish(amqp, "sim", {"marker": "kept"})
     assert wait_depth(amqp, "sim", 1) == 1
-    first, second = _setup_topology(), _setup_topology()
+    first, second = run_manage("setup_topology"), run_manage("setup_topology")
     assert first.returncode == 0, first.stderr
     assert second.returncode == 0, second.stderr
     assert "topology is in place" in second.stdout
@@ -53,14 +40,14 @@ def test_setup_topology_twice_exits_zero_and_keeps_queued_messages(amqp):
         queue(amqp).declare()
 
 
-def test_setup_topology_reports_a_conflicting_queue_without_a_traceback(topology):
+def test_setup_topology_reports_a_conflicting_queue_without_a_traceback(broker):
     with Connection(settings.BROKER_URL) as conn:
         channel = conn.channel()
         channel.queue_delete("report")
         # A classic queue named like a primary, with other arguments.
         channel.queue_declare("report", durable=True, auto_delete=False)
         try:
-            result = _setup_topology()
+            result = run_manage("setup_topology")
             assert result.returncode != 0
             assert "Traceback" not in result.stderr + result.stdout
             assert "report" in result.stderr and "inequivalent arg" in result.stderr
@@ -79,7 +66,7 @@ def test_each_routing_key_reaches_its_primary_quorum_queue(amqp, queue):
     marker = str(uuid.uuid4())
     _publish(amqp, queue, {"marker": marker})
     message = get_one(amqp, queue)
-    assert message is not None and marker in str(message.body)
+    assert marker in str(message.body)
     amqp.basic_ack(message.delivery_tag)
     # It is a quorum queue: redeclaring it as classic is refused.
     with pytest.raises(PreconditionFailed):
@@ -93,7 +80,6 @@ def test_reject_without_requeue_lands_in_its_dlq_and_the_watch_queue(amqp):
         amqp.basic_reject(message.delivery_tag, requeue=False)
         for target in (dlq_name(queue), WATCH_QUEUE_NAME):
             copy = get_one(amqp, target)
-            assert copy is not None, f"no copy in {target}"
             death = copy.headers["x-death"][0]
             assert death["reason"] == "rejected"
             assert death["queue"] == queue
@@ -115,12 +101,12 @@ def test_a_message_that_crashes_its_consumer_is_dead_lettered_by_the_delivery_li
         for _ in range(DELIVERY_LIMIT + 5):
             if deliveries % 2:  # a consumer whose channel dies with the message unacked
                 channel = conn.channel()
-                message = get_one(channel, "model", timeout=2)
+                message = get_one_or_none(channel, "model", timeout=2)
                 if message is None:
                     break
                 channel.close()
             else:  # a consumer that gives it back (requeue) after crashing
-                message = get_one(amqp, "model", timeout=2)
+                message = get_one_or_none(amqp, "model", timeout=2)
                 if message is None:
                     break
                 amqp.basic_reject(message.delivery_tag, requeue=True)
@@ -128,7 +114,6 @@ def test_a_message_that_crashes_its_consumer_is_dead_lettered_by_the_delivery_li
     assert deliveries == DELIVERY_LIMIT + 1
     for target in (dlq_name("model"), WATCH_QUEUE_NAME):
         copy = get_one(amqp, target)
-        assert copy is not None
         assert copy.headers["x-first-death-reason"] == "delivery_limit"
         assert copy.headers["x-death"][0]["reason"] == "delivery_limit"
         amqp.basic_ack(copy.delivery_tag)

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from tests.workers import (
+from tests.processes import (
     FAST_ENV,
     celery_worker,
     dispatcher_process,
     scripted_env,
     scripted_table,
-    topology_declare_and_purge,
 )
+from tests.queues import topology_declare_and_purge
 
 
 @pytest.fixture
 def scripted(settings):
-    """The test process accepts script params for tests.workers.SCRIPTED_TYPES and uses
+    """The test process accepts script params for tests.processes.SCRIPTED_TYPES and uses
     the fast timings the subprocesses use."""
     scripted_table(settings)
     settings.JOBOPS_LOCK_TIMEOUT = int(FAST_ENV["JOBOPS_LOCK_TIMEOUT"])
-    settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 1.0
+    settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 0.0
     return settings
 
 

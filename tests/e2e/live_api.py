@@ -8,34 +8,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from urllib.parse import quote
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_database_url() -> str:
-    from django.db import connection
-
-    s = connection.settings_dict
-    user = quote(s.get("USER") or "postgres")
-    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
-    host, port = s.get("HOST") or "127.0.0.1", s.get("PORT") or 5432
-    return f"postgres://{user}{password}@{host}:{port}/{s['NAME']}"
+from tests.polling import wait_for
+from tests.processes import ROOT, database_url, free_port
 
 
 @contextmanager
@@ -50,7 +31,7 @@ def gunicorn_server(
     port = free_port()
     env = {
         **os.environ,
-        "DATABASE_URL": test_database_url(),
+        "DATABASE_URL": database_url(),
         "DJANGO_SETTINGS_MODULE": "config.settings_test",
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
@@ -81,19 +62,19 @@ def gunicorn_server(
         start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"gunicorn exited with {process.returncode}; see {log.name}")
+        try:
+            return requests.get(f"{base}/api/v1/schema/", timeout=5).status_code == 200
+        except requests.RequestException:  # not listening yet, or still booting
+            return False
+
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"gunicorn exited with {process.returncode}; see {log.name}")
-            try:
-                if requests.get(f"{base}/api/v1/schema/", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:  # not listening yet, or still booting
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"gunicorn did not answer in {timeout}s; see {log.name}")
-            time.sleep(0.1)
+        wait_for(
+            answers, timeout=timeout, interval=0.1, what=f"gunicorn on {base} (log {log.name})"
+        )
         yield base
     finally:
         if process.poll() is None:

@@ -18,10 +18,12 @@ from schemathesis.config._checks import PositiveDataAcceptanceConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from audit.models import AuditLog
+from core.api.otp import otp_grant_issue
 from core.json import json_problem
 from jobs.models import Job
 from tests.e2e.live_api import gunicorn_server
-from tests.factories import UserFactory
+from tests.factories import role_user, totp_code, totp_device, worker_lost
+from tests.queues import topology_declare_and_purge
 
 # Schemathesis' full check set (all 12 of 4.1): besides no 500 and conformance, invalid
 # input must be refused, valid input accepted, auth enforced, unknown methods refused,
@@ -39,8 +41,12 @@ def live_api(django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def token(transactional_db) -> str:
-    """A committed user and token the live server can see."""
-    return Token.objects.create(user=UserFactory()).key
+    """A committed operator's token holding a live OTP grant, so that the admin calls
+    answer for real (a plain token would make every one of them a 401)."""
+    user = role_user("operator")
+    key = Token.objects.create(user=user).key
+    otp_grant_issue(user=user, token_key=key, otp_token=totp_code(totp_device(user)))
+    return key
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +79,8 @@ def test_schema_validates_without_warnings(tmp_path):
         "ERR-JOB-400", "ERR-JOB-404", "ERR-JOB-409", "ERR-JOB-413", "ERR-JOB-422",
         "ERR-JOB-IDEMPOTENCY-MISMATCH", "ERR-JOB-RATE-LIMIT", "ERR-JOB-BACKPRESSURE",
         "ERR-AUTH-401", "ERR-HTTP-415",
+        "ERR-DLQ-400", "ERR-DLQ-401", "ERR-DLQ-403", "ERR-DLQ-404", "ERR-DLQ-422",
+        "ERR-DLQ-429", "ERR-OTP-401", "/api/v1/admin/otp", "/api/v1/admin/dlq/{queue}/replay",
     ):  # fmt: skip
         assert code in text, code
     for status in ("'200'", "'201'", "'304'", "'400'", "'401'", "'404'", "'413'", "'422'", "'429'"):
@@ -140,6 +148,44 @@ def test_documented_happy_path_responses_match_the_schema(live_api, api_schema, 
         f"{live_api}/api/v1/jobs/{job_id}", headers={"If-None-Match": calls[-1][2].headers["ETag"]}
     )
     assert not_modified.status_code == 304 and not_modified.content == b""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_documented_admin_responses_match_the_schema(live_api, api_schema, token):
+    """Every admin call's success answers, validated against the schema: a dead letter
+    peeked, dry-run, replayed; another discarded; a background replay read and stopped."""
+    topology_declare_and_purge()
+    session = requests.Session()
+    session.headers["Authorization"] = f"Token {token}"
+    replayed, discarded = worker_lost(), worker_lost()
+    base = f"{live_api}/api/v1/admin/dlq"
+    one = {"justification": "INC-1", "job_ids": [str(replayed.id)]}
+    calls = [
+        ("GET", "/api/v1/admin/dlq", session.get(base)),
+        ("GET", "/api/v1/admin/dlq/{queue}/peek", session.get(f"{base}/sim_dlq/peek")),
+        ("POST", "/api/v1/admin/dlq/{queue}/replay",
+         session.post(f"{base}/sim_dlq/replay", json={**one, "dry_run": True})),
+        ("POST", "/api/v1/admin/dlq/{queue}/replay",
+         session.post(f"{base}/sim_dlq/replay", json=one)),
+        ("POST", "/api/v1/admin/dlq/{queue}/discard",
+         session.post(f"{base}/sim_dlq/discard",
+                      json={"justification": "dup", "job_ids": [str(discarded.id)]})),
+    ]  # fmt: skip
+    for method, path, response in calls:
+        assert response.status_code == 200, (method, path, response.text)
+        api_schema[path][method].validate_response(response)
+    assert calls[3][2].json()["job_ids"] == [str(replayed.id)]
+    more = [worker_lost() for _ in range(101)]  # above the background threshold (100)
+    background = session.post(f"{base}/sim_dlq/discard", json={"justification": "bulk"})
+    assert background.status_code == 202, background.text
+    api_schema["/api/v1/admin/dlq/{queue}/discard"]["POST"].validate_response(background)
+    operation = session.get(background.headers["Location"])
+    api_schema["/api/v1/admin/dlq/operations/{operation_id}"]["GET"].validate_response(operation)
+    stopped = session.post(f"{background.headers['Location']}/stop")
+    api_schema["/api/v1/admin/dlq/operations/{operation_id}/stop"]["POST"].validate_response(
+        stopped
+    )
+    assert stopped.json()["state"] == "stopped" and len(more) == 101
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,6 +1,6 @@
 """Execution end to end: a real worker and dispatcher, RabbitMQ, PostgreSQL and Redis.
 
-ai, model and cam run tests.handlers.scripted here (see tests/workers.py); sim and
+ai, model and cam run tests.handlers.scripted here (see tests/processes.py); sim and
 report run their reference handlers.
 """
 
@@ -17,11 +17,13 @@ from audit.services import Actor
 from jobs.models import DeadLetter, Job
 from jobs.publisher import message_publish
 from jobs.services import job_cancel
+from jobs.topology import dlq_name
 from tests import handlers
 from tests.factories import UserFactory, make_job
-from tests.workers import job_events as events
-from tests.workers import job_finished as finished
-from tests.workers import wait_for
+from tests.polling import wait_for
+from tests.processes import job_events as events
+from tests.processes import job_finished as finished
+from tests.queues import drain
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
@@ -30,19 +32,9 @@ def script(job_type="ai", **params):
     return make_job(job_type=job_type, params=params)
 
 
-def dlq_messages(queue):
-    """Every message in the broker DLQ `<queue>_dlq` (consumed: the test owns the vhost)."""
-    found = []
-    with Connection(settings.BROKER_URL) as conn:
-        channel = conn.channel()
-        while (message := channel.basic_get(f"{queue}_dlq", no_ack=True)) is not None:
-            found.append(message)
-    return found
-
-
 def dlq_job_ids(queue):
     ids = []
-    for message in dlq_messages(queue):
+    for message in drain(dlq_name(queue)):
         args = json.loads(message.body)[0]
         assert message.headers["x-death"][0]["queue"] == queue
         ids.append(args[0]["job_id"])
@@ -80,7 +72,7 @@ def test_retryable_failures_retry_with_jittered_backoff_then_succeed(shared_work
     runs = handlers.runs(job.id)
     assert [r["attempt"] for r in runs] == [1, 2, 3]
     retries = AuditLog.objects.filter(job_id=job.id, event_type="retrying").order_by("seq")
-    base = 0.2  # JOBOPS_BACKOFF_BASE_SECONDS in the worker (tests.workers.FAST_ENV)
+    base = 0.2  # JOBOPS_BACKOFF_BASE_SECONDS in the worker (tests.processes.FAST_ENV)
     for n, (entry, before, after) in enumerate(zip(retries, runs, runs[1:], strict=False), 1):
         delay = json.loads(entry.payload)["data"]["delay_ms"] / 1000
         bound = min(20, base * 2 ** (n - 1))
@@ -185,4 +177,4 @@ def test_a_message_naming_no_job_is_rejected_to_the_dlq(shared_worker):
 
     with Connection(settings.BROKER_URL) as conn:
         app.send_task("jobs.ai", args=[{"nonsense": True}], connection=conn)
-    assert wait_for(lambda: dlq_messages("default"), timeout=10)
+    assert wait_for(lambda: drain("default_dlq"), timeout=10)

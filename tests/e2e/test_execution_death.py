@@ -8,23 +8,19 @@ import signal
 import pytest
 
 from jobs.models import Job
-from jobs.services import reap_once
+from jobs.services import publish_due_once, reap_once
 from tests import handlers
 from tests.factories import make_job
-from tests.workers import (
+from tests.polling import wait_for
+from tests.processes import (
     assert_chain_valid,
     celery_worker,
     dispatcher_process,
     scripted_env,
     scripted_table,
-    wait_for,
 )
-from tests.workers import (
-    job_events as events,
-)
-from tests.workers import (
-    job_finished as finished,
-)
+from tests.processes import job_events as events
+from tests.processes import job_finished as finished
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
@@ -34,6 +30,7 @@ def test_job_of_a_killed_worker_finishes_once_on_another_worker(settings):
     env = scripted_env()
     with celery_worker(queues=["model"], env=env, name="doomed") as doomed:
         job = make_job(job_type="model", params={"do": "steps", "steps": 10, "step_seconds": 0.3})
+        publish_due_once()  # the dispatcher's step
         wait_for(lambda: int(handlers.redis_client().get(handlers.key(job.id, "step")) or 0) >= 2)
         doomed.kill(signal.SIGKILL)  # the worker and its pool child, mid-job
         doomed.proc.wait(timeout=10)
@@ -56,6 +53,7 @@ def test_reclaimed_worker_that_is_still_alive_writes_nothing(settings):
     env = {**scripted_env(), "JOBOPS_HEARTBEAT_SECONDS": "3600"}
     with celery_worker(queues=["model"], env=env, name="zombie") as zombie:
         job = make_job(job_type="model", params={"do": "wait_signal"})
+        publish_due_once()  # the dispatcher's step
         wait_for(lambda: handlers.redis_client().get(handlers.key(job.id, "started")))
         wait_for(lambda: reap_once()["reclaimed"] == 1, timeout=10, interval=0.2)
         before = Job.objects.get(id=job.id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -16,18 +17,19 @@ from jobs.models import DeadLetter, Job
 from jobs.services import job_cancel, publish_due_once, reap_once
 from tests import handlers
 from tests.factories import UserFactory, make_job
-from tests.workers import (
+from tests.polling import wait_for
+from tests.processes import (
     ROOT,
     Process,
     celery_worker,
     database_url,
+    dispatcher_process,
     job_events,
     job_finished,
     run_dispatcher_once,
     scripted_env,
     scripted_table,
     subprocess_env,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
@@ -82,6 +84,7 @@ def test_two_dispatchers_racing_publish_each_job_into_one_run(settings):
 def test_queued_job_cancelled_never_runs(settings):
     scripted_table(settings)
     job = make_job(job_type="ai", params={"do": "noop"})
+    publish_due_once()  # the dispatcher's step
     assert Job.objects.get(id=job.id).status == "queued"  # confirmed, no worker yet
     job_cancel(job_id=job.id, actor=Actor.system("test"))
     with celery_worker(queues=["default"], env=scripted_env()) as worker:
@@ -134,6 +137,7 @@ def test_database_down_while_a_job_fails_decides_nothing(settings, worker_role):
     env = {**scripted_env(), "DATABASE_URL": database_url(USER=worker_role, PASSWORD="")}
     with celery_worker(queues=["default"], env=env, name="dbdown") as worker:
         job = make_job(job_type="ai", params={"do": "wait_then", "then": "fatal"})
+        publish_due_once()  # the dispatcher's step
         wait_for(lambda: handlers.runs(job.id))
         _database_down_for(worker_role, True)
         handlers.redis_client().set(handlers.key(job.id, "go"), 1)  # now fail (fatal)
@@ -157,9 +161,11 @@ def test_a_retry_waiting_for_its_delay_holds_no_slot_and_survives_a_worker_resta
     env = {**scripted_env(), "JOBOPS_BACKOFF_BASE_SECONDS": "4"}  # first delay 2-6 s
     with celery_worker(queues=["default"], env=env, name="before-restart"):
         waiting = make_job(job_type="ai", params={"do": "fail_times", "n": 1})
+        publish_due_once()  # the dispatcher's step
         wait_for(lambda: Job.objects.get(id=waiting.id).status == "retrying")
         # One process, prefetch 1: another job runs while the retry waits in the row.
         other = make_job(job_type="ai", params={"do": "noop"})
+        assert publish_due_once() == 1  # only `other`: the retry is not due yet
         assert job_finished(other.id, timeout=10).status == "succeeded"
         row = Job.objects.get(id=waiting.id)
         assert row.status == "retrying" and row.next_run_at is not None
@@ -168,3 +174,17 @@ def test_a_retry_waiting_for_its_delay_holds_no_slot_and_survives_a_worker_resta
         done = job_finished(waiting.id)
     assert done.status == "succeeded" and done.attempts == 2
     assert [r["attempt"] for r in handlers.runs(waiting.id)] == [1, 2]
+
+
+def test_a_listening_dispatcher_publishes_a_new_job_at_once_not_at_its_next_loop(settings):
+    """DESIGN.md 3.5: creation sends NOTIFY jobs_pending and the dispatcher, LISTENing,
+    publishes within milliseconds. Its loop runs every 30 s here, so only the
+    notification can explain a publish within a second, for each of several jobs."""
+    with dispatcher_process(interval=30, name="listening") as dispatcher:
+        wait_for(lambda: "dispatcher_listening" in dispatcher.log_text(), timeout=10)
+        for _ in range(3):
+            started = time.monotonic()
+            job = make_job(job_type="sim", params={"steps": 1, "step_seconds": 0})
+            wait_for(lambda j=job: Job.objects.get(id=j.id).status == "queued", timeout=5)
+            assert time.monotonic() - started < 1.0
+    assert "dispatcher_listen_failed" not in dispatcher.log_text()

@@ -8,15 +8,15 @@ import pytest
 from jobs.models import DeadLetter
 from tests import handlers
 from tests.factories import make_job
-from tests.workers import (
+from tests.processes import (
     assert_chain_valid,
     celery_worker,
     dispatcher_process,
+    job_events,
+    job_finished,
     scripted_env,
     scripted_table,
 )
-from tests.workers import job_events as events
-from tests.workers import job_finished as finished
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
@@ -39,28 +39,28 @@ def cam_worker(_cam_processes, settings):
 
 def test_handler_that_kills_its_worker_ends_failed_worker_lost(cam_worker):
     job = make_job(job_type="cam", params={"do": "kill"})
-    done = finished(job.id)
+    done = job_finished(job.id)
     assert done.status == "failed" and done.attempts == 2  # max_retries 1: two attempts
     assert done.dead_letter_queue == "cam_dlq"
     row = DeadLetter.objects.get(job_id=job.id)
     assert (row.reason, row.queue, row.broker_copy) == ("worker_lost", "cam_dlq", False)
-    assert events(job.id).count("reclaimed") == 1
+    assert job_events(job.id).count("reclaimed") == 1
     assert len(handlers.runs(job.id)) == 2  # and it does not loop
     assert_chain_valid(job.id)
 
 
 def test_hard_time_limit_ends_through_the_worker_lost_path(cam_worker):
     job = make_job(job_type="cam", params={"do": "sleep_past_hard_limit", "seconds": 30})
-    done = finished(job.id)
+    done = job_finished(job.id)
     assert done.status == "failed" and done.attempts == 2
     assert DeadLetter.objects.get(job_id=job.id).reason == "worker_lost"
-    assert "reclaimed" in events(job.id)  # retried once after the first hard limit
+    assert "reclaimed" in job_events(job.id)  # retried once after the first hard limit
 
 
 def test_soft_time_limit_is_retryable(cam_worker):
     job = make_job(job_type="cam", params={"do": "sleep", "seconds": 30})
-    done = finished(job.id)
+    done = job_finished(job.id)
     assert done.status == "failed" and done.attempts == 2
-    assert "retrying" in events(job.id)
+    assert "retrying" in job_events(job.id)
     row = DeadLetter.objects.get(job_id=job.id)
     assert (row.reason, row.error_code) == ("exhausted", "TIME_LIMIT")

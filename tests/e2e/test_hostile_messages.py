@@ -8,21 +8,18 @@ from django.conf import settings
 from kombu import Connection, Exchange, Producer
 
 from jobs.models import DeadLetter
+from jobs.topology import dlq_name
 from tests.factories import make_job
-from tests.workers import job_finished as finished
-from tests.workers import wait_for
+from tests.polling import wait_for
+from tests.processes import job_finished as finished
+from tests.queues import drain
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
 
 def dlq_bodies(queue: str) -> list[bytes]:
-    found = []
-    with Connection(settings.BROKER_URL) as conn:
-        channel = conn.channel()
-        while (message := channel.basic_get(f"{queue}_dlq", no_ack=True)) is not None:
-            body = message.body
-            found.append(body if isinstance(body, bytes) else body.encode())
-    return found
+    bodies = [message.body for message in drain(dlq_name(queue))]
+    return [body if isinstance(body, bytes) else body.encode() for body in bodies]
 
 
 def publish_raw(queue: str, body: bytes, headers: dict | None, content_type: str) -> None:

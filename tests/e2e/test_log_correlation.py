@@ -6,42 +6,24 @@ Each process renders through core/logging.py: the API (this process) and the bri
 
 from __future__ import annotations
 
-import io
-import json
-import logging
-
 import pytest
 import structlog
 
-from core.logging import MASK, configure_masking, formatter
+from core.logging import MASK, configure_masking
 from jobs.erp_bridge import erp_bridge_run
 from jobs.events import outbox_relay_once
 from jobs.models import Job
-from tests.factories import UserFactory
-from tests.jobs.api_fixtures import client_for
-from tests.jobs.test_erp_bridge import Receiver, erp_queues  # noqa: F401  (fixture)
-from tests.workers import celery_worker, wait_for
+from jobs.services import publish_due_once
+from tests.erp_receiver import Receiver
+from tests.factories import UserFactory, client_for
+from tests.polling import wait_for
+from tests.processes import celery_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REQUEST_ID = "follow-me-7f3a"
 
 
-@pytest.fixture
-def json_lines():
-    """Every log line of this process, rendered by the production JSON chain."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(formatter(json=True))
-    root = logging.getLogger()
-    root.addHandler(handler)
-    level = root.level
-    root.setLevel(logging.INFO)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
-    root.removeHandler(handler)
-    root.setLevel(level)
-
-
-def test_one_request_id_runs_through_api_worker_and_erp_bridge(erp_queues, json_lines):  # noqa: F811
+def test_one_request_id_runs_through_api_worker_and_erp_bridge(erp_queues, json_log_lines):
     client = client_for(UserFactory())
     with celery_worker(queues=("sim",), name="follow") as worker:
         response = client.post(
@@ -52,9 +34,10 @@ def test_one_request_id_runs_through_api_worker_and_erp_bridge(erp_queues, json_
         )
         assert response.status_code == 201
         job_id = response.json()["id"]
+        publish_due_once()  # the dispatcher's step: the request never publishes
         wait_for(lambda: Job.objects.get(id=job_id).status == "succeeded", timeout=30)
         worker_log = worker.log_text()
-    api_line = next(line for line in json_lines() if line["event"] == "job_created")
+    api_line = next(line for line in json_log_lines() if line["event"] == "job_created")
     assert api_line["request_id"] == REQUEST_ID and api_line["job_id"] == job_id
 
     worker_lines = [line for line in worker_log.splitlines() if job_id in line]
@@ -65,16 +48,16 @@ def test_one_request_id_runs_through_api_worker_and_erp_bridge(erp_queues, json_
     outbox_relay_once()
     with Receiver() as erp:
         erp_bridge_run(url=erp.url, idle_timeout=1.0)
-    delivered = [line for line in json_lines() if line["event"] == "erp_event_delivered"]
+    delivered = [line for line in json_log_lines() if line["event"] == "erp_event_delivered"]
     assert delivered and all(line["request_id"] == REQUEST_ID for line in delivered)
     assert {line["job_id"] for line in delivered} == {job_id}
 
 
-def test_configured_personal_data_fields_are_masked(json_lines):
+def test_configured_personal_data_fields_are_masked(json_log_lines):
     configure_masking(["iban"])
     try:
         structlog.get_logger("tests").info("payout", customer_iban="DE89370400440532013000")
     finally:
         configure_masking([])
-    (line,) = [line for line in json_lines() if line["event"] == "payout"]
+    (line,) = [line for line in json_log_lines() if line["event"] == "payout"]
     assert line["customer_iban"] == MASK

@@ -17,17 +17,18 @@ from audit.services import Actor
 from dlq.services import dead_letters_replay
 from jobs.models import DeadLetter, Job
 from jobs.services import job_cancel
-from tests.e2e.live_api import free_port
 from tests.factories import OperatorFactory, make_job
-from tests.workers import (
+from tests.polling import wait_for
+from tests.processes import (
     FAST_ENV,
     celery_worker,
     dispatcher_process,
+    free_port,
+    job_finished,
     scripted_env,
     scripted_table,
-    topology_declare_and_purge,
-    wait_for,
 )
+from tests.queues import topology_declare_and_purge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NO_RETRIES_FOR_MODEL = {"model": {"max_retries": 0}}
@@ -54,11 +55,6 @@ def _scrape_web(client) -> dict:
 def _scrape(port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return _samples(response.read().decode())
-
-
-def _ended(job_id) -> Job | None:
-    job = Job.objects.get(id=job_id)
-    return job if job.status in ("succeeded", "failed", "cancelled") else None
 
 
 def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
@@ -95,7 +91,7 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
         wait_for(lambda: Job.objects.get(id=running.id).progress_percent > 0, timeout=30)
         job_cancel(job_id=running.id, actor=Actor.system("test"))
         for job in (ok, retried, running):
-            wait_for(lambda j=job: _ended(j.id), timeout=30)
+            job_finished(job.id, timeout=30)
         wait_for(lambda: DeadLetter.objects.filter(job_id=fatal.id).exists(), timeout=30)
         replay = dead_letters_replay(
             actor_user=OperatorFactory(), justification="metrics test", job_ids=[fatal.id]

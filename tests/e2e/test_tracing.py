@@ -22,9 +22,11 @@ from rest_framework.authtoken.models import Token
 
 from jobs.models import Job
 from jobs.states import Status
-from tests.e2e.live_api import free_port, gunicorn_server
+from tests.e2e.live_api import gunicorn_server
 from tests.factories import UserFactory
-from tests.workers import celery_worker, dispatcher_process, topology_declare_and_purge, wait_for
+from tests.polling import wait_for
+from tests.processes import celery_worker, dispatcher_process, free_port
+from tests.queues import topology_declare_and_purge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import UTC
+
 import pytest
 
 from audit.models import AuditLog
@@ -27,11 +29,13 @@ def test_job_detail_shows_its_audit_trail_and_cannot_be_edited(otp_admin_client)
     assert Job.objects.get(id=job.id).status == Status.PENDING
 
 
-def test_cancel_action_cancels_through_the_service(otp_admin_client):
+def test_cancel_action_asks_first_then_cancels_through_the_service(otp_admin_client):
     job = make_job()
-    response = otp_admin_client.post(
-        "/admin/jobs/job/", {"action": "cancel_jobs", "_selected_action": [str(job.id)]}
-    )
+    chosen = {"action": "cancel_jobs", "_selected_action": [str(job.id)]}
+    asked = otp_admin_client.post("/admin/jobs/job/", chosen)
+    assert asked.status_code == 200 and b"Yes, cancel 1 job" in asked.content
+    assert Job.objects.get(id=job.id).status == Status.PENDING
+    response = otp_admin_client.post("/admin/jobs/job/", {**chosen, "confirm": "yes"})
     assert response.status_code == 302
     assert Job.objects.get(id=job.id).status == Status.CANCELLED
     actor_ids = set(AuditLog.objects.filter(job_id=job.id).values_list("actor_id", flat=True))
@@ -50,3 +54,107 @@ def test_audit_log_admin_refuses_changes(otp_admin_client):
         == 403
     )
     assert AuditLog.objects.filter(pk=entry.pk).exists()
+
+
+# --- the job pages of the operator portal (issue 9) ----------------------------------------
+
+
+def _running(job, *, percent=40, step="mesh", message="refining cell 12"):
+    from jobs.services import Fence, job_claim, job_progress_write
+
+    claimed = job_claim(job_id=job.id, locked_by="w1")
+    job_progress_write(
+        job_id=job.id, fence=Fence("w1", claimed.attempts), percent=percent, step=step,
+        message=message,
+    )  # fmt: skip
+    return Fence("w1", claimed.attempts)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"status__exact": "running"}, {"run"}),
+        ({"type__exact": "report"}, {"rep"}),
+        ({"queue__exact": "report"}, {"rep"}),
+        ({"owner": "bob"}, {"bob"}),
+        ({"owner": "nobody"}, set()),
+        ({"created_at_from": "2000-01-01", "created_at_to": "2000-01-31"}, {"old"}),
+        ({"dead_letter": "open"}, {"dl"}),
+        ({"dead_letter": "none", "status__exact": "pending"}, {"bob", "rep", "old"}),
+    ],
+)
+def test_the_job_list_filters(otp_admin_client, query, expected):
+    from datetime import datetime
+
+    from tests.factories import UserFactory, worker_lost
+
+    named = {
+        "bob": make_job(owner=UserFactory(username="bob")),
+        "rep": make_job(job_type="report", params={}),
+        "old": make_job(),
+        "run": make_job(),
+        "dl": worker_lost(),
+    }
+    Job.objects.filter(id=named["old"].id).update(created_at=datetime(2000, 1, 15, tzinfo=UTC))
+    _running(named["run"])
+    page = otp_admin_client.get("/admin/jobs/job/", query)
+    assert page.status_code == 200
+    ids = {str(j.id) for j in page.context["cl"].result_list}
+    assert ids == {str(named[n].id) for n in expected}
+
+
+def test_the_job_list_searches_by_id_key_and_request_id(otp_admin_client):
+    keyed = make_job(key="order-4711")
+    other = make_job()
+    Job.objects.filter(id=other.id).update(request_id="req-abc")
+    for term, job in ((str(keyed.id), keyed), ("order-4711", keyed), ("req-abc", other)):
+        page = otp_admin_client.get("/admin/jobs/job/", {"q": term})
+        assert [j.id for j in page.context["cl"].result_list] == [job.id], term
+    assert otp_admin_client.get("/admin/jobs/job/", {"q": "not a uuid'"}).status_code == 200
+
+
+def test_the_job_page_is_laid_out_for_a_person(otp_admin_client, settings, tmp_path):
+    from jobs.services import artefact_save, job_succeed
+
+    settings.MEDIA_ROOT = tmp_path
+    job = make_job(owner=otp_admin_client.user)
+    fence = _running(job, percent=60, step="solve", message="iteration 40 of 80")
+    artefact_save(job_id=job.id, kind="report", name="out.csv", data="a,b\n1,2\n", fence=fence)
+    running = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/")
+    text = running.content.decode()
+    assert 'class="badge badge-running big"' in text and "60%" in text
+    assert "solve" in text and "iteration 40 of 80" in text
+    assert "<strong>1</strong> of 6" in text and 'id="cancel-job"' in text
+    download = otp_admin_client.get(f"/admin/jobs/job/{job.id}/artefacts/{job.artefacts.get().id}/")
+    assert download.status_code == 200 and b"".join(download.streaming_content) == b"a,b\n1,2\n"
+    job_succeed(job_id=job.id, fence=fence, result={"cells": 1200})
+    done = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/").content.decode()
+    assert "&quot;cells&quot;: 1200" in done and 'id="cancel-job"' not in done
+    timeline = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/").context["timeline"]
+    assert [e["event"] for e in timeline] == ["created", "started", "progress", "succeeded"]
+    assert timeline[0]["actor"] == otp_admin_client.user.username
+
+
+def test_a_failed_job_page_shows_its_error_dead_letter_and_a_replay_link(otp_admin_client):
+    from tests.factories import job_failed
+
+    job = job_failed("ERP_NOT_CONFIGURED", reason="fatal")
+    text = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/").content.decode()
+    assert 'id="last-error"' in text and "ERP_NOT_CONFIGURED" in text
+    assert 'id="dead-letters"' in text and "badge-open" in text
+    assert f"/admin/jobs/deadletter/replay/run/?job={job.id}" in text
+    assert f"/admin/audit/auditlog/verify/?job={job.id}&amp;run=1" in text
+
+
+def test_cancel_from_the_job_page_asks_first(otp_admin_client):
+    job = make_job()
+    _running(job)
+    asked = otp_admin_client.get(f"/admin/jobs/job/{job.id}/cancel/")
+    assert asked.status_code == 200 and b"Cancel <strong>1</strong> job?" in asked.content
+    assert Job.objects.get(id=job.id).cancel_requested is False
+    done = otp_admin_client.post(f"/admin/jobs/job/{job.id}/cancel/")
+    assert done.status_code == 302
+    job.refresh_from_db()
+    assert job.cancel_requested and job.status == Status.RUNNING  # it stops at its next check
+    events = AuditLog.objects.filter(job_id=job.id).values_list("event_type", flat=True)
+    assert "cancel_requested" in events

@@ -6,16 +6,19 @@ import json
 import uuid
 
 import pytest
-from django.db.models import F
 
 from audit.models import AuditLog
-from audit.services import Actor
 from jobs.models import Job
-from jobs.services import artefact_save, transition
+from jobs.services import artefact_save, job_claim, job_progress_write
 from jobs.states import Status
-from tests.factories import OperatorFactory, UserFactory, make_job
-from tests.jobs.api_fixtures import *  # noqa: F403  (fixtures)
-from tests.jobs.api_fixtures import client_for
+from tests.factories import (
+    OperatorFactory,
+    UserFactory,
+    client_for,
+    fence_of,
+    job_in_state,
+    make_job,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -271,17 +274,27 @@ def test_304_path_reads_only_the_version(api, django_assert_num_queries):
     assert '"jobs"."params"' not in captured.captured_queries[-1]["sql"]
 
 
+def test_a_200_reads_the_job_with_its_artefacts_in_one_query(api, django_assert_num_queries):
+    job = make_job(owner=api.user)
+    artefact_save(job_id=job.id, kind="report", name="b.csv", data=b"b\n")
+    artefact_save(job_id=job.id, kind="report", name="a.csv", data=b"a,b\n")
+    # One query authenticates the token, one reads the job and its artefacts.
+    with django_assert_num_queries(2):
+        body = api.get(f"{JOBS}/{job.id}").json()
+    assert [(a["name"], a["size"]) for a in body["artefacts"]] == [("a.csv", 4), ("b.csv", 2)]
+    assert all(a["url"].endswith(f"/artefacts/{a['id']}") for a in body["artefacts"])
+
+
 def test_etag_changes_when_progress_moves(api):
     job = make_job(owner=api.user)
     etag = api.get(f"{JOBS}/{job.id}")["ETag"]
-    transition(job_id=job.id, target=Status.RUNNING, actor=Actor.system(),
-               claim_for="w1")  # fmt: skip
+    claimed = job_claim(job_id=job.id, locked_by="w1")
     moved = api.get(f"{JOBS}/{job.id}", HTTP_IF_NONE_MATCH=etag)
     assert moved.status_code == 200
     etag = moved["ETag"]
     assert api.get(f"{JOBS}/{job.id}", HTTP_IF_NONE_MATCH=etag).status_code == 304
-    # A progress write the way the worker makes it: it bumps the version.
-    Job.objects.filter(id=job.id).update(progress_percent=40, version=F("version") + 1)
+    # A progress write by the worker's own service: it bumps the version.
+    job_progress_write(job_id=job.id, fence=fence_of(claimed), percent=40, step=None, message=None)
     response = api.get(f"{JOBS}/{job.id}", HTTP_IF_NONE_MATCH=etag)
     assert response.status_code == 200
     assert response.json()["progress"]["percent"] == 40
@@ -410,18 +423,13 @@ def test_cancel_cancels_a_pending_job_and_is_idempotent(api):
 
 
 def test_cancel_of_a_running_job_only_raises_the_flag(api):
-    job = make_job(owner=api.user)
-    transition(job_id=job.id, target=Status.RUNNING, actor=Actor.system(),
-               claim_for="w1")  # fmt: skip
+    job = job_in_state("running", owner=api.user)
     body = api.post(f"{JOBS}/{job.id}/cancel").json()
     assert body["status"] == "running" and body["cancel_requested"] is True
 
 
 def test_cancel_of_a_finished_job_answers_200_and_changes_nothing(api):
-    job = make_job(owner=api.user)
-    transition(job_id=job.id, target=Status.RUNNING, actor=Actor.system(),
-               claim_for="w1")  # fmt: skip
-    transition(job_id=job.id, target=Status.SUCCEEDED, actor=Actor.system())
+    job = job_in_state("succeeded", owner=api.user)
     before = Job.objects.get(id=job.id).version
     response = api.post(f"{JOBS}/{job.id}/cancel")
     assert response.status_code == 200
@@ -487,16 +495,16 @@ def test_client_for_helper_makes_distinct_tokens():
     assert a._credentials != b._credentials
 
 
-def test_the_request_id_is_bound_to_every_log_line_of_the_request(api, caplog):
+def test_the_request_id_is_bound_to_every_log_line_of_the_request(api, json_log_lines):
     import structlog
 
-    caplog.set_level("INFO")
-    post(api, SIM, HTTP_X_REQUEST_ID="trace-me")
-    # structlog hands the standard library its event dicts, context merged in.
-    lines = [r.msg for r in caplog.records if isinstance(r.msg, dict)]
-    created = [line for line in lines if line.get("event") == "job_created"]
-    assert created and all(line.get("request_id") == "trace-me" for line in created)
-    assert "request_id" not in structlog.contextvars.get_contextvars()
+    job_id = post(api, SIM, HTTP_X_REQUEST_ID="trace-me").json()["id"]
+    structlog.get_logger("tests").info("after_the_request")
+
+    *during, after = json_log_lines()
+    assert any(line["event"] == "job_created" and line["job_id"] == job_id for line in during)
+    assert all(line["request_id"] == "trace-me" for line in during), during
+    assert after["event"] == "after_the_request" and "request_id" not in after
 
 
 def test_a_disallowed_host_on_an_api_path_is_a_json_400(client):

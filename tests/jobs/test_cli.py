@@ -13,9 +13,17 @@ from django.db import connection
 
 from audit.services import Actor
 from jobs.models import Job
-from jobs.services import transition
+from jobs.services import (
+    job_cancel,
+    job_cancel_confirm,
+    job_claim,
+    job_fail_with_dead_letter,
+    job_progress_write,
+    job_succeed,
+)
 from jobs.states import Status
-from tests.factories import UserFactory, make_job
+from tests.factories import UserFactory, fence_of, job_in_state, make_job
+from tests.polling import wait_for
 
 
 def run(*args: str) -> tuple[str, str]:
@@ -91,20 +99,32 @@ def test_job_status_of_an_unknown_job_exits_2(job_id):
     assert raised.value.returncode == 2
 
 
-def _drive(job_id, *, end: str) -> threading.Thread:
-    """Move a job through its life from another thread (another DB connection)."""
+def _drive(job_id, *, end: str, follower: io.StringIO) -> threading.Thread:
+    """Move a job through its life from another thread (another DB connection), one
+    step each time the follower's bar (its stderr) has shown the one before."""
+
+    def shown(text: str) -> None:
+        wait_for(lambda: text in follower.getvalue(), timeout=10, what=f"the bar to show {text}")
 
     def body() -> None:
         try:
-            system = Actor.system()
-            time.sleep(0.1)
-            transition(job_id=job_id, target=Status.RUNNING, actor=system,
-                       claim_for="w1")  # fmt: skip
+            shown(str(job_id)[:8])  # the bar's first frame
+            fence = fence_of(job_claim(job_id=job_id, locked_by="w1"))
+            shown("running")
             for percent in (25, 60):
-                time.sleep(0.1)
-                Job.objects.filter(id=job_id).update(progress_percent=percent, progress_step="step")
-            time.sleep(0.1)
-            transition(job_id=job_id, target=end, actor=system)
+                job_progress_write(
+                    job_id=job_id, fence=fence, percent=percent, step="step", message=None
+                )
+                shown(f"{percent}%")
+            if end == Status.SUCCEEDED:
+                job_succeed(job_id=job_id, fence=fence, result={"ok": True})
+            elif end == Status.FAILED:
+                job_fail_with_dead_letter(
+                    job_id=job_id, reason="fatal", actor=Actor.system("worker"), fence=fence
+                )
+            else:
+                job_cancel(job_id=job_id, actor=Actor.system("test"))
+                job_cancel_confirm(job_id=job_id, fence=fence)
         finally:
             connection.close()
 
@@ -113,24 +133,48 @@ def _drive(job_id, *, end: str) -> threading.Thread:
     return thread
 
 
+def follow(job_id, *, err: io.StringIO | None = None, timeout: float = 30) -> str:
+    """`job_status --follow` polling fast, with a deadline so a stuck job fails the test;
+    returns its stdout (the bar goes to `err`)."""
+    out = io.StringIO()
+    call_command(
+        "job_status", str(job_id), "--follow", "--interval", "0.02", "--timeout", str(timeout),
+        stdout=out, stderr=err or io.StringIO(),
+    )  # fmt: skip
+    return out.getvalue()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_follow_shows_progress_and_exits_0_when_the_job_succeeds():
     job = make_job()
-    thread = _drive(job.id, end=Status.SUCCEEDED)
-    out, err = run("job_status", str(job.id), "--follow", "--interval", "0.02")
+    err = io.StringIO()
+    thread = _drive(job.id, end=Status.SUCCEEDED, follower=err)
+    out = follow(job.id, err=err)
     thread.join()
     assert "status:    succeeded" in out
-    assert "60%" in err or "25%" in err  # the bar was drawn while the job ran
-    assert "succeeded" in err  # the bar's last frame names the end state
+    assert "25%" in err.getvalue() and "60%" in err.getvalue()  # drawn while the job ran
+    assert "succeeded" in err.getvalue()  # the bar's last frame names the end state
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("end", [Status.FAILED, Status.CANCELLED])
 def test_follow_exits_1_when_the_job_fails_or_is_cancelled(end):
     job = make_job()
-    thread = _drive(job.id, end=end)
+    err = io.StringIO()
+    thread = _drive(job.id, end=end, follower=err)
     with pytest.raises(CommandError) as raised:
-        run("job_status", str(job.id), "--follow", "--interval", "0.02")
+        follow(job.id, err=err)
     thread.join()
     assert raised.value.returncode == 1
     assert end in str(raised.value)
+
+
+@pytest.mark.django_db
+def test_follow_gives_up_after_its_timeout_with_exit_3_naming_the_state():
+    job = job_in_state("running")
+    started = time.monotonic()
+    with pytest.raises(CommandError) as raised:
+        follow(job.id, timeout=0.3)
+    assert 0.3 <= time.monotonic() - started < 5
+    assert raised.value.returncode == 3
+    assert f"job {job.id} still running after 0.3s (--timeout)" in str(raised.value)

@@ -8,10 +8,10 @@ from kombu import Connection
 
 from jobs.dispatcher import dispatch_once
 from jobs.models import DeadLetter, Job
-from jobs.services import job_claim, job_publish, job_reclaim, publish_due_once, reap_once
+from jobs.services import job_publish, publish_due_once, reap_once
 from jobs.topology import JOBS_EXCHANGE
-from tests.factories import make_job
-from tests.workers import job_events
+from tests.factories import backdate, job_in_state, make_job
+from tests.processes import job_events
 
 pytestmark = pytest.mark.django_db
 
@@ -21,15 +21,22 @@ def sql(statement, *params):
         cursor.execute(statement, list(params))
 
 
-def stale_running(job):
-    job_claim(job_id=job.id, locked_by="dead-worker")
-    sql("UPDATE jobs SET locked_at = now() - interval '10 minutes' WHERE id = %s", job.id)
+def stale_running():
+    """A running job whose worker stopped heartbeating ten minutes ago."""
+    job = job_in_state("running", worker="dead-worker")
+    backdate(job, locked_at=600)
+    return job
+
+
+def _old(job):
+    """Pending for two minutes: past the dispatcher's grace period."""
+    backdate(job, created_at=120)
+    return job
 
 
 def test_reaper_reclaims_a_stale_lock_as_retrying_due_now(settings):
     settings.JOBOPS_LOCK_TIMEOUT = 60
-    job = make_job()
-    stale_running(job)
+    job = stale_running()
     assert reap_once() == {"reclaimed": 1, "worker_lost": 0}
     row = Job.objects.get(id=job.id)
     assert row.status == "retrying" and row.locked_by is None and row.next_run_at is not None
@@ -38,9 +45,8 @@ def test_reaper_reclaims_a_stale_lock_as_retrying_due_now(settings):
 
 
 def test_reaper_fails_a_job_with_no_attempts_left_as_worker_lost(settings):
-    job = make_job()
+    job = stale_running()
     sql("UPDATE jobs SET max_attempts = 1 WHERE id = %s", job.id)
-    stale_running(job)
     assert reap_once() == {"reclaimed": 0, "worker_lost": 1}
     row = Job.objects.get(id=job.id)
     assert (row.status, row.dead_letter_queue) == ("failed", "sim_dlq")
@@ -49,8 +55,7 @@ def test_reaper_fails_a_job_with_no_attempts_left_as_worker_lost(settings):
 
 
 def test_reaper_leaves_live_locks_alone():
-    job = make_job()
-    job_claim(job_id=job.id, locked_by="alive")
+    job = job_in_state("running", worker="alive")
     assert reap_once() == {"reclaimed": 0, "worker_lost": 0}
     assert Job.objects.get(id=job.id).status == "running"
 
@@ -58,13 +63,9 @@ def test_reaper_leaves_live_locks_alone():
 def test_dispatcher_publishes_due_retries_and_old_pending_jobs_only(broker, settings):
     settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 60
     fresh = make_job()  # pending, but younger than the grace period
-    old = make_job()
-    sql("UPDATE jobs SET created_at = now() - interval '2 minutes' WHERE id = %s", old.id)
-    due, later = make_job(), make_job()
-    for job, when in ((due, "now()"), (later, "now() + interval '1 hour'")):
-        stale_running(job)
-        job_reclaim(job_id=job.id, lock_timeout=60)
-        sql(f"UPDATE jobs SET next_run_at = {when} WHERE id = %s", job.id)
+    old = _old(make_job())
+    due = job_in_state("retrying", retry_in=0)
+    later = job_in_state("retrying", retry_in=3600)
     assert publish_due_once() == 2
     status = dict(Job.objects.values_list("id", "status"))
     assert status[old.id] == "queued" and status[due.id] == "queued"
@@ -102,11 +103,6 @@ def no_backoff():
     publishing._backoff.clear()
 
 
-def _old(job):
-    sql("UPDATE jobs SET created_at = now() - interval '2 minutes' WHERE id = %s", job.id)
-    return job
-
-
 def test_one_unpublishable_job_does_not_block_the_ones_behind_it(broker, settings, no_backoff):
     settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 60
     stuck = _old(make_job(job_type="erp", params={"event": "x"}))  # the oldest: first in line
@@ -140,17 +136,23 @@ def test_a_job_of_a_removed_type_is_dead_lettered_not_retried_forever(broker, se
     assert Job.objects.get(id=after.id).status == "queued"
 
 
-def test_the_retry_pass_runs_when_the_pending_pass_fails(broker, settings, monkeypatch, no_backoff):
-    from jobs.services import publishing
-
+def test_the_retry_pass_runs_when_the_pending_pass_fails(
+    broker, settings, no_backoff, json_log_lines
+):
     settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 60
-    _old(make_job())
-    due = make_job()
-    stale_running(due)
-    job_reclaim(job_id=due.id, lock_timeout=60)
-    sql("UPDATE jobs SET next_run_at = now() WHERE id = %s", due.id)
-    broken = dict(publishing._DUE)
-    broken["pending"] = "SELECT broken syntax"
-    monkeypatch.setattr(publishing, "_DUE", broken)
+    # A pending job of a retired type that already has an open dead letter (e.g. the
+    # watcher recorded one): failing it is refused by the one-open-row index, which
+    # ends the pending pass.
+    stuck = _old(make_job())
+    sql("UPDATE jobs SET type = 'retired' WHERE id = %s", stuck.id)
+    DeadLetter.objects.create(job=stuck, queue="sim_dlq", reason="rejected")
+    due = job_in_state("retrying", retry_in=0)
+
     assert publish_due_once() == 1
+
     assert Job.objects.get(id=due.id).status == "queued"
+    failed = [
+        line for line in json_log_lines() if line["event"] == "dispatcher_publish_pass_failed"
+    ]
+    assert [line["status"] for line in failed] == ["pending"]
+    assert Job.objects.get(id=stuck.id).status == "pending"

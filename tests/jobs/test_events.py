@@ -6,8 +6,6 @@ A temporary queue bound to `events.jobs` sees exactly what a consumer such as
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 import uuid
 from datetime import timedelta
@@ -15,21 +13,19 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.core.management import call_command
-from django.db import connection
 from django.utils import timezone
 from kombu import Connection, Exchange, Queue
 
 import jobs.events
-from audit.services import Actor
 from jobs.dispatcher import dispatch_once
 from jobs.events import outbox_prune, outbox_relay_once
-from jobs.models import EventOutbox, Job
-from jobs.services import Fence, transition
-from jobs.states import Status
+from jobs.models import EventOutbox
+from jobs.services import Fence, job_claim, job_succeed
 from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
-from tests.factories import make_job
+from tests.factories import job_in_state, make_job
+from tests.processes import free_port
+from tests.threads import run_in_threads
 
-SYSTEM = Actor.system()
 LIFECYCLE = ["pending", "queued", "running", "succeeded"]
 
 
@@ -43,7 +39,8 @@ def event_queue(broker):
         queue(channel).declare()
 
         def drain(*, expect: int = 0, timeout: float = 5.0) -> list:
-            """Messages in arrival order; waits until `expect` arrived, then for no more."""
+            """Messages in arrival order; waits until `expect` arrived (fails the test if
+            they do not within `timeout`), then for a short quiet period."""
             bound = queue(channel)
             got, deadline, quiet_until = [], time.monotonic() + timeout, None
             while True:
@@ -59,32 +56,11 @@ def event_queue(broker):
                     if now >= quiet_until:
                         return got
                 elif now > deadline:
-                    return got
+                    raise AssertionError(f"{len(got)} of {expect} events arrived in {timeout}s")
                 time.sleep(0.02)
 
         yield drain
         queue(channel).delete()
-
-
-def run_lifecycle(job: Job) -> None:
-    """pending -> queued -> running -> succeeded through the real transition service."""
-    if Job.objects.get(id=job.id).status == Status.PENDING:  # the publisher may have done it
-        transition(job_id=job.id, target=Status.QUEUED, sources=[Status.PENDING], actor=SYSTEM)
-    transition(
-        job_id=job.id,
-        target=Status.RUNNING,
-        sources=[Status.QUEUED],
-        actor=SYSTEM,
-        claim_for="w1",
-    )
-    transition(
-        job_id=job.id,
-        target=Status.SUCCEEDED,
-        sources=[Status.RUNNING],
-        actor=SYSTEM,
-        fence=Fence("w1", 1),
-        fields={"result": {"ok": True}},
-    )
 
 
 def bodies_by_job(messages) -> dict[str, list[dict]]:
@@ -95,16 +71,9 @@ def bodies_by_job(messages) -> dict[str, list[dict]]:
     return out
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.django_db
 def test_every_transition_arrives_once_in_seq_order_with_the_full_body(event_queue):
-    job = make_job()
-    run_lifecycle(job)
+    job = job_in_state("succeeded")
 
     assert outbox_relay_once() == 4
     messages = event_queue(expect=4)
@@ -137,8 +106,7 @@ def test_every_transition_arrives_once_in_seq_order_with_the_full_body(event_que
 def test_a_crash_after_publish_before_marking_republishes_the_same_event_ids(
     event_queue, monkeypatch
 ):
-    job = make_job()
-    run_lifecycle(job)
+    job = job_in_state("succeeded")
 
     def crash(ids):
         raise RuntimeError("relay died after the broker confirmed, before marking")
@@ -161,10 +129,9 @@ def test_a_crash_after_publish_before_marking_republishes_the_same_event_ids(
 
 @pytest.mark.django_db(transaction=True)
 def test_events_committed_while_the_broker_is_down_wait_and_go_out_later(event_queue, settings):
-    job = make_job()
-    run_lifecycle(job)
+    job = job_in_state("succeeded")
     reachable = settings.BROKER_URL
-    settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{closed_port()}//"
+    settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
 
     with pytest.raises(Exception):  # noqa: B017 - kombu/socket error, whichever it is
         outbox_relay_once()
@@ -181,31 +148,12 @@ def test_events_committed_while_the_broker_is_down_wait_and_go_out_later(event_q
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_relays_keep_each_jobs_seq_order_and_lose_nothing(event_queue, monkeypatch):
-    jobs_ = [make_job() for _ in range(12)]
+    jobs_ = [job_in_state("queued") for _ in range(12)]
     # Interleave the jobs' transitions so that one job's rows spread over the id range.
-    for step in range(3):
-        for job in jobs_:
-            if step == 0:
-                if Job.objects.get(id=job.id).status == Status.PENDING:
-                    transition(
-                        job_id=job.id, target=Status.QUEUED, sources=[Status.PENDING], actor=SYSTEM
-                    )
-            elif step == 1:
-                transition(
-                    job_id=job.id,
-                    target=Status.RUNNING,
-                    sources=[Status.QUEUED],
-                    actor=SYSTEM,
-                    claim_for="w1",
-                )
-            else:
-                transition(
-                    job_id=job.id,
-                    target=Status.SUCCEEDED,
-                    sources=[Status.RUNNING],
-                    actor=SYSTEM,
-                    fence=Fence("w1", 1),
-                )
+    for job in jobs_:
+        job_claim(job_id=job.id, locked_by="w1")
+    for job in jobs_:
+        job_succeed(job_id=job.id, fence=Fence("w1", 1), result=None)
     expected = EventOutbox.objects.count()
     assert expected == 12 * 4
 
@@ -217,29 +165,17 @@ def test_concurrent_relays_keep_each_jobs_seq_order_and_lose_nothing(event_queue
         real_publish(**kwargs)
 
     monkeypatch.setattr(jobs.events, "event_publish", slow_publish)
-    start, errors = threading.Barrier(3), []
 
-    def relay():
-        try:
-            start.wait()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                # Small batches: many claims, each racing the other relays'.
-                jobs.events.outbox_relay_batch(limit=8)
-                if not EventOutbox.objects.filter(published_at__isnull=True).exists():
-                    break
-                time.sleep(0.001)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
+    def relay(_: int) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            # Small batches: many claims, each racing the other relays'.
+            jobs.events.outbox_relay_batch(limit=8)
+            if not EventOutbox.objects.filter(published_at__isnull=True).exists():
+                break
+            time.sleep(0.001)
 
-    threads = [threading.Thread(target=relay) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert errors == []
+    assert run_in_threads(relay, 3) == []
     assert not EventOutbox.objects.filter(published_at__isnull=True).exists()
 
     received = bodies_by_job(event_queue(expect=expected))
@@ -260,8 +196,7 @@ def test_concurrent_relays_keep_each_jobs_seq_order_and_lose_nothing(event_queue
 def test_a_job_row_waits_while_a_lower_seq_of_its_job_is_unpublished_elsewhere(event_queue):
     """The ordering rule itself: a claim without the job's lowest unpublished seq holds
     its rows back rather than publish seq n+1 before seq n."""
-    job = make_job()
-    run_lifecycle(job)
+    job = job_in_state("succeeded")
     first = EventOutbox.objects.filter(job_id=job.id).order_by("seq").first()
     rows = list(EventOutbox.objects.filter(job_id=job.id).exclude(id=first.id))
     assert jobs.events._publishable(rows) == []
@@ -270,8 +205,7 @@ def test_a_job_row_waits_while_a_lower_seq_of_its_job_is_unpublished_elsewhere(e
 
 @pytest.mark.django_db
 def test_relay_command_relays_and_prunes(event_queue):
-    job = make_job()
-    run_lifecycle(job)
+    job = job_in_state("succeeded")
     call_command("relay_outbox", "--once")
     assert len(event_queue(expect=4)) == 4
     EventOutbox.objects.filter(job_id=job.id).update(

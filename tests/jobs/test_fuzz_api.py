@@ -14,8 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.jobs.api_fixtures import *  # noqa: F403  (fixtures)
-
 pytestmark = pytest.mark.django_db
 JOBS = "/api/v1/jobs"
 FUZZ = settings(

@@ -12,9 +12,7 @@ import pytest
 from django.db import connection
 
 from jobs.models import Job
-from tests.factories import UserFactory, make_job
-from tests.jobs.api_fixtures import *  # noqa: F403  (fixtures)
-from tests.jobs.api_fixtures import client_for
+from tests.factories import UserFactory, client_for, make_job
 
 pytestmark = pytest.mark.django_db
 JOBS = "/api/v1/jobs"
@@ -175,18 +173,15 @@ def test_an_unreachable_database_answers_503(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_blackholed_broker_does_not_hold_the_request(settings):
-    """The request's own publish gives up after JOBOPS_REQUEST_BROKER_TIMEOUT_SECONDS;
-    the job stays `pending` for the dispatcher. Before: the 5 s publish timeout."""
+    """The request never waits on the broker (DESIGN.md 3.5): the job is committed
+    `pending` and the dispatcher publishes it. Before: the 5 s publish timeout."""
     import socket
     import time
-
-    from jobs.services import publishing
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)  # the kernel completes the TCP handshake; AMQP never answers
     settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{silent.getsockname()[1]}//"
-    publishing._broker_down_until.clear()
     client = client_for(UserFactory())
     try:
         started = time.monotonic()
@@ -194,10 +189,9 @@ def test_a_blackholed_broker_does_not_hold_the_request(settings):
         elapsed = time.monotonic() - started
     finally:
         silent.close()
-        publishing._broker_down_until.clear()
     assert response.status_code == 201, response.content
     assert response.json()["status"] == "pending"
-    assert elapsed < 1.5, elapsed
+    assert elapsed < 0.5, elapsed
 
 
 @pytest.mark.parametrize("query", ["status=%00", "q=a%00b", "type%00=sim"])

@@ -11,7 +11,8 @@ from django.core.management.base import CommandError
 
 from jobs.metrics import metrics_refresh_liveness
 from jobs.redis_client import redis_client, redis_key
-from tests.workers import celery_worker, dispatcher_process, wait_for
+from tests.polling import wait_for
+from tests.processes import celery_worker, dispatcher_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.models import Job
 from jobs.topology import dlq_name
-from tests.dlq.conftest import amqp, dead_letter_by_reject, get_one, topology  # noqa: F401
-from tests.factories import make_job
+from tests.factories import job_in_state, make_job
+from tests.queues import dead_letter_by_reject, get_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_first_attempt_carries_its_ids_and_attempt(amqp):  # noqa: F811
+def test_a_first_attempt_carries_its_ids_and_attempt(amqp):
     from jobs.publisher import message_publish
 
     job = make_job(job_type="sim")
     amqp.queue_purge(job.queue)  # the creation's own publish
     message_publish(job=job)
     message = get_one(amqp, job.queue)
-    assert message is not None
     headers = message.headers
     amqp.basic_ack(message.delivery_tag)
     assert headers["job_id"] == str(job.id)
@@ -27,27 +25,25 @@ def test_a_first_attempt_carries_its_ids_and_attempt(amqp):  # noqa: F811
     assert "last_error_code" not in headers and "last_error_class" not in headers
 
 
-def test_a_retry_names_the_last_error_code_and_class_but_not_its_text(amqp):  # noqa: F811
-    job = make_job(job_type="sim")
-    amqp.queue_purge(job.queue)  # the creation's own publish, attempt 1
-    Job.objects.filter(id=job.id).update(
-        attempts=2,
-        last_error_code="TRANSIENT_EXTERNAL",
-        last_error_message="ConnectionError: https://erp.example/api?token=s3cret refused",
+def test_a_retry_names_the_last_error_code_and_class_but_not_its_text(amqp):
+    job = job_in_state(
+        "retrying",
+        error_code="TRANSIENT_EXTERNAL",
+        error_message="ConnectionError: https://erp.example/api?token=s3cret refused",
     )
-    job.refresh_from_db()
+    amqp.queue_purge(job.queue)  # the creation's own publish, attempt 1
     # Read where an operator reads it: the copy in the DLQ, as a peek would show it.
     dead_letter_by_reject(amqp, job)
     copy = get_one(amqp, dlq_name(job.queue))
     headers = copy.headers
     amqp.basic_ack(copy.delivery_tag)
-    assert headers["attempt"] == 3
+    assert headers["attempt"] == 2
     assert headers["last_error_code"] == "TRANSIENT_EXTERNAL"
     assert headers["last_error_class"] == "ConnectionError"
     assert not any("s3cret" in str(v) for v in headers.values())
 
 
-def test_an_error_message_without_a_class_prefix_sends_only_the_code(amqp):  # noqa: F811
+def test_an_error_message_without_a_class_prefix_sends_only_the_code(amqp):
     from jobs.publisher import message_headers
 
     job = make_job(job_type="sim")

@@ -5,47 +5,44 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Permission
 from django_celery_results.models import TaskResult
-from django_otp import DEVICE_ID_SESSION_KEY
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from dlq.errors import DeadLetterPermissionError
 from dlq.services import dead_letters_discard, dead_letters_replay
 from jobs.models import Job
 from jobs.states import Status
-from tests.factories import OperatorFactory, StaffFactory, UserFactory, make_job
-from tests.jobs.api_fixtures import client_for
+from tests.factories import (
+    OperatorFactory,
+    StaffFactory,
+    UserFactory,
+    client_for,
+    make_job,
+    otp_login,
+)
 
 pytestmark = pytest.mark.django_db
 
 VIEW_PERMS = ["view_job", "view_deadletter", "view_auditlog", "view_taskresult", "view_totpdevice"]
 
 
-def _otp_login(client, user):
-    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
-    client.force_login(user)
-    session = client.session
-    session[DEVICE_ID_SESSION_KEY] = device.persistent_id
-    session.save()
-    return client
-
-
 @pytest.fixture
 def viewer_client(client):
     user = StaffFactory()
     user.user_permissions.add(*Permission.objects.filter(codename__in=VIEW_PERMS))
-    return _otp_login(client, user)
+    return otp_login(client, user)
 
 
 @pytest.fixture
 def operator_client(client):
     user = OperatorFactory()
     user.user_permissions.add(*Permission.objects.filter(codename__in=VIEW_PERMS))
-    return _otp_login(client, user)
+    return otp_login(client, user)
 
 
 def _cancel_action(client, job):
     return client.post(
-        "/admin/jobs/job/", {"action": "cancel_jobs", "_selected_action": [str(job.id)]}
+        "/admin/jobs/job/",
+        {"action": "cancel_jobs", "_selected_action": [str(job.id)], "confirm": "yes"},
     )
 
 

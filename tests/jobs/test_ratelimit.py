@@ -5,25 +5,21 @@ from __future__ import annotations
 import threading
 
 import pytest
+from django.conf import settings as django_settings
 from kombu import Connection, Producer
 
 from jobs.backpressure import queue_depth_cached, queue_depths_refresh
 from jobs.ratelimit import rate_limit_take
 from jobs.redis_client import redis_client, redis_key
 from jobs.topology import JOBS_EXCHANGE
-from tests.factories import UserFactory
-from tests.jobs.api_fixtures import *  # noqa: F403  (fixtures)
-from tests.jobs.api_fixtures import client_for
+from tests.factories import UserFactory, client_for
+from tests.queues import wait_depth
+from tests.threads import run_in_threads
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clean_redis")]
 
 JOBS = "/api/v1/jobs"
 SIM = {"type": "sim", "params": {"steps": 1, "step_seconds": 0}}
-
-
-def queue_depth_set(queue: str, depth: int) -> None:
-    """Cache a depth as the dispatcher's refresh would (jobs.backpressure)."""
-    redis_client().set(redis_key("queue-depth", queue), depth, ex=60)
 
 
 def post(client, body=SIM, **extra):
@@ -52,20 +48,14 @@ def test_a_refusal_takes_from_no_bucket():
 
 def test_concurrent_takes_never_overspend_the_bucket():
     allowed, lock = [], threading.Lock()
-    barrier = threading.Barrier(20)
 
-    def worker() -> None:
-        barrier.wait()
+    def take_ten(_: int) -> None:
         for _ in range(10):
             decision = rate_limit_take(buckets=[("t:race", 50)])
             with lock:
                 allowed.append(decision.allowed)
 
-    threads = [threading.Thread(target=worker) for _ in range(20)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    assert run_in_threads(take_ten, 20) == []
     # 200 attempts in well under a second at 50/min: 50 tokens, at most one refilled.
     assert 50 <= sum(allowed) <= 51
 
@@ -118,9 +108,22 @@ def test_redis_down_does_not_refuse_job_creation(settings, api):
 # --- backpressure -------------------------------------------------------------------------
 
 
-def test_a_queue_deeper_than_its_limit_answers_429_backpressure(settings, api):
+def queue_holds(queue: str, count: int) -> None:
+    """Put `count` messages in `queue` (emptied first) and let backpressure read them, as
+    the dispatcher's depth step does."""
+    with Connection(django_settings.BROKER_URL, connect_timeout=10) as conn:
+        channel = conn.channel()
+        channel.queue_purge(queue)
+        producer = Producer(channel, exchange=JOBS_EXCHANGE)
+        for n in range(count):
+            producer.publish({"n": n}, routing_key=queue)
+        wait_depth(channel, queue, count)
+    assert queue_depths_refresh(min_interval=0)[queue] == count
+
+
+def test_a_queue_deeper_than_its_limit_answers_429_backpressure(broker, settings, api):
     settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 10}
-    queue_depth_set("sim", 11)
+    queue_holds("sim", 11)
     response = post(api)
     assert response.status_code == 429
     error = response.json()["error"]
@@ -129,15 +132,15 @@ def test_a_queue_deeper_than_its_limit_answers_429_backpressure(settings, api):
     assert int(response["Retry-After"]) >= 1
     # Other queues are not affected; at the limit is still accepted.
     assert post(api, {"type": "report", "params": {}}).status_code == 201
-    queue_depth_set("sim", 10)
+    queue_holds("sim", 10)
     assert post(api).status_code == 201
 
 
-def test_backpressure_still_answers_a_repeat_of_an_existing_job(settings, api):
+def test_backpressure_still_answers_a_repeat_of_an_existing_job(broker, settings, api):
     settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 10}
     body = {**SIM, "idempotency_key": "before-the-flood"}
     created = post(api, body)
-    queue_depth_set("sim", 500)
+    queue_holds("sim", 500)
     repeat = post(api, body)
     assert (created.status_code, repeat.status_code) == (201, 200)
     assert post(api, {**SIM, "idempotency_key": "new"}).status_code == 429
@@ -151,14 +154,7 @@ def test_unknown_depth_never_refuses(settings, api):
     assert post(api).status_code == 201
 
 
-@pytest.fixture
-def topology():
-    from django.core.management import call_command
-
-    call_command("setup_topology", verbosity=0)
-
-
-def test_refresh_reads_depths_from_rabbitmq_into_redis(topology, settings):
+def test_refresh_reads_depths_from_rabbitmq_into_redis(broker, settings):
     with Connection(settings.BROKER_URL, transport_options={"confirm_publish": True}) as conn:
         channel = conn.channel()
         channel.queue_purge("report")
@@ -176,7 +172,7 @@ def test_refresh_reads_depths_from_rabbitmq_into_redis(topology, settings):
             channel.queue_purge("report")
 
 
-def test_refresh_reads_the_broker_at_most_every_min_interval(topology, settings):
+def test_refresh_reads_the_broker_at_most_every_min_interval(broker, settings):
     # Confirmed publish: the message is in the queue before the depth is read again.
     with Connection(settings.BROKER_URL, transport_options={"confirm_publish": True}) as conn:
         channel = conn.channel()

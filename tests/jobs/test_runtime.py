@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
-from django.db import IntegrityError, connection
+from django.db import IntegrityError
 
 from audit.models import AuditLog
 from audit.services import Actor
@@ -20,14 +20,14 @@ from jobs.services import (
     job_reclaim,
     job_succeed,
 )
-from tests.factories import make_job
+from tests.factories import backdate, job_in_state
 
 pytestmark = pytest.mark.django_db
 
 
-def claimed(**settings_overrides):
-    job = job_claim(job_id=make_job().id, locked_by="w1")
-    assert job is not None and job.status == "running" and job.attempts == 1
+def claimed():
+    job = job_in_state("running", worker="w1")
+    assert job.status == "running" and job.attempts == 1
     return job, Fence("w1", 1)
 
 
@@ -78,10 +78,7 @@ def test_a_reclaimed_worker_has_every_later_write_refused(settings):
     settings.JOBOPS_PROGRESS_INTERVAL_SECONDS = 0
     job, fence = claimed()
     ctx = JobContext(job=job, fence=fence, log=None)
-    with connection.cursor() as cursor:  # the worker stopped heartbeating a minute ago
-        cursor.execute(
-            "UPDATE jobs SET locked_at = now() - interval '1 minute' WHERE id = %s", [job.id]
-        )
+    backdate(job, locked_at=60)  # the worker stopped heartbeating a minute ago
     assert job_reclaim(job_id=job.id, lock_timeout=30).status == "retrying"
     before = Job.objects.get(id=job.id)
     trail = AuditLog.objects.filter(job_id=job.id).count()
@@ -106,18 +103,11 @@ def test_reclaim_leaves_a_live_lock_alone():
 def test_claim_refuses_a_running_job_and_a_retry_not_yet_due():
     job, _ = claimed()
     assert job_claim(job_id=job.id, locked_by="w2") is None
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE jobs SET locked_at = now() - interval '1 minute' WHERE id = %s", [job.id]
-        )
+    backdate(job, locked_at=60)
     job_reclaim(job_id=job.id, lock_timeout=30)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE jobs SET next_run_at = now() + interval '1 hour' WHERE id = %s", [job.id]
-        )
+    backdate(job, next_run_at=-3600)  # due in an hour
     assert job_claim(job_id=job.id, locked_by="w2") is None
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE jobs SET next_run_at = now() WHERE id = %s", [job.id])
+    backdate(job, next_run_at=0)  # due now
     again = job_claim(job_id=job.id, locked_by="w2")
     assert again is not None and again.attempts == 2 and again.locked_by == "w2"
 

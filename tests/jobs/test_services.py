@@ -1,9 +1,7 @@
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from audit.models import AuditLog
 from audit.services import Actor
@@ -19,16 +17,12 @@ from jobs.exceptions import (
 from jobs.models import EventOutbox, Job
 from jobs.services import Fence, job_cancel, job_create, transition
 from jobs.states import ALLOWED, Status
-from tests.factories import UserFactory, make_job
+from tests.factories import UserFactory, job_in_state, make_job
+from tests.processes import job_events
+from tests.threads import run_in_threads
 
 pytestmark = pytest.mark.django_db
 SYSTEM = Actor.system()
-
-
-def events(job):
-    return list(
-        AuditLog.objects.filter(job_id=job.id).order_by("seq").values_list("event_type", flat=True)
-    )
 
 
 def test_create_makes_pending_job_with_created_audit_and_event():
@@ -36,7 +30,7 @@ def test_create_makes_pending_job_with_created_audit_and_event():
     assert job.status == Status.PENDING
     assert job.max_attempts == 6  # sim: 5 retries + 1
     assert job.queue == "sim"
-    assert events(job) == ["created"]
+    assert job_events(job.id) == ["created"]
     event = EventOutbox.objects.get(job_id=job.id)
     assert event.seq == 1
     assert event.payload["status"] == "pending"
@@ -54,7 +48,7 @@ def test_same_key_same_params_returns_existing_job():
     assert (created, created_again) == (True, False)
     assert again.id == first.id
     assert Job.objects.count() == 1
-    assert events(first) == ["created"]
+    assert job_events(first.id) == ["created"]
 
 
 def test_same_key_other_params_is_a_mismatch_and_writes_nothing():
@@ -119,7 +113,7 @@ def test_transition_applies_and_audits_once():
     moved = transition(job_id=job.id, target=Status.QUEUED, sources=[Status.PENDING], actor=SYSTEM)
     assert moved.status == Status.QUEUED
     assert moved.version == job.version + 1
-    assert events(job) == ["created", "queued"]
+    assert job_events(job.id) == ["created", "queued"]
     last = EventOutbox.objects.filter(job_id=job.id).order_by("-seq").first()
     assert (last.payload["previous_status"], last.payload["status"], last.seq) == (
         "pending",
@@ -134,7 +128,7 @@ def test_refused_transition_names_job_and_states_and_changes_nothing():
         transition(job_id=job.id, target=Status.SUCCEEDED, sources=[Status.RUNNING], actor=SYSTEM)
     assert str(job.id) in str(exc.value)
     assert exc.value.current == "pending" and exc.value.target == "succeeded"
-    assert events(job) == ["created"]
+    assert job_events(job.id) == ["created"]
     assert Job.objects.get(id=job.id).version == job.version
 
 
@@ -151,20 +145,14 @@ def test_every_table_entry_names_known_states():
 
 
 def test_fenced_write_after_reclaim_raises_job_lost():
-    job = make_job()
-    claimed = transition(
-        job_id=job.id,
-        target=Status.RUNNING,
-        actor=SYSTEM,
-        claim_for="w1",
-    )
-    assert claimed.attempts == 1
+    job = job_in_state("running", worker="w1")
+    assert job.attempts == 1
     # someone else reclaims the job behind the worker's back
     Job.objects.filter(id=job.id).update(locked_by="w2", attempts=2)
     with pytest.raises(JobLost):
         transition(job_id=job.id, target=Status.SUCCEEDED, actor=SYSTEM, fence=Fence("w1", 1))
     assert Job.objects.get(id=job.id).status == Status.RUNNING
-    assert events(job) == ["created", "started"]
+    assert job_events(job.id) == ["created", "queued", "started"]
 
 
 def test_cancel_before_start_cancels_at_once_and_is_idempotent():
@@ -172,39 +160,27 @@ def test_cancel_before_start_cancels_at_once_and_is_idempotent():
     cancelled = job_cancel(job_id=job.id, actor=SYSTEM)
     again = job_cancel(job_id=job.id, actor=SYSTEM)
     assert cancelled.status == again.status == Status.CANCELLED
-    assert events(job) == ["created", "cancel_requested", "cancelled"]
+    assert job_events(job.id) == ["created", "cancel_requested", "cancelled"]
 
 
 def test_cancel_running_job_only_raises_the_flag():
-    job = make_job()
-    Job.objects.filter(id=job.id).update(status=Status.RUNNING, locked_by="w1", attempts=1)
+    job = job_in_state("running")
     result = job_cancel(job_id=job.id, actor=SYSTEM)
     assert result.status == Status.RUNNING and result.cancel_requested
-    assert events(job) == ["created", "cancel_requested"]
+    assert job_events(job.id) == ["created", "queued", "started", "cancel_requested"]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_fifty_threads_with_one_key_make_one_job():
     owner = UserFactory()
-    barrier = threading.Barrier(50)
-    results, errors = [], []
+    results = []
 
-    def submit():
-        try:
-            barrier.wait()
-            results.append(
-                job_create(owner=owner, job_type="sim", params={"steps": 5}, idempotency_key="same")
-            )
-        except Exception as exc:  # collected and asserted below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+    def submit(_: int) -> None:
+        results.append(
+            job_create(owner=owner, job_type="sim", params={"steps": 5}, idempotency_key="same")
+        )
 
-    threads = [threading.Thread(target=submit) for _ in range(50)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(submit, 50)
     assert errors == []
     assert len({job.id for job, _ in results}) == 1
     assert sum(created for _, created in results) == 1

@@ -6,8 +6,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
-from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
-from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from core.otp_devices import backup_tokens_issue, qr_text, totp_device_enroll
 
 
 class Command(BaseCommand):
@@ -31,12 +31,11 @@ class Command(BaseCommand):
         user = user_model.objects.create_superuser(
             username=options["username"], email=options["email"], password=password
         )
-        totp = TOTPDevice.objects.create(user=user, name="default", confirmed=True)
-        static = StaticDevice.objects.create(user=user, name="backup", confirmed=True)
-        tokens = [StaticToken.random_token() for _ in range(6)]
-        StaticToken.objects.bulk_create(StaticToken(device=static, token=t) for t in tokens)
+        totp = totp_device_enroll(user=user, name="default")
+        tokens = backup_tokens_issue(user=user, count=6)
         self.stdout.write(self.style.SUCCESS("First administrator created (shown once):"))
         self.stdout.write(f"  username: {user.get_username()}")
         self.stdout.write(f"  password: {password}")
         self.stdout.write(f"  TOTP URI: {totp.config_url}")
+        self.stdout.write(qr_text(totp.config_url))
         self.stdout.write(f"  backup tokens: {' '.join(tokens)}")

@@ -1,4 +1,4 @@
-"""manage.py job_status ID [--follow] [--json]"""
+"""manage.py job_status ID [--follow [--interval S] [--timeout S]] [--json]"""
 
 from __future__ import annotations
 
@@ -16,17 +16,26 @@ from jobs.models import Job
 from jobs.selectors import job_get
 from jobs.states import TERMINAL, Status
 
+TIMED_OUT = 3  # exit status of --follow when --timeout passed before the job ended
+
 
 class Command(BaseCommand):
     help = (
         "Show a job. With --follow, a live progress bar until the job ends: exit 0 when it "
-        "succeeded, 1 when it failed or was cancelled. Exit 2 for an unknown job."
+        "succeeded, 1 when it failed or was cancelled, 3 when it had not ended within "
+        "--timeout seconds. Exit 2 for an unknown job."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("job_id")
         parser.add_argument("--follow", action="store_true", help="watch until the job ends")
         parser.add_argument("--interval", type=float, default=0.5, help="poll seconds (follow)")
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=None,
+            help="give up following after this many seconds, exit 3 (default: no limit)",
+        )
         parser.add_argument("--json", action="store_true", help="print the API's job body")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -36,16 +45,26 @@ class Command(BaseCommand):
         except (ValueError, JobNotFoundError) as exc:
             raise CommandError(f"No job {options['job_id']!r}.", returncode=2) from exc
         if options["follow"]:
-            job = self._follow(job, interval=options["interval"])
+            job = self._follow(job, interval=options["interval"], timeout=options["timeout"])
         if options["json"]:
             self.stdout.write(json.dumps(JobOutputSerializer(job).data, indent=2))
         else:
             self._describe(job)
-        if options["follow"] and job.status != Status.SUCCEEDED:
+        if not options["follow"]:
+            return
+        if job.status not in TERMINAL:
+            raise CommandError(
+                f"job {job.id} still {job.status} after {options['timeout']:g}s (--timeout); "
+                "stopped following, the job itself goes on",
+                returncode=TIMED_OUT,
+            )
+        if job.status != Status.SUCCEEDED:
             raise CommandError(f"job {job.id} ended {job.status}", returncode=1)
 
-    def _follow(self, job: Job, *, interval: float) -> Job:
-        """Redraw the bar from the job row until it reaches a terminal state."""
+    def _follow(self, job: Job, *, interval: float, timeout: float | None) -> Job:
+        """Redraw the bar from the job row until it reaches a terminal state, or until
+        `timeout` seconds have passed (then the job as last read, not yet ended)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         # tqdm redraws with \r: give it the raw stream, not Django's line-ending wrapper.
         with tqdm(
             total=100, unit="%", desc=f"{job.type} {str(job.id)[:8]}", file=self.stderr._out
@@ -57,6 +76,8 @@ class Command(BaseCommand):
                 )
                 bar.refresh()
                 if job.status in TERMINAL:
+                    return job
+                if deadline is not None and time.monotonic() >= deadline:
                     return job
                 time.sleep(interval)
                 job = job_get(job_id=job.id)

@@ -1,30 +1,24 @@
-"""Fixtures shared by the API tests (imported by test_api*.py, test_ratelimit.py)."""
+"""Fixtures of the jobs tests: API clients and a Redis without rate-limit state."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from jobs.redis_client import redis_client, redis_key
-from tests.factories import StaffFactory, UserFactory
-
-
-def client_for(user) -> APIClient:
-    token, _ = Token.objects.get_or_create(user=user)
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    client.user = user
-    return client
+from tests.factories import StaffFactory, UserFactory, client_for
 
 
 @pytest.fixture
-def user():
+def user() -> Any:
     return UserFactory()
 
 
 @pytest.fixture
-def api(user) -> APIClient:
+def api(user: Any) -> APIClient:
     """A token-authenticated client for `user`."""
     return client_for(user)
 
@@ -40,7 +34,7 @@ def staff_api() -> APIClient:
 
 
 @pytest.fixture
-def clean_redis():
+def clean_redis() -> Iterator[None]:
     """Forget rate-limit buckets and cached queue depths, before and after the test."""
 
     def wipe() -> None:

@@ -1,24 +1,19 @@
-"""Real Celery workers and dispatchers as subprocesses, for tests (and a broker fixture).
+"""Real processes for tests: Celery workers, dispatchers and manage.py commands.
 
-Usage (in a `@pytest.mark.django_db(transaction=True)` test: a subprocess only sees
-committed rows):
+They run against the test database (`database_url()`: pytest-django's, not the dev
+one), so in a transactional test (`@pytest.mark.django_db(transaction=True)`: a
+subprocess only sees committed rows):
 
-    with celery_worker(queues=["sim"], env={"JOBOPS_HANDLERS": json.dumps({...})}) as w:
+    with celery_worker(queues=["sim"], env=scripted_env()) as w:
         job = make_job(...)             # published on commit
-        wait_for(lambda: job_status(job.id) == "succeeded")
+        job_finished(job.id)            # polls (tests.polling.wait_for), fails loudly
     w.log_text()                        # the worker's stdout+stderr, for assertions
 
-    with dispatcher_process(interval=0.2):
-        ...
-
 - `celery_worker(...)`, `dispatcher_process(...)`: context managers; they start the
-  process with the current test database (`connection.settings_dict["NAME"]`) and the
-  fast test timings of `FAST_ENV`, wait until it is ready, and stop it on exit
-  (SIGTERM, then SIGKILL of its process group).
-- `broker` fixture: declares the topology in the current vhost (settings.BROKER_URL)
-  and purges every queue of it before the test.
-- `wait_for(predicate, timeout=...)`: poll with short sleeps until truthy.
-- `subprocess_env(**overrides)`: the environment a worker/dispatcher gets.
+  process with the fast test timings of `FAST_ENV`, wait (with a deadline) until it is
+  ready, and stop it on exit (SIGTERM, then SIGKILL of its process group).
+- `run_manage(...)`, `run_dispatcher_once(...)`: one command to its end.
+- `database_url(**overrides)`, `subprocess_env(**overrides)`: what a process gets.
 - `job_finished(job_id)`, `job_events(job_id)`, `assert_chain_valid(job_id)`: the
   usual assertions' building blocks.
 """
@@ -28,18 +23,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import pytest
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +46,7 @@ FAST_ENV = {
     "JOBOPS_PROGRESS_INTERVAL_SECONDS": "0.3",
     "JOBOPS_CANCEL_CHECK_SECONDS": "0.1",
     "JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS": "0.5",
-    "JOBOPS_DISPATCH_PENDING_AFTER_SECONDS": "1",
+    "JOBOPS_DISPATCH_PENDING_AFTER_SECONDS": "0",
     "AUDIT_CHECKPOINT_SECONDS": "3600",
 }
 
@@ -68,6 +63,8 @@ def database_url(**overrides: Any) -> str:
 
 
 def subprocess_env(**overrides: str) -> dict[str, str]:
+    """A worker's or dispatcher's environment: test settings, this run's database,
+    vhost and Redis, the fast timings of FAST_ENV, then `overrides`."""
     from django.conf import settings
 
     env = {
@@ -83,16 +80,44 @@ def subprocess_env(**overrides: str) -> dict[str, str]:
     return env
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 20, interval: float = 0.05) -> Any:
-    """Poll until `predicate()` is truthy; return its value or fail the test."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
-        time.sleep(interval)
+def operator_env(**overrides: str) -> dict[str, str]:
+    """What an operator's shell gives manage.py: its own default settings module, and
+    the test database."""
+    env = {**os.environ, "DATABASE_URL": database_url(), **overrides}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+# Production settings that pass every start-up check (DEBUG off needs all of them).
+PRODUCTION_SAFE = {
+    "DEBUG": "false",
+    "SECRET_KEY": "k3y-" + "0123456789abcdef" * 4,
+    "ALLOWED_HOSTS": "jobops.example.com",
+    "AUDIT_SIGNING_KEY": "a" * 40,
+    "METRICS_TOKEN": "m" * 32,
+}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now: for a server to bind, or as
+    an address that refuses connections."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_manage(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`manage.py *args` as a real process, to its end (default env: subprocess_env())."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=subprocess_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")
@@ -106,10 +131,15 @@ def job_finished(job_id: Any, *, timeout: float = 40) -> Any:
         job = Job.objects.get(id=job_id)
         return job if job.status in FINAL_STATUSES else None
 
-    return wait_for(done, timeout=timeout)
+    try:
+        return wait_for(done, timeout=timeout, what=f"job {job_id} to end")
+    except AssertionError as exc:
+        now = Job.objects.values_list("status", flat=True).get(id=job_id)
+        raise AssertionError(f"{exc}; it is {now}") from None
 
 
 def job_events(job_id: Any) -> list[str]:
+    """The job's audit trail: its event types in seq order."""
     from audit.models import AuditLog
 
     rows = AuditLog.objects.filter(job_id=job_id).order_by("seq")
@@ -177,6 +207,26 @@ class Process:
 
 
 @contextmanager
+def _started(process: Process, ready: str, timeout: float) -> Iterator[Process]:
+    """Wait until `ready` is in the process's log (it exiting or the deadline fails the
+    test with its log); stop it when the block ends."""
+    try:
+        try:
+            wait_for(
+                lambda: ready in process.log_text() or not process.alive(),
+                timeout=timeout,
+                what=f"{process.name} to log {ready!r}",
+            )
+            if not process.alive():
+                raise AssertionError(f"{process.name} exited at start")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{process.log_text()[-3000:]}") from None
+        yield process
+    finally:
+        process.stop()
+
+
+@contextmanager
 def celery_worker(
     *,
     queues: Iterable[str] = ("default", "model", "cam", "sim", "report", "erp"),
@@ -210,16 +260,9 @@ def celery_worker(
         "--without-mingle",
         *extra_args,
     ]
-    worker = Process(args, subprocess_env(**(env or {})), name)
-    try:
-        wait_for(
-            lambda: " ready." in worker.log_text() or not worker.alive(), timeout=ready_timeout
-        )
-        if not worker.alive():
-            raise AssertionError(f"worker {name} exited at start:\n{worker.log_text()[-3000:]}")
+    process = Process(args, subprocess_env(**(env or {})), name)
+    with _started(process, " ready.", ready_timeout) as worker:
         yield worker
-    finally:
-        worker.stop()
 
 
 @contextmanager
@@ -229,44 +272,16 @@ def dispatcher_process(
     """Start `manage.py run_dispatcher --interval ...` and wait until it loops."""
     name = name or f"d{uuid.uuid4().hex[:6]}"
     args = [sys.executable, "manage.py", "run_dispatcher", "--interval", str(interval)]
-    proc = Process(args, subprocess_env(**(env or {})), name)
-    try:
-        wait_for(lambda: "dispatcher_started" in proc.log_text() or not proc.alive(), timeout=30)
-        if not proc.alive():
-            raise AssertionError(f"dispatcher {name} exited:\n{proc.log_text()[-3000:]}")
-        yield proc
-    finally:
-        proc.stop()
+    process = Process(args, subprocess_env(**(env or {})), name)
+    with _started(process, "dispatcher_started", 30) as dispatcher:
+        yield dispatcher
 
 
 def run_dispatcher_once(*, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`manage.py run_dispatcher --once` as a subprocess; returns its JSON report."""
-    out = subprocess.run(
-        [sys.executable, "manage.py", "run_dispatcher", "--once"],
-        cwd=ROOT,
-        env=subprocess_env(**(env or {})),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def topology_declare_and_purge() -> None:
-    """Declare DESIGN.md 4 in the current vhost and empty every queue of it."""
-    from django.conf import settings
-    from kombu import Connection
-
-    from jobs.topology import topology
-
-    plan = topology()
-    with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
-        channel = conn.channel()
-        for entity in [*plan.exchanges, *plan.queues]:
-            entity(channel).declare()
-        for queue in plan.queues:
-            queue(channel).purge()
+    done = run_manage("run_dispatcher", "--once", env=subprocess_env(**(env or {})))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # Types whose handler tests replace with tests.handlers.scripted (sim, report, erp keep
@@ -295,11 +310,3 @@ def scripted_table(settings: Any, **types: dict[str, Any]) -> None:
     for name, fields in types.items():
         table[name].update(fields)
     settings.JOB_TYPES = table
-
-
-@pytest.fixture
-def broker() -> Iterator[None]:
-    """The topology declared and every queue purged, before and after the test."""
-    topology_declare_and_purge()
-    yield
-    topology_declare_and_purge()

@@ -1,0 +1,57 @@
+"""Permission classes for admin API calls (DESIGN.md 6): staff, a verified OTP, and the
+operator's permissions for writes.
+
+A refusal raises the view's own error class, so that each API area keeps its codes
+(`ERR-DLQ-401`, `ERR-DLQ-403`, ...): `view.not_verified_error` when the caller is not
+active staff with a verified OTP (anonymous callers included: one answer, 401, for
+"who are you?"), `view.forbidden_error` when a verified caller lacks a permission.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.authtoken.models import Token
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+from core.api.otp import otp_grant_for
+
+
+def otp_verified(request: Request) -> bool:
+    """Whether this request carries a verified second factor.
+
+    A session: the admin login verified an OTP device (django-otp's middleware marks
+    the session's user). A token: it holds a live grant from `POST /api/v1/admin/otp`.
+    """
+    if isinstance(request.successful_authenticator, SessionAuthentication):
+        is_verified = getattr(request.user, "is_verified", None)
+        return bool(is_verified and is_verified())
+    if isinstance(request.auth, Token):
+        return otp_grant_for(token_key=request.auth.key, user=request.user) is not None
+    return False
+
+
+class StaffWithVerifiedOtp(BasePermission):
+    """Active staff whose session or token passed a second factor."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated and user.is_active and user.is_staff):
+            raise view.not_verified_error()
+        if not otp_verified(request):
+            raise view.not_verified_error()
+        return True
+
+
+class HasRequiredPermissions(BasePermission):
+    """The view's `required_permissions` (e.g. the operator's `jobs.replay_deadletter`)
+    for the methods in its `permission_methods` (by default the writes)."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        methods = getattr(view, "permission_methods", ("POST", "PUT", "PATCH", "DELETE"))
+        needed = getattr(view, "required_permissions", ())
+        if request.method in methods and needed and not request.user.has_perms(needed):
+            raise view.forbidden_error()
+        return True

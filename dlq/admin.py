@@ -1,0 +1,531 @@
+"""Dead-letter pages of the operator portal (DESIGN.md 4.1, 7).
+
+- the DLQ overview: each DLQ's broker depth and open dead letters (refreshes itself);
+- the dead-letter list, from the database: filters, and the rows grouped by cause;
+- peek: a DLQ's broker messages, decoded, nothing consumed;
+- replay / discard of one, selected or all matching a filter: a dry-run count and a
+  sample first, a required justification, then the work (in the background when large);
+- background operations: progress that refreshes itself, and Stop.
+
+Rows and operations are read-only here; every change goes through `dlq.services` and
+`dlq.bulk`, which check the operator's permission again (403 if a page is bypassed).
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.safestring import SafeString
+
+from audit.admin import ReadOnlyAdmin
+from core.admin_filters import InputFilter
+from core.errors import ApplicationError
+from dlq.broker import BROKER_ERRORS, dlq_depths, dlq_peek
+from dlq.bulk import bulk_operation_stop, dead_letters_act
+from dlq.models import BulkOperation
+from dlq.selectors import (
+    bulk_operation_get,
+    dead_letter_groups,
+    dead_letters_for_messages,
+    death_summary,
+    dlq_overview,
+)
+from dlq.services import PERMISSIONS, RETRYABLE_REASONS
+from jobs.models import DeadLetter, DeadLetterReason
+from jobs.topology import dlq_names
+
+ACTIONS = ("replay", "discard")
+# ?age= on the list and the action pages -> (created_after, created_before) offsets.
+AGES = {
+    "1h": ("last hour", datetime.timedelta(hours=1), None),
+    "24h": ("last 24 hours", datetime.timedelta(hours=24), None),
+    "7d": ("last 7 days", datetime.timedelta(days=7), None),
+    "older7d": ("older than 7 days", None, datetime.timedelta(days=7)),
+}
+# The list's filters that are also a replay/discard selection (same names both places).
+SELECTION_PARAMS = ("queue", "reason", "error_code", "retryable", "age", "state")
+
+
+# --- list filters ------------------------------------------------------------------------
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("open", "open"), ("replayed", "replayed"), ("discarded", "discarded")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
+        return queryset.filter(state=self.value()) if self.value() else queryset
+
+
+class DlqFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in dlq_names()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class ReasonFilter(admin.SimpleListFilter):
+    title = "reason"
+    parameter_name = "reason"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(reason, reason) for reason in DeadLetterReason.values]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
+        return queryset.filter(reason=self.value()) if self.value() else queryset
+
+
+class ErrorCodeFilter(InputFilter):
+    title = "error code"
+    parameter_name = "error_code"
+    placeholder = "e.g. ERP_500"
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
+        value = (self.value() or "").strip()
+        return queryset.filter(error_code=value) if value else queryset
+
+
+class AgeFilter(admin.SimpleListFilter):
+    title = "age"
+    parameter_name = "age"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(key, label) for key, (label, _, _) in AGES.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
+        after, before = age_bounds(self.value())
+        if after:
+            queryset = queryset.filter(created_at__gte=after)
+        if before:
+            queryset = queryset.filter(created_at__lt=before)
+        return queryset
+
+
+class RetryableFilter(admin.SimpleListFilter):
+    title = "cause"
+    parameter_name = "retryable"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("1", "only retryable (replay can cure)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
+        return queryset.filter(reason__in=RETRYABLE_REASONS) if self.value() else queryset
+
+
+def age_bounds(age: str | None) -> tuple[datetime.datetime | None, datetime.datetime | None]:
+    if age not in AGES:
+        return None, None
+    _, after, before = AGES[age]
+    now = timezone.now()
+    return (now - after if after else None), (now - before if before else None)
+
+
+# --- the dead-letter admin ----------------------------------------------------------------
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    list_display = [
+        "row_link",
+        "state_badge",
+        "queue",
+        "reason",
+        "error_code",
+        "job_link",
+        "recorded",
+        "broker_copy",
+    ]
+    list_display_links = None
+    list_filter = [
+        StateFilter,
+        DlqFilter,
+        ReasonFilter,
+        ErrorCodeFilter,
+        AgeFilter,
+        RetryableFilter,
+    ]
+    list_select_related = ["resolved_by"]
+    search_fields = ["=job__id", "=message_id"]
+    search_help_text = "A job id or a broker message id (exact)."
+    ordering = ["-created_at", "-id"]
+    list_per_page = 50
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    change_list_template = "admin/jobs/deadletter/change_list.html"
+    change_form_template = "admin/jobs/deadletter/detail.html"
+    actions = ["replay_selected", "discard_selected"]
+    readonly_fields = [f.name for f in DeadLetter._meta.fields]
+
+    @admin.display(description="#")
+    def row_link(self, row: DeadLetter) -> SafeString:
+        return format_html(
+            '<a href="{}">{}</a>', reverse("admin:jobs_deadletter_change", args=[row.pk]), row.pk
+        )
+
+    @admin.display(description="recorded (UTC)", ordering="created_at")
+    def recorded(self, row: DeadLetter) -> str:
+        return row.created_at.strftime("%Y-%m-%d %H:%M:%S")
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, row: DeadLetter) -> SafeString:
+        return format_html('<span class="badge badge-{}">{}</span>', row.state, row.state)
+
+    @admin.display(description="job")
+    def job_link(self, row: DeadLetter) -> SafeString | str:
+        if row.job_id is None:
+            return "—"
+        url = reverse("admin:jobs_job_change", args=[row.job_id])
+        return format_html('<a href="{}"><code>{}</code></a>', url, str(row.job_id)[:8])
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter], search_term: str
+    ) -> tuple[QuerySet[DeadLetter], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        try:
+            return queryset.filter(job_id=uuid.UUID(term)), False
+        except ValueError:
+            return queryset.filter(message_id=term), False
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {
+            **(extra_context or {}),
+            "can_replay": self.has_replay_permission(request),
+            "can_discard": self.has_discard_permission(request),
+        }
+        return super().change_view(request, object_id, form_url, context)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra_context = {"title": "Dead letters", **(extra_context or {})}
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None)
+        if context and "cl" in context:
+            selection = {k: str(v) for k, v in request.GET.items() if k in SELECTION_PARAMS}
+            context.update(
+                groups=dead_letter_groups(rows=context["cl"].queryset),
+                selection_query=urlencode(selection),
+                selection=selection,
+                can_replay=request.user.has_perm(PERMISSIONS["replay"]),
+                can_discard=request.user.has_perm(PERMISSIONS["discard"]),
+            )
+        return response
+
+    # --- actions on the list: to the dry-run page with the rows chosen --------------------
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(PERMISSIONS["replay"])
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(PERMISSIONS["discard"])
+
+    @admin.action(description="Replay the selected dead letters…", permissions=["replay"])
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
+        return self._to_action("replay", queryset)
+
+    @admin.action(description="Discard the selected dead letters…", permissions=["discard"])
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
+        return self._to_action("discard", queryset)
+
+    def _to_action(self, action: str, queryset: QuerySet[DeadLetter]) -> HttpResponseRedirect:
+        ids = ",".join(str(i) for i in queryset.values_list("id", flat=True)[:1000])
+        url = reverse("admin:jobs_deadletter_action", args=[action])
+        return HttpResponseRedirect(f"{url}?{urlencode({'ids': ids})}")
+
+    # --- pages ------------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("queues/", wrap(self.queues_view), name="jobs_deadletter_queues"),
+            path("queues/panel/", wrap(self.queues_panel), name="jobs_deadletter_queues_panel"),
+            path("peek/<str:queue>/", wrap(self.peek_view), name="jobs_deadletter_peek"),
+            path("<str:action>/run/", wrap(self.action_view), name="jobs_deadletter_action"),
+            *super().get_urls(),
+        ]
+
+    def queues_view(self, request: HttpRequest) -> HttpResponse:
+        return self._render(
+            request,
+            "admin/jobs/deadletter/queues.html",
+            "Dead-letter queues",
+            self._queues(request),
+        )
+
+    def queues_panel(self, request: HttpRequest) -> HttpResponse:
+        return self._render(
+            request, "admin/jobs/deadletter/queues_panel.html", "", self._queues(request)
+        )
+
+    def _queues(self, request: HttpRequest) -> dict[str, Any]:
+        self._require_view(request)
+        return {
+            "queues": dlq_overview(),
+            "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
+            "can_replay": self.has_replay_permission(request),
+            "can_discard": self.has_discard_permission(request),
+            "generated_at": timezone.now(),
+        }
+
+    def peek_view(self, request: HttpRequest, queue: str) -> HttpResponse:
+        """A DLQ's first messages with what they say and their rows; nothing consumed."""
+        self._require_view(request)
+        if queue not in dlq_names():
+            raise Http404(f"{queue!r} is not a dead-letter queue.")
+        try:
+            limit = max(1, min(100, int(request.GET.get("limit") or 20)))
+        except ValueError:
+            limit = 20
+        error, found, depth = None, [], None
+        try:
+            depth = dlq_depths(queues=[queue]).get(queue)
+            messages_ = dlq_peek(queue=queue, limit=limit)
+        except BROKER_ERRORS as exc:
+            error, messages_ = f"RabbitMQ cannot be reached: {exc}", []
+        rows = dead_letters_for_messages(messages_)
+        for message in messages_:
+            found.append(
+                {"m": message, "death": death_summary(message), "rows": rows[message.message_id]}
+            )
+        context = {
+            "queue": queue,
+            "limit": limit,
+            "depth": depth,
+            "messages_found": found,
+            "error": error,
+        }
+        return self._render(request, "admin/jobs/deadletter/peek.html", f"Peek at {queue}", context)
+
+    def action_view(self, request: HttpRequest, action: str) -> HttpResponse:
+        """Replay or discard: GET shows the dry run (count, sample) and asks for a
+        justification; POST does it, or hands a large selection to the background."""
+        if action not in ACTIONS:
+            raise Http404
+        if not request.user.has_perm(PERMISSIONS[action]):
+            raise PermissionDenied
+        params = request.POST if request.method == "POST" else request.GET
+        selection, describe = _selection_from(params)
+        context: dict[str, Any] = {"action": action, "describe": describe, "selection": selection}
+        context["hidden"] = _hidden_fields(selection)
+        if request.method == "POST":
+            justification = request.POST.get("justification", "")
+            context["justification"] = justification
+            try:
+                outcome = dead_letters_act(
+                    action=action, actor_user=request.user, justification=justification, **selection
+                )
+            except ApplicationError as exc:
+                context["error"] = exc.message
+                context["error_details"] = exc.details
+            else:
+                return self._after_action(request, action, outcome)
+        try:
+            context["dry_run"] = dead_letters_act(
+                action=action, actor_user=request.user, justification="", dry_run=True, **selection
+            )
+        except ApplicationError as exc:
+            context["error"], context["error_details"] = exc.message, exc.details
+        context["background_threshold"] = settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD
+        title = f"{action.capitalize()} dead letters"
+        return self._render(request, "admin/jobs/deadletter/action.html", title, context)
+
+    def _after_action(self, request: HttpRequest, action: str, outcome: Any) -> HttpResponse:
+        if isinstance(outcome, BulkOperation):
+            messages.info(
+                request,
+                f"{outcome.total} dead letters are too many for one request: the {action} runs "
+                "in the background. Its progress is below; you can stop it.",
+            )
+            return HttpResponseRedirect(
+                reverse("admin:dlq_bulkoperation_change", args=[outcome.pk])
+            )
+        title = f"{action.capitalize()} done"
+        return self._render(
+            request,
+            "admin/jobs/deadletter/action_done.html",
+            title,
+            {"action": action, "result": outcome},
+        )
+
+    def _require_view(self, request: HttpRequest) -> None:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+
+    def _render(
+        self, request: HttpRequest, template: str, title: str, context: dict[str, Any]
+    ) -> TemplateResponse:
+        return TemplateResponse(
+            request,
+            template,
+            {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "title": title,
+                **context,
+            },
+        )
+
+
+def _selection_from(params: Any) -> tuple[dict[str, Any], list[str]]:
+    """The service's selection from a page's parameters, and its description in words.
+
+    `age` becomes a fixed `created_after`/`created_before` on the dry-run page, carried in
+    hidden fields, so that the confirmed run selects what the dry run counted.
+    """
+    filters: dict[str, Any] = {}
+    describe: list[str] = []
+    for name in ("reason", "error_code"):
+        if params.get(name):
+            filters[name] = params[name]
+            describe.append(f"{name.replace('_', ' ')} {params[name]}")
+    if params.get("retryable"):
+        filters["retryable"] = True
+        describe.append("only retryable causes")
+    after, before = age_bounds(params.get("age"))
+    for name, bound in (("created_after", after), ("created_before", before)):
+        value = bound.isoformat() if bound else params.get(name)
+        if value:
+            filters[name] = value
+            describe.append(f"{name.replace('_', ' ')} {str(value)[:19]}")
+    selection: dict[str, Any] = {"queue": params.get("queue") or None, "filters": filters}
+    if selection["queue"]:
+        describe.insert(0, f"in {selection['queue']}")
+    if params.get("ids"):
+        ids = [int(i) for i in str(params["ids"]).split(",") if i.strip().isdigit()]
+        selection["dead_letter_ids"] = ids
+        describe.append(f"{len(ids)} chosen row{'s' if len(ids) != 1 else ''}")
+    if params.get("job"):
+        selection["job_ids"] = [params["job"]]
+        describe.append(f"job {params['job']}")
+    if str(params.get("limit") or "").isdigit():
+        selection["limit"] = int(params["limit"])
+        describe.append(f"at most {params['limit']}")
+    return selection, describe or ["every open dead letter"]
+
+
+def _hidden_fields(selection: dict[str, Any]) -> list[tuple[str, Any]]:
+    hidden: list[tuple[str, Any]] = [(k, v) for k, v in selection["filters"].items()]
+    hidden = [(k, "1" if v is True else v) for k, v in hidden]
+    if selection.get("queue"):
+        hidden.append(("queue", selection["queue"]))
+    if selection.get("dead_letter_ids") is not None:
+        hidden.append(("ids", ",".join(map(str, selection["dead_letter_ids"]))))
+    if selection.get("job_ids"):
+        hidden.append(("job", selection["job_ids"][0]))
+    if selection.get("limit"):
+        hidden.append(("limit", selection["limit"]))
+    return hidden
+
+
+# --- background operations ------------------------------------------------------------------
+
+
+@admin.register(BulkOperation)
+class BulkOperationAdmin(ReadOnlyAdmin):
+    list_display = [
+        "operation_link",
+        "state_badge",
+        "action",
+        "queue",
+        "progress",
+        "requested_by",
+        "created_at",
+    ]
+    list_display_links = None
+    list_filter = ["state", "action"]
+    list_select_related = ["requested_by"]
+    ordering = ["-created_at"]
+    show_facets = admin.ShowFacets.NEVER
+
+    @admin.display(description="operation")
+    def operation_link(self, op: BulkOperation) -> SafeString:
+        url = reverse("admin:dlq_bulkoperation_change", args=[op.pk])
+        return format_html('<a href="{}"><code>{}</code></a>', url, str(op.pk)[:8])
+
+    @admin.display(description="state")
+    def state_badge(self, op: BulkOperation) -> SafeString:
+        return format_html('<span class="badge badge-{}">{}</span>', op.state, op.state)
+
+    @admin.display(description="progress")
+    def progress(self, op: BulkOperation) -> str:
+        return f"{op.processed}/{op.total} ({op.percent}%)"
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "<uuid:operation_id>/panel/", wrap(self.panel_view), name="dlq_bulkoperation_panel"
+            ),
+            path("<uuid:operation_id>/stop/", wrap(self.stop_view), name="dlq_bulkoperation_stop"),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        return self._page(request, object_id, "admin/dlq/bulkoperation/detail.html")
+
+    def panel_view(self, request: HttpRequest, operation_id: uuid.UUID) -> HttpResponse:
+        return self._page(request, str(operation_id), "admin/dlq/bulkoperation/panel.html")
+
+    def stop_view(self, request: HttpRequest, operation_id: uuid.UUID) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseRedirect(
+                reverse("admin:dlq_bulkoperation_change", args=[operation_id])
+            )
+        operation = bulk_operation_get(operation_id=operation_id)
+        if not request.user.has_perm(PERMISSIONS[operation.action]):
+            raise PermissionDenied
+        operation = bulk_operation_stop(operation_id=operation.id, actor_user=request.user)
+        messages.warning(
+            request, f"Stop requested; the {operation.action} ends before its next chunk."
+        )
+        return HttpResponseRedirect(reverse("admin:dlq_bulkoperation_change", args=[operation.pk]))
+
+    def _page(self, request: HttpRequest, object_id: str, template: str) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            operation = bulk_operation_get(operation_id=object_id)
+        except ApplicationError as exc:
+            raise Http404(exc.message) from exc
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Background {operation.action}",
+            "op": operation,
+            "can_stop": operation.active and request.user.has_perm(PERMISSIONS[operation.action]),
+            "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
+        }
+        return TemplateResponse(request, template, context)

@@ -1,0 +1,23 @@
+"""/api/v1/admin/ routes of the DLQ API. Each path answers with and without its slash."""
+
+from __future__ import annotations
+
+from core.api.routing import with_slash_alias
+from dlq.api import views
+
+app_name = "dlq-api"
+
+urlpatterns = [
+    *with_slash_alias("dlq", views.DlqListApi.as_view(), "list"),
+    *with_slash_alias(
+        "dlq/operations/<str:operation_id>", views.DlqOperationApi.as_view(), "operation"
+    ),
+    *with_slash_alias(
+        "dlq/operations/<str:operation_id>/stop",
+        views.DlqOperationStopApi.as_view(),
+        "operation-stop",
+    ),
+    *with_slash_alias("dlq/<str:queue>/peek", views.DlqPeekApi.as_view(), "peek"),
+    *with_slash_alias("dlq/<str:queue>/replay", views.DlqReplayApi.as_view(), "replay"),
+    *with_slash_alias("dlq/<str:queue>/discard", views.DlqDiscardApi.as_view(), "discard"),
+]

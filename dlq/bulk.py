@@ -1,0 +1,291 @@
+"""Replays and discards too large for one request run in the background (DESIGN.md 7).
+
+Why the dispatcher and not a Celery task: the dispatcher already runs everywhere
+jobops runs, and its steps claim rows with `FOR UPDATE SKIP LOCKED` so that several
+dispatchers share work safely (DESIGN.md 12). A Celery task would sit in a job queue
+behind the very backlog an operator is trying to clear, and would need its own
+exclusivity anyway. So a `BulkOperation` row is the work item: `bulk_operations_run_once`
+(a step of the dispatcher loop) leases one operation, handles one chunk of its dead
+letters with the same per-row transactions as a replay from the portal, records the
+progress, and lets go; the next loop (on any dispatcher) takes the next chunk.
+
+Stopping is a flag the step reads before each chunk: at most one chunk (JOBOPS_DLQ_BULK_CHUNK
+rows) is handled after an operator presses Stop, and what was done stays done.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import F, Max
+from django.utils import timezone
+
+from dlq.errors import BulkOperationNotFoundError, DeadLetterPermissionError
+from dlq.models import BulkOperation, BulkState
+from dlq.services import (
+    PERMISSIONS,
+    ResolveResult,
+    broker_copies_ack_resolved,
+    dead_letter_action_check,
+    dead_letters_discard,
+    dead_letters_replay,
+    dead_letters_resolve_rows,
+    dead_letters_selected,
+)
+from jobs.models import DeadLetter
+from jobs.topology import dlq_names
+
+log = structlog.get_logger("dlq.bulk")
+
+
+def _jsonable_filters(filters: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in filters.items()}
+
+
+def bulk_operation_start(
+    *,
+    action: str,
+    actor_user: Any,
+    justification: str,
+    queue: str | None = None,
+    job_ids: Iterable[Any] | None = None,
+    dead_letter_ids: Iterable[int] | None = None,
+    filters: dict[str, Any] | None = None,
+    limit: int | None = None,
+) -> BulkOperation:
+    """Accept a replay or discard for the background; the dispatcher does the work.
+
+    The request is checked like a direct one (permission, justification, selection);
+    `total` is its dry-run count now and `up_to_id` the newest dead letter now.
+    """
+    justification, filters = dead_letter_action_check(
+        action=action,
+        actor_user=actor_user,
+        justification=justification,
+        queue=queue,
+        filters=filters,
+        limit=limit,
+    )
+    job_ids = [str(j) for j in job_ids] if job_ids is not None else None
+    dead_letter_ids = [int(i) for i in dead_letter_ids] if dead_letter_ids is not None else None
+    rows = dead_letters_selected(
+        action=action,
+        queue=queue,
+        job_ids=job_ids,
+        dead_letter_ids=dead_letter_ids,
+        filters=filters,
+    )
+    total = (rows[:limit] if limit is not None else rows).count()
+    up_to_id = DeadLetter.objects.aggregate(newest=Max("id"))["newest"] or 0
+    operation = BulkOperation.objects.create(
+        action=action,
+        queue=queue,
+        selection={
+            "job_ids": job_ids,
+            "dead_letter_ids": dead_letter_ids,
+            "filters": _jsonable_filters(filters),
+        },
+        limit=limit,
+        up_to_id=up_to_id,
+        justification=justification,
+        requested_by=actor_user,
+        total=total,
+    )
+    log.info("dlq_bulk_started", operation_id=str(operation.id), action=action, total=total)
+    return operation
+
+
+def dead_letters_act(
+    *,
+    action: str,
+    actor_user: Any,
+    justification: str,
+    queue: str | None = None,
+    job_ids: Iterable[Any] | None = None,
+    dead_letter_ids: Iterable[int] | None = None,
+    filters: dict[str, Any] | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+    background_above: int | None = None,
+) -> ResolveResult | BulkOperation:
+    """A replay or discard as the portal and the admin API ask for it.
+
+    A dry run, or a selection of at most `background_above` dead letters (default
+    JOBOPS_DLQ_BACKGROUND_THRESHOLD), runs now and returns its ResolveResult; a larger
+    one becomes a BulkOperation for the dispatcher, returned at once.
+    """
+    job_ids = list(job_ids) if job_ids is not None else None
+    dead_letter_ids = list(dead_letter_ids) if dead_letter_ids is not None else None
+    selection: dict[str, Any] = {
+        "actor_user": actor_user,
+        "justification": justification,
+        "queue": queue,
+        "job_ids": job_ids,
+        "dead_letter_ids": dead_letter_ids,
+        "filters": filters,
+        "limit": limit,
+    }
+    service = dead_letters_replay if action == "replay" else dead_letters_discard
+    if dry_run:
+        return service(**selection, dry_run=True)
+    threshold = (
+        settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD if background_above is None else background_above
+    )
+    rehearsal = service(**selection, dry_run=True)
+    if rehearsal.matched > threshold:
+        return bulk_operation_start(action=action, **selection)
+    return service(**selection)
+
+
+def bulk_operation_stop(*, operation_id: uuid.UUID | str, actor_user: Any) -> BulkOperation:
+    """Stop a background operation; idempotent. Needs the permission of its action.
+
+    A queued one stops at once (compare-and-set on its state); a running one is
+    flagged and stops before its next chunk.
+    """
+    operation = BulkOperation.objects.filter(id=operation_id).first()
+    if operation is None:
+        raise BulkOperationNotFoundError()
+    permission = PERMISSIONS[operation.action]
+    if not (actor_user.is_active and actor_user.is_staff and actor_user.has_perm(permission)):
+        raise DeadLetterPermissionError()
+    now = timezone.now()
+    BulkOperation.objects.filter(id=operation.id, state=BulkState.QUEUED).update(
+        state=BulkState.STOPPED, stop_requested=True, stopped_by=actor_user, finished_at=now
+    )
+    BulkOperation.objects.filter(
+        id=operation.id, state=BulkState.RUNNING, stop_requested=False
+    ).update(stop_requested=True, stopped_by=actor_user)
+    log.info("dlq_bulk_stop_requested", operation_id=str(operation.id), user_id=actor_user.pk)
+    operation.refresh_from_db()
+    return operation
+
+
+# --- the dispatcher step --------------------------------------------------------------
+
+_CLAIM_SQL = """
+UPDATE dlq_bulk_operations
+   SET lease_owner = %s, lease_until = now() + make_interval(secs => %s),
+       state = 'running', started_at = coalesce(started_at, now()), updated_at = now()
+ WHERE id = (
+       SELECT id FROM dlq_bulk_operations
+        WHERE state IN ('queued', 'running')
+          AND (lease_until IS NULL OR lease_until < now())
+        ORDER BY created_at
+        LIMIT 1
+          FOR UPDATE SKIP LOCKED)
+RETURNING id
+"""
+
+
+def _lease_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def bulk_operations_run_once(*, chunk: int | None = None) -> dict[str, Any]:
+    """One chunk of the oldest background operation no other dispatcher holds.
+
+    1. Lease it (SKIP LOCKED: concurrent dispatchers take different operations, or
+       none; an expired lease is taken over).
+    2. Stop requested, or the requester no longer allowed: finish it as stopped/failed.
+    3. Handle the next `chunk` open rows of its selection past its cursor, each in its
+       own transaction (`dead_letters_resolve_rows`), and record the progress.
+    4. Nothing left: ack the broker copies of what it resolved away and finish it.
+    Returns what it did, for the dispatcher's report.
+    """
+    owner = _lease_owner()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL, [owner, float(settings.JOBOPS_DLQ_BULK_LEASE_SECONDS)])
+        row = cursor.fetchone()
+    if row is None:
+        return {}
+    operation = BulkOperation.objects.select_related("requested_by").get(id=row[0])
+    user = operation.requested_by
+    if operation.stop_requested:
+        return _finish(operation, owner, state=BulkState.STOPPED)
+    if not (user.is_active and user.is_staff and user.has_perm(PERMISSIONS[operation.action])):
+        lost = "the requester is no longer active staff with the permission"
+        return _finish(operation, owner, state=BulkState.FAILED, error=lost)
+    size = chunk or settings.JOBOPS_DLQ_BULK_CHUNK
+    if operation.limit is not None:
+        size = min(size, operation.limit - operation.processed)
+    try:
+        rows = _next_rows(operation, size) if size > 0 else []
+        if not rows:
+            return _finish(operation, owner, state=BulkState.DONE)
+        result = ResolveResult(action=operation.action, dry_run=False)
+        dead_letters_resolve_rows(
+            action=operation.action,
+            rows=rows,
+            actor_user=user,
+            justification=operation.justification,
+            result=result,
+            audit_extra={"bulk_operation_id": str(operation.id)},
+        )
+    except (OperationalError, InterfaceError):
+        raise  # the database is away: the lease runs out and a later loop goes on
+    except Exception as exc:  # a bug or a selection gone bad: tell the operator
+        log.exception("dlq_bulk_chunk_failed", operation_id=str(operation.id))
+        return _finish(operation, owner, state=BulkState.FAILED, error=repr(exc)[:1000])
+    _record_progress(operation, owner, rows=rows, result=result)
+    return {"operation": str(operation.id), "resolved": len(result.resolved)}
+
+
+def _next_rows(operation: BulkOperation, size: int) -> list[tuple[int, Any, str]]:
+    selection = operation.selection or {}
+    rows = dead_letters_selected(
+        action=operation.action,
+        queue=operation.queue,
+        job_ids=selection.get("job_ids"),
+        dead_letter_ids=selection.get("dead_letter_ids"),
+        filters=selection.get("filters"),
+        after_id=operation.after_id,
+        up_to_id=operation.up_to_id,
+    )
+    return list(rows.values_list("id", "job_id", "queue")[:size])
+
+
+def _record_progress(
+    operation: BulkOperation, owner: str, *, rows: list[tuple[int, Any, str]], result: ResolveResult
+) -> None:
+    # Counters by F(): right even if a stale dispatcher's chunk overlapped this one.
+    BulkOperation.objects.filter(id=operation.id).update(
+        processed=F("processed") + len(rows),
+        resolved=F("resolved") + len(result.resolved),
+        skipped=F("skipped") + len(result.skipped),
+        after_id=max(operation.after_id, max(r[0] for r in rows)),
+        updated_at=timezone.now(),
+    )
+    # Let go, so that the next loop of any dispatcher takes the next chunk.
+    BulkOperation.objects.filter(id=operation.id, lease_owner=owner).update(
+        lease_owner=None, lease_until=None
+    )
+
+
+def _finish(
+    operation: BulkOperation, owner: str, *, state: str, error: str | None = None
+) -> dict[str, Any]:
+    """End the operation: ack away the broker copies of the rows it resolved (one
+    pass per DLQ, outside any transaction), then record the final state."""
+    operation.refresh_from_db(fields=["resolved"])
+    result = ResolveResult(action=operation.action, dry_run=False)
+    if operation.resolved:
+        queues = [operation.queue] if operation.queue else dlq_names()
+        broker_copies_ack_resolved(result=result, queues=queues)
+    BulkOperation.objects.filter(id=operation.id, lease_owner=owner).update(
+        state=state,
+        finished_at=timezone.now(),
+        broker_acked=F("broker_acked") + result.broker_acked,
+        last_error=error or result.broker_error,
+        lease_owner=None,
+        lease_until=None,
+    )
+    log.info("dlq_bulk_finished", operation_id=str(operation.id), state=state, error=error)
+    return {"operation": str(operation.id), "state": state}

@@ -1,0 +1,55 @@
+"""Template helpers of the operator portal: badges, durations, JSON for people."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+register = template.Library()
+
+
+@register.simple_tag
+def badge(state: Any, big: bool = False) -> SafeString:
+    """A coloured status pill: `{% badge job.status %}`."""
+    text = str(state or "unknown")
+    size = " big" if big else ""
+    return format_html('<span class="badge badge-{}{}">{}</span>', text, size, text)
+
+
+@register.filter
+def duration(seconds: Any) -> str:
+    """42 s, 3 min 5 s, 2 h 5 min, 3 d 4 h; an em dash when unknown."""
+    if seconds is None or seconds == "":
+        return "—"
+    total = int(float(seconds))
+    if total < 60:
+        return f"{total} s"
+    if total < 3600:
+        return f"{total // 60} min {total % 60} s" if total % 60 else f"{total // 60} min"
+    if total < 86400:
+        return f"{total // 3600} h {total % 3600 // 60} min"
+    return f"{total // 86400} d {total % 86400 // 3600} h"
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    """Indented JSON, keys sorted; what cannot be encoded is shown as text."""
+    if value is None:
+        return "null"
+    try:
+        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def get(mapping: Any, key: Any) -> Any:
+    """`mapping|get:key` for keys templates cannot spell (e.g. "x-death")."""
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None

@@ -1,0 +1,221 @@
+"""The operator portal in headless Chromium, as an operator would use it at 3 a.m.
+
+Each test logs in with password + TOTP, does one thing an operator does, and saves what
+it saw under var/screenshots/ (laptop 1366x768 and phone width).
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+from dlq.models import BulkOperation
+from jobs.models import DeadLetter, Job
+from tests.browser.conftest import shoot
+from tests.factories import job_failed, make_job, role_user, totp_code, totp_device
+from tests.polling import wait_for
+from tests.processes import celery_worker, dispatcher_process
+from tests.queues import depth, worker_dead_letter
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+PASSWORD = "pw-for-tests"
+
+
+def log_in(browser, live_server, role: str, username: str) -> None:
+    """Password and the authenticator app's current code, through the login form."""
+    user = role_user(role, username=username)
+    device = totp_device(user)
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
+    browser.find_element(By.NAME, "username").send_keys(username)
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    browser.find_element(By.NAME, "otp_token").send_keys(totp_code(device))
+    form = browser.find_element(By.TAG_NAME, "form")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 15).until(ec.staleness_of(form))
+    assert "Dashboard" in browser.title, browser.page_source[:500]
+
+
+def wait(browser, css: str, timeout: float = 15):
+    return WebDriverWait(browser, timeout).until(
+        ec.presence_of_element_located((By.CSS_SELECTOR, css))
+    )
+
+
+def text_of(browser, css: str) -> str:
+    """The element's text now, read in one step (a refreshing panel may replace it)."""
+    return browser.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent.trim() : null",
+        css,
+    )
+
+
+def click_and_wait(browser, css: str):
+    """Click and wait for the next page. Found and clicked in one step: a refreshing
+    panel may replace the element between a find and a click."""
+    old = browser.find_element(By.TAG_NAME, "html")
+    wait(browser, css)
+    browser.execute_script("document.querySelector(arguments[0]).click()", css)
+    WebDriverWait(browser, 15).until(ec.staleness_of(old))
+
+
+@pytest.fixture
+def operator(browser, live_server, broker):
+    log_in(browser, live_server, "operator", "olga")
+    return browser
+
+
+def test_the_dashboard_reads_at_a_glance_and_refreshes_itself(operator, live_server):
+    for _ in range(3):
+        job_failed("TRANSIENT_EXTERNAL", job_type="erp")
+    job_failed("ERP_NOT_CONFIGURED", reason="fatal", job_type="erp")
+    make_job()
+    with override_settings(JOBOPS_PORTAL_REFRESH_SECONDS=1):
+        operator.get(f"{live_server.url}/admin/")
+        erp = wait(operator, 'tr[data-queue="erp"]')
+        assert erp.find_elements(By.CSS_SELECTOR, "td")[1].text == "4"  # open dead letters
+        assert "3 \u00d7" in operator.find_element(By.ID, "failures").text  # "3 times"
+        shoot(operator, "10-dashboard")
+        job_failed("TRANSIENT_EXTERNAL", job_type="erp")  # a new failure, no reload
+        wait_for(
+            lambda: operator.find_element(
+                By.CSS_SELECTOR, 'tr[data-queue="erp"] td:nth-child(2)'
+            ).text
+            == "5",
+            timeout=10,
+        )
+
+
+def test_filter_the_job_list_and_open_a_job(operator, live_server):
+    target = make_job(job_type="report", params={"limit": 10})
+    make_job()
+    operator.get(f"{live_server.url}/admin/jobs/job/")
+    wait(operator, "#result_list")
+    operator.find_element(By.LINK_TEXT, "report").click()  # the type filter
+    wait(operator, "#result_list")
+    rows = operator.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 1
+    shoot(operator, "20-job-list-filtered")
+    click_and_wait(operator, "#result_list tbody tr a")
+    assert str(target.id) in operator.find_element(By.ID, "job-id").text
+    # Published on commit: `queued` once the broker confirmed it (pending before).
+    assert operator.find_element(By.CSS_SELECTOR, ".job-head .badge").text in ("pending", "queued")
+    shoot(operator, "21-job-detail")
+
+
+def test_cancel_a_running_job(operator, live_server):
+    with (
+        override_settings(JOBOPS_PORTAL_REFRESH_SECONDS=1),
+        dispatcher_process(interval=0.2, name="browser-cancel-dispatcher"),
+        celery_worker(queues=["sim"], name="browser-cancel") as worker,
+    ):
+        job = make_job(params={"steps": 600, "step_seconds": 0.1})
+        wait_for(lambda: Job.objects.get(id=job.id).progress_percent >= 2, timeout=30)
+        operator.get(f"{live_server.url}/admin/jobs/job/{job.id}/change/")
+        assert operator.find_element(By.CSS_SELECTOR, ".job-head .badge").text == "running"
+        shoot(operator, "30-running-job")
+        click_and_wait(operator, "#cancel-job")
+        assert "Cancel 1 job?" in operator.find_element(By.CLASS_NAME, "dryrun").text
+        shoot(operator, "31-cancel-confirmation")
+        click_and_wait(operator, "#confirm-cancel")
+        assert "Cancellation requested" in operator.find_element(By.CLASS_NAME, "messagelist").text
+        final = wait_for(
+            lambda: (j := Job.objects.get(id=job.id)).status in ("cancelled", "succeeded") and j,
+            timeout=20,
+        )
+        assert final.status == "cancelled", worker.log_text()[-2000:]
+        # Back on the job's page, which follows the job and reloads once it has ended.
+        wait_for(lambda: text_of(operator, ".job-head .badge") == "cancelled", timeout=15)
+        wait(operator, "#timeline")
+    assert "cancelled" in operator.find_element(By.ID, "timeline").text
+    shoot(operator, "32-cancelled-job")
+
+
+def test_peek_a_dlq_without_consuming_it(operator, live_server, amqp):
+    job = worker_dead_letter(amqp, code="UPSTREAM_DOWN")
+    operator.get(f"{live_server.url}/admin/jobs/deadletter/queues/")
+    row = wait(operator, 'tr[data-queue="sim_dlq"]')
+    assert row.find_elements(By.CSS_SELECTOR, "td")[1].text == "1"  # broker depth
+    shoot(operator, "40-dlq-overview")
+    row.find_element(By.LINK_TEXT, "Peek").click()
+    message = wait(operator, ".message")
+    assert str(job.id) in message.text and "rejected" in message.text
+    shoot(operator, "41-dlq-peek")
+    operator.refresh()
+    wait(operator, ".message")
+    assert depth(amqp, "sim_dlq") == 1  # two peeks, nothing consumed
+
+
+def test_dry_run_then_replay_with_a_justification(operator, live_server, amqp):
+    jobs = [worker_dead_letter(amqp, code="UPSTREAM_DOWN") for _ in range(2)]
+    job_failed("BAD_INPUT", reason="nonretryable")
+    operator.get(f"{live_server.url}/admin/jobs/deadletter/?state=open")
+    wait(operator, "#groups")
+    shoot(operator, "50-dead-letters-by-cause")
+    operator.find_element(By.PARTIAL_LINK_TEXT, "UPSTREAM_DOWN").click()  # filter to the cause
+    wait(operator, "#result_list")
+    click_and_wait(operator, "#replay-matching")
+    assert "2 open dead letters" in operator.find_element(By.ID, "dry-run-count").text
+    assert len(operator.find_elements(By.CSS_SELECTOR, "#sample tbody tr")) == 2
+    shoot(operator, "51-replay-dry-run")
+    operator.find_element(By.ID, "confirm-action").click()  # no justification yet
+    assert DeadLetter.objects.filter(state="open").count() == 3  # the browser refused
+    operator.find_element(By.ID, "id_justification").send_keys("INC-501: upstream is back")
+    click_and_wait(operator, "#confirm-action")
+    assert "2 dead letters replayed" in operator.find_element(By.ID, "action-result").text
+    shoot(operator, "52-replay-done")
+    assert {Job.objects.get(id=j.id).status for j in jobs} == {"pending"}
+    assert DeadLetter.objects.get(error_code="BAD_INPUT").state == "open"
+    assert depth(amqp, "sim_dlq") == 0
+
+
+def test_a_large_replay_runs_in_the_background_and_can_be_stopped(operator, live_server):
+    for _ in range(4):
+        job_failed("TRANSIENT_EXTERNAL")
+    with override_settings(JOBOPS_DLQ_BACKGROUND_THRESHOLD=2):
+        operator.get(f"{live_server.url}/admin/jobs/deadletter/replay/run/?queue=sim_dlq")
+        operator.find_element(By.ID, "id_justification").send_keys("INC-502: bulk replay")
+        click_and_wait(operator, "#confirm-action")
+    assert "0 of 4 handled" in operator.find_element(By.ID, "operation-progress").text
+    shoot(operator, "60-background-replay")
+    click_and_wait(operator, "#stop-operation")
+    assert BulkOperation.objects.get().state == "stopped"
+    assert operator.find_element(By.CSS_SELECTOR, ".job-head .badge").text == "stopped"
+    shoot(operator, "61-background-replay-stopped")
+
+
+def test_verify_a_job_chain(operator, live_server):
+    job = job_failed("BAD_INPUT", reason="nonretryable")
+    operator.get(f"{live_server.url}/admin/jobs/job/{job.id}/change/")
+    wait(operator, "#timeline")
+    shoot(operator, "70-failed-job-with-timeline")
+    click_and_wait(operator, "#verify-chain")
+    assert operator.find_element(By.ID, "verify-result").text.startswith("Intact.")
+    shoot(operator, "71-chain-verified")
+
+
+def test_a_viewer_is_refused_a_replay(browser, live_server, broker):
+    job_failed("TRANSIENT_EXTERNAL")
+    log_in(browser, live_server, "viewer", "vera")
+    browser.get(f"{live_server.url}/admin/jobs/deadletter/?state=open")
+    wait(browser, "#groups")
+    assert not browser.find_elements(By.ID, "replay-matching")
+    assert "Replay" not in browser.find_element(By.ID, "groups").text
+    shoot(browser, "80-viewer-dead-letters")
+    browser.get(f"{live_server.url}/admin/jobs/deadletter/replay/run/?queue=sim_dlq")
+    assert "operator" in browser.find_element(By.ID, "forbidden").text
+    shoot(browser, "81-viewer-refused-replay")
+    assert DeadLetter.objects.get().state == "open"
+
+
+def test_the_api_docs_work_offline(offline_browser, live_server):
+    offline_browser.get(f"{live_server.url}/api/v1/docs/")
+    wait(offline_browser, ".swagger-ui .opblock", timeout=20)
+    titles = offline_browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")
+    assert any("/api/v1/admin/dlq/{queue}/replay" in t.text for t in titles)
+    shoot(offline_browser, "90-api-docs-offline")
+    offline_browser.get(f"{live_server.url}/api/v1/redoc/")
+    assert "jobops API" in wait(offline_browser, "h1", timeout=20).text
+    shoot(offline_browser, "91-api-redoc-offline")

@@ -1,0 +1,155 @@
+"""The dead-letter pages of the portal (DESIGN.md 4.1, 7), through Django's test client."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from audit.models import AuditLog
+from dlq.models import BulkOperation
+from jobs.models import DeadLetter, Job
+from tests.factories import job_failed, otp_login, role_user, worker_lost
+from tests.queues import depth, worker_dead_letter
+
+pytestmark = pytest.mark.django_db
+LIST = "/admin/jobs/deadletter/"
+RUN = "/admin/jobs/deadletter/{action}/run/"
+
+
+@pytest.fixture
+def operator() -> Client:
+    return otp_login(Client(), role_user("operator"))
+
+
+def test_the_queues_page_shows_each_dlq_with_depth_and_open_rows(operator, amqp):
+    worker_dead_letter(amqp, code="BOOM")
+    worker_lost()
+    page = operator.get("/admin/jobs/deadletter/queues/")
+    sim = next(q for q in page.context["queues"] if q["queue"] == "sim_dlq")
+    assert (sim["depth"], sim["open"]) == (1, 2)
+    assert b'data-refresh-url="/admin/jobs/deadletter/queues/panel/"' in page.content
+
+
+def test_the_list_groups_dead_letters_by_cause(operator, broker):
+    for _ in range(3):
+        job_failed("TRANSIENT_EXTERNAL", job_type="erp")
+    job_failed("FATAL", reason="fatal")
+    page = operator.get(LIST, {"state": "open"})
+    groups = [(g["count"], g["error_code"], g["queue"]) for g in page.context["groups"]]
+    assert groups == [(3, "TRANSIENT_EXTERNAL", "erp_dlq"), (1, "FATAL", "sim_dlq")]
+    assert "3 \u00d7".encode() in page.content  # "3 times"
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"queue": "erp_dlq"}, {"E1"}),
+        ({"reason": "fatal"}, {"F1", "D1", "OLD"}),
+        ({"error_code": "E1"}, {"E1"}),
+        ({"retryable": "1"}, {"E1", "W1"}),
+        ({"state": "discarded"}, {"D1"}),
+        ({"age": "older7d"}, {"OLD"}),
+        ({"age": "24h", "state": "open"}, {"E1", "F1", "W1"}),
+    ],
+)
+def test_the_list_filters_by_queue_reason_state_code_age_and_cause(
+    operator, broker, query, expected
+):
+    job_failed("E1", job_type="erp")
+    job_failed("F1", reason="fatal")
+    job_failed("W1", reason="worker_lost")
+    DeadLetter.objects.filter(job=job_failed("D1", reason="fatal")).update(
+        state="discarded", resolved_at=timezone.now(), justification="x"
+    )
+    DeadLetter.objects.filter(job=job_failed("OLD", reason="fatal")).update(
+        created_at=timezone.now() - timedelta(days=8)
+    )
+    page = operator.get(LIST, query)
+    assert {r.error_code for r in page.context["cl"].result_list} == expected
+
+
+def test_peek_shows_the_messages_and_consumes_nothing(operator, amqp):
+    job = worker_dead_letter(amqp, code="BOOM")
+    before = depth(amqp, "sim_dlq")
+    page = operator.get("/admin/jobs/deadletter/peek/sim_dlq/")
+    assert page.status_code == 200
+    [item] = page.context["messages_found"]
+    assert item["m"].job_id == str(job.id) and item["death"]["reason"] == "rejected"
+    text = page.content.decode()
+    assert str(job.id) in text and "rejected" in text and "&quot;job_id&quot;" in text
+    assert depth(amqp, "sim_dlq") == before == 1
+    assert operator.get("/admin/jobs/deadletter/peek/sim/").status_code == 404
+
+
+def test_replay_shows_a_dry_run_then_needs_a_justification(operator, amqp):
+    job = worker_dead_letter(amqp, code="UPSTREAM_DOWN")
+    url = RUN.format(action="replay")
+    query = {"queue": "sim_dlq", "error_code": "UPSTREAM_DOWN"}
+    dry = operator.get(url, query)
+    assert dry.context["dry_run"].matched == 1
+    assert b'id="dry-run-count"' in dry.content and str(job.id)[:8].encode() in dry.content
+    form = dict(dry.context["hidden"])
+    refused = operator.post(url, {**form, "justification": "  "})
+    assert b'id="action-error"' in refused.content
+    assert Job.objects.get(id=job.id).status == "failed"
+
+    done = operator.post(url, {**form, "justification": "INC-12: upstream is back"})
+    assert done.status_code == 200 and b'id="action-result"' in done.content
+    assert Job.objects.get(id=job.id).status == "pending"
+    row = DeadLetter.objects.get(job=job)
+    assert (row.state, row.justification) == ("replayed", "INC-12: upstream is back")
+    assert AuditLog.objects.filter(job_id=job.id, event_type="dlq_replayed").exists()
+    assert depth(amqp, "sim_dlq") == 0
+
+
+def test_the_selected_rows_go_to_a_discard_dry_run(operator, broker):
+    keep, drop = worker_lost(), worker_lost()
+    row = DeadLetter.objects.get(job=drop)
+    chosen = operator.post(LIST, {"action": "discard_selected", "_selected_action": [row.id]})
+    assert chosen.status_code == 302 and f"ids={row.id}" in chosen["Location"]
+    dry = operator.get(chosen["Location"])
+    assert dry.context["dry_run"].matched == 1
+    operator.post(chosen["Location"].split("?")[0], {"ids": row.id, "justification": "dup"})
+    assert DeadLetter.objects.get(id=row.id).state == "discarded"
+    assert DeadLetter.objects.get(job=keep).state == "open"
+
+
+def test_the_age_filter_is_pinned_between_the_dry_run_and_the_confirm(operator, broker):
+    worker_lost()
+    dry = operator.get(RUN.format(action="discard"), {"age": "24h"})
+    hidden = dict(dry.context["hidden"])
+    assert "created_after" in hidden and "age" not in hidden
+    assert dry.context["dry_run"].matched == 1
+
+
+def test_a_large_replay_runs_in_the_background_with_a_page_to_stop_it(operator, broker, settings):
+    settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD = 2
+    for _ in range(3):
+        worker_lost()
+    started = operator.post(RUN.format(action="replay"), {"justification": "bulk"})
+    operation = BulkOperation.objects.get()
+    assert started.status_code == 302
+    assert started["Location"] == f"/admin/dlq/bulkoperation/{operation.id}/change/"
+    page = operator.get(started["Location"])
+    assert b'id="stop-operation"' in page.content and b"data-refresh-url" in page.content
+    assert (
+        b"0</strong> of 3"
+        in operator.get(f"/admin/dlq/bulkoperation/{operation.id}/panel/").content
+    )
+    operator.post(f"/admin/dlq/bulkoperation/{operation.id}/stop/")
+    operation.refresh_from_db()
+    assert operation.state == "stopped"
+    assert b'id="stop-operation"' not in operator.get(started["Location"]).content
+
+
+def test_dead_letters_cannot_be_edited_or_deleted(operator, broker):
+    row = DeadLetter.objects.get(job=worker_lost())
+    superuser = otp_login(Client(), role_user("operator", is_superuser=True))
+    for client in (operator, superuser):
+        assert client.get(f"{LIST}add/").status_code == 403
+        assert client.post(f"{LIST}{row.id}/change/", {"state": "replayed"}).status_code == 403
+        assert client.post(f"{LIST}{row.id}/delete/", {"post": "yes"}).status_code == 403
+    assert DeadLetter.objects.get(id=row.id).state == "open"

@@ -1,0 +1,47 @@
+"""An ERP stand-in: a real HTTP server on 127.0.0.1 that the ERP bridge posts to."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Receiver:
+    """An ERP stand-in: answers `script` statuses in turn (then 200), records requests."""
+
+    def __init__(self, script: list[int | tuple[str, float]] | None = None) -> None:
+        self.script = list(script or [])
+        self.requests: list[dict] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.requests.append(
+                    {"path": self.path, "headers": dict(self.headers), "body": json.loads(body)}
+                )
+                action = receiver.script.pop(0) if receiver.script else 200
+                if isinstance(action, tuple):  # ("sleep", seconds): outlive the timeout
+                    time.sleep(action[1])
+                    action = 200
+                self.send_response(action)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(json.dumps({"status": action}).encode())
+
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/erp/events"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Receiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

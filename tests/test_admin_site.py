@@ -1,0 +1,119 @@
+"""The portal's site (config/admin_site.py): the dashboard as its index, and the tables
+nobody may edit from it (Celery results, OTP devices)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.cache import cache
+from django.test import Client
+from django_celery_results.models import GroupResult, TaskResult
+from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
+
+from dlq.dashboard import CACHE_KEY, dashboard_overview
+from tests.factories import job_failed, make_job, otp_login, role_user, totp_device
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def viewer() -> Client:
+    return otp_login(Client(), role_user("viewer"))
+
+
+def test_the_dashboard_shows_queues_failures_by_cause_and_problems(viewer, broker):
+    make_job()
+    for _ in range(3):
+        job_failed("TRANSIENT_EXTERNAL", job_type="erp")
+    page = viewer.get("/admin/")
+    overview = page.context["overview"]
+    erp = next(q for q in overview["queues"] if q["queue"] == "erp")
+    assert erp["open_dead_letters"] == 3 and erp["finished"]["failed"] == 3
+    sim = next(q for q in overview["queues"] if q["queue"] == "sim")
+    assert sim["unfinished"]["pending"] == 1 and sim["oldest_pending_seconds"] is not None
+    [cause] = overview["failures"]
+    assert (cause["count"], cause["error_code"], cause["queue"]) == (
+        3,
+        "TRANSIENT_EXTERNAL",
+        "erp_dlq",
+    )
+    text = page.content.decode()
+    assert "3 open dead letter(s) wait for a decision." in text
+    assert "No live dispatcher" in text  # none runs in this test
+    link = "/admin/jobs/deadletter/?queue=erp_dlq&amp;error_code=TRANSIENT_EXTERNAL"
+    assert link in text
+    assert 'data-refresh-url="/admin/dashboard/panel/"' in text
+
+
+def test_the_panel_alone_is_what_the_page_refreshes(viewer, broker):
+    panel = viewer.get("/admin/dashboard/panel/")
+    assert panel.status_code == 200
+    assert b'id="queues"' in panel.content and b"<html" not in panel.content
+
+
+def test_the_dashboard_is_for_otp_verified_staff_only(client):
+    assert client.get("/admin/dashboard/panel/").status_code == 302
+    client.force_login(role_user("operator"))  # password only
+    assert client.get("/admin/dashboard/panel/").status_code == 302
+
+
+def test_viewers_share_one_computation_for_a_few_seconds(settings, broker):
+    settings.JOBOPS_DASHBOARD_CACHE_SECONDS = 30
+    cache.delete(CACHE_KEY)
+    first = dashboard_overview()
+    make_job()
+    assert dashboard_overview()["generated_at"] == first["generated_at"]
+    assert dashboard_overview(use_cache=False)["generated_at"] > first["generated_at"]
+    cache.delete(CACHE_KEY)
+
+
+def test_the_dashboard_says_so_when_rabbitmq_is_away(viewer, settings):
+    settings.BROKER_URL = "amqp://guest:guest@127.0.0.1:1/"
+    page = viewer.get("/admin/")
+    assert page.status_code == 200
+    assert "RabbitMQ unreachable" in page.content.decode()
+    assert all(q["depth"] is None for q in page.context["overview"]["queues"])
+
+
+def test_celery_results_are_read_only_even_for_a_superuser():
+    superuser = otp_login(Client(), role_user("operator", is_superuser=True))
+    result = TaskResult.objects.create(task_id="t-1", status="SUCCESS")
+    group = GroupResult.objects.create(group_id="g-1")
+    base = "/admin/django_celery_results"
+    assert superuser.get(f"{base}/taskresult/{result.pk}/change/").status_code == 200
+    for url, data in (
+        (f"{base}/taskresult/add/", {"task_id": "t-2"}),
+        (f"{base}/taskresult/{result.pk}/change/", {"status": "FAILURE"}),
+        (f"{base}/taskresult/{result.pk}/delete/", {"post": "yes"}),
+        (f"{base}/groupresult/{group.pk}/delete/", {"post": "yes"}),
+    ):
+        assert superuser.post(url, data).status_code == 403, url
+    page = superuser.get(f"{base}/taskresult/")
+    assert page.context["action_form"] is None  # no bulk delete either
+    assert TaskResult.objects.get(pk=result.pk).status == "SUCCESS"
+    assert GroupResult.objects.filter(pk=group.pk).exists()
+
+
+def test_otp_devices_are_hidden_from_staff_and_show_no_secret_to_a_superuser():
+    owner = role_user("operator")
+    device = totp_device(owner)
+    backup = StaticDevice.objects.create(user=owner, name="backup", confirmed=True)
+    StaticToken.objects.create(device=backup, token="secret77")
+    staff = otp_login(Client(), role_user("operator"))
+    assert b"otp_totp" not in staff.get("/admin/").content
+    assert staff.get(f"/admin/otp_totp/totpdevice/{device.pk}/change/").status_code == 403
+    superuser = otp_login(Client(), role_user("operator", is_superuser=True))
+    page = superuser.get(f"/admin/otp_totp/totpdevice/{device.pk}/change/")
+    assert page.status_code == 200 and device.key.encode() not in page.content
+    for url in (f"{device.pk}/config/", f"{device.pk}/qrcode/"):
+        assert superuser.get(f"/admin/otp_totp/totpdevice/{url}").status_code == 403
+    static = superuser.get(f"/admin/otp_static/staticdevice/{backup.pk}/change/")
+    assert static.status_code == 200 and b"secret77" not in static.content
+    for url, data in (
+        (f"/admin/otp_totp/totpdevice/{device.pk}/change/", {"name": "mine"}),
+        (f"/admin/otp_totp/totpdevice/{device.pk}/delete/", {"post": "yes"}),
+        ("/admin/otp_totp/totpdevice/add/", {"name": "x"}),
+        (f"/admin/otp_static/staticdevice/{backup.pk}/delete/", {"post": "yes"}),
+    ):
+        assert superuser.post(url, data).status_code == 403, url
+    device.refresh_from_db()
+    assert device.name == "phone"
