@@ -94,15 +94,18 @@ def check_payload_form(scratch: Scratch) -> None:
         )
 
 
-def chain_lines(job_ids: list[str], *, per_job: int, by_chain: bool) -> Iterator[str]:
+def chain_lines(
+    job_ids: list[str], *, per_job: int, by_chain: bool, heads: dict[str, bytes]
+) -> Iterator[str]:
     """COPY text lines of valid chains for `job_ids`, `per_job` entries each.
 
     `by_chain` False: round by round (entry 1 of every job, then entry 2, ...), so a
     chain's rows are spread over the table as interleaved jobs leave them; True: chain
     after chain, which (with sorted ids) appends to every index instead of inserting
-    at random, for loads of tens of millions of rows.
+    at random, for loads of tens of millions of rows. `heads` ends up holding each
+    chain's last hash.
     """
-    heads = dict.fromkeys(job_ids, bytes(32))
+    heads.update(dict.fromkeys(job_ids, bytes(32)))
     tick = 0
 
     def line(job: str, r: int) -> str:
@@ -132,14 +135,17 @@ def chain_lines(job_ids: list[str], *, per_job: int, by_chain: bool) -> Iterator
                 yield "".join(line(job, r) for job in job_ids[start : start + 10_000])
 
 
-def copy_chains(conn: Any, job_ids: list[str], *, per_job: int, by_chain: bool) -> None:
-    """COPY the chains into audit_logs on `conn` (the caller commits)."""
+def copy_chains(conn: Any, job_ids: list[str], *, per_job: int, by_chain: bool) -> dict[str, str]:
+    """COPY the chains into audit_logs on `conn` (the caller commits); returns each
+    job's chain head (hex), which a job row that keeps its head must carry."""
+    heads: dict[str, bytes] = {}
     with conn.cursor() as cursor, cursor.copy(f"COPY audit_logs ({COLUMNS}) FROM STDIN") as copy:
         batch: list[str] = []
-        for chunk in chain_lines(job_ids, per_job=per_job, by_chain=by_chain):
+        for chunk in chain_lines(job_ids, per_job=per_job, by_chain=by_chain, heads=heads):
             batch.append(chunk)
             if len(batch) >= 1000:
                 copy.write("".join(batch))
                 batch = []
         if batch:
             copy.write("".join(batch))
+    return {job: digest.hex() for job, digest in heads.items()}

@@ -16,16 +16,6 @@ def noop(ctx: Any, params: dict[str, Any]) -> None:
     return None
 
 
-def fail(ctx: Any, params: dict[str, Any]) -> None:
-    """A fatal error (DESIGN.md 3.3): the job fails at once with a dead letter, and the
-    worker rejects the message so that the broker makes its DLQ copy."""
-    try:
-        from jobs.errors import FatalError  # the handler taxonomy, public to handlers
-    except ImportError:  # pragma: no cover - the taxonomy moved; the design's other fatal
-        from django.db import IntegrityError as FatalError  # type: ignore[assignment]
-    raise FatalError("planned by the benchmark")
-
-
 def count_run(ctx: Any, params: dict[str, Any]) -> None:
     """Count each execution in Redis (hash BENCH_RUNS_KEY, field = job id): the
     benchmark then checks that every accepted job ran exactly once."""

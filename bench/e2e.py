@@ -22,7 +22,7 @@ queue, jobops' consumer), scratch database and vhost `jobops_bench_e2e`:
 
 Prints each figure beside its baseline, writes bench/results/e2e.json.
 
-Usage: python bench/e2e.py [--jobs 5000] [--latency-jobs 1000] [--latency-rate R]
+Usage: python bench/e2e.py [--jobs 2000] [--latency-jobs 500] [--latency-rate R]
        [--concurrency 2] [--prefetch 3] [--profile] [--profile-jobs 200] [--quick]
        [--keep]
 """
@@ -53,7 +53,7 @@ from bench._jobflow import (
 
 NAME = "e2e"
 # Sizes of `make bench`, and of --quick (seconds, for development).
-FULL = {"jobs": 5000, "latency_jobs": 1000, "profile_jobs": 200}
+FULL = {"jobs": 2000, "latency_jobs": 500, "profile_jobs": 200}
 QUICK = {"jobs": 300, "latency_jobs": 100, "profile_jobs": 50}
 JOB_TYPE, JOB_QUEUE, PARAMS = "ai", "default", {"text": "x"}
 HANDLERS = json.dumps({JOB_TYPE: "bench._handlers.noop"})
@@ -348,8 +348,8 @@ def measure(
 
 def main() -> int:
     parser = common.parser_for(__doc__)
-    parser.add_argument("--jobs", type=int, help="jobs (and raw tasks) drained [5000]")
-    parser.add_argument("--latency-jobs", type=int, help="jobs of the latency run [1000]")
+    parser.add_argument("--jobs", type=int, help="jobs (and raw tasks) drained [2000]")
+    parser.add_argument("--latency-jobs", type=int, help="jobs of the latency run [500]")
     parser.add_argument("--latency-rate", type=float, default=0, help="jobs/s (0: half capacity)")
     parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
     parser.add_argument("--prefetch", type=int, default=3, help="prefetch multiplier")
