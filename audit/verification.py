@@ -1,7 +1,8 @@
 """Verify the audit chains and the signed checkpoints (DESIGN.md section 5).
 
-Rows are streamed through a server-side cursor ordered by (chain, seq), so memory
-stays flat whatever the table size. Each row is checked against the exact payload
+Rows are streamed through server-side cursors ordered by (chain, seq), so memory
+stays flat whatever the table size; a large table is read in a few chain ranges side
+by side, on one snapshot. Each row is checked against the exact payload
 bytes that were hashed at write time; the checkpoints then prove that no head they
 recorded has gone missing or been rewritten.
 """
@@ -16,13 +17,17 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils.module_loading import import_string
+from psycopg import sql as pgsql
 
 from audit.canonical import GENESIS_HASH, canonical_bytes
 from audit.services import job_chain
@@ -62,6 +67,7 @@ class VerificationReport:
     chains_checked: int = 0
     checkpoints_checked: int = 0
     heads_checked: int = 0
+    streams: int = 0  # chain ranges read side by side
     problems: list[Problem] = field(default_factory=list)
     problems_total: int = 0
     seconds: float = 0.0
@@ -190,16 +196,88 @@ FROM audit_logs WHERE chain = %s AND seq = %s
 """
 
 
-def _batches(sql: str, params: list[Any]) -> Iterator[list[tuple[Any, ...]]]:
-    """Yield batches of rows from a server-side cursor, fetched by a helper thread.
+@dataclass(frozen=True)
+class _Stream:
+    """One chain range [low, high) read by its own server-side cursor; None: open end."""
 
-    The thread waits on PostgreSQL (which builds the next batch) while the caller
-    hashes the current one, so both CPU cores work; the bounded queue keeps at most
-    a few batches in memory. The caller must not use the connection until this
-    generator is exhausted or closed.
+    low: str | None = None
+    high: str | None = None
+
+    def query(self, selected: list[str] | None) -> tuple[str, list[Any]]:
+        conditions, params = [], []
+        if selected is not None:
+            conditions.append("chain = ANY(%s)")
+            params.append(selected)
+        if self.low is not None:
+            conditions.append("chain >= %s")
+            params.append(self.low)
+        if self.high is not None:
+            conditions.append("chain < %s")
+            params.append(self.high)
+        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
+        return _ROWS_SQL.format(where=where), params
+
+
+def _streams(selected: list[str] | None) -> list[_Stream]:
+    """The chain ranges to read side by side: one, unless this is a full verification in
+    its own transaction of a table over AUDIT_VERIFY_PARALLEL_MIN_ROWS rows.
+
+    The ranges cut the chain histogram of the planner's statistics into equal parts, so
+    each stream reads about as many rows (a table of few chains has their list of most
+    common values instead); no chain is split, so each range is checked
+    on its own exactly as the whole table would be. Without statistics: one stream.
     """
-    raw = connection.connection  # the psycopg connection: named cursors need it
-    batches: queue.Queue[Any] = queue.Queue(maxsize=2)
+    wanted = settings.AUDIT_VERIFY_STREAMS
+    if wanted < 2 or selected is not None or len(connection.atomic_blocks) != 1:
+        return [_Stream()]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.reltuples, coalesce(s.histogram_bounds::text::text[], "
+            "s.most_common_vals::text::text[]) FROM pg_class c "
+            "LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
+            "AND s.tablename = c.relname AND s.attname = 'chain' "
+            "WHERE c.oid = 'audit_logs'::regclass"
+        )
+        estimate, bounds = cursor.fetchone()
+    if estimate < settings.AUDIT_VERIFY_PARALLEL_MIN_ROWS or not bounds:
+        return [_Stream()]
+    bounds = sorted(bounds)
+    cuts = sorted({bounds[len(bounds) * i // wanted] for i in range(1, wanted)})
+    edges: list[str | None] = [None, *cuts, None]
+    return [_Stream(low, high) for low, high in pairwise(edges)]
+
+
+@contextmanager
+def _snapshot_connection(params: dict[str, Any], snapshot: str) -> Iterator[Any]:
+    """A new psycopg connection in a READ ONLY transaction on `snapshot`, so that a
+    second stream sees exactly the history the verification's transaction sees."""
+    raw = psycopg.connect(**params)
+    try:
+        raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        raw.execute(pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(snapshot)))
+        yield raw
+    finally:
+        raw.close()
+
+
+def _batches(
+    streams: list[_Stream], selected: list[str] | None
+) -> Iterator[tuple[int, list[tuple[Any, ...]]]]:
+    """Yield (stream index, batch of rows) from one server-side cursor per stream, each
+    fetched by a helper thread.
+
+    The threads wait on PostgreSQL (which builds the next batches, one backend per
+    stream) while the caller hashes the current one, so every CPU core works; the
+    bounded queue keeps at most a few batches in memory. The caller must not use the
+    connection until this generator is exhausted or closed.
+    """
+    own = connection.connection  # the psycopg connection: named cursors need it
+    snapshot, params = "", connection.get_connection_params()
+    if len(streams) > 1:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_export_snapshot()")
+            snapshot = cursor.fetchone()[0]
+    batches: queue.Queue[Any] = queue.Queue(maxsize=2 * len(streams))
     stop = threading.Event()
 
     def put(item: Any) -> bool:
@@ -211,29 +289,52 @@ def _batches(sql: str, params: list[Any]) -> Iterator[list[tuple[Any, ...]]]:
                 continue
         return False
 
-    def produce() -> None:
+    def produce(index: int, stream: _Stream) -> None:
         try:
-            # binary: bytea arrives as raw bytes, with no hex step on either side.
-            with raw.cursor(name="audit_verify_rows", binary=True) as cursor:
-                cursor.itersize = BATCH_ROWS
-                cursor.execute(sql, params)
-                while batch := cursor.fetchmany(BATCH_ROWS):
-                    if not put(batch):
-                        return
-            put(None)
+            with ExitStack() as stack:
+                # The first stream reads in the verification's own transaction.
+                raw = stack.enter_context(_snapshot_connection(params, snapshot)) if index else own
+                # binary: bytea arrives as raw bytes, with no hex step on either side.
+                with raw.cursor(name=f"audit_verify_rows_{index}", binary=True) as cursor:
+                    cursor.itersize = BATCH_ROWS
+                    cursor.execute(*stream.query(selected))
+                    while batch := cursor.fetchmany(BATCH_ROWS):
+                        if not put((index, batch)):
+                            return
+            put((index, None))
         except BaseException as exc:  # handed to the caller, which re-raises it
             put(exc)
 
-    thread = threading.Thread(target=produce, name="audit-verify-fetch", daemon=True)
-    thread.start()
+    threads = [
+        threading.Thread(target=produce, args=(i, s), name=f"audit-verify-{i}", daemon=True)
+        for i, s in enumerate(streams)
+    ]
+    for thread in threads:
+        thread.start()
     try:
-        while (item := batches.get()) is not None:
+        running = len(threads)
+        while running:
+            item = batches.get()
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            if item[1] is None:
+                running -= 1
+            else:
+                yield item
     finally:
         stop.set()
-        thread.join()
+        for thread in threads:
+            thread.join()
+
+
+@dataclass
+class _Walk:
+    """Where one stream stands: its current chain, the seq and prev_hash the next row of
+    that chain must have."""
+
+    chain: str | None = None
+    expected_seq: int = 1
+    expected_prev: str = GENESIS_HASH
 
 
 def _check_rows(report: VerificationReport, selected: list[str] | None) -> None:
@@ -247,17 +348,18 @@ def _check_rows(report: VerificationReport, selected: list[str] | None) -> None:
     """
     if selected is not None and not selected:
         return
-    where, params = ("WHERE chain = ANY(%s)", [selected]) if selected is not None else ("", [])
+    streams = _streams(selected)
+    report.streams = len(streams)
+    walks = [_Walk() for _ in streams]
     sha256 = hashlib.sha256
     fromhex = bytes.fromhex
-    chain = None
-    expected_seq = 1
-    expected_prev = GENESIS_HASH
     rows = chains = 0
     suspects: list[tuple[Any, ...]] = []
     overflow = 0
-    for batch in _batches(_ROWS_SQL.format(where=where), params):
+    for index, batch in _batches(streams, selected):
         rows += len(batch)
+        walk = walks[index]
+        chain, expected_seq, expected_prev = walk.chain, walk.expected_seq, walk.expected_prev
         for row_chain, seq, payload, prev, stored, prefix, suffix in batch:
             if row_chain != chain:
                 chain = row_chain
@@ -281,9 +383,10 @@ def _check_rows(report: VerificationReport, selected: list[str] | None) -> None:
                     overflow += 1  # counted, not described
             expected_seq = seq + 1
             expected_prev = stored
+        walk.chain, walk.expected_seq, walk.expected_prev = chain, expected_seq, expected_prev
     report.rows_checked += rows
     report.chains_checked += chains
-    for suspect in suspects:
+    for suspect in sorted(suspects, key=lambda s: (s[0], s[1])):
         problem = _row_problem(*suspect)
         if problem is not None:
             report.add(problem)

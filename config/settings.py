@@ -306,6 +306,11 @@ JOBOPS_DB_ALLOW_PRIVILEGED = env_bool("JOBOPS_DB_ALLOW_PRIVILEGED", False)
 # Checks verify_audit_chain runs in its snapshot besides the chains themselves:
 # dotted paths of `check(report, chains)` (jobs: each job's status against its chain).
 AUDIT_VERIFY_CHECKS: list[str] = ["jobs.audit_checks.job_status_matches_chain"]
+# A full verification of a table over AUDIT_VERIFY_PARALLEL_MIN_ROWS rows reads it in
+# this many chain ranges at once, each on its own connection (one more backend each)
+# sharing one snapshot: the server's index scan, not Python's hashing, is the slower half.
+AUDIT_VERIFY_STREAMS = env_int("AUDIT_VERIFY_STREAMS", 2)
+AUDIT_VERIFY_PARALLEL_MIN_ROWS = env_int("AUDIT_VERIFY_PARALLEL_MIN_ROWS", 200_000)
 
 # --- Celery (the broker half lives in config/celery.py) -------------------------
 
