@@ -204,7 +204,8 @@ class _Stream:
     high: str | None = None
 
     def query(self, selected: list[str] | None) -> tuple[str, list[Any]]:
-        conditions, params = [], []
+        conditions: list[str] = []
+        params: list[Any] = []
         if selected is not None:
             conditions.append("chain = ANY(%s)")
             params.append(selected)

@@ -7,6 +7,7 @@ import json
 from django.db import connection
 from django.urls import path
 from rest_framework import status
+from rest_framework.authentication import TokenAuthentication
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -25,6 +26,9 @@ class BareInsertApi(APIView):
     """Token-authenticated JSON POST that inserts one row: the floor for job creation."""
 
     parser_classes = [JSONParser]
+    # DRF's own token authentication, whatever the app configures: the floor stays the
+    # stock "token-auth DRF insert" the targets are set against (the app's is prepared).
+    authentication_classes = [TokenAuthentication]
 
     def post(self, request: Request) -> Response:
         with connection.cursor() as cursor:

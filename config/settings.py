@@ -317,7 +317,7 @@ AUDIT_VERIFY_PARALLEL_MIN_ROWS = env_int("AUDIT_VERIFY_PARALLEL_MIN_ROWS", 200_0
 # --- API --------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "core.api.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -10,6 +10,9 @@ later executions send only the values.
 Behind a connection pooler in transaction mode, prepared statements need its protocol
 support (PgBouncer 1.21+ with max_prepared_statements set).
 
+`select_columns` and `model_from_row` turn such a statement's rows back into model
+instances, converted exactly as the ORM converts its own reads.
+
 Errors come out as Django's database exceptions (IntegrityError, OperationalError...),
 exactly as from `connection.cursor()`, and the statement joins the caller's transaction
 (it runs on Django's own connection).
@@ -17,16 +20,27 @@ exactly as from `connection.cursor()`, and the statement joins the caller's tran
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from django.db import connection
+from django.db.models import Field, Model
+
+M = TypeVar("M", bound=Model)
 
 NEVER_BY_COUNT = 2**31
 
 
 def execute_prepared(statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Execute `statement` with server-side binding, prepared; returns its rows."""
+    """Execute `statement` with server-side binding, prepared; returns its rows.
+
+    Like Django's own cursors it runs through the connection's execute wrappers
+    (`connection.execute_wrapper`) and is logged where queries are logged (DEBUG,
+    assertNumQueries), so a test or a tool that counts statements sees these too.
+    """
     connection.ensure_connection()
     raw = connection.connection
     if raw.prepare_threshold is None:
@@ -34,8 +48,63 @@ def execute_prepared(statement: str, params: dict[str, Any]) -> list[tuple[Any, 
         # client and never prepare); `prepare=True` below prepares only these
         # statements, and no other statement is prepared by count.
         raw.prepare_threshold = NEVER_BY_COUNT
-    with connection.wrap_database_errors:
-        with psycopg.Cursor(raw) as cursor:
-            cursor.execute(statement, params, prepare=True)  # type: ignore[call-overload]
+    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+
+        def run(sql: str, values: Any, many: bool, context: dict[str, Any]) -> Any:
+            cursor.execute(sql, values, prepare=True)  # type: ignore[call-overload]
             # Every statement run here returns rows (RETURNING or SELECT).
             return cursor.fetchall()
+
+        executor: Callable[..., Any] = run
+        for wrapper in reversed(connection.execute_wrappers):
+            executor = functools.partial(wrapper, executor)
+        started = time.monotonic()
+        try:
+            rows: list[tuple[Any, ...]] = executor(
+                statement, params, False, {"connection": connection, "cursor": cursor}
+            )
+        finally:
+            if connection.queries_logged:
+                connection.queries_log.append(
+                    {"sql": statement, "time": f"{time.monotonic() - started:.3f}"}
+                )
+        return rows
+
+
+def select_columns(model: type[Model], alias: str) -> str:
+    """`model`'s concrete columns, qualified by `alias`, in the order `model_from_row`
+    reads them."""
+    return ", ".join(f"{alias}.{connection.ops.quote_name(f.column)}" for f in _fields(model))
+
+
+def model_from_row(model: type[M], values: Sequence[Any]) -> M:
+    """An instance of `model` from the values of `select_columns(model, ...)`, converted
+    as the ORM's own reads convert them (e.g. JSON text to Python values)."""
+    fields = _fields(model)
+    converted = list(values[: len(fields)])
+    for index, convert in _converters(model):
+        converted[index] = convert(converted[index])
+    return model.from_db(connection.alias, [f.attname for f in fields], converted)
+
+
+@functools.cache
+def _fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    return tuple(model._meta.concrete_fields)
+
+
+@functools.cache
+def _converters(model: type[Model]) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
+    found = []
+    for index, field in enumerate(_fields(model)):
+        column = field.get_col(model._meta.db_table)
+        # The ORM's own two sources of converters (the backend's, the field's).
+        steps = connection.ops.get_db_converters(column) + field.get_db_converters(connection)  # type: ignore[attr-defined]
+        if steps:
+            found.append((index, functools.partial(_apply, steps, column)))
+    return tuple(found)
+
+
+def _apply(steps: list[Callable[..., Any]], column: Any, value: Any) -> Any:
+    for step in steps:
+        value = step(value, column, connection)
+    return value

@@ -13,13 +13,12 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connection
-from django.db.models import OuterRef, QuerySet
-from django.db.models.functions import JSONObject
+from django.db.models import QuerySet
 
 from audit.models import ActorType, AuditLog
 from audit.services import job_chain
+from core.db import execute_prepared, model_from_row, select_columns
 from jobs import sql
 from jobs.exceptions import JobNotFoundError
 from jobs.models import Artefact, DeadLetter, Job
@@ -33,44 +32,34 @@ def job_visible_queryset(*, user: Any) -> QuerySet[Job]:
     return jobs
 
 
+def _visibility(user: Any) -> dict[str, Any]:
+    return {"staff": bool(user.is_staff), "owner": user.pk}
+
+
 def job_version_for_user(*, job_id: uuid.UUID, user: Any) -> int | None:
     """The job's version (its ETag) or None: one indexed row, no body, no artefacts.
 
     This is all a conditional GET needs to answer 304.
     """
-    return (
-        job_visible_queryset(user=user).filter(id=job_id).values_list("version", flat=True).first()
-    )
-
-
-# An artefact's fields as the job body shows them, aggregated into the job's own query.
-_ARTEFACT_JSON = JSONObject(
-    id="id", kind="kind", name="name", content_type="content_type", sha256="sha256", size="size"
-)
+    rows = execute_prepared(sql.JOB_VERSION, {"job_id": job_id, **_visibility(user)})
+    return rows[0][0] if rows else None
 
 
 def job_get_for_user(*, job_id: uuid.UUID, user: Any) -> Job:
     """The job with its artefacts (the body lists them), or JobNotFoundError.
 
-    One query: the artefacts come as a JSON array of the same row and are kept as
-    `job.artefact_list`, which the body serializer reads before `job.artefacts`.
+    One prepared statement (the API's most frequent read: building it through the ORM
+    cost more than running it): the artefacts come as a JSON array of the same row and
+    are kept as `job.artefact_list`, which the body serializer reads before
+    `job.artefacts`.
     """
-    artefacts = (
-        Artefact.objects.filter(job_id=OuterRef("id"))
-        .order_by("kind", "name")
-        .values(json=_ARTEFACT_JSON)
-    )
-    job = (
-        job_visible_queryset(user=user)
-        .annotate(artefact_rows=ArraySubquery(artefacts))
-        .filter(id=job_id)
-        .first()
-    )
-    if job is None:
+    statement = sql.job_read_sql(columns=select_columns(Job, "jobs"))
+    rows = execute_prepared(statement, {"job_id": job_id, **_visibility(user)})
+    if not rows:
         raise JobNotFoundError()
+    job = model_from_row(Job, rows[0])
     job.artefact_list = [  # type: ignore[attr-defined]
-        Artefact(job_id=job.id, **row)
-        for row in job.artefact_rows  # type: ignore[attr-defined]
+        Artefact(job_id=job.id, **artefact) for artefact in rows[0][-1]
     ]
     return job
 

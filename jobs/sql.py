@@ -146,6 +146,29 @@ def job_insert_sql(*, columns: tuple[str, ...]) -> str:
     )
 
 
+# --- reads of the API's hot path ------------------------------------------------------
+
+# The caller may see the job: its owner, or staff (DESIGN.md 6: anyone else gets 404).
+VISIBLE_TO_CALLER = "(%(staff)s OR jobs.owner_id = %(owner)s)"
+
+# A conditional GET needs only the version (the ETag): one index probe, no body.
+JOB_VERSION = "SELECT jobs.version FROM jobs WHERE jobs.id = %(job_id)s AND " + VISIBLE_TO_CALLER
+
+
+@functools.lru_cache(maxsize=4)
+def job_read_sql(*, columns: str) -> str:
+    """The job as the API shows it, in one statement: its `columns`, then its artefacts
+    as one JSON array in the body's order (kind, name); no row when the caller may not
+    see it."""
+    return (
+        f"SELECT {columns}, (SELECT coalesce(json_agg(json_build_object("
+        "'id', a.id, 'kind', a.kind, 'name', a.name, 'content_type', a.content_type, "
+        "'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]') "
+        "FROM artefacts a WHERE a.job_id = jobs.id) "
+        "FROM jobs WHERE jobs.id = %(job_id)s AND " + VISIBLE_TO_CALLER
+    )
+
+
 # Wakes the dispatchers (LISTEN jobs_pending): a job waits to be published. Delivered on
 # commit; identical notifications of one transaction arrive once.
 PENDING_CHANNEL = "jobs_pending"

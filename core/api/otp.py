@@ -28,11 +28,11 @@ from django.utils.dateparse import parse_datetime
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.authentication import TokenAuthentication
 from core.api.docs import REQUEST_ID, ErrorTable, error_responses_from
 from core.api.serializers import ClosedSerializer, StrictCharField
 from core.api.throttles import ThrottledApiView

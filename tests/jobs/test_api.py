@@ -222,6 +222,26 @@ def test_unauthenticated_requests_get_401_envelope(client):
     assert bad_token.status_code == 401
 
 
+@pytest.mark.parametrize(
+    "key", ["x" * 41, "abc\x00def", "0" * 40], ids=["too-long", "nul", "unknown"]
+)
+def test_a_token_that_cannot_exist_is_a_401_envelope(client, key, django_assert_max_num_queries):
+    # A key longer than any stored one, or holding a NUL, is refused without a query.
+    with django_assert_max_num_queries(0 if len(key) != 40 else 1):
+        response = client.get(JOBS, HTTP_AUTHORIZATION=f"Token {key}")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "ERR-AUTH-401"
+
+
+def test_an_inactive_users_token_is_refused(api, user):
+    assert api.get(JOBS).status_code == 200
+    user.is_active = False
+    user.save()
+    response = api.get(JOBS)
+    assert response.status_code == 401
+    assert "inactive" in response.json()["error"]["message"].lower()
+
+
 def test_session_authentication_works_too(client, user):
     client.force_login(user)
     response = client.post(JOBS, SIM, content_type="application/json")
@@ -283,6 +303,25 @@ def test_a_200_reads_the_job_with_its_artefacts_in_one_query(api, django_assert_
         body = api.get(f"{JOBS}/{job.id}").json()
     assert [(a["name"], a["size"]) for a in body["artefacts"]] == [("a.csv", 4), ("b.csv", 2)]
     assert all(a["url"].endswith(f"/artefacts/{a['id']}") for a in body["artefacts"])
+
+
+def test_the_read_answers_what_the_orm_reads(api, staff_api, other_api):
+    """The prepared read of a job converts every column exactly as the ORM does."""
+    from jobs.selectors import job_get_for_user
+
+    job = job_in_state("succeeded", owner=api.user)
+    Job.objects.filter(id=job.id).update(
+        result={"rows": [1, 2.5, None], "nested": {"ok": True}}, request_id="req-1"
+    )
+    artefact_save(job_id=job.id, kind="report", name="r.csv", data=b"x\n")
+    orm = Job.objects.get(id=job.id)
+    read = job_get_for_user(job_id=job.id, user=api.user)
+    fields = [f.attname for f in Job._meta.concrete_fields]
+    assert {f: getattr(read, f) for f in fields} == {f: getattr(orm, f) for f in fields}
+    assert not read._state.adding and read._state.db == "default"
+    assert [a.name for a in read.artefact_list] == ["r.csv"]
+    assert staff_api.get(f"{JOBS}/{job.id}").json() == api.get(f"{JOBS}/{job.id}").json()
+    assert other_api.get(f"{JOBS}/{job.id}").status_code == 404
 
 
 def test_etag_changes_when_progress_moves(api):
