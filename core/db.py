@@ -71,6 +71,7 @@ def execute_prepared(statement: str, params: dict[str, Any]) -> list[tuple[Any, 
         return rows
 
 
+@functools.cache
 def select_columns(model: type[Model], alias: str) -> str:
     """`model`'s concrete columns, qualified by `alias`, in the order `model_from_row`
     reads them."""

@@ -31,7 +31,7 @@ from core.api.parsers import BoundedJSONParser
 from core.api.serializers import QueryFilterSerializer, StrictCharField
 from core.request_id import request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
-from jobs.api.serializers import JobOutputSerializer
+from jobs.api.serializers import JobOutputSerializer, job_representation
 from jobs.api.throttles import JobCreateThrottle
 from jobs.exceptions import (
     BadRequestError,
@@ -60,7 +60,7 @@ class ParamsField(serializers.JSONField):
 
 
 def job_body(job: Job, request: Request) -> dict[str, Any]:
-    return JobOutputSerializer(job, context={"request": request}).data
+    return job_representation(job, request)
 
 
 def _etag_matches(request: Request, etag: str) -> bool:
@@ -240,7 +240,7 @@ class JobListApi(APIView):
         )
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(jobs, request, view=self)
-        data = JobOutputSerializer(page, many=True, context={"request": request}).data
+        data = [job_representation(job, request) for job in page]
         return paginator.get_paginated_response(data)
 
 

@@ -324,6 +324,28 @@ def test_the_read_answers_what_the_orm_reads(api, staff_api, other_api):
     assert other_api.get(f"{JOBS}/{job.id}").status_code == 404
 
 
+@pytest.mark.parametrize(
+    "state", ["pending", "queued", "running", "retrying", "succeeded", "failed", "cancelled"]
+)
+def test_the_job_body_is_what_its_serializer_answers(state, rf):
+    """The answers build the body directly (job_representation); the serializer is the
+    schema. They must agree for a job in every state, artefacts and errors included."""
+    from jobs.api.serializers import JobOutputSerializer, job_representation
+
+    job = job_in_state(state)
+    if state == "running":
+        job_progress_write(job_id=job.id, fence=fence_of(job), percent=40, step="s", message="m")
+    artefact_save(job_id=job.id, kind="report", name="z.csv", data=b"z\n")
+    artefact_save(job_id=job.id, kind="log", name="a.txt", data=b"a")
+    job = Job.objects.prefetch_related("artefacts").get(id=job.id)
+    request = rf.get("/", HTTP_HOST="testserver")
+    expected = JobOutputSerializer(job, context={"request": request}).data
+    assert json.loads(json.dumps(job_representation(job, request))) == json.loads(
+        json.dumps(expected)
+    )
+    assert list(job_representation(job, request)) == list(expected)
+
+
 def test_etag_changes_when_progress_moves(api):
     job = make_job(owner=api.user)
     etag = api.get(f"{JOBS}/{job.id}")["ETag"]

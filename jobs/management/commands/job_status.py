@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from jobs.api.serializers import JobOutputSerializer
+from jobs.api.serializers import job_representation
 from jobs.exceptions import JobNotFoundError
 from jobs.models import Job
 from jobs.selectors import job_get
@@ -47,7 +47,7 @@ class Command(BaseCommand):
         if options["follow"]:
             job = self._follow(job, interval=options["interval"], timeout=options["timeout"])
         if options["json"]:
-            self.stdout.write(json.dumps(JobOutputSerializer(job).data, indent=2))
+            self.stdout.write(json.dumps(job_representation(job), indent=2))
         else:
             self._describe(job)
         if not options["follow"]:
