@@ -232,18 +232,19 @@ def _streams(selected: list[str] | None) -> list[_Stream]:
     if wanted < 2 or selected is not None or len(connection.atomic_blocks) != 1:
         return [_Stream()]
     with connection.cursor() as cursor:
+        # Sorted by the server (the ranges compare in its collation, not Python's).
         cursor.execute(
-            "SELECT c.reltuples, coalesce(s.histogram_bounds::text::text[], "
-            "s.most_common_vals::text::text[]) FROM pg_class c "
-            "LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
+            "SELECT c.reltuples, (SELECT array_agg(v ORDER BY v) FROM unnest(coalesce("
+            "s.histogram_bounds::text::text[], s.most_common_vals::text::text[])) AS v) "
+            "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
             "AND s.tablename = c.relname AND s.attname = 'chain' "
             "WHERE c.oid = 'audit_logs'::regclass"
         )
         estimate, bounds = cursor.fetchone()
     if estimate < settings.AUDIT_VERIFY_PARALLEL_MIN_ROWS or not bounds:
         return [_Stream()]
-    bounds = sorted(bounds)
-    cuts = sorted({bounds[len(bounds) * i // wanted] for i in range(1, wanted)})
+    # In the server's order, without repeats: each range starts where the last ends.
+    cuts = list(dict.fromkeys(bounds[len(bounds) * i // wanted] for i in range(1, wanted)))
     edges: list[str | None] = [None, *cuts, None]
     return [_Stream(low, high) for low, high in pairwise(edges)]
 

@@ -30,11 +30,12 @@ def parallel(streams: int = 3):
     return override_settings(AUDIT_VERIFY_STREAMS=streams, AUDIT_VERIFY_PARALLEL_MIN_ROWS=0)
 
 
-def test_parallel_streams_check_every_row_and_chain_once(jobs):
-    with parallel():
+@pytest.mark.parametrize("streams", [2, 3, 5])
+def test_parallel_streams_check_every_row_and_chain_once(jobs, streams):
+    with parallel(streams):
         report = audit_verify()
     assert report.ok, report.problems
-    assert report.streams == 3
+    assert report.streams == streams
     assert (report.rows_checked, report.chains_checked) == (48, 12)
     single = audit_verify()
     assert single.streams == 1
