@@ -595,30 +595,15 @@ def dead_letters_resolve_rows(
     actor = Actor.user(actor_user)
     selected = list(rows)
     outcome: dict[int, dict[str, Any] | str] = {}
-    if action == "replay":
-        for start in range(0, len(selected), RESOLVE_CHUNK):
-            chunk = selected[start : start + RESOLVE_CHUNK]
-            done = _replay_chunk(
-                chunk=chunk,
-                actor=actor,
-                actor_user=actor_user,
-                justification=justification,
-                audit_extra=audit_extra or {},
-            )
-            outcome.update(done)
-            _count_replays(sum(1 for why in done.values() if isinstance(why, str)))
-    else:
-        for start in range(0, len(selected), RESOLVE_CHUNK):
-            chunk = selected[start : start + RESOLVE_CHUNK]
-            discarded = _discard_chunk(
-                chunk=chunk,
-                actor=actor,
-                actor_user=actor_user,
-                justification=justification,
-                audit_extra=audit_extra or {},
-            )
-            for row_id, _, _ in chunk:
-                outcome[row_id] = discarded.get(row_id, {"skipped": "already resolved"})
+    resolve_chunk = _replay_chunk if action == "replay" else _discard_chunk
+    for start in range(0, len(selected), RESOLVE_CHUNK):
+        outcome |= resolve_chunk(
+            chunk=selected[start : start + RESOLVE_CHUNK],
+            actor=actor,
+            actor_user=actor_user,
+            justification=justification,
+            audit_extra=audit_extra or {},
+        )
     queues: set[str] = set()
     for row_id, job_id, queue_name in selected:
         what = outcome[row_id]
@@ -743,6 +728,7 @@ def _replay_chunk(
             actor_user=actor_user,
             justification=justification,
         )
+    _count_replays(len(replayed))
     return outcome
 
 
@@ -753,9 +739,9 @@ def _discard_chunk(
     actor_user: Any,
     justification: str,
     audit_extra: dict[str, Any],
-) -> dict[int, str]:
-    """Discard one chunk in one transaction; returns {dead letter id: its broker message
-    id ("" if none)} for the rows discarded.
+) -> dict[int, dict[str, Any] | str]:
+    """Discard one chunk in one transaction; returns, per dead letter id, why it was
+    skipped (a dict) or, when it was discarded, its broker message id ("" if none).
 
     Jobs locked first, then their rows still open; one update closes the rows; each
     job's chain gets its `dlq_discarded` entry in one statement for the chunk (rows
@@ -789,7 +775,10 @@ def _discard_chunk(
                 audit_append(
                     chain=OPS_CHAIN, event_type="dlq_discarded", actor=actor, data=entries[row.id]
                 )
-    return {row.id: row.message_id or "" for row in rows}
+    discarded = {row.id: row.message_id or "" for row in rows}
+    return {
+        row_id: discarded.get(row_id, {"skipped": "already resolved"}) for row_id, _, _ in chunk
+    }
 
 
 def _resolve_rows(ids: list[int], *, state: str, actor_user: Any, justification: str) -> None:
