@@ -65,28 +65,15 @@ class JobOutputSerializer(serializers.Serializer):
 
     @extend_schema_field(ProgressSerializer)
     def get_progress(self, job: Job) -> dict[str, Any]:
-        return {
-            "percent": job.progress_percent,
-            "step": job.progress_step,
-            "message": job.progress_message,
-            "updated_at": serializers.DateTimeField().to_representation(job.progress_updated_at)
-            if job.progress_updated_at
-            else None,
-        }
+        return _progress(job)
 
     @extend_schema_field(ArtefactOutputSerializer(many=True))
     def get_artefacts(self, job: Job) -> list[dict[str, Any]]:
-        # The selectors read them with the job (`artefact_list`); else the relation.
-        artefacts = getattr(job, "artefact_list", None)
-        if artefacts is None:
-            artefacts = job.artefacts.all()
-        return ArtefactOutputSerializer(artefacts, many=True, context=self.context).data
+        return ArtefactOutputSerializer(_artefacts(job), many=True, context=self.context).data
 
     @extend_schema_field(LastErrorSerializer(allow_null=True))
     def get_last_error(self, job: Job) -> dict[str, Any] | None:
-        if not job.last_error_code and not job.last_error_message:
-            return None
-        return {"code": job.last_error_code, "message": job.last_error_message}
+        return _last_error(job)
 
 
 _DATETIME = serializers.DateTimeField()
@@ -94,6 +81,27 @@ _DATETIME = serializers.DateTimeField()
 
 def _datetime(value: Any) -> str | None:
     return None if value is None else _DATETIME.to_representation(value)
+
+
+def _progress(job: Job) -> dict[str, Any]:
+    return {
+        "percent": job.progress_percent,
+        "step": job.progress_step,
+        "message": job.progress_message,
+        "updated_at": _datetime(job.progress_updated_at),
+    }
+
+
+def _last_error(job: Job) -> dict[str, Any] | None:
+    if not job.last_error_code and not job.last_error_message:
+        return None
+    return {"code": job.last_error_code, "message": job.last_error_message}
+
+
+def _artefacts(job: Job) -> Any:
+    # The selectors read them with the job (`artefact_list`); else the relation.
+    artefacts = getattr(job, "artefact_list", None)
+    return job.artefacts.all() if artefacts is None else artefacts
 
 
 def artefact_url(artefact: Artefact, request: Any = None) -> str:
@@ -110,21 +118,12 @@ def job_representation(job: Job, request: Any = None) -> dict[str, Any]:
     copy of every declared field, per request) cost as much as the read itself. The
     serializer stays the schema; a test holds the two equal for a job in every state.
     """
-    artefacts = getattr(job, "artefact_list", None)
-    if artefacts is None:
-        artefacts = job.artefacts.all()
-    has_error = job.last_error_code or job.last_error_message
     return {
         "id": str(job.id),
         "type": job.type,
         "queue": job.queue,
         "status": job.status,
-        "progress": {
-            "percent": job.progress_percent,
-            "step": job.progress_step,
-            "message": job.progress_message,
-            "updated_at": _datetime(job.progress_updated_at),
-        },
+        "progress": _progress(job),
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
         "cancel_requested": job.cancel_requested,
@@ -143,10 +142,8 @@ def job_representation(job: Job, request: Any = None) -> dict[str, Any]:
                 "size": a.size,
                 "url": artefact_url(a, request),
             }
-            for a in artefacts
+            for a in _artefacts(job)
         ],
-        "last_error": (
-            {"code": job.last_error_code, "message": job.last_error_message} if has_error else None
-        ),
+        "last_error": _last_error(job),
         "result": job.result,
     }
