@@ -43,6 +43,11 @@ def wire_payload(job: Job) -> dict[str, Any]:
     }
 
 
+def args_repr(job: Job) -> str:
+    """The task arguments as Celery headers and events show them (`argsrepr`)."""
+    return f"[{{'job_id': '{job.id}', 'type': {job.type!r}, 'attempt': {job.attempts + 1}}}]"
+
+
 # "ValueError: ..." -> "ValueError": the class name runtime._finish puts first.
 _ERROR_CLASS = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]{0,99}):")
 
@@ -100,6 +105,11 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
                     # Topology belongs to setup_topology; an undeclared queue must fail
                     # loudly (unroutable) rather than be created here with other arguments.
                     declare=[],
+                    # What Flower and the worker's log show of the arguments: the job,
+                    # never its params (they may hold what a user would not have
+                    # logged), and no repr walk of the payload per message.
+                    argsrepr=args_repr(job),
+                    kwargsrepr="{}",
                 )
             tags[confirms.published()], task_jobs[task_id] = str(job.id), str(job.id)
         confirms.wait(timeout=timeout)

@@ -25,6 +25,21 @@ def test_a_first_attempt_carries_its_ids_and_attempt(amqp):
     assert "last_error_code" not in headers and "last_error_class" not in headers
 
 
+def test_the_arguments_celery_shows_name_the_job_but_never_its_params(amqp):
+    from jobs.publisher import message_publish
+
+    job = make_job(job_type="ai", params={"text": "patient 4711 s3cret diagnosis"})
+    amqp.queue_purge(job.queue)  # the creation's own publish
+    message_publish(job=job)
+    message = get_one(amqp, job.queue)
+    headers, body = message.headers, message.body
+    amqp.basic_ack(message.delivery_tag)
+    assert headers["argsrepr"] == f"[{{'job_id': '{job.id}', 'type': 'ai', 'attempt': 1}}]"
+    assert headers["kwargsrepr"] == "{}"
+    assert not any("s3cret" in str(v) for v in headers.values())
+    assert "s3cret" in str(body)  # the worker still gets its params
+
+
 def test_a_retry_names_the_last_error_code_and_class_but_not_its_text(amqp):
     job = job_in_state(
         "retrying",
