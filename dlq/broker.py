@@ -37,7 +37,8 @@ from core.broker import broker_channel, queue_depths
 from core.json import json_problem
 from dlq.errors import UnknownQueueError
 from jobs import metrics
-from jobs.topology import dlq_name, dlq_names, is_dlq, job_queues
+from jobs.topology import dlq_name, dlq_names, is_dlq
+from jobs.types import primary_queue_names
 
 # What a caller sees when RabbitMQ cannot be reached (refused, timed out, closed).
 BROKER_ERRORS = (OSError, KombuOperationalError, AmqpConnectionError)
@@ -108,6 +109,8 @@ MAX_MESSAGE_ID = 255
 
 def clean_text(text: str, limit: int) -> str:
     """`text` storable in PostgreSQL: NUL and lone surrogates escaped, then truncated."""
+    if len(text) <= limit and text.isascii() and "\x00" not in text:
+        return text  # the common case, unchanged (ASCII holds no surrogate)
     text = text.replace("\x00", "\\u0000")
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[:limit] + "...(truncated)"
@@ -117,14 +120,14 @@ def jsonable(value: Any, depth: int = 0) -> Any:
     """AMQP header values (datetimes, bytes, nested tables) as JSON-safe, storable values."""
     if depth > MAX_HEADER_DEPTH:
         return "(nested too deep)"
+    if isinstance(value, str):
+        return clean_text(value, MAX_HEADER_CHARS)
     if isinstance(value, dict):
         return {
             clean_text(str(k), MAX_HEADER_CHARS): jsonable(v, depth + 1) for k, v in value.items()
         }
     if isinstance(value, list | tuple):
         return [jsonable(v, depth + 1) for v in value]
-    if isinstance(value, str):
-        return clean_text(value, MAX_HEADER_CHARS)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, datetime.datetime):
@@ -199,7 +202,7 @@ def decode_message(
     except UnicodeDecodeError:
         msg.body_text = "base64:" + base64.b64encode(raw[:MAX_BODY_CHARS]).decode("ascii")
     # The death in the primary queue: the first entry naming a jobs queue, else the last.
-    primaries = {q.name for q in job_queues()}
+    primaries = set(primary_queue_names())
     death = None
     for entry in x_death or []:
         if isinstance(entry, dict) and entry.get("queue") in primaries:
@@ -341,6 +344,13 @@ class DrainResult:
     acked_message_ids: list[str] = field(default_factory=list)
 
 
+# A pass's deliveries in flight at once (AMQP's prefetch count is 16 bits), and how long
+# a pass waits for the next one before it ends with what it has seen (another client
+# may hold the rest).
+DRAIN_PREFETCH_MAX = 65_535
+DRAIN_IDLE_SECONDS = 1.0
+
+
 def dlq_drain(
     *,
     queue: str,
@@ -353,10 +363,14 @@ def dlq_drain(
 
     1. Read the depth once; take at most that many (bounded by `max_messages`), so the
        pass ends even while new dead letters arrive.
-    2. Every `batch_size` messages ask `decide(batch)` for the message ids to drop
-       (one database round trip per batch, not per message) and ack those at once.
-    3. Hold the rest unacked until the end, then requeue them all: requeuing during the
-       pass would hand them straight back to this pass.
+    2. Consume them with a prefetch window (the broker streams them: no round trip per
+       message, as a basic_get each would cost); every `batch_size` messages ask
+       `decide(batch)` for the message ids to drop (one database round trip per batch)
+       and ack those at once.
+    3. Hold the rest unacked until the end, then requeue them all, with any delivered
+       past the budget: requeuing during the pass would hand them straight back to it.
+       A pass that holds a full window, or waits DRAIN_IDLE_SECONDS for a message that
+       does not come, ends with what it has seen; the next pass takes the rest.
     A replay of 10k jobs therefore costs one pass over the DLQ, not 10k scans.
     """
     _require_dlq(queue)
@@ -367,10 +381,16 @@ def dlq_drain(
         except NotFound:
             return result
         budget = min(depth, max_messages)
+        if budget <= 0:
+            return result
         held: list[Any] = []
+        delivered: list[Any] = []
+        window = min(budget, DRAIN_PREFETCH_MAX)
+        channel.basic_qos(0, window, False)
+        consumer = channel.basic_consume(queue, callback=delivered.append, no_ack=False)
         try:
             while result.seen < budget:
-                batch = _get_all(channel, queue, min(batch_size, budget - result.seen))
+                batch = _next_batch(channel, delivered, min(batch_size, budget - result.seen))
                 if not batch:
                     break
                 result.seen += len(batch)
@@ -383,7 +403,23 @@ def dlq_drain(
                         result.acked_message_ids.append(info.message_id)
                     else:
                         held.append(message)
+                if len(held) >= window:
+                    break  # the window is full of kept messages: nothing more can come
+            channel.basic_cancel(consumer)
         finally:
-            _requeue(channel, held)
+            _requeue(channel, [*held, *delivered])
         result.kept = len(held)
     return result
+
+
+def _next_batch(channel: Any, delivered: list[Any], size: int) -> list[Any]:
+    """Up to `size` messages from the consumer's deliveries, waiting for more while they
+    keep coming; removed from `delivered`."""
+    while len(delivered) < size:
+        try:
+            channel.connection.drain_events(timeout=DRAIN_IDLE_SECONDS)
+        except TimeoutError:
+            break
+    batch = delivered[:size]
+    del delivered[:size]
+    return batch

@@ -35,9 +35,17 @@ class JobType:
         return import_string(self.handler)
 
 
+# (the JOB_TYPES table it was built from, the types): rebuilt when the setting is another
+# object (override_settings), not on every lookup (the publisher asks once per job).
+_built: tuple[Any, dict[str, JobType]] | None = None
+
+
 def all_types() -> dict[str, JobType]:
-    # Built on each call (six small objects) so that override_settings just works.
-    return {name: JobType(name=name, **spec) for name, spec in settings.JOB_TYPES.items()}
+    global _built
+    table = settings.JOB_TYPES
+    if _built is None or _built[0] is not table:
+        _built = (table, {name: JobType(name=name, **spec) for name, spec in table.items()})
+    return dict(_built[1])
 
 
 def get_type(name: str) -> JobType | None:
