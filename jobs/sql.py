@@ -72,7 +72,9 @@ def job_append_sql(
     Returns each changed job's previous status, then its `columns`. Built once per
     combination of options (cached: the callers' fragments are constants).
     """
-    pieces = [f"%(p{n})s::text[]" for n in range(len(holes) + 1)]
+    # Arrays travel in binary (`%()b`): psycopg's text format escapes every element in
+    # Python, 16 ms for a publish batch's 500 pieces against 0.7 ms in binary.
+    pieces = [f"%(p{n})b::text[]" for n in range(len(holes) + 1)]
     payload = " || ".join(
         part
         for n, hole in enumerate([*holes, None])
@@ -101,7 +103,7 @@ def job_append_sql(
         else ""
     )
     return (
-        f"WITH i AS (SELECT * FROM unnest(%(ids)s::uuid[], {', '.join(pieces)}) "
+        f"WITH i AS (SELECT * FROM unnest(%(ids)b::text[]::uuid[], {', '.join(pieces)}) "
         f"AS i(id, {', '.join(f'p{n}' for n in range(len(pieces)))})), "
         "old AS (SELECT j.id, j.status, j.audit_head, "
         f"{payload} AS payload FROM jobs j JOIN i ON i.id = j.id CROSS JOIN {BARRIER} "

@@ -261,7 +261,7 @@ def _append(
     )
     params = {
         **params,
-        "ids": list(templates),
+        "ids": [str(job_id) for job_id in templates],
         "barrier": CHECKPOINT_BARRIER,
         "event_type": event_type,
         "actor_type": str(actor.type),
