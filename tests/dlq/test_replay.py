@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from audit.models import AuditLog
 from audit.services import OPS_CHAIN, job_chain
-from dlq.broker import dlq_peek
+from dlq.broker import dlq_drain, dlq_peek
 from dlq.errors import (
     DeadLetterInputError,
     DeadLetterPermissionError,
@@ -235,6 +235,37 @@ def test_ack_away_pass_keeps_copies_of_open_rows_and_unwatched_new_ones(amqp):
     result = broker_copies_ack_stale(queue="sim_dlq")
     assert (result.seen, result.acked, result.kept) == (2, 1, 1)
     assert [m.job_id for m in dlq_peek(queue="sim_dlq", limit=5)] == [str(kept.id)]
+
+
+def test_a_drain_pass_acks_what_is_decided_in_batches_and_requeues_the_rest_in_order(amqp):
+    import amqp as pyamqp
+
+    amqp.queue_purge("sim_dlq")
+    for n in range(7):
+        amqp.basic_publish(
+            pyamqp.Message(b"[]", application_headers={"id": f"t{n}", "task": "jobs.sim"}),
+            exchange="",
+            routing_key="sim_dlq",
+        )
+    wait_depth(amqp, "sim_dlq", 7)
+    batches: list[list[str]] = []
+
+    def decide(messages):
+        batches.append([m.message_id for m in messages])
+        return {m.message_id for m in messages if int(m.message_id[-1]) % 2 == 0}
+
+    result = dlq_drain(queue="sim_dlq", decide=decide, batch_size=2, max_messages=5)
+
+    assert batches == [["task:t0", "task:t1"], ["task:t2", "task:t3"], ["task:t4"]]
+    assert (result.seen, result.acked, result.kept) == (5, 3, 2)
+    assert result.acked_message_ids == ["task:t0", "task:t2", "task:t4"]
+    # The kept ones and the two past the budget are back, in their order.
+    assert [m.message_id for m in dlq_peek(queue="sim_dlq", limit=10)] == [
+        "task:t1",
+        "task:t3",
+        "task:t5",
+        "task:t6",
+    ]
 
 
 def test_peek_refuses_anything_but_a_dead_letter_queue(broker):
