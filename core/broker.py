@@ -157,6 +157,10 @@ class Confirms:
     nacked: set[int] = field(default_factory=set)
     # (the returned message's properties, why): Celery and the relay set an id there.
     returned: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    # Every tag below this one is settled (a `multiple` ack or nack settles up to its
+    # tag): a multiple settle walks from here, not over the whole pending set, so a
+    # batch costs O(messages) however the broker groups its acks.
+    _floor: int = 1
 
     @classmethod
     def select(cls, channel: Any) -> Confirms:
@@ -175,7 +179,11 @@ class Confirms:
         return self.sent
 
     def _settle(self, tag: int, multiple: bool) -> set[int]:
-        settled = {t for t in self.pending if t <= tag} if multiple else {tag} & self.pending
+        if multiple:
+            settled = {t for t in range(self._floor, tag + 1) if t in self.pending}
+            self._floor = max(self._floor, tag + 1)
+        else:
+            settled = {tag} & self.pending
         self.pending -= settled
         return settled
 
