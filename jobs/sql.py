@@ -256,7 +256,8 @@ STALE_LOCKS = (
 # it must wait, so that a job's events leave in seq order (jobs/events.py).
 OUTBOX_BLOCKERS = (
     "SELECT job_id, min(seq) FROM event_outbox "
-    "WHERE published_at IS NULL AND job_id = ANY(%(job_ids)s) AND NOT (id = ANY(%(ids)s)) "
+    "WHERE published_at IS NULL AND job_id = ANY(%(job_ids)b::uuid[]) "
+    "AND NOT (id = ANY(%(ids)b::bigint[])) "
     "GROUP BY job_id"
 )
 
@@ -269,7 +270,7 @@ OUTBOX_CLAIM = (
 )
 
 # outbox_mark: the claimed rows the broker confirmed, in the claim's transaction.
-OUTBOX_MARK = "UPDATE event_outbox SET published_at = now() WHERE id = ANY(%(ids)s)"
+OUTBOX_MARK = "UPDATE event_outbox SET published_at = now() WHERE id = ANY(%(ids)b::bigint[])"
 
 
 # --- gauges (jobs/metrics.py) -------------------------------------------------------------
