@@ -42,11 +42,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from core.broker import (
-    Confirms,
     PublishError,
     broker_connection,
     broker_connection_drop,
-    channel_close_quietly,
+    confirm_channel,
 )
 from jobs import metrics, sql
 from jobs.models import EventOutbox
@@ -111,8 +110,7 @@ def events_publish(*, events: list[OutboxRow]) -> None:
     """
     conn = broker_connection()
     try:
-        channel = conn.channel()
-        confirms = Confirms.select(channel)
+        channel, confirms = confirm_channel(conn)
         _notice_blocked(conn)
         for event in events:
             event_publish(channel=channel, event=event)
@@ -128,7 +126,6 @@ def events_publish(*, events: list[OutboxRow]) -> None:
     except Exception:
         broker_connection_drop(conn)  # the channel's state is unknown: start afresh
         raise
-    channel_close_quietly(channel)  # the events are confirmed; a failing close changes nothing
 
 
 def _notice_blocked(conn: Any) -> None:

@@ -19,11 +19,10 @@ from celery import current_app
 from django.conf import settings
 
 from core.broker import (
-    Confirms,
     PublishError,
     broker_connection,
     broker_connection_drop,
-    channel_close_quietly,
+    confirm_channel,
 )
 from core.tracing import publish_span
 from jobs.models import Job
@@ -86,8 +85,7 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
     tags: dict[int, str] = {}
     task_jobs: dict[str, str] = {}
     try:
-        channel = conn.channel()
-        confirms = Confirms.select(channel)
+        channel, confirms = confirm_channel(conn)
         producer = app.amqp.Producer(channel, auto_declare=False)
         for job in jobs:
             spec = get_type(job.type)
@@ -116,7 +114,6 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
     except Exception:
         broker_connection_drop(conn)  # the channel's state is unknown: start afresh
         raise
-    channel_close_quietly(channel)
     refused = {tags[tag]: "nacked by the broker" for tag in confirms.nacked}
     # Celery sets the message's correlation_id to its task id.
     for properties, why in confirms.returned:

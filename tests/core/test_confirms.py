@@ -31,3 +31,22 @@ def test_a_large_batch_acked_in_many_multiple_acks_ends_settled():
         confirms._on_ack(tag, True)
     confirms._on_ack(20_000, True)
     assert not confirms.pending and not confirms.nacked
+
+
+def test_a_confirm_channel_is_kept_between_batches_and_replaced_when_unusable(broker):
+    from core.broker import broker_connection, confirm_channel
+
+    conn = broker_connection()
+    channel, confirms = confirm_channel(conn)
+    confirms.nacked.add(1)  # what a batch leaves behind is not the next batch's
+    again, same = confirm_channel(conn)
+    assert again is channel and same is confirms and not same.nacked
+
+    confirms.published()  # a batch abandoned before its confirms came
+    fresh, fresh_confirms = confirm_channel(conn)
+    assert fresh is not channel and not fresh_confirms.pending
+    assert not channel.is_open
+
+    fresh.close()  # e.g. closed by the broker
+    replaced, _ = confirm_channel(conn)
+    assert replaced is not fresh and replaced.is_open
