@@ -64,8 +64,8 @@ def _run_step(report: dict[str, Any], name: str, path: str) -> None:
 def dispatch_forever(*, interval: float, stop: threading.Event | None = None) -> None:
     """Run the loop until `stop`.
 
-    - Every step at least every `interval` seconds; at once again while the last loop
-      found work (a backlog drains at full speed, an idle dispatcher sleeps).
+    - Every step at least every `interval` seconds; again after BUSY_GAP_SECONDS while
+      the last loop found work (a backlog drains at speed, an idle dispatcher sleeps).
     - The publish step as soon as NOTIFY jobs_pending says a job was created (DESIGN.md
       3.5), also between the other steps of a loop: a new job waits for at most one
       step, not for the loop.
@@ -84,7 +84,7 @@ def dispatch_forever(*, interval: float, stop: threading.Event | None = None) ->
             beat("dispatcher")
             report = dispatch_once(between=publish_if_notified)
             busy = any(isinstance(done, int) and done > 0 for done in report.values())
-            next_full = time.monotonic() + (0.0 if busy else interval)
+            next_full = time.monotonic() + (min(BUSY_GAP_SECONDS, interval) if busy else interval)
         else:
             dispatch_once(steps=PUBLISH_STEPS)
         listener.wait(until=next_full, stop=stop)
@@ -92,7 +92,14 @@ def dispatch_forever(*, interval: float, stop: threading.Event | None = None) ->
     log.info("dispatcher_stopped")
 
 
-PUBLISH_STEPS = [("publish", "jobs.services.publishing.publish_due_once")]
+# What a NOTIFY jobs_pending calls for: the new jobs, not the retries (those come due
+# by the clock and the loop's own publish step finds them).
+PUBLISH_STEPS = [("publish", "jobs.services.publishing.publish_pending_once")]
+# Between two loops that found work. Under a steady stream of new jobs the relay always
+# has events, so a loop without this gap would run every step back to back (reaper,
+# checkpoints, broker depths, watcher) and take the CPU the API needs; new jobs are
+# published on their NOTIFY meanwhile, and a backlog still drains a batch per loop.
+BUSY_GAP_SECONDS = 0.05
 # How often a sleeping dispatcher looks at `stop` while it waits for a notification.
 STOP_CHECK_SECONDS = 0.25
 # How long to wait for the notifications that came with the first one.

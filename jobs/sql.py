@@ -225,20 +225,19 @@ LOCK_IS_STALE_NOW = "SELECT " + LOCK_IS_STALE + " FROM jobs WHERE id = %(job_id)
 
 # --- dispatcher ---------------------------------------------------------------------------
 
-# due_pending: the oldest pending job the request path did not publish (older than
-# `after` seconds), skipping rows another dispatcher holds and rows backing off.
-# Served by jobs_pending_idx.
-DUE_PENDING = (
-    "SELECT id, type FROM jobs WHERE status = 'pending' "
-    "AND created_at < now() - make_interval(secs => %(after)s) "
-    "AND id <> ALL(%(skip)s::uuid[]) ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED"
-)
 
-# due_retrying: the retry that came due first (jobs_retry_due_idx), same rules.
-DUE_RETRYING = (
-    "SELECT id, type FROM jobs WHERE status = 'retrying' AND next_run_at <= now() "
-    "AND id <> ALL(%(skip)s::uuid[]) ORDER BY next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED"
-)
+# due_jobs: a publish batch of `status` rows that are due (pending: created before
+# `before`; retrying: next_run_at before `before`), oldest first, skipping rows another
+# dispatcher holds and rows backing off. Served by jobs_pending_idx / jobs_retry_due_idx.
+@functools.lru_cache(maxsize=4)
+def due_jobs_sql(*, status: str, columns: str) -> str:
+    order = {"pending": "created_at", "retrying": "next_run_at"}[status]
+    return (
+        f"SELECT {columns} FROM jobs WHERE status = '{status}' AND {order} <= %(before)s "
+        f"AND id <> ALL(%(skip)s::uuid[]) ORDER BY {order} LIMIT %(limit)s "
+        "FOR UPDATE SKIP LOCKED"
+    )
+
 
 # stale_locks: running jobs whose lock went stale (jobs_running_lock_idx), for the reaper;
 # each is then re-checked inside its own compare-and-set.

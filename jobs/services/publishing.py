@@ -20,6 +20,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor
+from core.db import execute_prepared, model_from_row, select_columns
+from jobs import sql
 from jobs.models import Job
 from jobs.publisher import message_publish, messages_publish
 from jobs.services.dead_letters import job_fail_with_dead_letter
@@ -122,19 +124,21 @@ def publish_due_once(*, limit: int = 5000) -> int:
     return published
 
 
+def publish_pending_once(*, limit: int = 5000) -> int:
+    """The pending pass of `publish_due_once` alone: what a NOTIFY jobs_pending (a job
+    created or replayed) asks the dispatcher to publish."""
+    return _publish_pass(Status.PENDING, limit=limit)
+
+
 def _due(status: str, *, limit: int) -> list[Job]:
     """Claim due rows of `status`, oldest first, skipping locked and backing-off rows
-    (jobs_pending_idx / jobs_retry_due_idx serve it)."""
-    rows = Job.objects.select_for_update(skip_locked=True).filter(status=status)
+    (jobs.sql.due_jobs_sql; prepared: the dispatcher runs it after every NOTIFY)."""
+    before = timezone.now()
     if status == Status.PENDING:
-        after = timezone.now() - timedelta(seconds=settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS)
-        rows = rows.filter(created_at__lte=after).order_by("created_at")
-    else:
-        rows = rows.filter(next_run_at__lte=timezone.now()).order_by("next_run_at")
-    skip = _backing_off()
-    if skip:
-        rows = rows.exclude(id__in=skip)
-    return list(rows[:limit])
+        before -= timedelta(seconds=settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS)
+    statement = sql.due_jobs_sql(status=str(status), columns=select_columns(Job, "jobs"))
+    rows = execute_prepared(statement, {"before": before, "skip": _backing_off(), "limit": limit})
+    return [model_from_row(Job, row) for row in rows]
 
 
 def _publish_pass(status: str, *, limit: int) -> int:

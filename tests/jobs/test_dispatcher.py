@@ -72,6 +72,19 @@ def test_dispatcher_publishes_due_retries_and_old_pending_jobs_only(broker, sett
     assert status[fresh.id] == "pending" and status[later.id] == "retrying"
 
 
+def test_a_notify_publishes_the_new_jobs_and_leaves_due_retries_to_the_loop(broker, settings):
+    from jobs.services.publishing import publish_pending_once
+
+    settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 0
+    new = make_job()
+    due = job_in_state("retrying", retry_in=0)
+    assert publish_pending_once() == 1
+    status = dict(Job.objects.values_list("id", "status"))
+    assert status[new.id] == "queued" and status[due.id] == "retrying"
+    assert publish_due_once() == 1  # the loop's step takes the retry
+    assert Job.objects.get(id=due.id).status == "queued"
+
+
 def test_unroutable_publish_is_an_error_and_the_job_stays_pending(broker, settings):
     job = make_job(job_type="erp", params={"event": "x"})
     with Connection(connection_url := settings.BROKER_URL) as conn:
