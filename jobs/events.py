@@ -101,7 +101,8 @@ def events_publish(*, events: list[OutboxRow]) -> None:
     """Publish a batch of events and wait until the broker confirmed every one.
 
     1. This thread's connection (one quick connect attempt: the dispatcher loop is the
-       retry and must not stall), a channel in confirm mode (core.broker.Confirms).
+       retry and must not stall), its confirm-mode channel, kept between batches
+       (core.broker.confirm_channel).
     2. Send every event without waiting (in order, on one channel: RabbitMQ keeps that
        order into each queue).
     3. Wait once until each is confirmed; EventPublishError on a nack, a return or

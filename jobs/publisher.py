@@ -69,8 +69,9 @@ def message_headers(job: Job) -> dict[str, Any]:
 def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[str, str]:
     """Publish one message per job and wait once for the broker's confirms of them all.
 
-    1. A channel of this thread's connection in confirm mode (core.broker), `mandatory`
-       publishes: no wait between messages, so a batch costs one round trip.
+    1. The confirm-mode channel of this thread's connection, kept between batches
+       (core.broker.confirm_channel); `mandatory` publishes, no wait between messages,
+       so a batch costs one round trip.
     2. Wait until every delivery tag is settled, at most `timeout`
        (JOBOPS_PUBLISH_TIMEOUT_SECONDS).
     Returns {job id: why} for the messages the broker refused (nacked, or returned as
