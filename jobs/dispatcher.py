@@ -14,9 +14,6 @@ next one:
    attempts are used up;
 3. the steps other modules own: the event outbox relay, audit checkpoints, the queue
    depths cache for backpressure, the dead-letter watcher.
-
-Beside the loop, a thread of the same process publishes new jobs the moment their
-NOTIFY jobs_pending arrives (`dispatch_forever`).
 """
 
 from __future__ import annotations
@@ -38,11 +35,18 @@ from jobs.liveness import beat
 log = structlog.get_logger("jobs.dispatcher")
 
 
-def dispatch_once(*, steps: list[tuple[str, str]] | None = None) -> dict[str, Any]:
-    """Run every step once; a failing step is logged and reported, never fatal."""
+def dispatch_once(
+    *,
+    steps: list[tuple[str, str]] | None = None,
+    between: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    """Run every step once; a failing step is logged and reported, never fatal.
+    `between` runs after each step (the loop publishes what was created meanwhile)."""
     report: dict[str, Any] = {}
     for name, path in steps or settings.JOBOPS_DISPATCHER_STEPS:
         _run_step(report, name, path)
+        if between is not None:
+            between()
     return report
 
 
@@ -62,45 +66,30 @@ def dispatch_forever(*, interval: float, stop: threading.Event | None = None) ->
 
     - Every step at least every `interval` seconds; again after BUSY_GAP_SECONDS while
       the last loop found work (a backlog drains at speed, an idle dispatcher sleeps).
-    - New jobs are published by a thread of their own as soon as NOTIFY jobs_pending
-      says one was created (DESIGN.md 3.5): a new job never waits for a step of the
-      loop (the relay's confirm wait, a checkpoint). Both threads claim rows with
-      SKIP LOCKED, as two dispatchers do.
+    - The publish step as soon as NOTIFY jobs_pending says a job was created (DESIGN.md
+      3.5), also between the other steps of a loop: a new job waits for at most one
+      step, not for the loop.
     """
     stop = stop or threading.Event()
     log.info("dispatcher_started", interval=interval)
-    ended = threading.Event()
-    publisher = threading.Thread(
-        target=_publish_on_notify, args=(stop, ended), name="publish-on-notify", daemon=True
-    )
-    publisher.start()
-    try:
-        while not stop.is_set():
-            beat("dispatcher")
-            report = dispatch_once()
-            busy = any(isinstance(done, int) and done > 0 for done in report.values())
-            stop.wait(min(BUSY_GAP_SECONDS, interval) if busy else interval)
-    finally:
-        ended.set()
-        publisher.join(timeout=5)
-    log.info("dispatcher_stopped")
-
-
-def _publish_on_notify(stop: threading.Event, ended: threading.Event) -> None:
-    """The publisher thread: wait for NOTIFY jobs_pending, publish the new jobs."""
     listener = PendingListener()
-    try:
-        while not (stop.is_set() or ended.is_set()):
-            try:
-                if listener.wait(until=time.monotonic() + STOP_CHECK_SECONDS, stop=ended):
-                    _run_step({}, *PUBLISH_STEPS[0])
-            except Exception as exc:  # never die quietly: the loop alone would be slower
-                log.error("dispatcher_publisher_failed", error=repr(exc))
-                listener.close()
-                ended.wait(STOP_CHECK_SECONDS)
-    finally:
-        listener.close()
-        connection.close()  # this thread's own database connection
+
+    def publish_if_notified() -> None:
+        if listener.notified():
+            _run_step({}, *PUBLISH_STEPS[0])
+
+    next_full = 0.0
+    while not stop.is_set():
+        if time.monotonic() >= next_full:
+            beat("dispatcher")
+            report = dispatch_once(between=publish_if_notified)
+            busy = any(isinstance(done, int) and done > 0 for done in report.values())
+            next_full = time.monotonic() + (min(BUSY_GAP_SECONDS, interval) if busy else interval)
+        else:
+            dispatch_once(steps=PUBLISH_STEPS)
+        listener.wait(until=next_full, stop=stop)
+    listener.close()
+    log.info("dispatcher_stopped")
 
 
 # What a NOTIFY jobs_pending calls for: the new jobs, not the retries (those come due
@@ -140,13 +129,13 @@ class PendingListener:
                 self.close()
         return self.connection
 
-    def wait(self, *, until: float, stop: threading.Event) -> bool:
-        """Return True at the first notification (after draining the others); False at
-        `until` or soon after `stop` is set."""
+    def wait(self, *, until: float, stop: threading.Event) -> None:
+        """Return at the first notification (after draining the others), at `until`, or
+        soon after `stop` is set."""
         while not stop.is_set():
             remaining = until - time.monotonic()
             if remaining <= 0:
-                return False
+                return
             conn = self._connect()
             if conn is None:
                 stop.wait(min(remaining, STOP_CHECK_SECONDS))
@@ -156,11 +145,25 @@ class PendingListener:
                     # One wake-up for every job created meanwhile: drain the rest.
                     while self._notified(conn, timeout=DRAIN_SECONDS):
                         pass
-                    return True
+                    return
             except psycopg.Error as exc:
                 log.warning("dispatcher_listen_failed", error=repr(exc))
                 self.close()
-        return False
+
+    def notified(self) -> bool:
+        """Whether a job was created since the last look (without waiting)."""
+        conn = self._connect()
+        if conn is None:
+            return False
+        try:
+            woken = self._notified(conn, timeout=DRAIN_SECONDS)
+            while woken and self._notified(conn, timeout=DRAIN_SECONDS):
+                pass
+            return woken
+        except psycopg.Error as exc:
+            log.warning("dispatcher_listen_failed", error=repr(exc))
+            self.close()
+            return False
 
     @staticmethod
     def _notified(conn: psycopg.Connection[Any], *, timeout: float) -> bool:

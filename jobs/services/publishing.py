@@ -76,18 +76,15 @@ def _mark_queued(jobs: list[Job]) -> None:
 # dispatcher tries it again at once, which is only a retry sooner.
 PUBLISH_BACKOFF_SECONDS = 1.0
 PUBLISH_BACKOFF_CAP_SECONDS = 300.0
-# job id -> (retry after, current delay). The dispatcher's two threads (its loop and its
-# publisher on NOTIFY) share it: read over copies, removed with pop.
-_backoff: dict[str, tuple[float, float]] = {}
+_backoff: dict[str, tuple[float, float]] = {}  # job id -> (retry after, current delay)
 # How many jobs one confirmed batch carries (one claim, one confirm wait, one write).
 PUBLISH_BATCH = 500
 
 
 def _backing_off() -> list[str]:
     now = time.monotonic()
-    for job_id, (until, _) in list(_backoff.items()):
-        if until <= now:
-            _backoff.pop(job_id, None)
+    for job_id in [j for j, (until, _) in _backoff.items() if until <= now]:
+        del _backoff[job_id]
     return list(_backoff)
 
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 from django.db import connection
 from kombu import Connection
@@ -14,7 +11,6 @@ from jobs.models import DeadLetter, Job
 from jobs.services import job_publish, publish_due_once, reap_once
 from jobs.topology import JOBS_EXCHANGE
 from tests.factories import backdate, job_in_state, make_job
-from tests.polling import wait_for
 from tests.processes import job_events
 
 pytestmark = pytest.mark.django_db
@@ -173,33 +169,3 @@ def test_the_retry_pass_runs_when_the_pending_pass_fails(
     ]
     assert [line["status"] for line in failed] == ["pending"]
     assert Job.objects.get(id=stuck.id).status == "pending"
-
-
-SLOW_STEP = threading.Event()
-
-
-def slow_step() -> int:
-    """A loop step that takes its time (a relay waiting on confirms, a checkpoint)."""
-    SLOW_STEP.wait(10)
-    return 0
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_new_job_is_published_while_a_loop_step_is_still_running(broker, settings):
-    from jobs.dispatcher import dispatch_forever
-
-    settings.JOBOPS_DISPATCHER_STEPS = [("slow", "tests.jobs.test_dispatcher.slow_step")]
-    SLOW_STEP.clear()
-    stop = threading.Event()
-    loop = threading.Thread(target=dispatch_forever, kwargs={"interval": 0.1, "stop": stop})
-    loop.start()
-    try:
-        time.sleep(0.5)  # the loop is inside its slow step (it has no publish step)
-        job = make_job()
-        wait_for(lambda: Job.objects.get(id=job.id).status == "queued", timeout=5)
-        assert loop.is_alive() and not SLOW_STEP.is_set()
-    finally:
-        SLOW_STEP.set()
-        stop.set()
-        loop.join(timeout=10)
-    assert not loop.is_alive()
