@@ -25,20 +25,13 @@ from audit.services import (
     format_ts,
     job_chain,
 )
-from core.db import execute_prepared
+from core.db import execute_prepared, model_from_row
 from jobs import metrics, sql
 from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Job
 from jobs.states import ALLOWED, EVENT_FOR_STATUS, Status
 
 _JOB_COLUMNS = [f.column for f in Job._meta.concrete_fields]
-_JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
-# Raw rows skip the ORM's converters; JSON columns arrive as text and need them.
-_JOB_CONVERTERS = [
-    (i, f.from_db_value)
-    for i, f in enumerate(Job._meta.concrete_fields)
-    if hasattr(f, "from_db_value")
-]
 # Plain values a transition may set (`fields=`); anything computed has its own option.
 SETTABLE_FIELDS = frozenset(
     {
@@ -214,7 +207,8 @@ def transition_many(
         # A job back in `pending` (a replay) waits for the dispatcher: wake it.
         notify=target == Status.PENDING,
     )
-    jobs = [_job_from_row(row[1:]) for row in rows]
+    # The statement returns the columns in concrete-field order, as model_from_row reads.
+    jobs = [model_from_row(Job, row[1:]) for row in rows]
     for job in jobs:
         _count_transition(job, target, writes_progress=progress is not None)
     return jobs
@@ -282,13 +276,6 @@ def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
     elif target == Status.RETRYING:
         counter = metrics.RETRIES.labels(type=job.type, error_code=job.last_error_code or "")
         transaction.on_commit(counter.inc)
-
-
-def _job_from_row(values: Iterable[Any]) -> Job:
-    values = list(values)
-    for index, convert in _JOB_CONVERTERS:
-        values[index] = convert(values[index], None, connection)
-    return Job.from_db(connection.alias, _JOB_ATTNAMES, values)
 
 
 def job_audit(
