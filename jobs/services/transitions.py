@@ -245,6 +245,7 @@ def _append(
     holes = [h.name for h in next(iter(templates.values())).holes]
     if any([h.name for h in t.holes] != holes for t in templates.values()):
         raise ValueError("one statement appends entries with the same holes only")
+    single = len(templates) == 1
     statement = sql.job_append_sql(
         holes=tuple(holes),
         assignments=tuple(assignments),
@@ -252,17 +253,22 @@ def _append(
         columns=tuple(_JOB_COLUMNS),
         emit=emit,
         notify=notify,
+        single=single,
     )
+    ids = [str(job_id) for job_id in templates]
+    pieces = {f"p{n}": [t.pieces[n] for t in templates.values()] for n in range(len(holes) + 1)}
+    if single:  # scalars, not one-element arrays (see job_append_sql)
+        ids, pieces = ids[0], {name: values[0] for name, values in pieces.items()}
     params = {
         **params,
-        "ids": [str(job_id) for job_id in templates],
+        "ids": ids,
         "barrier": CHECKPOINT_BARRIER,
         "event_type": event_type,
         "actor_type": str(actor.type),
         "actor_id": actor.id,
         "ts": ts,
         "ts_text": format_ts(ts),
-        **{f"p{n}": [t.pieces[n] for t in templates.values()] for n in range(len(holes) + 1)},
+        **pieces,
     }
     return execute_prepared(statement, params)
 
