@@ -158,6 +158,103 @@ def dead_letter_reconcile(*, message: DecodedMessage) -> str:
         return Outcome.STALE  # succeeded or cancelled: nothing to decide
 
 
+def dead_letters_reconcile(*, messages: Sequence[DecodedMessage]) -> list[str | None]:
+    """Reconcile the common case of a burst in a few statements for the whole batch:
+    broker-made dead letters of jobs waiting in their queue (a delivery limit, a TTL,
+    a bare reject of many messages). Returns an Outcome per message, or None for a
+    message left to `dead_letter_reconcile` (the caller's, in the same transaction).
+
+    The decisions are `dead_letter_reconcile`'s: a recorded message id is a repeat; a
+    `pending`/`queued`/`retrying` job whose attempt the message carries fails with an
+    open row (broker copy recorded) and its `failed` and `dead_lettered` entries. Jobs
+    are locked first, in id order, as every writer does. Everything else (another
+    state, no job, a second message of the same job or id in the batch) is left.
+    """
+    outcomes: list[str | None] = [None] * len(messages)
+    job_ids = [_uuid_or_none(m.job_id) for m in messages]
+    seen: set[Any] = set()
+    chosen: list[int] = []
+    for index, (message, job_id) in enumerate(zip(messages, job_ids, strict=True)):
+        keys = {("job", job_id), ("message", message.message_id)}
+        if job_id is not None and message.message_id and not keys & seen:
+            chosen.append(index)
+        seen |= keys
+    if not chosen:
+        return outcomes
+    recorded = set(
+        DeadLetter.objects.filter(
+            message_id__in=[messages[i].message_id for i in chosen]
+        ).values_list("message_id", flat=True)
+    )
+    jobs = {
+        job.id: job
+        for job in Job.objects.select_for_update()
+        .filter(id__in=[job_ids[i] for i in chosen])
+        .order_by("id")
+        .only("id", "status", "attempts", "queue")
+    }
+    groups: dict[tuple[str, str, str, str, str], list[int]] = {}
+    for index in chosen:
+        message, job = messages[index], jobs.get(job_ids[index])
+        if message.message_id in recorded:
+            outcomes[index] = Outcome.REPEAT
+        elif (
+            job is not None
+            and job.status in (Status.PENDING, Status.QUEUED, Status.RETRYING)
+            and (message.attempt is None or message.attempt > job.attempts)
+        ):
+            code, text = _broker_error(message)
+            reason = message.reason or DeadLetterReason.REJECTED
+            key = (job.status, dlq_name(job.queue), reason, code, text)
+            groups.setdefault(key, []).append(index)
+    for (status, queue, reason, code, text), indexes in groups.items():
+        moved = transition_many(
+            job_ids=[job_ids[i] for i in indexes],
+            target=Status.FAILED,
+            sources=[status],
+            actor=WATCHER,
+            fields={
+                "dead_letter_queue": queue,
+                "last_error_code": code,
+                "last_error_message": text,
+            },
+            audit_data={str(job_ids[i]): {"reason": reason, "error_code": code} for i in indexes},
+        )
+        failed = {job.id for job in moved}
+        rows = DeadLetter.objects.bulk_create(
+            DeadLetter(
+                job_id=job_ids[i],
+                queue=queue,
+                reason=reason,
+                error_code=code,
+                error_message=text,
+                broker_copy=True,
+                x_death=messages[i].x_death,
+                headers=messages[i].headers,
+                message_id=messages[i].message_id,
+            )
+            for i in indexes
+            if job_ids[i] in failed
+        )
+        jobs_audit(
+            entries={
+                row.job_id: {
+                    "dead_letter_id": row.id,
+                    "queue": row.queue,
+                    "reason": row.reason,
+                    "message_id": row.message_id,
+                }
+                for row in rows
+            },
+            event_type="dead_lettered",
+            actor=WATCHER,
+        )
+        for i in indexes:
+            if job_ids[i] in failed:
+                outcomes[i] = Outcome.FAILED
+    return outcomes
+
+
 def _fail_from_broker(
     *,
     job: Job,

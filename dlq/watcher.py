@@ -17,7 +17,12 @@ from kombu import Connection
 
 from core.broker import broker_channel
 from dlq.broker import DecodedMessage, decode_amqp, queue_depth
-from dlq.services import Outcome, broker_copies_ack_stale, dead_letter_reconcile
+from dlq.services import (
+    Outcome,
+    broker_copies_ack_stale,
+    dead_letter_reconcile,
+    dead_letters_reconcile,
+)
 from jobs.topology import WATCH_QUEUE_NAME
 
 log = structlog.get_logger("dlq.watcher")
@@ -34,10 +39,11 @@ def watch_once(
     """Reconcile up to `limit` messages of `dlq.watch`, spending at most ~`timeout` s.
 
     1. Passive-declare the queue: nothing waiting costs one round trip.
-    2. Take up to WATCH_BATCH messages (basic_get, unacked); decode and reconcile each
-       in its own savepoint of one transaction; ack them all (one `multiple` ack) only
-       after that commit, so a crash in between redelivers them and the repeats change
-       nothing (each message id is recorded with its row).
+    2. Take up to WATCH_BATCH messages (basic_get, unacked); decode them and reconcile
+       them in one transaction (`_reconcile_batch`: the common case of a burst in a few
+       statements for the batch, the rest each in its own savepoint); ack them all (one
+       `multiple` ack) only after that commit, so a crash in between redelivers them
+       and the repeats change nothing (each message id is recorded with its row).
     3. The database unreachable: requeue what the batch took, stop, and re-raise (the
        dispatcher logs it and tries again next loop); nothing is decided without it.
     Returns the number of messages acked.
@@ -63,7 +69,7 @@ def watch_once(
                 break
             try:
                 with transaction.atomic():
-                    outcomes = [_reconcile(message) for message in batch]
+                    outcomes = _reconcile_batch([decode_amqp(message) for message in batch])
             except Exception:
                 for message in batch:
                     channel.basic_reject(message.delivery_tag, requeue=True)
@@ -97,7 +103,29 @@ def _sweep(queues: set[str], connection: Connection | None) -> None:
             log.warning("dlq_sweep_failed", queue=queue, error=repr(exc))
 
 
-def _reconcile(message: Any) -> tuple[DecodedMessage, str]:
+def _reconcile_batch(decoded: list[DecodedMessage]) -> list[tuple[DecodedMessage, str]]:
+    """Record a batch of watched messages: the common case of a burst all at once
+    (`dead_letters_reconcile`, in a savepoint), every other message one by one.
+
+    Should the batch statement fail for anything but an unreachable database, its
+    savepoint is rolled back and every message takes the one-by-one path, which
+    decides each on its own.
+    """
+    try:
+        with transaction.atomic():
+            outcomes = dead_letters_reconcile(messages=decoded)
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception:
+        log.exception("dlq_watch_batch_failed", messages=len(decoded))
+        outcomes = [None] * len(decoded)
+    return [
+        (message, outcome) if outcome is not None else _reconcile(message)
+        for message, outcome in zip(decoded, outcomes, strict=True)
+    ]
+
+
+def _reconcile(decoded: DecodedMessage) -> tuple[DecodedMessage, str]:
     """Record one watched message (in its own savepoint); only an unreachable database
     fails it, and with it the batch, which goes back to the queue.
 
@@ -105,7 +133,6 @@ def _reconcile(message: Any) -> tuple[DecodedMessage, str]:
     at the head of `dlq.watch` forever and block every message behind it: it is kept
     as a row without a job instead, first with what could be read of it, then bare.
     """
-    decoded = decode_amqp(message)
     for fallback in (None, _without_job, _bare):
         if fallback is not None:
             fallback(decoded)

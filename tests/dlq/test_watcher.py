@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -11,8 +12,9 @@ from kombu import Producer
 
 from audit.models import AuditLog
 from audit.services import OPS_CHAIN, Actor, job_chain
+from audit.verification import audit_verify
 from dlq.broker import decode_amqp
-from dlq.services import Outcome, dead_letter_reconcile
+from dlq.services import Outcome, dead_letter_reconcile, dead_letters_reconcile
 from dlq.watcher import watch_once
 from jobs.models import DeadLetter, Job
 from jobs.services import Fence, job_claim, job_fail_with_dead_letter
@@ -248,3 +250,74 @@ def test_a_burst_of_dead_letters_is_recorded_in_batches_and_nothing_is_left(amqp
     rows = DeadLetter.objects.filter(job__isnull=True, error_code="UNDECODABLE")
     assert rows.count() == count
     assert rows.values("message_id").distinct().count() == count
+
+
+def _mixed_burst(amqp) -> dict[str, Any]:
+    """In one batch: broker-made dead letters of queued jobs, a second copy of one of
+    them, a copy of a job running under a live lock, and an undecodable message."""
+    queued = [job_in_state("queued") for _ in range(5)]
+    for job in queued:
+        dead_letter_by_reject(amqp, job)
+    dead_letter_by_reject(amqp, queued[0])  # the same job's message dead-lettered twice
+    running = job_in_state("queued")
+    dead_letter_by_reject(amqp, running)
+    job_claim(job_id=running.id, locked_by="w1")
+    Producer(amqp, exchange=JOBS_EXCHANGE).publish(
+        b"not json", routing_key="erp", content_type="application/octet-stream"
+    )
+    amqp.basic_reject(get_one(amqp, "erp").delivery_tag, requeue=False)
+    wait_depth(amqp, WATCH_QUEUE_NAME, 8)
+    return {"queued": queued, "running": running}
+
+
+def _assert_burst_recorded(amqp, jobs: dict[str, Any]) -> None:
+    assert depth(amqp, WATCH_QUEUE_NAME) == 0
+    for job in jobs["queued"]:
+        stored = Job.objects.get(id=job.id)
+        assert (stored.status, stored.dead_letter_queue) == (Status.FAILED, "sim_dlq")
+        assert stored.last_error_code == "BROKER_REJECTED"
+        row = DeadLetter.objects.get(job=job)  # one row, the second copy changed nothing
+        assert (row.state, row.reason, row.broker_copy) == ("open", "rejected", True)
+        assert row.x_death[0]["queue"] == "sim" and row.message_id
+        assert job_events(job.id)[-2:] == ["failed", "dead_lettered"]
+        entry = AuditLog.objects.get(chain=job_chain(job.id), event_type="dead_lettered")
+        assert json.loads(entry.payload)["data"]["dead_letter_id"] == row.id
+    running = Job.objects.get(id=jobs["running"].id)
+    assert running.status == Status.RUNNING
+    assert DeadLetter.objects.get(job=running).state == "discarded"  # recorded, resolved
+    assert DeadLetter.objects.filter(job__isnull=True, error_code="UNDECODABLE").count() == 1
+    assert audit_verify().ok
+
+
+def test_a_mixed_burst_is_recorded_in_one_batch_as_one_by_one_would(amqp):
+    jobs = _mixed_burst(amqp)
+    assert watch_once() == 8
+    _assert_burst_recorded(amqp, jobs)
+
+
+def test_when_the_batch_statement_fails_every_message_is_recorded_one_by_one(amqp, monkeypatch):
+    jobs = _mixed_burst(amqp)
+
+    def refuse(**_: Any) -> None:
+        raise ValueError("a value the batch could not take")
+
+    monkeypatch.setattr("dlq.watcher.dead_letters_reconcile", refuse)
+    assert watch_once() == 8
+    _assert_burst_recorded(amqp, jobs)
+
+
+def test_the_batch_decides_the_burst_it_can_and_leaves_the_rest_to_one_by_one(amqp):
+    jobs = _mixed_burst(amqp)
+    decoded = [decode_amqp(get_one(amqp, WATCH_QUEUE_NAME)) for _ in range(8)]
+
+    outcomes = dead_letters_reconcile(messages=decoded)
+
+    first_copies = [str(job.id) for job in jobs["queued"]]
+    assert [d.job_id for d in decoded[:5]] == first_copies  # the queue keeps their order
+    assert outcomes[:5] == [Outcome.FAILED] * 5
+    # The second copy of the first job, the running job and the undecodable message.
+    assert outcomes[5:] == [None, None, None]
+    assert DeadLetter.objects.filter(job_id__in=first_copies, state="open").count() == 5
+    # Again (a redelivery after a crash before the ack): every message id is a repeat.
+    assert dead_letters_reconcile(messages=decoded[:5]) == [Outcome.REPEAT] * 5
+    assert DeadLetter.objects.count() == 5
