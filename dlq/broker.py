@@ -222,9 +222,28 @@ def decode_message(
     if msg.queue is None and msg.routing_key in primaries:
         msg.queue = msg.routing_key
     msg.task = safe_headers.get("task") if isinstance(safe_headers.get("task"), str) else None
-    task_id = safe_headers.get("id")
+    _read_identity(
+        msg,
+        task_id=safe_headers.get("id"),
+        header_job=safe_headers.get("job_id"),
+        raw=raw,
+        properties=properties,
+    )
+    if not msg.message_id:
+        first_time = (death or {}).get("time") or ""
+        digest = hashlib.sha256(raw + f"|{msg.queue}|{first_time}".encode()).hexdigest()
+        msg.message_id = f"sha256:{digest}"
+    _bound_message_id(msg)
+    return msg
+
+
+def _read_identity(
+    msg: DecodedMessage, *, task_id: Any, header_job: Any, raw: bytes, properties: dict[str, Any]
+) -> None:
+    """The task id, the payload and its attempt, the job id (the header's, else the
+    payload's), and the message id when the task id or the AMQP message id gives one
+    ("" otherwise: the caller digests the message)."""
     msg.task_id = task_id if isinstance(task_id, str) and task_id else None
-    header_job = safe_headers.get("job_id")
     payload, error = _payload_from_body(raw, properties.get("content_type"))
     if payload is not None:
         msg.payload = payload
@@ -237,30 +256,61 @@ def decode_message(
         msg.message_id = f"task:{msg.task_id}"
     elif properties.get("message_id"):
         msg.message_id = f"amqp:{clean_text(str(properties['message_id']), MAX_MESSAGE_ID)}"
-    else:
-        first_time = (death or {}).get("time") or ""
-        digest = hashlib.sha256(raw + f"|{msg.queue}|{first_time}".encode()).hexdigest()
-        msg.message_id = f"sha256:{digest}"
+
+
+def _bound_message_id(msg: DecodedMessage) -> None:
     if len(msg.message_id) > MAX_MESSAGE_ID:  # still unique: a digest of the long id
         msg.message_id = "sha256:" + hashlib.sha256(msg.message_id.encode()).hexdigest()
-    return msg
 
 
-def decode_amqp(message: Any) -> DecodedMessage:
-    """decode_message for a kombu/py-amqp message object."""
+def _amqp_parts(message: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """(body, headers, the properties decode_message reads) of a kombu/py-amqp message."""
     props = getattr(message, "properties", None) or {}
     headers = getattr(message, "headers", None)
     if headers is None:
         headers = props.get("application_headers") or {}
+    properties = {
+        "content_type": getattr(message, "content_type", None) or props.get("content_type"),
+        "message_id": props.get("message_id"),
+    }
+    return message.body, headers, properties
+
+
+def decode_amqp(message: Any) -> DecodedMessage:
+    """decode_message for a kombu/py-amqp message object."""
+    body, headers, properties = _amqp_parts(message)
     return decode_message(
-        body=message.body,
+        body=body,
         headers=headers,
-        properties={
-            "content_type": getattr(message, "content_type", None) or props.get("content_type"),
-            "message_id": props.get("message_id"),
-        },
+        properties=properties,
         delivery_info=getattr(message, "delivery_info", None),
     )
+
+
+def decode_identity(message: Any) -> DecodedMessage:
+    """What a drain decides by, read exactly as `decode_amqp` reads it: the message id,
+    the job id and the attempt.
+
+    Only the two headers that name them are made safe, not every header (x-death, the
+    Celery fields) and the body, which only a message being recorded needs: that was
+    most of a drain's time per message. A message named by neither a task id nor an
+    AMQP message id gets the full decode (its id digests the body and its first death).
+    """
+    body, headers, properties = _amqp_parts(message)
+    if not isinstance(headers, dict):
+        return decode_amqp(message)
+    msg = DecodedMessage(message_id="")
+    _read_identity(
+        msg,
+        task_id=jsonable(headers.get("id")),
+        header_job=jsonable(headers.get("job_id")),
+        raw=_body_bytes(body),
+        properties=properties,
+    )
+    if not msg.message_id:
+        return decode_amqp(message)
+    _bound_message_id(msg)
+    return msg
 
 
 # --- connections and queues ---------------------------------------------------------
@@ -365,7 +415,8 @@ def dlq_drain(
        pass ends even while new dead letters arrive.
     2. Consume them with a prefetch window (the broker streams them: no round trip per
        message, as a basic_get each would cost); every `batch_size` messages ask
-       `decide(batch)` for the message ids to drop (one database round trip per batch)
+       `decide(batch)` (each message read by `decode_identity`: its message id, job
+       id and attempt) for the message ids to drop (one database round trip per batch)
        and ack those at once.
     3. Hold the rest unacked until the end, then requeue them all, with any delivered
        past the budget: requeuing during the pass would hand them straight back to it.
@@ -394,7 +445,7 @@ def dlq_drain(
                 if not batch:
                     break
                 result.seen += len(batch)
-                decoded = [decode_amqp(m) for m in batch]
+                decoded = [decode_identity(m) for m in batch]
                 drop = decide(decoded)
                 for message, info in zip(batch, decoded, strict=True):
                     if info.message_id in drop:
