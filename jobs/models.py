@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 
+import uuid6
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -9,8 +10,21 @@ from django.db.models import Q
 from jobs.states import Status
 
 
+def new_job_id() -> uuid.UUID:
+    """A time-ordered id (UUID version 7: milliseconds since the epoch, then random bits).
+
+    A job's id leads the keys of its rows in the biggest indexes: the jobs' primary
+    key, its audit chain ('job:<id>', seq) and the audit, outbox and dead-letter
+    job_id indexes. Random ids put every new entry on a random page of each, and once
+    those outgrow memory every create reads and dirties pages all over (and writes each
+    whole into the WAL after a checkpoint); time-ordered ids keep new entries together
+    at one end. Still unguessable: 74 random bits.
+    """
+    return uuid.UUID(int=uuid6.uuid7().int)
+
+
 class Job(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_job_id, editable=False)
     type = models.CharField(max_length=32)
     queue = models.CharField(max_length=64)
     params = models.JSONField(default=dict)

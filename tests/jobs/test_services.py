@@ -247,3 +247,16 @@ def test_a_workers_claim_and_finish_keep_one_plan_instead_of_being_planned_each_
     assert custom - custom_before <= 10  # at most five trials for each of the two
     assert generic - generic_before >= 6
     assert {j.status for j in Job.objects.filter(id__in=[j.id for j in jobs])} == {"succeeded"}
+
+
+def test_job_ids_are_time_ordered_so_new_index_entries_land_together():
+    owner = UserFactory()
+    jobs = [make_job(owner) for _ in range(5)]
+    assert {job.id.version for job in jobs} == {7}
+    assert [job.id for job in jobs] == sorted(job.id for job in jobs)
+    chains = list(
+        AuditLog.objects.filter(job_id__in=[j.id for j in jobs])
+        .order_by("chain")
+        .values_list("job_id", flat=True)
+    )
+    assert chains == [job.id for job in jobs]  # the chain index in creation order too
