@@ -728,6 +728,17 @@ def _count_replays(count: int) -> None:
         metrics.DLQ_REPLAY.inc(count)
 
 
+def _lock_open_rows(chunk: list[tuple[int, uuid.UUID | None, str]]) -> list[DeadLetter]:
+    """Lock the chunk's rows still open, in id order, with the columns a resolution reads
+    (not the stored headers and x-death, which it never needs)."""
+    return list(
+        DeadLetter.objects.select_for_update()
+        .filter(id__in=[row_id for row_id, _, _ in chunk], state=DeadLetterState.OPEN)
+        .order_by("id")
+        .only("id", "job_id", "reason", "queue", "message_id")
+    )
+
+
 def _audit_data(row: DeadLetter, digest: str, extra: dict[str, Any]) -> dict[str, Any]:
     """What a replay or discard audits about its row: which dead letter, why it died,
     which broker message it was, and the justification's digest (the text stays on the
@@ -775,12 +786,7 @@ def _replay_chunk(
             .order_by("id")
             .only("id", "type", "status")
         }
-        rows = {
-            row.id: row
-            for row in DeadLetter.objects.select_for_update()
-            .filter(id__in=[row_id for row_id, _, _ in chunk], state=DeadLetterState.OPEN)
-            .order_by("id")
-        }
+        rows = {row.id: row for row in _lock_open_rows(chunk)}
         by_type: dict[str, list[DeadLetter]] = {}
         for row_id, job_id, _ in chunk:
             row = rows.get(row_id)
@@ -852,11 +858,7 @@ def _discard_chunk(
             .order_by("id")
             .values_list("id", flat=True)
         )
-        rows = list(
-            DeadLetter.objects.select_for_update()
-            .filter(id__in=[row_id for row_id, _, _ in chunk], state=DeadLetterState.OPEN)
-            .order_by("id")
-        )
+        rows = _lock_open_rows(chunk)
         _resolve_rows(
             [row.id for row in rows],
             state=DeadLetterState.DISCARDED,
