@@ -164,7 +164,6 @@ class Heartbeats:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._pid = 0
-        self._wake_at = 0.0  # when the waiting thread next looks (monotonic)
 
     def add(self, ctx: JobContext) -> None:
         with self._changed:
@@ -174,10 +173,7 @@ class Heartbeats:
                 self._thread.start()
             due = time.monotonic() + settings.JOBOPS_HEARTBEAT_SECONDS
             self._jobs[ctx.job_id] = (ctx, due)
-            # Waking the thread costs a switch per job; it need only look again if this
-            # beat falls before its next look (it never does while the interval holds).
-            if due < self._wake_at:
-                self._changed.notify()
+            self._changed.notify()
 
     def remove(self, ctx: JobContext) -> None:
         """No beat for this job any more. A beat already under way is fenced: once the
@@ -194,9 +190,7 @@ class Heartbeats:
                     self._jobs[ctx.job_id] = (ctx, now + settings.JOBOPS_HEARTBEAT_SECONDS)
                 if not due:
                     soonest = min((at for _, at in self._jobs.values()), default=now + 60)
-                    self._wake_at = soonest
                     self._changed.wait(timeout=max(0.0, soonest - now))
-                    self._wake_at = 0.0  # awake: it sees every job before it waits again
                     continue
             for ctx in due:
                 self._beat(ctx)

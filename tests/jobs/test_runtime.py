@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import pytest
-import structlog
 from celery.exceptions import SoftTimeLimitExceeded
-from django.db import IntegrityError, connection
+from django.db import IntegrityError
 
 from audit.models import AuditLog
 from audit.services import Actor
 from jobs.errors import FatalError, JobCancelled, JobValidationError, TransientExternalError
 from jobs.exceptions import JobLost
 from jobs.models import Job
-from jobs.runtime import Heartbeats, JobContext, classify
+from jobs.runtime import JobContext, classify
 from jobs.services import (
     Fence,
     backoff_delay,
@@ -22,7 +21,6 @@ from jobs.services import (
     job_succeed,
 )
 from tests.factories import backdate, job_in_state
-from tests.polling import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -136,32 +134,3 @@ def test_backoff_stays_within_its_formula_bounds(attempt):
 )
 def test_errors_are_classified_by_the_taxonomy(exc, expected):
     assert classify(exc) == expected
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_beat_due_before_the_heartbeat_threads_next_look_still_comes_on_time(settings):
-    # The thread is not woken for every job (a switch per job), only for a beat that
-    # falls before its next look: here it sleeps for a 30 s beat when a 0.2 s one comes.
-    beats = Heartbeats()
-    slow, slow_fence = claimed()
-    settings.JOBOPS_HEARTBEAT_SECONDS = 30
-    beats.add(JobContext(job=slow, fence=slow_fence, log=structlog.get_logger()))
-    fast = job_in_state("running", worker="w2")
-    backdate(fast, locked_at=60)
-    settings.JOBOPS_HEARTBEAT_SECONDS = 0.2
-    beats.add(JobContext(job=fast, fence=Fence("w2", 1), log=structlog.get_logger()))
-    stale = Job.objects.get(id=fast.id).locked_at
-
-    wait_for(
-        lambda: Job.objects.get(id=fast.id).locked_at > stale,
-        timeout=5,
-        what="the fast job's beat",
-    )
-    beats.remove(JobContext(job=slow, fence=slow_fence, log=structlog.get_logger()))
-    beats.remove(JobContext(job=fast, fence=Fence("w2", 1), log=structlog.get_logger()))
-    # The thread lives on with its own connection, which would hold the test database.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
