@@ -171,14 +171,15 @@ def dead_letters_reconcile(*, messages: Sequence[DecodedMessage]) -> list[str | 
     state, no job, a second message of the same job or id in the batch) is left.
     """
     outcomes: list[str | None] = [None] * len(messages)
-    job_ids = [_uuid_or_none(m.job_id) for m in messages]
     seen: set[Any] = set()
-    chosen: list[int] = []
-    for index, (message, job_id) in enumerate(zip(messages, job_ids, strict=True)):
+    job_ids: dict[int, uuid.UUID] = {}  # message index -> its job, for the chosen ones
+    for index, message in enumerate(messages):
+        job_id = _uuid_or_none(message.job_id)
         keys = {("job", job_id), ("message", message.message_id)}
         if job_id is not None and message.message_id and not keys & seen:
-            chosen.append(index)
+            job_ids[index] = job_id
         seen |= keys
+    chosen = list(job_ids)
     if not chosen:
         return outcomes
     recorded = set(
@@ -728,7 +729,7 @@ def _count_replays(count: int) -> None:
         metrics.DLQ_REPLAY.inc(count)
 
 
-def _lock_open_rows(chunk: list[tuple[int, uuid.UUID | None, str]]) -> list[DeadLetter]:
+def _lock_open_rows(chunk: Sequence[tuple[int, uuid.UUID | None, str]]) -> list[DeadLetter]:
     """Lock the chunk's rows still open, in id order, with the columns a resolution reads
     (not the stored headers and x-death, which it never needs)."""
     return list(

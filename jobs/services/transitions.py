@@ -255,8 +255,10 @@ def _append(
         notify=notify,
         single=single,
     )
-    ids = [str(job_id) for job_id in templates]
-    pieces = {f"p{n}": [t.pieces[n] for t in templates.values()] for n in range(len(holes) + 1)}
+    ids: Any = [str(job_id) for job_id in templates]
+    pieces: dict[str, Any] = {
+        f"p{n}": [t.pieces[n] for t in templates.values()] for n in range(len(holes) + 1)
+    }
     if single:  # scalars, not one-element arrays (see job_append_sql)
         ids, pieces = ids[0], {name: values[0] for name, values in pieces.items()}
     params = {
