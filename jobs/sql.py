@@ -35,7 +35,7 @@ MONOTONIC_PERCENT = "GREATEST(jobs.progress_percent, %(percent)s)"
 BARRIER = "pg_advisory_xact_lock_shared(hashtextextended(%(barrier)s, 0))"
 
 # What fills each hole of an entry's canonical payload (audit.canonical.Hole), read
-# from the locked row `j` as it was before the change.
+# from the locked row (`jobs` in the `old` CTE) as it was before the change.
 HOLES = {
     "seq": "(jobs.audit_seq + 1)::text",
     "from": "jobs.status",
