@@ -33,6 +33,7 @@ from jobs.services import (
     job_lock_is_stale,
     job_publish,
     jobs_audit,
+    jobs_fail_with_dead_letters,
     transition_many,
 )
 from jobs.states import Status
@@ -209,47 +210,29 @@ def dead_letters_reconcile(*, messages: Sequence[DecodedMessage]) -> list[str | 
             key = (job.status, dlq_name(job.queue), reason, code, text)
             groups.setdefault(key, []).append(index)
     for (status, queue, reason, code, text), indexes in groups.items():
-        moved = transition_many(
+        rows = jobs_fail_with_dead_letters(
             job_ids=[job_ids[i] for i in indexes],
-            target=Status.FAILED,
-            sources=[status],
+            source=status,
+            queue=queue,
+            reason=reason,
             actor=WATCHER,
-            fields={
-                "dead_letter_queue": queue,
-                "last_error_code": code,
-                "last_error_message": text,
+            error_code=code,
+            error_message=text,
+            broker_copies={
+                job_ids[i]: {
+                    "x_death": messages[i].x_death,
+                    "headers": messages[i].headers,
+                    "message_id": messages[i].message_id,
+                }
+                for i in indexes
             },
-            audit_data={str(job_ids[i]): {"reason": reason, "error_code": code} for i in indexes},
-        )
-        failed = {job.id for job in moved}
-        rows = DeadLetter.objects.bulk_create(
-            DeadLetter(
-                job_id=job_ids[i],
-                queue=queue,
-                reason=reason,
-                error_code=code,
-                error_message=text,
-                broker_copy=True,
-                x_death=messages[i].x_death,
-                headers=messages[i].headers,
-                message_id=messages[i].message_id,
-            )
-            for i in indexes
-            if job_ids[i] in failed
         )
         jobs_audit(
-            entries={
-                row.job_id: {
-                    "dead_letter_id": row.id,
-                    "queue": row.queue,
-                    "reason": row.reason,
-                    "message_id": row.message_id,
-                }
-                for row in rows
-            },
+            entries={row.job_id: _dead_lettered_entry(row, row.message_id) for row in rows},
             event_type="dead_lettered",
             actor=WATCHER,
         )
+        failed = {row.job_id for row in rows}
         for i in indexes:
             if job_ids[i] in failed:
                 outcomes[i] = Outcome.FAILED
@@ -319,14 +302,19 @@ def _audit_dead_lettered(row: DeadLetter, message: DecodedMessage, **extra: Any)
         job_id=row.job_id,
         event_type="dead_lettered",
         actor=WATCHER,
-        data={
-            "dead_letter_id": row.id,
-            "queue": row.queue,
-            "reason": row.reason,
-            "message_id": message.message_id,
-            **extra,
-        },
+        data=_dead_lettered_entry(row, message.message_id, **extra),
     )
+
+
+def _dead_lettered_entry(row: DeadLetter, message_id: str | None, **extra: Any) -> dict[str, Any]:
+    """What a `dead_lettered` entry says: the row, why, and which broker message."""
+    return {
+        "dead_letter_id": row.id,
+        "queue": row.queue,
+        "reason": row.reason,
+        "message_id": message_id,
+        **extra,
+    }
 
 
 # --- replay and discard (DESIGN.md 4.1) -----------------------------------------------

@@ -23,7 +23,7 @@ from jobs.services.creation import (
     validate_idempotency_key,
     validate_params,
 )
-from jobs.services.dead_letters import job_fail_with_dead_letter
+from jobs.services.dead_letters import job_fail_with_dead_letter, jobs_fail_with_dead_letters
 from jobs.services.publishing import job_publish, publish_due_once
 from jobs.services.reaper import job_lock_is_stale, job_reclaim, reap_once
 from jobs.services.transitions import (
@@ -71,6 +71,7 @@ __all__ = [
     "job_submit",
     "job_succeed",
     "jobs_audit",
+    "jobs_fail_with_dead_letters",
     "params_hash",
     "publish_due_once",
     "reap_once",

@@ -16,7 +16,7 @@ from django.db import transaction
 
 from audit.services import Actor
 from jobs.models import DeadLetter, Job
-from jobs.services.transitions import Fence, transition
+from jobs.services.transitions import Fence, transition, transition_many
 from jobs.states import Status
 from jobs.topology import dlq_name
 
@@ -55,12 +55,8 @@ def job_fail_with_dead_letter(
             actor=actor,
             fence=fence,
             stale_after=stale_after,
-            fields={
-                "dead_letter_queue": queue,
-                "last_error_code": error_code,
-                "last_error_message": error_message,
-            },
-            audit_data={"reason": reason, "error_code": error_code},
+            fields=_failed_fields(queue, error_code, error_message),
+            audit_data=_failed_entry(reason, error_code),
         )
         dead_letter = DeadLetter.objects.create(
             job_id=job.id,
@@ -74,3 +70,56 @@ def job_fail_with_dead_letter(
             message_id=message_id,
         )
     return job, dead_letter
+
+
+def jobs_fail_with_dead_letters(
+    *,
+    job_ids: list[uuid.UUID],
+    source: str,
+    queue: str,
+    reason: str,
+    actor: Actor,
+    error_code: str | None,
+    error_message: str | None,
+    broker_copies: dict[uuid.UUID, dict[str, Any]],
+) -> list[DeadLetter]:
+    """`job_fail_with_dead_letter` for many jobs of one DLQ `queue` that fail from
+    `source` for the same reason, in one transition statement and one insert (the
+    dead-letter watcher's burst of broker-made dead letters). `broker_copies` holds
+    each job's broker copy (x_death, headers, message_id). A job no longer in `source`
+    is left as it is; returns the rows opened. The caller holds the transaction.
+    """
+    moved = transition_many(
+        job_ids=list(job_ids),
+        target=Status.FAILED,
+        sources=[source],
+        actor=actor,
+        fields=_failed_fields(queue, error_code, error_message),
+        audit_data={str(job_id): _failed_entry(reason, error_code) for job_id in job_ids},
+    )
+    return DeadLetter.objects.bulk_create(
+        DeadLetter(
+            job_id=job.id,
+            queue=queue,
+            reason=reason,
+            error_code=error_code,
+            error_message=error_message,
+            broker_copy=True,
+            **broker_copies[job.id],
+        )
+        for job in moved
+    )
+
+
+def _failed_fields(queue: str, error_code: str | None, error_message: str | None) -> dict[str, Any]:
+    """What failing sets on the job row besides its status."""
+    return {
+        "dead_letter_queue": queue,
+        "last_error_code": error_code,
+        "last_error_message": error_message,
+    }
+
+
+def _failed_entry(reason: str, error_code: str | None) -> dict[str, Any]:
+    """What the `failed` audit entry says of why."""
+    return {"reason": reason, "error_code": error_code}
