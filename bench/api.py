@@ -66,8 +66,9 @@ def load(
     """
     target = urlsplit(url)
     address = (target.hostname or "127.0.0.1", target.port or 80)
+    path = (target.path or "/") + (f"?{target.query}" if target.query else "")
     head = (
-        f"{method} {target.path or '/'} HTTP/1.1\r\nHost: {target.netloc}\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: {target.netloc}\r\n"
         + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
     ).encode("latin-1")
 
@@ -137,9 +138,8 @@ def _exchange(address: tuple[str, int], data: bytes) -> int:
                     break
     except OSError:
         return 0
-    if not answer.startswith(b"HTTP/1.") or len(answer) < 12:
-        return 0
-    return int(answer[9:12])
+    status = bytes(answer[9:12])
+    return int(status) if answer.startswith(b"HTTP/1.") and status.isdigit() else 0
 
 
 def _complete(answer: bytearray) -> bool:
@@ -150,7 +150,7 @@ def _complete(answer: bytearray) -> bool:
         return False
     for line in bytes(answer[:end]).split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
             return len(answer) - end - 4 >= int(value)
     return False
 
