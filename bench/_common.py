@@ -437,6 +437,86 @@ class Service:
             _SERVICES.remove(self)
 
 
+# The servers' processes by their command name (/proc/<pid>/comm).
+SERVER_ROLES = {"postgres": "postgres", "beam.smp": "rabbitmq", "redis-server": "redis"}
+
+
+class CpuSampler:
+    """CPU seconds spent by each role over time, so that a figure's window (the first
+    start to the last finish, read from the audit trail) can be charged to each process.
+
+    Roles are the given services' process trees and the servers of SERVER_ROLES, found
+    by name: a run's whole cost, not only the part in Python. Sampled every `interval`
+    in a background thread; a process counts from the first sample that sees it.
+    """
+
+    def __init__(self, services: dict[str, Service], interval: float = 0.25) -> None:
+        self._services = services
+        self._interval = interval
+        self._seen: dict[int, tuple[str, float, float]] = {}  # pid -> (role, first, last)
+        self._samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="cpu-sampler")
+
+    def __enter__(self) -> CpuSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def _roles(self) -> dict[int, str]:
+        roles = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    role = SERVER_ROLES.get((entry / "comm").read_text().strip())
+                except OSError:
+                    continue
+                if role:
+                    roles[int(entry.name)] = role
+        for role, service in self._services.items():
+            roles.update(dict.fromkeys(service.pids(), role))
+        return roles
+
+    def _sample(self) -> None:
+        now, tick = time.time(), os.sysconf("SC_CLK_TCK")
+        for pid, role in self._roles().items():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            seconds = (int(fields[11]) + int(fields[12])) / tick
+            first = self._seen[pid][1] if pid in self._seen else seconds
+            self._seen[pid] = (role, first, seconds)
+        totals: dict[str, float] = {}
+        for role, first, last in self._seen.values():
+            totals[role] = totals.get(role, 0.0) + last - first
+        self._samples.append((now, totals))
+
+    def _at(self, moment: float) -> dict[str, float]:
+        """Each role's CPU seconds at `moment`, interpolated between two samples."""
+        before = [s for s in self._samples if s[0] <= moment] or self._samples[:1]
+        after = [s for s in self._samples if s[0] >= moment] or self._samples[-1:]
+        (t0, a), (t1, b) = before[-1], after[0]
+        share = (moment - t0) / (t1 - t0) if t1 > t0 else 0.0
+        return {r: a.get(r, 0.0) + share * (b.get(r, 0.0) - a.get(r, 0.0)) for r in b}
+
+    def ms_per_item(self, start: float, end: float, items: int) -> dict[str, float]:
+        """CPU ms per item by role between `start` and `end` (time.time()), with `total`."""
+        a, b = self._at(start), self._at(end)
+        spent = {r: 1000 * (b[r] - a.get(r, 0.0)) / max(items, 1) for r in b}
+        spent = {r: round(ms, 3) for r, ms in sorted(spent.items()) if ms >= 0.0005}
+        return {**spent, "total": round(sum(spent.values()), 3)}
+
+
 def stop_all() -> None:
     for service in list(reversed(_SERVICES)):
         service.stop()

@@ -13,7 +13,16 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from bench._common import BenchError, Scratch, rate, start_worker, stopwatch, wait_until
+from bench._common import (
+    BenchError,
+    CpuSampler,
+    Scratch,
+    Service,
+    rate,
+    start_worker,
+    stopwatch,
+    wait_until,
+)
 
 
 def bench_user(username: str, *, superuser: bool = False) -> Any:
@@ -203,11 +212,13 @@ def drain_rate(scratch: Scratch, job_ids: list[str]) -> dict[str, float]:
     started, done = times["started"], times["succeeded"]
     if len(done) < len(job_ids):
         raise BenchError(f"only {len(done)} of {len(job_ids)} jobs succeeded")
-    seconds = max(done.values()) - min(started.values())
+    first, last = min(started.values()), max(done.values())
     return {
         "jobs": len(job_ids),
-        "seconds": round(seconds, 3),
-        "jobs_per_s": rate(len(job_ids), seconds),
+        "seconds": round(last - first, 3),
+        "jobs_per_s": rate(len(job_ids), last - first),
+        "first_started_at": first,
+        "last_succeeded_at": last,
     }
 
 
@@ -230,6 +241,7 @@ def create_and_drain(
     queue: str = "default",
     concurrency: int = 2,
     prefetch: int = 3,
+    dispatcher: Service | None = None,
 ) -> dict[str, Any]:
     """Creation rate, then drain rate, of `jobs` no-op `ai` jobs; the dispatcher must
     be running (it publishes whatever the creating process leaves pending).
@@ -238,7 +250,9 @@ def create_and_drain(
     2. Wait until none is `pending` (published and confirmed), so the drain that
        follows measures the workers, not the publishing.
     3. Start a worker, wait until all succeeded; jobs/s from the first `started` to
-       the last `succeeded` (audit trail), and the worker's peak memory.
+       the last `succeeded` (audit trail), the worker's peak memory, and the CPU ms
+       per job that each process spent in that window (worker, `dispatcher` when
+       given, PostgreSQL, RabbitMQ, Redis).
     """
     ids, create_seconds = create_jobs(jobs, owner=owner)
     with stopwatch() as published:
@@ -253,15 +267,26 @@ def create_and_drain(
     worker = start_worker(
         bench=bench, env=env, queues=queue, concurrency=concurrency, prefetch=prefetch
     )
-    # At least a job a second, or something is stuck (a message routed elsewhere).
-    wait_then_stop(
-        scratch, worker, job_ids=ids, status="succeeded", timeout=max(300, jobs), what="the jobs"
-    )
+    roles = {"worker": worker, **({"dispatcher": dispatcher} if dispatcher else {})}
+    with CpuSampler(roles) as cpu:
+        # At least a job a second, or something is stuck (a message routed elsewhere).
+        wait_then_stop(
+            scratch,
+            worker,
+            job_ids=ids,
+            status="succeeded",
+            timeout=max(300, jobs),
+            what="the jobs",
+        )
+    drain = drain_rate(scratch, ids)
     return {
         "create_seconds": round(create_seconds, 3),
         "create_per_s": rate(len(ids), create_seconds),
         "publish_wait_after_create_seconds": round(published["seconds"], 3),
-        **drain_rate(scratch, ids),
+        **drain,
+        "cpu_ms_per_job": cpu.ms_per_item(
+            drain["first_started_at"], drain["last_succeeded_at"], len(ids)
+        ),
         "peak_worker_rss_bytes": worker.peak_rss,
         "peak_worker_pss_bytes": worker.peak_pss,
     }

@@ -60,8 +60,10 @@ HANDLERS = json.dumps({JOB_TYPE: "bench._handlers.noop"})
 PROFILE_DIR = common.RESULTS_DIR / "e2e-profile"
 
 
-def run_raw(scratch: common.Scratch, args: argparse.Namespace) -> dict[str, Any]:
-    """Raw Celery tasks/s (bench/_raw_celery.py)."""
+def run_raw(
+    scratch: common.Scratch, args: argparse.Namespace, dispatcher: common.Service
+) -> dict[str, Any]:
+    """Raw Celery tasks/s (bench/_raw_celery.py), and the CPU ms per task by process."""
     import redis
 
     from bench import _raw_celery
@@ -82,19 +84,21 @@ def run_raw(scratch: common.Scratch, args: argparse.Namespace) -> dict[str, Any]
         role="raw-worker",
     )
     try:
-        common.wait_until(
-            lambda: worker.check_alive() or int(client.get(f"{key}:done") or 0) >= args.jobs,
-            timeout=900,
-            what="raw Celery tasks",
-        )
+        with common.CpuSampler({"worker": worker, "dispatcher": dispatcher}) as cpu:
+            common.wait_until(
+                lambda: worker.check_alive() or int(client.get(f"{key}:done") or 0) >= args.jobs,
+                timeout=900,
+                what="raw Celery tasks",
+            )
     finally:
         worker.stop()
-    seconds = float(client.get(f"{key}:last") or 0) - float(client.get(f"{key}:first") or 0)
+    first, last = float(client.get(f"{key}:first") or 0), float(client.get(f"{key}:last") or 0)
     client.close()
     return {
         "tasks": args.jobs,
-        "seconds": round(seconds, 3),
-        "tasks_per_s": common.rate(args.jobs, seconds),
+        "seconds": round(last - first, 3),
+        "tasks_per_s": common.rate(args.jobs, last - first),
+        "cpu_ms_per_task": cpu.ms_per_item(first, last, args.jobs),
     }
 
 
@@ -285,7 +289,7 @@ def measure(
     """Phases 1-4: raw Celery, drain, latency, memory."""
     # Running throughout, raw phases included, so that its polling loads both sides.
     dispatcher = common.start_dispatcher(bench=NAME, env=env)
-    raw_before = run_raw(scratch, args)
+    raw_before = run_raw(scratch, args, dispatcher)
     drain = create_and_drain(
         scratch,
         bench=NAME,
@@ -295,8 +299,9 @@ def measure(
         queue=JOB_QUEUE,
         concurrency=args.concurrency,
         prefetch=args.prefetch,
+        dispatcher=dispatcher,
     )
-    raw_after = run_raw(scratch, args)
+    raw_after = run_raw(scratch, args, dispatcher)
     raw_per_s = round((raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2, 1)
     report.extra("raw_celery", {"before": raw_before, "after": raw_after, "mean": raw_per_s})
     report.extra("jobops_drain", drain)
@@ -308,6 +313,19 @@ def measure(
         baseline=raw_per_s,
         baseline_label="raw Celery (mean of 2)",
         target=0.5,
+    )
+    # Where each side's CPU went in its window: the ratio's explanation, in every run.
+    report.figure(
+        "drain_cpu_ms_per_job",
+        drain["cpu_ms_per_job"]["total"],
+        "CPU ms",
+        "drain CPU per job, " + _by_role(drain["cpu_ms_per_job"]),
+    )
+    report.figure(
+        "raw_cpu_ms_per_task",
+        raw_after["cpu_ms_per_task"]["total"],
+        "CPU ms",
+        "raw Celery CPU per task, " + _by_role(raw_after["cpu_ms_per_task"]),
     )
     report.figure("create_per_s", drain["create_per_s"], "jobs/s", "creation through job_create")
     capacity = min(drain["jobs_per_s"], drain["create_per_s"])
@@ -344,6 +362,10 @@ def measure(
         label="queue `default` empty at the end",
         ok=common.queue_depth(scratch.broker_url, JOB_QUEUE) == 0,
     )
+
+
+def _by_role(spent: dict[str, float]) -> str:
+    return " ".join(f"{role} {ms:.2f}" for role, ms in spent.items() if role != "total")
 
 
 def main() -> int:
