@@ -53,10 +53,24 @@ def job_get_for_user(*, job_id: uuid.UUID, user: Any) -> Job:
     are kept as `job.artefact_list`, which the body serializer reads before
     `job.artefacts`.
     """
-    statement = sql.job_read_sql(columns=select_columns(Job, "jobs"))
-    rows = execute_prepared(statement, {"job_id": job_id, **_visibility(user)})
-    if not rows:
+    job = _job_read(sql.JOB_BY_ID, {"job_id": job_id, **_visibility(user)})
+    if job is None:
         raise JobNotFoundError()
+    return job
+
+
+def job_get_by_key(*, owner: Any, key: str) -> Job | None:
+    """The job `owner` made under this idempotency key, with its artefacts, or None: what
+    a repeated create answers, in the one statement of `job_get_for_user`."""
+    return _job_read(sql.JOB_BY_OWNER_KEY, {"owner": owner.pk, "key": key})
+
+
+def _job_read(where: str, params: dict[str, Any]) -> Job | None:
+    rows = execute_prepared(
+        sql.job_read_sql(columns=select_columns(Job, "jobs"), where=where), params
+    )
+    if not rows:
+        return None
     job = model_from_row(Job, rows[0])
     job.artefact_list = [  # type: ignore[attr-defined]
         Artefact(job_id=job.id, **artefact) for artefact in rows[0][-1]

@@ -175,17 +175,23 @@ VISIBLE_TO_CALLER = "(%(staff)s OR jobs.owner_id = %(owner)s)"
 JOB_VERSION = "SELECT jobs.version FROM jobs WHERE jobs.id = %(job_id)s AND " + VISIBLE_TO_CALLER
 
 
+# Which job a read finds: by id, if the caller may see it; or the job an owner made
+# under an idempotency key (jobs_owner_idempotency_uniq).
+JOB_BY_ID = "jobs.id = %(job_id)s AND " + VISIBLE_TO_CALLER
+JOB_BY_OWNER_KEY = "jobs.owner_id = %(owner)s AND jobs.idempotency_key = %(key)s"
+
+
 @functools.lru_cache(maxsize=4)
-def job_read_sql(*, columns: str) -> str:
+def job_read_sql(*, columns: str, where: str = JOB_BY_ID) -> str:
     """The job as the API shows it, in one statement: its `columns`, then its artefacts
-    as one JSON array in the body's order (kind, name); no row when the caller may not
-    see it."""
+    as one JSON array in the body's order (kind, name); no row when `where` (JOB_BY_ID
+    or JOB_BY_OWNER_KEY) finds none."""
     return (
         f"SELECT {columns}, (SELECT coalesce(json_agg(json_build_object("
         "'id', a.id, 'kind', a.kind, 'name', a.name, 'content_type', a.content_type, "
         "'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]') "
         "FROM artefacts a WHERE a.job_id = jobs.id) "
-        "FROM jobs WHERE jobs.id = %(job_id)s AND " + VISIBLE_TO_CALLER
+        f"FROM jobs WHERE {where}"
     )
 
 

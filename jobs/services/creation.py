@@ -35,7 +35,7 @@ from jobs.exceptions import (
     PayloadTooLargeError,
 )
 from jobs.models import Job
-from jobs.selectors import job_key_exists
+from jobs.selectors import job_get_by_key, job_key_exists
 from jobs.services.transitions import job_insert
 from jobs.states import Status
 from jobs.types import get_type
@@ -107,9 +107,9 @@ def job_create(
     2. One statement: INSERT ... ON CONFLICT DO NOTHING with the `created` entry, the
        event and NOTIFY jobs_pending (jobs.services.transitions.job_insert); the
        dispatcher publishes the job.
-    3. Nothing inserted: read the row by (owner, key). A different (type, params) under
-       the same key is a mismatch error; a key past its retention is released and the
-       insert runs again.
+    3. Nothing inserted: read the row by (owner, key), with its artefacts. A different
+       (type, params) under the same key is a mismatch error; a key past its retention
+       (or released meanwhile) is free, and the insert runs again.
     Returns (job, created).
     """
     spec = get_type(job_type) if isinstance(job_type, str) else None
@@ -150,8 +150,11 @@ def job_create(
             return candidate, True
         if idempotency_key is None:
             raise JobConflictError()  # only a job id collision inserts nothing: retry
-        # The key was taken: concurrent identical requests all read the one winner.
-        job = Job.objects.get(owner=owner, idempotency_key=idempotency_key)
+        # The key was taken: concurrent identical requests all read the one winner (with
+        # its artefacts, which the answer lists).
+        job = job_get_by_key(owner=owner, key=idempotency_key)
+        if job is None:
+            continue  # the key was released since the insert: it is free again
         if job.idempotency_expires_at and job.idempotency_expires_at <= now:
             job_release_idempotency_keys(job_ids=[job.id])
             continue

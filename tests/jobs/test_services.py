@@ -51,6 +51,41 @@ def test_same_key_same_params_returns_existing_job():
     assert job_events(first.id) == ["created"]
 
 
+def test_a_repeat_reads_the_job_and_its_artefacts_in_one_statement(django_assert_num_queries):
+    from jobs.services import artefact_save
+
+    owner = UserFactory()
+    job, _ = job_create(owner=owner, job_type="sim", params={"steps": 3}, idempotency_key="k1")
+    job_claim(job_id=job.id, locked_by="w")
+    artefact_save(job_id=job.id, kind="report", name="a.csv", data=b"x", fence=Fence("w", 1))
+    # The insert that finds the key taken, then one read of the job with its artefacts.
+    with django_assert_num_queries(2):
+        again, created = job_create(
+            owner=owner, job_type="sim", params={"steps": 3}, idempotency_key="k1"
+        )
+    assert (created, again.id, again.status) == (False, job.id, Status.RUNNING)
+    assert [(a.kind, a.name, a.size) for a in again.artefact_list] == [("report", "a.csv", 1)]
+
+
+def test_a_key_released_between_the_insert_and_the_read_makes_a_new_job():
+    owner = UserFactory()
+    old, _ = job_create(owner=owner, job_type="sim", params={}, idempotency_key="k")
+    released = []
+
+    def release_after_the_refused_insert(execute, sql, params, many, context):
+        rows = execute(sql, params, many, context)
+        if sql.startswith("WITH ins AS") and not rows and not released:
+            # What the expired-key sweep does, landing between the two statements.
+            released.append(Job.objects.filter(id=old.id).update(idempotency_key=None))
+        return rows
+
+    with connection.execute_wrapper(release_after_the_refused_insert):
+        new, created = job_create(owner=owner, job_type="sim", params={}, idempotency_key="k")
+    assert released == [1]
+    assert created is True and new.id != old.id
+    assert Job.objects.get(idempotency_key="k").id == new.id
+
+
 def test_same_key_other_params_is_a_mismatch_and_writes_nothing():
     owner = UserFactory()
     job_create(owner=owner, job_type="sim", params={"steps": 3}, idempotency_key="k1")
