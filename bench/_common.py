@@ -333,6 +333,15 @@ def install_signal_handlers() -> None:
         _SIGNALS_INSTALLED = True
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU so far of one process (from /proc), or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class Service:
     """A subprocess in its own process group (so its children stop with it), logging to
     bench/results/logs/<bench>-<role>.log, registered for stop_all()."""
@@ -397,14 +406,7 @@ class Service:
 
     def cpu_seconds(self) -> float:
         """User + system CPU so far of the live process tree (from /proc)."""
-        ticks = 0
-        for pid in self.pids():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                ticks += int(fields[11]) + int(fields[12])
-            except (OSError, IndexError, ValueError):
-                pass
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return sum(process_cpu_seconds(pid) or 0.0 for pid in self.pids())
 
     def sample_memory(self, interval: float = 0.2) -> None:
         """Keep peak_rss/peak_pss up to date in a background thread until stop()."""
@@ -487,13 +489,11 @@ class CpuSampler:
         return roles
 
     def _sample(self) -> None:
-        now, tick = time.time(), os.sysconf("SC_CLK_TCK")
+        now = time.time()
         for pid, role in self._roles().items():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
+            seconds = process_cpu_seconds(pid)
+            if seconds is None:
                 continue
-            seconds = (int(fields[11]) + int(fields[12])) / tick
             first = self._seen[pid][1] if pid in self._seen else seconds
             self._seen[pid] = (role, first, seconds)
         totals: dict[str, float] = {}
