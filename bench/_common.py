@@ -517,6 +517,11 @@ class CpuSampler:
         return {**spent, "total": round(sum(spent.values()), 3)}
 
 
+def by_role(spent: dict[str, float]) -> str:
+    """`CpuSampler.ms_per_item`'s figures as one line, the total left out."""
+    return " ".join(f"{role} {ms:.2f}" for role, ms in spent.items() if role != "total")
+
+
 def stop_all() -> None:
     for service in list(reversed(_SERVICES)):
         service.stop()

@@ -194,9 +194,10 @@ def main() -> int:
         ids = setup(scratch)
         auth = {"Authorization": f"Token {ids['token']}"}
         env = scratch.env()
+        roles = {}
         if not args.no_dispatcher:
-            common.start_dispatcher(bench=NAME, env=env)
-        _web, base = common.start_gunicorn(
+            roles["dispatcher"] = common.start_dispatcher(bench=NAME, env=env)
+        roles["gunicorn"], base = common.start_gunicorn(
             bench=NAME, env=env, workers=args.workers, probe="/api/v1/jobs", headers=auth
         )
         import requests
@@ -238,9 +239,14 @@ def main() -> int:
             ),
         ]
         figures: dict[str, dict[str, Any]] = {}
-        for label, spec in plan:
-            load(**{**shared, **spec, "seconds": 1.0})  # every worker has its connections
-            figures[label] = load(**{**shared, **spec, "seconds": args.seconds})
+        with common.CpuSampler(roles) as cpu:
+            for label, spec in plan:
+                load(**{**shared, **spec, "seconds": 1.0})  # every worker has its connections
+                began = time.time()
+                figures[label] = load(**{**shared, **spec, "seconds": args.seconds})
+                figures[label]["cpu_ms_per_req"] = cpu.ms_per_item(
+                    began, time.time(), figures[label]["requests"]
+                )
         if args.broker_down:
             # Connection refused at once: the request without its broker work.
             common.stop_all()
@@ -277,6 +283,14 @@ def print_figures(report: common.Report, figures: dict[str, dict[str, Any]]) -> 
                 + (f"  UNEXPECTED {f['statuses']}" if f["unexpected"] else ""),
                 label,
             )
+            if "cpu_ms_per_req" in f:
+                spent = {**f["cpu_ms_per_req"], "client": f["client_cpu_ms_per_req"]}
+                report.figure(
+                    f"{key}_cpu_ms_per_req",
+                    round(spent.pop("total") + spent["client"], 3),
+                    "CPU ms",
+                    "  CPU per request, " + common.by_role(spent),
+                )
     # (key, label, figure, field, baseline figure, its label, target ratio, higher is better)
     targets = [
         (

@@ -319,13 +319,13 @@ def measure(
         "drain_cpu_ms_per_job",
         drain["cpu_ms_per_job"]["total"],
         "CPU ms",
-        "drain CPU per job, " + _by_role(drain["cpu_ms_per_job"]),
+        "drain CPU per job, " + common.by_role(drain["cpu_ms_per_job"]),
     )
     report.figure(
         "raw_cpu_ms_per_task",
         raw_after["cpu_ms_per_task"]["total"],
         "CPU ms",
-        "raw Celery CPU per task, " + _by_role(raw_after["cpu_ms_per_task"]),
+        "raw Celery CPU per task, " + common.by_role(raw_after["cpu_ms_per_task"]),
     )
     report.figure("create_per_s", drain["create_per_s"], "jobs/s", "creation through job_create")
     capacity = min(drain["jobs_per_s"], drain["create_per_s"])
@@ -362,10 +362,6 @@ def measure(
         label="queue `default` empty at the end",
         ok=common.queue_depth(scratch.broker_url, JOB_QUEUE) == 0,
     )
-
-
-def _by_role(spent: dict[str, float]) -> str:
-    return " ".join(f"{role} {ms:.2f}" for role, ms in spent.items() if role != "total")
 
 
 def main() -> int:
