@@ -3,8 +3,9 @@
 The dispatcher calls `queue_depths_refresh()` every few seconds: it reads each
 primary queue's depth from RabbitMQ (a passive declare answers the message count
 without creating or changing anything) and caches it in Redis with a short TTL.
-The create view only reads that cache (one Redis GET, no broker round trip per
-request) and refuses with 429 when the job's queue is deeper than its limit.
+The create view only reads that cache (no broker round trip per request; a Redis GET
+at most once a second per process, see DEPTH_MEMO_SECONDS) and refuses with 429 when
+the job's queue is deeper than its limit.
 
 An unknown depth never refuses a job: no cache entry (dispatcher not running,
 entry expired), Redis down or the broker down all mean "accept". Backpressure
@@ -34,6 +35,12 @@ logger = logging.getLogger(__name__)
 
 # Per broker URL: (monotonic time, depths) of this process's last broker read.
 _last_read: dict[str, tuple[float, dict[str, int]]] = {}
+# How long a process answers a queue's depth from its own memory. The cache changes only
+# every TTL/3 seconds (the dispatcher's refresh), so a Redis GET per create bought no
+# freshness and cost a second Redis round trip per create beside the rate limiter's.
+DEPTH_MEMO_SECONDS = 1.0
+# Per (Redis URL, key): (monotonic time it expires, depth or None).
+_memo: dict[tuple[str, str], tuple[float, int | None]] = {}
 
 
 class BackpressureError(ApplicationError):
@@ -87,6 +94,8 @@ def queue_depths_refresh(*, min_interval: float | None = None) -> dict[str, int]
         logger.warning("queue depths not refreshed: broker unavailable (%s)", exc)
         return {}
     _last_read[settings.BROKER_URL] = (time.monotonic(), depths)
+    for name, depth in depths.items():
+        _remember(name, depth)
     if depths:
         try:
             pipe = redis_client().pipeline(transaction=False)
@@ -99,13 +108,30 @@ def queue_depths_refresh(*, min_interval: float | None = None) -> dict[str, int]
 
 
 def queue_depth_cached(queue: str) -> int | None:
-    """The cached depth of `queue`, or None when unknown (never cached, expired, Redis down)."""
+    """The cached depth of `queue`, or None when unknown (never cached, expired, Redis down).
+
+    Read from Redis at most every DEPTH_MEMO_SECONDS per process; a Redis that is down
+    is also asked again only then, so creates do not each wait for its timeout.
+    """
+    remembered = _memo.get((settings.REDIS_URL, _depth_key(queue)))
+    if remembered is not None and time.monotonic() < remembered[0]:
+        return remembered[1]
     try:
         raw: Any = redis_client().get(_depth_key(queue))
     except redis.RedisError:
         logger.warning("backpressure not applied: Redis unavailable", exc_info=True)
-        return None
-    return int(raw) if raw is not None else None
+        return _remember(queue, None)
+    return _remember(queue, int(raw) if raw is not None else None)
+
+
+def _remember(queue: str, depth: int | None) -> int | None:
+    _memo[(settings.REDIS_URL, _depth_key(queue))] = (time.monotonic() + DEPTH_MEMO_SECONDS, depth)
+    return depth
+
+
+def queue_depths_forget() -> None:
+    """Forget the depths this process remembers (tests that rewrite the cache)."""
+    _memo.clear()
 
 
 def backpressure_check(*, queue: str) -> None:

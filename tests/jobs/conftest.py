@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from jobs.backpressure import queue_depths_forget
 from jobs.redis_client import redis_client, redis_key
 from tests.factories import StaffFactory, UserFactory, client_for
 
@@ -35,9 +36,11 @@ def staff_api() -> APIClient:
 
 @pytest.fixture
 def clean_redis() -> Iterator[None]:
-    """Forget rate-limit buckets and cached queue depths, before and after the test."""
+    """Forget rate-limit buckets and cached queue depths (in Redis and in this process),
+    before and after the test."""
 
     def wipe() -> None:
+        queue_depths_forget()
         client = redis_client()
         for pattern in ("ratelimit", "queue-depth"):
             keys = list(client.scan_iter(redis_key(pattern, "*")))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.conf import settings as django_settings
 from kombu import Connection, Producer
 
+from jobs import backpressure
 from jobs.backpressure import queue_depth_cached, queue_depths_refresh
 from jobs.ratelimit import rate_limit_take
 from jobs.redis_client import redis_client, redis_key
@@ -144,6 +146,34 @@ def test_backpressure_still_answers_a_repeat_of_an_existing_job(broker, settings
     repeat = post(api, body)
     assert (created.status_code, repeat.status_code) == (201, 200)
     assert post(api, {**SIM, "idempotency_key": "new"}).status_code == 429
+
+
+def test_a_create_costs_one_redis_call_the_rate_limiters(monkeypatch, api):
+    client = redis_client()
+    commands: list[str] = []
+    real = client.execute_command
+
+    def counted(*args, **options):
+        commands.append(str(args[0]))
+        return real(*args, **options)
+
+    monkeypatch.setattr(client, "execute_command", counted)
+    assert post(api).status_code == 201
+    assert sorted(commands) == ["EVALSHA", "GET"]  # the bucket, the queue's depth
+    commands.clear()
+    assert post(api).status_code == 201
+    assert commands == ["EVALSHA"]  # the depth read a moment ago is remembered
+
+
+def test_a_depth_cached_by_another_process_counts_within_the_memo_time(monkeypatch):
+    monkeypatch.setattr(backpressure, "DEPTH_MEMO_SECONDS", 0.5)
+    key = redis_key("queue-depth", "sim")
+    redis_client().set(key, 7, ex=60)  # the dispatcher's refresh, in its own process
+    assert queue_depth_cached("sim") == 7
+    redis_client().set(key, 12, ex=60)  # its next refresh
+    assert queue_depth_cached("sim") == 7  # remembered
+    time.sleep(0.6)
+    assert queue_depth_cached("sim") == 12
 
 
 def test_unknown_depth_never_refuses(settings, api):
