@@ -151,7 +151,11 @@ def _publishable(rows: list[OutboxRow]) -> list[OutboxRow]:
     with connection.cursor() as cursor:
         cursor.execute(
             sql.OUTBOX_BLOCKERS,
-            {"job_ids": list({r.job_id for r in rows}), "ids": [r.id for r in rows]},
+            {
+                "job_ids": list({r.job_id for r in rows}),
+                "ids": [r.id for r in rows],
+                "below": max(r.id for r in rows),
+            },
         )
         blockers = dict(cursor.fetchall())
     kept: list[OutboxRow] = []
@@ -188,6 +192,7 @@ def outbox_relay_batch(*, limit: int = RELAY_BATCH) -> int:
     """
     with transaction.atomic():
         with connection.cursor() as cursor:
+            cursor.execute(sql.OUTBOX_CLAIM_PLAN)
             cursor.execute(sql.OUTBOX_CLAIM, {"limit": limit})
             rows = _publishable([OutboxRow(*row) for row in cursor.fetchall()])
         if not rows:

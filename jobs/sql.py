@@ -275,15 +275,26 @@ STALE_LOCKS = (
 # --- event outbox -------------------------------------------------------------------------
 
 # outbox_blockers: the lowest unpublished seq per job among rows this relay did not
-# claim (in flight in another relay, or beyond this claim's LIMIT); our rows at or above
-# it must wait, so that a job's events leave in seq order (jobs/events.py).
+# claim (in flight in another relay); our rows at or above it must wait, so that a
+# job's events leave in seq order (jobs/events.py). Only ids below the claim's highest
+# can block: a job's rows take ids in seq order. That bound keeps the scan to the part
+# of outbox_unpublished_idx the claim has just walked, instead of every unpublished row
+# behind it (a backlog was read whole again for each batch).
 OUTBOX_BLOCKERS = (
     "SELECT job_id, min(seq) FROM event_outbox "
-    "WHERE published_at IS NULL AND job_id = ANY(%(job_ids)b::uuid[]) "
+    "WHERE published_at IS NULL AND id < %(below)s AND job_id = ANY(%(job_ids)b::uuid[]) "
     "AND NOT (id = ANY(%(ids)b::bigint[])) "
     "GROUP BY job_id"
 )
 
+
+# outbox_claim_plan: run first in each relay transaction. Marking a row published
+# leaves its outbox_unpublished_idx entry behind until VACUUM. Only a plain index scan
+# flags such entries dead as it passes them, so that the next claim skips them; the
+# bitmap scan the planner picks for a LIMIT above its row estimate (always, with
+# RELAY_BATCH) flags nothing, and every claim visited every row published since the last
+# VACUUM: 4,000 heap tuples per claim after a 2,000-job drain, then 12 buffers instead.
+OUTBOX_CLAIM_PLAN = "SET LOCAL enable_bitmapscan = off"
 
 # outbox_claim: a relay's batch, unpublished rows in id order (outbox_unpublished_idx),
 # rows another relay holds skipped; the payload as the JSON text stored, published as is.
