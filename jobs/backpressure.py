@@ -95,7 +95,7 @@ def queue_depths_refresh(*, min_interval: float | None = None) -> dict[str, int]
         return {}
     _last_read[settings.BROKER_URL] = (time.monotonic(), depths)
     for name, depth in depths.items():
-        _remember(name, depth)
+        _remember(_depth_key(name), depth)
     if depths:
         try:
             pipe = redis_client().pipeline(transaction=False)
@@ -113,19 +113,20 @@ def queue_depth_cached(queue: str) -> int | None:
     Read from Redis at most every DEPTH_MEMO_SECONDS per process; a Redis that is down
     is also asked again only then, so creates do not each wait for its timeout.
     """
-    remembered = _memo.get((settings.REDIS_URL, _depth_key(queue)))
+    key = _depth_key(queue)
+    remembered = _memo.get((settings.REDIS_URL, key))
     if remembered is not None and time.monotonic() < remembered[0]:
         return remembered[1]
     try:
-        raw: Any = redis_client().get(_depth_key(queue))
+        raw: Any = redis_client().get(key)
     except redis.RedisError:
         logger.warning("backpressure not applied: Redis unavailable", exc_info=True)
-        return _remember(queue, None)
-    return _remember(queue, int(raw) if raw is not None else None)
+        return _remember(key, None)
+    return _remember(key, int(raw) if raw is not None else None)
 
 
-def _remember(queue: str, depth: int | None) -> int | None:
-    _memo[(settings.REDIS_URL, _depth_key(queue))] = (time.monotonic() + DEPTH_MEMO_SECONDS, depth)
+def _remember(key: str, depth: int | None) -> int | None:
+    _memo[(settings.REDIS_URL, key)] = (time.monotonic() + DEPTH_MEMO_SECONDS, depth)
     return depth
 
 
