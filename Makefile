@@ -32,7 +32,7 @@ run: migrate
 	$(MANAGE) collectstatic --noinput -v 0
 	$(MANAGE) bootstrap_admin
 	rm -rf var/prometheus && mkdir -p var/prometheus/web var/prometheus/worker_long \
-	  var/prometheus/worker_light var/prometheus/dispatcher
+	  var/prometheus/worker_light var/prometheus/dispatcher var/prometheus/publisher
 	$(BIN)/honcho start -f Procfile
 
 lint: install

@@ -14,6 +14,9 @@ next one:
    attempts are used up;
 3. the steps other modules own: the event outbox relay, audit checkpoints, the queue
    depths cache for backpressure, the dead-letter watcher.
+
+One process can do it all (`--role all`), or the publishing can run in a process of its
+own (`--role publish` beside `--role maintain`, as the Procfile does): see ROLES.
 """
 
 from __future__ import annotations
@@ -61,49 +64,131 @@ def _run_step(report: dict[str, Any], name: str, path: str) -> None:
         report[name] = {"error": repr(exc)}
 
 
-def dispatch_forever(*, interval: float, stop: threading.Event | None = None) -> None:
-    """Run the loop until `stop`.
+def dispatch_forever(
+    *, interval: float, stop: threading.Event | None = None, role: str = "all"
+) -> None:
+    """Run the steps of `role` (ROLES) until `stop`.
 
-    - Every step at least every `interval` seconds; again after BUSY_GAP_SECONDS while
-      the last loop found work (a backlog drains at speed, an idle dispatcher sleeps).
+    - Each step on its own clock: again after BUSY_GAP_SECONDS when it found work (a
+      backlog drains at speed), else after `interval`. A busy relay does not make the
+      reaper, the checkpoint and the watcher query twenty times a second.
     - The publish step as soon as NOTIFY jobs_pending says a job was created (DESIGN.md
-      3.5), also between the other steps of a loop: a new job waits for at most one
-      step, not for the loop.
+      3.5), also between the other steps: a new job waits for at most one step.
     """
     stop = stop or threading.Event()
-    log.info("dispatcher_started", interval=interval)
-    listener = PendingListener()
-
-    def publish_if_notified() -> None:
-        if listener.notified():
-            _run_step({}, *PUBLISH_STEPS[0])
-
-    next_full = 0.0
+    steps = role_steps(role)
+    _configured, listens, kind = ROLES[role]
+    log.info("dispatcher_started", interval=interval, role=role)
+    on_notify = NotifiedPublishing() if listens else None
+    due = dict.fromkeys((name for name, _path in steps), 0.0)
+    next_beat = 0.0
     while not stop.is_set():
-        if time.monotonic() >= next_full:
-            beat("dispatcher")
-            report = dispatch_once(between=publish_if_notified)
-            busy = any(isinstance(done, int) and done > 0 for done in report.values())
-            next_full = time.monotonic() + (min(BUSY_GAP_SECONDS, interval) if busy else interval)
+        now = time.monotonic()
+        if now >= next_beat:
+            beat(kind)
+            next_beat = now + min(interval, settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS)
+        ready = [(name, path) for name, path in steps if due[name] <= now]
+        if ready:
+            between = on_notify.between if on_notify is not None else None
+            report = dispatch_once(steps=ready, between=between)
+            for name, result in report.items():
+                gap = min(BUSY_GAP_SECONDS, interval) if found_work(result) else interval
+                due[name] = time.monotonic() + gap
+        until = min(min(due.values()), next_beat)
+        if on_notify is not None:
+            on_notify.publish()
+            on_notify.wait(until=until, stop=stop)
         else:
-            dispatch_once(steps=PUBLISH_STEPS)
-        listener.wait(until=next_full, stop=stop)
-    listener.close()
-    log.info("dispatcher_stopped")
+            stop.wait(max(0.0, until - time.monotonic()))
+    if on_notify is not None:
+        on_notify.listener.close()
+    log.info("dispatcher_stopped", role=role)
+
+
+def role_steps(role: str) -> list[tuple[str, str]]:
+    """The steps `run_dispatcher --role <role>` runs on its clock."""
+    configured = ROLES[role][0]
+    if configured is not None:
+        return configured
+    if role == "maintain":  # the fresh pending jobs are the publisher's
+        return [
+            (name, OVERDUE_PUBLISH if name == "publish" else path)
+            for name, path in settings.JOBOPS_DISPATCHER_STEPS
+        ]
+    return list(settings.JOBOPS_DISPATCHER_STEPS)
+
+
+def found_work(result: Any) -> bool:
+    """Whether a step's result says it did something (a count, or a dict of counts),
+    so that it may have more to do at once."""
+    if isinstance(result, dict):
+        return any(found_work(value) for value in result.values())
+    return isinstance(result, int) and not isinstance(result, bool) and result > 0
 
 
 # What a NOTIFY jobs_pending calls for: the new jobs, not the retries (those come due
 # by the clock and the loop's own publish step finds them).
 PUBLISH_STEPS = [("publish", "jobs.services.publishing.publish_pending_once")]
-# Between two loops that found work. Under a steady stream of new jobs the relay always
-# has events, so a loop without this gap would run every step back to back (reaper,
-# checkpoints, broker depths, watcher) and take the CPU the API needs; new jobs are
-# published on their NOTIFY meanwhile, and a backlog still drains a batch per loop.
+OVERDUE_PUBLISH = "jobs.services.publishing.publish_overdue_once"
+# `run_dispatcher --role`: (the loop's steps, None for every step of settings; whether
+# it LISTENs and publishes on NOTIFY; the heartbeat's kind, jobs.liveness).
+# - all: one process does everything (the default, enough for most deployments).
+# - publish: only publishing, so that a new job never waits behind a long step of the
+#   loop (an outbox batch under load takes tens of milliseconds): submit -> start.
+# - maintain: every step on its clock and no LISTEN; its publish step takes the pending
+#   jobs no publisher took within a second (none runs, or it is down), and retries.
+ROLES: dict[str, tuple[list[tuple[str, str]] | None, bool, str]] = {
+    "all": (None, True, "dispatcher"),
+    "publish": ([("publish", "jobs.services.publishing.publish_due_once")], True, "publisher"),
+    "maintain": (None, False, "dispatcher"),
+}
+# Between two runs of a step that found work: under a steady stream of new jobs the
+# relay always has events, and without a gap it would run back to back and take the
+# CPU the API needs; new jobs are published on their NOTIFY meanwhile, and a backlog
+# still drains a batch per run.
 BUSY_GAP_SECONDS = 0.05
+# At most one publish pass per this gap on NOTIFY (NotifiedPublishing): 50 passes a
+# second at most, whatever the rate of creation, for at most 20 ms more latency (a job
+# created after an idle gap goes out at once).
+PUBLISH_GAP_SECONDS = 0.02
 # How often a sleeping dispatcher looks at `stop` while it waits for a notification.
 STOP_CHECK_SECONDS = 0.25
 # How long to wait for the notifications that came with the first one.
 DRAIN_SECONDS = 0.001
+
+
+class NotifiedPublishing:
+    """Publishing on NOTIFY jobs_pending: at once, but at most one pass per
+    PUBLISH_GAP_SECONDS. A pass has a fixed cost (the claim, the confirm wait, the
+    mark, their audit and events); under a stream of creations the jobs created during
+    the gap go out together in one confirmed batch, and a job waits at most the gap."""
+
+    def __init__(self) -> None:
+        self.listener = PendingListener()
+        self.owed = False  # a notification no pass has answered yet
+        self.last = -PUBLISH_GAP_SECONDS
+
+    def publish(self) -> None:
+        """Run the pass if one is owed and the gap since the last one has passed. The
+        notifications that came meanwhile are taken first: this pass answers them."""
+        if self.owed and time.monotonic() - self.last >= PUBLISH_GAP_SECONDS:
+            self.listener.notified()
+            self.owed, self.last = False, time.monotonic()
+            _run_step({}, *PUBLISH_STEPS[0])
+
+    def between(self) -> None:
+        """Between two steps of the loop: take a notification, publish if due."""
+        if self.listener.notified():
+            self.owed = True
+        self.publish()
+
+    def wait(self, *, until: float, stop: threading.Event) -> None:
+        """Until a notification or `until`; while a pass is owed, only until the gap
+        has passed (the jobs created meanwhile need no wake-up of their own)."""
+        if self.owed:
+            stop.wait(max(0.0, min(until, self.last + PUBLISH_GAP_SECONDS) - time.monotonic()))
+        elif self.listener.wait(until=until, stop=stop):
+            self.owed = True
 
 
 class PendingListener:
@@ -129,13 +214,13 @@ class PendingListener:
                 self.close()
         return self.connection
 
-    def wait(self, *, until: float, stop: threading.Event) -> None:
-        """Return at the first notification (after draining the others), at `until`, or
-        soon after `stop` is set."""
+    def wait(self, *, until: float, stop: threading.Event) -> bool:
+        """Return True at the first notification (after draining the others), False at
+        `until` or soon after `stop` is set."""
         while not stop.is_set():
             remaining = until - time.monotonic()
             if remaining <= 0:
-                return
+                return False
             conn = self._connect()
             if conn is None:
                 stop.wait(min(remaining, STOP_CHECK_SECONDS))
@@ -145,10 +230,11 @@ class PendingListener:
                     # One wake-up for every job created meanwhile: drain the rest.
                     while self._notified(conn, timeout=DRAIN_SECONDS):
                         pass
-                    return
+                    return True
             except psycopg.Error as exc:
                 log.warning("dispatcher_listen_failed", error=repr(exc))
                 self.close()
+        return False
 
     def notified(self) -> bool:
         """Whether a job was created since the last look (without waiting)."""

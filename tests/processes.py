@@ -267,11 +267,16 @@ def celery_worker(
 
 @contextmanager
 def dispatcher_process(
-    *, interval: float = 0.2, env: dict[str, str] | None = None, name: str | None = None
+    *,
+    interval: float = 0.2,
+    env: dict[str, str] | None = None,
+    name: str | None = None,
+    role: str = "all",
 ) -> Iterator[Process]:
-    """Start `manage.py run_dispatcher --interval ...` and wait until it loops."""
+    """Start `manage.py run_dispatcher --interval ... --role ...` and wait until it loops."""
     name = name or f"d{uuid.uuid4().hex[:6]}"
     args = [sys.executable, "manage.py", "run_dispatcher", "--interval", str(interval)]
+    args += ["--role", role]
     process = Process(args, subprocess_env(**(env or {})), name)
     with _started(process, "dispatcher_started", 30) as dispatcher:
         yield dispatcher

@@ -96,7 +96,7 @@ def _back_off(job_id: str) -> float:
     return delay
 
 
-def publish_due_once(*, limit: int = 5000) -> int:
+def publish_due_once(*, limit: int = 5000, pending_after: float | None = None) -> int:
     """Publish `pending` and due `retrying` jobs in confirmed batches; returns how many.
 
     Each batch is one transaction: claim up to PUBLISH_BATCH rows with `FOR UPDATE SKIP
@@ -110,12 +110,14 @@ def publish_due_once(*, limit: int = 5000) -> int:
     unroutable) backs off while the rest of its batch is published. A broker that cannot
     be reached ends the pass (the rows stay as they were). The pending and the
     retrying pass run independently: one failing does not keep the other from running.
+    `pending_after`: only pending jobs at least this old (default
+    JOBOPS_DISPATCH_PENDING_AFTER_SECONDS).
     """
     published = 0
     errors: list[BaseException] = []
     for status in (Status.PENDING, Status.RETRYING):
         try:
-            published += _publish_pass(status, limit=limit - published)
+            published += _publish_pass(status, limit=limit - published, pending_after=pending_after)
         except Exception as exc:
             log.error("dispatcher_publish_pass_failed", status=str(status), error=repr(exc))
             errors.append(exc)
@@ -124,28 +126,45 @@ def publish_due_once(*, limit: int = 5000) -> int:
     return published
 
 
+def publish_overdue_once() -> int:
+    """`publish_due_once` for a dispatcher beside a publisher (`run_dispatcher --role
+    maintain`): the pending jobs the publisher has not taken within a second (it is
+    down, or none runs), not the ones it is about to publish in its next batch."""
+    return publish_due_once(
+        pending_after=max(settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS, OVERDUE_SECONDS)
+    )
+
+
+# How long a pending job is the publisher's before a maintaining dispatcher takes it.
+OVERDUE_SECONDS = 1.0
+
+
 def publish_pending_once(*, limit: int = 5000) -> int:
     """The pending pass of `publish_due_once` alone: what a NOTIFY jobs_pending (a job
     created or replayed) asks the dispatcher to publish."""
     return _publish_pass(Status.PENDING, limit=limit)
 
 
-def _due(status: str, *, limit: int) -> list[Job]:
+def _due(status: str, *, limit: int, pending_after: float | None = None) -> list[Job]:
     """Claim due rows of `status`, oldest first, skipping locked and backing-off rows
     (jobs.sql.due_jobs_sql; prepared: the dispatcher runs it after every NOTIFY)."""
     before = timezone.now()
     if status == Status.PENDING:
-        before -= timedelta(seconds=settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS)
+        if pending_after is None:
+            pending_after = settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS
+        before -= timedelta(seconds=pending_after)
     statement = sql.due_jobs_sql(status=str(status), columns=select_columns(Job, "jobs"))
     rows = execute_prepared(statement, {"before": before, "skip": _backing_off(), "limit": limit})
     return [model_from_row(Job, row) for row in rows]
 
 
-def _publish_pass(status: str, *, limit: int) -> int:
+def _publish_pass(status: str, *, limit: int, pending_after: float | None = None) -> int:
     published = 0
     while published < limit:
         with transaction.atomic():
-            jobs = _due(status, limit=min(PUBLISH_BATCH, limit - published))
+            jobs = _due(
+                status, limit=min(PUBLISH_BATCH, limit - published), pending_after=pending_after
+            )
             if not jobs:
                 return published
             known = [job for job in jobs if get_type(job.type) is not None]

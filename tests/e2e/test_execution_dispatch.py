@@ -13,10 +13,11 @@ import pytest
 from django.db import connection
 
 from audit.services import Actor
+from jobs.liveness import live_processes
 from jobs.models import DeadLetter, Job
 from jobs.services import job_cancel, publish_due_once, reap_once
 from tests import handlers
-from tests.factories import UserFactory, make_job
+from tests.factories import UserFactory, backdate, job_in_state, make_job
 from tests.polling import wait_for
 from tests.processes import (
     ROOT,
@@ -188,3 +189,27 @@ def test_a_listening_dispatcher_publishes_a_new_job_at_once_not_at_its_next_loop
             wait_for(lambda j=job: Job.objects.get(id=j.id).status == "queued", timeout=5)
             assert time.monotonic() - started < 1.0
     assert "dispatcher_listen_failed" not in dispatcher.log_text()
+
+
+def test_a_publisher_publishes_at_once_and_leaves_the_rest_to_the_maintaining_loop(settings):
+    """`run_dispatcher --role publish` answers NOTIFY alone (a job waits behind no
+    relay batch) and beats as a publisher; the reaper is not its work. `--role
+    maintain` never LISTENs, yet publishes on its clock and reaps."""
+    stale = job_in_state("running", worker="gone")
+    backdate(stale, locked_at=3600)
+    with dispatcher_process(interval=30, role="publish", name="publisher") as publisher:
+        wait_for(lambda: "dispatcher_listening" in publisher.log_text(), timeout=10)
+        started = time.monotonic()
+        job = make_job(job_type="sim", params={"steps": 1, "step_seconds": 0})
+        wait_for(lambda: Job.objects.get(id=job.id).status == "queued", timeout=5)
+        assert time.monotonic() - started < 1.0
+        beating = {kind: [p["pid"] for p in found] for kind, found in live_processes().items()}
+        assert publisher.pid in beating["publisher"]
+        assert publisher.pid not in beating.get("dispatcher", [])
+        time.sleep(0.5)
+        assert "reclaimed" not in job_events(stale.id)  # the reaper is not its work
+    with dispatcher_process(interval=0.2, role="maintain", name="maintainer") as maintainer:
+        later = make_job(job_type="sim", params={"steps": 1, "step_seconds": 0})
+        wait_for(lambda: Job.objects.get(id=later.id).status == "queued", timeout=5)
+        wait_for(lambda: "reclaimed" in job_events(stale.id), timeout=5)
+        assert "dispatcher_listening" not in maintainer.log_text()

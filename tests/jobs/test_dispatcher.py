@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import Counter
+
 import pytest
 from django.db import connection
 from kombu import Connection
 
-from jobs.dispatcher import dispatch_once
+from jobs.dispatcher import dispatch_forever, dispatch_once, found_work
 from jobs.models import DeadLetter, Job
 from jobs.services import job_publish, publish_due_once, reap_once
 from jobs.topology import JOBS_EXCHANGE
@@ -72,6 +76,28 @@ def test_dispatcher_publishes_due_retries_and_old_pending_jobs_only(broker, sett
     assert status[fresh.id] == "pending" and status[later.id] == "retrying"
 
 
+def test_beside_a_publisher_the_dispatcher_takes_only_what_the_publisher_left(broker, settings):
+    """`--role maintain` publishes pending jobs the publisher has not taken within
+    OVERDUE_SECONDS, and due retries; a fresh job is the publisher's next batch."""
+    from jobs.dispatcher import OVERDUE_PUBLISH, role_steps
+    from jobs.services.publishing import OVERDUE_SECONDS, publish_overdue_once
+
+    settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = 0
+    fresh = make_job()
+    left = make_job()
+    backdate(left, created_at=OVERDUE_SECONDS + 1)
+    due = job_in_state("retrying", retry_in=0)
+    assert publish_overdue_once() == 2
+    status = dict(Job.objects.values_list("id", "status"))
+    assert status[left.id] == "queued" and status[due.id] == "queued"
+    assert status[fresh.id] == "pending"
+    assert ("publish", OVERDUE_PUBLISH) in role_steps("maintain")
+    assert [name for name, _ in role_steps("maintain")] == [
+        name for name, _ in settings.JOBOPS_DISPATCHER_STEPS
+    ]
+    assert role_steps("all") == list(settings.JOBOPS_DISPATCHER_STEPS)
+
+
 def test_a_notify_publishes_the_new_jobs_and_leaves_due_retries_to_the_loop(broker, settings):
     from jobs.services.publishing import publish_pending_once
 
@@ -105,6 +131,90 @@ def test_a_failing_step_is_reported_and_the_loop_goes_on():
     )
     assert "error" in report["bad"]
     assert report["reap"] == {"reclaimed": 0, "worker_lost": 0}
+
+
+CALLS: Counter[str] = Counter()
+
+
+def busy_step() -> int:
+    CALLS["busy"] += 1
+    return 3
+
+
+def idle_step() -> dict[str, int]:
+    CALLS["idle"] += 1
+    return {"reclaimed": 0}
+
+
+def test_each_step_keeps_its_own_clock(settings):
+    """A step that found work runs again after the busy gap; one that found none waits
+    for the interval, however busy the others are (a steady relay must not make the
+    reaper, checkpoints and watcher run twenty times a second)."""
+    settings.JOBOPS_DISPATCHER_STEPS = [
+        ("busy", f"{__name__}.busy_step"),
+        ("idle", f"{__name__}.idle_step"),
+    ]
+    CALLS.clear()
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=dispatch_forever, kwargs={"interval": 0.5, "stop": stop, "role": "maintain"}
+    )
+    loop.start()
+    time.sleep(1.2)
+    stop.set()
+    loop.join(timeout=5)
+    assert not loop.is_alive()
+    assert CALLS["busy"] >= 8  # every 0.05 s
+    assert CALLS["idle"] in (2, 3)  # at 0, 0.5 and (unless the machine lags) 1.0 s
+
+
+PASSES: list[float] = []
+
+
+def counted_pass() -> int:
+    PASSES.append(time.monotonic())
+    return 1
+
+
+def test_notified_publishing_answers_at_once_then_batches_for_the_gap(monkeypatch):
+    """The first notification after a quiet spell is published at once; those that
+    follow within PUBLISH_GAP_SECONDS wait for one pass at the gap's end."""
+    import psycopg
+
+    from jobs import dispatcher
+    from jobs.sql import PENDING_CHANNEL
+
+    monkeypatch.setattr(dispatcher, "PUBLISH_STEPS", [("publish", f"{__name__}.counted_pass")])
+    monkeypatch.setattr(dispatcher, "PUBLISH_GAP_SECONDS", 0.3)
+    PASSES.clear()
+    on_notify = dispatcher.NotifiedPublishing()
+    stop = threading.Event()
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as sender:
+        assert on_notify.listener._connect() is not None
+
+        def notified_then_published() -> float:
+            sender.execute(f"NOTIFY {PENDING_CHANNEL}")
+            sent = time.monotonic()
+            while not PASSES or PASSES[-1] < sent:
+                on_notify.wait(until=time.monotonic() + 2, stop=stop)
+                on_notify.publish()
+            return PASSES[-1] - sent
+
+        try:
+            assert notified_then_published() < 0.1  # at once
+            assert 0.2 < notified_then_published() < 0.5  # at the end of the gap
+            time.sleep(0.4)
+            assert notified_then_published() < 0.1  # a quiet spell: at once again
+        finally:
+            on_notify.listener.close()
+    assert len(PASSES) == 3
+
+
+def test_a_step_found_work_when_it_counted_something():
+    assert found_work(2) and found_work({"reclaimed": 1, "worker_lost": 0})
+    assert not found_work(0) and not found_work({"reclaimed": 0}) and not found_work({})
+    assert not found_work(None) and not found_work(True) and not found_work({"error": "x"})
 
 
 @pytest.fixture

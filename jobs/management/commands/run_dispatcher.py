@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand
 from audit.db_roles import refuse_privileged_database_role
 from core.metrics import metrics_serve, multiprocess_dir_prune
 from core.tracing import configure_tracing, flush_tracing
-from jobs.dispatcher import dispatch_forever, dispatch_once
+from jobs.dispatcher import ROLES, dispatch_forever, dispatch_once, role_steps
 
 
 class Command(BaseCommand):
@@ -29,6 +29,13 @@ class Command(BaseCommand):
             default=settings.JOBOPS_DISPATCHER_INTERVAL_SECONDS,
             help="seconds between loops (default JOBOPS_DISPATCHER_INTERVAL_SECONDS)",
         )
+        parser.add_argument(
+            "--role",
+            choices=sorted(ROLES),
+            default="all",
+            help="all: every step (default); publish: only publish, at once on NOTIFY; "
+            "maintain: every step on the clock, no NOTIFY (beside a publisher)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         refuse_privileged_database_role()
@@ -37,13 +44,15 @@ class Command(BaseCommand):
             multiprocess_dir_prune()
             metrics_serve()
         if options["once"]:
-            self.stdout.write(json.dumps(dispatch_once(), default=str))
+            self.stdout.write(
+                json.dumps(dispatch_once(steps=role_steps(options["role"])), default=str)
+            )
             flush_tracing()
             return
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         try:
-            dispatch_forever(interval=options["interval"], stop=stop)
+            dispatch_forever(interval=options["interval"], stop=stop, role=options["role"])
         finally:
             flush_tracing()
