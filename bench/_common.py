@@ -601,14 +601,25 @@ def start_worker(
     return service
 
 
-def start_dispatcher(*, bench: str, env: dict[str, str], role: str = "dispatcher") -> Service:
-    """`manage.py run_dispatcher` as `make run` starts it."""
+def start_dispatcher(
+    *, bench: str, env: dict[str, str], role: str = "dispatcher", loop: str = "all"
+) -> Service:
+    """`manage.py run_dispatcher --role <loop>` (jobs.dispatcher.ROLES)."""
     return Service(
         bench=bench,
         role=role,
-        argv=[sys.executable, str(ROOT / "manage.py"), "run_dispatcher"],
+        argv=[sys.executable, str(ROOT / "manage.py"), "run_dispatcher", "--role", loop],
         env=env,
     )
+
+
+def start_dispatchers(*, bench: str, env: dict[str, str]) -> dict[str, Service]:
+    """The dispatcher as `make run` starts it (Procfile): the loop on the clock and the
+    publisher that answers NOTIFY; by role, as CpuSampler takes them."""
+    return {
+        "dispatcher": start_dispatcher(bench=bench, env=env, loop="maintain"),
+        "publisher": start_dispatcher(bench=bench, env=env, role="publisher", loop="publish"),
+    }
 
 
 def consumer_count(broker_url: str, queue: str) -> int:

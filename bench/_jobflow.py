@@ -241,7 +241,7 @@ def create_and_drain(
     queue: str = "default",
     concurrency: int = 2,
     prefetch: int = 3,
-    dispatcher: Service | None = None,
+    dispatchers: dict[str, Service] | None = None,
 ) -> dict[str, Any]:
     """Creation rate, then drain rate, of `jobs` no-op `ai` jobs; the dispatcher must
     be running (it publishes whatever the creating process leaves pending).
@@ -251,7 +251,7 @@ def create_and_drain(
        follows measures the workers, not the publishing.
     3. Start a worker, wait until all succeeded; jobs/s from the first `started` to
        the last `succeeded` (audit trail), the worker's peak memory, and the CPU ms
-       per job that each process spent in that window (worker, `dispatcher` when
+       per job that each process spent in that window (worker, the `dispatchers`
        given, PostgreSQL, RabbitMQ, Redis).
     """
     ids, create_seconds = create_jobs(jobs, owner=owner)
@@ -267,7 +267,7 @@ def create_and_drain(
     worker = start_worker(
         bench=bench, env=env, queues=queue, concurrency=concurrency, prefetch=prefetch
     )
-    roles = {"worker": worker, **({"dispatcher": dispatcher} if dispatcher else {})}
+    roles = {"worker": worker, **(dispatchers or {})}
     with CpuSampler(roles) as cpu:
         # At least a job a second, or something is stuck (a message routed elsewhere).
         wait_then_stop(

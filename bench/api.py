@@ -196,7 +196,7 @@ def main() -> int:
         env = scratch.env()
         roles = {}
         if not args.no_dispatcher:
-            roles["dispatcher"] = common.start_dispatcher(bench=NAME, env=env)
+            roles.update(common.start_dispatchers(bench=NAME, env=env))
         roles["gunicorn"], base = common.start_gunicorn(
             bench=NAME, env=env, workers=args.workers, probe="/api/v1/jobs", headers=auth
         )

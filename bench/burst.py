@@ -257,7 +257,7 @@ def main() -> int:
             probe="/api/v1/jobs",
             headers={"Authorization": f"Token {tokens[users[0]]}"},
         )
-        dispatcher = common.start_dispatcher(bench=NAME, env=env)
+        dispatchers = common.start_dispatchers(bench=NAME, env=env)
         worker = common.start_worker(bench=NAME, env=env, queues=QUEUE)
 
         burst = [
@@ -310,7 +310,7 @@ def main() -> int:
             statuses=("succeeded", "failed", "cancelled"),
             timeout=900,
             what="the accepted jobs to finish",
-            watch=[worker, dispatcher],
+            watch=[worker, *dispatchers.values()],
         )
         check_jobs(report, scratch, burst, retries, runs_key)
         report.write(scratch)

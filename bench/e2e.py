@@ -61,7 +61,7 @@ PROFILE_DIR = common.RESULTS_DIR / "e2e-profile"
 
 
 def run_raw(
-    scratch: common.Scratch, args: argparse.Namespace, dispatcher: common.Service
+    scratch: common.Scratch, args: argparse.Namespace, dispatchers: dict[str, common.Service]
 ) -> dict[str, Any]:
     """Raw Celery tasks/s (bench/_raw_celery.py), and the CPU ms per task by process."""
     import redis
@@ -84,7 +84,7 @@ def run_raw(
         role="raw-worker",
     )
     try:
-        with common.CpuSampler({"worker": worker, "dispatcher": dispatcher}) as cpu:
+        with common.CpuSampler({"worker": worker, **dispatchers}) as cpu:
             common.wait_until(
                 lambda: worker.check_alive() or int(client.get(f"{key}:done") or 0) >= args.jobs,
                 timeout=900,
@@ -103,10 +103,16 @@ def run_raw(
 
 
 def run_latency(
-    scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], per_s: float
+    scratch: common.Scratch,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    per_s: float,
+    dispatchers: dict[str, common.Service],
 ) -> dict[str, Any]:
     """Open loop at a fixed rate below capacity: the figures are the pipeline's
-    latency, not the wait in a queue that a saturating submitter would build."""
+    latency, not the wait in a queue that a saturating submitter would build. The CPU
+    per job of each process (this submitting one aside) says how close to saturation
+    the rate was: a tail grows long as the two cores fill."""
     from jobs.services import job_create
 
     owner = bench_user("bench-e2e")
@@ -115,18 +121,23 @@ def run_latency(
     )
     ids: list[str] = []
     interval, next_at = 1.0 / per_s, time.monotonic()
-    for _ in range(args.latency_jobs):
-        next_at += interval
-        job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
-        ids.append(str(job.id))
-        time.sleep(max(0.0, next_at - time.monotonic()))
-    wait_then_stop(
-        scratch, worker, job_ids=ids, status="succeeded", timeout=900, what="the latency jobs"
-    )
+    with common.CpuSampler({"worker": worker, **dispatchers}) as cpu:
+        first = time.time()
+        for _ in range(args.latency_jobs):
+            next_at += interval
+            job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
+            ids.append(str(job.id))
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        last = time.time()
+        wait_then_stop(
+            scratch, worker, job_ids=ids, status="succeeded", timeout=900, what="the latency jobs"
+        )
     to_start, to_done = start_times(scratch, ids)
     return {
         "jobs": len(ids),
         "submit_rate_per_s": round(per_s, 1),
+        # The steady state: while jobs came in at the rate.
+        "cpu_ms_per_job": cpu.ms_per_item(first, last, len(ids)),
         "submit_to_start": common.latency_summary(to_start),
         "submit_to_done": common.latency_summary(to_done),
         "peak_worker_rss_bytes": worker.peak_rss,
@@ -288,8 +299,8 @@ def measure(
 ) -> None:
     """Phases 1-4: raw Celery, drain, latency, memory."""
     # Running throughout, raw phases included, so that its polling loads both sides.
-    dispatcher = common.start_dispatcher(bench=NAME, env=env)
-    raw_before = run_raw(scratch, args, dispatcher)
+    dispatchers = common.start_dispatchers(bench=NAME, env=env)
+    raw_before = run_raw(scratch, args, dispatchers)
     drain = create_and_drain(
         scratch,
         bench=NAME,
@@ -299,9 +310,9 @@ def measure(
         queue=JOB_QUEUE,
         concurrency=args.concurrency,
         prefetch=args.prefetch,
-        dispatcher=dispatcher,
+        dispatchers=dispatchers,
     )
-    raw_after = run_raw(scratch, args, dispatcher)
+    raw_after = run_raw(scratch, args, dispatchers)
     raw_per_s = round((raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2, 1)
     report.extra("raw_celery", {"before": raw_before, "after": raw_after, "mean": raw_per_s})
     report.extra("jobops_drain", drain)
@@ -330,12 +341,19 @@ def measure(
     report.figure("create_per_s", drain["create_per_s"], "jobs/s", "creation through job_create")
     capacity = min(drain["jobs_per_s"], drain["create_per_s"])
     per_s = args.latency_rate or max(1.0, 0.5 * capacity)
-    latency = run_latency(scratch, args, env, per_s)
-    dispatcher.check_alive()
-    dispatcher.stop()
+    latency = run_latency(scratch, args, env, per_s, dispatchers)
+    for dispatcher in dispatchers.values():
+        dispatcher.check_alive()
+        dispatcher.stop()
     report.extra("jobops_latency", latency)
     start, done = latency["submit_to_start"], latency["submit_to_done"]
     report.figure("latency_rate", latency["submit_rate_per_s"], "jobs/s", "latency run rate")
+    report.figure(
+        "latency_cpu_ms_per_job",
+        latency["cpu_ms_per_job"]["total"],
+        "CPU ms",
+        "latency run CPU per job, " + common.by_role(latency["cpu_ms_per_job"]),
+    )
     report.figure("submit_to_start_p50_ms", start["p50_ms"], "ms", "submit -> start p50")
     report.target(
         "submit_to_start_p99_ms",
