@@ -33,7 +33,7 @@ from django.db import close_old_connections, connection
 from django.utils.module_loading import import_string
 
 from jobs import sql
-from jobs.liveness import beat
+from jobs.liveness import beat, beat_end
 
 log = structlog.get_logger("jobs.dispatcher")
 
@@ -102,6 +102,7 @@ def dispatch_forever(
             stop.wait(max(0.0, until - time.monotonic()))
     if on_notify is not None:
         on_notify.listener.close()
+    beat_end(kind)
     log.info("dispatcher_stopped", role=role)
 
 

@@ -43,6 +43,14 @@ def beat(kind: str, queues: tuple[str, ...] = ()) -> None:
         log.warning("heartbeat_failed", kind=kind, error=repr(exc))
 
 
+def beat_end(kind: str) -> None:
+    """A clean stop is not a missing beat: drop this process's key at once."""
+    try:
+        redis_client().delete(_key(kind))
+    except Exception as exc:
+        log.warning("heartbeat_end_failed", kind=kind, error=repr(exc))
+
+
 def missing_processes(found: dict[str, list[dict[str, Any]]]) -> list[str]:
     """What has no live process: the dispatcher, or a primary queue without a worker."""
     missing = [] if found.get("dispatcher") else ["dispatcher"]
@@ -94,7 +102,4 @@ class HeartbeatStep(bootsteps.StartStopStep):
     def stop(self, worker: Any) -> None:
         if self.tref is not None:
             self.tref.cancel()
-        try:
-            redis_client().delete(_key("worker"))  # a clean stop is not a missing beat
-        except Exception:
-            pass
+        beat_end("worker")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -11,6 +12,7 @@ from django.db import connection
 from kombu import Connection
 
 from jobs.dispatcher import dispatch_forever, dispatch_once, found_work
+from jobs.liveness import live_processes
 from jobs.models import DeadLetter, Job
 from jobs.services import job_publish, publish_due_once, reap_once
 from jobs.topology import JOBS_EXCHANGE
@@ -166,6 +168,8 @@ def test_each_step_keeps_its_own_clock(settings):
     assert not loop.is_alive()
     assert CALLS["busy"] >= 8  # every 0.05 s
     assert CALLS["idle"] in (2, 3)  # at 0, 0.5 and (unless the machine lags) 1.0 s
+    # Stopped cleanly, it no longer counts as a live dispatcher (other tests see none).
+    assert os.getpid() not in [p["pid"] for p in live_processes().get("dispatcher", [])]
 
 
 PASSES: list[float] = []
