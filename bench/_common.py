@@ -450,10 +450,19 @@ class CpuSampler:
     Roles are the given services' process trees and the servers of SERVER_ROLES, found
     by name: a run's whole cost, not only the part in Python. Sampled every `interval`
     in a background thread; a process counts from the first sample that sees it.
+    `this_process` names the role of the benchmark's own process, when it does part of
+    each item's work (submitting jobs, as an API worker would).
     """
 
-    def __init__(self, services: dict[str, Service], interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        services: dict[str, Service],
+        interval: float = 0.25,
+        *,
+        this_process: str | None = None,
+    ) -> None:
         self._services = services
+        self._this_process = this_process
         self._interval = interval
         self._seen: dict[int, tuple[str, float, float]] = {}  # pid -> (role, first, last)
         self._samples: list[tuple[float, dict[str, float]]] = []
@@ -486,6 +495,8 @@ class CpuSampler:
                     roles[int(entry.name)] = role
         for role, service in self._services.items():
             roles.update(dict.fromkeys(service.pids(), role))
+        if self._this_process:
+            roles[os.getpid()] = self._this_process
         return roles
 
     def _sample(self) -> None:

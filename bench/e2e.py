@@ -10,11 +10,16 @@ queue, jobops' consumer), scratch database and vhost `jobops_bench_e2e`:
    through `job_create` (creation rate, one at a time as one API worker would); once
    none is `pending` (published, confirmed), a worker starts; jobs/s = N / (first
    `started` -> last `succeeded`, from the audit trail).
-3. Latency: with the worker running, M jobs submitted at a fixed rate (half the
-   measured capacity unless --latency-rate); submit -> start and submit -> done
+3. Capacity: with the worker running, N jobs submitted back to back through
+   `job_create` (one submitter, as one API worker); jobs/s = N / (first created ->
+   last `succeeded`). This is the whole path of a submission (creation, publishing,
+   both transitions, the events) on the same cores; the drain leaves out creation
+   and publishing, and half of it was 80-90 % of this on two cores.
+4. Latency: with the worker running, M jobs submitted at a fixed rate (half the
+   capacity of 3 unless --latency-rate); submit -> start and submit -> done
    p50/p99 (issue 10: submit -> start p99 under 50 ms at half capacity).
-4. Peak worker memory (RSS and PSS over the worker's process tree).
-5. --profile: web (gunicorn), dispatcher and a solo-pool worker with the SQL trace
+5. Peak worker memory (RSS and PSS over the worker's process tree).
+6. --profile: web (gunicorn), dispatcher and a solo-pool worker with the SQL trace
    and the worker under cProfile; P jobs POSTed one at a time; prints statements,
    round trips and transactions per job per process, the most frequent statements,
    and where the worker's Python time goes. Raw traces and worker.prof stay in
@@ -42,8 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import _common as common
 from bench import _profiling
 from bench._jobflow import (
+    audit_times,
     bench_user,
     create_and_drain,
+    create_jobs,
+    created_times,
     start_times,
     status_counts,
     user_token,
@@ -102,6 +110,39 @@ def run_raw(
     }
 
 
+def run_capacity(
+    scratch: common.Scratch,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    dispatchers: dict[str, common.Service],
+) -> dict[str, Any]:
+    """The rate the whole path keeps up with: jobs created back to back while a worker
+    runs them, so that creating, publishing and running share the cores as they do in
+    production. The submitter's own CPU (an API worker's part) is counted too."""
+    owner = bench_user("bench-e2e")
+    worker = common.start_worker(
+        bench=NAME, env=env, queues=JOB_QUEUE, concurrency=args.concurrency, prefetch=args.prefetch
+    )
+    with common.CpuSampler({"worker": worker, **dispatchers}, this_process="submitter") as cpu:
+        ids, _seconds = create_jobs(args.jobs, owner=owner)
+        wait_then_stop(
+            scratch,
+            worker,
+            job_ids=ids,
+            status="succeeded",
+            timeout=max(300, args.jobs),
+            what="the capacity jobs",
+        )
+    first = min(created_times(scratch, ids).values())
+    last = max(audit_times(scratch, events=("succeeded",), job_ids=ids)["succeeded"].values())
+    return {
+        "jobs": len(ids),
+        "seconds": round(last - first, 3),
+        "jobs_per_s": common.rate(len(ids), last - first),
+        "cpu_ms_per_job": cpu.ms_per_item(first, last, len(ids)),
+    }
+
+
 def run_latency(
     scratch: common.Scratch,
     args: argparse.Namespace,
@@ -111,8 +152,8 @@ def run_latency(
 ) -> dict[str, Any]:
     """Open loop at a fixed rate below capacity: the figures are the pipeline's
     latency, not the wait in a queue that a saturating submitter would build. The CPU
-    per job of each process (this submitting one aside) says how close to saturation
-    the rate was: a tail grows long as the two cores fill."""
+    per job of each process (this submitting one included) says how close to
+    saturation the rate was: a tail grows long as the two cores fill."""
     from jobs.services import job_create
 
     owner = bench_user("bench-e2e")
@@ -121,7 +162,7 @@ def run_latency(
     )
     ids: list[str] = []
     interval, next_at = 1.0 / per_s, time.monotonic()
-    with common.CpuSampler({"worker": worker, **dispatchers}) as cpu:
+    with common.CpuSampler({"worker": worker, **dispatchers}, this_process="submitter") as cpu:
         first = time.time()
         for _ in range(args.latency_jobs):
             next_at += interval
@@ -339,8 +380,16 @@ def measure(
         "raw Celery CPU per task, " + common.by_role(raw_after["cpu_ms_per_task"]),
     )
     report.figure("create_per_s", drain["create_per_s"], "jobs/s", "creation through job_create")
-    capacity = min(drain["jobs_per_s"], drain["create_per_s"])
-    per_s = args.latency_rate or max(1.0, 0.5 * capacity)
+    capacity = run_capacity(scratch, args, env, dispatchers)
+    report.extra("jobops_capacity", capacity)
+    report.figure("capacity_per_s", capacity["jobs_per_s"], "jobs/s", "capacity, submit -> done")
+    report.figure(
+        "capacity_cpu_ms_per_job",
+        capacity["cpu_ms_per_job"]["total"],
+        "CPU ms",
+        "capacity run CPU per job, " + common.by_role(capacity["cpu_ms_per_job"]),
+    )
+    per_s = args.latency_rate or max(1.0, 0.5 * capacity["jobs_per_s"])
     latency = run_latency(scratch, args, env, per_s, dispatchers)
     for dispatcher in dispatchers.values():
         dispatcher.check_alive()
@@ -386,7 +435,9 @@ def main() -> int:
     parser = common.parser_for(__doc__)
     parser.add_argument("--jobs", type=int, help="jobs (and raw tasks) drained [2000]")
     parser.add_argument("--latency-jobs", type=int, help="jobs of the latency run [500]")
-    parser.add_argument("--latency-rate", type=float, default=0, help="jobs/s (0: half capacity)")
+    parser.add_argument(
+        "--latency-rate", type=float, default=0, help="jobs/s (0: half the capacity run's)"
+    )
     parser.add_argument("--concurrency", type=int, default=2, help="worker processes")
     parser.add_argument("--prefetch", type=int, default=3, help="prefetch multiplier")
     parser.add_argument("--profile", action="store_true", help="add the profile phase")
