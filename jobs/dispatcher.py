@@ -73,7 +73,8 @@ def dispatch_forever(
       backlog drains at speed), else after `interval`. A busy relay does not make the
       reaper, the checkpoint and the watcher query twenty times a second.
     - The publish step as soon as NOTIFY jobs_pending says a job was created (DESIGN.md
-      3.5), also between the other steps: a new job waits for at most one step.
+      3.5), also between the other steps: a new job waits for at most one step, or for
+      PUBLISH_GAP_SECONDS when a pass has just run (its batch goes out at the gap's end).
     """
     stop = stop or threading.Event()
     steps = role_steps(role)
