@@ -14,7 +14,7 @@ queue, jobops' consumer), scratch database and vhost `jobops_bench_e2e`:
    `job_create` (one submitter, as one API worker); jobs/s = N / (first created ->
    last `succeeded`). This is the whole path of a submission (creation, publishing,
    both transitions, the events) on the same cores; the drain leaves out creation
-   and publishing, and half of it was 80-90 % of this on two cores.
+   and publishing, and half of it was 60-90 % of this on two cores.
 4. Latency: with the worker running, M jobs submitted at a fixed rate (half the
    capacity of 3 unless --latency-rate); submit -> start and submit -> done
    p50/p99 (issue 10: submit -> start p99 under 50 ms at half capacity).
