@@ -110,6 +110,13 @@ def run_raw(
     }
 
 
+def _job_worker(args: argparse.Namespace, env: dict[str, str]) -> common.Service:
+    """The worker that runs the jobs of the capacity and latency phases."""
+    return common.start_worker(
+        bench=NAME, env=env, queues=JOB_QUEUE, concurrency=args.concurrency, prefetch=args.prefetch
+    )
+
+
 def run_capacity(
     scratch: common.Scratch,
     args: argparse.Namespace,
@@ -120,9 +127,7 @@ def run_capacity(
     runs them, so that creating, publishing and running share the cores as they do in
     production. The submitter's own CPU (an API worker's part) is counted too."""
     owner = bench_user("bench-e2e")
-    worker = common.start_worker(
-        bench=NAME, env=env, queues=JOB_QUEUE, concurrency=args.concurrency, prefetch=args.prefetch
-    )
+    worker = _job_worker(args, env)
     with common.CpuSampler({"worker": worker, **dispatchers}, this_process="submitter") as cpu:
         ids, _seconds = create_jobs(args.jobs, owner=owner)
         wait_then_stop(
@@ -157,9 +162,7 @@ def run_latency(
     from jobs.services import job_create
 
     owner = bench_user("bench-e2e")
-    worker = common.start_worker(
-        bench=NAME, env=env, queues=JOB_QUEUE, concurrency=args.concurrency, prefetch=args.prefetch
-    )
+    worker = _job_worker(args, env)
     ids: list[str] = []
     interval, next_at = 1.0 / per_s, time.monotonic()
     with common.CpuSampler({"worker": worker, **dispatchers}, this_process="submitter") as cpu:
@@ -335,6 +338,12 @@ def print_profile(summary: dict[str, Any]) -> None:
             print(f"      {row['own_s']:>7.3f} s {row['calls']:>8} calls  {row['function'][:90]}")
 
 
+def _cpu_figure(report: common.Report, name: str, label: str, spent: dict[str, float]) -> None:
+    """A CpuSampler.ms_per_item reading as one figure: the total, each process's share
+    in the label (the ratio's explanation, in every run)."""
+    report.figure(name, spent["total"], "CPU ms", f"{label}, " + common.by_role(spent))
+
+
 def measure(
     scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], report: common.Report
 ) -> None:
@@ -367,27 +376,16 @@ def measure(
         target=0.5,
     )
     # Where each side's CPU went in its window: the ratio's explanation, in every run.
-    report.figure(
-        "drain_cpu_ms_per_job",
-        drain["cpu_ms_per_job"]["total"],
-        "CPU ms",
-        "drain CPU per job, " + common.by_role(drain["cpu_ms_per_job"]),
-    )
-    report.figure(
-        "raw_cpu_ms_per_task",
-        raw_after["cpu_ms_per_task"]["total"],
-        "CPU ms",
-        "raw Celery CPU per task, " + common.by_role(raw_after["cpu_ms_per_task"]),
+    _cpu_figure(report, "drain_cpu_ms_per_job", "drain CPU per job", drain["cpu_ms_per_job"])
+    _cpu_figure(
+        report, "raw_cpu_ms_per_task", "raw Celery CPU per task", raw_after["cpu_ms_per_task"]
     )
     report.figure("create_per_s", drain["create_per_s"], "jobs/s", "creation through job_create")
     capacity = run_capacity(scratch, args, env, dispatchers)
     report.extra("jobops_capacity", capacity)
     report.figure("capacity_per_s", capacity["jobs_per_s"], "jobs/s", "capacity, submit -> done")
-    report.figure(
-        "capacity_cpu_ms_per_job",
-        capacity["cpu_ms_per_job"]["total"],
-        "CPU ms",
-        "capacity run CPU per job, " + common.by_role(capacity["cpu_ms_per_job"]),
+    _cpu_figure(
+        report, "capacity_cpu_ms_per_job", "capacity run CPU per job", capacity["cpu_ms_per_job"]
     )
     per_s = args.latency_rate or max(1.0, 0.5 * capacity["jobs_per_s"])
     latency = run_latency(scratch, args, env, per_s, dispatchers)
@@ -397,11 +395,8 @@ def measure(
     report.extra("jobops_latency", latency)
     start, done = latency["submit_to_start"], latency["submit_to_done"]
     report.figure("latency_rate", latency["submit_rate_per_s"], "jobs/s", "latency run rate")
-    report.figure(
-        "latency_cpu_ms_per_job",
-        latency["cpu_ms_per_job"]["total"],
-        "CPU ms",
-        "latency run CPU per job, " + common.by_role(latency["cpu_ms_per_job"]),
+    _cpu_figure(
+        report, "latency_cpu_ms_per_job", "latency run CPU per job", latency["cpu_ms_per_job"]
     )
     report.figure("submit_to_start_p50_ms", start["p50_ms"], "ms", "submit -> start p50")
     report.target(
