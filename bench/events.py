@@ -1,7 +1,8 @@
 """Benchmark: the outbox relay vs a raw batched confirmed publish (DESIGN.md 3.8).
 
 Scratch database and vhost `jobops_bench_events` with the real topology; a sink queue
-bound to `events.jobs` receives what the relay publishes (as `erp.events` does).
+bound to `events.jobs` receives what the relay publishes (as `erp.events` does where
+an ERP is configured; the scratch settings configure none).
 
 1. Fill `event_outbox` (COPY) with 4 events per job for --jobs jobs, round by round
    (event 1 of every job, then event 2, ...) as interleaved transitions write them.
@@ -154,12 +155,12 @@ def main() -> int:
             bodies=[payload.encode() for *_, payload in rows],
         )
         raw_per_s = common.rate(events, raw_seconds)
-        purge(scratch, SINK, "erp.events")
+        purge(scratch, SINK)
 
         # Warm-up: the relay's first call pays for imports and its broker connection.
         fill_outbox(scratch, outbox_rows(25))
         relay(scratch, 1)
-        purge(scratch, SINK, "erp.events")
+        purge(scratch, SINK)
 
         results: dict[str, Any] = {"raw_publish": {"seconds": raw_seconds, "per_s": raw_per_s}}
         for relays in (1, 2):
@@ -167,7 +168,6 @@ def main() -> int:
             fill_outbox(scratch, rows)
             seconds = relay(scratch, relays)
             counts = read_back(scratch, rows)
-            purge(scratch, "erp.events")  # the ERP bridge's queue gets a copy of each
             results[f"relays_{relays}"] = {
                 "seconds": round(seconds, 3),
                 "events_per_s": common.rate(events, seconds),

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import requests  # type: ignore[import-untyped]  # no stubs pinned (types-requests)
 import structlog
+from amqp.exceptions import NotFound
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Consumer, Producer
@@ -38,7 +39,7 @@ from core.broker import broker_connect
 from core.logging import log_context
 from core.redact import redact_url, redact_urls_in
 from jobs import metrics
-from jobs.topology import PARKED_QUEUE_NAME, erp_events_queue
+from jobs.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, erp_events_queue
 
 log = structlog.get_logger("jobs.erp_bridge")
 
@@ -188,15 +189,24 @@ def erp_bridge_run(
             url=url, producer=Producer(publish_channel), stop=stop, max_messages=max_messages
         )
         consume_channel = conn.channel()
-        # auto_declare=False: the queue and its binding belong to setup_topology; a
-        # missing queue fails here with 404 NOT_FOUND instead of being invented.
-        with Consumer(
+        # auto_declare=False: the queue and its binding belong to setup_topology, which
+        # declares them where JOBOPS_ERP_EVENTS_URL is set; a missing queue is an error
+        # here, not invented (events published before it existed went nowhere).
+        consumer = Consumer(
             consume_channel,
             queues=[erp_events_queue()],
             on_message=bridge.on_message,
             prefetch_count=1,
             auto_declare=False,
-        ):
+        )
+        try:
+            consumer.consume()
+        except NotFound as exc:
+            raise ImproperlyConfigured(
+                f"the queue {ERP_EVENTS_QUEUE_NAME} does not exist: run manage.py "
+                "setup_topology with JOBOPS_ERP_EVENTS_URL set"
+            ) from exc
+        with consumer:
             log.info("erp_bridge_started", url=redact_url(url))
             last_activity = time.monotonic()
             while not stop.is_set():

@@ -3,8 +3,9 @@
 Every transition writes an `EventOutbox` row in its own transaction
 (`jobs.services.transitions`). The relay publishes those rows to the topic exchange
 `events.jobs` (routing key `job.status.changed`, `message_id = event_id`, persistent,
-JSON, publisher confirms, `mandatory`) and marks them `published_at` only after the
-broker's confirm, in the transaction that holds the row locks:
+JSON, publisher confirms; `mandatory` where an ERP is configured) and marks them
+`published_at` only after the broker's confirm, in the transaction that holds the row
+locks:
 
 - a crash after the transition's commit and before the publish loses nothing: the row
   waits for the next relay run;
@@ -49,7 +50,7 @@ from core.broker import (
 )
 from jobs import metrics, sql
 from jobs.models import EventOutbox
-from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
+from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE, erp_configured
 
 log = structlog.get_logger("jobs.events")
 
@@ -70,12 +71,16 @@ class OutboxRow:
     body: str
 
 
-def event_publish(*, channel: Any, event: OutboxRow) -> None:
+def event_publish(*, channel: Any, event: OutboxRow, mandatory: bool) -> None:
     """Send one event on a confirm-mode channel (its confirm is awaited by the caller).
 
-    Persistent, JSON, `message_id = event_id`, headers job_id and seq. `mandatory`: an
-    event that no queue receives (topology missing) comes back as a basic.return,
-    counted as a failure instead of a silent success.
+    Persistent, JSON, `message_id = event_id`, headers job_id and seq. `mandatory`
+    where an ERP is configured: its queue `erp.events` must receive every event, so an
+    event that no queue receives (the queue missing) comes back as a basic.return,
+    counted as a failure instead of a silent success. Without an ERP, `events.jobs` is
+    plain publish-subscribe: a consumer binds a queue of its own to receive events, an
+    event nobody subscribed to is dropped by the broker, and the outbox table keeps
+    every event until it is pruned.
     """
     message = amqp.Message(
         event.body.encode("utf-8"),
@@ -92,7 +97,7 @@ def event_publish(*, channel: Any, event: OutboxRow) -> None:
     channel.send_method(
         spec.Basic.Publish,
         "Bssbb",
-        (0, EVENTS_EXCHANGE.name, EVENT_ROUTING_KEY, True, False),
+        (0, EVENTS_EXCHANGE.name, EVENT_ROUTING_KEY, mandatory, False),
         message,
     )
 
@@ -113,8 +118,9 @@ def events_publish(*, events: list[OutboxRow]) -> None:
     try:
         channel, confirms = confirm_channel(conn)
         _notice_blocked(conn)
+        mandatory = erp_configured()
         for event in events:
-            event_publish(channel=channel, event=event)
+            event_publish(channel=channel, event=event, mandatory=mandatory)
             confirms.published()
         try:
             confirms.wait(timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from kombu import Exchange, Queue, binding
 
 from jobs.types import primary_queue_names
@@ -102,6 +103,18 @@ def erp_events_queue() -> Queue:
     )
 
 
+def erp_configured() -> bool:
+    """Whether this deployment sends events to an ERP (JOBOPS_ERP_EVENTS_URL is set)."""
+    return bool(settings.JOBOPS_ERP_EVENTS_URL)
+
+
+def erp_queues() -> list[Queue]:
+    """The ERP bridge's queues, only where an ERP is configured: `erp.events` is durable
+    and unbounded, so without a bridge consuming it it would keep every event forever
+    (each one stored costs the broker about four times a routed-nowhere one)."""
+    return [erp_events_queue(), parked_queue()] if erp_configured() else []
+
+
 @dataclass
 class Topology:
     exchanges: list[Exchange] = field(default_factory=list)
@@ -116,7 +129,6 @@ def topology() -> Topology:
             *job_queues(),
             *(dead_letter_queue(q) for q in names),
             watch_queue(),
-            erp_events_queue(),
-            parked_queue(),
+            *erp_queues(),
         ],
     )

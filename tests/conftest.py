@@ -31,6 +31,7 @@ from kombu import Connection
 from psycopg.errors import DeadlockDetected
 
 from core.logging import formatter
+from jobs import topology
 from tests.factories import UserFactory, otp_login
 from tests.queues import topology_declare_and_purge
 
@@ -85,12 +86,23 @@ def amqp(broker: None) -> Iterator[Any]:
 
 
 @pytest.fixture
-def erp_queues(broker: None, settings: Any) -> None:
-    """Topology declared (erp.events and the ERP bridge's parked queue among it, both
-    empty); fast bridge timings."""
+def erp_queues(broker: None, settings: Any) -> Iterator[None]:
+    """An ERP configured: the topology with its queues (erp.events and the bridge's
+    parked queue), both empty, deleted afterwards so that no other test's events pile
+    up in them; fast bridge timings."""
+    settings.JOBOPS_ERP_EVENTS_URL = "http://erp.invalid/events"
     settings.JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS = 0.05
     settings.JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS = 0.2
     settings.JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS = 0.5
+    queues = topology.erp_queues()
+    with Connection(django_settings.BROKER_URL, connect_timeout=10) as conn:
+        for queue in queues:
+            queue(conn.channel()).declare()
+            queue(conn.channel()).purge()
+    yield
+    with Connection(django_settings.BROKER_URL, connect_timeout=10) as conn:
+        for queue in queues:
+            queue(conn.channel()).delete()
 
 
 @pytest.fixture

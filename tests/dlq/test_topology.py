@@ -5,19 +5,24 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from amqp.exceptions import PreconditionFailed
+from amqp.exceptions import NotFound, PreconditionFailed
 from django.conf import settings
 from kombu import Connection, Producer
 
 from jobs.topology import (
     DELIVERY_LIMIT,
+    ERP_EVENTS_QUEUE_NAME,
+    EVENT_ROUTING_KEY,
+    EVENTS_EXCHANGE,
     JOBS_EXCHANGE,
+    PARKED_QUEUE_NAME,
     WATCH_QUEUE_NAME,
     dlq_name,
+    erp_events_queue,
     job_queue,
     job_queues,
 )
-from tests.processes import run_manage
+from tests.processes import run_manage, subprocess_env
 from tests.queues import depth, get_one, get_one_or_none, wait_depth
 
 
@@ -59,6 +64,65 @@ def test_setup_topology_reports_a_conflicting_queue_without_a_traceback(broker):
     # The restored queue has the design's arguments again.
     with Connection(settings.BROKER_URL) as conn:
         job_queue("report")(conn.channel()).declare()
+
+
+def _exists(channel, queue: str) -> bool:
+    try:
+        channel.queue_declare(queue=queue, passive=True)
+    except NotFound:
+        return False
+    return True
+
+
+@pytest.fixture
+def no_erp_queues(broker):
+    """Neither ERP queue exists (a test vhost may hold them from an earlier run)."""
+    with Connection(settings.BROKER_URL) as conn:
+        for name in (ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME):
+            conn.channel().queue_delete(name)
+        yield conn
+        for name in (ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME):
+            conn.channel().queue_delete(name)
+
+
+def test_without_an_erp_no_queue_is_declared_to_keep_events(no_erp_queues):
+    """erp.events is durable and unbounded: with no bridge to consume it, it would keep
+    every event for ever."""
+    result = run_manage("setup_topology", env=subprocess_env(JOBOPS_ERP_EVENTS_URL=""))
+    assert result.returncode == 0, result.stderr
+    assert not _exists(no_erp_queues.channel(), ERP_EVENTS_QUEUE_NAME)
+    assert not _exists(no_erp_queues.channel(), PARKED_QUEUE_NAME)
+    assert ERP_EVENTS_QUEUE_NAME not in result.stderr  # nothing to warn about
+
+
+def test_with_an_erp_its_queues_are_declared_and_erp_events_gets_every_event(no_erp_queues):
+    result = run_manage(
+        "setup_topology", env=subprocess_env(JOBOPS_ERP_EVENTS_URL="http://erp.invalid/events")
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"declared queue {ERP_EVENTS_QUEUE_NAME}" in result.stdout
+    channel = no_erp_queues.channel()
+    assert _exists(channel, PARKED_QUEUE_NAME)
+    Producer(channel, exchange=EVENTS_EXCHANGE).publish(
+        {"marker": "bound"}, routing_key=EVENT_ROUTING_KEY, serializer="json", mandatory=True
+    )
+    assert "bound" in str(get_one(channel, ERP_EVENTS_QUEUE_NAME).body)
+
+
+def test_an_erp_queue_left_without_an_erp_is_reported_and_kept(no_erp_queues):
+    """Left from before (an ERP configured then): setup_topology says that nothing
+    consumes it and how to remove it, and leaves the decision and the events alone."""
+    channel = no_erp_queues.channel()
+    erp_events_queue()(channel).declare()
+    Producer(channel, exchange=EVENTS_EXCHANGE).publish(
+        {"marker": "old"}, routing_key=EVENT_ROUTING_KEY, serializer="json", mandatory=True
+    )
+    assert wait_depth(channel, ERP_EVENTS_QUEUE_NAME, 1) == 1
+    result = run_manage("setup_topology", env=subprocess_env(JOBOPS_ERP_EVENTS_URL=""))
+    assert result.returncode == 0, result.stderr
+    assert f"{ERP_EVENTS_QUEUE_NAME} exists and holds 1 event(s)" in result.stderr
+    assert f"rabbitmqctl delete_queue {ERP_EVENTS_QUEUE_NAME}" in result.stderr
+    assert depth(channel, ERP_EVENTS_QUEUE_NAME) == 1
 
 
 @pytest.mark.parametrize("queue", [q.name for q in job_queues()])

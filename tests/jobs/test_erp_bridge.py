@@ -11,6 +11,7 @@ import time
 
 import pytest
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from kombu import Connection
 
@@ -95,3 +96,12 @@ def test_a_client_error_is_parked_not_retried(erp_queues):
     assert parked.properties["message_id"] == event["event_id"]
     assert parked.headers["x-erp-status"] == 400
     assert parked.headers["x-erp-url"] == erp.url + "?***"
+
+
+def test_the_bridge_refuses_to_start_without_its_queue(broker):
+    """setup_topology declares erp.events only where an ERP is configured; a bridge
+    started against a broker without it says so instead of failing on a 404."""
+    with Connection(django_settings.BROKER_URL, connect_timeout=10) as conn:
+        conn.channel().queue_delete(ERP_EVENTS_QUEUE_NAME)
+    with pytest.raises(ImproperlyConfigured, match="setup_topology with JOBOPS_ERP_EVENTS_URL"):
+        erp_bridge_run(url="http://127.0.0.1:9/erp/events", idle_timeout=0.1)

@@ -259,18 +259,39 @@ def test_relay_command_relays_and_prunes(event_queue):
     assert outbox_prune(older_than=timezone.now()) == 0
 
 
-@pytest.mark.django_db
-def test_an_unroutable_event_is_an_error_and_nothing_is_marked(broker, monkeypatch):
-    """`mandatory`: with no queue bound the broker returns the event; the relay must not
-    count the (following) ack as a success."""
+@pytest.fixture
+def unbound_exchange(broker, monkeypatch):
+    """The relay publishes to an exchange of its own with no queue bound to it."""
     nowhere = Exchange(f"test.nowhere.{uuid.uuid4().hex[:6]}", type="topic", durable=False)
     with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
         nowhere(conn.channel()).declare()
-        try:
-            monkeypatch.setattr(jobs.events, "EVENTS_EXCHANGE", nowhere)
-            job = make_job()
-            with pytest.raises(jobs.events.EventPublishError, match="returned"):
-                outbox_relay_once()
-            assert EventOutbox.objects.get(job_id=job.id).published_at is None
-        finally:
-            nowhere(conn.channel()).delete()
+        monkeypatch.setattr(jobs.events, "EVENTS_EXCHANGE", nowhere)
+        yield
+        nowhere(conn.channel()).delete()
+
+
+@pytest.mark.django_db
+def test_with_an_erp_an_unroutable_event_is_an_error_and_nothing_is_marked(
+    unbound_exchange, settings
+):
+    """`mandatory` where an ERP is configured: its queue must get every event, so with
+    no queue bound the broker returns the event; the relay must not count the
+    (following) ack as a success."""
+    settings.JOBOPS_ERP_EVENTS_URL = "http://erp.invalid/events"
+    job = make_job()
+    with pytest.raises(jobs.events.EventPublishError, match="returned"):
+        outbox_relay_once()
+    assert EventOutbox.objects.get(job_id=job.id).published_at is None
+
+
+@pytest.mark.django_db
+def test_without_an_erp_an_event_nobody_subscribed_to_is_relayed_and_marked(
+    unbound_exchange, settings
+):
+    """Publish-subscribe: no queue bound means no subscriber, not a fault. The relay
+    must not stall on it (the outbox would grow for ever); the row is marked and
+    stays in the outbox until it is pruned."""
+    settings.JOBOPS_ERP_EVENTS_URL = ""
+    job = make_job()
+    assert outbox_relay_once() == 1
+    assert EventOutbox.objects.get(job_id=job.id).published_at is not None

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqp.exceptions import PreconditionFailed
+from amqp.exceptions import NotFound, PreconditionFailed
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from kombu import Connection
 
-from jobs.topology import topology
+from jobs.topology import ERP_EVENTS_QUEUE_NAME, erp_configured, topology
 
 
 class Command(BaseCommand):
@@ -28,9 +28,30 @@ class Command(BaseCommand):
                     channel = conn.channel()
                 else:
                     self.stdout.write(f"declared {type(entity).__name__.lower()} {entity.name}")
+            if not erp_configured():
+                self._warn_unconsumed_erp_queue(conn)
         if conflicts:
             raise CommandError(
                 "existing declarations differ from DESIGN.md 4 (arguments cannot change in "
                 "place; see README 'Changing queue arguments'):\n  " + "\n  ".join(conflicts)
             )
         self.stdout.write(self.style.SUCCESS("topology is in place"))
+
+    def _warn_unconsumed_erp_queue(self, conn: Connection) -> None:
+        """An `erp.events` declared before (an ERP configured then, or an older jobops)
+        still receives every event. Left alone: its events may still be wanted, and
+        deleting or unbinding it is the operator's decision."""
+        try:
+            _name, ready, _consumers = conn.channel().queue_declare(
+                queue=ERP_EVENTS_QUEUE_NAME, passive=True
+            )
+        except NotFound:
+            return
+        self.stderr.write(
+            self.style.WARNING(
+                f"{ERP_EVENTS_QUEUE_NAME} exists and holds {ready} event(s), but no ERP is "
+                "configured (JOBOPS_ERP_EVENTS_URL is not set): it receives every event and "
+                "nothing consumes it. Set JOBOPS_ERP_EVENTS_URL and run the bridge, or "
+                f"delete it: rabbitmqctl delete_queue {ERP_EVENTS_QUEUE_NAME}"
+            )
+        )
