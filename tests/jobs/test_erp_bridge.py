@@ -22,7 +22,7 @@ from jobs.models import EventOutbox
 from jobs.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, parked_queue
 from tests.erp_receiver import Receiver
 from tests.factories import job_in_state
-from tests.processes import free_port
+from tests.processes import free_port, run_manage
 
 pytestmark = pytest.mark.django_db
 
@@ -105,3 +105,8 @@ def test_the_bridge_refuses_to_start_without_its_queue(broker):
         conn.channel().queue_delete(ERP_EVENTS_QUEUE_NAME)
     with pytest.raises(ImproperlyConfigured, match="setup_topology with JOBOPS_ERP_EVENTS_URL"):
         erp_bridge_run(url="http://127.0.0.1:9/erp/events", idle_timeout=0.1)
+    # The command an operator types says it in one line, without a traceback.
+    result = run_manage("run_erp_bridge", "--once", "--url", "http://127.0.0.1:9/erp/events")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "erp.events does not exist: run manage.py setup_topology" in result.stderr

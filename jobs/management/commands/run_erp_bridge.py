@@ -5,7 +5,8 @@ import signal
 import threading
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
 
 from jobs.erp_bridge import erp_bridge_run
 
@@ -31,10 +32,13 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        counts = erp_bridge_run(
-            url=options["url"],
-            max_messages=options["max_messages"],
-            idle_timeout=options["idle"] if options["once"] else None,
-            stop=stop,
-        )
+        try:
+            counts = erp_bridge_run(
+                url=options["url"],
+                max_messages=options["max_messages"],
+                idle_timeout=options["idle"] if options["once"] else None,
+                stop=stop,
+            )
+        except ImproperlyConfigured as exc:  # no URL, no queue: say so, no traceback
+            raise CommandError(str(exc)) from exc
         self.stdout.write(json.dumps(counts))
