@@ -234,7 +234,7 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("reap", "jobs.services.reaper.reap_once"),
     ("outbox", "jobs.events.outbox_relay_once"),
     ("checkpoint", "audit.checkpoints.checkpoint_write_if_due"),
-    ("queue_depths", "jobs.backpressure.queue_depths_refresh"),
+    ("queue_depths", "jobs.backpressure.queue_depths_step"),
     ("dlq_watch", "dlq.watcher.watch_once"),
     # Background replays and discards (dlq/bulk.py): one chunk per loop.
     ("dlq_bulk", "dlq.bulk.bulk_operations_run_once"),

@@ -74,6 +74,16 @@ def queue_depths_read_broker() -> dict[str, int]:
     return {name: depth for name, depth in depths.items() if name in primaries}
 
 
+def queue_depths_step() -> dict[str, bool]:
+    """The dispatcher's step (settings.JOBOPS_DISPATCHER_STEPS): refresh the cache.
+
+    It reports whether it read the broker, not the depths: a depth is a level, not a
+    count of work done, and a deep queue is no reason to run the step again at once
+    (the loop reruns a step soon after it counted something; a flag counts nothing).
+    """
+    return {"broker_read": queue_depths_refresh_read()[0]}
+
+
 def queue_depths_refresh(*, min_interval: float | None = None) -> dict[str, int]:
     """Read the depths from RabbitMQ and cache them in Redis for the create view.
 
@@ -84,15 +94,21 @@ def queue_depths_refresh(*, min_interval: float | None = None) -> dict[str, int]
     Returns the depths read ({} when the broker is down; then the cache simply
     expires and creation falls back to accepting).
     """
+    return queue_depths_refresh_read(min_interval=min_interval)[1]
+
+
+def queue_depths_refresh_read(*, min_interval: float | None = None) -> tuple[bool, dict[str, int]]:
+    """queue_depths_refresh, and whether it read the broker (False: from memory, or
+    the broker is down)."""
     interval = settings.JOBOPS_QUEUE_DEPTH_TTL / 3 if min_interval is None else min_interval
     last = _last_read.get(settings.BROKER_URL)
     if last is not None and time.monotonic() - last[0] < interval:
-        return last[1]
+        return False, last[1]
     try:
         depths = queue_depths_read_broker()
     except (OSError, OperationalError, AMQPError) as exc:
         logger.warning("queue depths not refreshed: broker unavailable (%s)", exc)
-        return {}
+        return False, {}
     _last_read[settings.BROKER_URL] = (time.monotonic(), depths)
     for name, depth in depths.items():
         _remember(_depth_key(name), depth)
@@ -104,7 +120,7 @@ def queue_depths_refresh(*, min_interval: float | None = None) -> dict[str, int]
             pipe.execute()
         except redis.RedisError:
             logger.warning("queue depths not cached: Redis unavailable", exc_info=True)
-    return depths
+    return True, depths
 
 
 def queue_depth_cached(queue: str) -> int | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import structlog
@@ -77,16 +77,15 @@ def dispatch_forever(
       PUBLISH_GAP_SECONDS when a pass has just run (its batch goes out at the gap's end).
     """
     stop = stop or threading.Event()
-    steps = role_steps(role)
-    _configured, listens, kind = ROLES[role]
+    steps, spec = role_steps(role), ROLES[role]
     log.info("dispatcher_started", interval=interval, role=role)
-    on_notify = NotifiedPublishing() if listens else None
+    on_notify = NotifiedPublishing() if spec.listens else None
     due = dict.fromkeys((name for name, _path in steps), 0.0)
     next_beat = 0.0
     while not stop.is_set():
         now = time.monotonic()
         if now >= next_beat:
-            beat(kind)
+            beat(spec.kind)
             next_beat = now + min(interval, settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS)
         ready = [(name, path) for name, path in steps if due[name] <= now]
         if ready:
@@ -103,21 +102,15 @@ def dispatch_forever(
             stop.wait(max(0.0, until - time.monotonic()))
     if on_notify is not None:
         on_notify.listener.close()
-    beat_end(kind)
+    beat_end(spec.kind)
     log.info("dispatcher_stopped", role=role)
 
 
 def role_steps(role: str) -> list[tuple[str, str]]:
     """The steps `run_dispatcher --role <role>` runs on its clock."""
-    configured = ROLES[role][0]
-    if configured is not None:
-        return configured
-    if role == "maintain":  # the fresh pending jobs are the publisher's
-        return [
-            (name, OVERDUE_PUBLISH if name == "publish" else path)
-            for name, path in settings.JOBOPS_DISPATCHER_STEPS
-        ]
-    return list(settings.JOBOPS_DISPATCHER_STEPS)
+    spec = ROLES[role]
+    steps = settings.JOBOPS_DISPATCHER_STEPS if spec.steps is None else spec.steps
+    return [(name, spec.replace.get(name, path)) for name, path in steps]
 
 
 def found_work(result: Any) -> bool:
@@ -132,17 +125,30 @@ def found_work(result: Any) -> bool:
 # by the clock and the loop's own publish step finds them).
 PUBLISH_STEPS = [("publish", "jobs.services.publishing.publish_pending_once")]
 OVERDUE_PUBLISH = "jobs.services.publishing.publish_overdue_once"
-# `run_dispatcher --role`: (the loop's steps, None for every step of settings; whether
-# it LISTENs and publishes on NOTIFY; the heartbeat's kind, jobs.liveness).
+
+
+class Role(NamedTuple):
+    """What `run_dispatcher --role <name>` runs."""
+
+    steps: list[tuple[str, str]] | None  # the loop's steps; None: settings' steps
+    listens: bool  # LISTENs and publishes on NOTIFY jobs_pending
+    kind: str  # its heartbeat's kind (jobs.liveness)
+    replace: dict[str, str] = {}  # step name -> the path this role runs instead
+
+
 # - all: one process does everything (the default, enough for most deployments).
 # - publish: only publishing, so that a new job never waits behind a long step of the
 #   loop (an outbox batch under load takes tens of milliseconds): submit -> start.
 # - maintain: every step on its clock and no LISTEN; its publish step takes the pending
 #   jobs no publisher took within a second (none runs, or it is down), and retries.
-ROLES: dict[str, tuple[list[tuple[str, str]] | None, bool, str]] = {
-    "all": (None, True, "dispatcher"),
-    "publish": ([("publish", "jobs.services.publishing.publish_due_once")], True, "publisher"),
-    "maintain": (None, False, "dispatcher"),
+ROLES: dict[str, Role] = {
+    "all": Role(None, listens=True, kind="dispatcher"),
+    "publish": Role(
+        [("publish", "jobs.services.publishing.publish_due_once")],
+        listens=True,
+        kind="publisher",
+    ),
+    "maintain": Role(None, listens=False, kind="dispatcher", replace={"publish": OVERDUE_PUBLISH}),
 }
 # Between two runs of a step that found work: under a steady stream of new jobs the
 # relay always has events, and without a gap it would run back to back and take the

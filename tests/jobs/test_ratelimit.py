@@ -216,6 +216,28 @@ def test_refresh_reads_the_broker_at_most_every_min_interval(broker, settings):
             channel.queue_purge("erp")
 
 
+def test_the_dispatcher_step_reports_its_broker_read_not_the_depths(broker, settings, monkeypatch):
+    """A deep queue is a level, not work done: the loop must not rerun the step at
+    once because a queue holds messages (found_work counts, a flag counts nothing)."""
+    from jobs import backpressure
+    from jobs.dispatcher import found_work
+
+    monkeypatch.setattr(backpressure, "_last_read", {})
+    with Connection(settings.BROKER_URL, transport_options={"confirm_publish": True}) as conn:
+        channel = conn.channel()
+        channel.queue_purge("erp")
+        Producer(channel, exchange=JOBS_EXCHANGE).publish({}, routing_key="erp")
+        try:
+            first, again = backpressure.queue_depths_step(), backpressure.queue_depths_step()
+            assert (first, again) == ({"broker_read": True}, {"broker_read": False})
+            assert queue_depth_cached("erp") == 1
+            assert not found_work(first) and not found_work(again)
+        finally:
+            channel.queue_purge("erp")
+    settings.BROKER_URL = "amqp://guest:guest@127.0.0.1:1//"
+    assert backpressure.queue_depths_step() == {"broker_read": False}
+
+
 def test_refresh_with_the_broker_down_caches_nothing(settings):
     settings.BROKER_URL = "amqp://guest:guest@127.0.0.1:1//"
     assert queue_depths_refresh(min_interval=0) == {}
