@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.http import FileResponse, HttpResponseBase
+from django.http import FileResponse, HttpResponseBase, HttpResponseNotModified
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from django.utils.http import parse_etags
@@ -280,9 +280,9 @@ class JobDetailApi(APIView):
                 raise JobNotFoundError()
             etag = f'"{job_id}-{version}"'
             if _etag_matches(request, etag):
-                return Response(
-                    status=status.HTTP_304_NOT_MODIFIED,
-                    headers={"ETag": etag, "Cache-Control": CACHE_CONTROL},
+                # Django's response, not DRF's: a 304 has no body to negotiate or render.
+                return HttpResponseNotModified(
+                    headers={"ETag": etag, "Cache-Control": CACHE_CONTROL}
                 )
         job = job_get_for_user(job_id=job_id, user=request.user)
         return Response(
