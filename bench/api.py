@@ -8,6 +8,11 @@ for in the same run), driven by 16 client threads on plain sockets (see `load`):
 - `POST /bench/bare`: token auth + one INSERT, the floor every figure is set against;
 - `POST /api/v1/jobs`, a new idempotency key each request: target >= 0.5 x bare,
   p99 <= 2 x bare p99;
+- both POSTs again at one offered rate, half of what the create sustained (open loop,
+  latency from each request's due time): the create's p99 <= 2 x the bare p99. At
+  saturation 16 clients wait back to back, so each p99 is mostly queueing and the
+  p99 ratio restates the throughput ratio (Little's law); at the same rate it is
+  the latency a request adds;
 - `GET /api/v1/jobs/{id}` 200 (a job with 3 artefacts): target >= 1.0 x bare;
 - the same GET with `If-None-Match` (304): target >= 1.5 x the 200;
 - `POST /api/v1/jobs` repeating an existing key (200);
@@ -22,6 +27,7 @@ Usage: python bench/api.py [--workers 4] [--concurrency 16] [--seconds 8]
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import sys
@@ -55,8 +61,15 @@ def load(
     seconds: float,
     expect: int,
     body: Callable[[], Any] | None = None,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     """`concurrency` threads, each sending one request at a time, for `seconds`.
+
+    Without `rate` each thread sends its next request as soon as the last one is
+    answered (closed loop: the server's capacity). With `rate` the requests are due
+    at fixed times, `rate` per second, taken by whichever thread is free (open loop),
+    and a latency counts from the request's due time: a server that falls behind
+    shows its queue in the figures, not fewer requests.
 
     The client writes each request as prepared bytes on a plain socket and reads the
     answer to its end (gunicorn's sync workers close the connection after each one):
@@ -90,13 +103,23 @@ def load(
     barrier = threading.Barrier(concurrency + 1)
     stop_at = [0.0]
 
+    slots = itertools.count()
+
+    def due() -> float:
+        """When this thread's next request is due: now (closed loop) or its slot."""
+        if rate is None:
+            return time.perf_counter()
+        with lock:
+            at = stop_at[0] - seconds + next(slots) / rate
+        time.sleep(max(0.0, at - time.perf_counter()))
+        return at
+
     def client() -> None:
         mine: list[float] = []
         counts: Counter[int] = Counter()
         barrier.wait()
-        while time.perf_counter() < stop_at[0]:
+        while (began := due()) < stop_at[0]:
             data = request_bytes()
-            began = time.perf_counter()
             counts[_exchange(address, data)] += 1
             mine.append((time.perf_counter() - began) * 1000)
         with lock:
@@ -247,6 +270,12 @@ def main() -> int:
                 figures[label]["cpu_ms_per_req"] = cpu.ms_per_item(
                     began, time.time(), figures[label]["requests"]
                 )
+            # Latency at one offered load for both: half of what the create sustains.
+            at_rate = round(figures["create_post"]["req_per_s"] / 2, 1)
+            for label, spec in plan[:2]:
+                figures[f"{label}_at_rate"] = load(
+                    **{**shared, **spec, "seconds": args.seconds, "rate": at_rate}
+                )
         if args.broker_down:
             # Connection refused at once: the request without its broker work.
             common.stop_all()
@@ -273,6 +302,8 @@ def print_figures(report: common.Report, figures: dict[str, dict[str, Any]]) -> 
         ("get_304", "GET /api/v1/jobs/{id} 304"),
         ("repeat_post", "POST /api/v1/jobs (existing key)"),
         ("create_post_broker_down", "POST /api/v1/jobs, broker down"),
+        ("bare_post_at_rate", "POST /bench/bare, at half the create's rate"),
+        ("create_post_at_rate", "POST /api/v1/jobs, at half its rate"),
     ]:
         if key in figures:
             f = figures[key]
@@ -310,6 +341,16 @@ def print_figures(report: common.Report, figures: dict[str, dict[str, Any]]) -> 
             "p99_ms",
             "bare_post",
             "bare insert p99",
+            2.0,
+            False,
+        ),
+        (
+            "create_p99_vs_bare_p99_at_rate",
+            "POST p99 at half its rate",
+            "create_post_at_rate",
+            "p99_ms",
+            "bare_post_at_rate",
+            "bare p99, same rate",
             2.0,
             False,
         ),
