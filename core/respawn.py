@@ -5,10 +5,17 @@ group that died (a crash, an OOM kill) took web, the dispatcher and the other wo
 group down with it. Each worker group runs under this instead: its exit is logged and
 it starts again after a backoff (1 s, doubling to 30 s; back to 1 s once a run lasted a
 minute). SIGTERM/SIGINT are passed to the command, and then this exits with it.
+
+If this process is killed outright (SIGKILL: nothing to forward), the command gets
+SIGTERM from the kernel (PR_SET_PDEATHSIG) and shuts down warmly. Without it the
+command lived on unsupervised, outside the runner: a worker that kept taking jobs
+after `make run` was stopped, with whatever code it had started with.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -19,6 +26,21 @@ from types import FrameType
 MIN_BACKOFF = float(os.environ.get("RESPAWN_MIN_BACKOFF", "1"))
 MAX_BACKOFF = 30.0
 HEALTHY_RUN_SECONDS = 60.0
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _term_when_parent_dies(parent: int) -> None:
+    """In the child, before exec: SIGTERM once `parent` is gone (Linux; elsewhere the
+    command is simply not tied to this process)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(argv: list[str]) -> int:
@@ -39,9 +61,10 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     backoff = MIN_BACKOFF
+    parent = os.getpid()
     while True:
         started = time.monotonic()
-        child = subprocess.Popen(argv)
+        child = subprocess.Popen(argv, preexec_fn=functools.partial(_term_when_parent_dies, parent))
         code = child.wait()
         if stopping:
             return code

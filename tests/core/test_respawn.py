@@ -52,6 +52,35 @@ def test_sigterm_reaches_the_command_and_ends_the_loop():
     assert proc.returncode == 0 and "term" in out and "starting it again" not in out
 
 
+def test_a_command_whose_supervisor_is_killed_gets_sigterm_and_ends(tmp_path):
+    """SIGKILL leaves nothing to forward: the kernel tells the command instead, so no
+    worker lives on unsupervised, outside the runner."""
+    pid_file, term_file = tmp_path / "pid", tmp_path / "term"
+    child = (
+        "import os, signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(term_file)!r}, 'w').close(), "
+        "sys.exit(0)))\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    )
+    proc = _respawn(sys.executable, "-c", child)
+    wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=15)
+    command = int(pid_file.read_text())
+    proc.kill()
+    proc.wait(timeout=10)
+    wait_for(term_file.exists, timeout=10)  # it was told, and shut down its own way
+    wait_for(lambda: not _running(command), timeout=10)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (an exited process its new parent has not reaped yet does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 def test_honcho_keeps_the_other_processes_when_a_respawned_one_exits(tmp_path):
     procfile = tmp_path / "Procfile"
     procfile.write_text(
