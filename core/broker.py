@@ -152,14 +152,15 @@ def queue_depths(
     """
     depths: dict[str, int | None] = {}
     with broker_channel(connection) as channel:
+        conn = channel.connection  # a channel the broker closed no longer knows it
         for name in names:
             try:
                 _, count, _ = channel.queue_declare(queue=name, passive=True)
-            except channel.connection.channel_errors:
+            except conn.channel_errors:
                 # A 404 closes the channel: note nothing, carry on with a fresh one.
                 depths[name] = None
                 channel_close_quietly(channel)
-                channel = channel.connection.channel()
+                channel = conn.channel()
                 continue
             depths[name] = int(count)
         channel_close_quietly(channel)

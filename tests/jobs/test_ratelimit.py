@@ -238,6 +238,14 @@ def test_the_dispatcher_step_reports_its_broker_read_not_the_depths(broker, sett
     assert backpressure.queue_depths_step() == {"broker_read": False}
 
 
+def test_a_queue_the_broker_lacks_has_no_depth_and_the_others_are_still_read(broker):
+    from core.broker import queue_depths
+
+    depths = queue_depths(["erp", "no-such-queue", "sim", "nor-this-one"])
+    assert depths["no-such-queue"] is None and depths["nor-this-one"] is None
+    assert depths["erp"] == 0 and depths["sim"] == 0  # purged by the fixture
+
+
 def test_refresh_with_the_broker_down_caches_nothing(settings):
     settings.BROKER_URL = "amqp://guest:guest@127.0.0.1:1//"
     assert queue_depths_refresh(min_interval=0) == {}
