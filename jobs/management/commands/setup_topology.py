@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqp.exceptions import NotFound, PreconditionFailed
+from amqp.exceptions import PreconditionFailed
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from kombu import Connection
 
+from core.broker import queue_depths
 from jobs.topology import ERP_EVENTS_QUEUE_NAME, erp_configured, topology
 
 
@@ -41,11 +42,8 @@ class Command(BaseCommand):
         """An `erp.events` declared before (an ERP configured then, or an older jobops)
         still receives every event. Left alone: its events may still be wanted, and
         deleting or unbinding it is the operator's decision."""
-        try:
-            _name, ready, _consumers = conn.channel().queue_declare(
-                queue=ERP_EVENTS_QUEUE_NAME, passive=True
-            )
-        except NotFound:
+        ready = queue_depths([ERP_EVENTS_QUEUE_NAME], connection=conn)[ERP_EVENTS_QUEUE_NAME]
+        if ready is None:
             return
         self.stderr.write(
             self.style.WARNING(
