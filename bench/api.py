@@ -272,9 +272,9 @@ def main() -> int:
                 )
             # Latency at one offered load for both: half of what the create sustains.
             at_rate = round(figures["create_post"]["req_per_s"] / 2, 1)
-            for label, spec in plan[:2]:
+            for label in ("bare_post", "create_post"):
                 figures[f"{label}_at_rate"] = load(
-                    **{**shared, **spec, "seconds": args.seconds, "rate": at_rate}
+                    **{**shared, **dict(plan)[label], "seconds": args.seconds, "rate": at_rate}
                 )
         if args.broker_down:
             # Connection refused at once: the request without its broker work.
