@@ -4,7 +4,9 @@ Each schema bounds the work its params imply, not only each field: a handler mus
 able to finish within its type's soft time limit and in bounded memory, whatever a
 client sends. The bounds are the class attributes below (documented in the README);
 the serializer's `context["spec"]` is the job's type (jobs.types.JobType), for the
-bounds that depend on its time limit. Handlers receive the validated values.
+bounds that depend on its time limit, and `context["staff"]` whether the caller holds
+staff powers (staff with a verified second factor). Handlers receive the validated
+values.
 """
 
 from __future__ import annotations
@@ -77,13 +79,16 @@ class ReportParams(StrictParams):
     status = serializers.CharField(required=False, max_length=16)
     type = serializers.CharField(required=False, max_length=32)
     limit = serializers.IntegerField(min_value=1, max_value=100_000, default=1000)
-    # Staff only: every owner's jobs. Anyone else's report lists their own jobs only.
+    # Staff powers only: every owner's jobs. Anyone else's report lists their own jobs.
     all_owners = serializers.BooleanField(required=False, default=False)
 
     def validate_all_owners(self, value: bool) -> bool:
-        owner = self.context.get("owner")
-        if value and not getattr(owner, "is_staff", False):
-            raise serializers.ValidationError("Only staff may report on every owner's jobs.")
+        if value and not self.context.get("staff"):
+            raise serializers.ValidationError(
+                "Only staff with a verified second factor (a session that passed OTP, or "
+                "a token holding a grant from POST /api/v1/admin/otp) may report on "
+                "every owner's jobs."
+            )
         return value
 
 

@@ -1,7 +1,10 @@
-"""Reads for jobs. Visibility lives here: a job is its owner's, and staff see all.
+"""Reads for jobs. Visibility lives here: a job is its owner's, and a caller with staff
+powers sees all.
 
-Anyone else is answered as if the job did not exist (404, never 403), so that ids
-cannot be probed.
+Staff powers are the caller's `staff` argument, not `user.is_staff`: the API grants
+them only to staff with a verified second factor (core.api.permissions.staff_powers),
+so a staff token without an OTP grant sees what its plain user would. Anyone else is
+answered as if the job did not exist (404, never 403), so that ids cannot be probed.
 """
 
 from __future__ import annotations
@@ -25,27 +28,27 @@ from jobs.models import Artefact, DeadLetter, Job
 from jobs.states import Status
 
 
-def job_visible_queryset(*, user: Any) -> QuerySet[Job]:
+def job_visible_queryset(*, user: Any, staff: bool = False) -> QuerySet[Job]:
     jobs = Job.objects.all()
-    if not user.is_staff:
+    if not staff:
         jobs = jobs.filter(owner_id=user.pk)
     return jobs
 
 
-def _visibility(user: Any) -> dict[str, Any]:
-    return {"staff": bool(user.is_staff), "owner": user.pk}
+def _visibility(user: Any, staff: bool) -> dict[str, Any]:
+    return {"staff": bool(staff), "owner": user.pk}
 
 
-def job_version_for_user(*, job_id: uuid.UUID, user: Any) -> int | None:
+def job_version_for_user(*, job_id: uuid.UUID, user: Any, staff: bool = False) -> int | None:
     """The job's version (its ETag) or None: one indexed row, no body, no artefacts.
 
     This is all a conditional GET needs to answer 304.
     """
-    rows = execute_prepared(sql.JOB_VERSION, {"job_id": job_id, **_visibility(user)})
+    rows = execute_prepared(sql.JOB_VERSION, {"job_id": job_id, **_visibility(user, staff)})
     return rows[0][0] if rows else None
 
 
-def job_get_for_user(*, job_id: uuid.UUID, user: Any) -> Job:
+def job_get_for_user(*, job_id: uuid.UUID, user: Any, staff: bool = False) -> Job:
     """The job with its artefacts (the body lists them), or JobNotFoundError.
 
     One prepared statement (the API's most frequent read: building it through the ORM
@@ -53,7 +56,7 @@ def job_get_for_user(*, job_id: uuid.UUID, user: Any) -> Job:
     are kept as `job.artefact_list`, which the body serializer reads before
     `job.artefacts`.
     """
-    job = _job_read(sql.JOB_BY_ID, {"job_id": job_id, **_visibility(user)})
+    job = _job_read(sql.JOB_BY_ID, {"job_id": job_id, **_visibility(user, staff)})
     if job is None:
         raise JobNotFoundError()
     return job
@@ -81,12 +84,14 @@ def _job_read(where: str, params: dict[str, Any]) -> Job | None:
 def job_list_for_user(
     *,
     user: Any,
+    staff: bool = False,
     status: str | None = None,
     job_type: str | None = None,
     created_after: datetime | None = None,
 ) -> QuerySet[Job]:
-    """The caller's jobs (every job for staff), filtered; ordered by the paginator."""
-    jobs = job_visible_queryset(user=user).prefetch_related("artefacts")
+    """The caller's jobs (every job with staff powers), filtered; ordered by the
+    paginator."""
+    jobs = job_visible_queryset(user=user, staff=staff).prefetch_related("artefacts")
     if status:
         jobs = jobs.filter(status=status)
     if job_type:
@@ -96,10 +101,12 @@ def job_list_for_user(
     return jobs
 
 
-def artefact_get_for_user(*, job_id: uuid.UUID, artefact_id: uuid.UUID, user: Any) -> Artefact:
+def artefact_get_for_user(
+    *, job_id: uuid.UUID, artefact_id: uuid.UUID, user: Any, staff: bool = False
+) -> Artefact:
     """An artefact of a job the caller may see; another job's artefact id is not found."""
     artefact = Artefact.objects.filter(
-        id=artefact_id, job_id=job_id, job__in=job_visible_queryset(user=user)
+        id=artefact_id, job_id=job_id, job__in=job_visible_queryset(user=user, staff=staff)
     ).first()
     if artefact is None:
         raise JobNotFoundError("No such artefact.")

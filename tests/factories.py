@@ -72,8 +72,10 @@ def make_job(
     job_type: str = "sim",
     params: dict[str, Any] | None = None,
     key: str | None = None,
+    staff: bool = False,
 ) -> Job:
-    """A new `pending` job made by job_create (its `created` audit entry and event too).
+    """A new `pending` job made by job_create (its `created` audit entry and event too);
+    `staff`: made with staff powers (staff-only params).
 
     In a transactional test the job is published on commit like any other, and the
     publisher moves it to `queued` once the broker confirms.
@@ -83,6 +85,7 @@ def make_job(
         job_type=job_type,
         params=params if params is not None else {"steps": 2, "step_seconds": 0},
         idempotency_key=key,
+        staff=staff,
     )
     return job
 
@@ -192,6 +195,17 @@ def client_for(user: Any) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
     client.user = user
+    return client
+
+
+def client_with_grant(user: Any) -> APIClient:
+    """A token client for staff `user` whose token holds a live OTP grant (what a script
+    gets from POST /api/v1/admin/otp with the code its authenticator shows)."""
+    from core.api.otp import otp_grant_issue
+
+    client = client_for(user)
+    token = Token.objects.get(user=user)
+    otp_grant_issue(user=user, token_key=token.key, otp_token=totp_code(totp_device(user)))
     return client
 
 

@@ -33,14 +33,25 @@ def otp_verified(request: Request) -> bool:
     return False
 
 
+def staff_powers(request: Request) -> bool:
+    """Whether this request may use staff powers on the public API (every user's jobs,
+    cancelling them, staff-only params): active staff with a verified second factor.
+
+    A staff token without a live OTP grant is treated as its plain user, so a leaked
+    staff token is worth no more than any other user's. Non-staff callers cost nothing
+    here: the grant (a cache read) is looked up only for staff.
+    """
+    user = request.user
+    if not (user and user.is_authenticated and user.is_active and user.is_staff):
+        return False
+    return otp_verified(request)
+
+
 class StaffWithVerifiedOtp(BasePermission):
     """Active staff whose session or token passed a second factor."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        user = request.user
-        if not (user and user.is_authenticated and user.is_active and user.is_staff):
-            raise view.not_verified_error()
-        if not otp_verified(request):
+        if not staff_powers(request):
             raise view.not_verified_error()
         return True
 

@@ -28,6 +28,7 @@ from rest_framework.views import APIView
 
 from core.api.docs import REQUEST_ID, response_header
 from core.api.parsers import BoundedJSONParser
+from core.api.permissions import staff_powers
 from core.api.serializers import QueryFilterSerializer, StrictCharField
 from core.request_id import request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
@@ -150,6 +151,7 @@ class JobCreateApi(APIView):
             params=data["params"],
             idempotency_key=_idempotency_key(request, data.get("idempotency_key")),
             request_id=request_id_of(request),
+            staff=staff_powers(request),
         )
         headers = {"ETag": job.etag}
         if created:
@@ -214,7 +216,7 @@ class JobCursorPagination(CursorPagination):
 
 
 class JobListApi(APIView):
-    """GET /api/v1/jobs: the caller's jobs (all for staff), newest first."""
+    """GET /api/v1/jobs: the caller's jobs (all with staff powers), newest first."""
 
     pagination_class = JobCursorPagination
 
@@ -234,6 +236,7 @@ class JobListApi(APIView):
         filters.is_valid(raise_exception=True)
         jobs = job_list_for_user(
             user=request.user,
+            staff=staff_powers(request),
             status=filters.validated_data.get("status"),
             job_type=filters.validated_data.get("type"),
             created_after=filters.validated_data.get("created_after"),
@@ -274,8 +277,9 @@ class JobDetailApi(APIView):
         """1. With If-None-Match, read only the version (one indexed row): 304 if the
         client has it, nothing serialized. 2. Else the job with its artefacts, in one
         query, and the body."""
+        staff = staff_powers(request)
         if request.headers.get("If-None-Match"):
-            version = job_version_for_user(job_id=job_id, user=request.user)
+            version = job_version_for_user(job_id=job_id, user=request.user, staff=staff)
             if version is None:
                 raise JobNotFoundError()
             etag = f'"{job_id}-{version}"'
@@ -284,7 +288,7 @@ class JobDetailApi(APIView):
                 return HttpResponseNotModified(
                     headers={"ETag": etag, "Cache-Control": CACHE_CONTROL}
                 )
-        job = job_get_for_user(job_id=job_id, user=request.user)
+        job = job_get_for_user(job_id=job_id, user=request.user, staff=staff)
         return Response(
             job_body(job, request), headers={"ETag": job.etag, "Cache-Control": CACHE_CONTROL}
         )
@@ -301,7 +305,7 @@ class JobCancelApi(APIView):
         responses={200: JobOutputSerializer, **error_responses(401, 403, 404, 409)},
     )
     def post(self, request: Request, job_id: uuid.UUID) -> Response:
-        job = job_cancel_for_user(job_id=job_id, user=request.user)
+        job = job_cancel_for_user(job_id=job_id, user=request.user, staff=staff_powers(request))
         return Response(job_body(job, request), headers={"ETag": job.etag})
 
 
@@ -318,7 +322,9 @@ class JobArtefactApi(APIView):
         },
     )
     def get(self, request: Request, job_id: uuid.UUID, artefact_id: uuid.UUID) -> FileResponse:
-        artefact = artefact_get_for_user(job_id=job_id, artefact_id=artefact_id, user=request.user)
+        artefact = artefact_get_for_user(
+            job_id=job_id, artefact_id=artefact_id, user=request.user, staff=staff_powers(request)
+        )
         try:
             handle = artefact.file.open("rb")
         except FileNotFoundError as exc:

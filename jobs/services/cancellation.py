@@ -46,15 +46,19 @@ def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
             return Job.objects.get(id=job_id)
 
 
-def job_cancel_for_user(*, job_id: uuid.UUID | str, user: Any) -> Job:
-    """Cancel on behalf of `user` (the API): their own job, or any job they may see with
-    the operator's `jobs.cancel_job` permission. One visibility read; a job the user may
-    not see is not found (404, never 403, so ids cannot be probed)."""
+def job_cancel_for_user(*, job_id: uuid.UUID | str, user: Any, staff: bool = False) -> Job:
+    """Cancel on behalf of `user` (the API): their own job, or, with staff powers (staff
+    with a verified second factor) and the operator's `jobs.cancel_job` permission, any
+    job. One visibility read; a job the user may not see is not found (404, never 403,
+    so ids cannot be probed)."""
     owner_id = (
-        job_visible_queryset(user=user).filter(id=job_id).values_list("owner_id", flat=True).first()
+        job_visible_queryset(user=user, staff=staff)
+        .filter(id=job_id)
+        .values_list("owner_id", flat=True)
+        .first()
     )
     if owner_id is None:
         raise JobNotFoundError()
-    if owner_id != user.pk and not user.has_perm("jobs.cancel_job"):
+    if owner_id != user.pk and not (staff and user.has_perm("jobs.cancel_job")):
         raise JobCancelForbiddenError()
     return job_cancel(job_id=job_id, actor=Actor.user(user))

@@ -59,7 +59,9 @@ def validate_idempotency_key(key: str | None) -> str | None:
     return key
 
 
-def validate_params(job_type: str, params: Any, *, owner: Any = None) -> dict[str, Any]:
+def validate_params(
+    job_type: str, params: Any, *, owner: Any = None, staff: bool = False
+) -> dict[str, Any]:
     """Check type and params against the types table; return the params to store.
 
     What is stored (and what the handler receives) is the schema's validated value:
@@ -85,7 +87,8 @@ def validate_params(job_type: str, params: Any, *, owner: Any = None) -> dict[st
             f"params exceed {settings.JOBOPS_MAX_PAYLOAD_BYTES} bytes; "
             "pass large inputs by reference"
         )
-    serializer = spec.load_params_serializer()(data=params, context={"spec": spec, "owner": owner})
+    context = {"spec": spec, "owner": owner, "staff": staff}
+    serializer = spec.load_params_serializer()(data=params, context=context)
     if not serializer.is_valid():
         raise JobParamsInvalidError(details=serializer.errors)
     return dict(serializer.validated_data)
@@ -100,8 +103,13 @@ def job_create(
     request_id: str | None = None,
     correlation_id: str | None = None,
     actor: Actor | None = None,
+    staff: bool = False,
 ) -> tuple[Job, bool]:
     """Create a job, or return the one this idempotency key already made.
+
+    `staff` grants the staff-only params (e.g. a report on every owner's jobs): the API
+    passes its caller's staff powers (staff with a verified second factor), the command
+    line the owner's own staff flag (its caller already holds the host).
 
     1. Validate type, params and key (nothing is written for bad input).
     2. One statement: INSERT ... ON CONFLICT DO NOTHING with the `created` entry, the
@@ -116,7 +124,7 @@ def job_create(
     # A client-chosen type string never becomes a label: unknown types count as one.
     counter = partial(metrics.JOB_CREATE.labels, type=spec.name if spec else "unknown")
     try:
-        params = validate_params(job_type, params, owner=owner)
+        params = validate_params(job_type, params, owner=owner, staff=staff)
         idempotency_key = validate_idempotency_key(idempotency_key)
     except ApplicationError:
         counter(status="rejected").inc()
@@ -183,8 +191,10 @@ def job_submit(
     params: Any,
     idempotency_key: str | None = None,
     request_id: str | None = None,
+    staff: bool = False,
 ) -> tuple[Job, bool]:
-    """The API's create (DESIGN.md 6): `job_create` behind backpressure.
+    """The API's create (DESIGN.md 6): `job_create` behind backpressure; `staff` is the
+    caller's staff powers (see `job_create`).
 
     1. Backpressure: a queue known to be deeper than its limit refuses new work (429);
        a repeat of an existing key makes no new work and is answered anyway.
@@ -208,6 +218,7 @@ def job_submit(
             params=params,
             idempotency_key=idempotency_key,
             request_id=request_id,
+            staff=staff,
         )
     except IntegrityError as exc:
         raise JobConflictError() from exc

@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from jobs.backpressure import queue_depths_forget
 from jobs.redis_client import redis_client, redis_key
-from tests.factories import StaffFactory, UserFactory, client_for
+from tests.factories import StaffFactory, UserFactory, client_for, client_with_grant
 
 
 @pytest.fixture
@@ -31,6 +31,13 @@ def other_api() -> APIClient:
 
 @pytest.fixture
 def staff_api() -> APIClient:
+    """A staff token holding a live OTP grant: staff powers on the public API."""
+    return client_with_grant(StaffFactory())
+
+
+@pytest.fixture
+def staff_api_without_grant() -> APIClient:
+    """A staff token with no OTP grant: the public API treats it as its plain user."""
     return client_for(StaffFactory())
 
 

@@ -15,6 +15,7 @@ from tests.factories import (
     OperatorFactory,
     UserFactory,
     client_for,
+    client_with_grant,
     fence_of,
     job_in_state,
     make_job,
@@ -418,7 +419,7 @@ def test_staff_see_read_cancel_and_download_any_job(api, staff_api):
     assert staff_api.get(f"{JOBS}/{job.id}").status_code == 200
     assert staff_api.get(f"{JOBS}/{job.id}/artefacts/{artefact.id}").status_code == 200
     # Cancelling another user's job takes the operator's permission (test_permissions.py).
-    operator_api = client_for(OperatorFactory())
+    operator_api = client_with_grant(OperatorFactory())
     assert operator_api.post(f"{JOBS}/{job.id}/cancel").json()["status"] == "cancelled"
     assert [j["id"] for j in staff_api.get(JOBS).json()["results"]] == [str(job.id)]
 

@@ -6,18 +6,23 @@ import pytest
 from django.contrib.auth.models import Permission
 from django_celery_results.models import TaskResult
 from django_otp.plugins.otp_totp.models import TOTPDevice
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from dlq.errors import DeadLetterPermissionError
 from dlq.services import dead_letters_discard, dead_letters_replay
 from jobs.models import Job
+from jobs.services import artefact_save
 from jobs.states import Status
 from tests.factories import (
     OperatorFactory,
     StaffFactory,
     UserFactory,
     client_for,
+    client_with_grant,
     make_job,
     otp_login,
+    role_user,
 )
 
 pytestmark = pytest.mark.django_db
@@ -88,11 +93,69 @@ def test_replay_and_discard_need_their_permission():
 
 def test_staff_cancel_someone_elses_job_through_the_api_only_with_the_permission():
     job = make_job(owner=UserFactory())
-    refused = client_for(StaffFactory()).post(f"/api/v1/jobs/{job.id}/cancel")
+    refused = client_with_grant(StaffFactory()).post(f"/api/v1/jobs/{job.id}/cancel")
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "ERR-AUTH-403"
     assert Job.objects.get(id=job.id).status == Status.PENDING
-    allowed = client_for(OperatorFactory()).post(f"/api/v1/jobs/{job.id}/cancel")
+    allowed = client_with_grant(OperatorFactory()).post(f"/api/v1/jobs/{job.id}/cancel")
     assert allowed.status_code == 200 and allowed.json()["status"] == "cancelled"
     own = make_job(owner=(owner := UserFactory()))
     assert client_for(owner).post(f"/api/v1/jobs/{own.id}/cancel").status_code == 200
+
+
+def test_an_operator_token_without_a_second_factor_is_its_plain_user_on_the_public_api():
+    """Issue 25's reproduction: staff `olga` in `operator`, no TOTP device, a token; another
+    user's job. Without an OTP grant her token sees and cancels only her own jobs."""
+    olga = role_user("operator", username="olga")
+    job = make_job(owner=UserFactory(), job_type="sim")
+    artefact = artefact_save(job_id=job.id, kind="report", name="r.csv", data=b"x")
+    token_only = client_for(olga)
+    for call in (
+        token_only.post(f"/api/v1/jobs/{job.id}/cancel"),
+        token_only.get(f"/api/v1/jobs/{job.id}"),
+        token_only.get(f"/api/v1/jobs/{job.id}", HTTP_IF_NONE_MATCH=f'"{job.id}-1"'),
+        token_only.get(f"/api/v1/jobs/{job.id}/artefacts/{artefact.id}"),
+    ):
+        assert call.status_code == 404 and call.json()["error"]["code"] == "ERR-JOB-404"
+    assert token_only.get("/api/v1/jobs").json()["results"] == []
+    refused = token_only.post(
+        "/api/v1/jobs", {"type": "report", "params": {"all_owners": True}}, format="json"
+    )
+    assert refused.status_code == 422 and "all_owners" in refused.json()["error"]["details"]
+    stored = Job.objects.get(id=job.id)
+    assert stored.status == Status.PENDING and stored.cancel_requested is False
+    # Her own jobs stay hers, grant or not.
+    own = make_job(owner=olga)
+    assert token_only.get(f"/api/v1/jobs/{own.id}").status_code == 200
+
+
+def test_the_same_operator_with_a_live_grant_has_staff_powers():
+    olga = role_user("operator", username="olga")
+    job = make_job(owner=UserFactory(), job_type="sim")
+    granted = client_with_grant(olga)
+    assert granted.get(f"/api/v1/jobs/{job.id}").status_code == 200
+    assert [j["id"] for j in granted.get("/api/v1/jobs").json()["results"]] == [str(job.id)]
+    cancelled = granted.post(f"/api/v1/jobs/{job.id}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    wide = granted.post(
+        "/api/v1/jobs", {"type": "report", "params": {"all_owners": True}}, format="json"
+    )
+    assert wide.status_code == 201, wide.content
+
+
+def test_a_grant_ends_the_staff_powers_when_it_expires_or_its_token_changes():
+    olga = role_user("operator", username="olga")
+    job = make_job(owner=UserFactory(), job_type="sim")
+    granted = client_with_grant(olga)
+    assert granted.get(f"/api/v1/jobs/{job.id}").status_code == 200
+    Token.objects.filter(user=olga).delete()  # rotated: the new token holds no grant
+    assert client_for(olga).get(f"/api/v1/jobs/{job.id}").status_code == 404
+
+
+def test_a_staff_session_that_passed_otp_has_staff_powers_and_one_that_did_not_has_none():
+    job = make_job(owner=UserFactory(), job_type="sim")
+    verified = otp_login(APIClient(), role_user("operator"))
+    assert verified.get(f"/api/v1/jobs/{job.id}").status_code == 200
+    password_only = APIClient()
+    password_only.force_login(role_user("operator"))
+    assert password_only.get(f"/api/v1/jobs/{job.id}").status_code == 404
