@@ -11,18 +11,38 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
-from django_otp.admin import OTPAdminSite
+from django_otp import devices_for_user
+from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 
 from core.admin_base import ReadOnlyAdmin
+from core.otp_devices import verification_wait
 from dlq.dashboard import dashboard_overview
 
 
+class LoginForm(OTPAdminAuthenticationForm):
+    """Password + OTP, as django-otp asks; while every device of the user is throttled
+    after wrong codes, the form says how long to wait instead of "invalid token"."""
+
+    def clean_otp(self, user: Any) -> None:
+        if user is not None and self.cleaned_data.get("otp_token"):
+            wait = verification_wait(devices_for_user(user, confirmed=True))
+            if wait is not None:
+                raise forms.ValidationError(
+                    f"Too many wrong codes in a row: codes are not checked for now, even "
+                    f"a correct one. Try again in {wait} second{'s' if wait != 1 else ''}.",
+                    code="otp_throttled",
+                )
+        super().clean_otp(user)
+
+
 class JobopsAdminSite(OTPAdminSite):
+    login_form = LoginForm
     site_header = "jobops operations"
     site_title = "jobops"
     index_title = "Dashboard"
@@ -54,6 +74,19 @@ class JobopsAdminSite(OTPAdminSite):
             "overview": dashboard_overview(),
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
         }
+
+
+def login_locked_out(
+    request: HttpRequest, original_response: Any = None, credentials: Any = None
+) -> HttpResponse:
+    """django-axes' answer to a locked-out login (AXES_LOCKOUT_CALLABLE): the portal's
+    page saying how long to wait, 429 with Retry-After."""
+    minutes = int(settings.JOBOPS_LOGIN_LOCKOUT_MINUTES)
+    context = {**admin.site.each_context(request), "title": "Signing in is paused"}
+    context["minutes"] = minutes
+    response = TemplateResponse(request, "admin/login_locked_out.html", context, status=429)
+    response["Retry-After"] = str(minutes * 60)
+    return response.render()
 
 
 class ReadOnlyThirdPartyAdmin(ReadOnlyAdmin):

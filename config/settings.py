@@ -6,6 +6,7 @@ DEBUG off, `check_production_safety` refuses to start on an unsafe default.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,9 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and ReDoc served from here (offline docs)
     "django_celery_results",
     "django_prometheus",
+    # Portal login throttling: failed passwords counted per user and per address in the
+    # database (every web host sees the same counts).
+    "axes",
     "audit",
     "jobs",
     "dlq",
@@ -64,7 +68,15 @@ MIDDLEWARE = [
     "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Answers a login refused for a lockout with the lockout page (AXES_LOCKOUT_CALLABLE).
+    "axes.middleware.AxesMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+# AxesStandaloneBackend refuses a locked-out user or address before any password check.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -369,6 +381,26 @@ configure_structlog()
 # every log line like passwords and tokens are (comma-separated, e.g. "phone,iban").
 LOG_MASK_FIELDS = env_list("LOG_MASK_FIELDS", [])
 configure_masking(LOG_MASK_FIELDS)
+
+# --- portal login throttling (django-axes) ------------------------------------------
+# JOBOPS_LOGIN_FAILURE_LIMIT wrong passwords in a row for one username, or from one
+# address, lock that username or address out of the portal login for
+# JOBOPS_LOGIN_LOCKOUT_MINUTES, counted from the last failure (a failure during the
+# lockout starts it again); a successful login clears the count. Audited on the ops
+# chain (`login_locked_out`, `login_unlocked`); `manage.py login_unlock` ends one early.
+AXES_FAILURE_LIMIT = env_int("JOBOPS_LOGIN_FAILURE_LIMIT", 5)
+JOBOPS_LOGIN_LOCKOUT_MINUTES = env_int("JOBOPS_LOGIN_LOCKOUT_MINUTES", 15)
+AXES_COOLOFF_TIME = timedelta(minutes=JOBOPS_LOGIN_LOCKOUT_MINUTES)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "config.admin_site.login_locked_out"
+# Behind a reverse proxy REMOTE_ADDR is the proxy's, and one attacker would lock every
+# operator out: name the request header the proxy sets to the client's address (e.g.
+# HTTP_X_REAL_IP, or HTTP_X_FORWARDED_FOR whose last entry the proxy appended).
+JOBOPS_CLIENT_IP_HEADER = env_str("JOBOPS_CLIENT_IP_HEADER", "")
+AXES_CLIENT_IP_CALLABLE = "core.client_ip.client_ip"
+# Typed usernames and addresses stay out of axes' own log lines.
+AXES_SENSITIVE_PARAMETERS = ["username", "ip_address"]
 
 OTP_TOTP_ISSUER = "jobops"
 # No device secret (TOTP key, QR code) is ever shown in the portal, not even to

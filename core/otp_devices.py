@@ -8,10 +8,13 @@ portal, which shows no secret (OTP_ADMIN_HIDE_SENSITIVE_DATA).
 from __future__ import annotations
 
 import io
+import math
+from collections.abc import Iterable
 from typing import Any
 
 import qrcode
 from django.db import transaction
+from django.utils import timezone
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
@@ -46,6 +49,24 @@ def backup_tokens_issue(*, user: Any, count: int = 10) -> list[str]:
     tokens = [StaticToken.random_token() for _ in range(count)]
     StaticToken.objects.bulk_create(StaticToken(device=device, token=t) for t in tokens)
     return tokens
+
+
+def verification_wait(devices: Iterable[Any]) -> int | None:
+    """Seconds until one of `devices` accepts a code again, or None when one does now.
+
+    django-otp throttles a device after wrong codes (a delay that doubles with each);
+    while it does, even the right code is refused. Callers say so, and when to retry,
+    instead of calling a correct code wrong.
+    """
+    waits = []
+    for device in devices:
+        allowed, extra = device.verify_is_allowed()
+        if allowed:
+            return None
+        locked_until = (extra or {}).get("locked_until")
+        seconds = (locked_until - timezone.now()).total_seconds() if locked_until else 1
+        waits.append(max(1, math.ceil(seconds)))
+    return min(waits) if waits else None
 
 
 def qr_text(data: str) -> str:

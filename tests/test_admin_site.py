@@ -10,7 +10,15 @@ from django_celery_results.models import GroupResult, TaskResult
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 
 from dlq.dashboard import CACHE_KEY, dashboard_overview
-from tests.factories import job_failed, make_job, otp_login, role_user, totp_device
+from tests.factories import (
+    StaffFactory,
+    job_failed,
+    make_job,
+    otp_login,
+    role_user,
+    totp_code,
+    totp_device,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -117,3 +125,22 @@ def test_otp_devices_are_hidden_from_staff_and_show_no_secret_to_a_superuser():
         assert superuser.post(url, data).status_code == 403, url
     device.refresh_from_db()
     assert device.name == "phone"
+
+
+def test_the_login_form_says_when_a_throttled_code_may_be_tried_again():
+    user = StaffFactory(username="erin")
+    device = totp_device(user)
+    wrong = f"{(int(totp_code(device)) + 1) % 1_000_000:06d}"
+
+    def login(code: str):
+        return Client().post(
+            "/admin/login/?next=/admin/",
+            {"username": "erin", "password": "pw-for-tests", "otp_token": code},
+        )
+
+    assert login(wrong).status_code == 200
+    assert login(wrong).status_code == 200
+    page = login(totp_code(device))  # right, but within the 2 s django-otp now waits
+    assert page.status_code == 200
+    assert b"Too many wrong codes in a row" in page.content
+    assert b"Try again in " in page.content

@@ -37,6 +37,7 @@ from core.api.docs import REQUEST_ID, ErrorTable, error_responses_from
 from core.api.serializers import ClosedSerializer, StrictCharField
 from core.api.throttles import ThrottledApiView
 from core.errors import ApplicationError
+from core.otp_devices import verification_wait
 
 log = structlog.get_logger("core.otp")
 
@@ -67,6 +68,13 @@ class OtpRateLimitedError(ApplicationError):
         self.retry_after = retry_after
 
 
+class OtpThrottledError(OtpRateLimitedError):
+    default_message = (
+        "Too many wrong codes in a row: codes are not checked for a while, even a "
+        "correct one. Retry after Retry-After seconds."
+    )
+
+
 class OtpUnavailableError(ApplicationError):
     code = "ERR-OTP-503"
     http_status = 503
@@ -90,10 +98,12 @@ def otp_grant_issue(*, user: Any, token_key: str, otp_token: str) -> OtpGrant:
     """Verify a TOTP code of `user` and store a grant for `token_key`.
 
     1. Refuse anyone but active staff with a confirmed TOTP device (403).
-    2. Verify the code against each device, rows locked: django-otp then accepts each
+    2. While django-otp throttles every device after wrong codes, say when to retry
+       (429) rather than call a possibly correct code wrong.
+    3. Verify the code against each device, rows locked: django-otp then accepts each
        time step once and counts failures for its own throttling. The refusal is
        raised after the transaction, so that the failure count is kept.
-    3. Store the grant for JOBOPS_OTP_GRANT_SECONDS; a new grant replaces the old.
+    4. Store the grant for JOBOPS_OTP_GRANT_SECONDS; a new grant replaces the old.
     """
     if not (user.is_active and user.is_staff):
         raise OtpNotAllowedError()
@@ -102,6 +112,9 @@ def otp_grant_issue(*, user: Any, token_key: str, otp_token: str) -> OtpGrant:
         devices = TOTPDevice.objects.devices_for_user(user, confirmed=True).select_for_update()
         if not devices:
             raise OtpNotAllowedError()
+        wait = verification_wait(devices)
+        if wait is not None:
+            raise OtpThrottledError(retry_after=wait)
         for device in devices:
             if device.verify_token(otp_token):
                 matched = device
@@ -159,7 +172,11 @@ ERRORS: ErrorTable = {
     ),
     403: ("ERR-OTP-403: not active staff, or no confirmed TOTP device.", ["ERR-OTP-403"]),
     415: ("ERR-HTTP-415: the body is not `application/json`.", ["ERR-HTTP-415"]),
-    429: ("ERR-OTP-429: more than 30 admin calls a minute; see Retry-After.", ["ERR-OTP-429"]),
+    429: (
+        "ERR-OTP-429: more than 30 admin calls a minute, or too many wrong codes in a row "
+        "(codes are not checked until Retry-After seconds have passed).",
+        ["ERR-OTP-429"],
+    ),
     503: ("ERR-OTP-503: the grant could not be stored; retry.", ["ERR-OTP-503"]),
 }
 

@@ -91,3 +91,17 @@ def test_the_grant_call_needs_a_token_and_a_well_formed_body(staff):
     for body in ({}, {"otp_token": 123456}, {"otp_token": "12ab56"}, {"otp_token": "1", "x": 1}):
         bad = api.post(OTP_URL, body, format="json")
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "ERR-OTP-400", body
+
+
+def test_while_wrong_codes_throttle_the_device_even_a_right_code_is_told_when_to_retry(staff):
+    _, device, api = staff
+    wrong = f"{(int(totp_code(device)) + 1) % 1_000_000:06d}"
+    for _ in range(3):  # django-otp then waits 2**(3-1) = 4 s before it checks a code again
+        api.post(OTP_URL, {"otp_token": wrong}, format="json")
+    waiting = api.post(OTP_URL, {"otp_token": totp_code(device)}, format="json")
+    assert waiting.status_code == 429, waiting.content
+    assert waiting.json()["error"]["code"] == "ERR-OTP-429"
+    assert "wrong codes" in waiting.json()["error"]["message"]
+    assert 1 <= int(waiting["Retry-After"]) <= 4
+    time.sleep(int(waiting["Retry-After"]))
+    assert api.post(OTP_URL, {"otp_token": totp_code(device)}, format="json").status_code == 200
