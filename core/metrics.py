@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hmac
 import os
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -80,15 +79,3 @@ def metrics_serve() -> int | None:
     start_http_server(port, addr=settings.JOBOPS_METRICS_ADDR, registry=metrics_registry())
     log.info("metrics_exporter_started", port=port, addr=settings.JOBOPS_METRICS_ADDR)
     return port
-
-
-def multiprocess_dir_prune() -> None:
-    """Drop the value files of processes that are gone (a previous run of this group):
-    prometheus_client would otherwise add their counts to ours."""
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not directory:
-        return
-    mine = f"_{os.getpid()}.db"
-    for path in Path(directory).glob("*.db"):
-        if not path.name.endswith(mine):
-            path.unlink(missing_ok=True)
