@@ -1,12 +1,14 @@
-"""prometheus_client's multiprocess directory: made at start, and never a reason for a
-process to stop (core/metrics_dir.py)."""
+"""prometheus_client's multiprocess directory: made at start, pruned of earlier runs, and
+never a reason for a process to stop (core/metrics_dir.py, config/gunicorn_conf.py)."""
 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
+from config import gunicorn_conf
 from core.metrics_dir import ENV, multiprocess_dir_ready
 from tests.processes import run_manage, subprocess_env
 
@@ -45,3 +47,25 @@ def test_a_dispatcher_starts_without_its_metrics_directory(tmp_path):
     # was missing; now it makes it and writes its values there.
     assert done.returncode == 0, done.stdout + done.stderr
     assert any(directory.glob("counter_*.db"))
+
+
+def test_gunicorn_drops_the_files_of_an_earlier_run_when_it_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, str(tmp_path))
+    stale = [tmp_path / "counter_999999.db", tmp_path / "gauge_livesum_999999.db"]
+    mine = tmp_path / f"counter_{os.getpid()}.db"
+    for path in (*stale, mine):
+        path.write_bytes(b"")
+    gunicorn_conf.on_starting(SimpleNamespace())
+    assert [p.exists() for p in stale] == [False, False]
+    assert mine.exists()  # the master's own values
+
+
+def test_a_gunicorn_worker_that_exits_stops_counting_in_live_gauges(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, str(tmp_path))
+    live = tmp_path / "gauge_livesum_4242.db"
+    counter = tmp_path / "counter_4242.db"
+    live.write_bytes(b"")
+    counter.write_bytes(b"")
+    gunicorn_conf.child_exit(SimpleNamespace(), SimpleNamespace(pid=4242))
+    assert not live.exists()
+    assert counter.exists()  # what it counted stays counted
