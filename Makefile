@@ -31,8 +31,7 @@ run: migrate
 	-$(MANAGE) setup_topology
 	$(MANAGE) collectstatic --noinput -v 0
 	$(MANAGE) bootstrap_admin
-	rm -rf var/prometheus && mkdir -p var/prometheus/web var/prometheus/worker_long \
-	  var/prometheus/worker_light var/prometheus/dispatcher var/prometheus/publisher
+	rm -rf var/prometheus  # each process makes its own directory again (core/metrics_dir.py)
 	$(BIN)/honcho start -f Procfile
 
 lint: install
@@ -54,7 +53,6 @@ test-slow: install
 	$(BIN)/pytest -m slow
 
 worker: install
-	mkdir -p var/prometheus/worker_long var/prometheus/worker_light
 	$(BIN)/honcho start -f Procfile worker_long worker_light
 
 dispatcher: install

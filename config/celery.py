@@ -38,7 +38,8 @@ from vine import promise
 
 from audit.db_roles import refuse_privileged_database_role
 from core.json import json_problem
-from core.metrics import metrics_serve, multiprocess_dir_prune
+from core.metrics import metrics_serve
+from core.metrics_dir import multiprocess_dir_prune
 from core.tracing import configure_tracing, flush_tracing
 from jobs.topology import JOBS_EXCHANGE, job_queues
 from jobs.types import all_types

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hmac
 import os
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -73,22 +72,26 @@ def metrics_registry() -> Any:
 def metrics_serve() -> int | None:
     """For processes without a web server (a worker group, a dispatcher): serve
     `/metrics` on JOBOPS_METRICS_PORT (0: off) at JOBOPS_METRICS_ADDR. No token: bind
-    it to an address only the scraper reaches. Returns the port, or None when off."""
+    it to an address only the scraper reaches. Returns the port, or None when off.
+
+    Metrics never stop the work: a port already in use (another process, a previous
+    run not yet gone) or an address this host lacks is a warning, and the process goes
+    on without its exporter. Raising here made a dispatcher exit, and its supervisor
+    restart it every 30 s: no job was published while the port was held."""
     port = settings.JOBOPS_METRICS_PORT
+    addr = settings.JOBOPS_METRICS_ADDR
     if not port:
         return None
-    start_http_server(port, addr=settings.JOBOPS_METRICS_ADDR, registry=metrics_registry())
-    log.info("metrics_exporter_started", port=port, addr=settings.JOBOPS_METRICS_ADDR)
+    try:
+        start_http_server(port, addr=addr, registry=metrics_registry())
+    except OSError as exc:
+        log.warning(
+            "metrics_exporter_unavailable",
+            port=port,
+            addr=addr,
+            error=repr(exc),
+            consequence="this process runs on without serving /metrics",
+        )
+        return None
+    log.info("metrics_exporter_started", port=port, addr=addr)
     return port
-
-
-def multiprocess_dir_prune() -> None:
-    """Drop the value files of processes that are gone (a previous run of this group):
-    prometheus_client would otherwise add their counts to ours."""
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not directory:
-        return
-    mine = f"_{os.getpid()}.db"
-    for path in Path(directory).glob("*.db"):
-        if not path.name.endswith(mine):
-            path.unlink(missing_ok=True)

@@ -5,8 +5,8 @@ DLQ tools, the relay); the gauges an on-call alert needs are derived from the da
 by `metrics_refresh_gauges()`, which the `/metrics` view runs at each scrape (and the
 dispatcher may run each loop).
 
-Worker processes: with `PROMETHEUS_MULTIPROC_DIR` set (an empty directory shared by
-the web and worker processes of one host, wiped at deploy), prometheus_client writes
+Worker processes: with `PROMETHEUS_MULTIPROC_DIR` set (one directory per process group,
+made and pruned of earlier runs at start: core/metrics_dir.py), prometheus_client writes
 each process' values to files there and `/metrics` aggregates them. Gauges therefore
 declare how to combine processes (`multiprocess_mode`): `livesum` for
 `job_in_progress` (each worker process adds its own running jobs), `mostrecent` for

@@ -161,13 +161,15 @@ def assert_chain_valid(job_id: Any) -> None:
 class Process:
     """A started subprocess with its log file."""
 
-    def __init__(self, args: list[str], env: dict[str, str], name: str) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], name: str, *, cwd: Path = ROOT
+    ) -> None:
         self.name = name
         self.log_path = Path(tempfile.gettempdir()) / f"jobops-{name}-{uuid.uuid4().hex[:8]}.log"
         self._log = open(self.log_path, "wb")  # closed in stop()
         self.proc = subprocess.Popen(
             args,
-            cwd=ROOT,
+            cwd=cwd,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import socket
 from datetime import timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from django.utils import timezone
 
 from audit.models import AuditCheckpoint
 from core.logging import MASK, bind_request_context, clear_request_context, formatter, log_context
+from core.metrics import metrics_serve
 from jobs import metrics
 from jobs.events import outbox_relay_once
 from jobs.metrics import metrics_refresh_gauges
@@ -66,6 +68,22 @@ def test_metrics_serves_with_the_token(client, settings):
 def test_metrics_are_open_without_a_configured_token(client, settings):
     settings.METRICS_TOKEN = ""
     assert client.get("/metrics").status_code == 200
+
+
+def test_a_metrics_port_in_use_is_a_warning_not_an_error(settings, json_log_lines):
+    # A worker group or dispatcher raised here and exited; its supervisor restarted it
+    # every 30 s, so no job was published while another process held the port.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        settings.JOBOPS_METRICS_PORT = holder.getsockname()[1]
+        settings.JOBOPS_METRICS_ADDR = "127.0.0.1"
+        assert metrics_serve() is None
+    (line,) = [x for x in json_log_lines() if x["event"] == "metrics_exporter_unavailable"]
+    assert line["level"] == "warning"
+    assert (
+        line["port"] == settings.JOBOPS_METRICS_PORT and "Address already in use" in line["error"]
+    )
 
 
 # --- gauges from the database -----------------------------------------------------------

@@ -9,7 +9,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from audit.db_roles import refuse_privileged_database_role
-from core.metrics import metrics_serve, multiprocess_dir_prune
+from core.metrics import metrics_serve
+from core.metrics_dir import multiprocess_dir_prune
 from core.tracing import configure_tracing, flush_tracing
 from jobs.dispatcher import ROLES, dispatch_forever, dispatch_once, role_steps
 
