@@ -71,7 +71,7 @@ dispatcher: install
 
 # Every benchmark at its real size (about 35 min on 2 busy cores), each in its own scratch
 # database and vhost (jobops_bench_*); `make bench BENCH_ARGS=--quick` runs them small,
-# BENCH_ARGS="--only api,e2e" picks some. Figures: bench/results/*.json (README).
+# BENCH_ARGS="--only api,e2e" picks some. Figures: bench/results/*.json (docs/benchmarks.md).
 BENCH_ARGS ?=
 bench: install
 	$(BIN)/python bench/run.py $(BENCH_ARGS)

@@ -229,7 +229,8 @@ def _refuse_privileged_database_role(**_: Any) -> None:
 @worker_init.connect
 def _serve_worker_metrics(**_: Any) -> None:
     """The worker group's exporter (JOBOPS_METRICS_PORT), in the main process. Pool
-    children count too only through PROMETHEUS_MULTIPROC_DIR (README, Observability)."""
+    children count too only through PROMETHEUS_MULTIPROC_DIR
+    (docs/operations/observability.md#metrics)."""
 
     multiprocess_dir_prune()
     metrics_serve()

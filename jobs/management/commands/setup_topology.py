@@ -34,7 +34,8 @@ class Command(BaseCommand):
         if conflicts:
             raise CommandError(
                 "existing declarations differ from DESIGN.md 4 (arguments cannot change in "
-                "place; see README 'Changing queue arguments'):\n  " + "\n  ".join(conflicts)
+                "place; see docs/architecture.md#changing-queue-arguments):\n  "
+                + "\n  ".join(conflicts)
             )
         self.stdout.write(self.style.SUCCESS("topology is in place"))
 
