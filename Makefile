@@ -10,7 +10,7 @@ MANAGE := $(BIN)/python manage.py
 # production: DEBUG off refuses the development secrets). Override on the command line.
 export DEBUG ?= true
 
-.PHONY: install run test test-slow lint fmt typecheck migrate topology worker dispatcher bench lock clean
+.PHONY: install run test test-slow lint fmt typecheck docs docs-check migrate topology worker dispatcher bench lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,7 +46,16 @@ fmt: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: lint typecheck
+# The docs/ site (mkdocs.yml): `make docs` builds it into site/ (open site/index.html);
+# `make test` builds it strictly, so a broken link or anchor fails the run. Offline.
+# (NO_MKDOCS_2_WARNING quiets Material's banner about MkDocs 2.0; mkdocs is pinned to 1.6.)
+docs: install
+	NO_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
+
+docs-check: install
+	NO_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict --quiet --site-dir var/docs-check
+
+test: lint typecheck docs-check
 	$(BIN)/pytest
 
 test-slow: install
@@ -60,7 +69,7 @@ dispatcher: install
 
 # Every benchmark at its real size (about 35 min on 2 busy cores), each in its own scratch
 # database and vhost (jobops_bench_*); `make bench BENCH_ARGS=--quick` runs them small,
-# BENCH_ARGS="--only api,e2e" picks some. Figures: bench/results/*.json (README).
+# BENCH_ARGS="--only api,e2e" picks some. Figures: bench/results/*.json (docs/benchmarks.md).
 BENCH_ARGS ?=
 bench: install
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
@@ -70,4 +79,4 @@ lock:
 	  && /tmp/jobops-lock/bin/pip freeze --exclude-editable > constraints.txt
 
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) var .pytest_cache site

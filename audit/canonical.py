@@ -1,4 +1,4 @@
-"""Canonical JSON (RFC 8785) and the chain hash of DESIGN.md section 5."""
+"""Canonical JSON (RFC 8785) and the chain hash of docs/architecture.md."""
 
 from __future__ import annotations
 

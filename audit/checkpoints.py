@@ -1,4 +1,4 @@
-"""Signed checkpoints of the audit chain heads (DESIGN.md section 5).
+"""Signed checkpoints of the audit chain heads (docs/architecture.md#checkpoints).
 
 A hash chain alone cannot show that its tail, or the whole chain, was removed, nor
 that someone holding the database rebuilt it with fresh hashes. A checkpoint records

@@ -55,7 +55,7 @@ def audit_payload(
     job_id: uuid.UUID | str | None,
     data: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """What an entry hashes (DESIGN.md 5): chain, seq, ts, actor, event type, job, data.
+    """What an entry hashes (docs/architecture.md): chain, seq, ts, actor, event type, job, data.
 
     The one definition of the payload, for `audit_append` and for the job chains that
     `jobs` appends in the statement of each transition (with `seq` as a Hole the

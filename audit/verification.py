@@ -1,4 +1,4 @@
-"""Verify the audit chains and the signed checkpoints (DESIGN.md section 5).
+"""Verify the audit chains and the signed checkpoints (docs/architecture.md#verification).
 
 Rows are streamed through server-side cursors ordered by (chain, seq), so memory
 stays flat whatever the table size; a large table is read in a few chain ranges side

@@ -1,7 +1,7 @@
 """Valid audit chains, generated fast and loaded with COPY (bench/audit.py, bench/scale.py).
 
 Each job gets the 10 entries of a job that retried once and succeeded (EVENTS), hashed
-exactly as DESIGN.md 5 says: `chain_hash = sha256(prev_hash + canonical JSON)`, RFC
+exactly as docs/architecture.md says: `chain_hash = sha256(prev_hash + canonical JSON)`, RFC
 8785 JSON, the first prev_hash 32 zero bytes. Payloads are written with an f-string
 (a million rows a few seconds, where a JSON canonicaliser per row would take minutes);
 `check_payload_form` proves, before any load, that the f-string gives the bytes

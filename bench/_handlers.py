@@ -1,4 +1,4 @@
-"""Job handlers the benchmarks plug in with JOBOPS_HANDLERS (DESIGN.md 3.1, 3.2).
+"""Job handlers the benchmarks plug in with JOBOPS_HANDLERS (docs/architecture.md).
 
 They do no work of their own, so that a benchmark measures jobops' cost per job.
 """

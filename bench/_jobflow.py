@@ -2,7 +2,7 @@
 
 Creation goes through `jobs.services.job_create` (in this process, Django loaded by
 `Scratch.setup_django`); everything a benchmark reads back it reads with plain SQL on
-the tables of DESIGN.md 3 and 5 (`jobs`, `audit_logs`, `dead_letters`), so that
+the tables of docs/architecture.md (`jobs`, `audit_logs`, `dead_letters`), so that
 benchmarks keep working while the app's models and modules move.
 """
 

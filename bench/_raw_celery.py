@@ -28,7 +28,7 @@ app = Celery("bench_raw", set_as_current=False)
 
 
 def _config() -> dict[str, Any]:
-    # The queue arguments of jobs/topology.py (DESIGN.md 4), written out: importing the
+    # The queue arguments of jobs/topology.py (docs/architecture.md), written out: importing the
     # app's topology module here would tie the baseline to its internals.
     queue = Queue(
         QUEUE,

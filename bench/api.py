@@ -1,4 +1,4 @@
-"""Benchmark: the jobs API under gunicorn vs a bare token-auth DRF insert (DESIGN.md 10).
+"""Benchmark: the jobs API under gunicorn vs a bare token-auth DRF insert (docs/benchmarks.md).
 
 One gunicorn (bench/settings_bench.py: the real app plus `POST /bench/bare`, same
 workers for both) on the scratch database and vhost `jobops_bench_api`, with the

@@ -1,4 +1,4 @@
-"""Benchmark: `verify_audit_chain` over 1,000,000 rows vs a bare chain walk (DESIGN.md 5, 10).
+"""Benchmark: `verify_audit_chain` over 1,000,000 rows vs a bare chain walk (docs/benchmarks.md).
 
 Scratch database `jobops_bench_audit`:
 

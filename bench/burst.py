@@ -2,7 +2,7 @@
 
 Scratch database and vhost `jobops_bench_burst`; gunicorn (4 workers), the dispatcher
 and a worker whose `ai` handler counts its runs in Redis; JOBOPS_RATE_LIMITS set to
-the real limits of DESIGN.md 6 (60/min per user, 500/min overall) in their env.
+the real limits of docs/api.md#rate-limits (60/min per user, 500/min overall) in their env.
 
 1. --requests concurrent `POST /api/v1/jobs` (one connection each, all sent at
    once), spread over --users users, each with its own idempotency key.

@@ -1,4 +1,4 @@
-"""Benchmark: replay 10,000 dead letters and count what was lost (DESIGN.md 4.1, 10).
+"""Benchmark: replay 10,000 dead letters and count what was lost (docs/benchmarks.md).
 
 Scratch database and vhost `jobops_bench_dlq_replay` with the real topology.
 

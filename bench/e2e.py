@@ -1,4 +1,4 @@
-"""Benchmark: jobops no-op jobs end to end vs raw Celery no-op tasks (DESIGN.md 10).
+"""Benchmark: jobops no-op jobs end to end vs raw Celery no-op tasks (docs/benchmarks.md).
 
 Same broker, same worker settings (prefork, concurrency, prefetch, acks late, quorum
 queue, jobops' consumer), scratch database and vhost `jobops_bench_e2e`:

@@ -1,4 +1,4 @@
-"""Benchmark: the outbox relay vs a raw batched confirmed publish (DESIGN.md 3.8).
+"""Benchmark: the outbox relay vs a raw batched confirmed publish (docs/architecture.md).
 
 Scratch database and vhost `jobops_bench_events` with the real topology; a sink queue
 bound to `events.jobs` receives what the relay publishes (as `erp.events` does where
@@ -37,7 +37,7 @@ NAME = "events"
 FULL = {"jobs": 5000}
 QUICK = {"jobs": 500}
 EVENTS_PER_JOB = 4
-EXCHANGE, ROUTING_KEY = "events.jobs", "job.status.changed"  # DESIGN.md 3.8
+EXCHANGE, ROUTING_KEY = "events.jobs", "job.status.changed"  # docs/architecture.md
 SINK = "bench.events.sink"
 
 

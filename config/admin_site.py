@@ -1,4 +1,4 @@
-"""The operator portal (DESIGN.md 7): Django's admin behind password + OTP, with a
+"""The operator portal (docs/operations/portal.md): Django's admin behind password + OTP, with a
 dashboard as its index.
 
 The site composes the apps' pages (config is the top layer): the dashboard reads

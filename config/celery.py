@@ -1,4 +1,4 @@
-"""The Celery app (DESIGN.md 3.1 and 4).
+"""The Celery app (docs/architecture.md#rabbitmq-topology-and-dead-letters).
 
 Everything comes from settings, read lazily (this module is imported by
 `config/__init__.py`, before Django has loaded its settings):
@@ -60,12 +60,12 @@ class JobopsConsumer(Consumer):
       main process raise RecursionError while pickling it for the child, and the worker
       exited ("Unrecoverable error"); redelivery repeated it. Such a message is rejected
       without requeue, so RabbitMQ dead-letters it to `<q>_dlq` and the watcher records
-      it (DESIGN.md 4.1).
+      it (docs/architecture.md#dead-letters).
     - A body that cannot be decoded is rejected the same way; Celery's default acks it
       away, and the message was lost.
     - No native delayed delivery step: with quorum queues Celery 5.5 declares
       `celery_delayed_*` exchanges and queues and binds our queues to them. jobops uses
-      no countdown/ETA (retries wait in the database, DESIGN.md 3.3) and Celery must
+      no countdown/ETA (retries wait in the database, docs/architecture.md) and Celery must
       declare nothing beyond our topology.
     """
 
@@ -159,7 +159,7 @@ def celery_config() -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "task_acks_on_failure_or_timeout": False,
-        # Retries are the dispatcher's job (DESIGN.md 3.3), never Celery countdown/ETA.
+        # Retries are the dispatcher's job (docs/architecture.md), never Celery countdown/ETA.
         "task_publish_retry": False,
         "worker_prefetch_multiplier": 1,
         "worker_consumer": "config.celery:JobopsConsumer",
@@ -173,7 +173,7 @@ app.add_defaults(celery_config)
 
 
 def prefetch_problems(*, multiplier: int, queues: list[str], consumer_timeout: int) -> list[str]:
-    """Queues whose reserved messages could wait past consumer_timeout / 2 (DESIGN.md 4)."""
+    """Queues whose reserved messages could wait past consumer_timeout / 2."""
 
     problems = []
     for t in all_types().values():
@@ -230,7 +230,8 @@ def _refuse_privileged_database_role(**_: Any) -> None:
 @worker_init.connect
 def _serve_worker_metrics(**_: Any) -> None:
     """The worker group's exporter (JOBOPS_METRICS_PORT), in the main process. Pool
-    children count too only through PROMETHEUS_MULTIPROC_DIR (README, Observability)."""
+    children count too only through PROMETHEUS_MULTIPROC_DIR
+    (docs/operations/observability.md#metrics)."""
 
     multiprocess_dir_prune()
     metrics_serve()

@@ -1,6 +1,6 @@
 """jobops settings: one module, every value overridable from the environment.
 
-Development defaults point at the local services of DESIGN.md section 11. With
+Development defaults point at the local services of docs/operations/deploying.md. With
 DEBUG off, `check_production_safety` refuses to start on an unsafe default.
 """
 
@@ -157,7 +157,7 @@ CACHES = {
     }
 }
 
-# --- job types: the one table of facts (DESIGN.md 3.1) --------------------------
+# --- job types: the one table of facts (docs/architecture.md) --------------------------
 JOB_TYPES: dict[str, dict[str, Any]] = {
     "ai": {
         "queue": "default",
@@ -229,7 +229,7 @@ for _type, _fields in env_json("JOBOPS_JOB_TYPES", {}).items():
 
 JOBOPS_LOCK_TIMEOUT = env_int("JOBOPS_LOCK_TIMEOUT", 60)
 JOBOPS_HEARTBEAT_SECONDS = env_int("JOBOPS_HEARTBEAT_SECONDS", 10)
-# Execution (DESIGN.md 3.3, 3.5-3.8); tests shrink these through the environment.
+# Execution (docs/architecture.md); tests shrink these through the environment.
 JOBOPS_BACKOFF_BASE_SECONDS = env_float("JOBOPS_BACKOFF_BASE_SECONDS", 2.0)
 JOBOPS_PROGRESS_INTERVAL_SECONDS = env_float("JOBOPS_PROGRESS_INTERVAL_SECONDS", 2.0)
 JOBOPS_CANCEL_CHECK_SECONDS = env_float("JOBOPS_CANCEL_CHECK_SECONDS", 0.5)
@@ -286,7 +286,7 @@ JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS = env_float("JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS
 JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS", 1.0)
 JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS", 30.0)
 
-# --- operator portal and admin API (DESIGN.md 6, 7) -------------------------------
+# --- operator portal and admin API (docs/operations/portal.md) -------------------------------
 # How long a grant from POST /api/v1/admin/otp lets a token make admin calls.
 JOBOPS_OTP_GRANT_SECONDS = env_int("JOBOPS_OTP_GRANT_SECONDS", 15 * 60)
 # A replay or discard selecting more dead letters than this runs in the background
@@ -301,7 +301,7 @@ JOBOPS_DASHBOARD_CACHE_SECONDS = env_float("JOBOPS_DASHBOARD_CACHE_SECONDS", 5.0
 # How often the dashboard, DLQ overview and bulk operation pages refresh themselves.
 JOBOPS_PORTAL_REFRESH_SECONDS = env_int("JOBOPS_PORTAL_REFRESH_SECONDS", 5)
 
-# --- audit (DESIGN.md 5) ------------------------------------------------------
+# --- audit (docs/architecture.md) ------------------------------------------------------
 AUDIT_SIGNING_KEY = env_str("AUDIT_SIGNING_KEY", DEV_SIGNING_KEY)
 AUDIT_SIGNING_KEY_ID = env_str("AUDIT_SIGNING_KEY_ID", "k1")
 # Older keys stay readable for verification after a rotation: {"k0": "old secret"}.

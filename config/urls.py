@@ -14,7 +14,7 @@ from core.metrics import metrics_view
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("jobs.api.urls")),
-    # Admin calls (DESIGN.md 6): the OTP grant, then the DLQ tools.
+    # Admin calls (docs/api.md#admin-calls-and-the-otp-grant): the OTP grant, then the DLQ tools.
     *with_slash_alias("api/v1/admin/otp", OtpGrantApi.as_view(), "admin-otp"),
     path("api/v1/admin/", include("dlq.api.urls")),
     # django-prometheus' exporter behind METRICS_TOKEN (core/metrics.py).

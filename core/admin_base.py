@@ -1,4 +1,4 @@
-"""What every jobops admin page shares (the operator portal, DESIGN.md 7).
+"""What every jobops admin page shares (the operator portal, docs/operations/portal.md).
 
 `ReadOnlyAdmin`: nothing is added, changed or deleted through the admin's own forms;
 state changes go through services, behind actions and pages that ask for their

@@ -1,7 +1,7 @@
 """The base of every error a caller of jobops can be told about.
 
 An `ApplicationError` carries a machine-readable `code` and an `http_status`; the API's
-one exception handler (`core.api.exceptions`) renders it as the envelope of DESIGN.md 6,
+one exception handler (`core.api.exceptions`) renders it as the envelope of docs/api.md#errors,
 and the management commands print its message. Apps subclass it in their own
 `exceptions.py`; nothing here knows about jobs or dead letters.
 """

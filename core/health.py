@@ -1,4 +1,4 @@
-"""`/healthz` and `/readyz` (DESIGN.md 8), answered before any other middleware.
+"""`/healthz` and `/readyz`, answered before any other middleware.
 
 Probes come from load balancers and orchestrators: they carry no credentials, often
 a Host header that is an IP (not in ALLOWED_HOSTS) and plain HTTP behind the TLS

@@ -1,4 +1,4 @@
-"""structlog configuration (DESIGN.md 8): JSON lines in production, console in dev.
+"""structlog configuration: JSON lines in production, console in dev.
 
 Wired from settings: `LOGGING = logging_config(json=LOG_JSON, level=LOG_LEVEL)` and
 `configure_structlog()`. structlog loggers and the standard library's (Django, Celery,
@@ -36,7 +36,7 @@ SENSITIVE_KEY_PARTS = (
     "signing_key",
     "private_key",
 )
-# Keys that match a part above but are not secret, and that DESIGN.md 8 wants in logs.
+# Keys that match a part above but are not secret, and that every log line should show.
 NOT_SENSITIVE_KEYS = frozenset({"idempotency_key", "session_id_hash"})
 # Values masked inside any string (an exception message, a URL, a header dump).
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}")
@@ -202,7 +202,7 @@ def configure_structlog() -> None:
 
 
 # --- context ---------------------------------------------------------------------------
-# DESIGN.md 8 fields carried by every line of the current request / task execution.
+# The fields carried by every line of the current request / task execution.
 CONTEXT_KEYS = (
     "request_id",
     "correlation_id",

@@ -1,4 +1,4 @@
-"""`/metrics`: django-prometheus' exporter behind a bearer token (DESIGN.md 8).
+"""`/metrics`: django-prometheus' exporter behind a bearer token (docs/operations/observability.md).
 
 With `METRICS_TOKEN` set, a scrape needs `Authorization: Bearer <token>` (401
 otherwise; compared in constant time). Unset (development only: production refuses

@@ -1,4 +1,4 @@
-"""Second factors of portal users (DESIGN.md 7): TOTP devices and static backup tokens.
+"""Second factors of portal users (docs/security.md): TOTP devices and static backup tokens.
 
 Devices are made on the host by an administrator (`manage.py otp_enroll`,
 `manage.py otp_backup_tokens`, and `bootstrap_admin` for the first one), never in the

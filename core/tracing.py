@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing (DESIGN.md 8), the optional extra `pip install jobops[otel]`.
+"""OpenTelemetry tracing, the optional extra `pip install jobops[otel]`.
 
 Off unless the extra is installed AND the standard variables ask for it
 (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or

@@ -1,4 +1,4 @@
-"""Dead-letter pages of the operator portal (DESIGN.md 4.1, 7).
+"""Dead-letter pages of the operator portal (docs/operations/portal.md#pages).
 
 - the DLQ overview: each DLQ's broker depth and open dead letters (refreshes itself);
 - the dead-letter list, from the database: filters, and the rows grouped by cause;

@@ -1,4 +1,4 @@
-"""Broker-side dead-letter helpers (DESIGN.md 4 and 4.1): depths, peek, drain, decode.
+"""Broker-side dead-letter helpers (docs/architecture.md): depths, peek, drain, decode.
 
 The database (`dead_letters`) is authoritative; the classic `<q>_dlq` queues hold the
 broker's copies. Nothing here writes to the database: `dlq.services` decides what a
@@ -56,7 +56,7 @@ BROKER_REASONS = {
 class DecodedMessage:
     """What a dead-lettered Celery (protocol 2) message says, as far as it can be read.
 
-    `payload` is the task's first argument, the wire payload of DESIGN.md 3.5:
+    `payload` is the task's first argument, the wire payload of docs/architecture.md#publishing:
     `{job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id}`.
     """
 
@@ -337,7 +337,7 @@ def dlq_depths(
 
 
 def _export_depths(depths: dict[str, int | None]) -> None:
-    """Feed the `dlq_depth{queue}` gauge (DESIGN.md 8) whenever depths are read."""
+    """Feed the `dlq_depth{queue}` gauge whenever depths are read."""
     for name, depth in depths.items():
         if depth is not None:
             metrics.DLQ_DEPTH.labels(queue=name).set(depth)

@@ -1,8 +1,8 @@
-"""Replays and discards too large for one request run in the background (DESIGN.md 7).
+"""Replays and discards too large for one request run in the background.
 
 Why the dispatcher and not a Celery task: the dispatcher already runs everywhere
 jobops runs, and its steps claim rows with `FOR UPDATE SKIP LOCKED` so that several
-dispatchers share work safely (DESIGN.md 12). A Celery task would sit in a job queue
+dispatchers share work safely (docs/operations/scaling.md). A Celery task would sit in a job queue
 behind the very backlog an operator is trying to clear, and would need its own
 exclusivity anyway. So a `BulkOperation` row is the work item: `bulk_operations_run_once`
 (a step of the dispatcher loop) leases one operation, handles one chunk of its dead

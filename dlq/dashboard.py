@@ -1,4 +1,4 @@
-"""The operator dashboard's figures (DESIGN.md 7): is the system healthy, and if not, where?
+"""The operator dashboard's figures: is the system healthy, and if not, where?
 
 One read for the whole page, computed at most every JOBOPS_DASHBOARD_CACHE_SECONDS and
 shared by every viewer (the page refreshes itself every few seconds, on every open

@@ -1,6 +1,6 @@
-"""Errors of the dead-letter tools; rendered in the API's one envelope (DESIGN.md 6).
+"""Errors of the dead-letter tools; rendered in the API's one envelope (docs/api.md#errors).
 
-The codes are DESIGN.md 6's for the admin calls: 401 not staff with a verified OTP,
+The codes are those of docs/api.md#errors for the admin calls: 401 not staff with a verified OTP,
 403 verified but without the operator's permission, 404 unknown queue or operation,
 422 a selection or justification the service refuses, 429 too many admin calls.
 Malformed requests (a body that is not JSON, a field of the wrong type) are DRF's

@@ -1,4 +1,4 @@
-"""Reads for the dead-letter pages and the admin API (DESIGN.md 4.1, 6, 7)."""
+"""Reads for the dead-letter pages and the admin API (docs/operations/dead-letters.md)."""
 
 from __future__ import annotations
 

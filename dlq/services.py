@@ -1,4 +1,4 @@
-"""Dead-letter write paths (DESIGN.md 4.1). The database row is authoritative."""
+"""Dead-letter write paths (docs/operations/dead-letters.md). The database row is authoritative."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from jobs.types import get_type
 log = structlog.get_logger("dlq")
 
 
-# --- the dead-letter watcher's reconciliation (DESIGN.md 4.1) --------------------------
+# --- the dead-letter watcher's reconciliation --------------------------
 
 WATCHER = Actor.system("dlq-watcher")
 LIVE_LOCK_NOTE = (
@@ -317,7 +317,7 @@ def _dead_lettered_entry(row: DeadLetter, message_id: str | None, **extra: Any) 
     }
 
 
-# --- replay and discard (DESIGN.md 4.1) -----------------------------------------------
+# --- replay and discard -----------------------------------------------
 
 
 @dataclass

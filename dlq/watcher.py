@@ -1,4 +1,4 @@
-"""The dead-letter watcher (DESIGN.md 4.1): consumes `dlq.watch`, reconciles each message.
+"""The dead-letter watcher (docs/architecture.md): consumes `dlq.watch`, reconciles each message.
 
 Every `<q>.dlx` routes a dead letter both to its `<q>_dlq` (the copy operators peek and
 replay) and to `dlq.watch` (this consumer's queue). The dispatcher calls `watch_once()`

@@ -1,4 +1,4 @@
-"""Job pages of the operator portal (DESIGN.md 7): a list with filters and search, and a
+"""Job pages of the operator portal: a list with filters and search, and a
 detail page laid out for a person. Nothing here edits a job: cancel goes through
 `jobs.services` behind a confirmation and the operator's permission; replay is the
 dead-letter pages' (dlq/admin.py), linked from here."""

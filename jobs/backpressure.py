@@ -1,4 +1,4 @@
-"""Queue-depth backpressure (DESIGN.md 6).
+"""Queue-depth backpressure (docs/api.md#backpressure).
 
 The dispatcher calls `queue_depths_refresh()` every few seconds: it reads each
 primary queue's depth from RabbitMQ (a passive declare answers the message count
@@ -67,7 +67,7 @@ def queue_depths_read_broker() -> dict[str, int]:
     primaries = primary_queue_names()
     read = broker_queue_depths([*primaries, *(dlq_name(q) for q in primaries)])
     depths = {name: depth for name, depth in read.items() if depth is not None}
-    # The same read feeds the queue_depth and dlq_depth gauges (DESIGN.md 8).
+    # The same read feeds the queue_depth and dlq_depth gauges (docs/operations/observability.md).
     for name, depth in depths.items():
         gauge = metrics.QUEUE_DEPTH if name in primaries else metrics.DLQ_DEPTH
         gauge.labels(queue=name).set(depth)

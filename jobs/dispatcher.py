@@ -1,4 +1,4 @@
-"""The dispatcher loop (DESIGN.md 3.5): one process, safe to run on several hosts.
+"""The dispatcher loop (docs/architecture.md): one process, safe to run on several hosts.
 
 Each loop runs the steps of `settings.JOBOPS_DISPATCHER_STEPS` in order; a step that
 fails (broker down, a missing module, a bug) is logged and the loop goes on with the
@@ -72,8 +72,8 @@ def dispatch_forever(
     - Each step on its own clock: again after BUSY_GAP_SECONDS when it found work (a
       backlog drains at speed), else after `interval`. A busy relay does not make the
       reaper, the checkpoint and the watcher query twenty times a second.
-    - The publish step as soon as NOTIFY jobs_pending says a job was created (DESIGN.md
-      3.5), also between the other steps: a new job waits for at most one step, or for
+    - The publish step as soon as NOTIFY jobs_pending says a job was created,
+      also between the other steps: a new job waits for at most one step, or for
       PUBLISH_GAP_SECONDS when a pass has just run (its batch goes out at the gap's end).
     """
     stop = stop or threading.Event()

@@ -1,4 +1,4 @@
-"""The ERP outbound bridge (DESIGN.md 3.8): `erp.events` -> HTTP POST, at least once.
+"""The ERP outbound bridge (docs/architecture.md): `erp.events` -> HTTP POST, at least once.
 
 `manage.py run_erp_bridge` consumes the durable queue `erp.events` (bound to
 `events.jobs`) one message at a time (prefetch 1, manual acks) and POSTs each event's

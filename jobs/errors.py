@@ -1,4 +1,4 @@
-"""The handler taxonomy of DESIGN.md 3.3: what a handler raises to choose its outcome.
+"""The handler taxonomy of docs/architecture.md: what a handler raises to choose its outcome.
 
 Retryable errors retry with backoff until the type's max, then dead-letter;
 non-retryable and fatal errors fail at once with a dead letter; `JobCancelled` ends the
@@ -57,7 +57,7 @@ class FatalError(JobError):
 
 
 class ResultInvalidError(FatalError):
-    """A handler returned what cannot be stored as the job's result (DESIGN.md 3.3)."""
+    """A handler returned what cannot be stored as the job's result (docs/architecture.md)."""
 
     code = "RESULT_INVALID"
 

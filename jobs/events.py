@@ -1,4 +1,4 @@
-"""The event outbox relay (DESIGN.md 3.8): outbox rows -> `events.jobs`, at least once.
+"""The event outbox relay (docs/architecture.md): outbox rows -> `events.jobs`, at least once.
 
 Every transition writes an `EventOutbox` row in its own transaction
 (`jobs.services.transitions`). The relay publishes those rows to the topic exchange

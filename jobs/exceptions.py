@@ -1,8 +1,8 @@
-"""What the job services refuse, as `ApplicationError`s the API renders (DESIGN.md 6).
+"""What the job services refuse, as `ApplicationError`s the API renders (docs/api.md#errors).
 
 Each class names its code and HTTP status; `core.api.exceptions` turns them into the
 error envelope and the commands print their messages. The handler-facing taxonomy of
-DESIGN.md 3.3 (what a handler raises to choose its job's outcome) is `jobs.errors`.
+docs/architecture.md (what a handler raises to choose its job's outcome) is `jobs.errors`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class JobCancelForbiddenError(ApplicationError):
 
 
 class TransitionRefusedError(JobConflictError):
-    """A transition that DESIGN.md 3.4 does not allow, or that lost its race."""
+    """A transition that docs/architecture.md does not allow, or that lost its race."""
 
     def __init__(self, *, job_id: Any, current: str | None, target: str, reason: str = "") -> None:
         self.job_id, self.current, self.target = job_id, current, target

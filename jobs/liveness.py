@@ -1,9 +1,9 @@
-"""Liveness of the processes that serve no HTTP: workers and dispatchers (DESIGN.md 8).
+"""Liveness of the processes that serve no HTTP: workers and dispatchers.
 
 Each live process refreshes a Redis key `heartbeat:<kind>:<host>:<pid>` every
 JOBOPS_PROCESS_HEARTBEAT_SECONDS with a time-to-live of three intervals, so a process
 that hangs or dies disappears by itself. Redis is the right place: it is shared by every
-host, and losing it loses nothing but this view (DESIGN.md 12: per-host state is
+host, and losing it loses nothing but this view (docs/operations/scaling.md: per-host state is
 limited to caches that can be lost). `manage.py liveness` and the
 `process_heartbeat_age_seconds` gauge read the keys.
 

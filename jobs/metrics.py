@@ -1,4 +1,4 @@
-"""Prometheus metrics of DESIGN.md 8, as module-level objects.
+"""Prometheus metrics of docs/operations/observability.md#metrics, as module-level objects.
 
 Counters and histograms are incremented where the work happens (services, workers,
 DLQ tools, the relay); the gauges an on-call alert needs are derived from the database

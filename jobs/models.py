@@ -216,7 +216,7 @@ class DeadLetterState(models.TextChoices):
 
 
 class DeadLetter(models.Model):
-    """The authoritative record of a dead letter (DESIGN.md 4.1); the broker DLQ is a copy.
+    """The authoritative record of a dead letter (docs/architecture.md); the broker DLQ is a copy.
 
     Part of a job's life (a job fails with its dead letter in one transaction), so it
     lives here; `dlq/` holds the operator tooling around it. The table kept its name

@@ -2,11 +2,11 @@
 
 Each schema bounds the work its params imply, not only each field: a handler must be
 able to finish within its type's soft time limit and in bounded memory, whatever a
-client sends. The bounds are the class attributes below (documented in the README);
-the serializer's `context["spec"]` is the job's type (jobs.types.JobType), for the
-bounds that depend on its time limit, and `context["staff"]` whether the caller holds
-staff powers (staff with a verified second factor). Handlers receive the validated
-values.
+client sends. The bounds are the class attributes below (documented in
+docs/architecture.md#job-types-and-handlers); the serializer's `context["spec"]` is the
+job's type (jobs.types.JobType), for the bounds that depend on its time limit, and
+`context["staff"]` whether the caller holds staff powers (staff with a verified second
+factor). Handlers receive the validated values.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Atomic Redis token buckets for job creation (DESIGN.md 6).
+"""Atomic Redis token buckets for job creation (docs/api.md#rate-limits).
 
 Each bucket holds up to `limit` tokens and refills at `limit` per minute. One Lua
 script refills and takes from every bucket of a request (the caller's and the global
@@ -125,7 +125,7 @@ def rate_limit_take(*, buckets: list[tuple[str, int]]) -> RateDecision | None:
 
 
 def job_create_rate_limit(*, user_id: object) -> RateDecision | None:
-    """Count one job submission for `user_id` (DESIGN.md 6: every POST counts).
+    """Count one job submission for `user_id` (docs/api.md#rate-limits: every POST counts).
 
     Raises RateLimitExceededError when the caller's or the global bucket is empty.
     """

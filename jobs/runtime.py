@@ -1,6 +1,6 @@
 """Running one job inside a worker: the claim, the handler contract and its outcomes.
 
-`job_execute` is what every Celery task `jobs.<type>` calls (DESIGN.md 3.2-3.7):
+`job_execute` is what every Celery task `jobs.<type>` calls (docs/architecture.md):
 
 1. Decode the wire payload; a message that names no job is rejected without requeue
    (the broker dead-letters it and the watcher records it with a null job).
@@ -57,7 +57,7 @@ DB_DOWN_ERRORS = (OperationalError, InterfaceError)
 
 
 class JobContext:
-    """What a handler gets (DESIGN.md 3.2): `handler(ctx, params) -> dict | None`."""
+    """What a handler gets (docs/architecture.md): `handler(ctx, params) -> dict | None`."""
 
     def __init__(self, *, job: Job, fence: Fence, log: Any) -> None:
         self.job_id = job.id
@@ -242,7 +242,7 @@ def _requeue_db_down(log: Any, exc: BaseException) -> Reject:
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
-    """(outcome, error_code) for a handler's exception (DESIGN.md 3.3)."""
+    """(outcome, error_code) for a handler's exception (docs/architecture.md#outcomes-of-a-run)."""
     if isinstance(exc, SoftTimeLimitExceeded):
         return "retry", "TIME_LIMIT"
     if isinstance(exc, FatalError | IntegrityError):

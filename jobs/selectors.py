@@ -163,7 +163,7 @@ def job_counts_by_queue(*, finished_hours: int = 24) -> dict[str, dict[str, Any]
 
 
 def job_health_gauges() -> dict[str, float | None]:
-    """The on-call figures of DESIGN.md 8 as of now (one statement, sql.GAUGES): the
+    """The on-call figures as of now (one statement, sql.GAUGES): the
     oldest pending job, stale locks, outbox lag and backlog, and the newest checkpoint's
     age (None when none was ever written)."""
     with connection.cursor() as cursor:

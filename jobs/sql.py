@@ -15,7 +15,7 @@ import functools
 
 # --- conditions, written once ----------------------------------------------------------
 
-# The worker that claimed this attempt still holds the job (DESIGN.md 3.4 fencing).
+# The worker that claimed this attempt still holds the job (docs/architecture.md).
 WORKER_HOLDS_LOCK = (
     "jobs.status = 'running' AND jobs.locked_by = %(locked_by)s AND jobs.attempts = %(attempt)s"
 )
@@ -24,7 +24,7 @@ WORKER_HOLDS_LOCK = (
 LOCK_IS_STALE = "jobs.locked_at < now() - make_interval(secs => %(stale_after)s)"
 # A claim may take pending and queued jobs at once, a retrying one only when it is due.
 RETRY_IS_DUE = "(jobs.status <> 'retrying' OR jobs.next_run_at <= now())"
-# Progress never goes back, even when two writes cross (DESIGN.md 3.8).
+# Progress never goes back, even when two writes cross (docs/architecture.md).
 MONOTONIC_PERCENT = "GREATEST(jobs.progress_percent, %(percent)s)"
 
 
@@ -144,7 +144,7 @@ def job_append_sql(
 
 @functools.lru_cache(maxsize=4)
 def job_insert_sql(*, columns: tuple[str, ...]) -> str:
-    """Create a job (DESIGN.md 3.5) in one statement, atomic by itself.
+    """Create a job (docs/architecture.md) in one statement, atomic by itself.
 
     The INSERT (`ON CONFLICT DO NOTHING`: an idempotency key already taken inserts
     nothing, and the caller reads the existing job), the `created` entry (seq 1, its
@@ -168,7 +168,7 @@ def job_insert_sql(*, columns: tuple[str, ...]) -> str:
 
 # --- reads of the API's hot path ------------------------------------------------------
 
-# The caller may see the job: its owner, or staff (DESIGN.md 6: anyone else gets 404).
+# The caller may see the job: its owner, or staff (docs/api.md: anyone else gets 404).
 VISIBLE_TO_CALLER = "(%(staff)s OR jobs.owner_id = %(owner)s)"
 
 # A conditional GET needs only the version (the ETag): one index probe, no body.

@@ -1,4 +1,4 @@
-"""The job state machine of DESIGN.md 3.4, as data.
+"""The job state machine of docs/architecture.md#states-and-transitions, as data.
 
 `ALLOWED` maps each target state to the states it may be entered from. Every
 service that changes a job's status goes through `jobs.services.transition`,
@@ -41,7 +41,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 
 TERMINAL: frozenset[str] = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
 
-# Audit event written for each target state (DESIGN.md 5 "Events").
+# Audit event written for each target state (docs/architecture.md#audit-events).
 EVENT_FOR_STATUS: dict[str, str] = {
     Status.PENDING: "created",
     Status.QUEUED: "queued",

@@ -1,6 +1,6 @@
 """Thin Celery entry points: one task `jobs.<type>` per row of the types table.
 
-Each takes the wire payload (DESIGN.md 3.5) and hands it to `jobs.runtime.job_execute`,
+Each takes the wire payload (docs/architecture.md) and hands it to `jobs.runtime.job_execute`,
 which holds all the logic. Time limits come from the table (config/celery.py
 annotations); acks are late and failures are rejected, never acked.
 """
@@ -16,14 +16,14 @@ from jobs.types import all_types
 
 
 def _make_task(name: str) -> Task:
-    # No Celery result row: the job row is the result (DESIGN.md 3.2), and a result
+    # No Celery result row: the job row is the result (docs/architecture.md), and a result
     # write per job would double the database work of a short job.
     @shared_task(name=name, bind=True, ignore_result=True)
     def run(self: Task, payload: Any) -> dict[str, Any]:
         from jobs.runtime import job_execute
 
         # Every line of this delivery (ours, Celery's, a handler's, its libraries')
-        # carries the ids that tie it to the request that made the job (DESIGN.md 8).
+        # carries the ids that tie it to the request that made the job.
         ids = payload if isinstance(payload, dict) else {}
         info = self.request.delivery_info or {}
         with log_context(

@@ -1,4 +1,4 @@
-"""The RabbitMQ topology of DESIGN.md section 4, built in one place.
+"""The RabbitMQ topology of docs/architecture.md, built in one place.
 
 `setup_topology` declares it and Celery's `task_queues` uses the same `Queue`
 objects, so a worker never meets a queue whose arguments differ (RabbitMQ would

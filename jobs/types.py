@@ -1,4 +1,4 @@
-"""Read access to the job types table in settings (DESIGN.md 3.1)."""
+"""Read access to the job types table in settings (docs/architecture.md#job-types-and-handlers)."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def _allow_flush_of_append_only_tables():
 
 @pytest.fixture
 def broker() -> Iterator[None]:
-    """The topology of DESIGN.md 4 declared in this run's vhost, every queue of it
+    """The topology of docs/architecture.md declared in this run's vhost, every queue of it
     purged before and after the test."""
     topology_declare_and_purge()
     yield

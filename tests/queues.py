@@ -1,4 +1,4 @@
-"""RabbitMQ for tests: the topology of DESIGN.md 4 in this run's vhost, raw AMQP reads.
+"""RabbitMQ for tests: the topology of docs/architecture.md in this run's vhost, raw AMQP reads.
 
 The `broker` and `amqp` fixtures (tests/conftest.py) build on these. Everything here
 talks to the real broker at settings.BROKER_URL; dead-lettering is asynchronous there,
@@ -25,7 +25,7 @@ WORKER = Actor.system("worker")
 
 
 def topology_declare_and_purge() -> None:
-    """Declare DESIGN.md 4 in the current vhost and empty every queue of it."""
+    """Declare the topology in the current vhost and empty every queue of it."""
     plan = topology()
     with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
         channel = conn.channel()

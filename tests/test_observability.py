@@ -1,4 +1,4 @@
-"""Observability base (DESIGN.md 8): /metrics behind a token, masked structured logs,
+"""Observability base: /metrics behind a token, masked structured logs,
 gauges derived from real rows."""
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def test_secrets_and_personal_data_are_masked_in_json_logs(json_log):
         assert line[key] == MASK, key
     assert line["headers"] == {"X-Api-Key": MASK, "Cookie": MASK, "Accept": "application/json"}
     assert line["note"] == f"mail {MASK} with Bearer {MASK} at amqp://guest:{MASK}@mq:5672//"
-    # Not secrets: DESIGN.md 8 wants them in every line.
+    # Not secrets: every line carries them (docs/operations/observability.md#logs).
     assert line["idempotency_key"] == "order-42" and line["job_id"] == "j-1"
     assert line["level"] == "info" and line["event"] == "login_attempt"
     assert line["timestamp"].endswith("Z")

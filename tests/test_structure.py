@@ -1,4 +1,4 @@
-"""The import structure of the README's architecture, held by tests (issue 8).
+"""The import structure of docs/architecture.md#layers, held by tests (issue 8).
 
 1. import-linter's contracts (pyproject.toml): the apps import downward only
    (config > dlq > jobs > audit > core), the publisher is transport only, services

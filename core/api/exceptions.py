@@ -1,6 +1,6 @@
 """One exception handler for the whole API: every error leaves in one envelope.
 
-`{"error": {"code", "message", "details"}}` (DESIGN.md 6). `ApplicationError`s carry
+`{"error": {"code", "message", "details"}}` (docs/api.md#errors). `ApplicationError`s carry
 their own code and status; DRF's and Django's exceptions are mapped to a code here.
 A database that is down, unreachable or read-only is a 503 with `Retry-After`
 (nothing was written; a retry is safe). Anything else is not handled (returns None) so

@@ -1,5 +1,5 @@
 """OTP grants: `POST /api/v1/admin/otp` trades a current TOTP code for 15 minutes of
-admin API access, bound to the caller's DRF token (DESIGN.md 6).
+admin API access, bound to the caller's DRF token (docs/api.md#admin-calls-and-the-otp-grant).
 
 django-otp accepts each TOTP time step once (`TOTPDevice.last_t`), so a code cannot ride
 along on every call of a script; the script exchanges one for a grant instead. The

@@ -1,4 +1,4 @@
-"""The API's JSON parser: DRF's, plus the bounds of core.json (DESIGN.md 6).
+"""The API's JSON parser: DRF's, plus the bounds of core.json (docs/api.md#creating-a-job).
 
 DRF's JSONParser turns a `ValueError` into a 400 but lets `RecursionError` through, so a
 body nested a few thousand levels deep answered 500; a few hundred levels parsed fine

@@ -1,4 +1,4 @@
-"""Permission classes for admin API calls (DESIGN.md 6): staff, a verified OTP, and the
+"""Permission classes for admin API calls (docs/api.md): staff, a verified OTP, and the
 operator's permissions for writes.
 
 A refusal raises the view's own error class, so that each API area keeps its codes

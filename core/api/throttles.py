@@ -15,7 +15,7 @@ from core.errors import ApplicationError
 
 
 class AdminRateThrottle(SimpleRateThrottle):
-    """Admin API calls per user per minute: JOBOPS_RATE_LIMITS["admin_dlq"] (DESIGN.md 6).
+    """Admin API calls per user per minute: JOBOPS_RATE_LIMITS["admin_dlq"] (docs/api.md).
 
     DRF keeps each user's recent request times in the default cache (Redis), so the
     limit holds across web processes. Check and record are two cache calls, not one

@@ -1,4 +1,4 @@
-"""Base views for the admin API calls (DESIGN.md 6): who may call, how often, which codes.
+"""Base views for the admin API calls (docs/api.md): who may call, how often, which codes.
 
 Each API area subclasses `AdminApiView` and names its error prefix and error classes;
 the permission classes and the throttle raise those, so one area's refusals all carry

@@ -1,4 +1,4 @@
-"""OpenAPI documentation of the admin DLQ API: its error table (DESIGN.md 6)."""
+"""OpenAPI documentation of the admin DLQ API: its error table (docs/api.md#errors)."""
 
 from __future__ import annotations
 

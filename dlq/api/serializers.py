@@ -1,4 +1,4 @@
-"""Serializers shared by the admin DLQ API's views (DESIGN.md 6): the bodies that several
+"""Serializers shared by the admin DLQ API's views (docs/api.md): the bodies that several
 calls answer with, and the selection both replay and discard take. Each view keeps its
 own nested input serializer."""
 
@@ -65,7 +65,7 @@ class PeekMessageOutputSerializer(serializers.Serializer):
     death = DeathSummarySerializer(help_text="x-death in short: reason, count, first and last.")
     x_death = serializers.ListField(child=serializers.DictField(), allow_null=True)
     headers = serializers.DictField()
-    payload = serializers.DictField(allow_null=True, help_text="The job payload (DESIGN.md 3.5).")
+    payload = serializers.DictField(allow_null=True, help_text="The job payload.")
     body = serializers.CharField(allow_null=True, help_text="The raw body when undecodable.")
     decode_error = serializers.CharField(allow_null=True)
     redelivered = serializers.BooleanField()
@@ -149,7 +149,7 @@ class DlqFilterInputSerializer(ClosedSerializer):
 
 
 class DlqSelectionInputSerializer(ClosedSerializer):
-    """What replay and discard take (DESIGN.md 6): a justification and a selection of
+    """What replay and discard take (docs/api.md): a justification and a selection of
     the open dead letters in the queue (all of them when nothing narrows it)."""
 
     justification = StrictCharField(

@@ -1,4 +1,4 @@
-"""The admin DLQ API (DESIGN.md 6). Thin views: check, call a selector or service, render.
+"""The admin DLQ API (docs/api.md). Thin views: check, call a selector or service, render.
 
 Every call needs active staff with a verified OTP (an OTP-verified admin session, or a
 token with a live grant from `POST /api/v1/admin/otp`); writes need the operator's
@@ -172,7 +172,7 @@ class _ResolveApi(DlqApiView):
 
 
 class DlqReplayApi(_ResolveApi):
-    """POST /api/v1/admin/dlq/{queue}/replay (DESIGN.md 4.1): failed jobs run again."""
+    """POST /api/v1/admin/dlq/{queue}/replay: failed jobs run again."""
 
     action = "replay"
     required_permissions = ("jobs.replay_deadletter",)
@@ -195,7 +195,7 @@ class DlqReplayApi(_ResolveApi):
 
 
 class DlqDiscardApi(_ResolveApi):
-    """POST /api/v1/admin/dlq/{queue}/discard (DESIGN.md 4.1): rows closed, jobs stay failed."""
+    """POST /api/v1/admin/dlq/{queue}/discard: rows closed, jobs stay failed."""
 
     action = "discard"
     required_permissions = ("jobs.discard_deadletter",)

@@ -1,4 +1,4 @@
-"""The portal's roles (DESIGN.md 7) as groups: `viewer` reads everything in the portal,
+"""The portal's roles (docs/security.md) as groups: `viewer` reads everything in the portal,
 `operator` also cancels jobs and replays and discards dead letters. Users and OTP
 devices stay with superusers (no group grants them).
 

@@ -1,7 +1,7 @@
 """Serializers shared by the jobs API views: the job body.
 
 Each view keeps its own nested InputSerializer; the job body is shared because
-create, read, list and cancel all answer with it (DESIGN.md 6).
+create, read, list and cancel all answer with it (docs/api.md#the-job-body).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class ArtefactOutputSerializer(serializers.Serializer):
 
 
 class JobOutputSerializer(serializers.Serializer):
-    """The job body of DESIGN.md 6. Read-only by construction: no view writes through it."""
+    """The job body of docs/api.md. Read-only by construction: no view writes through it."""
 
     id = serializers.UUIDField()
     type = serializers.CharField()

@@ -11,7 +11,7 @@ from jobs.ratelimit import job_create_rate_limit
 
 
 class JobCreateThrottle(BaseThrottle):
-    """Every POST counts (DESIGN.md 6), idempotent repeats and refusals included.
+    """Every POST counts (docs/api.md#rate-limits), idempotent repeats and refusals included.
 
     A refusal raises RateLimitExceededError (429 ERR-JOB-RATE-LIMIT with Retry-After and
     the RateLimit-* headers); an allowed request leaves its decision on the request so

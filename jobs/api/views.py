@@ -1,4 +1,4 @@
-"""The jobs API (DESIGN.md 6). Thin views: parse, call a selector or service, render.
+"""The jobs API (docs/api.md). Thin views: parse, call a selector or service, render.
 
 Writes go only through `jobs.services`; reads only through `jobs.selectors`.
 """
@@ -57,7 +57,7 @@ CACHE_CONTROL = "private, no-cache"
 @extend_schema_field({"type": "object", "additionalProperties": {}})
 class ParamsField(serializers.JSONField):
     """Documented as the object it must be; anything else is refused by the service as
-    422 ERR-JOB-422 with the other bad params (DESIGN.md 6), not as a 400."""
+    422 ERR-JOB-422 with the other bad params (docs/api.md), not as a 400."""
 
 
 def job_body(job: Job, request: Request) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class JobCreateApi(APIView):
 
     class JobCreateInputSerializer(serializers.Serializer):
         type = serializers.ChoiceField(
-            choices=sorted(settings.JOB_TYPES), help_text="The job's type (DESIGN.md 3.1)."
+            choices=sorted(settings.JOB_TYPES), help_text="The job's type (docs/architecture.md)."
         )
         params = ParamsField(
             help_text=(

@@ -2,7 +2,7 @@
 
 Split by concern, re-exported here so that callers say `from jobs.services import ...`:
 
-- `transitions`: the one compare-and-set of DESIGN.md 3.4 with its audit entry and
+- `transitions`: the one compare-and-set of docs/architecture.md with its audit entry and
   event (`transition`, `Fence`), and `job_audit` for events that change no status;
 - `creation`: `job_create`, the API's `job_submit`, validation, idempotency keys;
 - `cancellation`: `job_cancel`;

@@ -1,4 +1,4 @@
-"""Files a job produces (DESIGN.md 3.2 `save_artefact`)."""
+"""Files a job produces (docs/architecture.md#the-handler-contract `save_artefact`)."""
 
 from __future__ import annotations
 

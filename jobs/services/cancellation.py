@@ -1,4 +1,4 @@
-"""Cancelling a job (DESIGN.md 3.7): a client's or operator's request, idempotent."""
+"""Cancelling a job (docs/architecture.md): a client's or operator's request, idempotent."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from jobs.states import Status
 
 
 def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
-    """Request cancellation (DESIGN.md 3.7); idempotent.
+    """Request cancellation (docs/architecture.md#cancellation); idempotent.
 
     1. Raise the flag once (audit `cancel_requested`) unless the job already ended.
     2. A job that has not started moves to `cancelled` now; a running one stops at

@@ -1,4 +1,4 @@
-"""Creating jobs (DESIGN.md 3.5): validation, idempotency keys, and the API's submit.
+"""Creating jobs (docs/architecture.md): validation, idempotency keys, and the API's submit.
 
 `job_create` is the one way a job comes to be (API, command line, tests); `job_submit`
 adds what the API's create answers with on top: backpressure, and a conflict turned
@@ -175,7 +175,7 @@ def job_create(
 
 
 def job_release_idempotency_keys(*, job_ids: Iterable[uuid.UUID] | None = None) -> int:
-    """Forget keys past their retention (DESIGN.md 3.5) so that a reuse makes a new job."""
+    """Forget keys past their retention (docs/architecture.md) so that a reuse makes a new job."""
     expired = Job.objects.filter(
         idempotency_key__isnull=False, idempotency_expires_at__lte=timezone.now()
     )
@@ -193,8 +193,8 @@ def job_submit(
     request_id: str | None = None,
     staff: bool = False,
 ) -> tuple[Job, bool]:
-    """The API's create (DESIGN.md 6): `job_create` behind backpressure; `staff` is the
-    caller's staff powers (see `job_create`).
+    """The API's create (docs/api.md#creating-a-job): `job_create` behind backpressure;
+    `staff` is the caller's staff powers (see `job_create`).
 
     1. Backpressure: a queue known to be deeper than its limit refuses new work (429);
        a repeat of an existing key makes no new work and is answered anyway.

@@ -1,4 +1,4 @@
-"""A job that fails for good, with its dead letter (DESIGN.md 4.1).
+"""A job that fails for good, with its dead letter (docs/architecture.md#dead-letters).
 
 Failing is part of a job's life: the worker (an error it cannot retry), the reaper (a
 worker lost on the last attempt), the dispatcher (a type that no longer exists) and

@@ -1,4 +1,4 @@
-"""Publishing jobs (DESIGN.md 3.5): a broker confirm moves `pending` -> `queued`.
+"""Publishing jobs (docs/architecture.md#publishing): a broker confirm moves `pending` -> `queued`.
 
 Only a broker confirm moves a job `pending` -> `queued` (or a due `retrying` ->
 `queued`). A publish that fails (broker down, unroutable, nacked) leaves the job as
@@ -69,7 +69,7 @@ def _mark_queued(jobs: list[Job]) -> None:
         )
 
 
-# --- the dispatcher's publish pass (DESIGN.md 3.5) -----------------------------------------
+# --- the dispatcher's publish pass (docs/architecture.md) -----------------------------------------
 
 # A job whose publish failed for a reason of its own (unroutable, refused) waits this
 # long, doubling to the cap, while the rows behind it go on. Per process: a restarted

@@ -1,4 +1,4 @@
-"""The reaper (DESIGN.md 3.6): jobs whose worker stopped heartbeating run again.
+"""The reaper (docs/architecture.md): jobs whose worker stopped heartbeating run again.
 
 A `running` job whose lock is older than JOBOPS_LOCK_TIMEOUT moves to `retrying` now
 (audit `reclaimed`), or to `failed` with a `worker_lost` dead letter once its attempts

@@ -1,4 +1,4 @@
-"""The one compare-and-set transition of DESIGN.md 3.4, audited with its event.
+"""The one compare-and-set transition of docs/architecture.md, audited with its event.
 
 Every status change of a job goes through `transition`: one conditional UPDATE, then in
 the same transaction the audit entry and the outbox event. Callers say what the
@@ -276,7 +276,7 @@ def _append(
 
 
 def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
-    """DESIGN.md 8 counters of a status change, incremented once its transaction commits."""
+    """Prometheus counters of a status change, incremented once its transaction commits."""
     if writes_progress:  # a final transition flushing the last coalesced progress value
         transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
     if target == Status.CANCELLED:
@@ -333,7 +333,7 @@ def jobs_audit(*, entries: dict[Any, dict[str, Any]], event_type: str, actor: Ac
 def job_insert(job: Job, *, actor: Actor) -> bool:
     """Insert a new `pending` job with its `created` entry and event, and wake the
     dispatcher, in one statement (jobs.sql.job_insert_sql). Creation counts as the
-    transition into `pending` (DESIGN.md 3.4). Returns False when the job's idempotency
+    transition into `pending` (docs/architecture.md). Returns False when the job's idempotency
     key was taken (nothing was written)."""
     ts = timezone.now()
     payload = canonical_bytes(

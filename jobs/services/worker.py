@@ -1,4 +1,4 @@
-"""A worker's writes to the job it runs (DESIGN.md 3.3, 3.6-3.8).
+"""A worker's writes to the job it runs (docs/architecture.md#claim-heartbeat-reaper).
 
 Every write after the claim is fenced (`Fence(locked_by, attempt)`): zero rows means
 the job was reclaimed from under the worker, and JobLost is raised; the worker then
@@ -28,13 +28,13 @@ WORKER = Actor.system("worker")
 
 
 def backoff_delay(*, attempt: int, cap: float, base: float | None = None) -> float:
-    """Delay before attempt n+1 (DESIGN.md 3.3): min(cap, base * 2**(n-1)) * U(0.5, 1.5)."""
+    """Delay before attempt n+1 (docs/architecture.md): min(cap, base * 2**(n-1)) * U(0.5, 1.5)."""
     base = settings.JOBOPS_BACKOFF_BASE_SECONDS if base is None else base
     return min(cap, base * 2 ** (max(attempt, 1) - 1)) * random.uniform(0.5, 1.5)
 
 
 def job_claim(*, job_id: uuid.UUID | str, locked_by: str) -> Job | None:
-    """Claim a job for one run (DESIGN.md 3.6); None when it is not claimable.
+    """Claim a job for one run (docs/architecture.md); None when it is not claimable.
 
     One compare-and-set from `pending`/`queued`, or a due `retrying`; it takes the
     lock and counts the attempt. None means the message is a duplicate or stale, or
@@ -164,7 +164,7 @@ def job_retry(
     """`running` -> `retrying` with `next_run_at = now + delay`; the dispatcher republishes.
 
     No Celery countdown/ETA: the wait lives in the database, survives a worker restart
-    and holds no prefetch slot (DESIGN.md 3.3).
+    and holds no prefetch slot (docs/architecture.md#outcomes-of-a-run).
     """
     return _leave_running(
         job_id=job_id,
@@ -193,7 +193,7 @@ def _leave_running(
     **options: Any,
 ) -> Job:
     """A final transition by the lock holder, carrying the last coalesced progress value
-    (DESIGN.md 3.8: it is always flushed on a state transition)."""
+    (docs/architecture.md: it is always flushed on a state transition)."""
     return transition(
         job_id=job_id,
         target=target,

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-import jobs.metrics  # noqa: F401  (registers the metrics of DESIGN.md 8)
+import jobs.metrics  # noqa: F401  (registers the metrics of docs/operations/observability.md)
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())

@@ -1,4 +1,4 @@
-"""The dead-letter pages of the portal (DESIGN.md 4.1, 7), through Django's test client."""
+"""The dead-letter pages of the portal (docs/operations/portal.md), through Django's test client."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The admin DLQ API (DESIGN.md 6): who may call it, what it answers, what it changes."""
+"""The admin DLQ API (docs/api.md): who may call it, what it answers, what it changes."""
 
 from __future__ import annotations
 

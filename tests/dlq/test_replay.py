@@ -1,4 +1,4 @@
-"""Replay and discard of dead letters (DESIGN.md 4.1), with the broker copies."""
+"""Replay and discard of dead letters (docs/operations/dead-letters.md), with the broker copies."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Roles (DESIGN.md 7): viewer reads, operator also cancels, replays and discards,
+"""Roles (docs/security.md#who-is-who): viewer reads, operator also cancels, replays and discards,
 superusers manage users and devices. Pages hide what a role cannot do; the server
 refuses it (403) when tried anyway."""
 

@@ -1,4 +1,4 @@
-"""The RabbitMQ topology of DESIGN.md 4, checked against the real broker with raw AMQP."""
+"""The RabbitMQ topology of docs/architecture.md, checked against the real broker with raw AMQP."""
 
 from __future__ import annotations
 

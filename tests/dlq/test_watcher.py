@@ -1,4 +1,4 @@
-"""The dead-letter watcher reconciles each case of DESIGN.md 4.1, idempotently."""
+"""The dead-letter watcher reconciles each case of docs/architecture.md, idempotently."""
 
 from __future__ import annotations
 

@@ -113,10 +113,10 @@ def test_api_honours_its_openapi_contract(case, token):
 
 
 def _rightly_400(case) -> bool:
-    """Schema-valid input that DESIGN.md 6 answers 400 for reasons no schema can state:
+    """Schema-valid input that docs/api.md#errors answers 400 for reasons no schema can state:
     a cursor that the server did not issue (an opaque token), an Idempotency-Key
     header that differs from the body's key, or a body past the JSON limits every body
-    has (core.json: depth, NUL, lone surrogates; README "Configuration")."""
+    has (core.json: depth, NUL, lone surrogates; docs/api.md#creating-a-job)."""
     if "cursor" in (case.query or {}):
         return True
     if case.body is not None and json_problem(case.body, max_depth=MAX_JSON_DEPTH):

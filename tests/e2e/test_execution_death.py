@@ -1,4 +1,4 @@
-"""Worker death (DESIGN.md 3.3 "worker lost", 3.6): kill -9, a handler that kills its
+"""Worker death (docs/architecture.md#claim-heartbeat-reaper): kill -9, a handler that kills its
 own worker, the hard time limit, and a reclaimed worker that is still alive."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""No-loss dispatch (DESIGN.md 3.5), cancellation before start (3.7), the worker's
-prefetch guard (4) and a database outage while a job fails (4.1)."""
+"""No-loss dispatch (docs/architecture.md), cancellation before start, the worker's
+prefetch guard and a database outage while a job fails."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def test_a_retry_waiting_for_its_delay_holds_no_slot_and_survives_a_worker_resta
 
 
 def test_a_listening_dispatcher_publishes_a_new_job_at_once_not_at_its_next_loop(settings):
-    """DESIGN.md 3.5: creation sends NOTIFY jobs_pending and the dispatcher, LISTENing,
+    """docs/architecture.md: creation sends NOTIFY jobs_pending and the dispatcher, LISTENing,
     publishes within milliseconds. Its loop runs every 30 s here, so only the
     notification can explain a publish within a second, for each of several jobs."""
     with dispatcher_process(interval=30, name="listening") as dispatcher:

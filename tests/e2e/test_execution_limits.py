@@ -1,4 +1,4 @@
-"""Time limits and a handler that kills its worker (DESIGN.md 3.3): both end through
+"""Time limits and a handler that kills its worker (docs/architecture.md): both end through
 the worker-lost path (reaper: retry, then a `worker_lost` dead letter), not a loop."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every job metric of DESIGN.md 8 moves by the right amount, read as Prometheus reads it.
+"""Every job metric moves by the right amount, read as Prometheus reads it.
 
 A real worker group exports its pool children's values through PROMETHEUS_MULTIPROC_DIR
 on JOBOPS_METRICS_PORT; the web process (this test process) serves its own /metrics.

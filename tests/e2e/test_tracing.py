@@ -1,4 +1,4 @@
-"""One trace per submission: API request -> job publish -> worker run (DESIGN.md 8).
+"""One trace per submission: API request -> job publish -> worker run.
 
 Every process here is real (gunicorn, the dispatcher, a Celery worker) and exports over
 OTLP/HTTP, configured only by the standard OTEL_* variables, to a small collector this

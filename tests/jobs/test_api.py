@@ -1,4 +1,4 @@
-"""The jobs API of DESIGN.md 6: create, read, list, cancel, artefacts, errors."""
+"""The jobs API of docs/api.md: create, read, list, cancel, artefacts, errors."""
 
 from __future__ import annotations
 

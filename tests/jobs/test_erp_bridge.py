@@ -1,4 +1,4 @@
-"""The ERP outbound bridge (DESIGN.md 3.8): erp.events -> HTTP POST with Idempotency-Key.
+"""The ERP outbound bridge (docs/architecture.md): erp.events -> HTTP POST with Idempotency-Key.
 
 Real RabbitMQ (the events get there through the real outbox relay) and a real HTTP
 server on 127.0.0.1 that answers with scripted statuses and records every request.

@@ -1,4 +1,4 @@
-"""The event outbox relay (DESIGN.md 3.8) against the real PostgreSQL and RabbitMQ.
+"""The event outbox relay (docs/architecture.md) against the real PostgreSQL and RabbitMQ.
 
 A temporary queue bound to `events.jobs` sees exactly what a consumer such as
 `erp.events` sees.

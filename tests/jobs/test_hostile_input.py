@@ -173,7 +173,7 @@ def test_an_unreachable_database_answers_503(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_blackholed_broker_does_not_hold_the_request(settings):
-    """The request never waits on the broker (DESIGN.md 3.5): the job is committed
+    """The request never waits on the broker (docs/architecture.md): the job is committed
     `pending` and the dispatcher publishes it. Before: the 5 s publish timeout."""
     import socket
     import time

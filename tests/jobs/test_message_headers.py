@@ -1,4 +1,4 @@
-"""A published job message says what happened before in its headers (DESIGN.md 8)."""
+"""A published job message says what happened before in its headers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rate limits (atomic Redis token buckets) and queue-depth backpressure (DESIGN.md 6)."""
+"""Rate limits (atomic Redis token buckets) and queue-depth backpressure (docs/api.md)."""
 
 from __future__ import annotations
 

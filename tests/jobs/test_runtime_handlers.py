@@ -1,4 +1,4 @@
-"""The reference handlers of DESIGN.md 3.1, called directly with a stand-in context."""
+"""The reference handlers of docs/architecture.md, called directly with a stand-in context."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from jobs.topology import dlq_name, dlq_names
 
 
 class Command(BaseCommand):
-    help = "Inspect, peek, replay and discard dead letters (DESIGN.md 4.1)."
+    help = "Inspect, peek, replay and discard dead letters (docs/operations/dead-letters.md)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")

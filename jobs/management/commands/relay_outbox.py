@@ -14,7 +14,7 @@ from jobs.events import outbox_prune, outbox_relay_once
 class Command(BaseCommand):
     help = (
         "Relay unpublished job events from the outbox to the events.jobs exchange "
-        "(DESIGN.md 3.8). The dispatcher does this every loop; this command is for "
+        "(docs/architecture.md). The dispatcher does this every loop; this command is for "
         "operators (drain a backlog, relay with the dispatcher stopped, prune old rows)."
     )
 

@@ -18,7 +18,7 @@ from jobs.dispatcher import ROLES, dispatch_forever, dispatch_once, role_steps
 class Command(BaseCommand):
     help = (
         "Publish pending and due retrying jobs, reap stale locks, relay the event outbox, "
-        "write audit checkpoints, cache queue depths and watch dead letters (DESIGN.md 3.5). "
+        "write audit checkpoints, cache queue depths and watch dead letters. "
         "Safe to run on several hosts at once."
     )
 

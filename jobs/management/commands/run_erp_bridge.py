@@ -14,7 +14,7 @@ from jobs.erp_bridge import erp_bridge_run
 class Command(BaseCommand):
     help = (
         "POST every job event of the erp.events queue to JOBOPS_ERP_EVENTS_URL with "
-        "Idempotency-Key: <event_id> (DESIGN.md 3.8). 5xx/timeouts are retried with "
+        "Idempotency-Key: <event_id> (docs/architecture.md). 5xx/timeouts are retried with "
         "backoff; permanent refusals (4xx) are parked on erp.events.parked."
     )
 

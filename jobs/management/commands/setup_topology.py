@@ -12,7 +12,7 @@ from jobs.topology import ERP_EVENTS_QUEUE_NAME, erp_configured, topology
 
 
 class Command(BaseCommand):
-    help = "Declare the RabbitMQ exchanges, queues and bindings of DESIGN.md 4 (idempotent)."
+    help = "Declare the RabbitMQ exchanges, queues and bindings (idempotent)."
 
     def handle(self, *args: Any, **options: Any) -> None:
         conflicts: list[str] = []
@@ -33,8 +33,9 @@ class Command(BaseCommand):
                 self._warn_unconsumed_erp_queue(conn)
         if conflicts:
             raise CommandError(
-                "existing declarations differ from DESIGN.md 4 (arguments cannot change in "
-                "place; see README 'Changing queue arguments'):\n  " + "\n  ".join(conflicts)
+                "existing declarations differ from the topology (arguments cannot change in "
+                "place; see docs/architecture.md#changing-queue-arguments):\n  "
+                + "\n  ".join(conflicts)
             )
         self.stdout.write(self.style.SUCCESS("topology is in place"))
 
