@@ -48,7 +48,8 @@ class StaffFactory(UserFactory):
 
 
 class OperatorFactory(StaffFactory):
-    """Staff with the operator's permissions: cancel any job, replay and discard."""
+    """Staff with the operator's permissions: read and cancel any job, replay and
+    discard (the `operator` role's job powers; role_user("operator") has them all)."""
 
     username = factory.Sequence(lambda n: f"operator{n}")
 
@@ -59,7 +60,12 @@ class OperatorFactory(StaffFactory):
         if create:
             self.user_permissions.add(
                 *Permission.objects.filter(
-                    codename__in=["cancel_job", "replay_deadletter", "discard_deadletter"]
+                    codename__in=[
+                        "view_job",
+                        "cancel_job",
+                        "replay_deadletter",
+                        "discard_deadletter",
+                    ]
                 )
             )
 

@@ -64,6 +64,14 @@ def job_body(job: Job, request: Request) -> dict[str, Any]:
     return job_representation(job, request)
 
 
+def _staff_powers(request: Request) -> bool:
+    """Whether the caller may use staff powers on the jobs API (other users' jobs,
+    staff-only params): staff with a verified second factor and a role that reads jobs
+    (`jobs.view_job`: viewer, operator, superuser). Anyone else is their plain user.
+    Asked only of staff: for everyone else it costs nothing."""
+    return staff_powers(request) and request.user.has_perm("jobs.view_job")
+
+
 def _etag_matches(request: Request, etag: str) -> bool:
     """If-None-Match uses the weak comparison (RFC 9110 13.1.2): W/ prefixes are ignored."""
     header = request.headers.get("If-None-Match")
@@ -151,7 +159,7 @@ class JobCreateApi(APIView):
             params=data["params"],
             idempotency_key=_idempotency_key(request, data.get("idempotency_key")),
             request_id=request_id_of(request),
-            staff=staff_powers(request),
+            staff=_staff_powers(request),
         )
         headers = {"ETag": job.etag}
         if created:
@@ -236,7 +244,7 @@ class JobListApi(APIView):
         filters.is_valid(raise_exception=True)
         jobs = job_list_for_user(
             user=request.user,
-            staff=staff_powers(request),
+            staff=_staff_powers(request),
             status=filters.validated_data.get("status"),
             job_type=filters.validated_data.get("type"),
             created_after=filters.validated_data.get("created_after"),
@@ -277,7 +285,7 @@ class JobDetailApi(APIView):
         """1. With If-None-Match, read only the version (one indexed row): 304 if the
         client has it, nothing serialized. 2. Else the job with its artefacts, in one
         query, and the body."""
-        staff = staff_powers(request)
+        staff = _staff_powers(request)
         if request.headers.get("If-None-Match"):
             version = job_version_for_user(job_id=job_id, user=request.user, staff=staff)
             if version is None:
@@ -305,7 +313,7 @@ class JobCancelApi(APIView):
         responses={200: JobOutputSerializer, **error_responses(401, 403, 404, 409)},
     )
     def post(self, request: Request, job_id: uuid.UUID) -> Response:
-        job = job_cancel_for_user(job_id=job_id, user=request.user, staff=staff_powers(request))
+        job = job_cancel_for_user(job_id=job_id, user=request.user, staff=_staff_powers(request))
         return Response(job_body(job, request), headers={"ETag": job.etag})
 
 
@@ -323,7 +331,7 @@ class JobArtefactApi(APIView):
     )
     def get(self, request: Request, job_id: uuid.UUID, artefact_id: uuid.UUID) -> FileResponse:
         artefact = artefact_get_for_user(
-            job_id=job_id, artefact_id=artefact_id, user=request.user, staff=staff_powers(request)
+            job_id=job_id, artefact_id=artefact_id, user=request.user, staff=_staff_powers(request)
         )
         try:
             handle = artefact.file.open("rb")

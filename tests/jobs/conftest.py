@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from jobs.backpressure import queue_depths_forget
 from jobs.redis_client import redis_client, redis_key
-from tests.factories import StaffFactory, UserFactory, client_for, client_with_grant
+from tests.factories import StaffFactory, UserFactory, client_for, client_with_grant, role_user
 
 
 @pytest.fixture
@@ -31,8 +31,8 @@ def other_api() -> APIClient:
 
 @pytest.fixture
 def staff_api() -> APIClient:
-    """A staff token holding a live OTP grant: staff powers on the public API."""
-    return client_with_grant(StaffFactory())
+    """A viewer's token holding a live OTP grant: staff powers on the public API."""
+    return client_with_grant(role_user("viewer"))
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ def test_replay_and_discard_need_their_permission():
 
 def test_staff_cancel_someone_elses_job_through_the_api_only_with_the_permission():
     job = make_job(owner=UserFactory())
-    refused = client_with_grant(StaffFactory()).post(f"/api/v1/jobs/{job.id}/cancel")
+    refused = client_with_grant(role_user("viewer")).post(f"/api/v1/jobs/{job.id}/cancel")
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "ERR-AUTH-403"
     assert Job.objects.get(id=job.id).status == Status.PENDING
@@ -159,3 +159,12 @@ def test_a_staff_session_that_passed_otp_has_staff_powers_and_one_that_did_not_h
     password_only = APIClient()
     password_only.force_login(role_user("operator"))
     assert password_only.get(f"/api/v1/jobs/{job.id}").status_code == 404
+
+
+def test_verified_staff_without_a_role_that_reads_jobs_is_its_plain_user():
+    job = make_job(owner=UserFactory(), job_type="sim")
+    no_role = client_with_grant(StaffFactory())
+    assert no_role.get(f"/api/v1/jobs/{job.id}").status_code == 404
+    assert no_role.post(f"/api/v1/jobs/{job.id}/cancel").status_code == 404
+    assert no_role.get("/api/v1/jobs").json()["results"] == []
+    assert Job.objects.get(id=job.id).cancel_requested is False
