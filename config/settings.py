@@ -227,6 +227,16 @@ for _type, _fields in env_json("JOBOPS_JOB_TYPES", {}).items():
         raise ImproperlyConfigured(f"JOBOPS_JOB_TYPES: unknown type or field in {_type!r}")
     JOB_TYPES[_type].update(_fields)
 
+# The work a job's params plan (a schema's estimate, e.g. sim steps x step_seconds) may
+# fill at most this fraction of its type's soft time limit. The rest is headroom for a
+# slow host and the database: a job planned to the limit itself hits it near the end of
+# every attempt, so it is refused at creation instead (jobs.types.JobType.work_budget).
+JOBOPS_WORK_BUDGET_FRACTION = env_float("JOBOPS_WORK_BUDGET_FRACTION", 0.8)
+if not 0 < JOBOPS_WORK_BUDGET_FRACTION <= 1:
+    raise ImproperlyConfigured(
+        f"JOBOPS_WORK_BUDGET_FRACTION={JOBOPS_WORK_BUDGET_FRACTION!r} must be in (0, 1]"
+    )
+
 JOBOPS_LOCK_TIMEOUT = env_int("JOBOPS_LOCK_TIMEOUT", 60)
 JOBOPS_HEARTBEAT_SECONDS = env_int("JOBOPS_HEARTBEAT_SECONDS", 10)
 # Execution (docs/architecture.md); tests shrink these through the environment.

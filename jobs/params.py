@@ -6,7 +6,10 @@ client sends. The bounds are the class attributes below (documented in
 docs/architecture.md#job-types-and-handlers); the serializer's `context["spec"]` is the
 job's type (jobs.types.JobType), for the bounds that depend on its time limit, and
 `context["staff"]` whether the caller holds staff powers (staff with a verified second
-factor). Handlers receive the validated values.
+factor). A schema that estimates its run time checks it against `spec.work_budget` (a
+fraction of the soft time limit, leaving headroom). Only `sim` plans a duration (the
+client chooses step_seconds); the others bound the size of their input instead (cam
+passes, model points, ai text, report rows). Handlers receive the validated values.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from django.conf import settings
 from rest_framework import serializers
 
 
@@ -58,17 +62,19 @@ class SimParams(StrictParams):
     seed = serializers.IntegerField(required=False, default=0, min_value=0, max_value=2**63 - 1)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        # The run must end before the type's soft time limit, or every attempt times out.
+        # The run must end well before the type's soft time limit (its work budget keeps
+        # headroom), or every attempt times out near the end.
         spec = self.context.get("spec")
         if spec is not None:
-            budget = spec.soft_time_limit
             planned = attrs["steps"] * attrs["step_seconds"]
-            if planned > budget:
+            if exceeds(planned, spec.work_budget):
                 raise serializers.ValidationError(
                     {
                         "step_seconds": [
-                            f"steps x step_seconds is {planned:g} s; the sim type's time "
-                            f"limit allows at most {budget} s."
+                            f"steps x step_seconds plans {planned:g} s of work; a sim job "
+                            f"may plan at most {spec.work_budget:g} s "
+                            f"({settings.JOBOPS_WORK_BUDGET_FRACTION:.0%} of its "
+                            f"{spec.soft_time_limit} s soft time limit)."
                         ]
                     }
                 )
@@ -130,6 +136,12 @@ class CamParams(StrictParams):
                 }
             )
         return attrs
+
+
+def exceeds(planned: float, budget: float) -> bool:
+    """Planned work over the budget; a plan equal to it up to float rounding (1,200
+    steps of 0.56 s are 672.0000000000001 s against 672 s) is within it."""
+    return planned > budget and not math.isclose(planned, budget)
 
 
 def cam_passes(height: float, tool_diameter: float, stepover: float) -> int:

@@ -25,6 +25,12 @@ class JobType:
         return self.max_retries + 1
 
     @property
+    def work_budget(self) -> float:
+        """Seconds of planned work a job of this type may have: JOBOPS_WORK_BUDGET_FRACTION
+        of its soft time limit (the params schemas that estimate their work check it)."""
+        return self.soft_time_limit * settings.JOBOPS_WORK_BUDGET_FRACTION
+
+    @property
     def task_name(self) -> str:
         return f"jobs.{self.name}"
 

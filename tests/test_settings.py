@@ -56,6 +56,13 @@ def test_bad_boolean_is_named():
     assert "DEBUG='maybe' is not a boolean" in result.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.2"])
+def test_a_work_budget_fraction_outside_zero_to_one_is_refused_and_named(value):
+    result = _start(JOBOPS_WORK_BUDGET_FRACTION=value)
+    assert result.returncode != 0
+    assert "JOBOPS_WORK_BUDGET_FRACTION" in result.stderr and "(0, 1]" in result.stderr
+
+
 def test_development_defaults_start_without_any_variable():
     result = _start(**{k: "" for k in SAFE} | {"DEBUG": "true"})
     assert result.returncode == 0, result.stderr

@@ -110,6 +110,53 @@ def test_params_that_exhaust_a_worker_are_a_422_naming_the_field(api, job_type, 
     assert not Job.objects.exists()
 
 
+# sim's soft time limit is 840 s; its work budget keeps 20 % headroom: at most 672 s.
+@pytest.mark.parametrize(
+    ("steps", "step_seconds", "planned"),
+    [(10000, 0.084, "840"), (10000, 0.06721, "672.1")],
+    ids=["at-the-time-limit", "just-over-80-percent"],
+)
+def test_sim_planned_over_its_work_budget_is_a_422_naming_step_seconds(
+    api, steps, step_seconds, planned
+):
+    params = {"steps": steps, "step_seconds": step_seconds}
+    response = api.post(JOBS, {"type": "sim", "params": params}, format="json")
+    assert response.status_code == 422, response.content
+    error = response.json()["error"]
+    assert error["code"] == "ERR-JOB-422"
+    [message] = error["details"]["step_seconds"]
+    assert f"plans {planned} s of work" in message
+    assert not Job.objects.exists()
+
+
+def test_sim_work_budget_message_names_the_allowed_maximum(api):
+    params = {"steps": 10000, "step_seconds": 0.084}
+    response = api.post(JOBS, {"type": "sim", "params": params}, format="json")
+    [message] = response.json()["error"]["details"]["step_seconds"]
+    assert "at most 672 s (80% of its 840 s soft time limit)" in message
+
+
+@pytest.mark.parametrize(
+    ("steps", "step_seconds"),
+    [(10000, 0.0672), (1200, 0.56), (10000, 0.067)],
+    ids=["exactly-80-percent", "exactly-80-percent-up-to-rounding", "under"],
+)
+def test_sim_planned_within_its_work_budget_is_created(api, steps, step_seconds):
+    params = {"steps": steps, "step_seconds": step_seconds}
+    response = api.post(JOBS, {"type": "sim", "params": params}, format="json")
+    assert response.status_code == 201, response.content
+
+
+def test_the_work_budget_fraction_is_one_setting(api, settings):
+    settings.JOBOPS_WORK_BUDGET_FRACTION = 0.5  # 420 s of sim's 840 s
+    over = {"steps": 1000, "step_seconds": 0.43}
+    response = api.post(JOBS, {"type": "sim", "params": over}, format="json")
+    assert response.status_code == 422, response.content
+    within = {"steps": 1000, "step_seconds": 0.42}
+    response = api.post(JOBS, {"type": "sim", "params": within}, format="json")
+    assert response.status_code == 201, response.content
+
+
 def test_the_handler_receives_the_validated_params(api):
     response = api.post(JOBS, {"type": "sim", "params": {"steps": "20.0"}}, format="json")
     assert response.status_code == 201, response.content
