@@ -79,9 +79,9 @@ class JobContext:
 
     # --- the handler API ------------------------------------------------------------
     def progress(self, percent: float, step: str | None = None, message: str | None = None) -> None:
-        """Report progress: monotonic (never goes back), coalesced to one write per
-        JOBOPS_PROGRESS_INTERVAL_SECONDS; the last value is always flushed with the
-        final transition."""
+        """Report progress: monotonic within the attempt (never goes back; the claim
+        started it from zero), coalesced to one write per JOBOPS_PROGRESS_INTERVAL_SECONDS;
+        the last value is always flushed with the final transition."""
         self._ensure_alive()
         with self._lock:
             self._percent = max(self._percent, max(0, min(100, int(percent))))

@@ -24,7 +24,10 @@ WORKER_HOLDS_LOCK = (
 LOCK_IS_STALE = "jobs.locked_at < now() - make_interval(secs => %(stale_after)s)"
 # A claim may take pending and queued jobs at once, a retrying one only when it is due.
 RETRY_IS_DUE = "(jobs.status <> 'retrying' OR jobs.next_run_at <= now())"
-# Progress never goes back, even when two writes cross (docs/architecture.md).
+# Progress never goes back within an attempt, even when two writes cross
+# (docs/architecture.md). Each claim starts the next attempt's progress from zero
+# (SET_CLAIM), and a write of an earlier attempt is fenced out, so the maximum is
+# always this attempt's.
 MONOTONIC_PERCENT = "GREATEST(jobs.progress_percent, %(percent)s)"
 
 
@@ -217,6 +220,12 @@ SET_CLAIM = [
     "locked_at = now()",
     "attempts = jobs.attempts + 1",
     "next_run_at = NULL",
+    # Progress belongs to an attempt: a retry or a reclaimed job starts from zero, not
+    # from the 99 % its last attempt reached before the time limit or a lost worker.
+    "progress_percent = 0",
+    "progress_step = NULL",
+    "progress_message = NULL",
+    "progress_updated_at = NULL",
 ]
 SET_UNLOCK = ["locked_by = NULL", "locked_at = NULL"]
 SET_RUN_IN = ["next_run_at = now() + make_interval(secs => %(run_in)s)"]

@@ -37,8 +37,10 @@ def job_claim(*, job_id: uuid.UUID | str, locked_by: str) -> Job | None:
     """Claim a job for one run (docs/architecture.md); None when it is not claimable.
 
     One compare-and-set from `pending`/`queued`, or a due `retrying`; it takes the
-    lock and counts the attempt. None means the message is a duplicate or stale, or
-    the job runs elsewhere: the caller acks and does nothing.
+    lock, counts the attempt and resets progress to zero (progress is the attempt's,
+    monotonic within it: a retry does not show the last attempt's 99 %). None means
+    the message is a duplicate or stale, or the job runs elsewhere: the caller acks and
+    does nothing.
     """
     try:
         return transition(
@@ -99,7 +101,7 @@ def job_progress_write(
 ) -> None:
     """Write one (coalesced) progress value and audit it, fenced, in one statement;
     bumps `version` (the ETag moves). The entry records the percent the row holds
-    after the write (progress never goes back)."""
+    after the write (progress never goes back within the attempt)."""
     value = Progress(max(0, min(100, int(percent))), step, message)
     row = job_audit(
         job_id=job_id,

@@ -18,6 +18,7 @@ from jobs.services import (
     job_cancel,
     job_claim,
     job_reclaim,
+    job_retry,
     job_succeed,
 )
 from tests.factories import backdate, job_in_state
@@ -110,6 +111,43 @@ def test_claim_refuses_a_running_job_and_a_retry_not_yet_due():
     backdate(job, next_run_at=0)  # due now
     again = job_claim(job_id=job.id, locked_by="w2")
     assert again is not None and again.attempts == 2 and again.locked_by == "w2"
+
+
+def test_claim_of_a_retry_starts_progress_from_zero(settings):
+    settings.JOBOPS_PROGRESS_INTERVAL_SECONDS = 0
+    job, fence = claimed()
+    ctx = JobContext(job=job, fence=fence, log=None)
+    ctx.progress(99, step="9900/10000", message="x=1.0")
+    job_retry(job_id=job.id, fence=fence, delay=0, error_code="TIME_LIMIT", error_message="late")
+    assert Job.objects.get(id=job.id).progress_percent == 99  # the failed attempt's, until...
+    again = job_claim(job_id=job.id, locked_by="w2")
+    assert again is not None and again.attempts == 2
+    stored = Job.objects.get(id=job.id)
+    assert (stored.progress_percent, stored.progress_step, stored.progress_message) == (
+        0,
+        None,
+        None,
+    )
+    assert stored.progress_updated_at is None
+    # Within the new attempt progress is monotonic again, from zero.
+    ctx2 = JobContext(job=again, fence=Fence("w2", 2), log=None)
+    ctx2.progress(2, step="200/10000")
+    ctx2.progress(1, step="100/10000")
+    assert Job.objects.get(id=job.id).progress_percent == 2
+
+
+def test_claim_after_a_reclaim_starts_progress_from_zero(settings):
+    settings.JOBOPS_PROGRESS_INTERVAL_SECONDS = 0
+    job, fence = claimed()
+    JobContext(job=job, fence=fence, log=None).progress(60, step="lost here")
+    backdate(job, locked_at=60)  # the worker was killed
+    assert job_reclaim(job_id=job.id, lock_timeout=30).progress_percent == 60
+    again = job_claim(job_id=job.id, locked_by="w2")
+    assert (again.progress_percent, again.progress_step, again.attempts) == (0, None, 2)
+    # A late write of the lost attempt cannot bring its percent back (fenced).
+    with pytest.raises(JobLost):
+        JobContext(job=job, fence=fence, log=None).progress(80)
+    assert Job.objects.get(id=job.id).progress_percent == 0
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 3, 6, 10])
