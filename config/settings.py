@@ -237,6 +237,13 @@ if not 0 < JOBOPS_WORK_BUDGET_FRACTION <= 1:
         f"JOBOPS_WORK_BUDGET_FRACTION={JOBOPS_WORK_BUDGET_FRACTION!r} must be in (0, 1]"
     )
 
+# A job stopped by its soft time limit is retried at most this many times (not up to its
+# max_retries): a second overrun of the same work is not transient, and each attempt
+# holds a slot of its queue for the whole limit. The next one dead-letters it.
+JOBOPS_TIME_LIMIT_RETRIES = env_int("JOBOPS_TIME_LIMIT_RETRIES", 1)
+if JOBOPS_TIME_LIMIT_RETRIES < 0:
+    raise ImproperlyConfigured(f"JOBOPS_TIME_LIMIT_RETRIES={JOBOPS_TIME_LIMIT_RETRIES} is negative")
+
 JOBOPS_LOCK_TIMEOUT = env_int("JOBOPS_LOCK_TIMEOUT", 60)
 JOBOPS_HEARTBEAT_SECONDS = env_int("JOBOPS_HEARTBEAT_SECONDS", 10)
 # Execution (docs/architecture.md); tests shrink these through the environment.

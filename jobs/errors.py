@@ -8,6 +8,11 @@ services refuse to their callers (API errors) is `jobs.exceptions`.
 
 from __future__ import annotations
 
+# The code of a handler stopped by its type's soft time limit (Celery raises
+# SoftTimeLimitExceeded in it). Retryable, but only JOBOPS_TIME_LIMIT_RETRIES times per
+# job: work that outgrew its limit once usually does again.
+TIME_LIMIT = "TIME_LIMIT"
+
 
 class JobError(Exception):
     code = "ERR-HANDLER"

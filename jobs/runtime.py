@@ -9,10 +9,11 @@
 3. Run the handler with a `JobContext` while the process's heartbeat thread refreshes
    the lock.
 4. Record the outcome, fenced by `Fence(locked_by, attempt)`: succeeded; retrying
-   with a jittered backoff (the dispatcher republishes it when due); failed with a
-   dead letter, committed BEFORE the message is rejected with requeue=False so that
-   the broker DLQ gets its copy; cancelled. `JobLost` anywhere: stop, ack, write
-   nothing more. The database unreachable: reject with requeue=True and decide nothing.
+   with a jittered backoff (the dispatcher republishes it when due; the soft time
+   limit only JOBOPS_TIME_LIMIT_RETRIES times per job); failed with a dead letter,
+   committed BEFORE the message is rejected with requeue=False so that the broker DLQ
+   gets its copy; cancelled. `JobLost` anywhere: stop, ack, write nothing more. The
+   database unreachable: reject with requeue=True and decide nothing.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 
 from jobs import metrics
-from jobs.errors import FatalError, JobCancelled, JobError
+from jobs.errors import TIME_LIMIT, FatalError, JobCancelled, JobError
 from jobs.exceptions import JobLost
 from jobs.models import Artefact, Job
+from jobs.selectors import job_time_limit_retries
 from jobs.services import (
     WORKER,
     Fence,
@@ -48,7 +50,7 @@ from jobs.services import (
     job_succeed,
     validate_result,
 )
-from jobs.types import get_type
+from jobs.types import JobType, get_type
 
 logger = structlog.get_logger("jobs.runtime")
 
@@ -244,7 +246,7 @@ def _requeue_db_down(log: Any, exc: BaseException) -> Reject:
 def classify(exc: BaseException) -> tuple[str, str]:
     """(outcome, error_code) for a handler's exception (docs/architecture.md#outcomes-of-a-run)."""
     if isinstance(exc, SoftTimeLimitExceeded):
-        return "retry", "TIME_LIMIT"
+        return "retry", TIME_LIMIT
     if isinstance(exc, FatalError | IntegrityError):
         return "fatal", getattr(exc, "code", "INTEGRITY")
     if isinstance(exc, JobError):
@@ -349,6 +351,8 @@ def _finish(
         job_cancel_confirm(job_id=job.id, fence=fence, progress=progress)
         log.info("job_cancelled", after_error=code)
         return {**summary, "outcome": "cancelled"}
+    if isinstance(error, SoftTimeLimitExceeded):
+        kind, message = _time_limit_outcome(job=job, spec=spec, attempt=fence.attempt)
     if kind == "retry" and fence.attempt < job.max_attempts:
         delay = backoff_delay(attempt=fence.attempt, cap=spec.backoff_cap)
         job_retry(
@@ -375,3 +379,21 @@ def _finish(
     log.error("job_dead_lettered", reason=reason, error_code=code, error=message)
     # Committed; now the broker copy: reject without requeue -> <q>.dlx -> <q>_dlq.
     raise Reject(f"{reason}: {code}", requeue=False)
+
+
+def _time_limit_outcome(*, job: Job, spec: JobType, attempt: int) -> tuple[str, str]:
+    """(kind, message) of an attempt stopped by its soft time limit: retried while the
+    job has had fewer than JOBOPS_TIME_LIMIT_RETRIES time-limit retries, else
+    non-retryable. Work that ran past its limit twice would do so on every attempt,
+    each holding a slot of the queue for the whole limit."""
+    limit = f"the {spec.name} type's soft time limit of {spec.soft_time_limit} s"
+    allowed = settings.JOBOPS_TIME_LIMIT_RETRIES
+    earlier = job_time_limit_retries(job_id=job.id)
+    if earlier < allowed:
+        times = "once" if allowed == 1 else f"at most {allowed} times"
+        return "retry", f"attempt {attempt} ran past {limit} (retried {times} per job)"
+    return "nonretryable", (
+        f"attempt {attempt} ran past {limit}, after {earlier} time-limit "
+        f"{'retry' if earlier == 1 else 'retries'}: not retried again "
+        "(give the job less work, or raise its type's time limit)"
+    )

@@ -23,6 +23,7 @@ from audit.models import ActorType, AuditLog
 from audit.services import job_chain
 from core.db import execute_prepared, model_from_row, select_columns
 from jobs import sql
+from jobs.errors import TIME_LIMIT
 from jobs.exceptions import JobNotFoundError
 from jobs.models import Artefact, DeadLetter, Job
 from jobs.states import Status
@@ -219,6 +220,31 @@ def job_timeline(*, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
     for entry in entries:
         entry["summary"] = _summary(entry["event"], entry["data"])
     return entries
+
+
+def job_time_limit_retries(*, job_id: uuid.UUID | str) -> int:
+    """How many of the job's attempts were retried after their soft time limit, since
+    its latest DLQ replay (a replay gives the job a fresh budget).
+
+    Read from its audit chain, where each retry is a `retrying` entry with its error
+    code: the chain is the job's authoritative history, so no counter column has to be
+    kept beside it. The worker asks while it holds the job's lock, so no retry of the
+    job can be appended meanwhile. A chain has a few such entries (at most its
+    max_attempts), read through the chain's (chain, seq) unique index."""
+    rows = (
+        AuditLog.objects.filter(
+            chain=job_chain(job_id), event_type__in=["retrying", "dlq_replayed"]
+        )
+        .only("event_type", "payload")
+        .order_by("seq")
+    )
+    count = 0
+    for row in rows:
+        if row.event_type == "dlq_replayed":
+            count = 0
+        elif _payload_data(row).get("error_code") == TIME_LIMIT:
+            count += 1
+    return count
 
 
 def _summary(event: str, data: dict[str, Any]) -> str:

@@ -63,6 +63,12 @@ def test_a_work_budget_fraction_outside_zero_to_one_is_refused_and_named(value):
     assert "JOBOPS_WORK_BUDGET_FRACTION" in result.stderr and "(0, 1]" in result.stderr
 
 
+def test_a_negative_time_limit_retries_is_refused_and_named():
+    result = _start(JOBOPS_TIME_LIMIT_RETRIES="-1")
+    assert result.returncode != 0
+    assert "JOBOPS_TIME_LIMIT_RETRIES=-1 is negative" in result.stderr
+
+
 def test_development_defaults_start_without_any_variable():
     result = _start(**{k: "" for k in SAFE} | {"DEBUG": "true"})
     assert result.returncode == 0, result.stderr

@@ -1,10 +1,14 @@
-"""Time limits and a handler that kills its worker (docs/architecture.md): both end through
-the worker-lost path (reaper: retry, then a `worker_lost` dead letter), not a loop."""
+"""Time limits and a handler that kills its worker (docs/architecture.md): the hard limit
+and a killed worker end through the worker-lost path (reaper: retry, then a
+`worker_lost` dead letter), the soft limit after one retry; never a loop."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from audit.models import AuditLog
 from jobs.models import DeadLetter
 from tests import handlers
 from tests.factories import make_job
@@ -22,19 +26,22 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 # cam: two attempts, and time limits small enough to hit (soft 1 s, hard 2 s).
 CAM = {"max_retries": 1, "soft_time_limit": 1, "time_limit": 2}
+# model: the same limits, but five attempts: a time limit must not use them all.
+MODEL = {"max_retries": 4, "soft_time_limit": 1, "time_limit": 2}
 
 
 @pytest.fixture(scope="module")
 def _cam_processes(django_db_setup, django_db_blocker):
     with django_db_blocker.unblock():
-        with celery_worker(queues=["cam"], concurrency=2, env=scripted_env(cam=CAM), name="cam"):
+        env = scripted_env(cam=CAM, model=MODEL)
+        with celery_worker(queues=["cam", "model"], concurrency=2, env=env, name="cam"):
             with dispatcher_process():
                 yield
 
 
 @pytest.fixture
 def cam_worker(_cam_processes, settings):
-    scripted_table(settings, cam=CAM)
+    scripted_table(settings, cam=CAM, model=MODEL)
 
 
 def test_handler_that_kills_its_worker_ends_failed_worker_lost(cam_worker):
@@ -57,10 +64,47 @@ def test_hard_time_limit_ends_through_the_worker_lost_path(cam_worker):
     assert "reclaimed" in job_events(job.id)  # retried once after the first hard limit
 
 
-def test_soft_time_limit_is_retryable(cam_worker):
+def test_soft_time_limit_is_retried_once_then_dead_lettered(cam_worker):
     job = make_job(job_type="cam", params={"do": "sleep", "seconds": 30})
     done = job_finished(job.id)
     assert done.status == "failed" and done.attempts == 2
-    assert "retrying" in job_events(job.id)
+    assert "retrying" in job_events(job.id)  # the first time limit is retried
     row = DeadLetter.objects.get(job_id=job.id)
-    assert (row.reason, row.error_code) == ("exhausted", "TIME_LIMIT")
+    # The second is not transient: non-retryable, though it was also the last attempt.
+    assert (row.reason, row.error_code) == ("nonretryable", "TIME_LIMIT")
+
+
+def test_a_job_that_overruns_its_time_limit_twice_fails_after_two_of_five_attempts(
+    cam_worker,
+):
+    job = make_job(job_type="model", params={"do": "sleep", "seconds": 30})
+    done = job_finished(job.id)
+    assert (done.status, done.attempts, done.max_attempts) == ("failed", 2, 5)
+    assert done.dead_letter_queue == "model_dlq"
+    assert job_events(job.id).count("retrying") == 1
+    row = DeadLetter.objects.get(job_id=job.id)
+    assert (row.state, row.reason, row.error_code) == ("open", "nonretryable", "TIME_LIMIT")
+    assert done.last_error_code == "TIME_LIMIT"
+    assert "ran past the model type's soft time limit of 1 s" in done.last_error_message
+    assert "not retried again" in done.last_error_message
+    assert len(handlers.runs(job.id)) == 2
+    assert_chain_valid(job.id)
+
+
+def test_a_retried_attempt_reports_progress_from_zero(cam_worker):
+    # 10 steps of 0.15 s: attempt 1 reaches about 60 % before its 1 s limit, then
+    # attempt 2 starts again from its own first step.
+    params = {"do": "steps", "steps": 10, "step_seconds": 0.15}
+    job = make_job(job_type="model", params=params)
+    assert job_finished(job.id).status == "failed"
+    entries = AuditLog.objects.filter(job_id=job.id, event_type="progress").order_by("seq")
+    by_attempt: dict[int, list[int]] = {}
+    for entry in entries:
+        data = json.loads(entry.payload)["data"]
+        by_attempt.setdefault(data["attempt"], []).append(int(data["percent"]))
+    assert sorted(by_attempt) == [1, 2]
+    # Each entry records the percent the row held after the write: attempt 2's first is
+    # its own 10 %, not the maximum attempt 1 had reached.
+    assert by_attempt[1][-1] > 10
+    assert by_attempt[2][0] == 10
+    assert by_attempt[2] == sorted(by_attempt[2])  # monotonic within the attempt

@@ -8,20 +8,24 @@ from django.db import IntegrityError
 
 from audit.models import AuditLog
 from audit.services import Actor
+from dlq.services import dead_letters_replay
 from jobs.errors import FatalError, JobCancelled, JobValidationError, TransientExternalError
 from jobs.exceptions import JobLost
 from jobs.models import Job
 from jobs.runtime import JobContext, classify
+from jobs.selectors import job_time_limit_retries
 from jobs.services import (
+    WORKER,
     Fence,
     backoff_delay,
     job_cancel,
     job_claim,
+    job_fail_with_dead_letter,
     job_reclaim,
     job_retry,
     job_succeed,
 )
-from tests.factories import backdate, job_in_state
+from tests.factories import OperatorFactory, backdate, job_in_state
 
 pytestmark = pytest.mark.django_db
 
@@ -148,6 +152,46 @@ def test_claim_after_a_reclaim_starts_progress_from_zero(settings):
     with pytest.raises(JobLost):
         JobContext(job=job, fence=fence, log=None).progress(80)
     assert Job.objects.get(id=job.id).progress_percent == 0
+
+
+def _retry_with(job_id, error_code, worker):
+    claimed = job_claim(job_id=job_id, locked_by=worker)
+    assert claimed is not None
+    fence = Fence(worker, claimed.attempts)
+    job_retry(job_id=job_id, fence=fence, delay=0, error_code=error_code, error_message="x")
+    return fence
+
+
+def test_time_limit_retries_count_only_the_jobs_time_limit_retries():
+    job = job_in_state("queued")
+    assert job_time_limit_retries(job_id=job.id) == 0
+    _retry_with(job.id, "TIME_LIMIT", "w1")
+    assert job_time_limit_retries(job_id=job.id) == 1
+    _retry_with(job.id, "TRANSIENT_EXTERNAL", "w2")
+    assert job_time_limit_retries(job_id=job.id) == 1
+    _retry_with(job.id, "TIME_LIMIT", "w3")
+    assert job_time_limit_retries(job_id=job.id) == 2
+    assert job_time_limit_retries(job_id=job_in_state("retrying").id) == 0  # another job
+
+
+def test_a_replay_gives_the_job_a_fresh_time_limit_retry(broker):
+    job = job_in_state("queued")
+    _retry_with(job.id, "TIME_LIMIT", "w1")
+    claimed = job_claim(job_id=job.id, locked_by="w2")
+    job_fail_with_dead_letter(
+        job_id=job.id,
+        reason="nonretryable",
+        actor=WORKER,
+        error_code="TIME_LIMIT",
+        error_message="again",
+        fence=Fence("w2", claimed.attempts),
+    )
+    assert job_time_limit_retries(job_id=job.id) == 1
+    result = dead_letters_replay(
+        actor_user=OperatorFactory(), justification="limit raised", job_ids=[job.id]
+    )
+    assert result.job_ids == [str(job.id)]
+    assert job_time_limit_retries(job_id=job.id) == 0
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 3, 6, 10])
