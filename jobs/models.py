@@ -143,6 +143,15 @@ class Job(models.Model):
     def etag(self) -> str:
         return f'"{self.id}-{self.version}"'
 
+    @property
+    def progress_attempt(self) -> int | None:
+        """The attempt the progress fields belong to; None before the first attempt.
+
+        Always the job's latest attempt: each claim resets progress (jobs.sql.SET_CLAIM)
+        and every progress write is fenced to the attempt that holds the lock, so no
+        column of its own is needed to say which attempt wrote it."""
+        return self.attempts or None
+
 
 def artefact_upload_to(instance: Artefact, filename: str) -> str:
     return f"artefacts/{instance.job_id}/{instance.kind}/{filename}"

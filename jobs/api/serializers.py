@@ -17,10 +17,20 @@ from jobs.states import Status
 
 
 class ProgressSerializer(serializers.Serializer):
-    percent = serializers.IntegerField(min_value=0, max_value=100)
+    percent = serializers.IntegerField(
+        min_value=0,
+        max_value=100,
+        help_text="Of the attempt below: never goes back within it; each attempt starts at 0.",
+    )
     step = serializers.CharField(allow_null=True)
     message = serializers.CharField(allow_null=True)
     updated_at = serializers.DateTimeField(allow_null=True)
+    attempt = serializers.IntegerField(
+        allow_null=True,
+        min_value=1,
+        help_text="The attempt this progress belongs to (out of the job's max_attempts); "
+        "null before the first attempt.",
+    )
 
 
 class LastErrorSerializer(serializers.Serializer):
@@ -89,6 +99,7 @@ def _progress(job: Job) -> dict[str, Any]:
         "step": job.progress_step,
         "message": job.progress_message,
         "updated_at": _datetime(job.progress_updated_at),
+        "attempt": job.progress_attempt,
     }
 
 

@@ -135,6 +135,22 @@ def test_the_job_page_is_laid_out_for_a_person(otp_admin_client, settings, tmp_p
     assert timeline[0]["actor"] == otp_admin_client.user.username
 
 
+def test_the_job_page_says_which_attempt_its_progress_belongs_to(otp_admin_client):
+    from jobs.services import job_claim, job_retry
+
+    job = make_job()
+    page = otp_admin_client.get(f"/admin/jobs/job/{job.id}/live/").content.decode()
+    assert '<span id="progress-attempt">not started yet (6 attempts allowed)</span>' in page
+    fence = _running(job, percent=99, step="9900/10000")
+    page = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/").content.decode()
+    assert '<strong>99%</strong> · <span id="progress-attempt">attempt 1 of 6</span>' in page
+    job_retry(job_id=job.id, fence=fence, delay=0, error_code="TIME_LIMIT", error_message="x")
+    job_claim(job_id=job.id, locked_by="w2")
+    page = otp_admin_client.get(f"/admin/jobs/job/{job.id}/live/").content.decode()
+    assert '<strong>0%</strong> · <span id="progress-attempt">attempt 2 of 6</span>' in page
+    assert "9900/10000" not in page
+
+
 def test_a_failed_job_page_shows_its_error_dead_letter_and_a_replay_link(otp_admin_client):
     from tests.factories import job_failed
 

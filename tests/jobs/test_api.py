@@ -9,7 +9,7 @@ import pytest
 
 from audit.models import AuditLog
 from jobs.models import Job
-from jobs.services import artefact_save, job_claim, job_progress_write
+from jobs.services import artefact_save, job_claim, job_progress_write, job_retry
 from jobs.states import Status
 from tests.factories import (
     OperatorFactory,
@@ -52,7 +52,9 @@ def test_create_answers_201_with_location_etag_and_the_job(api):
     assert response["Location"].endswith(f"/api/v1/jobs/{job.id}")
     assert response["ETag"] == job.etag == f'"{job.id}-{job.version}"'
     assert set(body) == BODY_KEYS
-    assert body["progress"] == {"percent": 0, "step": None, "message": None, "updated_at": None}
+    assert body["progress"] == {
+        "percent": 0, "step": None, "message": None, "updated_at": None, "attempt": None
+    }  # fmt: skip
     assert body["artefacts"] == [] and body["last_error"] is None and body["result"] is None
     assert body["idempotency_key"] == "k-1"
 
@@ -346,6 +348,34 @@ def test_the_job_body_is_what_its_serializer_answers(state, rf):
         json.dumps(expected)
     )
     assert list(job_representation(job, request)) == list(expected)
+
+
+def test_progress_names_the_attempt_it_belongs_to_and_a_retry_starts_from_zero(api):
+    job = make_job(owner=api.user)
+    assert api.get(f"{JOBS}/{job.id}").json()["progress"]["attempt"] is None  # not run yet
+    first = fence_of(job_claim(job_id=job.id, locked_by="w1"))
+    job_progress_write(job_id=job.id, fence=first, percent=99, step="9900/10000", message=None)
+    progress = api.get(f"{JOBS}/{job.id}").json()["progress"]
+    assert (progress["percent"], progress["step"], progress["attempt"]) == (99, "9900/10000", 1)
+    job_retry(job_id=job.id, fence=first, delay=0, error_code="TIME_LIMIT", error_message="x")
+    second = fence_of(job_claim(job_id=job.id, locked_by="w2"))
+    progress = api.get(f"{JOBS}/{job.id}").json()["progress"]
+    assert progress == {
+        "percent": 0, "step": None, "message": None, "updated_at": None, "attempt": 2
+    }  # fmt: skip
+    job_progress_write(job_id=job.id, fence=second, percent=2, step="200/10000", message=None)
+    body = api.get(f"{JOBS}/{job.id}").json()
+    assert (body["progress"]["percent"], body["progress"]["attempt"]) == (2, 2)
+    assert body["max_attempts"] == 6
+    listed = api.get(JOBS).json()["results"][0]
+    assert listed["progress"] == body["progress"]  # the list answers the same body
+
+
+def test_the_openapi_schema_documents_progress_attempt(client):
+    schema = client.get("/api/v1/schema/", HTTP_ACCEPT="application/json")
+    properties = schema.json()["components"]["schemas"]["Progress"]["properties"]
+    assert properties["attempt"]["nullable"] is True
+    assert "attempt this progress belongs to" in properties["attempt"]["description"]
 
 
 def test_etag_changes_when_progress_moves(api):

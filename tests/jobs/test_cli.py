@@ -83,6 +83,14 @@ def test_job_status_describes_a_job():
 
 
 @pytest.mark.django_db
+def test_job_status_says_which_attempt_the_progress_belongs_to():
+    job = job_in_state("running")
+    job_progress_write(job_id=job.id, fence=fence_of(job), percent=30, step="meshing", message=None)
+    out, _ = run("job_status", str(job.id))
+    assert "progress:  30% meshing (attempt 1 of 6)" in out
+
+
+@pytest.mark.django_db
 def test_job_status_json_prints_the_api_body():
     import json
 
@@ -153,6 +161,7 @@ def test_follow_shows_progress_and_exits_0_when_the_job_succeeds():
     thread.join()
     assert "status:    succeeded" in out
     assert "25%" in err.getvalue() and "60%" in err.getvalue()  # drawn while the job ran
+    assert "running attempt 1/6 step" in err.getvalue()  # and whose attempt it is
     assert "succeeded" in err.getvalue()  # the bar's last frame names the end state
 
 

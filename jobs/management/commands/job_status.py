@@ -71,8 +71,11 @@ class Command(BaseCommand):
         ) as bar:
             while True:
                 bar.n = job.progress_percent
+                # The bar is the attempt's: it starts again from 0 when a retry runs.
+                attempt = _attempt_of(job, short=True)
                 bar.set_postfix_str(
-                    " ".join(s for s in (job.status, job.progress_step or "") if s), refresh=False
+                    " ".join(s for s in (job.status, attempt, job.progress_step or "") if s),
+                    refresh=False,
                 )
                 bar.refresh()
                 if job.status in TERMINAL:
@@ -88,7 +91,8 @@ class Command(BaseCommand):
             f"type:      {job.type} (queue {job.queue})",
             f"status:    {job.status}" + (" (cancel requested)" if job.cancel_requested else ""),
             f"progress:  {job.progress_percent}%"
-            + "".join(f" {s}" for s in (job.progress_step, job.progress_message) if s),
+            + "".join(f" {s}" for s in (job.progress_step, job.progress_message) if s)
+            + (f" ({_attempt_of(job)})" if job.progress_attempt else ""),
             f"attempts:  {job.attempts}/{job.max_attempts}",
             f"created:   {job.created_at.isoformat()}",
             f"updated:   {job.updated_at.isoformat()}",
@@ -101,3 +105,11 @@ class Command(BaseCommand):
             lines.append(f"result:    {json.dumps(job.result)}")
         lines += [f"artefact:  {a.kind}/{a.name} ({a.size} bytes)" for a in job.artefacts.all()]
         self.stdout.write("\n".join(lines))
+
+
+def _attempt_of(job: Job, *, short: bool = False) -> str:
+    """Which attempt the progress belongs to: `attempt 2 of 6` (short: `attempt 2/6`)."""
+    if not job.progress_attempt:
+        return ""
+    joined = "/" if short else " of "
+    return f"attempt {job.progress_attempt}{joined}{job.max_attempts}"
