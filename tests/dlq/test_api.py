@@ -225,3 +225,16 @@ def test_a_replay_posted_as_a_form_is_415_even_without_a_body(operator_api, brok
         assert response.status_code == 415, response.content
         assert _code(response) == "ERR-HTTP-415"
     assert DeadLetter.objects.get().state == "open"
+
+
+def test_a_replay_body_with_a_5000_digit_number_is_a_plain_400(operator_api, broker):
+    worker_lost()
+    body = '{"justification": "x", "limit": 1' + "0" * 5000 + "}"
+    response = operator_api.generic(
+        "POST", f"{DLQ}/sim_dlq/replay", body, content_type="application/json"
+    )
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert _code(response) == "ERR-DLQ-400" and "more than 4300 digits" in message
+    assert "sys." not in message
+    assert DeadLetter.objects.get().state == "open"

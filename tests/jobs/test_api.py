@@ -170,6 +170,19 @@ def test_malformed_bodies_get_a_clear_4xx_envelope(api, body, content_type, stat
     assert not Job.objects.exists()
 
 
+def test_a_number_of_5000_digits_is_a_plain_400_without_python_internals(api):
+    body = '{"type": "sim", "params": {"steps": 1' + "0" * 5000 + "}}"
+    response = api.generic("POST", JOBS, body, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "code": "ERR-JOB-400",
+        "message": "Malformed request body: The JSON body holds a number with more than "
+        "4300 digits.",
+        "details": {},
+    }
+    assert not Job.objects.exists()
+
+
 @pytest.mark.parametrize(
     "content_type",
     [
