@@ -119,6 +119,9 @@ CSRF_COOKIE_SECURE = not DEBUG
 # An operator's admin session ends with the shift, not weeks later on a shared machine.
 SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
 X_FRAME_OPTIONS = "DENY"
+# Where a login goes when its `next` is missing or unsafe (another host, a scheme):
+# the portal's index. Django's default, /accounts/profile/, is a 404 here.
+LOGIN_REDIRECT_URL = "admin:index"
 
 # --- HTTPS (production runs behind a TLS-terminating proxy) ------------------
 # "HTTP_X_FORWARDED_PROTO,https" when the proxy sets that header (and strips a client's).

@@ -13,7 +13,14 @@ from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 
 from dlq import dashboard
 from dlq.dashboard import CACHE_KEY, dashboard_overview
-from tests.factories import job_failed, make_job, otp_login, role_user, totp_device
+from tests.factories import (
+    job_failed,
+    make_job,
+    otp_login,
+    role_user,
+    totp_code,
+    totp_device,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -51,6 +58,23 @@ def test_the_panel_alone_is_what_the_page_refreshes(viewer, broker):
     panel = viewer.get("/admin/dashboard/panel/")
     assert panel.status_code == 200
     assert b'id="queues"' in panel.content and b"<html" not in panel.content
+
+
+@pytest.mark.parametrize(
+    "unsafe_next", ["https://evil.example", "//evil.example/admin/", "javascript:alert(1)"]
+)
+def test_a_login_with_an_unsafe_next_lands_on_the_portal_index(client, unsafe_next):
+    user = role_user("operator")
+    form = {
+        "username": user.username,
+        "password": "pw-for-tests",
+        "otp_token": totp_code(totp_device(user)),
+        "next": unsafe_next,
+    }
+    login = client.post("/admin/login/", form)
+    assert login.status_code == 302
+    assert login["Location"] == "/admin/"
+    assert client.get(login["Location"]).status_code == 200
 
 
 def test_the_dashboard_is_for_otp_verified_staff_only(client):
