@@ -59,6 +59,8 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "core.request_id.RequestIdMiddleware",
+    # Early, and after the request id, which its refusals carry like any answer.
+    "core.middleware.RequestLimitsMiddleware",
     "core.middleware.RejectNulMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -131,6 +133,9 @@ CSRF_COOKIE_SECURE = not DEBUG
 # An operator's admin session ends with the shift, not weeks later on a shared machine.
 SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600)
 X_FRAME_OPTIONS = "DENY"
+# Where a login goes when its `next` is missing or unsafe (another host, a scheme):
+# the portal's index. Django's default, /accounts/profile/, is a 404 here.
+LOGIN_REDIRECT_URL = "admin:index"
 
 # --- HTTPS (production runs behind a TLS-terminating proxy) ------------------
 # "HTTP_X_FORWARDED_PROTO,https" when the proxy sets that header (and strips a client's).
@@ -279,6 +284,17 @@ JOBOPS_IDEMPOTENCY_KEY_DAYS = env_int("JOBOPS_IDEMPOTENCY_KEY_DAYS", 30)
 JOBOPS_MAX_PAYLOAD_BYTES = env_int("JOBOPS_MAX_PAYLOAD_BYTES", 256 * 1024)
 # Deepest JSON nesting accepted anywhere in a request body, job message or result.
 JOBOPS_MAX_JSON_DEPTH = env_int("JOBOPS_MAX_JSON_DEPTH", 32)
+# Request line and headers (core.middleware.RequestLimitsMiddleware): a longer URI is
+# 414 ERR-HTTP-414, a longer header or more headers 431 ERR-HTTP-431, in the envelope.
+# gunicorn's own limits (config/gunicorn_conf.py) sit above these, so that it is Django
+# that answers; the URI limit must leave room in gunicorn's 8190-byte request line.
+JOBOPS_MAX_URI_CHARS = env_int("JOBOPS_MAX_URI_CHARS", 4096)
+JOBOPS_MAX_HEADER_BYTES = env_int("JOBOPS_MAX_HEADER_BYTES", 16 * 1024)  # one header line
+JOBOPS_MAX_HEADERS = env_int("JOBOPS_MAX_HEADERS", 100)
+if not 0 < JOBOPS_MAX_URI_CHARS <= 8000:
+    raise ImproperlyConfigured(
+        "JOBOPS_MAX_URI_CHARS must be 1-8000 (gunicorn reads request lines up to 8190 bytes)"
+    )
 # Retry-After of the 503 answered while the database is down or read-only.
 JOBOPS_DB_RETRY_AFTER_SECONDS = env_int("JOBOPS_DB_RETRY_AFTER_SECONDS", 5)
 # Defaults first, so that an override naming one limit keeps the others.

@@ -5,12 +5,40 @@ admits NaN and Infinity that JSON does not, and deep nesting exhausts Python's
 recursion (json, pickle, deepcopy) long before it exhausts memory. Every value that
 crosses a trust boundary is checked here before it is stored or passed on; the walk
 uses an explicit stack, so the check itself cannot overflow.
+
+JSON text from outside is read with `json_loads`: Python refuses to turn a digit string
+longer than its limit into an int, and says so by naming `sys.set_int_max_str_digits()`,
+which means nothing to an API client; `json_loads` refuses it first, in plain words.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
+
+# Python's own default limit (sys.int_info.default_max_str_digits): every integer a
+# client could send before is still read, and nothing longer reaches int().
+MAX_INT_DIGITS = 4300
+
+
+class NumberTooLongError(ValueError):
+    """A JSON integer longer than MAX_INT_DIGITS digits."""
+
+    def __init__(self) -> None:
+        super().__init__(f"a number has more than {MAX_INT_DIGITS} digits")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise NumberTooLongError()
+    return int(text)
+
+
+def json_loads(text: str | bytes, **options: Any) -> Any:
+    """`json.loads` for text from outside (options passed on): an integer of more than
+    MAX_INT_DIGITS digits raises NumberTooLongError, a ValueError with a plain message."""
+    return json.loads(text, parse_int=_bounded_int, **options)
 
 
 def json_problem(value: Any, *, max_depth: int) -> str | None:

@@ -107,6 +107,29 @@ except ImportError:  # pragma: no cover - exercised where the extra is not insta
     _otel_trace = None  # type: ignore[assignment]
 
 
+def one_line_client_errors(
+    _logger: WrappedLogger, _method: str, event_dict: EventDict
+) -> EventDict:
+    """A refused request (4xx) is one line: its status, path and reason, no traceback.
+
+    Django logs its 403s (PermissionDenied in the portal) and 400s (BadRequest,
+    SuspiciousOperation) with the exception attached, so every refusal printed a full
+    traceback that buried the real errors. Those are expected answers; a 5xx keeps its
+    traceback.
+    """
+    status = event_dict.get("status_code")
+    if not isinstance(status, int) or status >= 500:
+        return event_dict
+    path = getattr(event_dict.get("request"), "path", None)
+    if path is not None:
+        event_dict.setdefault("path", path)
+    exc_info = event_dict.pop("exc_info", None)
+    exc = exc_info[1] if isinstance(exc_info, tuple) else exc_info
+    if isinstance(exc, BaseException):
+        event_dict["error"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return event_dict
+
+
 def shared_processors() -> list[Processor]:
     """Processors for structlog and stdlib records alike, before masking and rendering."""
     return [
@@ -155,6 +178,7 @@ def formatter(*, json: bool) -> structlog.stdlib.ProcessorFormatter:
         foreign_pre_chain=[
             # `extra={...}` of a stdlib call becomes fields, like structlog's keywords.
             structlog.stdlib.ExtraAdder(),
+            one_line_client_errors,
             _drop_formatted_message,
             *shared_processors(),
         ],

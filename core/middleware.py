@@ -1,21 +1,83 @@
-"""Refuse a NUL in the query string before any view turns it into SQL.
+"""Refuse what no view should see: an oversized request line or header, a NUL in the
+query string. Each is answered here, not raised: the JSON error envelope under /api/,
+a plain page elsewhere (with DEBUG on Django would render its HTML debug page for /api/
+too).
 
-PostgreSQL text cannot hold NUL, so `?status=%00` on an admin list (whose filters are
-not form-validated) reached the database and answered 500. Forms and serializers refuse
-NUL themselves; query strings are checked here, once, for every page. The answer is a
-400: the JSON error envelope under /api/, Django's 400 page elsewhere (answered here,
-not raised: with DEBUG on Django would render its HTML debug page for /api/ too).
+`RequestLimitsMiddleware`: gunicorn answered a 10 KB header or a 5,000-character
+cursor with its own HTML 400/431 page. Its limits (config/gunicorn_conf.py) now sit
+above these, so an oversized request reaches Django and is told in the envelope: 414
+ERR-HTTP-414 for a URI longer than JOBOPS_MAX_URI_CHARS, 431 ERR-HTTP-431 for a header
+line longer than JOBOPS_MAX_HEADER_BYTES or more than JOBOPS_MAX_HEADERS headers.
+
+`RejectNulMiddleware`: PostgreSQL text cannot hold NUL, so `?status=%00` on an admin
+list (whose filters are not form-validated) reached the database and answered 500.
+Forms and serializers refuse NUL themselves; query strings are checked here, once, for
+every page: a 400.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 
 MESSAGE = "A query parameter holds a NUL character."
+# WSGI keeps these two headers without the HTTP_ prefix.
+_UNPREFIXED_HEADERS = {"CONTENT_TYPE": "Content-Type", "CONTENT_LENGTH": "Content-Length"}
+
+
+class RequestLimitsMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        refusal = request_limits_refusal(request)
+        if refusal is not None:
+            return refusal
+        return self.get_response(request)
+
+
+def request_limits_refusal(request: HttpRequest) -> HttpResponse | None:
+    """The 414 or 431 answer for a request past the limits, or None."""
+    uri_limit = settings.JOBOPS_MAX_URI_CHARS
+    # gunicorn passes the request target as sent; elsewhere rebuild it.
+    uri = request.META.get("RAW_URI") or request.get_full_path()
+    if len(uri) > uri_limit:
+        message = (
+            f"The request URI is {len(uri)} characters long; at most {uri_limit} are accepted."
+        )
+        return _refuse(request, 414, message, {"limit": uri_limit, "size": len(uri)})
+    headers = [
+        (_UNPREFIXED_HEADERS.get(key) or key[5:].replace("_", "-").title(), str(value))
+        for key, value in request.META.items()
+        if key.startswith("HTTP_") or (key in _UNPREFIXED_HEADERS and value)
+    ]
+    count_limit = settings.JOBOPS_MAX_HEADERS
+    if len(headers) > count_limit:
+        message = f"The request has {len(headers)} headers; at most {count_limit} are accepted."
+        return _refuse(request, 431, message, {"limit": count_limit, "size": len(headers)})
+    size_limit = settings.JOBOPS_MAX_HEADER_BYTES
+    for name, value in headers:
+        size = len(name) + 2 + len(value.encode("latin-1", "replace"))  # "Name: value"
+        if size > size_limit:
+            message = f"The {name} header is {size} bytes long; at most {size_limit} are accepted."
+            return _refuse(
+                request, 431, message, {"header": name, "limit": size_limit, "size": size}
+            )
+    return None
+
+
+def _refuse(
+    request: HttpRequest, status: int, message: str, details: dict[str, Any]
+) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        body = {"error": {"code": f"ERR-HTTP-{status}", "message": message, "details": details}}
+        return JsonResponse(body, status=status)
+    return HttpResponse(message, status=status, content_type="text/plain; charset=utf-8")
 
 
 class RejectNulMiddleware:

@@ -34,7 +34,7 @@ from core.admin_filters import ChoicesFilter, InputFilter
 from core.errors import ApplicationError
 from dlq.broker import BROKER_ERRORS, dlq_depths, dlq_peek
 from dlq.bulk import bulk_operation_stop, dead_letters_act
-from dlq.models import BulkOperation
+from dlq.models import BulkOperation, BulkState
 from dlq.selectors import (
     bulk_operation_get,
     dead_letter_groups,
@@ -479,10 +479,21 @@ class BulkOperationAdmin(ReadOnlyAdmin):
         operation = bulk_operation_get(operation_id=operation_id)
         if not request.user.has_perm(PERMISSIONS[operation.action]):
             raise PermissionDenied
+        was_active = operation.active
         operation = bulk_operation_stop(operation_id=operation.id, actor_user=request.user)
-        messages.warning(
-            request, f"Stop requested; the {operation.action} ends before its next chunk."
-        )
+        done = f"{operation.processed} of {operation.total} dead letters handled"
+        if operation.state == BulkState.RUNNING:
+            messages.warning(
+                request, f"Stop requested; the {operation.action} ends before its next chunk."
+            )
+        elif was_active and operation.state == BulkState.STOPPED:
+            messages.warning(request, f"The {operation.action} is stopped ({done}).")
+        else:  # it had ended before the stop arrived: the stop changed nothing
+            messages.info(
+                request,
+                f"The {operation.action} had already finished ({operation.state}, {done}); "
+                "nothing was changed.",
+            )
         return HttpResponseRedirect(reverse("admin:dlq_bulkoperation_change", args=[operation.pk]))
 
     def _page(self, request: HttpRequest, object_id: str, template: str) -> HttpResponse:

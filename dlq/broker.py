@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
-import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from kombu import Connection
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from core.broker import broker_channel, queue_depths
-from core.json import json_problem
+from core.json import json_loads, json_problem
 from dlq.errors import UnknownQueueError
 from jobs import metrics
 from jobs.topology import dlq_name, dlq_names, is_dlq
@@ -156,7 +155,7 @@ def _payload_from_body(body: bytes, content_type: str | None) -> tuple[Any, str 
     # The content type is only a hint: a job payload in a mislabelled message still
     # names its job, which is worth more to the operator than a raw body.
     try:
-        decoded = json.loads(body.decode("utf-8"))
+        decoded = json_loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return None, f"body is not JSON ({content_type or 'no content type'}): {exc!r}"[:500]
     problem = json_problem(decoded, max_depth=settings.JOBOPS_MAX_JSON_DEPTH + 4)

@@ -138,7 +138,7 @@ def bulk_operation_stop(*, operation_id: uuid.UUID | str, actor_user: Any) -> Bu
     """Stop a background operation; idempotent. Needs the permission of its action.
 
     A queued one stops at once (compare-and-set on its state); a running one is
-    flagged and stops before its next chunk.
+    flagged and stops before its next chunk; one that has ended is left as it is.
     """
     operation = BulkOperation.objects.filter(id=operation_id).first()
     if operation is None:
@@ -147,13 +147,14 @@ def bulk_operation_stop(*, operation_id: uuid.UUID | str, actor_user: Any) -> Bu
     if not (actor_user.is_active and actor_user.is_staff and actor_user.has_perm(permission)):
         raise DeadLetterPermissionError()
     now = timezone.now()
-    BulkOperation.objects.filter(id=operation.id, state=BulkState.QUEUED).update(
+    changed = BulkOperation.objects.filter(id=operation.id, state=BulkState.QUEUED).update(
         state=BulkState.STOPPED, stop_requested=True, stopped_by=actor_user, finished_at=now
     )
-    BulkOperation.objects.filter(
+    changed += BulkOperation.objects.filter(
         id=operation.id, state=BulkState.RUNNING, stop_requested=False
     ).update(stop_requested=True, stopped_by=actor_user)
-    log.info("dlq_bulk_stop_requested", operation_id=str(operation.id), user_id=actor_user.pk)
+    if changed:  # a stop of an operation that had ended changes nothing and says nothing
+        log.info("dlq_bulk_stop_requested", operation_id=str(operation.id), user_id=actor_user.pk)
     operation.refresh_from_db()
     return operation
 

@@ -5,10 +5,22 @@ shared by every viewer (the page refreshes itself every few seconds, on every op
 laptop). Its cost does not grow with the jobs table: two statements over partial or
 time-bounded indexes for the jobs, one for the health gauges, two over dead letters,
 one broker channel for the depths, one Redis scan for the live processes.
+
+The shared snapshot (in Redis, read by every web process on every host) holds only what
+is the same wherever it is read: the database's figures, the live processes, and the
+broker depths when they were read. Whether RabbitMQ answers is not such a fact: a web
+process with a wrong BROKER_URL (or a host cut off from the broker) would otherwise show
+its own trouble on every healthy node's dashboard. So each process checks the broker
+itself, at most every JOBOPS_DASHBOARD_CACHE_SECONDS, and the page says which host saw
+what (`node`).
 """
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -29,7 +41,8 @@ from jobs.types import primary_queue_names
 
 log = structlog.get_logger("dlq.dashboard")
 
-CACHE_KEY = "portal:dashboard:v1"
+# v2: the snapshot no longer carries one node's broker status (see the module docstring).
+CACHE_KEY = "portal:dashboard:v2"
 FAILURE_WINDOW_HOURS = 24
 UNFINISHED = ("pending", "queued", "running", "retrying")
 FINISHED = ("succeeded", "failed", "cancelled")
@@ -39,32 +52,114 @@ PENDING_AGE_WARN = 60.0
 
 
 def dashboard_overview(*, use_cache: bool = True) -> dict[str, Any]:
-    """The dashboard's figures, from the cache when fresh (see the module docstring)."""
+    """The dashboard's figures as this web process sees them: the shared snapshot (from
+    the cache when fresh) with this node's own view of the broker laid over it."""
     seconds = float(settings.JOBOPS_DASHBOARD_CACHE_SECONDS)
-    if use_cache and seconds > 0:
+    caching = use_cache and seconds > 0
+    shared = None
+    if caching:
         try:
-            cached = cache.get(CACHE_KEY)
+            shared = cache.get(CACHE_KEY)
         except Exception:  # Redis away: compute it, the page must show
-            cached = None
-        if cached is not None:
-            return cached
-    overview = _compute()
-    if use_cache and seconds > 0:
+            shared = None
+    if shared is not None:
+        return _with_node_view(shared, _node_broker_view(max_age=seconds))
+    shared, seen = _compute()
+    _remember_broker_view(seen)
+    if caching:
         try:
-            cache.set(CACHE_KEY, overview, seconds)
+            cache.set(CACHE_KEY, shared, seconds)
         except Exception as exc:
             log.warning("dashboard_not_cached", error=repr(exc))
-    return overview
+    return _with_node_view(shared, seen)
 
 
-def _compute() -> dict[str, Any]:
-    """1. Per-queue job counts; 2. health gauges; 3. dead letters: open per queue and
-    the last 24 hours' failures by cause; 4. broker depths; 5. live processes;
-    6. the problems worth a look, in words."""
+@dataclass(frozen=True)
+class BrokerView:
+    """What one web process saw of RabbitMQ: the depths it read, or why it could not."""
+
+    broker_url: str
+    host: str
+    checked_at: float  # time.monotonic() of this process
+    depths: dict[str, int | None] | None
+    error: str | None
+
+
+_views_lock = threading.Lock()
+# This process's last look at each broker URL (the URL: a test, or a reconfigured
+# process, pointing elsewhere must not reuse the old answer).
+_views: dict[str, BrokerView] = {}
+
+
+def _node_broker_view(*, max_age: float) -> BrokerView:
+    """This process's view of the broker, read again when older than `max_age`."""
+    with _views_lock:
+        view = _views.get(settings.BROKER_URL)
+    if view is None or time.monotonic() - view.checked_at >= max_age:
+        view = _read_broker()
+        _remember_broker_view(view)
+    return view
+
+
+def _remember_broker_view(view: BrokerView) -> None:
+    with _views_lock:
+        _views[view.broker_url] = view
+
+
+def _read_broker() -> BrokerView:
+    names = primary_queue_names()
+    depths: dict[str, int | None] | None = None
+    error = None
+    try:
+        depths = queue_depths([*names, *(dlq_name(n) for n in names)])
+    except BROKER_ERRORS as exc:  # the page must render with the broker down
+        log.warning("dashboard_depths_unavailable", error=repr(exc))
+        error = str(exc) or type(exc).__name__
+    return BrokerView(
+        broker_url=settings.BROKER_URL,
+        host=socket.gethostname(),
+        checked_at=time.monotonic(),
+        depths=depths,
+        error=error,
+    )
+
+
+def _with_node_view(shared: dict[str, Any], view: BrokerView) -> dict[str, Any]:
+    """The page's figures: the shared snapshot, its missing depths filled from this
+    node's own read, and this node's broker trouble named as this node's."""
+    depths = shared["depths"] if shared["depths"] is not None else view.depths
+    broker_error = None
+    if view.error is not None:
+        broker_error = f"RabbitMQ unreachable from web node {view.host}: {view.error}"
+    queues = [
+        {
+            **q,
+            "depth": None if depths is None else depths.get(q["queue"]),
+            "dlq_depth": None if depths is None else depths.get(q["dlq"]),
+        }
+        for q in shared["queues"]
+    ]
+    problems = [broker_error] if broker_error else []
+    return {
+        **shared,
+        "queues": queues,
+        "health": {**shared["health"], "broker_error": broker_error},
+        "node": {"host": view.host, "broker_error": broker_error},
+        "problems": problems + shared["problems"],
+    }
+
+
+def _compute() -> tuple[dict[str, Any], BrokerView]:
+    """The shared snapshot, and this node's broker view read on the way.
+
+    1. Per-queue job counts; 2. health gauges; 3. dead letters: open per queue and the
+    last 24 hours' failures by cause; 4. broker depths (kept only when read); 5. live
+    processes; 6. the problems worth a look, in words (the broker's are added per node).
+    """
     counts = job_counts_by_queue(finished_hours=FAILURE_WINDOW_HOURS)
     health = job_health_gauges()
     open_rows = open_counts_by_queue()
-    depths, broker_error = _depths()
+    seen = _read_broker()
     processes, liveness_error = _liveness()
     queues = []
     for name in primary_queue_names():
@@ -80,8 +175,6 @@ def _compute() -> dict[str, Any]:
                 "stale_locks": row.get("stale_locks", 0),
                 "retries_waiting": unfinished.get("retrying", 0),
                 "retries_due": row.get("retries_due", 0),
-                "depth": depths.get(name),
-                "dlq_depth": depths.get(dlq_name(name)),
                 "open_dead_letters": open_rows.get(dlq_name(name), 0),
                 "workers": _workers_for(name, processes),
             }
@@ -89,9 +182,10 @@ def _compute() -> dict[str, Any]:
     overview = {
         "generated_at": timezone.now(),
         "queues": queues,
+        # The same for every node that reads the same broker; None when not read.
+        "depths": seen.depths,
         "health": {
             **health,
-            "broker_error": broker_error,
             "liveness_error": liveness_error,
             "dispatchers": None if processes is None else len(processes.get("dispatcher", [])),
             "open_dead_letters": sum(open_rows.values()),
@@ -99,7 +193,7 @@ def _compute() -> dict[str, Any]:
         "failures": failures_by_cause(hours=FAILURE_WINDOW_HOURS),
     }
     overview["problems"] = _problems(overview, processes)
-    return overview
+    return overview, seen
 
 
 def failures_by_cause(*, hours: int = FAILURE_WINDOW_HOURS) -> list[dict[str, Any]]:
@@ -120,15 +214,6 @@ def failures_by_cause(*, hours: int = FAILURE_WINDOW_HOURS) -> list[dict[str, An
     return [{**g, "since": since} for g in groups[:20]]
 
 
-def _depths() -> tuple[dict[str, int | None], str | None]:
-    names = primary_queue_names()
-    try:
-        return queue_depths([*names, *(dlq_name(n) for n in names)]), None
-    except BROKER_ERRORS as exc:  # the page must render with the broker down
-        log.warning("dashboard_depths_unavailable", error=repr(exc))
-        return {}, f"RabbitMQ unreachable: {exc}"
-
-
 Processes = dict[str, list[dict[str, Any]]]
 
 
@@ -146,11 +231,10 @@ def _workers_for(queue: str, processes: Processes | None) -> int | None:
 
 
 def _problems(overview: dict[str, Any], processes: Processes | None) -> list[str]:
-    """What an operator should look at first, in plain words, worst first."""
+    """What an operator should look at first, in plain words, worst first (a node's
+    broker trouble goes before these, added by `_with_node_view`)."""
     health = overview["health"]
     problems = []
-    if health["broker_error"]:
-        problems.append(health["broker_error"])
     if processes is None:
         problems.append(health["liveness_error"])
     else:

@@ -6,6 +6,7 @@ dead-letter pages' (dlq/admin.py), linked from here."""
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from typing import Any
 
 from django.conf import settings
@@ -23,10 +24,49 @@ from core.admin_filters import ChoicesFilter, DateRangeFilter, InputFilter
 from jobs.models import Artefact, DeadLetter, Job
 from jobs.selectors import job_timeline
 from jobs.services import job_cancel
-from jobs.states import TERMINAL
+from jobs.states import TERMINAL, Status
 from jobs.types import primary_queue_names
 
 CANCEL_PERMISSION = "jobs.cancel_job"
+
+
+def _jobs(count: int) -> str:
+    return f"{count} job" if count == 1 else f"{count} jobs"
+
+
+def cancel_summary(outcomes: list[tuple[str, str]]) -> tuple[str, bool]:
+    """What a cancel of many jobs did, in words, and whether it changed anything.
+
+    `outcomes` holds each job's status before the cancel and the status job_cancel
+    returned. A job cancelled now moved to `cancelled`; one left running has its flag
+    raised and stops at its next check; one that had ended stays as it was (whatever it
+    was when the cancel reached it, so a job that finished meanwhile counts as ended).
+    """
+    now = [after == Status.CANCELLED and before != Status.CANCELLED for before, after in outcomes]
+    cancelled = sum(now)
+    stopping = sum(1 for _, after in outcomes if after not in TERMINAL)
+    ended = Counter(
+        after
+        for (_, after), cancelled_now in zip(outcomes, now, strict=True)
+        if after in TERMINAL and not cancelled_now
+    )
+    parts = []
+    if cancelled:
+        parts.append(f"Cancelled {_jobs(cancelled)}")
+    if stopping:
+        parts.append(
+            f"cancel requested for {_jobs(stopping)} already running "
+            f"({'it stops' if stopping == 1 else 'they stop'} at the next cancellation check)"
+        )
+    if ended:
+        count = sum(ended.values())
+        by_status = ", ".join(f"{n} {status}" for status, n in sorted(ended.items()))
+        left = "was left as it is" if count == 1 else "were left as they are"
+        parts.append(f"{count} had already ended ({by_status}) and {left}")
+    if not parts:
+        return "No job was selected.", False
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + ".", bool(cancelled or stopping)
 
 
 class TypeFilter(ChoicesFilter):
@@ -182,9 +222,9 @@ class JobAdmin(ReadOnlyAdmin):
                 request, "admin/jobs/job/cancel_confirm.html", "Cancel jobs", {"jobs": jobs}
             )
         actor = Actor.user(request.user)
-        for job in jobs:
-            job_cancel(job_id=job.id, actor=actor)
-        messages.success(request, f"Cancellation requested for {len(jobs)} job(s).")
+        outcomes = [(job.status, job_cancel(job_id=job.id, actor=actor).status) for job in jobs]
+        summary, changed = cancel_summary(outcomes)
+        (messages.success if changed else messages.info)(request, summary)
         return None
 
     # --- the detail page and its actions ------------------------------------------------
@@ -246,12 +286,20 @@ class JobAdmin(ReadOnlyAdmin):
         if not self.has_cancel_permission(request):
             raise PermissionDenied
         if request.method == "POST":
+            before = job.status
             job = job_cancel(job_id=job.id, actor=Actor.user(request.user))
-            messages.success(
-                request,
-                f"Cancellation requested: the job is {job.status}"
-                + (" and stops at its next check." if job.status == "running" else "."),
-            )
+            if job.status in TERMINAL and not (
+                job.status == Status.CANCELLED and before != Status.CANCELLED
+            ):
+                messages.info(
+                    request, f"The job had already ended ({job.status}) and was left as it is."
+                )
+            else:
+                messages.success(
+                    request,
+                    f"Cancellation requested: the job is {job.status}"
+                    + (" and stops at its next check." if job.status == "running" else "."),
+                )
             return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
         return self.render_page(
             request, "admin/jobs/job/cancel_confirm.html", "Cancel this job?", {"jobs": [job]}

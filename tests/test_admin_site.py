@@ -3,12 +3,15 @@ nobody may edit from it (Celery results, OTP devices)."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from django.core.cache import cache
 from django.test import Client
 from django_celery_results.models import GroupResult, TaskResult
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 
+from dlq import dashboard
 from dlq.dashboard import CACHE_KEY, dashboard_overview
 from tests.factories import (
     StaffFactory,
@@ -58,6 +61,23 @@ def test_the_panel_alone_is_what_the_page_refreshes(viewer, broker):
     assert b'id="queues"' in panel.content and b"<html" not in panel.content
 
 
+@pytest.mark.parametrize(
+    "unsafe_next", ["https://evil.example", "//evil.example/admin/", "javascript:alert(1)"]
+)
+def test_a_login_with_an_unsafe_next_lands_on_the_portal_index(client, unsafe_next):
+    user = role_user("operator")
+    form = {
+        "username": user.username,
+        "password": "pw-for-tests",
+        "otp_token": totp_code(totp_device(user)),
+        "next": unsafe_next,
+    }
+    login = client.post("/admin/login/", form)
+    assert login.status_code == 302
+    assert login["Location"] == "/admin/"
+    assert client.get(login["Location"]).status_code == 200
+
+
 def test_the_dashboard_is_for_otp_verified_staff_only(client):
     assert client.get("/admin/dashboard/panel/").status_code == 302
     client.force_login(role_user("operator"))  # password only
@@ -80,6 +100,42 @@ def test_the_dashboard_says_so_when_rabbitmq_is_away(viewer, settings):
     assert page.status_code == 200
     assert "RabbitMQ unreachable" in page.content.decode()
     assert all(q["depth"] is None for q in page.context["overview"]["queues"])
+
+
+def test_one_nodes_broker_trouble_shows_on_its_own_dashboard_only(
+    viewer, settings, broker, monkeypatch
+):
+    """Two web nodes share the snapshot in Redis; one of them has a wrong BROKER_URL."""
+    settings.JOBOPS_DASHBOARD_CACHE_SECONDS = 30
+    monkeypatch.setattr(dashboard, "_views", {})  # no earlier test's look at the broker
+    cache.delete(CACHE_KEY)
+    healthy_url, broken_url = settings.BROKER_URL, "amqp://guest:guest@127.0.0.1:1/"
+    seen_from_here = f"RabbitMQ unreachable from web node {socket.gethostname()}: "
+    try:
+        settings.BROKER_URL = broken_url
+        broken = dashboard_overview()  # the broken node computes and shares the snapshot
+        assert broken["problems"][0].startswith(seen_from_here)
+        assert all(q["depth"] is None for q in broken["queues"])
+
+        settings.BROKER_URL = healthy_url
+        page = viewer.get("/admin/")
+        healthy = page.context["overview"]
+        assert healthy["generated_at"] == broken["generated_at"]  # the same snapshot
+        assert "RabbitMQ unreachable" not in page.content.decode()
+        assert healthy["health"]["broker_error"] is None
+        assert all(q["depth"] == 0 and q["dlq_depth"] == 0 for q in healthy["queues"])
+
+        cache.delete(CACHE_KEY)
+        healthy = dashboard_overview()  # now the healthy node shares the snapshot
+        settings.BROKER_URL = broken_url
+        broken = dashboard_overview()
+        assert broken["generated_at"] == healthy["generated_at"]
+        assert all(q["depth"] == 0 for q in broken["queues"])  # read by the healthy node
+        assert broken["problems"][0].startswith(seen_from_here)
+        assert broken["node"]["host"] == socket.gethostname()
+    finally:
+        settings.BROKER_URL = healthy_url
+        cache.delete(CACHE_KEY)
 
 
 def test_celery_results_are_read_only_even_for_a_superuser():

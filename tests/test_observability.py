@@ -20,7 +20,7 @@ from jobs import metrics
 from jobs.events import outbox_relay_once
 from jobs.metrics import metrics_refresh_gauges
 from jobs.models import DeadLetter, EventOutbox, Job
-from tests.factories import backdate, job_in_state, make_job
+from tests.factories import backdate, job_in_state, make_job, otp_login, role_user
 
 TOKEN = "metrics-token-for-tests-0123456789"
 
@@ -165,6 +165,45 @@ def json_log():
     logger.removeHandler(handler)
     logger.propagate = True
     clear_request_context()
+
+
+@pytest.fixture
+def django_request_log():
+    """What the django.request logger writes (it does not propagate to the root), through
+    the production JSON chain."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter(json=True))
+    logger = logging.getLogger("django.request")
+    logger.addHandler(handler)
+    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    logger.removeHandler(handler)
+
+
+@pytest.mark.django_db
+def test_a_refused_portal_request_is_logged_as_one_line_without_a_traceback(
+    client, django_request_log
+):
+    viewer = otp_login(client, role_user("viewer"))
+    job = make_job()
+    assert viewer.post(f"/admin/jobs/job/{job.id}/cancel/").status_code == 403
+    [line] = [e for e in django_request_log() if e.get("status_code") == 403]
+    assert line["level"] == "warning"
+    assert line["path"] == f"/admin/jobs/job/{job.id}/cancel/"
+    assert line["error"] == "PermissionDenied"
+    assert "exception" not in line and "Traceback" not in json.dumps(line)
+
+
+def test_a_server_error_keeps_its_traceback(django_request_log):
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        logging.getLogger("django.request").error(
+            "Internal Server Error: %s", "/x", exc_info=True, extra={"status_code": 500}
+        )
+    [line] = django_request_log()
+    assert line["level"] == "error" and "Traceback" in line["exception"]
+    assert "RuntimeError: boom" in line["exception"]
 
 
 def test_secrets_and_personal_data_are_masked_in_json_logs(json_log):

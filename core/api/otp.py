@@ -34,6 +34,7 @@ from rest_framework.response import Response
 
 from core.api.authentication import TokenAuthentication
 from core.api.docs import REQUEST_ID, ErrorTable, error_responses_from
+from core.api.parsers import json_body
 from core.api.serializers import ClosedSerializer, StrictCharField
 from core.api.throttles import ThrottledApiView
 from core.errors import ApplicationError
@@ -222,7 +223,7 @@ class OtpGrantApi(ThrottledApiView):
         },
     )
     def post(self, request: Request) -> Response:
-        given = self.OtpGrantInputSerializer(data=request.data)
+        given = self.OtpGrantInputSerializer(data=json_body(request))
         given.is_valid(raise_exception=True)
         code = given.validated_data["otp_token"]
         grant = otp_grant_issue(user=request.user, token_key=request.auth.key, otp_token=code)

@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from core.api.docs import REQUEST_ID
+from core.api.parsers import json_body
 from core.api.serializers import QueryFilterSerializer, StrictIntegerField
 from core.api.views import AdminApiView
 from dlq.api.docs import RETRY_AFTER, error_responses
@@ -159,7 +160,7 @@ class _ResolveApi(DlqApiView):
 
     def post(self, request: Request, queue: str) -> Response:
         _require_queue(queue)
-        body = self.input_serializer(data=request.data)
+        body = self.input_serializer(data=json_body(request))
         body.is_valid(raise_exception=True)
         outcome = dead_letters_act(
             action=self.action, actor_user=request.user, queue=queue, **body.selection()

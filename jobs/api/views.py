@@ -27,7 +27,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.docs import REQUEST_ID, response_header
-from core.api.parsers import BoundedJSONParser
+from core.api.parsers import BoundedJSONParser, json_body
 from core.api.permissions import staff_powers
 from core.api.serializers import QueryFilterSerializer, StrictCharField
 from core.request_id import request_id_of
@@ -150,7 +150,7 @@ class JobCreateApi(APIView):
         """The throttle has counted the request; 1. size check before parsing; 2. parse
         and validate; 3. submit through the service."""
         _refuse_large_body(request)
-        serializer = self.JobCreateInputSerializer(data=request.data)
+        serializer = self.JobCreateInputSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         job, created = job_submit(

@@ -65,3 +65,16 @@ def test_a_backup_token_works_once(browser, live_server, operator):
     browser.delete_all_cookies()
     _login(browser, live_server, "pw-for-tests", "backup01")
     assert "/admin/login/" in browser.current_url
+
+
+def test_an_unsafe_next_after_login_lands_on_the_dashboard(browser, live_server, operator):
+    _, device = operator
+    browser.get(f"{live_server.url}/admin/login/?next=https://evil.example/")
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys("pw-for-tests")
+    browser.find_element(By.NAME, "otp_token").send_keys(totp_code(device))
+    form = browser.find_element(By.TAG_NAME, "form")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 15).until(expected_conditions.staleness_of(form))
+    assert browser.current_url == f"{live_server.url}/admin/"
+    assert "Dashboard" in browser.title

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.json import json_problem
+from core.json import MAX_INT_DIGITS, NumberTooLongError, json_loads, json_problem
 
 
 def nested(depth: int) -> dict:
@@ -44,3 +44,12 @@ def test_nesting_far_past_the_recursion_limit_is_reported_not_raised():
 )
 def test_values_postgres_or_json_refuse_are_named(value, problem):
     assert json_problem(value, max_depth=32).startswith(problem)
+
+
+def test_json_loads_reads_integers_up_to_the_limit_and_refuses_longer_ones_plainly():
+    assert json_loads("[" + "9" * MAX_INT_DIGITS + "]") == [int("9" * MAX_INT_DIGITS)]
+    assert json_loads("-" + "9" * MAX_INT_DIGITS) == -int("9" * MAX_INT_DIGITS)
+    for text in ("1" + "0" * 5000, '{"n": -' + "1" * 5000 + "}"):
+        with pytest.raises(NumberTooLongError) as raised:
+            json_loads(text)
+        assert str(raised.value) == f"a number has more than {MAX_INT_DIGITS} digits"

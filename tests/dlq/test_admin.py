@@ -9,6 +9,7 @@ from django.test import Client
 from django.utils import timezone
 
 from audit.models import AuditLog
+from dlq.bulk import bulk_operations_run_once
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, Job
 from tests.factories import job_failed, otp_login, role_user, worker_lost
@@ -143,6 +144,43 @@ def test_a_large_replay_runs_in_the_background_with_a_page_to_stop_it(operator, 
     operation.refresh_from_db()
     assert operation.state == "stopped"
     assert b'id="stop-operation"' not in operator.get(started["Location"]).content
+
+
+def test_stop_on_a_finished_operation_says_it_had_finished_and_changes_nothing(
+    operator, broker, settings
+):
+    settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD = 2
+    for _ in range(3):
+        worker_lost()
+    operator.post(RUN.format(action="replay"), {"justification": "bulk"}, follow=True)
+    operation = BulkOperation.objects.get()
+    for _ in range(5):  # a chunk per dispatcher loop, then done
+        bulk_operations_run_once()
+    operation.refresh_from_db()
+    assert operation.state == "done"
+    stop = operator.post(f"/admin/dlq/bulkoperation/{operation.id}/stop/", follow=True)
+    assert [str(m) for m in stop.context["messages"]] == [
+        "The replay had already finished (done, 3 of 3 dead letters handled); nothing was changed."
+    ]
+    after = BulkOperation.objects.get()
+    assert (after.state, after.stop_requested, after.stopped_by, after.finished_at) == (
+        "done",
+        False,
+        None,
+        operation.finished_at,
+    )
+
+
+def test_stop_on_a_queued_operation_says_it_is_stopped(operator, broker, settings):
+    settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD = 2
+    for _ in range(3):
+        worker_lost()
+    operator.post(RUN.format(action="discard"), {"justification": "bulk"}, follow=True)
+    operation = BulkOperation.objects.get()
+    stop = operator.post(f"/admin/dlq/bulkoperation/{operation.id}/stop/", follow=True)
+    assert [str(m) for m in stop.context["messages"]] == [
+        "The discard is stopped (0 of 3 dead letters handled)."
+    ]
 
 
 def test_dead_letters_cannot_be_edited_or_deleted(operator, broker):

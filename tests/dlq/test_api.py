@@ -214,3 +214,27 @@ def test_an_unknown_method_is_405_whoever_asks():
     for client in (APIClient(), session_api(StaffFactory())):
         answer = client.delete(DLQ)
         assert answer.status_code == 405 and "GET" in answer["Allow"]
+
+
+def test_a_replay_posted_as_a_form_is_415_even_without_a_body(operator_api, broker):
+    worker_lost()
+    for content_type in ("application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        response = operator_api.generic(
+            "POST", f"{DLQ}/sim_dlq/replay", "", content_type=content_type
+        )
+        assert response.status_code == 415, response.content
+        assert _code(response) == "ERR-HTTP-415"
+    assert DeadLetter.objects.get().state == "open"
+
+
+def test_a_replay_body_with_a_5000_digit_number_is_a_plain_400(operator_api, broker):
+    worker_lost()
+    body = '{"justification": "x", "limit": 1' + "0" * 5000 + "}"
+    response = operator_api.generic(
+        "POST", f"{DLQ}/sim_dlq/replay", body, content_type="application/json"
+    )
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert _code(response) == "ERR-DLQ-400" and "more than 4300 digits" in message
+    assert "sys." not in message
+    assert DeadLetter.objects.get().state == "open"

@@ -91,3 +91,11 @@ def test_a_jobops_message_is_named_by_its_task_id_job_and_attempt():
         body, application_headers={"id": "t-1", "job_id": job_id}, content_type="application/json"
     )
     assert _identity(message) == ("task:t-1", job_id, 2) == _full(message)
+
+
+def test_a_body_with_a_5000_digit_number_is_named_without_python_internals():
+    body = b'[[{"job_id": "x", "attempt": 1' + b"0" * 5000 + b"}], {}, {}]"
+    message = amqp.Message(body, application_headers={})
+    decoded = decode_amqp(message)
+    assert "more than 4300 digits" in decoded.decode_error
+    assert "sys." not in decoded.decode_error

@@ -1,7 +1,8 @@
 """A live gunicorn serving the API on the test database, for contract and race tests.
 
 Used by test_api_live.py: the server is a real subprocess (several workers), so only
-committed rows are visible to it: tests that use it are transactional.
+committed rows are visible to it: tests that use it are transactional. It runs with the
+Procfile's gunicorn settings (GUNICORN_CONFIG), so its request limits are production's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import requests
 
 from tests.polling import wait_for
 from tests.processes import ROOT, database_url, free_port
+
+# The config the Procfile's `web:` line passes to gunicorn with --config.
+GUNICORN_CONFIG = "python:config.gunicorn_conf"
 
 
 @contextmanager
@@ -43,6 +47,8 @@ def gunicorn_server(
             sys.executable,
             "-m",
             "gunicorn",
+            "--config",
+            GUNICORN_CONFIG,
             "config.wsgi",
             "--bind",
             f"127.0.0.1:{port}",

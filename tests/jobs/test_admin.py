@@ -7,7 +7,7 @@ import pytest
 from audit.models import AuditLog
 from jobs.models import Job
 from jobs.states import Status
-from tests.factories import StaffFactory, make_job
+from tests.factories import StaffFactory, job_in_state, make_job
 
 pytestmark = pytest.mark.django_db
 
@@ -40,6 +40,44 @@ def test_cancel_action_asks_first_then_cancels_through_the_service(otp_admin_cli
     assert Job.objects.get(id=job.id).status == Status.CANCELLED
     actor_ids = set(AuditLog.objects.filter(job_id=job.id).values_list("actor_id", flat=True))
     assert str(otp_admin_client.user.pk) in actor_ids
+
+
+def _cancel_selected(client, jobs) -> list[str]:
+    chosen = {"action": "cancel_jobs", "_selected_action": [str(j.id) for j in jobs]}
+    response = client.post("/admin/jobs/job/", {**chosen, "confirm": "yes"}, follow=True)
+    assert response.status_code == 200
+    return [str(m) for m in response.context["messages"]]
+
+
+def test_cancel_action_says_how_many_it_cancelled_and_which_had_already_ended(
+    otp_admin_client,
+):
+    waiting = make_job()
+    done = [job_in_state("succeeded") for _ in range(2)]
+    assert _cancel_selected(otp_admin_client, [waiting, *done]) == [
+        "Cancelled 1 job; 2 had already ended (2 succeeded) and were left as they are."
+    ]
+    assert Job.objects.get(id=waiting.id).status == Status.CANCELLED
+    assert {j.status for j in Job.objects.filter(id__in=[d.id for d in done])} == {"succeeded"}
+
+
+def test_cancel_action_counts_running_jobs_as_asked_to_stop(otp_admin_client):
+    running = job_in_state("running")
+    ended = [job_in_state("failed"), job_in_state("cancelled")]
+    assert _cancel_selected(otp_admin_client, [running, *ended]) == [
+        "Cancel requested for 1 job already running (it stops at the next cancellation "
+        "check); 2 had already ended (1 cancelled, 1 failed) and were left as they are."
+    ]
+    assert Job.objects.get(id=running.id).cancel_requested
+
+
+def test_cancel_from_the_job_page_of_an_ended_job_says_it_had_ended(otp_admin_client):
+    job = job_in_state("succeeded")
+    done = otp_admin_client.post(f"/admin/jobs/job/{job.id}/cancel/", follow=True)
+    assert [str(m) for m in done.context["messages"]] == [
+        "The job had already ended (succeeded) and was left as it is."
+    ]
+    assert Job.objects.get(id=job.id).status == Status.SUCCEEDED
 
 
 def test_audit_log_admin_refuses_changes(otp_admin_client):

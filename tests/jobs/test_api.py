@@ -173,6 +173,41 @@ def test_malformed_bodies_get_a_clear_4xx_envelope(api, body, content_type, stat
     assert not Job.objects.exists()
 
 
+def test_a_number_of_5000_digits_is_a_plain_400_without_python_internals(api):
+    body = '{"type": "sim", "params": {"steps": 1' + "0" * 5000 + "}}"
+    response = api.generic("POST", JOBS, body, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "code": "ERR-JOB-400",
+        "message": "Malformed request body: The JSON body holds a number with more than "
+        "4300 digits.",
+        "details": {},
+    }
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "multipart/form-data; boundary=x",
+        "multipart/form-data",
+        "application/x-www-form-urlencoded",
+        "text/plain",
+    ],
+)
+def test_a_form_content_type_is_415_even_without_a_body(api, content_type):
+    response = api.generic("POST", JOBS, "", content_type=content_type)
+    assert response.status_code == 415, response.content
+    assert response.json()["error"]["code"] == "ERR-HTTP-415"
+    assert not Job.objects.exists()
+
+
+def test_no_body_and_no_content_type_is_a_400_naming_the_missing_fields(api):
+    empty = api.post(JOBS)
+    assert empty.status_code == 400
+    assert set(empty.json()["error"]["details"]) == {"type", "params"}
+
+
 @pytest.mark.parametrize(
     "extra",
     [{"status": "succeeded"}, {"attempts": 0}, {"owner": 1}, {"result": {}}, {"id": "x"}],

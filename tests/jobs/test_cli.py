@@ -57,6 +57,7 @@ def test_submit_job_with_a_key_returns_the_same_job_and_defaults_to_the_admin():
     ("args", "message"),
     [
         (["--type", "sim", "--params", "{nope"], "not valid JSON"),
+        (["--type", "sim", "--params", '{"steps": 1' + "0" * 5000 + "}"], "more than 4300"),
         (["--type", "nope"], "ERR-JOB-400"),
         (["--type", "sim", "--params", '{"steps": 0}'], "ERR-JOB-422"),
         (["--type", "sim", "--key", "caf\u00e9"], "ERR-JOB-400"),

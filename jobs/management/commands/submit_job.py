@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import ApplicationError
+from core.json import json_loads
 from jobs.services import job_create
 
 
@@ -26,8 +27,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            params = json.loads(options["params"])
-        except json.JSONDecodeError as exc:
+            params = json_loads(options["params"])
+        except ValueError as exc:  # not JSON, or a number too long to read
             raise CommandError(f"--params is not valid JSON: {exc}", returncode=2) from exc
         owner = _owner(options["owner"])
         try:
