@@ -32,6 +32,7 @@ from django.utils.safestring import SafeString
 from core.admin_base import ReadOnlyAdmin
 from core.admin_filters import ChoicesFilter, InputFilter
 from core.errors import ApplicationError
+from core.ids import id_cell
 from dlq.broker import BROKER_ERRORS, dlq_depths, dlq_peek
 from dlq.bulk import bulk_operation_stop, dead_letters_act
 from dlq.models import BulkOperation
@@ -39,6 +40,7 @@ from dlq.selectors import (
     bulk_operation_get,
     dead_letter_groups,
     dead_letters_for_messages,
+    dead_letters_search,
     death_summary,
     dlq_overview,
 )
@@ -153,7 +155,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     ]
     list_select_related = ["resolved_by"]
     search_fields = ["=job__id", "=message_id"]
-    search_help_text = "A job id or a broker message id (exact)."
+    search_help_text = (
+        "A job id: whole, or its start or end (at least 4 hex digits, e.g. what the list "
+        "shows); or a broker message id (exact)."
+    )
     ordering = ["-created_at", "-id"]
     list_per_page = 50
     show_full_result_count = False
@@ -181,19 +186,14 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def job_link(self, row: DeadLetter) -> SafeString | str:
         if row.job_id is None:
             return "—"
-        url = reverse("admin:jobs_job_change", args=[row.job_id])
-        return format_html('<a href="{}"><code>{}</code></a>', url, str(row.job_id)[:8])
+        return id_cell(row.job_id, reverse("admin:jobs_job_change", args=[row.job_id]))
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[DeadLetter], search_term: str
     ) -> tuple[QuerySet[DeadLetter], bool]:
-        term = search_term.strip()
-        if not term:
+        if not search_term.strip():
             return queryset, False
-        try:
-            return queryset.filter(job_id=uuid.UUID(term)), False
-        except ValueError:
-            return queryset.filter(message_id=term), False
+        return dead_letters_search(rows=queryset, term=search_term), False
 
     def change_view(
         self,
@@ -438,8 +438,7 @@ class BulkOperationAdmin(ReadOnlyAdmin):
 
     @admin.display(description="operation")
     def operation_link(self, op: BulkOperation) -> SafeString:
-        url = reverse("admin:dlq_bulkoperation_change", args=[op.pk])
-        return format_html('<a href="{}"><code>{}</code></a>', url, str(op.pk)[:8])
+        return id_cell(op.pk, reverse("admin:dlq_bulkoperation_change", args=[op.pk]))
 
     @admin.display(description="state")
     def state_badge(self, op: BulkOperation) -> SafeString:

@@ -9,10 +9,12 @@ from typing import Any
 import structlog
 from django.db.models import Count, Max, Min, Q, QuerySet
 
+from core.ids import id_fragment
 from dlq.broker import DecodedMessage, dlq_depths
 from dlq.errors import BulkOperationNotFoundError
 from dlq.models import BulkOperation
-from jobs.models import DeadLetter, DeadLetterState
+from jobs.models import DeadLetter, DeadLetterState, Job
+from jobs.selectors import SEARCH_MAX_CHARS, job_id_fragment_q
 from jobs.topology import dlq_names
 
 log = structlog.get_logger("dlq")
@@ -56,6 +58,25 @@ def dead_letters_by_error_code(
         .order_by("-count", "queue", "error_code")
     )
     return list(groups)
+
+
+def dead_letters_search(*, rows: QuerySet[DeadLetter], term: str) -> QuerySet[DeadLetter]:
+    """The dead-letter list's search: `rows` of the job whose id is the term or begins
+    or ends with it (as the job list's search, jobs.selectors.jobs_search), or whose
+    broker message id is the term. Indexed lookups only: the job id fragment is looked
+    up among the jobs, then their rows by job id."""
+    term = term.strip()
+    if not term or len(term) > SEARCH_MAX_CHARS:
+        return rows.none()
+    try:
+        return rows.filter(job_id=uuid.UUID(term))
+    except ValueError:
+        pass
+    fragment = id_fragment(term)
+    if fragment is None:
+        return rows.filter(message_id=term)
+    jobs = Job.objects.filter(job_id_fragment_q(fragment)).values("id")
+    return rows.filter(Q(message_id=term) | Q(job_id__in=jobs))
 
 
 def open_counts_by_queue() -> dict[str, int]:

@@ -14,14 +14,16 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.db.models.lookups import StartsWith
 
 from audit.models import ActorType, AuditLog
 from audit.services import job_chain
 from core.db import execute_prepared, model_from_row, select_columns
+from core.ids import IdFragment, id_fragment
 from jobs import sql
 from jobs.exceptions import JobNotFoundError
-from jobs.models import Artefact, DeadLetter, Job
+from jobs.models import REVERSED_ID, Artefact, DeadLetter, Job
 from jobs.states import Status
 
 
@@ -94,6 +96,42 @@ def job_list_for_user(
     if created_after:
         jobs = jobs.filter(created_at__gt=created_after)
     return jobs
+
+
+# The longest text a search can match exactly: an idempotency key (255 characters).
+SEARCH_MAX_CHARS = 255
+
+
+def job_id_fragment_q(fragment: IdFragment) -> Q:
+    """Jobs whose id begins or ends with the fragment (as it says). The start is a
+    range of the primary key; the end a `LIKE` on the reversed text, which
+    jobs_id_reversed_idx serves. Neither reads the whole table."""
+    start = Q(id__range=fragment.prefix_range())
+    end = Q(StartsWith(REVERSED_ID, fragment.suffix_text()[::-1]))
+    if not fragment.end:
+        return start
+    if not fragment.start:
+        return end
+    return start | end
+
+
+def jobs_search(*, jobs: QuerySet[Job], term: str) -> QuerySet[Job]:
+    """The portal's search: `jobs` whose id is the term or begins or ends with it
+    (core.ids.id_fragment), or whose idempotency key or request id is the term.
+
+    Every branch is an equality or a range on an index; a term longer than anything
+    it could equal matches nothing without a query.
+    """
+    term = term.strip()
+    if not term or len(term) > SEARCH_MAX_CHARS:
+        return jobs.none()
+    exact = Q(idempotency_key=term) | Q(request_id=term)
+    try:
+        return jobs.filter(exact | Q(id=uuid.UUID(term)))
+    except ValueError:
+        pass
+    fragment = id_fragment(term)
+    return jobs.filter(exact | job_id_fragment_q(fragment)) if fragment else jobs.filter(exact)
 
 
 def artefact_get_for_user(*, job_id: uuid.UUID, artefact_id: uuid.UUID, user: Any) -> Artefact:

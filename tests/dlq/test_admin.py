@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -153,3 +154,41 @@ def test_dead_letters_cannot_be_edited_or_deleted(operator, broker):
         assert client.post(f"{LIST}{row.id}/change/", {"state": "replayed"}).status_code == 403
         assert client.post(f"{LIST}{row.id}/delete/", {"post": "yes"}).status_code == 403
     assert DeadLetter.objects.get(id=row.id).state == "open"
+
+
+# --- ids an operator can tell apart and search for (issue 25) -------------------------------
+
+JOB_CELL = re.compile(
+    r'<a href="/admin/jobs/job/([0-9a-f-]{36})/change/"[^>]*>\s*<code[^>]*>([^<]+)</code>'
+)
+
+
+def _shown_ids(page) -> dict[str, str]:
+    """{job id: what the page shows of it}."""
+    return dict(JOB_CELL.findall(page.content.decode()))
+
+
+def test_the_list_and_the_dry_run_tell_apart_jobs_that_died_together(operator, broker):
+    jobs = [worker_lost() for _ in range(3)]  # UUIDv7: their ids begin with the same time
+    ids = {str(j.id) for j in jobs}
+    for page in (operator.get(LIST), operator.get(RUN.format(action="discard"))):
+        shown = _shown_ids(page)
+        assert set(shown) == ids and len(set(shown.values())) == 3
+        for job_id, text in shown.items():
+            assert text.startswith("…") and job_id.endswith(text[1:]) and len(text) == 13
+        assert 'class="copy-id"' in page.content.decode()
+
+
+def test_the_list_finds_dead_letters_by_what_it_shows_of_their_job(operator, broker):
+    jobs = [worker_lost() for _ in range(2)]
+    shown = _shown_ids(operator.get(LIST))
+    for job in jobs:
+        full = str(job.id)
+        for term in (shown[full], full[-5:], full[:28].upper(), full, "junk-message-id"):
+            page = operator.get(LIST, {"q": term})
+            assert page.status_code == 200
+            found = [r.job_id for r in page.context["cl"].result_list]
+            assert found == ([] if term == "junk-message-id" else [job.id]), term
+    for nonsense in ("%", "_%_", "x" * 10_000):
+        page = operator.get(LIST, {"q": nonsense})
+        assert page.status_code == 200 and not page.context["cl"].result_list

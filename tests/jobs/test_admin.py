@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import re
 from datetime import UTC
 
 import pytest
@@ -158,3 +160,68 @@ def test_cancel_from_the_job_page_asks_first(otp_admin_client):
     assert job.cancel_requested and job.status == Status.RUNNING  # it stops at its next check
     events = AuditLog.objects.filter(job_id=job.id).values_list("event_type", flat=True)
     assert "cancel_requested" in events
+
+
+# --- ids an operator can tell apart and search for (issue 25) -------------------------------
+
+JOB_CELL = re.compile(
+    r'<a href="/admin/jobs/job/([0-9a-f-]{36})/change/"[^>]*>\s*<code[^>]*>([^<]+)</code>'
+)
+
+
+def _shown_ids(page) -> dict[str, str]:
+    """{job id: what the list shows of it} from the rendered job list."""
+    return dict(JOB_CELL.findall(page.content.decode()))
+
+
+def _found(client, term: str) -> list[str]:
+    page = client.get("/admin/jobs/job/", {"q": term})
+    assert page.status_code == 200, term
+    return sorted(str(j.id) for j in page.context["cl"].result_list)
+
+
+def test_the_job_list_tells_apart_jobs_created_in_the_same_minute(otp_admin_client):
+    jobs = [make_job() for _ in range(3)]  # UUIDv7: their ids begin with the same time
+    shown = _shown_ids(otp_admin_client.get("/admin/jobs/job/"))
+    assert set(shown) == {str(j.id) for j in jobs}
+    assert len(set(shown.values())) == 3
+    for job_id, text in shown.items():
+        assert text.strip("…") in job_id and len(text.strip("…")) >= 12
+
+
+def test_the_job_list_finds_a_job_by_what_it_shows_or_a_prefix_or_suffix_of_its_id(
+    otp_admin_client,
+):
+    jobs = [make_job() for _ in range(3)]
+    shown = _shown_ids(otp_admin_client.get("/admin/jobs/job/"))
+    for job in jobs:
+        full = str(job.id)
+        for term in (
+            shown[full],  # exactly what the list shows, ellipsis included
+            full[-6:],  # a suffix
+            full[-17:],  # a suffix across a dash
+            full[-17:].replace("-", "").upper(),  # without the dash, in capitals
+            full[:28],  # a prefix long enough to reach the random bits
+            full.replace("-", "")[:26],  # the same without dashes
+            f"  {full}  ",  # the whole id, as before
+        ):
+            assert _found(otp_admin_client, term) == [full], term
+    everyone = sorted(str(j.id) for j in jobs)
+    common = os.path.commonprefix(everyone)  # the time they were made, to the minute or so
+    assert _found(otp_admin_client, common[:8]) == everyone
+
+
+@pytest.mark.parametrize(
+    "term",
+    ["%", "%%%%", "_", "0_a%", "----", "…", "a" * 10_000, "0" * 10_000, "abc", "' OR 1=1 --"],
+    ids=lambda term: repr(term[:12]) + (f"x{len(term)}" if len(term) > 12 else ""),
+)
+def test_the_job_list_search_answers_nonsense_with_no_rows_not_a_500(otp_admin_client, term):
+    make_job(key="%")
+    page = otp_admin_client.get("/admin/jobs/job/", {"q": term})
+    assert page.status_code == 200
+    assert [j.idempotency_key for j in page.context["cl"].result_list] == (
+        ["%"] if term == "%" else []  # an idempotency key is matched exactly, never as a pattern
+    )
+    if len(term) > 255:
+        assert "longer (10000 characters) than any job id" in page.content.decode()
