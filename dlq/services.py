@@ -497,7 +497,8 @@ def _job_ids(job_ids: Iterable[Any]) -> list[uuid.UUID]:
 
 
 def dead_letters_sample(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
-    """The first SAMPLE_SIZE rows of a selection, as the dry run shows them."""
+    """The first SAMPLE_SIZE rows of a selection (already limited, in the order the
+    action takes them), as the dry run shows them."""
     return [
         {
             "dead_letter_id": r.id,
@@ -643,7 +644,8 @@ def _resolve_selection(
     result = ResolveResult(action=action, dry_run=dry_run)
     limited = rows[:limit] if limit is not None else rows
     result.matched = limited.count()
-    result.sample = dead_letters_sample(rows)
+    # From the limited rows, so that the sample is what the run takes, in its order.
+    result.sample = dead_letters_sample(limited)
     if dry_run:
         return result
     clock = time.perf_counter()

@@ -91,8 +91,12 @@ class SkippedRowSerializer(serializers.Serializer):
 class ResolveResultOutputSerializer(serializers.Serializer):
     action = serializers.ChoiceField(choices=["replay", "discard"])
     dry_run = serializers.BooleanField()
-    matched = serializers.IntegerField(help_text="Open dead letters the selection matched.")
-    sample = SampleRowSerializer(many=True, help_text="The first ten of them.")
+    matched = serializers.IntegerField(
+        help_text="Open dead letters the selection matched (at most `limit`)."
+    )
+    sample = SampleRowSerializer(
+        many=True, help_text="The first ten of them, in the order the action takes them."
+    )
     resolved = serializers.ListField(child=serializers.IntegerField(), help_text="Row ids done.")
     job_ids = serializers.ListField(child=serializers.UUIDField())
     message_ids = serializers.ListField(child=serializers.CharField())

@@ -106,6 +106,24 @@ def test_replay_shows_a_dry_run_then_needs_a_justification(operator, amqp):
     assert depth(amqp, "sim_dlq") == 0
 
 
+@pytest.mark.parametrize("action", ["replay", "discard"])
+def test_a_limited_dry_run_lists_exactly_the_rows_the_action_then_takes(operator, broker, action):
+    rows = [DeadLetter.objects.get(job=worker_lost()).id for _ in range(4)]
+    url = RUN.format(action=action)
+    dry = operator.get(url, {"queue": "sim_dlq", "limit": "2"})
+    sample = [s["dead_letter_id"] for s in dry.context["dry_run"].sample]
+    assert (dry.context["dry_run"].matched, sample) == (2, rows[:2])  # oldest first
+    listed = re.findall(
+        r'<tr><td><a href="/admin/jobs/deadletter/(\d+)/change/">', dry.content.decode()
+    )
+    assert [int(i) for i in listed] == sample
+    done = operator.post(url, {**dict(dry.context["hidden"]), "justification": "INC-3"})
+    assert done.context["result"].resolved == sample
+    assert set(DeadLetter.objects.filter(state="open").values_list("id", flat=True)) == set(
+        rows[2:]
+    )
+
+
 def test_the_selected_rows_go_to_a_discard_dry_run(operator, broker):
     keep, drop = worker_lost(), worker_lost()
     row = DeadLetter.objects.get(job=drop)

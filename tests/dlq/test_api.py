@@ -111,9 +111,25 @@ def test_operator_dry_run_counts_and_samples_and_changes_nothing(operator_api, b
     )
     assert answer.status_code == 200, answer.content
     body = answer.json()
-    assert body["dry_run"] and body["matched"] == 2 and len(body["sample"]) == 3
+    assert body["dry_run"] and body["matched"] == 2 and len(body["sample"]) == 2
     assert body["resolved"] == []
     assert {j.status for j in Job.objects.filter(id__in=[j.id for j in jobs])} == {"failed"}
+
+
+@pytest.mark.parametrize("action", ["replay", "discard"])
+def test_a_limited_dry_run_samples_exactly_the_rows_the_run_then_takes(
+    operator_api, broker, action
+):
+    rows = [DeadLetter.objects.get(job=worker_lost()).id for _ in range(4)]
+    body = {"justification": "INC-8", "limit": 2}
+    dry = operator_api.post(f"{DLQ}/sim_dlq/{action}", {**body, "dry_run": True}, format="json")
+    sample = [s["dead_letter_id"] for s in dry.json()["sample"]]
+    assert (dry.json()["matched"], sample) == (2, rows[:2])  # the oldest two, oldest first
+    done = operator_api.post(f"{DLQ}/sim_dlq/{action}", body, format="json")
+    assert done.json()["resolved"] == sample
+    assert set(DeadLetter.objects.filter(state="open").values_list("id", flat=True)) == set(
+        rows[2:]
+    )
 
 
 def test_operator_replays_chosen_jobs_and_the_audit_names_user_row_and_message(operator_api, amqp):
