@@ -6,6 +6,7 @@ cannot be probed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from datetime import datetime
@@ -209,6 +210,13 @@ def job_health_gauges() -> dict[str, float | None]:
     }
 
 
+# The entries that resolve a dead letter: each carries the digest of its justification.
+RESOLVING_EVENTS = ("dlq_replayed", "dlq_discarded")
+JUSTIFICATION_MISMATCH = (
+    "(the justification stored with the dead letter is not the one this entry audited)"
+)
+
+
 def job_timeline(*, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
     """The job's audit trail for a person: each entry with its time, event, who did it
     (a username, or the system part) and what it said. Runs of `progress` entries
@@ -219,8 +227,8 @@ def job_timeline(*, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
     user_ids = {r.actor_id for r in rows if r.actor_type == ActorType.USER and r.actor_id.isdigit()}
     names = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "username"))
     letters = {
-        d.get("dead_letter_id") for d in data.values() if d.get("dead_letter_id") is not None
-    }
+        data[r.seq].get("dead_letter_id") for r in rows if r.event_type in RESOLVING_EVENTS
+    } - {None}
     justifications = dict(
         DeadLetter.objects.filter(id__in=letters).values_list("id", "justification")
     )
@@ -244,12 +252,28 @@ def job_timeline(*, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
                 "actor": actor,
                 "count": 1,
                 "data": details,
-                "justification": justifications.get(details.get("dead_letter_id") or 0),
+                "justification": _justification(row.event_type, details, justifications),
             }
         )
     for entry in entries:
         entry["summary"] = _summary(entry["event"], entry["data"])
     return entries
+
+
+def _justification(
+    event: str, data: dict[str, Any], justifications: dict[int, str | None]
+) -> str | None:
+    """The justification an entry audited, or None. The chain holds only its digest
+    (the text stays on the dead letter, as it may name people): the row's text is shown
+    under the entry that resolved the row and whose digest it matches, never under the
+    row's earlier `failed` or `dead_lettered` entries."""
+    if event not in RESOLVING_EVENTS:
+        return None
+    text = justifications.get(data.get("dead_letter_id") or 0)
+    if text is None or "justification_sha256" not in data:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return text if digest == data["justification_sha256"] else JUSTIFICATION_MISMATCH
 
 
 def _summary(event: str, data: dict[str, Any]) -> str:
@@ -268,6 +292,8 @@ def _summary(event: str, data: dict[str, Any]) -> str:
         parts.append(f"retry in {data['delay_ms'] / 1000:.1f} s")
     if data.get("message_id"):
         parts.append(f"message {str(data['message_id'])[:24]}")
+    if data.get("live_lock"):
+        parts.append("the job ran under a live lock: its run decides, the copy needs no action")
     return " · ".join(parts)
 
 

@@ -225,3 +225,91 @@ def test_the_job_list_search_answers_nonsense_with_no_rows_not_a_500(otp_admin_c
     )
     if len(term) > 255:
         assert "longer (10000 characters) than any job id" in page.content.decode()
+
+
+# --- justifications under the event that resolved the dead letter (issue 25) -----------------
+
+
+def _broker_copy_seen(job) -> None:
+    """The dead-letter watcher records the broker copy of the job's open dead letter:
+    a `dead_lettered` entry by dlq-watcher naming the row."""
+    from dlq.broker import DecodedMessage
+    from dlq.services import Outcome, dead_letter_reconcile
+
+    message = DecodedMessage(
+        message_id=f"task:{job.id}:{job.attempts}",
+        job_id=str(job.id),
+        attempt=job.attempts,
+        queue=job.queue,
+        reason="rejected",
+    )
+    assert dead_letter_reconcile(message=message) == Outcome.BROKER_COPY
+
+
+def _timeline_justifications(client, job) -> list[tuple[str, str | None]]:
+    page = client.get(f"/admin/jobs/job/{job.id}/change/")
+    timeline = page.context["timeline"]
+    rendered = page.content.decode().split('<ol class="timeline">')[1].split("</ol>")[0]
+    for entry in timeline:  # what the page says is what the list of entries says
+        if entry["justification"]:
+            assert rendered.count(f"“{entry['justification']}”") == 1
+    return [(e["event"], e["justification"]) for e in timeline if e["event"] != "progress"]
+
+
+def test_a_justification_shows_only_under_the_event_that_resolved_the_dead_letter(
+    otp_admin_client, broker
+):
+    from dlq.services import dead_letters_discard, dead_letters_replay
+    from jobs.services import WORKER, job_claim, job_fail_with_dead_letter
+    from tests.factories import OperatorFactory, fence_of, job_failed
+
+    operator = OperatorFactory()
+    job = job_failed("UPSTREAM_DOWN")
+    _broker_copy_seen(job)
+    dead_letters_replay(actor_user=operator, justification="INC-1: upstream back", job_ids=[job.id])
+    claimed = job_claim(job_id=job.id, locked_by="w2")  # the replay fails again
+    job_fail_with_dead_letter(
+        job_id=job.id, reason="fatal", actor=WORKER, error_code="BAD", fence=fence_of(claimed)
+    )
+    _broker_copy_seen(Job.objects.get(id=job.id))
+    dead_letters_discard(actor_user=operator, justification="INC-2: bad data", job_ids=[job.id])
+
+    events = _timeline_justifications(otp_admin_client, job)
+    assert [e for e in events if e[0] not in ("created", "queued", "started")] == [
+        ("failed", None),
+        ("dead_lettered", None),
+        ("dlq_replayed", "INC-1: upstream back"),
+        ("failed", None),
+        ("dead_lettered", None),
+        ("dlq_discarded", "INC-2: bad data"),
+    ]
+
+
+def test_a_justification_changed_after_the_fact_is_not_shown_as_the_audited_one(
+    otp_admin_client, broker
+):
+    from dlq.services import dead_letters_discard
+    from jobs.models import DeadLetter
+    from jobs.selectors import JUSTIFICATION_MISMATCH
+    from tests.factories import OperatorFactory, job_failed
+
+    job = job_failed("UPSTREAM_DOWN")
+    dead_letters_discard(actor_user=OperatorFactory(), justification="duplicate", job_ids=[job.id])
+    DeadLetter.objects.filter(job=job).update(justification="approved by the CEO")
+    events = dict(_timeline_justifications(otp_admin_client, job))
+    assert events["dlq_discarded"] == JUSTIFICATION_MISMATCH
+
+
+def test_a_copy_recorded_under_a_live_lock_says_so_without_a_justification(otp_admin_client):
+    from dlq.broker import DecodedMessage
+    from dlq.services import Outcome, dead_letter_reconcile
+    from tests.factories import job_in_state
+
+    job = job_in_state("running")
+    message = DecodedMessage(
+        message_id="task:live", job_id=str(job.id), attempt=job.attempts, queue=job.queue
+    )
+    assert dead_letter_reconcile(message=message) == Outcome.LIVE_LOCK
+    page = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/")
+    [entry] = [e for e in page.context["timeline"] if e["event"] == "dead_lettered"]
+    assert entry["justification"] is None and "live lock" in entry["summary"]
