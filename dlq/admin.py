@@ -324,6 +324,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         selection, describe = _selection_from(params)
         context: dict[str, Any] = {"action": action, "describe": describe, "selection": selection}
         context["hidden"] = _hidden_fields(selection)
+        # Rows a replay cannot take (no job) can be discarded: the same selection, there.
+        context["can_discard"] = request.user.has_perm(PERMISSIONS["discard"])
+        context["discard_query"] = urlencode(context["hidden"])
         if request.method == "POST":
             justification = request.POST.get("justification", "")
             context["justification"] = justification

@@ -90,9 +90,10 @@ def open_counts_by_queue() -> dict[str, int]:
 
 
 def dlq_overview() -> list[dict[str, Any]]:
-    """Each DLQ with its broker depth (None when unknown: broker down or queue missing)
-    and its count of open dead letters. The two can differ: `worker_lost` rows have no
-    broker copy, and copies of resolved rows wait for the next ack-away pass."""
+    """Each DLQ with its broker depth (None when unknown: broker down or queue missing),
+    its count of open dead letters and how many of those name a job (`replayable`: a
+    replay can take only these). Depth and open rows can differ: `worker_lost` rows
+    have no broker copy, and copies of resolved rows wait for the next ack-away pass."""
     names = dlq_names()
     try:
         depths: dict[str, int | None] = dlq_depths(queues=names)
@@ -100,13 +101,20 @@ def dlq_overview() -> list[dict[str, Any]]:
     except Exception as exc:  # the page must render with the broker down
         log.warning("dlq_depths_unavailable", error=repr(exc))
         depths, broker_error = dict.fromkeys(names), repr(exc)
-    counts = open_counts_by_queue()
+    counts = {
+        row["queue"]: row
+        for row in DeadLetter.objects.filter(state=DeadLetterState.OPEN)
+        .order_by()
+        .values("queue")
+        .annotate(open=Count("id"), replayable=Count("id", filter=Q(job__isnull=False)))
+    }
     extra = sorted(set(counts) - set(names))  # e.g. "unknown" for null-job rows
     return [
         {
             "queue": name,
             "depth": depths.get(name),
-            "open": counts.get(name, 0),
+            "open": counts.get(name, {}).get("open", 0),
+            "replayable": counts.get(name, {}).get("replayable", 0),
             "broker_error": broker_error,
         }
         for name in [*names, *extra]
@@ -179,13 +187,16 @@ def bulk_operations_recent(*, limit: int = 10) -> list[BulkOperation]:
 
 def dead_letter_groups(*, rows: QuerySet[DeadLetter], limit: int = 20) -> list[dict[str, Any]]:
     """`rows` (any filtered selection) by queue, error code and reason, largest first,
-    with how many are still open and when the first and last arrived."""
+    with how many are still open, how many of those name a job (`replayable`: rows
+    without one can only be discarded), and when the first and last arrived."""
+    open_rows = Q(state=DeadLetterState.OPEN)
     groups = (
         rows.order_by()
         .values("queue", "error_code", "reason")
         .annotate(
             count=Count("id"),
-            open=Count("id", filter=Q(state=DeadLetterState.OPEN)),
+            open=Count("id", filter=open_rows),
+            replayable=Count("id", filter=open_rows & Q(job__isnull=False)),
             first_at=Min("created_at"),
             last_at=Max("created_at"),
         )

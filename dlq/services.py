@@ -328,6 +328,9 @@ class ResolveResult:
     dry_run: bool
     matched: int = 0
     sample: list[dict[str, Any]] = field(default_factory=list)
+    # Replay only: open rows of the selection that name no job, which it cannot take.
+    without_job: int = 0
+    notes: list[str] = field(default_factory=list)  # what an operator should know, in words
     resolved: list[int] = field(default_factory=list)  # dead_letters ids
     job_ids: list[str] = field(default_factory=list)
     message_ids: list[str] = field(default_factory=list)  # broker copies of resolved rows
@@ -633,7 +636,7 @@ def _resolve_selection(
     publish: bool = False,
     **selection: Unpack[Selection],
 ) -> ResolveResult:
-    justification, _, rows = dead_letters_checked_selection(
+    justification, filters, rows = dead_letters_checked_selection(
         action=action,
         actor_user=actor_user,
         justification=justification,
@@ -646,6 +649,10 @@ def _resolve_selection(
     result.matched = limited.count()
     # From the limited rows, so that the sample is what the run takes, in its order.
     result.sample = dead_letters_sample(limited)
+    if action == "replay":
+        result.without_job = _count_without_job(selection, filters=filters)
+        if result.without_job:
+            result.notes.append(without_job_note(result.without_job))
     if dry_run:
         return result
     clock = time.perf_counter()
@@ -663,6 +670,27 @@ def _resolve_selection(
         result.published = _publish(result.job_ids)
         _lap(result, "publish", clock)
     return result
+
+
+def _count_without_job(selection: Selection, *, filters: dict[str, Any]) -> int:
+    """Open rows of a replay's selection that name no job: the replay leaves them out
+    (`dead_letters_selected`), and the operator is told how many and why."""
+    if selection.get("job_ids") is not None:
+        return 0  # rows chosen by job name a job
+    rows = dead_letters_selected(
+        action="discard",
+        queue=selection.get("queue"),
+        dead_letter_ids=selection.get("dead_letter_ids"),
+        filters=filters,
+    )
+    return rows.filter(job__isnull=True).count()
+
+
+def without_job_note(count: int) -> str:
+    """Why a replay leaves `count` rows out, in the operator's words."""
+    if count == 1:
+        return "1 dead letter names no job: it can only be discarded."
+    return f"{count} dead letters name no job: they can only be discarded."
 
 
 def dead_letters_resolve_rows(

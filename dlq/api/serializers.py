@@ -97,6 +97,15 @@ class ResolveResultOutputSerializer(serializers.Serializer):
     sample = SampleRowSerializer(
         many=True, help_text="The first ten of them, in the order the action takes them."
     )
+    without_job = serializers.IntegerField(
+        help_text="Replay: open dead letters of the selection that name no job (undecodable "
+        "messages, unknown jobs). A replay cannot take them; discard them. 0 for a discard."
+    )
+    notes = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="What the operator should know, in words, e.g. "
+        "`2 dead letters name no job: they can only be discarded.`",
+    )
     resolved = serializers.ListField(child=serializers.IntegerField(), help_text="Row ids done.")
     job_ids = serializers.ListField(child=serializers.UUIDField())
     message_ids = serializers.ListField(child=serializers.CharField())

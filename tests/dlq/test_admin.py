@@ -12,7 +12,7 @@ from django.utils import timezone
 from audit.models import AuditLog
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, Job
-from tests.factories import job_failed, otp_login, role_user, worker_lost
+from tests.factories import dead_letter_without_job, job_failed, otp_login, role_user, worker_lost
 from tests.queues import depth, worker_dead_letter
 
 pytestmark = pytest.mark.django_db
@@ -210,3 +210,56 @@ def test_the_list_finds_dead_letters_by_what_it_shows_of_their_job(operator, bro
     for nonsense in ("%", "_%_", "x" * 10_000):
         page = operator.get(LIST, {"q": nonsense})
         assert page.status_code == 200 and not page.context["cl"].result_list
+
+
+# --- replay where it can do something (issue 25) ---------------------------------------------
+
+
+def test_replay_is_not_offered_for_dead_letters_that_name_no_job(operator, broker):
+    for _ in range(2):
+        dead_letter_without_job()
+    job_failed("UPSTREAM_DOWN")
+    page = operator.get(LIST, {"state": "open"})
+    groups = {g["error_code"]: (g["open"], g["replayable"]) for g in page.context["groups"]}
+    assert groups == {"UNDECODABLE": (2, 0), "UPSTREAM_DOWN": (1, 1)}
+    rows = page.content.decode().split('id="groups"')[1].split("</table>")[0].split("<tr>")
+    undecodable = next(r for r in rows if "UNDECODABLE" in r)
+    assert "Replay" not in undecodable and "Discard…" in undecodable
+    assert "no job to replay" in undecodable
+    assert "Replay 1…" in next(r for r in rows if "UPSTREAM_DOWN" in r)
+
+    queues = operator.get("/admin/jobs/deadletter/queues/panel/")
+    sim = next(q for q in queues.context["queues"] if q["queue"] == "sim_dlq")
+    assert (sim["open"], sim["replayable"]) == (3, 1)
+    DeadLetter.objects.filter(job__isnull=False).update(
+        state="discarded", resolved_at=timezone.now(), justification="x"
+    )
+    row = operator.get("/admin/jobs/deadletter/queues/panel/").content.decode()
+    row = row.split('data-queue="sim_dlq"')[1].split("</tr>")[0]
+    assert "Replay" not in row and "Discard…" in row
+
+
+def test_a_replay_dry_run_says_how_many_dead_letters_name_no_job(operator, broker):
+    junk = [dead_letter_without_job() for _ in range(2)]
+    job = job_failed("UPSTREAM_DOWN")
+    url = RUN.format(action="replay")
+
+    dry = operator.get(url, {"queue": "sim_dlq"})
+    assert (dry.context["dry_run"].matched, dry.context["dry_run"].without_job) == (1, 2)
+    note = "2 dead letters name no job: they can only be discarded."
+    text = dry.content.decode()
+    assert 'id="without-job"' in text and note in text
+    assert 'href="/admin/jobs/deadletter/discard/run/?queue=sim_dlq"' in text
+
+    chosen = ",".join(str(r.id) for r in junk)
+    only_junk = operator.get(url, {"ids": chosen})
+    assert (only_junk.context["dry_run"].matched, only_junk.context["dry_run"].without_job) == (
+        0,
+        2,
+    )
+    assert note in only_junk.content.decode()
+    assert f"discard/run/?ids={chosen.replace(',', '%2C')}" in only_junk.content.decode()
+
+    by_job = operator.get(url, {"job": str(job.id)})
+    assert by_job.context["dry_run"].without_job == 0
+    assert 'id="without-job"' not in by_job.content.decode()
