@@ -324,9 +324,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         selection, describe = _selection_from(params)
         context: dict[str, Any] = {"action": action, "describe": describe, "selection": selection}
         context["hidden"] = _hidden_fields(selection)
-        # Rows a replay cannot take (no job) can be discarded: the same selection, there.
+        # Rows a replay cannot take (no job) can be discarded: those of the same selection
+        # that name no job, all of them (the count says all; a limit was for the replay).
         context["can_discard"] = request.user.has_perm(PERMISSIONS["discard"])
-        context["discard_query"] = urlencode(context["hidden"])
+        kept = [(k, v) for k, v in context["hidden"] if k not in ("limit", "without_job")]
+        context["discard_query"] = urlencode([*kept, ("without_job", "1")])
         if request.method == "POST":
             justification = request.POST.get("justification", "")
             context["justification"] = justification
@@ -383,6 +385,9 @@ def _selection_from(params: Any) -> tuple[dict[str, Any], list[str]]:
     if params.get("retryable"):
         filters["retryable"] = True
         describe.append("only retryable causes")
+    if params.get("without_job"):
+        filters["without_job"] = True
+        describe.append("only those that name no job")
     after, before = age_bounds(params.get("age"))
     for name, bound in (("created_after", after), ("created_before", before)):
         value = bound.isoformat() if bound else params.get(name)

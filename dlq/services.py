@@ -359,14 +359,15 @@ RETRYABLE_REASONS = (
     DeadLetterReason.EXPIRED,
     DeadLetterReason.MAXLEN,
 )
-# filter name -> ORM lookup on dead_letters; `retryable` (bool) is RETRYABLE_REASONS.
+# filter name -> ORM lookup on dead_letters; `retryable` (bool) is RETRYABLE_REASONS,
+# `without_job` (bool) the rows that name no job (what a replay leaves to a discard).
 FILTER_LOOKUPS = {
     "reason": "reason",
     "error_code": "error_code",
     "created_after": "created_at__gte",
     "created_before": "created_at__lt",
 }
-FILTER_FIELDS = (*FILTER_LOOKUPS, "retryable")
+FILTER_FIELDS = (*FILTER_LOOKUPS, "retryable", "without_job")
 
 
 def dead_letter_action_check(
@@ -479,6 +480,8 @@ def dead_letters_selected(
     for name, value in _clean_filters(filters).items():
         if name == "retryable":
             rows = rows.filter(reason__in=RETRYABLE_REASONS)
+        elif name == "without_job":
+            rows = rows.filter(job__isnull=True)
         else:
             rows = rows.filter(**{FILTER_LOOKUPS[name]: value})
     if action == "replay":

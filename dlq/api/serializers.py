@@ -157,6 +157,11 @@ class DlqFilterInputSerializer(ClosedSerializer):
         help_text="Only causes a replay can cure: retries exhausted, worker lost, broker "
         "limits (reasons exhausted, worker_lost, delivery_limit, expired, maxlen).",
     )
+    without_job = StrictBooleanField(
+        required=False,
+        help_text="Only dead letters that name no job (undecodable messages, unknown jobs): "
+        "what a replay leaves out, for a discard.",
+    )
     created_after = serializers.DateTimeField(required=False)
     created_before = serializers.DateTimeField(required=False)
 

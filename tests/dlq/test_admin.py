@@ -244,12 +244,15 @@ def test_a_replay_dry_run_says_how_many_dead_letters_name_no_job(operator, broke
     job = job_failed("UPSTREAM_DOWN")
     url = RUN.format(action="replay")
 
-    dry = operator.get(url, {"queue": "sim_dlq"})
+    dry = operator.get(url, {"queue": "sim_dlq", "limit": "1"})
     assert (dry.context["dry_run"].matched, dry.context["dry_run"].without_job) == (1, 2)
     note = "2 dead letters name no job: they can only be discarded."
     text = dry.content.decode()
     assert 'id="without-job"' in text and note in text
-    assert 'href="/admin/jobs/deadletter/discard/run/?queue=sim_dlq"' in text
+    discard = "/admin/jobs/deadletter/discard/run/?queue=sim_dlq&without_job=1"
+    assert f'href="{discard.replace("&", "&amp;")}"' in text and "Discard them…" in text
+    instead = operator.get(discard)  # exactly those, whatever limit the replay had
+    assert [s["dead_letter_id"] for s in instead.context["dry_run"].sample] == [r.id for r in junk]
 
     chosen = ",".join(str(r.id) for r in junk)
     only_junk = operator.get(url, {"ids": chosen})
@@ -258,7 +261,9 @@ def test_a_replay_dry_run_says_how_many_dead_letters_name_no_job(operator, broke
         2,
     )
     assert note in only_junk.content.decode()
-    assert f"discard/run/?ids={chosen.replace(',', '%2C')}" in only_junk.content.decode()
+    assert f"discard/run/?ids={chosen.replace(',', '%2C')}&amp;without_job=1" in (
+        only_junk.content.decode()
+    )
 
     by_job = operator.get(url, {"job": str(job.id)})
     assert by_job.context["dry_run"].without_job == 0

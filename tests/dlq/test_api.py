@@ -146,6 +146,12 @@ def test_a_replay_says_how_many_dead_letters_name_no_job_and_why(operator_api, b
     done = operator_api.post(f"{DLQ}/sim_dlq/replay", {"justification": "INC-4"}, format="json")
     assert done.json()["job_ids"] == [str(job.id)] and done.json()["notes"] == [note]
     assert {DeadLetter.objects.get(id=r.id).state for r in junk} == {"open"}
+    rest = operator_api.post(
+        f"{DLQ}/sim_dlq/discard",
+        {"justification": "junk", "filter": {"without_job": True}},
+        format="json",
+    )
+    assert sorted(rest.json()["resolved"]) == sorted(r.id for r in junk)
 
 
 def test_operator_replays_chosen_jobs_and_the_audit_names_user_row_and_message(operator_api, amqp):
