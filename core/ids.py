@@ -41,7 +41,7 @@ def id_cell(value: Any, url: str | None = None) -> SafeString:
         code = format_html('<a href="{}">{}</a>', url, code)
     return format_html(
         '<span class="id-cell">{}<button type="button" class="copy-id" data-copy="{}" '
-        'title="Copy the whole id" aria-label="Copy the whole id {}">⧉</button></span>',
+        'title="Copy the whole id" aria-label="Copy the whole id {}">copy</button></span>',
         code,
         full,
         full,

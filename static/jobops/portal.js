@@ -70,10 +70,10 @@
     event.preventDefault();
     copyText(button.getAttribute("data-copy")).then(function () {
       button.classList.add("copied");
-      button.textContent = "✓";
+      button.textContent = "copied";
       window.setTimeout(function () {
         button.classList.remove("copied");
-        button.textContent = "⧉";
+        button.textContent = "copy";
       }, 1500);
     }, function () {
       window.prompt("Copy the id:", button.getAttribute("data-copy"));
