@@ -193,7 +193,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     ) -> tuple[QuerySet[DeadLetter], bool]:
         if not search_term.strip():
             return queryset, False
-        return dead_letters_search(rows=queryset, term=search_term), False
+        found = dead_letters_search(rows=queryset, term=search_term)
+        if found.note:
+            messages.warning(request, found.note)
+        return found.rows, False
 
     def change_view(
         self,

@@ -13,8 +13,8 @@ from core.ids import id_fragment
 from dlq.broker import DecodedMessage, dlq_depths
 from dlq.errors import BulkOperationNotFoundError
 from dlq.models import BulkOperation
-from jobs.models import DeadLetter, DeadLetterState, Job
-from jobs.selectors import SEARCH_MAX_CHARS, job_id_fragment_q
+from jobs.models import DeadLetter, DeadLetterState
+from jobs.selectors import SEARCH_MAX_CHARS, Search, id_fragment_q, too_long_note
 from jobs.topology import dlq_names
 
 log = structlog.get_logger("dlq")
@@ -60,23 +60,22 @@ def dead_letters_by_error_code(
     return list(groups)
 
 
-def dead_letters_search(*, rows: QuerySet[DeadLetter], term: str) -> QuerySet[DeadLetter]:
+def dead_letters_search(*, rows: QuerySet[DeadLetter], term: str) -> Search[DeadLetter]:
     """The dead-letter list's search: `rows` of the job whose id is the term or begins
     or ends with it (as the job list's search, jobs.selectors.jobs_search), or whose
-    broker message id is the term. Indexed lookups only: the job id fragment is looked
-    up among the jobs, then their rows by job id."""
+    broker message id is the term."""
     term = term.strip()
-    if not term or len(term) > SEARCH_MAX_CHARS:
-        return rows.none()
+    if len(term) > SEARCH_MAX_CHARS:
+        return Search(rows.none(), too_long_note(term))
     try:
-        return rows.filter(job_id=uuid.UUID(term))
+        return Search(rows.filter(job_id=uuid.UUID(term)))
     except ValueError:
         pass
     fragment = id_fragment(term)
     if fragment is None:
-        return rows.filter(message_id=term)
-    jobs = Job.objects.filter(job_id_fragment_q(fragment)).values("id")
-    return rows.filter(Q(message_id=term) | Q(job_id__in=jobs))
+        return Search(rows.filter(message_id=term))
+    by_job, note = id_fragment_q(rows, field="job_id", fragment=fragment)
+    return Search(rows.filter(Q(message_id=term) | by_job), note)
 
 
 def open_counts_by_queue() -> dict[str, int]:

@@ -22,7 +22,7 @@ from core.admin_base import ReadOnlyAdmin
 from core.admin_filters import ChoicesFilter, DateRangeFilter, InputFilter
 from core.ids import id_cell
 from jobs.models import Artefact, DeadLetter, Job
-from jobs.selectors import SEARCH_MAX_CHARS, job_timeline, jobs_search
+from jobs.selectors import job_timeline, jobs_search
 from jobs.services import job_cancel
 from jobs.states import TERMINAL
 from jobs.types import primary_queue_names
@@ -166,13 +166,10 @@ class JobAdmin(ReadOnlyAdmin):
         # 500 on "=id" with a term that is no UUID); jobs_search keeps to the indexes.
         if not search_term.strip():
             return queryset, False
-        if len(search_term.strip()) > SEARCH_MAX_CHARS:
-            messages.warning(
-                request,
-                f"No job matches: the search is longer ({len(search_term.strip())} characters) "
-                "than any job id, idempotency key or request id.",
-            )
-        return jobs_search(jobs=queryset, term=search_term), False
+        found = jobs_search(jobs=queryset, term=search_term)
+        if found.note:
+            messages.warning(request, found.note)
+        return found.rows, False
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(CANCEL_PERMISSION)

@@ -6,7 +6,6 @@ import uuid6
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Cast, Collate, Reverse
 
 from jobs.states import Status
 
@@ -22,11 +21,6 @@ def new_job_id() -> uuid.UUID:
     at one end. Still unguessable: 74 random bits.
     """
     return uuid.UUID(int=uuid6.uuid7().int)
-
-
-# A job's id as text, reversed: what jobs_id_reversed_idx holds and a search by the end
-# of an id must spell the same way to use it (jobs.selectors.job_id_fragment_q).
-REVERSED_ID = Collate(Reverse(Cast("id", output_field=models.TextField())), "C")
 
 
 class Job(models.Model):
@@ -118,12 +112,6 @@ class Job(models.Model):
                 name="jobs_idempotency_key_idx",
                 condition=Q(idempotency_key__isnull=False),
             ),
-            # Portal search: a job by the end of its id, the random part the portal shows
-            # (core/ids.py). The primary key serves a search by the start; the end
-            # needs its own index, of the reversed text, for `LIKE 'reversed end%'`
-            # (collation "C", which lets a LIKE use a btree whatever the database's).
-            # Without it such a search reads the whole table (a second per million jobs).
-            models.Index(REVERSED_ID, name="jobs_id_reversed_idx"),
             # Dispatcher: pending jobs to (re)publish, oldest first.
             models.Index(
                 fields=["created_at"], name="jobs_pending_idx", condition=Q(status=Status.PENDING)

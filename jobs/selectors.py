@@ -9,23 +9,26 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Q, QuerySet
-from django.db.models.lookups import StartsWith
+from django.db.models import Model, Q, QuerySet, TextField
+from django.db.models.functions import Cast
 
 from audit.models import ActorType, AuditLog
 from audit.services import job_chain
-from core.db import execute_prepared, model_from_row, select_columns
+from core.db import execute_prepared, model_from_row, read_within, select_columns
 from core.ids import IdFragment, id_fragment
 from jobs import sql
 from jobs.exceptions import JobNotFoundError
-from jobs.models import REVERSED_ID, Artefact, DeadLetter, Job
+from jobs.models import Artefact, DeadLetter, Job
 from jobs.states import Status
+
+M = TypeVar("M", bound=Model)
 
 
 def job_visible_queryset(*, user: Any) -> QuerySet[Job]:
@@ -101,38 +104,86 @@ def job_list_for_user(
 
 # The longest text a search can match exactly: an idempotency key (255 characters).
 SEARCH_MAX_CHARS = 255
+# A search by the end of an id reads every id: no index can serve it (the end is the
+# random part, and an index of it would take a write on a random page at every create
+# and transition, what UUIDv7 ids are for avoiding). About half a second per million
+# rows on two cores; it gives up after SUFFIX_SEARCH_SECONDS and keeps the newest
+# SUFFIX_SEARCH_LIMIT matches. A search by the start is a range of the index.
+SUFFIX_SEARCH_SECONDS = 3.0
+SUFFIX_SEARCH_LIMIT = 100
 
 
-def job_id_fragment_q(fragment: IdFragment) -> Q:
-    """Jobs whose id begins or ends with the fragment (as it says). The start is a
-    range of the primary key; the end a `LIKE` on the reversed text, which
-    jobs_id_reversed_idx serves. Neither reads the whole table."""
-    start = Q(id__range=fragment.prefix_range())
-    end = Q(StartsWith(REVERSED_ID, fragment.suffix_text()[::-1]))
-    if not fragment.end:
-        return start
-    if not fragment.start:
-        return end
-    return start | end
+@dataclass
+class Search(Generic[M]):
+    """What a portal search found, and what the operator should know about it."""
+
+    rows: QuerySet[M]
+    note: str | None = None
 
 
-def jobs_search(*, jobs: QuerySet[Job], term: str) -> QuerySet[Job]:
+def id_fragment_q(rows: QuerySet[M], *, field: str, fragment: IdFragment) -> tuple[Q, str | None]:
+    """A filter for `rows` whose uuid `field` begins or ends with the fragment (as it
+    says), and a note when the search by the end was cut short.
+
+    The start is a range of `field` (its index); the end a bounded scan of `rows` for
+    at most SUFFIX_SEARCH_LIMIT values, newest first, within SUFFIX_SEARCH_SECONDS.
+    """
+    matches = Q(pk__in=[])  # nothing, until an end adds its matches
+    note = None
+    if fragment.start:
+        low, high = fragment.prefix_range()  # gte/lte: a foreign key has no __range
+        matches |= Q(**{f"{field}__gte": low, f"{field}__lte": high})
+    if fragment.end:
+        scan = (
+            rows.alias(id_text=Cast(field, output_field=TextField()))
+            .filter(id_text__endswith=fragment.suffix_text())
+            .order_by(f"-{field}")
+            .values_list(field, flat=True)
+        )
+        found = read_within(SUFFIX_SEARCH_SECONDS, lambda: list(scan[:SUFFIX_SEARCH_LIMIT]))
+        if found is None:
+            note = (
+                f"The search for ids ending in {fragment.digits} stopped after "
+                f"{SUFFIX_SEARCH_SECONDS:g} s (a large table): search by the whole id or "
+                "its start."
+            )
+        else:
+            matches |= Q(**{f"{field}__in": found})
+            if len(found) == SUFFIX_SEARCH_LIMIT:
+                note = (
+                    f"At least {SUFFIX_SEARCH_LIMIT} ids end in {fragment.digits}: showing the "
+                    f"newest {SUFFIX_SEARCH_LIMIT}; type more of the id."
+                )
+    return matches, note
+
+
+def too_long_note(term: str) -> str:
+    return (
+        f"Nothing matches: the search is longer ({len(term)} characters) than any id, "
+        "key or request id."
+    )
+
+
+def jobs_search(*, jobs: QuerySet[Job], term: str) -> Search[Job]:
     """The portal's search: `jobs` whose id is the term or begins or ends with it
     (core.ids.id_fragment), or whose idempotency key or request id is the term.
 
-    Every branch is an equality or a range on an index; a term longer than anything
-    it could equal matches nothing without a query.
+    Equalities and the start of an id use indexes; the end of an id is a bounded scan
+    (id_fragment_q). A term longer than anything it could equal matches nothing.
     """
     term = term.strip()
-    if not term or len(term) > SEARCH_MAX_CHARS:
-        return jobs.none()
+    if len(term) > SEARCH_MAX_CHARS:
+        return Search(jobs.none(), too_long_note(term))
     exact = Q(idempotency_key=term) | Q(request_id=term)
     try:
-        return jobs.filter(exact | Q(id=uuid.UUID(term)))
+        return Search(jobs.filter(exact | Q(id=uuid.UUID(term))))
     except ValueError:
         pass
     fragment = id_fragment(term)
-    return jobs.filter(exact | job_id_fragment_q(fragment)) if fragment else jobs.filter(exact)
+    if fragment is None:
+        return Search(jobs.filter(exact))
+    by_id, note = id_fragment_q(jobs, field="id", fragment=fragment)
+    return Search(jobs.filter(exact | by_id), note)
 
 
 def artefact_get_for_user(*, job_id: uuid.UUID, artefact_id: uuid.UUID, user: Any) -> Artefact:

@@ -224,7 +224,17 @@ def test_the_job_list_search_answers_nonsense_with_no_rows_not_a_500(otp_admin_c
         ["%"] if term == "%" else []  # an idempotency key is matched exactly, never as a pattern
     )
     if len(term) > 255:
-        assert "longer (10000 characters) than any job id" in page.content.decode()
+        assert "longer (10000 characters) than any id" in page.content.decode()
+
+
+def test_a_search_by_the_end_of_an_id_that_runs_out_of_time_says_so(otp_admin_client, monkeypatch):
+    job = make_job()
+    monkeypatch.setattr("jobs.selectors.read_within", lambda seconds, read: None)  # a huge table
+    page = otp_admin_client.get("/admin/jobs/job/", {"q": f"…{str(job.id)[-12:]}"})
+    assert page.status_code == 200 and not page.context["cl"].result_list
+    assert f"ids ending in {str(job.id)[-12:]} stopped after 3 s" in page.content.decode()
+    by_start = otp_admin_client.get("/admin/jobs/job/", {"q": str(job.id)[:28]})  # no scan
+    assert [j.id for j in by_start.context["cl"].result_list] == [job.id]
 
 
 # --- justifications under the event that resolved the dead letter (issue 25) -----------------
