@@ -11,7 +11,8 @@ Behind a connection pooler in transaction mode, prepared statements need its pro
 support (PgBouncer 1.21+ with max_prepared_statements set).
 
 `select_columns` and `model_from_row` turn such a statement's rows back into model
-instances, converted exactly as the ORM converts its own reads.
+instances, converted exactly as the ORM converts its own reads. `read_within` bounds a
+read that no index serves by a statement timeout.
 
 Errors come out as Django's database exceptions (IntegrityError, OperationalError...),
 exactly as from `connection.cursor()`, and the statement joins the caller's transaction
@@ -26,10 +27,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 from django.db.models import Field, Model
 
 M = TypeVar("M", bound=Model)
+T = TypeVar("T")
 
 NEVER_BY_COUNT = 2**31
 
@@ -69,6 +71,33 @@ def execute_prepared(statement: str, params: dict[str, Any]) -> list[tuple[Any, 
                     {"sql": statement, "time": f"{time.monotonic() - started:.3f}"}
                 )
         return rows
+
+
+def read_within(seconds: float, read: Callable[[], T]) -> T | None:
+    """`read()` (queries only) under a statement timeout of `seconds` each; None when
+    PostgreSQL cancelled it for taking longer.
+
+    For reads no index can serve, whose cost grows with a table (the portal's search
+    by the end of an id): they answer within the time or not at all. The timeout is set
+    for this transaction only and set back afterwards, so an enclosing transaction (a
+    test's, ATOMIC_REQUESTS) keeps its own; the cancelled statement is undone alone (a
+    savepoint), so the enclosing transaction goes on.
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('statement_timeout')")
+        (before,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT set_config('statement_timeout', %s, true)", [f"{max(1, int(seconds * 1000))}ms"]
+        )
+        try:
+            with transaction.atomic():
+                return read()
+        except OperationalError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+                raise
+            return None
+        finally:
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [before])
 
 
 @functools.cache

@@ -32,6 +32,7 @@ from django.utils.safestring import SafeString
 from core.admin_base import ReadOnlyAdmin
 from core.admin_filters import ChoicesFilter, InputFilter
 from core.errors import ApplicationError
+from core.ids import id_cell
 from dlq.broker import BROKER_ERRORS, dlq_depths, dlq_peek
 from dlq.bulk import bulk_operation_stop, dead_letters_act
 from dlq.models import BulkOperation, BulkState
@@ -39,6 +40,7 @@ from dlq.selectors import (
     bulk_operation_get,
     dead_letter_groups,
     dead_letters_for_messages,
+    dead_letters_search,
     death_summary,
     dlq_overview,
 )
@@ -153,7 +155,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     ]
     list_select_related = ["resolved_by"]
     search_fields = ["=job__id", "=message_id"]
-    search_help_text = "A job id or a broker message id (exact)."
+    search_help_text = (
+        "A job id: whole, or its start or end (at least 4 hex digits, e.g. what the list "
+        "shows); or a broker message id (exact)."
+    )
     ordering = ["-created_at", "-id"]
     list_per_page = 50
     show_full_result_count = False
@@ -181,19 +186,17 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def job_link(self, row: DeadLetter) -> SafeString | str:
         if row.job_id is None:
             return "—"
-        url = reverse("admin:jobs_job_change", args=[row.job_id])
-        return format_html('<a href="{}"><code>{}</code></a>', url, str(row.job_id)[:8])
+        return id_cell(row.job_id, reverse("admin:jobs_job_change", args=[row.job_id]))
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[DeadLetter], search_term: str
     ) -> tuple[QuerySet[DeadLetter], bool]:
-        term = search_term.strip()
-        if not term:
+        if not search_term.strip():
             return queryset, False
-        try:
-            return queryset.filter(job_id=uuid.UUID(term)), False
-        except ValueError:
-            return queryset.filter(message_id=term), False
+        found = dead_letters_search(rows=queryset, term=search_term)
+        if found.note:
+            messages.warning(request, found.note)
+        return found.rows, False
 
     def change_view(
         self,
@@ -324,6 +327,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         selection, describe = _selection_from(params)
         context: dict[str, Any] = {"action": action, "describe": describe, "selection": selection}
         context["hidden"] = _hidden_fields(selection)
+        # Rows a replay cannot take (no job) can be discarded: those of the same selection
+        # that name no job, all of them (the count says all; a limit was for the replay).
+        context["can_discard"] = request.user.has_perm(PERMISSIONS["discard"])
+        kept = [(k, v) for k, v in context["hidden"] if k not in ("limit", "without_job")]
+        context["discard_query"] = urlencode([*kept, ("without_job", "1")])
         if request.method == "POST":
             justification = request.POST.get("justification", "")
             context["justification"] = justification
@@ -380,6 +388,9 @@ def _selection_from(params: Any) -> tuple[dict[str, Any], list[str]]:
     if params.get("retryable"):
         filters["retryable"] = True
         describe.append("only retryable causes")
+    if params.get("without_job"):
+        filters["without_job"] = True
+        describe.append("only those that name no job")
     after, before = age_bounds(params.get("age"))
     for name, bound in (("created_after", after), ("created_before", before)):
         value = bound.isoformat() if bound else params.get(name)
@@ -438,8 +449,7 @@ class BulkOperationAdmin(ReadOnlyAdmin):
 
     @admin.display(description="operation")
     def operation_link(self, op: BulkOperation) -> SafeString:
-        url = reverse("admin:dlq_bulkoperation_change", args=[op.pk])
-        return format_html('<a href="{}"><code>{}</code></a>', url, str(op.pk)[:8])
+        return id_cell(op.pk, reverse("admin:dlq_bulkoperation_change", args=[op.pk]))
 
     @admin.display(description="state")
     def state_badge(self, op: BulkOperation) -> SafeString:

@@ -9,10 +9,12 @@ from typing import Any
 import structlog
 from django.db.models import Count, Max, Min, Q, QuerySet
 
+from core.ids import id_fragment
 from dlq.broker import DecodedMessage, dlq_depths
 from dlq.errors import BulkOperationNotFoundError
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, DeadLetterState
+from jobs.selectors import SEARCH_MAX_CHARS, Search, id_fragment_q, too_long_note
 from jobs.topology import dlq_names
 
 log = structlog.get_logger("dlq")
@@ -58,6 +60,24 @@ def dead_letters_by_error_code(
     return list(groups)
 
 
+def dead_letters_search(*, rows: QuerySet[DeadLetter], term: str) -> Search[DeadLetter]:
+    """The dead-letter list's search: `rows` of the job whose id is the term or begins
+    or ends with it (as the job list's search, jobs.selectors.jobs_search), or whose
+    broker message id is the term."""
+    term = term.strip()
+    if len(term) > SEARCH_MAX_CHARS:
+        return Search(rows.none(), too_long_note(term))
+    try:
+        return Search(rows.filter(job_id=uuid.UUID(term)))
+    except ValueError:
+        pass
+    fragment = id_fragment(term)
+    if fragment is None:
+        return Search(rows.filter(message_id=term))
+    by_job, note = id_fragment_q(rows, field="job_id", fragment=fragment)
+    return Search(rows.filter(Q(message_id=term) | by_job), note)
+
+
 def open_counts_by_queue() -> dict[str, int]:
     counts = (
         DeadLetter.objects.filter(state=DeadLetterState.OPEN)
@@ -69,9 +89,10 @@ def open_counts_by_queue() -> dict[str, int]:
 
 
 def dlq_overview() -> list[dict[str, Any]]:
-    """Each DLQ with its broker depth (None when unknown: broker down or queue missing)
-    and its count of open dead letters. The two can differ: `worker_lost` rows have no
-    broker copy, and copies of resolved rows wait for the next ack-away pass."""
+    """Each DLQ with its broker depth (None when unknown: broker down or queue missing),
+    its count of open dead letters and how many of those name a job (`replayable`: a
+    replay can take only these). Depth and open rows can differ: `worker_lost` rows
+    have no broker copy, and copies of resolved rows wait for the next ack-away pass."""
     names = dlq_names()
     try:
         depths: dict[str, int | None] = dlq_depths(queues=names)
@@ -79,13 +100,20 @@ def dlq_overview() -> list[dict[str, Any]]:
     except Exception as exc:  # the page must render with the broker down
         log.warning("dlq_depths_unavailable", error=repr(exc))
         depths, broker_error = dict.fromkeys(names), repr(exc)
-    counts = open_counts_by_queue()
+    counts = {
+        row["queue"]: row
+        for row in DeadLetter.objects.filter(state=DeadLetterState.OPEN)
+        .order_by()
+        .values("queue")
+        .annotate(open=Count("id"), replayable=Count("id", filter=Q(job__isnull=False)))
+    }
     extra = sorted(set(counts) - set(names))  # e.g. "unknown" for null-job rows
     return [
         {
             "queue": name,
             "depth": depths.get(name),
-            "open": counts.get(name, 0),
+            "open": counts.get(name, {}).get("open", 0),
+            "replayable": counts.get(name, {}).get("replayable", 0),
             "broker_error": broker_error,
         }
         for name in [*names, *extra]
@@ -158,13 +186,16 @@ def bulk_operations_recent(*, limit: int = 10) -> list[BulkOperation]:
 
 def dead_letter_groups(*, rows: QuerySet[DeadLetter], limit: int = 20) -> list[dict[str, Any]]:
     """`rows` (any filtered selection) by queue, error code and reason, largest first,
-    with how many are still open and when the first and last arrived."""
+    with how many are still open, how many of those name a job (`replayable`: rows
+    without one can only be discarded), and when the first and last arrived."""
+    open_rows = Q(state=DeadLetterState.OPEN)
     groups = (
         rows.order_by()
         .values("queue", "error_code", "reason")
         .annotate(
             count=Count("id"),
-            open=Count("id", filter=Q(state=DeadLetterState.OPEN)),
+            open=Count("id", filter=open_rows),
+            replayable=Count("id", filter=open_rows & Q(job__isnull=False)),
             first_at=Min("created_at"),
             last_at=Max("created_at"),
         )

@@ -328,6 +328,9 @@ class ResolveResult:
     dry_run: bool
     matched: int = 0
     sample: list[dict[str, Any]] = field(default_factory=list)
+    # Replay only: open rows of the selection that name no job, which it cannot take.
+    without_job: int = 0
+    notes: list[str] = field(default_factory=list)  # what an operator should know, in words
     resolved: list[int] = field(default_factory=list)  # dead_letters ids
     job_ids: list[str] = field(default_factory=list)
     message_ids: list[str] = field(default_factory=list)  # broker copies of resolved rows
@@ -356,14 +359,15 @@ RETRYABLE_REASONS = (
     DeadLetterReason.EXPIRED,
     DeadLetterReason.MAXLEN,
 )
-# filter name -> ORM lookup on dead_letters; `retryable` (bool) is RETRYABLE_REASONS.
+# filter name -> ORM lookup on dead_letters; `retryable` (bool) is RETRYABLE_REASONS,
+# `without_job` (bool) the rows that name no job (what a replay leaves to a discard).
 FILTER_LOOKUPS = {
     "reason": "reason",
     "error_code": "error_code",
     "created_after": "created_at__gte",
     "created_before": "created_at__lt",
 }
-FILTER_FIELDS = (*FILTER_LOOKUPS, "retryable")
+FILTER_FIELDS = (*FILTER_LOOKUPS, "retryable", "without_job")
 
 
 def dead_letter_action_check(
@@ -476,6 +480,8 @@ def dead_letters_selected(
     for name, value in _clean_filters(filters).items():
         if name == "retryable":
             rows = rows.filter(reason__in=RETRYABLE_REASONS)
+        elif name == "without_job":
+            rows = rows.filter(job__isnull=True)
         else:
             rows = rows.filter(**{FILTER_LOOKUPS[name]: value})
     if action == "replay":
@@ -497,7 +503,8 @@ def _job_ids(job_ids: Iterable[Any]) -> list[uuid.UUID]:
 
 
 def dead_letters_sample(rows: QuerySet[DeadLetter]) -> list[dict[str, Any]]:
-    """The first SAMPLE_SIZE rows of a selection, as the dry run shows them."""
+    """The first SAMPLE_SIZE rows of a selection (already limited, in the order the
+    action takes them), as the dry run shows them."""
     return [
         {
             "dead_letter_id": r.id,
@@ -632,7 +639,7 @@ def _resolve_selection(
     publish: bool = False,
     **selection: Unpack[Selection],
 ) -> ResolveResult:
-    justification, _, rows = dead_letters_checked_selection(
+    justification, filters, rows = dead_letters_checked_selection(
         action=action,
         actor_user=actor_user,
         justification=justification,
@@ -643,7 +650,12 @@ def _resolve_selection(
     result = ResolveResult(action=action, dry_run=dry_run)
     limited = rows[:limit] if limit is not None else rows
     result.matched = limited.count()
-    result.sample = dead_letters_sample(rows)
+    # From the limited rows, so that the sample is what the run takes, in its order.
+    result.sample = dead_letters_sample(limited)
+    if action == "replay":
+        result.without_job = _count_without_job(selection, filters=filters)
+        if result.without_job:
+            result.notes.append(without_job_note(result.without_job))
     if dry_run:
         return result
     clock = time.perf_counter()
@@ -661,6 +673,27 @@ def _resolve_selection(
         result.published = _publish(result.job_ids)
         _lap(result, "publish", clock)
     return result
+
+
+def _count_without_job(selection: Selection, *, filters: dict[str, Any]) -> int:
+    """Open rows of a replay's selection that name no job: the replay leaves them out
+    (`dead_letters_selected`), and the operator is told how many and why."""
+    if selection.get("job_ids") is not None:
+        return 0  # rows chosen by job name a job
+    rows = dead_letters_selected(
+        action="discard",
+        queue=selection.get("queue"),
+        dead_letter_ids=selection.get("dead_letter_ids"),
+        filters=filters,
+    )
+    return rows.filter(job__isnull=True).count()
+
+
+def without_job_note(count: int) -> str:
+    """Why a replay leaves `count` rows out, in the operator's words."""
+    if count == 1:
+        return "1 dead letter names no job: it can only be discarded."
+    return f"{count} dead letters name no job: they can only be discarded."
 
 
 def dead_letters_resolve_rows(

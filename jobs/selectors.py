@@ -9,24 +9,30 @@ answered as if the job did not exist (404, never 403), so that ids cannot be pro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Model, Q, QuerySet, TextField
+from django.db.models.functions import Cast
 
 from audit.models import ActorType, AuditLog
 from audit.services import job_chain
-from core.db import execute_prepared, model_from_row, select_columns
+from core.db import execute_prepared, model_from_row, read_within, select_columns
+from core.ids import IdFragment, id_fragment
 from jobs import sql
 from jobs.errors import TIME_LIMIT
 from jobs.exceptions import JobNotFoundError
 from jobs.models import Artefact, DeadLetter, Job
 from jobs.states import Status
+
+M = TypeVar("M", bound=Model)
 
 
 def job_visible_queryset(*, user: Any, staff: bool = False) -> QuerySet[Job]:
@@ -100,6 +106,90 @@ def job_list_for_user(
     if created_after:
         jobs = jobs.filter(created_at__gt=created_after)
     return jobs
+
+
+# The longest text a search can match exactly: an idempotency key (255 characters).
+SEARCH_MAX_CHARS = 255
+# A search by the end of an id reads every id: no index can serve it (the end is the
+# random part, and an index of it would take a write on a random page at every create
+# and transition, what UUIDv7 ids are for avoiding). About half a second per million
+# rows on two cores; it gives up after SUFFIX_SEARCH_SECONDS and keeps the newest
+# SUFFIX_SEARCH_LIMIT matches. A search by the start is a range of the index.
+SUFFIX_SEARCH_SECONDS = 3.0
+SUFFIX_SEARCH_LIMIT = 100
+
+
+@dataclass
+class Search(Generic[M]):
+    """What a portal search found, and what the operator should know about it."""
+
+    rows: QuerySet[M]
+    note: str | None = None
+
+
+def id_fragment_q(rows: QuerySet[M], *, field: str, fragment: IdFragment) -> tuple[Q, str | None]:
+    """A filter for `rows` whose uuid `field` begins or ends with the fragment (as it
+    says), and a note when the search by the end was cut short.
+
+    The start is a range of `field` (its index); the end a bounded scan of `rows` for
+    at most SUFFIX_SEARCH_LIMIT values, newest first, within SUFFIX_SEARCH_SECONDS.
+    """
+    matches = Q(pk__in=[])  # nothing, until an end adds its matches
+    note = None
+    if fragment.start:
+        low, high = fragment.prefix_range()  # gte/lte: a foreign key has no __range
+        matches |= Q(**{f"{field}__gte": low, f"{field}__lte": high})
+    if fragment.end:
+        scan = (
+            rows.alias(id_text=Cast(field, output_field=TextField()))
+            .filter(id_text__endswith=fragment.suffix_text())
+            .order_by(f"-{field}")
+            .values_list(field, flat=True)
+        )
+        found = read_within(SUFFIX_SEARCH_SECONDS, lambda: list(scan[:SUFFIX_SEARCH_LIMIT]))
+        if found is None:
+            note = (
+                f"The search for ids ending in {fragment.digits} stopped after "
+                f"{SUFFIX_SEARCH_SECONDS:g} s (a large table): search by the whole id or "
+                "its start."
+            )
+        else:
+            matches |= Q(**{f"{field}__in": found})
+            if len(found) == SUFFIX_SEARCH_LIMIT:
+                note = (
+                    f"At least {SUFFIX_SEARCH_LIMIT} ids end in {fragment.digits}: showing the "
+                    f"newest {SUFFIX_SEARCH_LIMIT}; type more of the id."
+                )
+    return matches, note
+
+
+def too_long_note(term: str) -> str:
+    return (
+        f"Nothing matches: the search is longer ({len(term)} characters) than any id, "
+        "key or request id."
+    )
+
+
+def jobs_search(*, jobs: QuerySet[Job], term: str) -> Search[Job]:
+    """The portal's search: `jobs` whose id is the term or begins or ends with it
+    (core.ids.id_fragment), or whose idempotency key or request id is the term.
+
+    Equalities and the start of an id use indexes; the end of an id is a bounded scan
+    (id_fragment_q). A term longer than anything it could equal matches nothing.
+    """
+    term = term.strip()
+    if len(term) > SEARCH_MAX_CHARS:
+        return Search(jobs.none(), too_long_note(term))
+    exact = Q(idempotency_key=term) | Q(request_id=term)
+    try:
+        return Search(jobs.filter(exact | Q(id=uuid.UUID(term))))
+    except ValueError:
+        pass
+    fragment = id_fragment(term)
+    if fragment is None:
+        return Search(jobs.filter(exact))
+    by_id, note = id_fragment_q(jobs, field="id", fragment=fragment)
+    return Search(jobs.filter(exact | by_id), note)
 
 
 def artefact_get_for_user(
@@ -179,6 +269,13 @@ def job_health_gauges() -> dict[str, float | None]:
     }
 
 
+# The entries that resolve a dead letter: each carries the digest of its justification.
+RESOLVING_EVENTS = ("dlq_replayed", "dlq_discarded")
+JUSTIFICATION_MISMATCH = (
+    "(the justification stored with the dead letter is not the one this entry audited)"
+)
+
+
 def job_timeline(*, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
     """The job's audit trail for a person: each entry with its time, event, who did it
     (a username, or the system part) and what it said. Runs of `progress` entries
@@ -189,8 +286,8 @@ def job_timeline(*, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
     user_ids = {r.actor_id for r in rows if r.actor_type == ActorType.USER and r.actor_id.isdigit()}
     names = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "username"))
     letters = {
-        d.get("dead_letter_id") for d in data.values() if d.get("dead_letter_id") is not None
-    }
+        data[r.seq].get("dead_letter_id") for r in rows if r.event_type in RESOLVING_EVENTS
+    } - {None}
     justifications = dict(
         DeadLetter.objects.filter(id__in=letters).values_list("id", "justification")
     )
@@ -214,12 +311,28 @@ def job_timeline(*, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
                 "actor": actor,
                 "count": 1,
                 "data": details,
-                "justification": justifications.get(details.get("dead_letter_id") or 0),
+                "justification": _justification(row.event_type, details, justifications),
             }
         )
     for entry in entries:
         entry["summary"] = _summary(entry["event"], entry["data"])
     return entries
+
+
+def _justification(
+    event: str, data: dict[str, Any], justifications: dict[int, str | None]
+) -> str | None:
+    """The justification an entry audited, or None. The chain holds only its digest
+    (the text stays on the dead letter, as it may name people): the row's text is shown
+    under the entry that resolved the row and whose digest it matches, never under the
+    row's earlier `failed` or `dead_lettered` entries."""
+    if event not in RESOLVING_EVENTS:
+        return None
+    text = justifications.get(data.get("dead_letter_id") or 0)
+    if text is None or "justification_sha256" not in data:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return text if digest == data["justification_sha256"] else JUSTIFICATION_MISMATCH
 
 
 def job_time_limit_retries(*, job_id: uuid.UUID | str) -> int:
@@ -263,6 +376,8 @@ def _summary(event: str, data: dict[str, Any]) -> str:
         parts.append(f"retry in {data['delay_ms'] / 1000:.1f} s")
     if data.get("message_id"):
         parts.append(f"message {str(data['message_id'])[:24]}")
+    if data.get("live_lock"):
+        parts.append("the job ran under a live lock: its run decides, the copy needs no action")
     return " · ".join(parts)
 
 

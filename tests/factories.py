@@ -287,3 +287,23 @@ def job_failed(code: str | None = None, reason: str = "exhausted", job_type: str
 def worker_lost(job_type: str = "sim") -> Job:
     """A dead letter without a broker copy: the reaper's `worker_lost`."""
     return job_in_state("failed", job_type=job_type, reason="worker_lost")
+
+
+def dead_letter_without_job(queue: str = "sim", body: str = "not a celery message") -> Any:
+    """What the dead-letter watcher records for an undecodable message of `queue`: an
+    open row in `<queue>_dlq` that names no job (the broker part is left out)."""
+    import uuid
+
+    from dlq.broker import DecodedMessage
+    from dlq.services import dead_letter_reconcile
+    from jobs.models import DeadLetter
+
+    message = DecodedMessage(
+        message_id=f"digest:{uuid.uuid4().hex}",
+        queue=queue,
+        reason="rejected",
+        body_text=body,
+        decode_error="the body is not a Celery message",
+    )
+    dead_letter_reconcile(message=message)
+    return DeadLetter.objects.get(message_id=message.message_id)

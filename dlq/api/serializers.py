@@ -91,8 +91,21 @@ class SkippedRowSerializer(serializers.Serializer):
 class ResolveResultOutputSerializer(serializers.Serializer):
     action = serializers.ChoiceField(choices=["replay", "discard"])
     dry_run = serializers.BooleanField()
-    matched = serializers.IntegerField(help_text="Open dead letters the selection matched.")
-    sample = SampleRowSerializer(many=True, help_text="The first ten of them.")
+    matched = serializers.IntegerField(
+        help_text="Open dead letters the selection matched (at most `limit`)."
+    )
+    sample = SampleRowSerializer(
+        many=True, help_text="The first ten of them, in the order the action takes them."
+    )
+    without_job = serializers.IntegerField(
+        help_text="Replay: open dead letters of the selection that name no job (undecodable "
+        "messages, unknown jobs). A replay cannot take them; discard them. 0 for a discard."
+    )
+    notes = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="What the operator should know, in words, e.g. "
+        "`2 dead letters name no job: they can only be discarded.`",
+    )
     resolved = serializers.ListField(child=serializers.IntegerField(), help_text="Row ids done.")
     job_ids = serializers.ListField(child=serializers.UUIDField())
     message_ids = serializers.ListField(child=serializers.CharField())
@@ -143,6 +156,11 @@ class DlqFilterInputSerializer(ClosedSerializer):
         required=False,
         help_text="Only causes a replay can cure: retries exhausted, worker lost, broker "
         "limits (reasons exhausted, worker_lost, delivery_limit, expired, maxlen).",
+    )
+    without_job = StrictBooleanField(
+        required=False,
+        help_text="Only dead letters that name no job (undecodable messages, unknown jobs): "
+        "what a replay leaves out, for a discard.",
     )
     created_after = serializers.DateTimeField(required=False)
     created_before = serializers.DateTimeField(required=False)

@@ -1,4 +1,4 @@
-"""Template helpers of the operator portal: badges, durations, JSON for people."""
+"""Template helpers of the operator portal: badges, ids, durations, JSON for people."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from core import ids
+
 register = template.Library()
 
 
@@ -18,6 +20,18 @@ def badge(state: Any, big: bool = False) -> SafeString:
     text = str(state or "unknown")
     size = " big" if big else ""
     return format_html('<span class="badge badge-{}{}">{}</span>', text, size, text)
+
+
+@register.simple_tag
+def id_cell(value: Any, url: str | None = None) -> SafeString:
+    """An id as lists show it: `{% id_cell job.pk url %}` (core.ids.id_cell)."""
+    return ids.id_cell(value, url)
+
+
+@register.filter
+def short_id(value: Any) -> str:
+    """`{{ job.pk|short_id }}`: the part of an id that tells it apart (core.ids)."""
+    return ids.short_id(value)
 
 
 @register.filter

@@ -217,3 +217,53 @@ def test_the_api_docs_work_offline(offline_browser, live_server):
     offline_browser.get(f"{live_server.url}/api/v1/redoc/")
     assert "jobops API" in wait(offline_browser, "h1", timeout=20).text
     shoot(offline_browser, "91-api-redoc-offline")
+
+
+def test_the_job_list_tells_jobs_apart_and_copies_a_whole_id(operator, live_server):
+    jobs = [make_job() for _ in range(4)]  # one minute: the same first 8 characters
+    operator.get(f"{live_server.url}/admin/jobs/job/")
+    wait(operator, "#result_list")
+    shown = [c.text for c in operator.find_elements(By.CSS_SELECTOR, "#result_list code.short-id")]
+    assert sorted(shown) == sorted(f"…{str(j.id)[-12:]}" for j in jobs)
+    shoot(operator, "22-job-list-short-ids")
+    operator.execute_cdp_cmd(
+        "Browser.grantPermissions",
+        {
+            "origin": live_server.url,
+            "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"],
+        },
+    )
+    first = operator.find_element(By.CSS_SELECTOR, "#result_list button.copy-id")
+    first.click()
+    wait_for(lambda: first.text == "copied", timeout=5)
+    copied = operator.execute_async_script(
+        "navigator.clipboard.readText().then(arguments[0], () => arguments[0](null))"
+    )
+    assert copied == first.get_attribute("data-copy") and copied in {str(j.id) for j in jobs}
+    search = operator.find_element(By.ID, "searchbar")
+    search.send_keys(shown[1])  # what the list shows finds that job
+    click_and_wait(operator, "#changelist-search input[type=submit]")
+    assert [c.text for c in operator.find_elements(By.CSS_SELECTOR, "#result_list code")] == [
+        shown[1]
+    ]
+
+
+def test_a_limited_dry_run_lists_what_it_takes_and_what_it_cannot_replay(operator, live_server):
+    from tests.factories import dead_letter_without_job, worker_lost
+
+    for _ in range(3):
+        dead_letter_without_job()
+    rows = [DeadLetter.objects.get(job=worker_lost()) for _ in range(4)]
+    operator.get(f"{live_server.url}/admin/jobs/deadletter/?state=open")
+    undecodable = wait(operator, "#groups").find_element(
+        By.XPATH, "//tr[contains(., 'UNDECODABLE')]"
+    )
+    assert "Replay" not in undecodable.text and "Discard" in undecodable.text
+    shoot(operator, "54-dead-letters-without-a-job")
+    operator.get(f"{live_server.url}/admin/jobs/deadletter/replay/run/?queue=sim_dlq&limit=2")
+    wait(operator, "#sample")
+    assert "2 open dead letters" in operator.find_element(By.ID, "dry-run-count").text
+    listed = operator.find_elements(By.CSS_SELECTOR, "#sample tbody tr td:first-child")
+    assert [int(td.text) for td in listed] == [rows[0].id, rows[1].id]
+    assert "3 dead letters name no job" in operator.find_element(By.ID, "without-job").text
+    shoot(operator, "53-replay-dry-run-limited")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -12,7 +13,7 @@ from audit.models import AuditLog
 from dlq.bulk import bulk_operations_run_once
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, Job
-from tests.factories import job_failed, otp_login, role_user, worker_lost
+from tests.factories import dead_letter_without_job, job_failed, otp_login, role_user, worker_lost
 from tests.queues import depth, worker_dead_letter
 
 pytestmark = pytest.mark.django_db
@@ -106,6 +107,24 @@ def test_replay_shows_a_dry_run_then_needs_a_justification(operator, amqp):
     assert depth(amqp, "sim_dlq") == 0
 
 
+@pytest.mark.parametrize("action", ["replay", "discard"])
+def test_a_limited_dry_run_lists_exactly_the_rows_the_action_then_takes(operator, broker, action):
+    rows = [DeadLetter.objects.get(job=worker_lost()).id for _ in range(4)]
+    url = RUN.format(action=action)
+    dry = operator.get(url, {"queue": "sim_dlq", "limit": "2"})
+    sample = [s["dead_letter_id"] for s in dry.context["dry_run"].sample]
+    assert (dry.context["dry_run"].matched, sample) == (2, rows[:2])  # oldest first
+    listed = re.findall(
+        r'<tr><td><a href="/admin/jobs/deadletter/(\d+)/change/">', dry.content.decode()
+    )
+    assert [int(i) for i in listed] == sample
+    done = operator.post(url, {**dict(dry.context["hidden"]), "justification": "INC-3"})
+    assert done.context["result"].resolved == sample
+    assert set(DeadLetter.objects.filter(state="open").values_list("id", flat=True)) == set(
+        rows[2:]
+    )
+
+
 def test_the_selected_rows_go_to_a_discard_dry_run(operator, broker):
     keep, drop = worker_lost(), worker_lost()
     row = DeadLetter.objects.get(job=drop)
@@ -191,3 +210,99 @@ def test_dead_letters_cannot_be_edited_or_deleted(operator, broker):
         assert client.post(f"{LIST}{row.id}/change/", {"state": "replayed"}).status_code == 403
         assert client.post(f"{LIST}{row.id}/delete/", {"post": "yes"}).status_code == 403
     assert DeadLetter.objects.get(id=row.id).state == "open"
+
+
+# --- ids an operator can tell apart and search for (issue 25) -------------------------------
+
+JOB_CELL = re.compile(
+    r'<a href="/admin/jobs/job/([0-9a-f-]{36})/change/"[^>]*>\s*<code[^>]*>([^<]+)</code>'
+)
+
+
+def _shown_ids(page) -> dict[str, str]:
+    """{job id: what the page shows of it}."""
+    return dict(JOB_CELL.findall(page.content.decode()))
+
+
+def test_the_list_and_the_dry_run_tell_apart_jobs_that_died_together(operator, broker):
+    jobs = [worker_lost() for _ in range(3)]  # UUIDv7: their ids begin with the same time
+    ids = {str(j.id) for j in jobs}
+    for page in (operator.get(LIST), operator.get(RUN.format(action="discard"))):
+        shown = _shown_ids(page)
+        assert set(shown) == ids and len(set(shown.values())) == 3
+        for job_id, text in shown.items():
+            assert text.startswith("…") and job_id.endswith(text[1:]) and len(text) == 13
+        assert 'class="copy-id"' in page.content.decode()
+
+
+def test_the_list_finds_dead_letters_by_what_it_shows_of_their_job(operator, broker):
+    jobs = [worker_lost() for _ in range(2)]
+    shown = _shown_ids(operator.get(LIST))
+    for job in jobs:
+        full = str(job.id)
+        for term in (shown[full], full[-5:], full[:28].upper(), full, "junk-message-id"):
+            page = operator.get(LIST, {"q": term})
+            assert page.status_code == 200
+            found = [r.job_id for r in page.context["cl"].result_list]
+            assert found == ([] if term == "junk-message-id" else [job.id]), term
+    for nonsense in ("%", "_%_", "x" * 10_000):
+        page = operator.get(LIST, {"q": nonsense})
+        assert page.status_code == 200 and not page.context["cl"].result_list
+
+
+# --- replay where it can do something (issue 25) ---------------------------------------------
+
+
+def test_replay_is_not_offered_for_dead_letters_that_name_no_job(operator, broker):
+    for _ in range(2):
+        dead_letter_without_job()
+    job_failed("UPSTREAM_DOWN")
+    page = operator.get(LIST, {"state": "open"})
+    groups = {g["error_code"]: (g["open"], g["replayable"]) for g in page.context["groups"]}
+    assert groups == {"UNDECODABLE": (2, 0), "UPSTREAM_DOWN": (1, 1)}
+    rows = page.content.decode().split('id="groups"')[1].split("</table>")[0].split("<tr>")
+    undecodable = next(r for r in rows if "UNDECODABLE" in r)
+    assert "Replay" not in undecodable and "Discard…" in undecodable
+    assert "no job to replay" in undecodable
+    assert "Replay 1…" in next(r for r in rows if "UPSTREAM_DOWN" in r)
+
+    queues = operator.get("/admin/jobs/deadletter/queues/panel/")
+    sim = next(q for q in queues.context["queues"] if q["queue"] == "sim_dlq")
+    assert (sim["open"], sim["replayable"]) == (3, 1)
+    DeadLetter.objects.filter(job__isnull=False).update(
+        state="discarded", resolved_at=timezone.now(), justification="x"
+    )
+    row = operator.get("/admin/jobs/deadletter/queues/panel/").content.decode()
+    row = row.split('data-queue="sim_dlq"')[1].split("</tr>")[0]
+    assert "Replay" not in row and "Discard…" in row
+
+
+def test_a_replay_dry_run_says_how_many_dead_letters_name_no_job(operator, broker):
+    junk = [dead_letter_without_job() for _ in range(2)]
+    job = job_failed("UPSTREAM_DOWN")
+    url = RUN.format(action="replay")
+
+    dry = operator.get(url, {"queue": "sim_dlq", "limit": "1"})
+    assert (dry.context["dry_run"].matched, dry.context["dry_run"].without_job) == (1, 2)
+    note = "2 dead letters name no job: they can only be discarded."
+    text = dry.content.decode()
+    assert 'id="without-job"' in text and note in text
+    discard = "/admin/jobs/deadletter/discard/run/?queue=sim_dlq&without_job=1"
+    assert f'href="{discard.replace("&", "&amp;")}"' in text and "Discard them…" in text
+    instead = operator.get(discard)  # exactly those, whatever limit the replay had
+    assert [s["dead_letter_id"] for s in instead.context["dry_run"].sample] == [r.id for r in junk]
+
+    chosen = ",".join(str(r.id) for r in junk)
+    only_junk = operator.get(url, {"ids": chosen})
+    assert (only_junk.context["dry_run"].matched, only_junk.context["dry_run"].without_job) == (
+        0,
+        2,
+    )
+    assert note in only_junk.content.decode()
+    assert f"discard/run/?ids={chosen.replace(',', '%2C')}&amp;without_job=1" in (
+        only_junk.content.decode()
+    )
+
+    by_job = operator.get(url, {"job": str(job.id)})
+    assert by_job.context["dry_run"].without_job == 0
+    assert 'id="without-job"' not in by_job.content.decode()

@@ -14,6 +14,7 @@ from tests.factories import (
     OperatorFactory,
     StaffFactory,
     client_for,
+    dead_letter_without_job,
     otp_login,
     role_user,
     worker_lost,
@@ -111,9 +112,46 @@ def test_operator_dry_run_counts_and_samples_and_changes_nothing(operator_api, b
     )
     assert answer.status_code == 200, answer.content
     body = answer.json()
-    assert body["dry_run"] and body["matched"] == 2 and len(body["sample"]) == 3
+    assert body["dry_run"] and body["matched"] == 2 and len(body["sample"]) == 2
     assert body["resolved"] == []
     assert {j.status for j in Job.objects.filter(id__in=[j.id for j in jobs])} == {"failed"}
+
+
+@pytest.mark.parametrize("action", ["replay", "discard"])
+def test_a_limited_dry_run_samples_exactly_the_rows_the_run_then_takes(
+    operator_api, broker, action
+):
+    rows = [DeadLetter.objects.get(job=worker_lost()).id for _ in range(4)]
+    body = {"justification": "INC-8", "limit": 2}
+    dry = operator_api.post(f"{DLQ}/sim_dlq/{action}", {**body, "dry_run": True}, format="json")
+    sample = [s["dead_letter_id"] for s in dry.json()["sample"]]
+    assert (dry.json()["matched"], sample) == (2, rows[:2])  # the oldest two, oldest first
+    done = operator_api.post(f"{DLQ}/sim_dlq/{action}", body, format="json")
+    assert done.json()["resolved"] == sample
+    assert set(DeadLetter.objects.filter(state="open").values_list("id", flat=True)) == set(
+        rows[2:]
+    )
+
+
+def test_a_replay_says_how_many_dead_letters_name_no_job_and_why(operator_api, broker):
+    junk = [dead_letter_without_job() for _ in range(2)]
+    job = worker_lost()
+    note = "2 dead letters name no job: they can only be discarded."
+    dry = operator_api.post(f"{DLQ}/sim_dlq/replay", {"dry_run": True}, format="json").json()
+    assert (dry["matched"], dry["without_job"], dry["notes"]) == (1, 2, [note])
+    discard = operator_api.post(f"{DLQ}/sim_dlq/discard", {"dry_run": True}, format="json")
+    assert (discard.json()["matched"], discard.json()["without_job"]) == (3, 0)
+    assert discard.json()["notes"] == []
+
+    done = operator_api.post(f"{DLQ}/sim_dlq/replay", {"justification": "INC-4"}, format="json")
+    assert done.json()["job_ids"] == [str(job.id)] and done.json()["notes"] == [note]
+    assert {DeadLetter.objects.get(id=r.id).state for r in junk} == {"open"}
+    rest = operator_api.post(
+        f"{DLQ}/sim_dlq/discard",
+        {"justification": "junk", "filter": {"without_job": True}},
+        format="json",
+    )
+    assert sorted(rest.json()["resolved"]) == sorted(r.id for r in junk)
 
 
 def test_operator_replays_chosen_jobs_and_the_audit_names_user_row_and_message(operator_api, amqp):

@@ -83,3 +83,14 @@ def test_bad_input_is_a_clear_error(broker, args, message):
     UserFactory(username="dave")
     with pytest.raises(CommandError, match=message):
         _run(*args)
+
+
+def test_a_replay_dry_run_says_which_dead_letters_it_cannot_take(broker):
+    from tests.factories import dead_letter_without_job
+
+    dead_letter_without_job()
+    job_in_state("failed", reason="worker_lost")
+    operator = OperatorFactory()
+    out = _run("replay", "sim", "--as", operator.username, "--justification", "x", "--dry-run")
+    assert "1 dead letter names no job: it can only be discarded." in out
+    assert "dry run: 1 dead letter(s) would replay" in out

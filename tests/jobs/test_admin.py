@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import re
 from datetime import UTC
 
 import pytest
@@ -212,3 +214,166 @@ def test_cancel_from_the_job_page_asks_first(otp_admin_client):
     assert job.cancel_requested and job.status == Status.RUNNING  # it stops at its next check
     events = AuditLog.objects.filter(job_id=job.id).values_list("event_type", flat=True)
     assert "cancel_requested" in events
+
+
+# --- ids an operator can tell apart and search for (issue 25) -------------------------------
+
+JOB_CELL = re.compile(
+    r'<a href="/admin/jobs/job/([0-9a-f-]{36})/change/"[^>]*>\s*<code[^>]*>([^<]+)</code>'
+)
+
+
+def _shown_ids(page) -> dict[str, str]:
+    """{job id: what the list shows of it} from the rendered job list."""
+    return dict(JOB_CELL.findall(page.content.decode()))
+
+
+def _found(client, term: str) -> list[str]:
+    page = client.get("/admin/jobs/job/", {"q": term})
+    assert page.status_code == 200, term
+    return sorted(str(j.id) for j in page.context["cl"].result_list)
+
+
+def test_the_job_list_tells_apart_jobs_created_in_the_same_minute(otp_admin_client):
+    jobs = [make_job() for _ in range(3)]  # UUIDv7: their ids begin with the same time
+    shown = _shown_ids(otp_admin_client.get("/admin/jobs/job/"))
+    assert set(shown) == {str(j.id) for j in jobs}
+    assert len(set(shown.values())) == 3
+    for job_id, text in shown.items():
+        assert text.strip("…") in job_id and len(text.strip("…")) >= 12
+
+
+def test_the_job_list_finds_a_job_by_what_it_shows_or_a_prefix_or_suffix_of_its_id(
+    otp_admin_client,
+):
+    jobs = [make_job() for _ in range(3)]
+    shown = _shown_ids(otp_admin_client.get("/admin/jobs/job/"))
+    for job in jobs:
+        full = str(job.id)
+        for term in (
+            shown[full],  # exactly what the list shows, ellipsis included
+            full[-6:],  # a suffix
+            full[-17:],  # a suffix across a dash
+            full[-17:].replace("-", "").upper(),  # without the dash, in capitals
+            full[:28],  # a prefix long enough to reach the random bits
+            full.replace("-", "")[:26],  # the same without dashes
+            f"  {full}  ",  # the whole id, as before
+        ):
+            assert _found(otp_admin_client, term) == [full], term
+    everyone = sorted(str(j.id) for j in jobs)
+    common = os.path.commonprefix(everyone)  # the time they were made, to the minute or so
+    assert _found(otp_admin_client, common[:8]) == everyone
+
+
+@pytest.mark.parametrize(
+    "term",
+    ["%", "%%%%", "_", "0_a%", "----", "…", "a" * 10_000, "0" * 10_000, "abc", "' OR 1=1 --"],
+    ids=lambda term: repr(term[:12]) + (f"x{len(term)}" if len(term) > 12 else ""),
+)
+def test_the_job_list_search_answers_nonsense_with_no_rows_not_a_500(otp_admin_client, term):
+    make_job(key="%")
+    page = otp_admin_client.get("/admin/jobs/job/", {"q": term})
+    assert page.status_code == 200
+    assert [j.idempotency_key for j in page.context["cl"].result_list] == (
+        ["%"] if term == "%" else []  # an idempotency key is matched exactly, never as a pattern
+    )
+    if len(term) > 255:
+        assert "longer (10000 characters) than any id" in page.content.decode()
+
+
+def test_a_search_by_the_end_of_an_id_that_runs_out_of_time_says_so(otp_admin_client, monkeypatch):
+    job = make_job()
+    monkeypatch.setattr("jobs.selectors.read_within", lambda seconds, read: None)  # a huge table
+    page = otp_admin_client.get("/admin/jobs/job/", {"q": f"…{str(job.id)[-12:]}"})
+    assert page.status_code == 200 and not page.context["cl"].result_list
+    assert f"ids ending in {str(job.id)[-12:]} stopped after 3 s" in page.content.decode()
+    by_start = otp_admin_client.get("/admin/jobs/job/", {"q": str(job.id)[:28]})  # no scan
+    assert [j.id for j in by_start.context["cl"].result_list] == [job.id]
+
+
+# --- justifications under the event that resolved the dead letter (issue 25) -----------------
+
+
+def _broker_copy_seen(job) -> None:
+    """The dead-letter watcher records the broker copy of the job's open dead letter:
+    a `dead_lettered` entry by dlq-watcher naming the row."""
+    from dlq.broker import DecodedMessage
+    from dlq.services import Outcome, dead_letter_reconcile
+
+    message = DecodedMessage(
+        message_id=f"task:{job.id}:{job.attempts}",
+        job_id=str(job.id),
+        attempt=job.attempts,
+        queue=job.queue,
+        reason="rejected",
+    )
+    assert dead_letter_reconcile(message=message) == Outcome.BROKER_COPY
+
+
+def _timeline_justifications(client, job) -> list[tuple[str, str | None]]:
+    page = client.get(f"/admin/jobs/job/{job.id}/change/")
+    timeline = page.context["timeline"]
+    rendered = page.content.decode().split('<ol class="timeline">')[1].split("</ol>")[0]
+    for entry in timeline:  # what the page says is what the list of entries says
+        if entry["justification"]:
+            assert rendered.count(f"“{entry['justification']}”") == 1
+    return [(e["event"], e["justification"]) for e in timeline if e["event"] != "progress"]
+
+
+def test_a_justification_shows_only_under_the_event_that_resolved_the_dead_letter(
+    otp_admin_client, broker
+):
+    from dlq.services import dead_letters_discard, dead_letters_replay
+    from jobs.services import WORKER, job_claim, job_fail_with_dead_letter
+    from tests.factories import OperatorFactory, fence_of, job_failed
+
+    operator = OperatorFactory()
+    job = job_failed("UPSTREAM_DOWN")
+    _broker_copy_seen(job)
+    dead_letters_replay(actor_user=operator, justification="INC-1: upstream back", job_ids=[job.id])
+    claimed = job_claim(job_id=job.id, locked_by="w2")  # the replay fails again
+    job_fail_with_dead_letter(
+        job_id=job.id, reason="fatal", actor=WORKER, error_code="BAD", fence=fence_of(claimed)
+    )
+    _broker_copy_seen(Job.objects.get(id=job.id))
+    dead_letters_discard(actor_user=operator, justification="INC-2: bad data", job_ids=[job.id])
+
+    events = _timeline_justifications(otp_admin_client, job)
+    assert [e for e in events if e[0] not in ("created", "queued", "started")] == [
+        ("failed", None),
+        ("dead_lettered", None),
+        ("dlq_replayed", "INC-1: upstream back"),
+        ("failed", None),
+        ("dead_lettered", None),
+        ("dlq_discarded", "INC-2: bad data"),
+    ]
+
+
+def test_a_justification_changed_after_the_fact_is_not_shown_as_the_audited_one(
+    otp_admin_client, broker
+):
+    from dlq.services import dead_letters_discard
+    from jobs.models import DeadLetter
+    from jobs.selectors import JUSTIFICATION_MISMATCH
+    from tests.factories import OperatorFactory, job_failed
+
+    job = job_failed("UPSTREAM_DOWN")
+    dead_letters_discard(actor_user=OperatorFactory(), justification="duplicate", job_ids=[job.id])
+    DeadLetter.objects.filter(job=job).update(justification="approved by the CEO")
+    events = dict(_timeline_justifications(otp_admin_client, job))
+    assert events["dlq_discarded"] == JUSTIFICATION_MISMATCH
+
+
+def test_a_copy_recorded_under_a_live_lock_says_so_without_a_justification(otp_admin_client):
+    from dlq.broker import DecodedMessage
+    from dlq.services import Outcome, dead_letter_reconcile
+    from tests.factories import job_in_state
+
+    job = job_in_state("running")
+    message = DecodedMessage(
+        message_id="task:live", job_id=str(job.id), attempt=job.attempts, queue=job.queue
+    )
+    assert dead_letter_reconcile(message=message) == Outcome.LIVE_LOCK
+    page = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/")
+    [entry] = [e for e in page.context["timeline"] if e["event"] == "dead_lettered"]
+    assert entry["justification"] is None and "live lock" in entry["summary"]

@@ -158,6 +158,8 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(result.as_dict(), default=str))
             return
         verb = "replay" if result.action == "replay" else "discard"
+        for note in result.notes:
+            self.stdout.write(note)
         if result.dry_run:
             self.stdout.write(f"dry run: {result.matched} dead letter(s) would {verb}; sample:")
             for s in result.sample:
