@@ -245,7 +245,7 @@ def test_the_list_finds_dead_letters_by_what_it_shows_of_their_job(operator, bro
             assert page.status_code == 200
             found = [r.job_id for r in page.context["cl"].result_list]
             assert found == ([] if term == "junk-message-id" else [job.id]), term
-    for nonsense in ("%", "_%_", "x" * 10_000):
+    for nonsense in ("%", "_%_", "x" * 3_000):  # within the URI limit (4096)
         page = operator.get(LIST, {"q": nonsense})
         assert page.status_code == 200 and not page.context["cl"].result_list
 
