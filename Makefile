@@ -10,7 +10,7 @@ MANAGE := $(BIN)/python manage.py
 # production: DEBUG off refuses the development secrets). Override on the command line.
 export DEBUG ?= true
 
-.PHONY: install run test test-slow lint fmt typecheck docs docs-check migrate topology worker dispatcher bench lock clean
+.PHONY: install run test coverage test-slow lint fmt typecheck docs docs-check migrate topology worker dispatcher bench lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,8 +55,14 @@ docs: install
 docs-check: install
 	NO_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict --quiet --site-dir var/docs-check
 
+# Coverage ([tool.coverage] in pyproject.toml) is measured here only, workers and
+# dispatchers included; a bare `pytest` runs without it.
 test: lint typecheck docs-check
-	$(BIN)/pytest
+	$(BIN)/pytest --cov --cov-report=
+
+# Every module's coverage from the last `make test`, the lines no test ran included.
+coverage: install
+	$(BIN)/coverage report --show-missing --skip-covered
 
 test-slow: install
 	$(BIN)/pytest -m slow
@@ -79,4 +85,4 @@ lock:
 	  && /tmp/jobops-lock/bin/pip freeze --exclude-editable > constraints.txt
 
 clean:
-	rm -rf $(VENV) var .pytest_cache site
+	rm -rf $(VENV) var .pytest_cache site .coverage .coverage.*

@@ -11,7 +11,7 @@ subprocess only sees committed rows):
 
 - `celery_worker(...)`, `dispatcher_process(...)`: context managers; they start the
   process with the fast test timings of `FAST_ENV`, wait (with a deadline) until it is
-  ready, and stop it on exit (SIGTERM, then SIGKILL of its process group).
+  ready, and stop it on exit (SIGTERM to the process, then SIGKILL of its group).
 - `run_manage(...)`, `run_dispatcher_once(...)`: one command to its end.
 - `database_url(**overrides)`, `subprocess_env(**overrides)`: what a process gets.
 - `job_finished(job_id)`, `job_events(job_id)`, `assert_chain_valid(job_id)`: the
@@ -194,8 +194,16 @@ class Process:
             pass
 
     def stop(self, timeout: float = 15) -> None:
+        """SIGTERM to the main process, as a process manager sends it, then SIGKILL of
+        what is left of the group.
+
+        Not SIGTERM to the whole group: a Celery worker's pool children would die of it
+        half-way through their exit (the main process signals them again in its warm
+        shutdown), so `make test` would never see their coverage data. Sent to the main
+        process only, the warm shutdown closes the pool and each child leaves through
+        its own exit path."""
         if self.alive():
-            self.kill(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
