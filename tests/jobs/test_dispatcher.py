@@ -7,17 +7,20 @@ import threading
 import time
 from collections import Counter
 
+import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from kombu import Connection
 
-from jobs.dispatcher import dispatch_forever, dispatch_once, found_work
+from jobs.dispatcher import PendingListener, dispatch_forever, dispatch_once, found_work
 from jobs.liveness import live_processes
 from jobs.models import DeadLetter, Job
-from jobs.services import job_publish, publish_due_once, reap_once
+from jobs.services import job_heartbeat, job_publish, publish_due_once, reap_once
+from jobs.sql import PENDING_CHANNEL
 from jobs.topology import JOBS_EXCHANGE
-from tests.factories import backdate, job_in_state, make_job
-from tests.processes import job_events
+from tests.factories import backdate, fence_of, job_in_state, make_job
+from tests.polling import wait_for
+from tests.processes import free_port, job_events
 
 pytestmark = pytest.mark.django_db
 
@@ -283,3 +286,138 @@ def test_the_retry_pass_runs_when_the_pending_pass_fails(
     ]
     assert [line["status"] for line in failed] == ["pending"]
     assert Job.objects.get(id=stuck.id).status == "pending"
+
+
+def test_reaper_skips_a_lost_job_that_has_an_open_dead_letter_and_fails_the_others(
+    json_log_lines,
+):
+    # Both stale on their last attempt; one already has an open dead letter (e.g. the
+    # watcher recorded one). Failing that one is refused by the one-open-row index: its
+    # whole failure rolls back and the pass goes on with the other.
+    held, other = stale_running(), stale_running()
+    sql("UPDATE jobs SET max_attempts = 1 WHERE id IN (%s, %s)", held.id, other.id)
+    DeadLetter.objects.create(job=held, queue="sim_dlq", reason="rejected")
+
+    assert reap_once() == {"reclaimed": 0, "worker_lost": 1}
+
+    assert Job.objects.get(id=held.id).status == "running"
+    assert job_events(held.id)[-1] == "started"
+    assert DeadLetter.objects.filter(job_id=held.id).count() == 1
+    assert Job.objects.get(id=other.id).status == "failed"
+    exists = [line for line in json_log_lines() if line["event"] == "reaper_dead_letter_exists"]
+    assert [line["job_id"] for line in exists] == [str(held.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reaper_leaves_a_lost_job_alone_when_its_heartbeat_lands_first():
+    """The reaper has read the lock as stale; the worker's heartbeat commits before the
+    reaper's compare-and-set: the job stays with its worker, no dead letter."""
+    job = stale_running()
+    sql("UPDATE jobs SET max_attempts = 1 WHERE id = %s", job.id)
+    counts: list[dict[str, int]] = []
+
+    def reap() -> None:
+        try:
+            counts.append(reap_once())
+        finally:
+            connection.close()  # this thread's own connection
+
+    reaper = threading.Thread(target=reap)
+    with transaction.atomic():
+        job_heartbeat(job_id=job.id, fence=fence_of(job))  # holds the row until commit
+        reaper.start()
+        # The reaper's compare-and-set waits for our row lock: it read the lock stale.
+        wait_for(_waits_on_a_lock, what="the reaper to wait for the job's row")
+    reaper.join(timeout=20)
+
+    assert counts == [{"reclaimed": 0, "worker_lost": 0}]
+    row = Job.objects.get(id=job.id)
+    assert (row.status, row.locked_by) == ("running", job.locked_by)
+    assert not DeadLetter.objects.filter(job_id=job.id).exists()
+
+
+def _waits_on_a_lock() -> bool:
+    """Whether another session of this database waits for a lock (the database's own
+    view of its sessions)."""
+    with connection.cursor() as cursor:
+        # Inside a transaction the statistics views keep their first snapshot.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def test_one_wake_up_answers_a_burst_of_notifications():
+    listener, stop = PendingListener(), threading.Event()
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as sender:
+        try:
+            assert not listener.notified()  # connects and LISTENs; nothing yet
+            for _ in range(3):
+                sender.execute(f"NOTIFY {PENDING_CHANNEL}")
+            time.sleep(0.2)  # all three reach the listener's socket
+            assert listener.wait(until=time.monotonic() + 2, stop=stop)
+            assert not listener.notified()  # the one wake-up took all three
+
+            for _ in range(3):
+                sender.execute(f"NOTIFY {PENDING_CHANNEL}")
+            time.sleep(0.2)
+            assert listener.notified()
+            assert not listener.notified()
+        finally:
+            listener.close()
+
+
+def test_without_a_database_to_listen_on_the_loop_falls_back_to_its_interval(
+    monkeypatch, json_log_lines
+):
+    listener, stop = PendingListener(), threading.Event()
+    # The listener's own connection goes to an address that refuses it; the loop's
+    # steps (Django's connection, already open) are not concerned.
+    monkeypatch.setitem(connection.settings_dict, "PORT", free_port())
+    started = time.monotonic()
+    assert not listener.wait(until=started + 0.6, stop=stop)  # the interval, no error
+    assert time.monotonic() - started >= 0.6
+    assert not listener.notified()
+    failed = [line for line in json_log_lines() if line["event"] == "dispatcher_listen_failed"]
+    assert failed, "the refused LISTEN is logged"
+
+    monkeypatch.undo()  # the database is back: the next look listens again
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as sender:
+        try:
+            assert not listener.notified()
+            sender.execute(f"NOTIFY {PENDING_CHANNEL}")
+            assert listener.wait(until=time.monotonic() + 5, stop=stop)
+        finally:
+            listener.close()
+
+
+def test_a_listener_whose_connection_is_cut_listens_again(json_log_lines):
+    listener, stop = PendingListener(), threading.Event()
+
+    def cut() -> None:
+        # As a database restart or a failover does to every session; returns once the
+        # session is gone (at most 5 s).
+        assert listener.connection is not None
+        sql("SELECT pg_terminate_backend(%s, 5000)", listener.connection.info.backend_pid)
+
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as sender:
+        try:
+            assert not listener.notified()
+            cut()
+            assert not listener.notified()  # the cut is seen, not raised
+            assert not listener.notified()  # listening again
+            sender.execute(f"NOTIFY {PENDING_CHANNEL}")
+            assert listener.wait(until=time.monotonic() + 5, stop=stop)
+
+            cut()
+            # A wait across the cut listens again and goes on waiting until `until`.
+            assert not listener.wait(until=time.monotonic() + 1, stop=stop)
+            sender.execute(f"NOTIFY {PENDING_CHANNEL}")
+            assert listener.wait(until=time.monotonic() + 5, stop=stop)
+        finally:
+            listener.close()
+    failed = [line for line in json_log_lines() if line["event"] == "dispatcher_listen_failed"]
+    assert len(failed) == 2
