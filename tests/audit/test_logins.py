@@ -117,3 +117,20 @@ def test_a_successful_login_clears_the_count(carol, settings):
     assert _login("carol", PASSWORD, totp_code(device)).status_code == 302
     for _ in range(settings.AXES_FAILURE_LIMIT - 1):
         assert _login("carol", "wrong").status_code == 200
+
+
+def test_what_axes_keeps_of_a_failure_holds_no_password_code_or_csrf_token(carol):
+    from axes.models import AccessAttempt
+
+    Client(REMOTE_ADDR="10.0.0.9").post(
+        LOGIN,
+        {
+            "username": "carol",
+            "password": "secret-guess",
+            "otp_token": "424242",
+            "csrfmiddlewaretoken": "csrf-value",
+        },
+    )
+    (attempt,) = AccessAttempt.objects.all()
+    for secret in ("secret-guess", "424242", "csrf-value"):
+        assert secret not in attempt.post_data
