@@ -1,10 +1,11 @@
 """The operator portal (docs/operations/portal.md): Django's admin behind password + OTP, with a
 dashboard as its index.
 
-The site composes the apps' pages (config is the top layer): the dashboard reads
-`dlq.dashboard`; each app registers its own admin. Third-party tables that must not be
-edited from the portal (Celery's task results, OTP devices) are made read-only here,
-after every app has registered its admin.
+The site composes the apps' pages (config is the top layer): the dashboard's figures
+come from `config.dashboard`, its templates from `templates/admin/jobops/`; each app
+registers its own admin, with its pages' templates in its own `templates/admin/`.
+Third-party tables that must not be edited from the portal (Celery's task results, OTP
+devices) are made read-only here, after every app has registered its admin.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from django.urls import URLPattern, path
 from django_otp import devices_for_user
 from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 
+from config.dashboard import dashboard_overview
 from core.admin_base import ReadOnlyAdmin
 from core.otp_devices import verification_wait
-from dlq.dashboard import dashboard_overview
 
 
 class LoginForm(OTPAdminAuthenticationForm):

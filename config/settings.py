@@ -48,6 +48,9 @@ INSTALLED_APPS = [
     # Portal login throttling: failed passwords counted per user and per address in the
     # database (every web host sees the same counts).
     "axes",
+    # Plumbing below every app; installed for the portal's template tags and the OTP
+    # commands (core/apps.py).
+    "core",
     "audit",
     "jobs",
     "dlq",

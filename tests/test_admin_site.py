@@ -11,8 +11,8 @@ from django.test import Client
 from django_celery_results.models import GroupResult, TaskResult
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 
-from dlq import dashboard
-from dlq.dashboard import CACHE_KEY, dashboard_overview
+from config import dashboard
+from config.dashboard import CACHE_KEY, dashboard_overview
 from tests.factories import (
     StaffFactory,
     job_failed,

@@ -1,5 +1,8 @@
 """The operator dashboard's figures: is the system healthy, and if not, where?
 
+It reads jobs, dead letters, the broker and the live processes at once, so it sits in
+the top layer, beside the admin site whose index it is (config/admin_site.py).
+
 One read for the whole page, computed at most every JOBOPS_DASHBOARD_CACHE_SECONDS and
 shared by every viewer (the page refreshes itself every few seconds, on every open
 laptop). Its cost does not grow with the jobs table: two statements over partial or
@@ -39,6 +42,7 @@ from jobs.selectors import job_counts_by_queue, job_health_gauges
 from jobs.topology import dlq_name
 from jobs.types import primary_queue_names
 
+# The name it logged under in dlq/: log queries and alerts keep matching its lines.
 log = structlog.get_logger("dlq.dashboard")
 
 # v2: the snapshot no longer carries one node's broker status (see the module docstring).
