@@ -28,15 +28,17 @@ from django.utils import timezone
 
 from dlq.errors import BulkOperationNotFoundError, DeadLetterPermissionError
 from dlq.models import BulkOperation, BulkState
-from dlq.services import (
-    PERMISSIONS,
+from dlq.services.replay import (
     ResolveResult,
-    Selection,
     broker_copies_ack_resolved,
-    dead_letters_checked_selection,
     dead_letters_discard,
     dead_letters_replay,
     dead_letters_resolve_rows,
+)
+from dlq.services.selection import (
+    PERMISSIONS,
+    Selection,
+    dead_letters_checked_selection,
     dead_letters_selected,
 )
 from jobs.models import DeadLetter
