@@ -134,8 +134,8 @@ def jobs_fail_with_dead_letters(
     """`job_fail_with_dead_letter` for many jobs of one DLQ `queue` that fail from
     `source` for the same reason, in one transition statement and one insert (the
     dead-letter watcher's burst of broker-made dead letters). `broker_copies` holds
-    each job's broker copy. A job no longer in `source`
-    is left as it is; returns the rows opened. The caller holds the transaction.
+    each job's broker copy. A job no longer in `source` is left as it is; returns the
+    rows opened. The caller holds the transaction.
     """
     moved = transition_many(
         job_ids=list(job_ids),
