@@ -178,7 +178,7 @@ def main() -> int:
         raw_per_s = common.rate(args.jobs, raw_seconds)
         purge_queue(scratch, QUEUE)
 
-        from dlq.services import dead_letters_replay
+        from dlq.services.replay import dead_letters_replay
 
         actor = bench_user("bench-dlq-operator", superuser=True)
         with common.stopwatch() as dry:

@@ -94,3 +94,12 @@ def id_fragment(term: str) -> IdFragment | None:
     if all(ends_known):
         return IdFragment(digits)  # `…abcd…`: somewhere; take either end
     return IdFragment(digits, start=not ends_known[0], end=not ends_known[1])
+
+
+def uuid_or_none(value: Any) -> uuid.UUID | None:
+    """`value` as a UUID, or None when it is empty or no UUID (a job id as a broker
+    message or an operator gives it: either may be anything)."""
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None

@@ -44,7 +44,7 @@ from dlq.selectors import (
     death_summary,
     dlq_overview,
 )
-from dlq.services import PERMISSIONS, RETRYABLE_REASONS
+from dlq.services.selection import PERMISSIONS, RETRYABLE_REASONS
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState
 from jobs.topology import dlq_names
 

@@ -28,17 +28,20 @@ from django.utils import timezone
 
 from dlq.errors import BulkOperationNotFoundError, DeadLetterPermissionError
 from dlq.models import BulkOperation, BulkState
-from dlq.services import (
-    PERMISSIONS,
+from dlq.services.replay import (
     ResolveResult,
-    Selection,
     broker_copies_ack_resolved,
-    dead_letters_checked_selection,
     dead_letters_discard,
     dead_letters_replay,
     dead_letters_resolve_rows,
+)
+from dlq.services.selection import (
+    PERMISSIONS,
+    Selection,
+    dead_letters_checked_selection,
     dead_letters_selected,
 )
+from dlq.sql import QUERIES
 from jobs.models import DeadLetter
 from jobs.topology import dlq_names
 
@@ -161,20 +164,6 @@ def bulk_operation_stop(*, operation_id: uuid.UUID | str, actor_user: Any) -> Bu
 
 # --- the dispatcher step --------------------------------------------------------------
 
-_CLAIM_SQL = """
-UPDATE dlq_bulk_operations
-   SET lease_owner = %s, lease_until = now() + make_interval(secs => %s),
-       state = 'running', started_at = coalesce(started_at, now()), updated_at = now()
- WHERE id = (
-       SELECT id FROM dlq_bulk_operations
-        WHERE state IN ('queued', 'running')
-          AND (lease_until IS NULL OR lease_until < now())
-        ORDER BY created_at
-        LIMIT 1
-          FOR UPDATE SKIP LOCKED)
-RETURNING id
-"""
-
 
 def _lease_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -193,7 +182,8 @@ def bulk_operations_run_once(*, chunk: int | None = None) -> dict[str, Any]:
     """
     owner = _lease_owner()
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL, [owner, float(settings.JOBOPS_DLQ_BULK_LEASE_SECONDS)])
+        lease = float(settings.JOBOPS_DLQ_BULK_LEASE_SECONDS)
+        cursor.execute(QUERIES["claim_bulk_operation"], [owner, lease])
         row = cursor.fetchone()
     if row is None:
         return {}

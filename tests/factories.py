@@ -295,7 +295,7 @@ def dead_letter_without_job(queue: str = "sim", body: str = "not a celery messag
     import uuid
 
     from dlq.broker import DecodedMessage
-    from dlq.services import dead_letter_reconcile
+    from dlq.services.reconcile import dead_letter_reconcile
     from jobs.models import DeadLetter
 
     message = DecodedMessage(

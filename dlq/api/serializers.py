@@ -17,7 +17,7 @@ from core.api.serializers import (
     StrictUUIDField,
 )
 from dlq.models import BulkOperation
-from dlq.services import MAX_JUSTIFICATION_CHARS
+from dlq.services.selection import MAX_JUSTIFICATION_CHARS
 from jobs.models import DeadLetterReason, DeadLetterState
 
 

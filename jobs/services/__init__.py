@@ -8,7 +8,7 @@ Split by concern, re-exported here so that callers say `from jobs.services impor
 - `cancellation`: `job_cancel`;
 - `publishing`: a confirmed publish moves a job to `queued`; the dispatcher's pass;
 - `worker`: claim, heartbeat, progress, succeed, retry, cancel confirm;
-- `dead_letters`: failing a job with its dead letter;
+- `dead_letters`: failing a job with its dead letter, and the one insert of dead-letter rows;
 - `reaper`: reclaiming jobs whose worker was lost;
 - `artefacts`: files a job produces.
 """
@@ -23,7 +23,13 @@ from jobs.services.creation import (
     validate_idempotency_key,
     validate_params,
 )
-from jobs.services.dead_letters import job_fail_with_dead_letter, jobs_fail_with_dead_letters
+from jobs.services.dead_letters import (
+    BrokerCopy,
+    NewDeadLetter,
+    dead_letters_create,
+    job_fail_with_dead_letter,
+    jobs_fail_with_dead_letters,
+)
 from jobs.services.publishing import job_publish, publish_due_once
 from jobs.services.reaper import job_lock_is_stale, job_reclaim, reap_once
 from jobs.services.transitions import (
@@ -49,10 +55,13 @@ from jobs.services.worker import (
 
 __all__ = [
     "WORKER",
+    "BrokerCopy",
     "Fence",
+    "NewDeadLetter",
     "Progress",
     "artefact_save",
     "backoff_delay",
+    "dead_letters_create",
     "job_audit",
     "job_cancel",
     "job_cancel_confirm",

@@ -8,17 +8,77 @@ operator tooling around dead letters (replay, discard, peek) is the `dlq` app.
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from audit.services import Actor
-from jobs.models import DeadLetter, Job
+from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.services.transitions import Fence, transition, transition_many
 from jobs.states import Status
 from jobs.topology import dlq_name
+
+
+@dataclass(frozen=True)
+class BrokerCopy:
+    """The broker message a dead letter records (the dead-letter watcher saw it): its
+    RabbitMQ `x-death`, its headers, and its identity, the watcher's idempotency key."""
+
+    x_death: Any = None
+    headers: Any = None
+    message_id: str | None = None
+
+
+@dataclass(frozen=True)
+class NewDeadLetter:
+    """One dead letter to record: its job (None for a message that names no job), its
+    DLQ `queue`, why it died, and the broker's copy once the watcher has seen it."""
+
+    job_id: uuid.UUID | None
+    queue: str
+    reason: str
+    error_code: str | None = None
+    error_message: str | None = None
+    broker_copy: BrokerCopy | None = None
+    body: str | None = None  # the raw message, kept only when it names no job
+    # A row recorded already discarded, with this justification: a broker copy that
+    # needs no action (the watcher's copy of a job whose own run decides its outcome).
+    discarded_with: str | None = None
+
+
+def dead_letters_create(records: Iterable[NewDeadLetter]) -> list[DeadLetter]:
+    """Insert dead-letter rows, in one statement: the one place a row is created (a job
+    failing for good, and the watcher's rows of messages it can only record).
+
+    The caller holds the transaction; the partial unique indexes keep one open row per
+    job and one row per broker message.
+    """
+    now = timezone.now()
+    return DeadLetter.objects.bulk_create(_row(record, now) for record in records)
+
+
+def _row(record: NewDeadLetter, now: datetime.datetime) -> DeadLetter:
+    copy, discarded = record.broker_copy or BrokerCopy(), record.discarded_with
+    return DeadLetter(
+        job_id=record.job_id,
+        queue=record.queue,
+        reason=record.reason,
+        error_code=record.error_code,
+        error_message=record.error_message,
+        broker_copy=record.broker_copy is not None,
+        x_death=copy.x_death,
+        headers=copy.headers,
+        message_id=copy.message_id,
+        body=record.body,
+        state=DeadLetterState.OPEN if discarded is None else DeadLetterState.DISCARDED,
+        resolved_at=None if discarded is None else now,
+        justification=discarded,
+    )
 
 
 def job_fail_with_dead_letter(
@@ -31,10 +91,7 @@ def job_fail_with_dead_letter(
     fence: Fence | None = None,
     sources: Iterable[str] | None = None,
     stale_after: float | None = None,
-    broker_copy: bool = False,
-    x_death: Any = None,
-    headers: Any = None,
-    message_id: str | None = None,
+    broker_copy: BrokerCopy | None = None,
 ) -> tuple[Job, DeadLetter]:
     """Move a job to `failed` and open its dead letter, in one transaction.
 
@@ -58,17 +115,8 @@ def job_fail_with_dead_letter(
             fields=_failed_fields(queue, error_code, error_message),
             audit_data=_failed_entry(reason, error_code),
         )
-        dead_letter = DeadLetter.objects.create(
-            job_id=job.id,
-            queue=queue,
-            reason=reason,
-            error_code=error_code,
-            error_message=error_message,
-            broker_copy=broker_copy,
-            x_death=x_death,
-            headers=headers,
-            message_id=message_id,
-        )
+        record = NewDeadLetter(job.id, queue, reason, error_code, error_message, broker_copy)
+        [dead_letter] = dead_letters_create([record])
     return job, dead_letter
 
 
@@ -81,13 +129,13 @@ def jobs_fail_with_dead_letters(
     actor: Actor,
     error_code: str | None,
     error_message: str | None,
-    broker_copies: dict[uuid.UUID, dict[str, Any]],
+    broker_copies: dict[uuid.UUID, BrokerCopy],
 ) -> list[DeadLetter]:
     """`job_fail_with_dead_letter` for many jobs of one DLQ `queue` that fail from
     `source` for the same reason, in one transition statement and one insert (the
     dead-letter watcher's burst of broker-made dead letters). `broker_copies` holds
-    each job's broker copy (x_death, headers, message_id). A job no longer in `source`
-    is left as it is; returns the rows opened. The caller holds the transaction.
+    each job's broker copy. A job no longer in `source` is left as it is; returns the
+    rows opened. The caller holds the transaction.
     """
     moved = transition_many(
         job_ids=list(job_ids),
@@ -97,16 +145,8 @@ def jobs_fail_with_dead_letters(
         fields=_failed_fields(queue, error_code, error_message),
         audit_data={str(job_id): _failed_entry(reason, error_code) for job_id in job_ids},
     )
-    return DeadLetter.objects.bulk_create(
-        DeadLetter(
-            job_id=job.id,
-            queue=queue,
-            reason=reason,
-            error_code=error_code,
-            error_message=error_message,
-            broker_copy=True,
-            **broker_copies[job.id],
-        )
+    return dead_letters_create(
+        NewDeadLetter(job.id, queue, reason, error_code, error_message, broker_copies[job.id])
         for job in moved
     )
 

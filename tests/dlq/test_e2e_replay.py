@@ -7,7 +7,7 @@ import pytest
 from audit.models import AuditLog
 from audit.verification import audit_verify
 from dlq.broker import dlq_depths, dlq_peek
-from dlq.services import dead_letters_replay
+from dlq.services.replay import dead_letters_replay
 from jobs.models import DeadLetter, Job
 from tests import handlers
 from tests.factories import OperatorFactory, make_job

@@ -16,11 +16,8 @@ from dlq.errors import (
     JustificationRequiredError,
     UnknownQueueError,
 )
-from dlq.services import (
-    broker_copies_ack_stale,
-    dead_letters_discard,
-    dead_letters_replay,
-)
+from dlq.services.copies import broker_copies_ack_stale
+from dlq.services.replay import dead_letters_discard, dead_letters_replay
 from dlq.watcher import watch_once
 from jobs.models import DeadLetter, Job
 from jobs.states import Status

@@ -14,7 +14,7 @@ from audit.models import AuditLog
 from audit.services import OPS_CHAIN, Actor, job_chain
 from audit.verification import audit_verify
 from dlq.broker import decode_amqp
-from dlq.services import Outcome, dead_letter_reconcile, dead_letters_reconcile
+from dlq.services.reconcile import Outcome, dead_letter_reconcile, dead_letters_reconcile
 from dlq.watcher import watch_once
 from jobs.models import DeadLetter, Job
 from jobs.services import Fence, job_claim, job_fail_with_dead_letter

@@ -14,7 +14,7 @@ from django.db import transaction
 from prometheus_client.parser import text_string_to_metric_families
 
 from audit.services import Actor
-from dlq.services import dead_letters_replay
+from dlq.services.replay import dead_letters_replay
 from jobs.models import DeadLetter, Job
 from jobs.services import job_cancel
 from tests.factories import OperatorFactory, make_job

@@ -300,7 +300,7 @@ def _broker_copy_seen(job) -> None:
     """The dead-letter watcher records the broker copy of the job's open dead letter:
     a `dead_lettered` entry by dlq-watcher naming the row."""
     from dlq.broker import DecodedMessage
-    from dlq.services import Outcome, dead_letter_reconcile
+    from dlq.services.reconcile import Outcome, dead_letter_reconcile
 
     message = DecodedMessage(
         message_id=f"task:{job.id}:{job.attempts}",
@@ -325,7 +325,7 @@ def _timeline_justifications(client, job) -> list[tuple[str, str | None]]:
 def test_a_justification_shows_only_under_the_event_that_resolved_the_dead_letter(
     otp_admin_client, broker
 ):
-    from dlq.services import dead_letters_discard, dead_letters_replay
+    from dlq.services.replay import dead_letters_discard, dead_letters_replay
     from jobs.services import WORKER, job_claim, job_fail_with_dead_letter
     from tests.factories import OperatorFactory, fence_of, job_failed
 
@@ -354,7 +354,7 @@ def test_a_justification_shows_only_under_the_event_that_resolved_the_dead_lette
 def test_a_justification_changed_after_the_fact_is_not_shown_as_the_audited_one(
     otp_admin_client, broker
 ):
-    from dlq.services import dead_letters_discard
+    from dlq.services.replay import dead_letters_discard
     from jobs.models import DeadLetter
     from jobs.selectors import JUSTIFICATION_MISMATCH
     from tests.factories import OperatorFactory, job_failed
@@ -368,7 +368,7 @@ def test_a_justification_changed_after_the_fact_is_not_shown_as_the_audited_one(
 
 def test_a_copy_recorded_under_a_live_lock_says_so_without_a_justification(otp_admin_client):
     from dlq.broker import DecodedMessage
-    from dlq.services import Outcome, dead_letter_reconcile
+    from dlq.services.reconcile import Outcome, dead_letter_reconcile
     from tests.factories import job_in_state
 
     job = job_in_state("running")

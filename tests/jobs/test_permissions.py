@@ -10,7 +10,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from dlq.errors import DeadLetterPermissionError
-from dlq.services import dead_letters_discard, dead_letters_replay
+from dlq.services.replay import dead_letters_discard, dead_letters_replay
 from jobs.models import Job
 from jobs.services import artefact_save
 from jobs.states import Status

@@ -12,7 +12,7 @@ from django.db.models import F
 
 from audit.models import AuditLog
 from audit.services import Actor
-from dlq.services import dead_letters_replay
+from dlq.services.replay import dead_letters_replay
 from jobs.errors import (
     FatalError,
     JobCancelled,

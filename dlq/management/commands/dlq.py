@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from core.errors import ApplicationError
 from dlq.broker import dlq_peek
 from dlq.selectors import dead_letters_by_error_code, dead_letters_for_messages, dlq_overview
-from dlq.services import ResolveResult, dead_letters_discard, dead_letters_replay
+from dlq.services.replay import ResolveResult, dead_letters_discard, dead_letters_replay
 from jobs.topology import dlq_name, dlq_names
 
 
