@@ -148,23 +148,31 @@ if not 1 <= ARTEFACT_PRESIGNED_EXPIRY_SECONDS <= 7 * 24 * 3600:  # S3's longest
     raise ImproperlyConfigured("ARTEFACT_PRESIGNED_EXPIRY_SECONDS must be 1-604800")
 
 
-def artefact_storage_config() -> dict[str, Any]:
-    """The STORAGES entry of the "artefacts" alias that ARTEFACT_STORAGE names."""
-    if ARTEFACT_STORAGE == "filesystem":
+def artefact_storage_config(
+    kind: str = ARTEFACT_STORAGE,
+    *,
+    bucket: str = ARTEFACT_S3_BUCKET,
+    endpoint_url: str = ARTEFACT_S3_ENDPOINT_URL,
+    region: str = ARTEFACT_S3_REGION,
+    timeout: float = ARTEFACT_S3_TIMEOUT_SECONDS,
+) -> dict[str, Any]:
+    """The STORAGES entry of the "artefacts" alias: by default the one ARTEFACT_STORAGE
+    and the ARTEFACT_S3_* settings name."""
+    if kind == "filesystem":
         # No location: it follows MEDIA_ROOT (the tests' own, for one).
         return {"BACKEND": "django.core.files.storage.FileSystemStorage"}
-    if ARTEFACT_STORAGE != "s3":
+    if kind != "s3":
         raise ImproperlyConfigured(
-            f"ARTEFACT_STORAGE={ARTEFACT_STORAGE!r}: use filesystem or s3 (docs/configuration.md)"
+            f"ARTEFACT_STORAGE={kind!r}: use filesystem or s3 (docs/configuration.md)"
         )
     from botocore.config import Config
 
     return {
         "BACKEND": "storages.backends.s3.S3Storage",
         "OPTIONS": {
-            "bucket_name": ARTEFACT_S3_BUCKET,
-            "endpoint_url": ARTEFACT_S3_ENDPOINT_URL or None,
-            "region_name": ARTEFACT_S3_REGION or None,
+            "bucket_name": bucket,
+            "endpoint_url": endpoint_url or None,
+            "region_name": region or None,
             # A rerun's file gets a name of its own, as on the file system: the row
             # switches to it on commit, so a rolled-back write never replaced the file
             # the row still names (jobs/services/artefacts.py).
@@ -172,11 +180,15 @@ def artefact_storage_config() -> dict[str, Any]:
             "client_config": Config(
                 # Path-style addressing and v4 signatures: what MinIO, Ceph and R2 take
                 # as well as S3.
-                s3={"addressing_style": "path" if ARTEFACT_S3_ENDPOINT_URL else "auto"},
+                s3={"addressing_style": "path" if endpoint_url else "auto"},
                 signature_version="s3v4",
-                connect_timeout=ARTEFACT_S3_TIMEOUT_SECONDS,
-                read_timeout=ARTEFACT_S3_TIMEOUT_SECONDS,
+                connect_timeout=timeout,
+                read_timeout=timeout,
                 retries={"mode": "standard", "max_attempts": 3},
+                # CRC checksums only where S3 requires them: not every S3-compatible
+                # server takes boto3's default ones, and each costs a read of the file.
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
             ),
         },
     }
