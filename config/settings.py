@@ -126,9 +126,81 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 MEDIA_ROOT = Path(env_str("JOBOPS_MEDIA_ROOT", str(BASE_DIR / "var" / "media")))
+
+# --- artefacts (docs/configuration.md#artefacts) -----------------------------------
+# The files jobs write go through the "artefacts" storage (jobs/artefact_storage.py):
+# this host's file system by default, which only serves a single host (or a shared
+# volume); S3 or an S3-compatible server (MinIO, Ceph, R2) when web and workers run on
+# hosts without a shared disk. boto3 reads AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY
+# (or an instance role) itself: no credential is a setting.
+ARTEFACT_STORAGE = env_str("ARTEFACT_STORAGE", "filesystem")
+ARTEFACT_S3_BUCKET = env_str("ARTEFACT_S3_BUCKET", "jobops-artefacts" if DEBUG else "")
+ARTEFACT_S3_ENDPOINT_URL = env_str("ARTEFACT_S3_ENDPOINT_URL", "")  # empty: AWS itself
+ARTEFACT_S3_REGION = env_str("ARTEFACT_S3_REGION", "")
+# Seconds before the S3 client gives up connecting or reading: a storage that is down
+# fails the job's attempt (retried) within this, rather than holding its worker.
+ARTEFACT_S3_TIMEOUT_SECONDS = env_float("ARTEFACT_S3_TIMEOUT_SECONDS", 10.0)
+# How GET .../artefacts/{id} answers: "stream" the file through the web process, or
+# "presigned": a redirect to a URL of the object that expires (S3 only; the file
+# system always streams).
+ARTEFACT_DOWNLOAD = env_str("ARTEFACT_DOWNLOAD", "stream")
+ARTEFACT_PRESIGNED_EXPIRY_SECONDS = env_int("ARTEFACT_PRESIGNED_EXPIRY_SECONDS", 300)
+if ARTEFACT_DOWNLOAD not in ("stream", "presigned"):
+    raise ImproperlyConfigured(f"ARTEFACT_DOWNLOAD={ARTEFACT_DOWNLOAD!r}: use stream or presigned")
+if not 1 <= ARTEFACT_PRESIGNED_EXPIRY_SECONDS <= 7 * 24 * 3600:  # S3's longest
+    raise ImproperlyConfigured("ARTEFACT_PRESIGNED_EXPIRY_SECONDS must be 1-604800")
+
+
+def artefact_storage_config(
+    kind: str = ARTEFACT_STORAGE,
+    *,
+    bucket: str = ARTEFACT_S3_BUCKET,
+    endpoint_url: str = ARTEFACT_S3_ENDPOINT_URL,
+    region: str = ARTEFACT_S3_REGION,
+    timeout: float = ARTEFACT_S3_TIMEOUT_SECONDS,
+) -> dict[str, Any]:
+    """The STORAGES entry of the "artefacts" alias: by default the one ARTEFACT_STORAGE
+    and the ARTEFACT_S3_* settings name."""
+    if kind == "filesystem":
+        # No location: it follows MEDIA_ROOT (the tests' own, for one).
+        return {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+    if kind != "s3":
+        raise ImproperlyConfigured(
+            f"ARTEFACT_STORAGE={kind!r}: use filesystem or s3 (docs/configuration.md)"
+        )
+    from botocore.config import Config
+
+    return {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": bucket,
+            "endpoint_url": endpoint_url or None,
+            "region_name": region or None,
+            # A rerun's file gets a name of its own, as on the file system: the row
+            # switches to it on commit, so a rolled-back write never replaced the file
+            # the row still names (jobs/services/artefacts.py).
+            "file_overwrite": False,
+            "client_config": Config(
+                # Path-style addressing and v4 signatures: what MinIO, Ceph and R2 take
+                # as well as S3.
+                s3={"addressing_style": "path" if endpoint_url else "auto"},
+                signature_version="s3v4",
+                connect_timeout=timeout,
+                read_timeout=timeout,
+                retries={"mode": "standard", "max_attempts": 3},
+                # CRC checksums only where S3 requires them: not every S3-compatible
+                # server takes boto3's default ones, and each costs a read of the file.
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            ),
+        },
+    }
+
+
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "artefacts": artefact_storage_config(),
 }
 
 SESSION_COOKIE_SECURE = not DEBUG
@@ -285,6 +357,15 @@ JOBOPS_CONSUMER_TIMEOUT_SECONDS = env_int("JOBOPS_CONSUMER_TIMEOUT_SECONDS", 180
 JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS = env_float("JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS", 1.0)
 JOBOPS_IDEMPOTENCY_KEY_DAYS = env_int("JOBOPS_IDEMPOTENCY_KEY_DAYS", 30)
 JOBOPS_MAX_PAYLOAD_BYTES = env_int("JOBOPS_MAX_PAYLOAD_BYTES", 256 * 1024)
+# The largest job message the publisher hands to the broker (jobs/publisher.py); set
+# RabbitMQ's max_message_size to match (docs/operations/deploying.md). A job the API
+# accepted must fit in its message, so it may not be below JOBOPS_MAX_PAYLOAD_BYTES.
+JOBOPS_MAX_MESSAGE_BYTES = env_int("JOBOPS_MAX_MESSAGE_BYTES", 10 * 1024 * 1024)
+if JOBOPS_MAX_MESSAGE_BYTES < JOBOPS_MAX_PAYLOAD_BYTES:
+    raise ImproperlyConfigured(
+        f"JOBOPS_MAX_MESSAGE_BYTES={JOBOPS_MAX_MESSAGE_BYTES} is below "
+        f"JOBOPS_MAX_PAYLOAD_BYTES={JOBOPS_MAX_PAYLOAD_BYTES}: accepted jobs would not fit"
+    )
 # Deepest JSON nesting accepted anywhere in a request body, job message or result.
 JOBOPS_MAX_JSON_DEPTH = env_int("JOBOPS_MAX_JSON_DEPTH", 32)
 # Request line and headers (core.middleware.RequestLimitsMiddleware): a longer URI is
@@ -462,6 +543,8 @@ def check_production_safety() -> None:
         problems.append("AUDIT_SIGNING_KEY is unset or the development default")
     if not METRICS_TOKEN:
         problems.append("METRICS_TOKEN is unset (/metrics would be public)")
+    if ARTEFACT_STORAGE == "s3" and not ARTEFACT_S3_BUCKET:
+        problems.append("ARTEFACT_STORAGE is s3 but ARTEFACT_S3_BUCKET is unset")
     if problems:
         raise ImproperlyConfigured("Refusing to start with DEBUG off: " + "; ".join(problems) + ".")
 

@@ -14,6 +14,7 @@ MEDIA_ROOT = BASE_DIR / "var" / "test-media"  # noqa: F405
 STORAGES = {  # no manifest needed for tests
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "artefacts": artefact_storage_config(),  # noqa: F405
 }
 # Serve static files from the apps in tests; no collectstatic run needed.
 WHITENOISE_USE_FINDERS = True

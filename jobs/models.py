@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from jobs.artefact_storage import get_artefact_storage
 from jobs.states import Status
 
 
@@ -162,8 +163,11 @@ class Artefact(models.Model):
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="artefacts")
     kind = models.CharField(max_length=64)
     name = models.CharField(max_length=255)
-    # The storage key: the file lives wherever Django's default storage puts it.
-    file = models.FileField(upload_to=artefact_upload_to, max_length=500)
+    # The storage key (`s3_key` in the API body) in the "artefacts" storage: the file
+    # system or S3 (jobs/artefact_storage.py).
+    file = models.FileField(
+        upload_to=artefact_upload_to, storage=get_artefact_storage, max_length=500
+    )
     sha256 = models.CharField(max_length=64)
     size = models.BigIntegerField()
     content_type = models.CharField(max_length=128, default="application/octet-stream")

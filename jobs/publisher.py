@@ -17,6 +17,7 @@ from typing import Any
 
 from celery import current_app
 from django.conf import settings
+from kombu.utils.json import dumps as json_dumps
 
 from core.broker import (
     PublishError,
@@ -66,9 +67,38 @@ def message_headers(job: Job) -> dict[str, Any]:
     return headers
 
 
+class MessageTooLarge(str):
+    """Why a job's message was refused before the broker: over JOBOPS_MAX_MESSAGE_BYTES.
+    A refusal no retry cures (RabbitMQ's max_message_size, set to match, would refuse
+    it too); every other refusal in `messages_publish`'s answer is a plain str."""
+
+
+class MessageTooLargeError(PublishError):
+    pass
+
+
+# The embed part of Celery's protocol 2 body: (args, kwargs, embed).
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def message_body_size(payload: dict[str, Any]) -> int:
+    """The bytes of the message body a job's wire payload makes, as Celery serializes
+    it (JSON, the task_serializer of config/celery.py)."""
+    return len(json_dumps(([payload], {}, _EMBED)).encode("utf-8"))
+
+
+def _oversized(payload: dict[str, Any], limit: int) -> MessageTooLarge | None:
+    size = message_body_size(payload)
+    if size <= limit:
+        return None
+    return MessageTooLarge(f"message of {size} bytes exceeds JOBOPS_MAX_MESSAGE_BYTES={limit}")
+
+
 def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[str, str]:
     """Publish one message per job and wait once for the broker's confirms of them all.
 
+    0. A job whose message would exceed JOBOPS_MAX_MESSAGE_BYTES is not sent: it is
+       refused here with a MessageTooLarge reason, before it reaches the broker.
     1. The confirm-mode channel of this thread's connection, kept between batches
        (core.broker.confirm_channel); `mandatory` publishes, no wait between messages,
        so a batch costs one round trip.
@@ -81,6 +111,18 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
     it).
     """
     timeout = timeout or settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS
+    limit = settings.JOBOPS_MAX_MESSAGE_BYTES
+    refused: dict[str, str] = {}
+    sendable: list[tuple[Job, dict[str, Any]]] = []
+    for job in jobs:
+        payload = wire_payload(job)
+        too_large = _oversized(payload, limit)
+        if too_large is None:
+            sendable.append((job, payload))
+        else:
+            refused[str(job.id)] = too_large
+    if not sendable:
+        return refused
     app = current_app
     conn = broker_connection(timeout=timeout)
     tags: dict[int, str] = {}
@@ -88,14 +130,14 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
     try:
         channel, confirms = confirm_channel(conn)
         producer = app.amqp.Producer(channel, auto_declare=False)
-        for job in jobs:
+        for job, payload in sendable:
             spec = get_type(job.type)
             assert spec is not None
             task_id = str(uuid.uuid4())
             with publish_span(traceparent=job.traceparent, job_id=str(job.id), job_type=job.type):
                 app.send_task(
                     spec.task_name,
-                    args=[wire_payload(job)],
+                    args=[payload],
                     task_id=task_id,
                     producer=producer,
                     headers=message_headers(job),
@@ -115,7 +157,7 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
     except Exception:
         broker_connection_drop(conn)  # the channel's state is unknown: start afresh
         raise
-    refused = {tags[tag]: "nacked by the broker" for tag in confirms.nacked}
+    refused.update({tags[tag]: "nacked by the broker" for tag in confirms.nacked})
     # Celery sets the message's correlation_id to its task id.
     for properties, why in confirms.returned:
         job_id = task_jobs.get(str(properties.get("correlation_id")))
@@ -125,7 +167,9 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
 
 
 def message_publish(*, job: Job, timeout: float | None = None) -> None:
-    """Publish one job's message and wait for its confirm; raises when it was refused."""
+    """Publish one job's message and wait for its confirm; raises when it was refused
+    (MessageTooLargeError when it was not sent for its size)."""
     refused = messages_publish(jobs=[job], timeout=timeout)
     if refused:
-        raise PublishError(refused[str(job.id)])
+        why = refused[str(job.id)]
+        raise (MessageTooLargeError if isinstance(why, MessageTooLarge) else PublishError)(why)

@@ -192,7 +192,7 @@ def job_read_sql(*, columns: str, where: str = JOB_BY_ID) -> str:
     return (
         f"SELECT {columns}, (SELECT coalesce(json_agg(json_build_object("
         "'id', a.id, 'kind', a.kind, 'name', a.name, 'content_type', a.content_type, "
-        "'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]') "
+        "'file', a.file, 'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]') "
         "FROM artefacts a WHERE a.job_id = jobs.id) "
         f"FROM jobs WHERE {where}"
     )

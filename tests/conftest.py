@@ -10,6 +10,7 @@ Helpers are plain modules, imported by name (never from a conftest):
 - tests.polling: `wait_for`, a condition polled until a deadline, failing loudly;
 - tests.queues: the topology, queue depths and messages by raw AMQP;
 - tests.processes: real workers, dispatchers and manage.py runs on the test database;
+- tests.s3: an S3-compatible server (moto's, over HTTP) for the S3 artefact storage;
 - tests.threads: `run_in_threads`, a race on purpose;
 - tests.handlers, tests.erp_receiver: what subprocesses run, an ERP stand-in.
 """
@@ -34,6 +35,7 @@ from core.logging import formatter
 from jobs import topology
 from tests.factories import UserFactory, otp_login
 from tests.queues import topology_declare_and_purge
+from tests.s3 import S3Server, s3_server
 
 APPEND_ONLY_TABLES = ("audit_logs", "audit_checkpoints")
 FLUSH_ATTEMPTS = 5
@@ -128,3 +130,33 @@ def otp_admin_client(client):
     otp_login(client, user)
     client.user = user
     return client
+
+
+@pytest.fixture(scope="session")
+def s3_session() -> Iterator[S3Server]:
+    """One S3-compatible server (moto's, its own process) for the run, started by the
+    first test that asks for it."""
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_session: S3Server, settings: Any, monkeypatch: Any) -> S3Server:
+    """This process's artefacts in the S3 server's bucket (ARTEFACT_STORAGE=s3), as a
+    process started with `s3.env()` has them."""
+    from config.settings import artefact_storage_config
+
+    for name, value in s3_session.env().items():
+        monkeypatch.setenv(name, value)
+        if name.startswith("ARTEFACT_"):
+            setattr(settings, name, value)
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "artefacts": artefact_storage_config(
+            "s3",
+            bucket=s3_session.bucket,
+            endpoint_url=s3_session.endpoint_url,
+            region=settings.ARTEFACT_S3_REGION,
+        ),
+    }
+    return s3_session

@@ -69,6 +69,30 @@ def test_a_negative_time_limit_retries_is_refused_and_named():
     assert "JOBOPS_TIME_LIMIT_RETRIES=-1 is negative" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"ARTEFACT_STORAGE": "ftp"}, "ARTEFACT_STORAGE='ftp': use filesystem or s3"),
+        ({"ARTEFACT_DOWNLOAD": "email"}, "ARTEFACT_DOWNLOAD='email': use stream or presigned"),
+        ({"ARTEFACT_PRESIGNED_EXPIRY_SECONDS": "0"}, "ARTEFACT_PRESIGNED_EXPIRY_SECONDS"),
+        ({"JOBOPS_MAX_MESSAGE_BYTES": "1000"}, "JOBOPS_MAX_MESSAGE_BYTES=1000 is below"),
+        (
+            {"ARTEFACT_STORAGE": "s3", "ARTEFACT_S3_BUCKET": ""},
+            "ARTEFACT_STORAGE is s3 but ARTEFACT_S3_BUCKET is unset",
+        ),
+    ],
+)
+def test_a_bad_artefact_or_message_setting_refuses_to_start_and_is_named(overrides, named):
+    result = _start(**overrides)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and named in result.stderr
+
+
+def test_production_starts_with_s3_artefacts_and_a_bucket():
+    result = _start(ARTEFACT_STORAGE="s3", ARTEFACT_S3_BUCKET="jobops-artefacts")
+    assert result.returncode == 0, result.stderr
+
+
 def test_development_defaults_start_without_any_variable():
     result = _start(**{k: "" for k in SAFE} | {"DEBUG": "true"})
     assert result.returncode == 0, result.stderr

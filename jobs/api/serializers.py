@@ -45,6 +45,11 @@ class ArtefactOutputSerializer(serializers.Serializer):
     kind = serializers.CharField(max_length=64)
     name = serializers.CharField(max_length=255)
     content_type = serializers.CharField(max_length=128, required=False)
+    s3_key = serializers.CharField(
+        source="file.name",
+        max_length=500,
+        help_text="The file's key in the artefact storage (its path on the file system).",
+    )
     sha256 = serializers.CharField(max_length=64)
     size = serializers.IntegerField(min_value=-(2**63), max_value=2**63 - 1)  # bigint
     url = serializers.SerializerMethodField()
@@ -149,6 +154,7 @@ def job_representation(job: Job, request: Any = None) -> dict[str, Any]:
                 "kind": a.kind,
                 "name": a.name,
                 "content_type": a.content_type,
+                "s3_key": a.file.name,
                 "sha256": a.sha256,
                 "size": a.size,
                 "url": artefact_url(a, request),

@@ -9,7 +9,12 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.http import FileResponse, HttpResponseBase, HttpResponseNotModified
+from django.http import (
+    FileResponse,
+    HttpResponseBase,
+    HttpResponseNotModified,
+    HttpResponseRedirect,
+)
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 from django.utils.http import parse_etags
@@ -34,6 +39,7 @@ from core.request_id import request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.serializers import JobOutputSerializer, job_representation
 from jobs.api.throttles import JobCreateThrottle
+from jobs.artefact_storage import artefact_presigned_url
 from jobs.exceptions import (
     BadRequestError,
     JobNotFoundError,
@@ -318,7 +324,8 @@ class JobCancelApi(APIView):
 
 
 class JobArtefactApi(APIView):
-    """GET /api/v1/jobs/{id}/artefacts/{aid}: the file, streamed."""
+    """GET /api/v1/jobs/{id}/artefacts/{aid}: the file, streamed, or (ARTEFACT_DOWNLOAD
+    presigned, S3) a redirect to a short-lived URL of it; ownership is checked first."""
 
     @extend_schema(
         operation_id="jobs_artefact_download",
@@ -326,13 +333,24 @@ class JobArtefactApi(APIView):
         parameters=[REQUEST_ID],
         responses={
             (200, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, "The file, as an attachment."),
+            302: OpenApiResponse(
+                None,
+                "ARTEFACT_DOWNLOAD=presigned: Location is a URL of the file in object "
+                "storage, valid for ARTEFACT_PRESIGNED_EXPIRY_SECONDS.",
+            ),
             **error_responses(401, 404),
         },
     )
-    def get(self, request: Request, job_id: uuid.UUID, artefact_id: uuid.UUID) -> FileResponse:
+    def get(self, request: Request, job_id: uuid.UUID, artefact_id: uuid.UUID) -> HttpResponseBase:
         artefact = artefact_get_for_user(
             job_id=job_id, artefact_id=artefact_id, user=request.user, staff=_staff_powers(request)
         )
+        content_type = artefact.content_type or "application/octet-stream"
+        url = artefact_presigned_url(
+            key=artefact.file.name, filename=artefact.name, content_type=content_type
+        )
+        if url is not None:
+            return HttpResponseRedirect(url, headers={"Cache-Control": "private, no-store"})
         try:
             handle = artefact.file.open("rb")
         except FileNotFoundError as exc:
@@ -341,7 +359,7 @@ class JobArtefactApi(APIView):
             handle,
             as_attachment=True,
             filename=artefact.name,
-            content_type=artefact.content_type or "application/octet-stream",
+            content_type=content_type,
         )
         response["ETag"] = f'"{artefact.sha256}"'
         return response

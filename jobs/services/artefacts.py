@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
+import io
 import uuid
-from typing import IO
+from typing import IO, cast
 
 from django.core.files import File
-from django.core.files.base import ContentFile
 from django.db import models, transaction
 
+from jobs.artefact_storage import STORAGE_ERRORS, DigestingReader
+from jobs.errors import RetryableError
 from jobs.models import Artefact, Job
 from jobs.services.transitions import Fence
 from jobs.services.worker import job_worker_lock
@@ -29,18 +30,18 @@ def artefact_save(
     With a `fence` (a worker's write) the job row is locked first and the write refused
     with JobLost unless the worker still holds the job.
 
-    The new file is written to storage first and the row switched to it in one
-    statement; the replaced file is deleted only after commit, so a rollback never
-    leaves a row pointing at a missing file.
+    The new file is written to storage (jobs.artefact_storage) first and the row
+    switched to it in one statement; the replaced file is deleted only after commit, so
+    a rollback never leaves a row pointing at a missing file. Its sha256 and size are
+    computed from the bytes as the storage reads them. A storage that fails the write
+    (down, unreachable, refusing) raises StorageUnavailableError, retryable: the
+    transaction rolls back, the job is retried and nothing it wrote before is lost.
     """
     if isinstance(data, str):
         data = data.encode("utf-8")
-    content = ContentFile(data) if isinstance(data, bytes) else File(data)
-    digest, size = hashlib.sha256(), 0
-    for chunk in content.chunks():
-        digest.update(chunk)
-        size += len(chunk)
-    content.seek(0)
+    reader = DigestingReader(io.BytesIO(data) if isinstance(data, bytes) else data)
+    content = File(cast(IO[bytes], reader), name=name)
+    content.content_type = content_type  # type: ignore[attr-defined]  # the S3 object's
     with transaction.atomic():
         if fence is not None:
             job_worker_lock(job_id=job_id, fence=fence)
@@ -49,15 +50,25 @@ def artefact_save(
         )
         old_name = artefact.file.name if artefact else None
         artefact = artefact or Artefact(job_id=job_id, kind=kind, name=name)
-        artefact.file.save(name, content, save=False)
-        artefact.sha256, artefact.size, artefact.content_type = (
-            digest.hexdigest(),
-            size,
-            content_type,
-        )
+        try:
+            artefact.file.save(name, content, save=False)
+        except STORAGE_ERRORS as exc:
+            raise StorageUnavailableError(
+                f"artefact storage refused {kind}/{name}: {type(exc).__name__}: {exc}"[:500]
+            ) from exc
+        artefact.sha256, artefact.size = reader.finish()
+        artefact.content_type = content_type
         artefact.save()
         Job.objects.filter(id=job_id).update(version=models.F("version") + 1)
         if old_name and old_name != artefact.file.name:
             storage = artefact.file.storage
-            transaction.on_commit(lambda: storage.delete(old_name))
+            # robust: the new file is committed; a storage that fails the clean-up
+            # leaves an orphan object behind, not a failed job.
+            transaction.on_commit(lambda: storage.delete(old_name), robust=True)
     return artefact
+
+
+class StorageUnavailableError(RetryableError):
+    """The artefact storage failed a write: the attempt fails and is retried."""
+
+    code = "STORAGE_UNAVAILABLE"

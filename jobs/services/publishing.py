@@ -23,7 +23,7 @@ from audit.services import Actor
 from core.db import execute_prepared, model_from_row, select_columns
 from jobs import sql
 from jobs.models import Job
-from jobs.publisher import message_publish, messages_publish
+from jobs.publisher import MessageTooLarge, message_publish, messages_publish
 from jobs.services.dead_letters import job_fail_with_dead_letter
 from jobs.services.transitions import transition_many
 from jobs.states import Status
@@ -106,10 +106,12 @@ def publish_due_once(*, limit: int = 5000, pending_after: float | None = None) -
     again; a worker that receives a message meanwhile waits on the lock for its claim.
 
     Failures are per row: a job whose type no longer exists fails with a dead letter
-    (`TYPE_UNKNOWN`, replayable once the type is back); one the broker refuses (e.g.
-    unroutable) backs off while the rest of its batch is published. A broker that cannot
-    be reached ends the pass (the rows stay as they were). The pending and the
-    retrying pass run independently: one failing does not keep the other from running.
+    (`TYPE_UNKNOWN`, replayable once the type is back), and so does one whose message
+    is over JOBOPS_MAX_MESSAGE_BYTES (`MESSAGE_TOO_LARGE`: it never reaches the broker);
+    one the broker refuses (e.g. unroutable) backs off while the rest of its batch is
+    published. A broker that cannot be reached ends the pass (the rows stay as they
+    were). The pending and the retrying pass run independently: one failing does not
+    keep the other from running.
     `pending_after`: only pending jobs at least this old (default
     JOBOPS_DISPATCH_PENDING_AFTER_SECONDS).
     """
@@ -170,11 +172,23 @@ def _publish_pass(status: str, *, limit: int, pending_after: float | None = None
             known = [job for job in jobs if get_type(job.type) is not None]
             for job in jobs:
                 if get_type(job.type) is None:
-                    _fail_unknown_type(str(job.id), job.type, status)
+                    _fail_unpublishable(
+                        str(job.id),
+                        status,
+                        code="TYPE_UNKNOWN",
+                        why=f"job type {job.type!r} is not configured (JOB_TYPES)",
+                    )
+                    log.error(
+                        "job_type_unknown_dead_lettered", job_id=str(job.id), job_type=job.type
+                    )
             confirmed: list[Job] = []
             if known:
                 refused = messages_publish(jobs=known)
                 for job_id, why in refused.items():
+                    if isinstance(why, MessageTooLarge):
+                        _fail_unpublishable(job_id, status, code="MESSAGE_TOO_LARGE", why=why)
+                        log.error("job_message_too_large_dead_lettered", job_id=job_id, error=why)
+                        continue
                     delay = _back_off(job_id)
                     log.error("job_publish_failed", job_id=job_id, error=why, retry_in=delay)
                 confirmed = [job for job in known if str(job.id) not in refused]
@@ -188,14 +202,16 @@ def _publish_pass(status: str, *, limit: int, pending_after: float | None = None
     return published
 
 
-def _fail_unknown_type(job_id: str, job_type: str, status: str) -> None:
-    """A job of a type this deployment no longer has cannot be published anywhere."""
+def _fail_unpublishable(job_id: str, status: str, *, code: str, why: str) -> None:
+    """A job no publish can send: its type is gone from this deployment
+    (`TYPE_UNKNOWN`), or its message is over JOBOPS_MAX_MESSAGE_BYTES
+    (`MESSAGE_TOO_LARGE`). It fails with a dead letter, visible and replayable once
+    the cause is fixed, rather than waiting pending forever."""
     job_fail_with_dead_letter(
         job_id=job_id,
         reason="nonretryable",
         actor=Actor.system("dispatcher"),
-        error_code="TYPE_UNKNOWN",
-        error_message=f"job type {job_type!r} is not configured (JOB_TYPES)"[:500],
+        error_code=code,
+        error_message=why[:500],
         sources=[status],
     )
-    log.error("job_type_unknown_dead_lettered", job_id=job_id, job_type=job_type)
