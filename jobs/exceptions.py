@@ -56,6 +56,16 @@ class JobNotFoundError(ApplicationError):
     default_message = "No such job."
 
 
+class ArtefactStorageUnavailableError(ApplicationError):
+    """The artefact store (the file system or S3) could not be read: nothing changed,
+    the download may be retried."""
+
+    code = "ERR-JOB-503"
+    http_status = 503
+    default_message = "The artefact store cannot be reached; retry shortly."
+    retry_after = 5
+
+
 class JobCancelForbiddenError(ApplicationError):
     code = "ERR-AUTH-403"
     http_status = 403

@@ -46,6 +46,11 @@ ERRORS: ErrorTable = {
         "ERR-JOB-BACKPRESSURE: the type's queue is deeper than its limit. Both send Retry-After.",
         ["ERR-JOB-RATE-LIMIT", "ERR-JOB-BACKPRESSURE"],
     ),
+    503: (
+        "ERR-JOB-503: the artefact store cannot be reached; nothing changed, retry after "
+        "Retry-After seconds.",
+        ["ERR-JOB-503"],
+    ),
 }
 
 

@@ -39,8 +39,9 @@ from core.request_id import request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.serializers import JobOutputSerializer, job_representation
 from jobs.api.throttles import JobCreateThrottle
-from jobs.artefact_storage import artefact_presigned_url
+from jobs.artefact_storage import STORAGE_ERRORS, artefact_presigned_url
 from jobs.exceptions import (
+    ArtefactStorageUnavailableError,
     BadRequestError,
     JobNotFoundError,
     PayloadTooLargeError,
@@ -338,7 +339,7 @@ class JobArtefactApi(APIView):
                 "ARTEFACT_DOWNLOAD=presigned: Location is a URL of the file in object "
                 "storage, valid for ARTEFACT_PRESIGNED_EXPIRY_SECONDS.",
             ),
-            **error_responses(401, 404),
+            **error_responses(401, 404, 503),
         },
     )
     def get(self, request: Request, job_id: uuid.UUID, artefact_id: uuid.UUID) -> HttpResponseBase:
@@ -352,9 +353,13 @@ class JobArtefactApi(APIView):
         if url is not None:
             return HttpResponseRedirect(url, headers={"Cache-Control": "private, no-store"})
         try:
+            # S3 asks for the object's head here, so a store that is down answers
+            # now, in the envelope, rather than in the middle of the stream.
             handle = artefact.file.open("rb")
         except FileNotFoundError as exc:
             raise JobNotFoundError("The artefact's file is missing from storage.") from exc
+        except STORAGE_ERRORS as exc:
+            raise ArtefactStorageUnavailableError() from exc
         response = FileResponse(
             handle,
             as_attachment=True,

@@ -163,3 +163,20 @@ def test_a_storage_that_is_down_fails_the_write_retryably_and_loses_nothing(s3, 
     assert (row.file.name, row.sha256) == (kept.file.name, kept.sha256)
     assert s3.object_bytes(kept.file.name) == b"kept\n"
     assert Job.objects.get(id=job.id).version == version
+
+
+def test_a_download_while_the_store_is_down_is_a_503_in_the_envelope(s3, api, settings):
+    from config.settings import artefact_storage_config
+
+    job = make_job(owner=api.user)
+    artefact = artefact_save(job_id=job.id, kind="report", name="jobs.csv", data=DATA)
+    settings.STORAGES = {  # the object's store, now unreachable
+        **settings.STORAGES,
+        "artefacts": artefact_storage_config(
+            "s3", bucket=s3.bucket, endpoint_url=f"http://127.0.0.1:{free_port()}", timeout=1
+        ),
+    }
+    response = api.get(f"{JOBS}/{job.id}/artefacts/{artefact.id}")
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "ERR-JOB-503"
+    assert response["Retry-After"] == "5"
