@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+
+from core.durations import parse_duration
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -74,3 +77,21 @@ def env_json(name: str, default: Any) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ImproperlyConfigured(f"{name} is not valid JSON: {exc}") from exc
+
+
+def env_durations(name: str, default: dict[str, timedelta]) -> dict[str, timedelta]:
+    """`default` with the `key=duration` pairs of a comma-separated variable applied
+    (`planning=90d,notification=7d`); a key that `default` lacks is refused."""
+    values = dict(default)
+    for item in env_list(name, []):
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or key not in values:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not one of {', '.join(values)} = a duration"
+            )
+        try:
+            values[key] = parse_duration(text)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name}: {exc}") from exc
+    return values

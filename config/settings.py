@@ -13,7 +13,8 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_json, env_list, env_str
+from config.env import env_bool, env_durations, env_float, env_int, env_json, env_list, env_str
+from core.durations import parse_duration
 from core.logging import configure_masking, configure_structlog, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -238,8 +239,40 @@ CACHES = {
 }
 
 # --- job types: the one table of facts (docs/architecture.md) --------------------------
+# Job categories (docs/configuration.md#job-categories): what kind of work a type does
+# decides how long its idempotency key returns its job and how long the job is kept
+# once it ended. Each type names its category below; a type may override either
+# duration (JOBOPS_JOB_TYPES: {"sim": {"retention": "14d"}}).
+JOB_CATEGORIES = ("planning", "import_export", "notification", "maintenance")
+# JOBOPS_IDEMPOTENCY_KEY_DAYS, the single TTL of earlier versions, still sets every
+# category's key TTL that JOBOPS_KEY_TTL does not name.
+_key_days = env_str("JOBOPS_IDEMPOTENCY_KEY_DAYS", "")
+JOBOPS_IDEMPOTENCY_KEY_DAYS = env_int("JOBOPS_IDEMPOTENCY_KEY_DAYS", 30)
+JOBOPS_KEY_TTL = env_durations(
+    "JOBOPS_KEY_TTL",
+    {
+        category: timedelta(days=JOBOPS_IDEMPOTENCY_KEY_DAYS) if _key_days else default
+        for category, default in {
+            "planning": timedelta(days=30),
+            "import_export": timedelta(days=30),
+            "notification": timedelta(days=7),
+            "maintenance": timedelta(days=7),
+        }.items()
+    },
+)
+JOBOPS_RETENTION = env_durations(
+    "JOBOPS_RETENTION",
+    {
+        "planning": timedelta(days=90),
+        "import_export": timedelta(days=30),
+        "notification": timedelta(days=7),
+        "maintenance": timedelta(days=7),
+    },
+)
+
 JOB_TYPES: dict[str, dict[str, Any]] = {
     "ai": {
+        "category": "planning",
         "queue": "default",
         "max_retries": 3,
         "backoff_cap": 20,
@@ -249,6 +282,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "handler": "jobs.handlers.ai.run",
     },
     "model": {
+        "category": "planning",
         "queue": "model",
         "max_retries": 5,
         "backoff_cap": 60,
@@ -258,6 +292,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "handler": "jobs.handlers.model.run",
     },
     "cam": {
+        "category": "planning",
         "queue": "cam",
         "max_retries": 5,
         "backoff_cap": 60,
@@ -267,6 +302,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "handler": "jobs.handlers.cam.run",
     },
     "sim": {
+        "category": "planning",
         "queue": "sim",
         "max_retries": 5,
         "backoff_cap": 60,
@@ -276,6 +312,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "handler": "jobs.handlers.sim.run",
     },
     "report": {
+        "category": "import_export",
         "queue": "report",
         "max_retries": 5,
         "backoff_cap": 45,
@@ -285,6 +322,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "handler": "jobs.handlers.report.run",
     },
     "erp": {
+        "category": "notification",
         "queue": "erp",
         "max_retries": 5,
         "backoff_cap": 45,
@@ -302,10 +340,23 @@ for _type, _path in env_json("JOBOPS_HANDLERS", {}).items():
 
 # A deployment (or a test worker) tunes the table without code changes:
 # {"sim": {"max_retries": 2, "soft_time_limit": 2, "time_limit": 3}}.
+# A type's own key TTL or retention (a duration: "14d") replaces its category's.
+_TYPE_DURATIONS = {"key_ttl", "retention"}
 for _type, _fields in env_json("JOBOPS_JOB_TYPES", {}).items():
-    if _type not in JOB_TYPES or not set(_fields) <= set(JOB_TYPES[_type]):
+    if _type not in JOB_TYPES or not set(_fields) <= set(JOB_TYPES[_type]) | _TYPE_DURATIONS:
         raise ImproperlyConfigured(f"JOBOPS_JOB_TYPES: unknown type or field in {_type!r}")
+    for _field in _TYPE_DURATIONS & set(_fields):
+        try:
+            _fields[_field] = parse_duration(str(_fields[_field]))
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"JOBOPS_JOB_TYPES: {_type}.{_field}: {exc}") from exc
     JOB_TYPES[_type].update(_fields)
+for _type, _spec in JOB_TYPES.items():
+    if _spec["category"] not in JOB_CATEGORIES:
+        raise ImproperlyConfigured(
+            f"JOB_TYPES: {_type!r} has category {_spec['category']!r}, not one of "
+            f"{', '.join(JOB_CATEGORIES)}"
+        )
 
 # The work a job's params plan (a schema's estimate, e.g. sim steps x step_seconds) may
 # fill at most this fraction of its type's soft time limit. The rest is headroom for a
@@ -355,7 +406,6 @@ JOBOPS_CONSUMER_TIMEOUT_SECONDS = env_int("JOBOPS_CONSUMER_TIMEOUT_SECONDS", 180
 # Pause before handing a message back when the database is unreachable, so that an
 # outage does not burn through the queue's delivery limit in a tight loop.
 JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS = env_float("JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS", 1.0)
-JOBOPS_IDEMPOTENCY_KEY_DAYS = env_int("JOBOPS_IDEMPOTENCY_KEY_DAYS", 30)
 JOBOPS_MAX_PAYLOAD_BYTES = env_int("JOBOPS_MAX_PAYLOAD_BYTES", 256 * 1024)
 # The largest job message the publisher hands to the broker (jobs/publisher.py); set
 # RabbitMQ's max_message_size to match (docs/operations/deploying.md). A job the API

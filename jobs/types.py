@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -12,6 +13,11 @@ from django.utils.module_loading import import_string
 @dataclass(frozen=True)
 class JobType:
     name: str
+    category: str
+    # How long an idempotency key returns its job, and how long a job is kept once it
+    # ended: its category's (JOBOPS_KEY_TTL, JOBOPS_RETENTION) unless the type sets one.
+    key_ttl: timedelta
+    retention: timedelta
     queue: str
     max_retries: int
     backoff_cap: int
@@ -50,8 +56,20 @@ def all_types() -> dict[str, JobType]:
     global _built
     table = settings.JOB_TYPES
     if _built is None or _built[0] is not table:
-        _built = (table, {name: JobType(name=name, **spec) for name, spec in table.items()})
+        _built = (table, {name: _build(name, spec) for name, spec in table.items()})
     return dict(_built[1])
+
+
+def _build(name: str, spec: dict[str, Any]) -> JobType:
+    category = spec["category"]
+    return JobType(
+        name=name,
+        **{
+            "key_ttl": settings.JOBOPS_KEY_TTL[category],
+            "retention": settings.JOBOPS_RETENTION[category],
+            **spec,
+        },
+    )
 
 
 def get_type(name: str) -> JobType | None:

@@ -27,7 +27,9 @@ SETTINGS = ROOT / "config" / "settings.py"
 REFERENCE = ROOT / "docs" / "configuration.md"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RUNBOOKS = ROOT / "docs" / "operations" / "alerts.md"
-ENV_HELPERS = frozenset({"env_str", "env_int", "env_bool", "env_float", "env_json", "env_list"})
+ENV_HELPERS = frozenset(
+    {"env_str", "env_int", "env_bool", "env_float", "env_json", "env_list", "env_durations"}
+)
 PACKAGES = ("config", "core", "audit", "jobs", "dlq")
 # A table row whose first cell names variables: | `NAME` | or | `A`, `B` |.
 _ROW = re.compile(r"^\|\s*((?:`[A-Z][A-Z0-9_]*`(?:,\s*)?)+)\s*\|")

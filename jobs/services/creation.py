@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -141,9 +140,7 @@ def job_create(
         status=Status.PENDING,
         owner=owner,
         idempotency_key=idempotency_key,
-        idempotency_expires_at=(
-            now + timedelta(days=settings.JOBOPS_IDEMPOTENCY_KEY_DAYS) if idempotency_key else None
-        ),
+        idempotency_expires_at=(now + spec.key_ttl if idempotency_key else None),
         max_attempts=spec.max_attempts,
         request_id=request_id,
         correlation_id=correlation_id or request_id,
