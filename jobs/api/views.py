@@ -32,7 +32,7 @@ from core.api.permissions import staff_powers
 from core.api.serializers import QueryFilterSerializer, StrictCharField
 from core.request_id import request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
-from jobs.api.serializers import JobOutputSerializer, job_representation
+from jobs.api.serializers import JobOutputSerializer
 from jobs.api.throttles import JobCreateThrottle
 from jobs.exceptions import (
     BadRequestError,
@@ -40,6 +40,7 @@ from jobs.exceptions import (
     PayloadTooLargeError,
 )
 from jobs.models import Job
+from jobs.representation import job_representation
 from jobs.selectors import (
     artefact_get_for_user,
     job_get_for_user,
