@@ -12,8 +12,8 @@ support (PgBouncer 1.21+ with max_prepared_statements set).
 
 `model_from_row` turns such a statement's rows back into model instances (by column
 name: a statement may read `jobs.*`, in the table's order), converted exactly as the ORM
-converts its own reads. `read_within` bounds a
-read that no index serves by a statement timeout.
+converts its own reads. `read_within` bounds a read that no index serves by a statement
+timeout.
 
 Errors come out as Django's database exceptions (IntegrityError, OperationalError...),
 exactly as from `connection.cursor()`, and the statement joins the caller's transaction
@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 import psycopg
 from django.db import OperationalError, connection, transaction
 from django.db.models import Field, Model
+
+from core.queries import QUERIES
 
 M = TypeVar("M", bound=Model)
 T = TypeVar("T")
@@ -94,11 +96,9 @@ def read_within(seconds: float, read: Callable[[], T]) -> T | None:
     savepoint), so the enclosing transaction goes on.
     """
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('statement_timeout')")
-        (before,) = cursor.fetchone()
-        cursor.execute(
-            "SELECT set_config('statement_timeout', %s, true)", [f"{max(1, int(seconds * 1000))}ms"]
-        )
+        timeout = f"{max(1, int(seconds * 1000))}ms"
+        cursor.execute(QUERIES["statement_timeout_set"], {"timeout": timeout})
+        (before, _) = cursor.fetchone()
         try:
             with transaction.atomic():
                 return read()
@@ -107,7 +107,7 @@ def read_within(seconds: float, read: Callable[[], T]) -> T | None:
                 raise
             return None
         finally:
-            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [before])
+            cursor.execute(QUERIES["statement_timeout_set"], {"timeout": before})
 
 
 @functools.cache
