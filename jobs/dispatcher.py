@@ -33,7 +33,7 @@ from django.db import close_old_connections, connection
 from django.utils.module_loading import import_string
 
 from jobs.liveness import beat, beat_end
-from jobs.queries import PENDING_CHANNEL
+from jobs.queries import PENDING_CHANNEL, QUERIES
 
 log = structlog.get_logger("jobs.dispatcher")
 
@@ -215,7 +215,7 @@ class PendingListener:
             try:
                 params = connection.get_connection_params()
                 self.connection = psycopg.connect(**params, autocommit=True)
-                self.connection.execute(f"LISTEN {PENDING_CHANNEL}")
+                self.connection.execute(QUERIES["listen_pending"])
                 log.info("dispatcher_listening", channel=PENDING_CHANNEL)
             except psycopg.Error as exc:
                 log.warning("dispatcher_listen_failed", error=repr(exc))

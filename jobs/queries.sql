@@ -371,3 +371,20 @@ WHERE m.status IS DISTINCT FROM j.status
   AND (%(requested)s::uuid[] IS NULL OR j.id = ANY(%(requested)s::uuid[]))
 ORDER BY j.id
 LIMIT %(limit)s;
+
+
+-- name: listen_pending
+-- The dispatcher's own connection waits for NOTIFY jobs_pending (jobs.queries.
+-- PENDING_CHANNEL): a job created or replayed waits to be published.
+LISTEN jobs_pending;
+
+
+-- name: database_exists
+-- Whether the database `name` exists on the server (manage.py ensure_database).
+SELECT 1 FROM pg_database WHERE datname = %(name)s;
+
+
+-- name: database_create
+-- Creates the database `{name}`, composed as an identifier (psycopg.sql.Identifier):
+-- CREATE DATABASE takes no bound parameter.
+CREATE DATABASE {name};

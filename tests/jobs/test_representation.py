@@ -4,7 +4,6 @@ event's, pinned here once, and every place that shows a job held to them."""
 from __future__ import annotations
 
 import json
-import re
 from io import StringIO
 
 import pytest
@@ -12,7 +11,6 @@ from django.core.management import call_command
 
 from jobs.api.serializers import JobOutputSerializer
 from jobs.models import EventOutbox
-from jobs.queries import QUERIES
 from jobs.representation import EVENT_FIELDS, JOB_FIELDS, job_representation
 from tests.factories import job_in_state
 
@@ -48,14 +46,3 @@ def test_the_api_the_command_and_the_outbox_show_exactly_those_fields():
     for event in events:
         assert set(event.payload) == set(EVENT)
         assert event.payload["job_id"] == str(job.id)
-
-
-def test_the_job_insert_statement_names_every_column_of_the_job():
-    """job_insert lists the columns literally: a column added to the model must be added
-    to the statement too."""
-    from jobs.models import Job
-
-    columns = re.search(r"INSERT INTO jobs \((.*?)\)", QUERIES["job_insert"], re.S)
-    assert columns is not None
-    named = [c.strip() for c in columns.group(1).split(",")]
-    assert sorted(named) == sorted(f.column for f in Job._meta.concrete_fields)
