@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from audit.canonical import GENESIS_HASH, Hole, canonical_bytes
+from audit.canonical import GENESIS_HASH, Hole, canonical_bytes, entry_payload
 from audit.models import ActorType, AuditLog
 from audit.queries import QUERIES
 
@@ -58,21 +58,20 @@ def audit_payload(
     job_id: uuid.UUID | str | None,
     data: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """What an entry hashes (docs/architecture.md): chain, seq, ts, actor, event type, job, data.
-
-    The one definition of the payload, for `audit_append` and for the job chains that
-    `jobs` appends in the statement of each transition (with `seq` as a Hole the
-    database fills; see audit.canonical.canonical_template).
+    """What an entry hashes (audit.canonical.entry_payload), for `audit_append` and for
+    the job chains that `jobs` appends in the statement of each transition (with `seq`
+    as a Hole the database fills; see audit.canonical.canonical_template).
     """
-    return {
-        "chain": chain,
-        "seq": seq,
-        "ts": format_ts(ts),
-        "event_type": event_type,
-        "actor": {"type": str(actor.type), "id": actor.id},
-        "job_id": str(job_id) if job_id else None,
-        "data": data or {},
-    }
+    return entry_payload(
+        chain=chain,
+        seq=seq,
+        ts=format_ts(ts),
+        event_type=event_type,
+        actor_type=str(actor.type),
+        actor_id=actor.id,
+        job_id=str(job_id) if job_id else None,
+        data=data or {},
+    )
 
 
 def audit_append(

@@ -29,7 +29,7 @@ from django.db import connection, transaction
 from django.utils.module_loading import import_string
 from psycopg import sql as pgsql
 
-from audit.canonical import GENESIS_HASH, canonical_bytes
+from audit.canonical import GENESIS_HASH, canonical_bytes, entry_payload
 from audit.queries import QUERIES
 from audit.services import job_chain
 
@@ -402,17 +402,19 @@ def _field_mismatch(
         return "payload is not valid JSON"
     if not isinstance(payload, dict):
         return "payload is not a JSON object"
-    expected = {
-        "chain": chain,
-        "seq": seq,
-        "event_type": event_type,
-        "job_id": job_id,
-        "actor": {"id": actor_id, "type": actor_type},
-        "ts": ts,
-    }
-    wrong = [k for k, v in expected.items() if payload.get(k, object()) != v]
+    expected = entry_payload(
+        chain=chain,
+        seq=seq,
+        ts=ts,
+        event_type=event_type,
+        actor_type=actor_type,
+        actor_id=actor_id,
+        job_id=job_id,
+        data=payload.get("data"),
+    )
+    wrong = [k for k, v in expected.items() if k != "data" and payload.get(k, object()) != v]
     if not wrong:
-        if set(payload) != {*expected, "data"} or canonical_bytes(payload) != text.encode():
+        if set(payload) != set(expected) or canonical_bytes(payload) != text.encode():
             return "payload is not canonical JSON of the expected keys"
         return None
     return "payload disagrees with the row's columns on " + ", ".join(wrong)

@@ -51,6 +51,6 @@ DROP FUNCTION IF EXISTS jobs_status_event(jobs, uuid, text, text);
 
 
 class Migration(migrations.Migration):
-    dependencies = [("jobs", "0008_job_ids_time_ordered"), ("audit", "0004_chain_functions")]
+    dependencies = [("jobs", "0008_job_ids_time_ordered")]
 
     operations = [migrations.RunSQL(FUNCTION, REVERSE)]
