@@ -375,7 +375,8 @@ def _row_problem(
     job_id = _job_of(chain)
     if detail is not None:
         job_id = detail[0] or job_id
-        mismatch = _field_mismatch(payload.decode("utf-8", "replace"), chain, seq, *detail[:5])
+        columns = {"chain": chain, "seq": seq, **dict(zip(_DETAIL_COLUMNS, detail, strict=False))}
+        mismatch = _field_mismatch(payload.decode("utf-8", "replace"), columns)
         if mismatch:
             broken.append(mismatch)
     if not broken:
@@ -385,33 +386,21 @@ def _row_problem(
     )
 
 
-def _field_mismatch(
-    text: str,
-    chain: str,
-    seq: int,
-    job_id: str | None,
-    event_type: str,
-    actor_type: str,
-    actor_id: str,
-    ts: str,
-) -> str | None:
-    """Which of the payload's fields disagree with the columns (None: all agree)."""
+# The columns of row_detail (audit/queries.sql) before the payload, by the names of
+# audit.canonical.entry_payload.
+_DETAIL_COLUMNS = ("job_id", "event_type", "actor_type", "actor_id", "ts")
+
+
+def _field_mismatch(text: str, columns: dict[str, Any]) -> str | None:
+    """Which of the payload's fields disagree with the row's `columns` (chain, seq and
+    _DETAIL_COLUMNS; None: all agree)."""
     try:
         payload = json.loads(text)
     except ValueError:
         return "payload is not valid JSON"
     if not isinstance(payload, dict):
         return "payload is not a JSON object"
-    expected = entry_payload(
-        chain=chain,
-        seq=seq,
-        ts=ts,
-        event_type=event_type,
-        actor_type=actor_type,
-        actor_id=actor_id,
-        job_id=job_id,
-        data=payload.get("data"),
-    )
+    expected = entry_payload(**columns, data=payload.get("data"))
     wrong = [k for k, v in expected.items() if k != "data" and payload.get(k, object()) != v]
     if not wrong:
         if set(payload) != set(expected) or canonical_bytes(payload) != text.encode():
