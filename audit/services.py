@@ -1,4 +1,4 @@
-"""Appending to the audit chains (docs/architecture.md#audit-chain).
+"""Appending to the audit chains (docs/architecture.md#the-audit-chain).
 
 Every entry is written by the SQL function `audit_append` (audit/migrations/0004), the
 only statement that inserts into audit_logs: here for the ops chain and every chain

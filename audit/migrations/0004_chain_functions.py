@@ -1,4 +1,4 @@
-"""The chain rule of docs/architecture.md#audit-chain as SQL functions, defined once.
+"""The chain rule of docs/architecture.md#the-audit-chain as SQL functions, defined once.
 
 Until now `jobs` wrote its own audit rows, with the chain hash, the chain name of a job
 and the checkpoint barrier retyped in its statements. These functions are the audit
