@@ -54,6 +54,31 @@ def _plain(value: Any, depth: int) -> bool:
     return False
 
 
+def entry_payload(
+    *,
+    chain: str,
+    seq: Any,
+    ts: str,
+    event_type: str,
+    actor_type: str,
+    actor_id: str,
+    job_id: str | None,
+    data: Any,
+) -> dict[str, Any]:
+    """What an entry hashes (docs/architecture.md#canonical-json-and-hashing), from the
+    values of its columns: the one layout of the payload, which the writer
+    (audit.services.audit_payload) fills and verification checks rows against."""
+    return {
+        "chain": chain,
+        "seq": seq,
+        "ts": ts,
+        "event_type": event_type,
+        "actor": {"type": actor_type, "id": actor_id},
+        "job_id": job_id,
+        "data": data,
+    }
+
+
 def chain_hash(prev_hash: str, payload: bytes) -> str:
     return hashlib.sha256(bytes.fromhex(prev_hash) + payload).hexdigest()
 

@@ -24,7 +24,8 @@ from django.utils import timezone
 
 from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
 from audit.models import AuditCheckpoint, AuditLog
-from audit.services import CHECKPOINT_BARRIER, format_ts
+from audit.queries import QUERIES
+from audit.services import format_ts
 
 logger = logging.getLogger(__name__)
 export_log = structlog.get_logger("audit.checkpoints")
@@ -79,8 +80,9 @@ def checkpoint_write_if_due(*, now: datetime | None = None) -> AuditCheckpoint |
 def _write(*, now: datetime | None, due_seconds: int | None) -> AuditCheckpoint | None:
     """Write one checkpoint in one transaction.
 
-    1. Take the checkpoint barrier (audit.services.CHECKPOINT_BARRIER) exclusively,
-       for the transaction. Every append holds it shared until it commits, so this
+    1. Take the checkpoint barrier (audit_barrier_key, audit/migrations/0004)
+       exclusively, for the transaction. Every append (audit_append) holds it shared
+       until it commits, so this
        waits for every in-flight append and holds new ones for the few milliseconds
        this transaction lasts. Without it, a row whose id was allocated before the
        checkpoint but committed after it would sit below `last_audit_id` and never be
@@ -99,15 +101,10 @@ def _write(*, now: datetime | None, due_seconds: int | None) -> AuditCheckpoint 
     try:
         with transaction.atomic():
             with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
-                    [LOCK_TIMEOUT],
-                )
+                cursor.execute(QUERIES["lock_timeout_set"], {"timeout": LOCK_TIMEOUT})
                 (saved_timeout, _) = cursor.fetchone()
-                cursor.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [CHECKPOINT_BARRIER]
-                )
-                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [saved_timeout])
+                cursor.execute(QUERIES["checkpoint_barrier"])
+                cursor.execute(QUERIES["lock_timeout_set"], {"timeout": saved_timeout})
                 previous = AuditCheckpoint.objects.order_by("-id").first()
                 if (
                     due_seconds is not None
@@ -116,11 +113,7 @@ def _write(*, now: datetime | None, due_seconds: int | None) -> AuditCheckpoint 
                 ):
                     return None
                 last_id = previous.last_audit_id if previous else 0
-                cursor.execute(
-                    "SELECT DISTINCT ON (chain) chain, seq, chain_hash, max(id) OVER () "
-                    "FROM audit_logs WHERE id > %s ORDER BY chain, seq DESC",
-                    [last_id],
-                )
+                cursor.execute(QUERIES["changed_heads"], {"last_id": last_id})
                 rows = cursor.fetchall()
             if not rows:
                 return None

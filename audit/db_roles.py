@@ -23,6 +23,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError, connection
 from psycopg import sql
 
+from audit.queries import QUERIES
+
 logger = structlog.get_logger(__name__)
 
 AUDIT_TABLES = ("audit_logs", "audit_checkpoints")
@@ -85,16 +87,8 @@ def role_setup_sql(*, owner: str, app: str, database: str) -> list[sql.Composed]
 def database_role_problems() -> list[str]:
     """Why the current connection could rewrite audit history, if it could."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT r.rolsuper, "
-            "       pg_has_role(current_user, c.relowner, 'USAGE') "
-            "FROM pg_roles r LEFT JOIN pg_class c "
-            "  ON c.oid = to_regclass('audit_logs') "
-            "WHERE r.rolname = current_user"
-        )
-        superuser, owner = cursor.fetchone()
-        cursor.execute("SELECT current_user")
-        (user,) = cursor.fetchone()
+        cursor.execute(QUERIES["role_problems"])
+        superuser, owner, user = cursor.fetchone()
     problems = []
     if superuser:
         problems.append(f"the database role {user!r} is a superuser")

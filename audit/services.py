@@ -1,4 +1,11 @@
-"""Appending to the audit chains. The only write path into `audit_logs`."""
+"""Appending to the audit chains (docs/architecture.md#the-audit-chain).
+
+Every entry is written by the SQL function `audit_append` (audit/migrations/0004), the
+only statement that inserts into audit_logs: here for the ops chain and every chain
+that is not a job's, and inside each job transition's statement (jobs/queries.sql) for a
+job's chain. This module holds the Python half of the rule: the entry's payload
+(`audit_payload`, hashed as audit.canonical writes it) and a job's chain name.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +17,11 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from audit.canonical import GENESIS_HASH, Hole, canonical_bytes, chain_hash
+from audit.canonical import GENESIS_HASH, Hole, canonical_bytes, entry_payload
 from audit.models import ActorType, AuditLog
+from audit.queries import QUERIES
 
 OPS_CHAIN = "ops"
-# Every append holds this advisory lock in shared mode until it commits; a checkpoint
-# takes it exclusively (audit.checkpoints), which waits for in-flight appends and
-# holds new ones for a moment, so that no row below a checkpoint's last_audit_id can
-# commit after it. Advisory locks need no table privilege (LOCK TABLE would need
-# UPDATE, which the app role must not have).
-CHECKPOINT_BARRIER = "jobops:audit_checkpoint"
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Actor:
 
 
 def job_chain(job_id: uuid.UUID | str) -> str:
+    """A job's chain name; the SQL side's is audit_job_chain (audit/migrations/0004)."""
     return f"job:{job_id}"
 
 
@@ -55,21 +58,20 @@ def audit_payload(
     job_id: uuid.UUID | str | None,
     data: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """What an entry hashes (docs/architecture.md): chain, seq, ts, actor, event type, job, data.
-
-    The one definition of the payload, for `audit_append` and for the job chains that
-    `jobs` appends in the statement of each transition (with `seq` as a Hole the
-    database fills; see audit.canonical.canonical_template).
+    """What an entry hashes (audit.canonical.entry_payload), for `audit_append` and for
+    the job chains that `jobs` appends in the statement of each transition (with `seq`
+    as a Hole the database fills; see audit.canonical.canonical_template).
     """
-    return {
-        "chain": chain,
-        "seq": seq,
-        "ts": format_ts(ts),
-        "event_type": event_type,
-        "actor": {"type": str(actor.type), "id": actor.id},
-        "job_id": str(job_id) if job_id else None,
-        "data": data or {},
-    }
+    return entry_payload(
+        chain=chain,
+        seq=seq,
+        ts=format_ts(ts),
+        event_type=event_type,
+        actor_type=str(actor.type),
+        actor_id=actor.id,
+        job_id=str(job_id) if job_id else None,
+        data=data or {},
+    )
 
 
 def audit_append(
@@ -88,25 +90,18 @@ def audit_append(
     insert-at-head trigger would refuse the job's next entry.
 
     1. Take a transaction-scoped advisory lock on the chain, so concurrent appenders
-       (including two first entries) queue up instead of forking it (and the shared
-       checkpoint barrier, see CHECKPOINT_BARRIER).
+       (including two first entries) queue up instead of forking it.
     2. Read the head in a statement that starts after the lock (READ COMMITTED gives
        it a fresh snapshot that includes whatever the previous holder committed).
-    3. Hash prev_hash + canonical payload and insert; the unique constraints on
+    3. The canonical payload, appended by `audit_append`, which takes the checkpoint
+       barrier, hashes prev_hash + payload and inserts; the unique constraints on
        (chain, seq) and (chain, prev_hash) back the lock up.
     """
     if not connection.in_atomic_block:
         raise RuntimeError("audit_append must run inside transaction.atomic()")
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0)), "
-            "pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            [CHECKPOINT_BARRIER, chain],
-        )
-        cursor.execute(
-            "SELECT seq, chain_hash FROM audit_logs WHERE chain = %s ORDER BY seq DESC LIMIT 1",
-            [chain],
-        )
+        cursor.execute(QUERIES["chain_lock"], {"chain": chain})
+        cursor.execute(QUERIES["chain_head"], {"chain": chain})
         head = cursor.fetchone()
     seq, prev_hash = (head[0] + 1, head[1]) if head else (1, GENESIS_HASH)
     ts = timezone.now()
@@ -121,15 +116,15 @@ def audit_append(
             data=data,
         )
     )
-    return AuditLog.objects.create(
-        chain=chain,
-        job_id=job_id,
-        seq=seq,
-        event_type=event_type,
-        actor_type=actor.type,
-        actor_id=actor.id,
-        ts=ts,
-        payload=payload.decode("utf-8"),
-        prev_hash=prev_hash,
-        chain_hash=chain_hash(prev_hash, payload),
-    )
+    params = {
+        "chain": chain,
+        "job_id": job_id,
+        "seq": seq,
+        "event_type": event_type,
+        "actor_type": str(actor.type),
+        "actor_id": actor.id,
+        "ts": ts,
+        "payload": payload.decode("utf-8"),
+        "prev_hash": prev_hash,
+    }
+    return AuditLog.objects.raw(QUERIES["append"], params)[0]

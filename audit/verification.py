@@ -29,7 +29,8 @@ from django.db import connection, transaction
 from django.utils.module_loading import import_string
 from psycopg import sql as pgsql
 
-from audit.canonical import GENESIS_HASH, canonical_bytes
+from audit.canonical import GENESIS_HASH, canonical_bytes, entry_payload
+from audit.queries import QUERIES
 from audit.services import job_chain
 
 # Rows fetched per round trip of the server-side cursor: large enough that the
@@ -131,24 +132,17 @@ def audit_verify(
         if len(connection.atomic_blocks) == 1:
             # Outermost block: nothing has run yet in this transaction.
             with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                cursor.execute(QUERIES["read_only_snapshot"])
         if since is not None:
             with connection.cursor() as cursor:
-                sql = "SELECT DISTINCT chain FROM audit_logs WHERE ts >= %s"
-                params: list[Any] = [since]
-                if selected is not None:
-                    sql += " AND chain = ANY(%s)"
-                    params.append(selected)
-                cursor.execute(sql, params)
+                cursor.execute(QUERIES["chains_since"], {"since": since, "chains": selected})
                 selected = sorted(r[0] for r in cursor.fetchall())
         _check_rows(report, selected)
         if selected is not None and since is None:
             # A chain asked for by name that has no rows at all was removed whole
             # (or never existed); either way it is not intact.
             with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT DISTINCT chain FROM audit_logs WHERE chain = ANY(%s)", [selected]
-                )
+                cursor.execute(QUERIES["chains_present"], {"chains": selected})
                 present = {r[0] for r in cursor.fetchall()}
             for chain in selected:
                 if chain not in present:
@@ -169,33 +163,6 @@ def audit_verify(
     return report
 
 
-# One row per audit entry, in chain order. Besides the exact payload bytes it
-# carries the canonical prefix (actor, chain) and suffix (event_type, job_id, seq,
-# ts) that the payload must have around `data` (JCS sorts the keys), built from the
-# columns by plain concatenation. The server builds them while Python hashes the
-# previous batch (see `_batches`), so the field check costs Python two C-level
-# byte comparisons. Plain concatenation does not JSON-escape: a string with a quote
-# or backslash would mismatch, and such a row goes to the exact slow path
-# (`_field_mismatch`), which decides.
-_ROWS_SQL = """
-SELECT chain, seq, convert_to(payload, 'UTF8'), prev_hash, chain_hash,
-       convert_to('{{"actor":{{"id":"' || actor_id || '","type":"' || actor_type
-                  || '"}},"chain":"' || chain || '","data":', 'UTF8'),
-       convert_to(',"event_type":"' || event_type
-                  || '","job_id":' || coalesce('"' || job_id::text || '"', 'null')
-                  || ',"seq":' || seq::text
-                  || ',"ts":"' || to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
-                  || '"}}', 'UTF8')
-FROM audit_logs {where} ORDER BY chain, seq
-"""
-
-_ROW_DETAIL_SQL = """
-SELECT job_id::text, event_type, actor_type, actor_id,
-       to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), payload
-FROM audit_logs WHERE chain = %s AND seq = %s
-"""
-
-
 @dataclass(frozen=True)
 class _Stream:
     """One chain range [low, high) read by its own server-side cursor; None: open end."""
@@ -203,20 +170,9 @@ class _Stream:
     low: str | None = None
     high: str | None = None
 
-    def query(self, selected: list[str] | None) -> tuple[str, list[Any]]:
-        conditions: list[str] = []
-        params: list[Any] = []
-        if selected is not None:
-            conditions.append("chain = ANY(%s)")
-            params.append(selected)
-        if self.low is not None:
-            conditions.append("chain >= %s")
-            params.append(self.low)
-        if self.high is not None:
-            conditions.append("chain < %s")
-            params.append(self.high)
-        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
-        return _ROWS_SQL.format(where=where), params
+    def params(self, selected: list[str] | None) -> dict[str, Any]:
+        """The parameters of the verify_rows statement for this range of `selected`."""
+        return {"chains": selected, "low": self.low, "high": self.high}
 
 
 def _streams(selected: list[str] | None) -> list[_Stream]:
@@ -233,13 +189,7 @@ def _streams(selected: list[str] | None) -> list[_Stream]:
         return [_Stream()]
     with connection.cursor() as cursor:
         # Sorted by the server (the ranges compare in its collation, not Python's).
-        cursor.execute(
-            "SELECT c.reltuples, (SELECT array_agg(v ORDER BY v) FROM unnest(coalesce("
-            "s.histogram_bounds::text::text[], s.most_common_vals::text::text[])) AS v) "
-            "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
-            "AND s.tablename = c.relname AND s.attname = 'chain' "
-            "WHERE c.oid = 'audit_logs'::regclass"
-        )
+        cursor.execute(QUERIES["chain_statistics"])
         estimate, bounds = cursor.fetchone()
     if estimate < settings.AUDIT_VERIFY_PARALLEL_MIN_ROWS or not bounds:
         return [_Stream()]
@@ -255,8 +205,8 @@ def _snapshot_connection(params: dict[str, Any], snapshot: str) -> Iterator[Any]
     second stream sees exactly the history the verification's transaction sees."""
     raw = psycopg.connect(**params)
     try:
-        raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        raw.execute(pgsql.SQL("SET TRANSACTION SNAPSHOT {}").format(pgsql.Literal(snapshot)))
+        raw.execute(QUERIES["begin_read_only"])
+        raw.execute(pgsql.SQL(QUERIES["set_snapshot"]).format(snapshot=pgsql.Literal(snapshot)))
         yield raw
     finally:
         raw.close()
@@ -277,7 +227,7 @@ def _batches(
     snapshot, params = "", connection.get_connection_params()
     if len(streams) > 1:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_export_snapshot()")
+            cursor.execute(QUERIES["export_snapshot"])
             snapshot = cursor.fetchone()[0]
     batches: queue.Queue[Any] = queue.Queue(maxsize=2 * len(streams))
     stop = threading.Event()
@@ -299,7 +249,7 @@ def _batches(
                 # binary: bytea arrives as raw bytes, with no hex step on either side.
                 with raw.cursor(name=f"audit_verify_rows_{index}", binary=True) as cursor:
                     cursor.itersize = BATCH_ROWS
-                    cursor.execute(*stream.query(selected))
+                    cursor.execute(QUERIES["verify_rows"], stream.params(selected))
                     while batch := cursor.fetchmany(BATCH_ROWS):
                         if not put((index, batch)):
                             return
@@ -420,12 +370,13 @@ def _row_problem(
     if computed != stored:
         broken.append(f"chain_hash {stored} does not match sha256(prev_hash + payload) {computed}")
     with connection.cursor() as cursor:
-        cursor.execute(_ROW_DETAIL_SQL, [chain, seq])
+        cursor.execute(QUERIES["row_detail"], {"chain": chain, "seq": seq})
         detail = cursor.fetchone()
     job_id = _job_of(chain)
     if detail is not None:
         job_id = detail[0] or job_id
-        mismatch = _field_mismatch(payload.decode("utf-8", "replace"), chain, seq, *detail[:5])
+        columns = {"chain": chain, "seq": seq, **dict(zip(_DETAIL_COLUMNS, detail, strict=False))}
+        mismatch = _field_mismatch(payload.decode("utf-8", "replace"), columns)
         if mismatch:
             broken.append(mismatch)
     if not broken:
@@ -435,45 +386,27 @@ def _row_problem(
     )
 
 
-def _field_mismatch(
-    text: str,
-    chain: str,
-    seq: int,
-    job_id: str | None,
-    event_type: str,
-    actor_type: str,
-    actor_id: str,
-    ts: str,
-) -> str | None:
-    """Which of the payload's fields disagree with the columns (None: all agree)."""
+# The columns of row_detail (audit/queries.sql) before the payload, by the names of
+# audit.canonical.entry_payload.
+_DETAIL_COLUMNS = ("job_id", "event_type", "actor_type", "actor_id", "ts")
+
+
+def _field_mismatch(text: str, columns: dict[str, Any]) -> str | None:
+    """Which of the payload's fields disagree with the row's `columns` (chain, seq and
+    _DETAIL_COLUMNS; None: all agree)."""
     try:
         payload = json.loads(text)
     except ValueError:
         return "payload is not valid JSON"
     if not isinstance(payload, dict):
         return "payload is not a JSON object"
-    expected = {
-        "chain": chain,
-        "seq": seq,
-        "event_type": event_type,
-        "job_id": job_id,
-        "actor": {"id": actor_id, "type": actor_type},
-        "ts": ts,
-    }
-    wrong = [k for k, v in expected.items() if payload.get(k, object()) != v]
+    expected = entry_payload(**columns, data=payload.get("data"))
+    wrong = [k for k, v in expected.items() if k != "data" and payload.get(k, object()) != v]
     if not wrong:
-        if set(payload) != {*expected, "data"} or canonical_bytes(payload) != text.encode():
+        if set(payload) != set(expected) or canonical_bytes(payload) != text.encode():
             return "payload is not canonical JSON of the expected keys"
         return None
     return "payload disagrees with the row's columns on " + ", ".join(wrong)
-
-
-_CHECKPOINTS_SQL = """
-SELECT id, last_audit_id, prev_hash, checkpoint_hash, key_id, signature,
-       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-       convert_to(payload, 'UTF8')
-FROM audit_checkpoints ORDER BY id
-"""
 
 
 def _check_checkpoints(report: VerificationReport) -> list[int]:
@@ -492,7 +425,7 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
     # binary: the payload arrives as raw bytes, not as twice as much hex text.
     with raw.cursor(name="audit_verify_checkpoints", binary=True) as cursor:
         cursor.itersize = 2
-        cursor.execute(_CHECKPOINTS_SQL)
+        cursor.execute(QUERIES["verify_checkpoints"])
         for cp_id, last_id, prev, stored, key_id, signature, ts, payload in cursor:
             report.checkpoints_checked += 1
             broken = []
@@ -562,60 +495,31 @@ def _check_heads(
     """
     if not genuine:
         return
-    conditions = ["c.id = ANY(%s)"]
-    params: list[Any] = [genuine]
-    if selected is not None:
-        scope = "h.chain = ANY(%s)"
-        params.append(selected)
-        if since is not None:
-            # A chain deleted whole leaves no row after `since`; its head in a
-            # checkpoint made since then still gives it away.
-            scope = f"({scope} OR c.created_at >= %s)"
-            params.append(since)
-        conditions.append(scope)
-    sql = f"""
-        SELECT c.id, h.chain, h.seq, h.hash, a.chain_hash
-        FROM audit_checkpoints c
-        CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
-            AS h(chain text, seq bigint, hash text)
-        LEFT JOIN audit_logs a ON a.chain = h.chain AND a.seq = h.seq
-        WHERE {" AND ".join(conditions)}
-    """
+    params = {"genuine": genuine, "chains": selected, "since": since, "limit": MAX_PROBLEMS}
     with connection.cursor() as cursor:
-        # One pass counts the heads and the bad ones; only bad ones are fetched.
-        cursor.execute(
-            "SELECT count(*), count(*) FILTER (WHERE chain_hash IS DISTINCT FROM hash) "
-            f"FROM ({sql}) AS heads",
-            params,
-        )
-        total, bad = cursor.fetchone()
-        report.heads_checked += total
-        if not bad:
-            return
-        cursor.execute(
-            f"SELECT * FROM ({sql}) AS heads "
-            "WHERE chain_hash IS DISTINCT FROM hash ORDER BY chain, seq, id LIMIT %s",
-            [*params, MAX_PROBLEMS],
-        )
-        for cp_id, chain, seq, head_hash, found in cursor.fetchall():
-            if found is None:
-                message = f"head seq {seq} recorded by the checkpoint is missing"
-                kind = "head_missing"
-            else:
-                message = (
-                    f"head seq {seq} has chain_hash {found}, the checkpoint recorded {head_hash}"
-                )
-                kind = "head_changed"
-            report.add(
-                Problem(
-                    kind=kind,
-                    message=message,
-                    chain=chain,
-                    job_id=_job_of(chain),
-                    seq=seq,
-                    checkpoint_id=cp_id,
-                )
+        # One pass counts the heads and fetches the bad ones only.
+        cursor.execute(QUERIES["verify_heads"], params)
+        rows = cursor.fetchall()
+    report.heads_checked += rows[0][0]
+    for _, cp_id, chain, seq, head_hash, found in rows:
+        if cp_id is None:
+            continue  # every head is intact: the count's row alone
+        if found is None:
+            message = f"head seq {seq} recorded by the checkpoint is missing"
+            kind = "head_missing"
+        else:
+            message = f"head seq {seq} has chain_hash {found}, the checkpoint recorded {head_hash}"
+            kind = "head_changed"
+        report.add(
+            Problem(
+                kind=kind,
+                message=message,
+                chain=chain,
+                job_id=_job_of(chain),
+                seq=seq,
+                checkpoint_id=cp_id,
             )
+        )
 
 
 def _check_expected(
@@ -625,11 +529,7 @@ def _check_expected(
     if not wanted:
         return
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT checkpoint_hash FROM audit_checkpoints "
-            "WHERE id = ANY(%s) AND checkpoint_hash = ANY(%s)",
-            [genuine, wanted],
-        )
+        cursor.execute(QUERIES["checkpoints_present"], {"genuine": genuine, "wanted": wanted})
         present = {row[0] for row in cursor.fetchall()}
     for digest in wanted:
         if digest not in present:

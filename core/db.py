@@ -1,4 +1,4 @@
-"""Running the hot, hand-written statements (jobs/sql.py) with server-side binding.
+"""Running the hot, hand-written statements (jobs/queries.sql) with server-side binding.
 
 Django's psycopg backend binds parameters on the client: each execute renders the whole
 statement as text, escaping every value in Python, and PostgreSQL parses and plans it
@@ -10,9 +10,10 @@ later executions send only the values.
 Behind a connection pooler in transaction mode, prepared statements need its protocol
 support (PgBouncer 1.21+ with max_prepared_statements set).
 
-`select_columns` and `model_from_row` turn such a statement's rows back into model
-instances, converted exactly as the ORM converts its own reads. `read_within` bounds a
-read that no index serves by a statement timeout.
+`model_from_row` turns such a statement's rows back into model instances (by column
+name: a statement may read `jobs.*`, in the table's order), converted exactly as the ORM
+converts its own reads. `read_within` bounds a read that no index serves by a statement
+timeout.
 
 Errors come out as Django's database exceptions (IntegrityError, OperationalError...),
 exactly as from `connection.cursor()`, and the statement joins the caller's transaction
@@ -30,13 +31,23 @@ import psycopg
 from django.db import OperationalError, connection, transaction
 from django.db.models import Field, Model
 
+from core.queries import QUERIES
+
 M = TypeVar("M", bound=Model)
 T = TypeVar("T")
 
 NEVER_BY_COUNT = 2**31
 
 
-def execute_prepared(statement: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+class Rows(list[tuple[Any, ...]]):
+    """A statement's rows, with the names of their columns in order."""
+
+    def __init__(self, rows: list[tuple[Any, ...]], columns: tuple[str, ...]) -> None:
+        super().__init__(rows)
+        self.columns = columns
+
+
+def execute_prepared(statement: str, params: dict[str, Any]) -> Rows:
     """Execute `statement` with server-side binding, prepared; returns its rows.
 
     Like Django's own cursors it runs through the connection's execute wrappers
@@ -55,14 +66,15 @@ def execute_prepared(statement: str, params: dict[str, Any]) -> list[tuple[Any, 
         def run(sql: str, values: Any, many: bool, context: dict[str, Any]) -> Any:
             cursor.execute(sql, values, prepare=True)  # type: ignore[call-overload]
             # Every statement run here returns rows (RETURNING or SELECT).
-            return cursor.fetchall()
+            columns = tuple(column.name for column in cursor.description or ())
+            return Rows(cursor.fetchall(), columns)
 
         executor: Callable[..., Any] = run
         for wrapper in reversed(connection.execute_wrappers):
             executor = functools.partial(wrapper, executor)
         started = time.monotonic()
         try:
-            rows: list[tuple[Any, ...]] = executor(
+            rows: Rows = executor(
                 statement, params, False, {"connection": connection, "cursor": cursor}
             )
         finally:
@@ -84,11 +96,9 @@ def read_within(seconds: float, read: Callable[[], T]) -> T | None:
     savepoint), so the enclosing transaction goes on.
     """
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('statement_timeout')")
-        (before,) = cursor.fetchone()
-        cursor.execute(
-            "SELECT set_config('statement_timeout', %s, true)", [f"{max(1, int(seconds * 1000))}ms"]
-        )
+        timeout = f"{max(1, int(seconds * 1000))}ms"
+        cursor.execute(QUERIES["statement_timeout_set"], {"timeout": timeout})
+        (before, _) = cursor.fetchone()
         try:
             with transaction.atomic():
                 return read()
@@ -97,7 +107,7 @@ def read_within(seconds: float, read: Callable[[], T]) -> T | None:
                 raise
             return None
         finally:
-            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [before])
+            cursor.execute(QUERIES["statement_timeout_set"], {"timeout": before})
 
 
 @functools.cache
@@ -107,14 +117,28 @@ def select_columns(model: type[Model], alias: str) -> str:
     return ", ".join(f"{alias}.{connection.ops.quote_name(f.column)}" for f in _fields(model))
 
 
-def model_from_row(model: type[M], values: Sequence[Any]) -> M:
-    """An instance of `model` from the values of `select_columns(model, ...)`, converted
-    as the ORM's own reads convert them (e.g. JSON text to Python values)."""
+def model_from_row(
+    model: type[M], values: Sequence[Any], columns: Sequence[str] | None = None
+) -> M:
+    """An instance of `model` from a row, converted as the ORM's own reads convert them
+    (e.g. JSON text to Python values): the values of `select_columns(model, ...)`, or,
+    given the row's `columns` (Rows.columns), the model's columns found by name (other
+    columns of the row are left out)."""
     fields = _fields(model)
-    converted = list(values[: len(fields)])
+    if columns is None:
+        converted = list(values[: len(fields)])
+    else:
+        converted = [values[n] for n in _positions(model, tuple(columns))]
     for index, convert in _converters(model):
         converted[index] = convert(converted[index])
     return model.from_db(connection.alias, [f.attname for f in fields], converted)
+
+
+@functools.cache
+def _positions(model: type[Model], columns: tuple[str, ...]) -> tuple[int, ...]:
+    """Where each of `model`'s concrete columns stands among `columns`."""
+    index = {name: n for n, name in reversed(list(enumerate(columns)))}
+    return tuple(index[field.column] for field in _fields(model))
 
 
 @functools.cache

@@ -30,6 +30,8 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from kombu import Connection
 
+from core.queries import QUERIES
+
 log = structlog.get_logger("core.health")
 
 HEALTH_PATH = "/healthz"
@@ -45,7 +47,7 @@ def _check_postgres(timeout: float) -> None:
     params.pop("prepare_threshold", None)
     params["connect_timeout"] = max(1, round(timeout))  # libpq takes whole seconds
     with psycopg.connect(**params) as conn:
-        conn.execute("SELECT 1")
+        conn.execute(QUERIES["ping"])
 
 
 def _check_rabbitmq(timeout: float) -> None:

@@ -98,3 +98,7 @@ def load(path: Path) -> Queries:
     """The named statements of the queries.sql at `path` (read once, by the caller's
     module-level constant)."""
     return parse(path.read_text(encoding="utf-8"), path)
+
+
+# The core app's own statements (core/queries.sql).
+QUERIES = load(Path(__file__).with_name("queries.sql"))

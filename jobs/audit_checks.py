@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connection
 
 from audit.verification import MAX_PROBLEMS, Problem, VerificationReport
-from jobs import sql
+from jobs.queries import QUERIES
 from jobs.states import STATUS_AFTER_EVENT
 
 
@@ -38,17 +38,14 @@ def job_status_matches_chain(
         "events": list(STATUS_AFTER_EVENT),
         "statuses": [str(s) for s in STATUS_AFTER_EVENT.values()],
         "limit": MAX_PROBLEMS,
-        "ids": _job_ids(chains),
-        "requested": _job_ids(requested),
+        # All jobs, or those of `chains` (and, with `since`, those changed since then).
+        "ids": None if chains is None and since is None else _job_ids(chains),
         "since": since,
+        # `requested` narrows a `since` verification only.
+        "requested": None if requested is None or since is None else _job_ids(requested),
     }
-    scope = sql.STATUS_SCOPE_ALL
-    if since is not None:
-        scope = sql.STATUS_SCOPE_SINCE if requested is None else sql.STATUS_SCOPE_SINCE_REQUESTED
-    elif chains is not None:
-        scope = sql.STATUS_SCOPE_CHAINS
     with connection.cursor() as cursor:
-        cursor.execute(sql.STATUS_AGAINST_CHAIN.format(scope=scope), params)
+        cursor.execute(QUERIES["status_against_chain"], params)
         rows = cursor.fetchall()
     for job_id, status, event, seq in rows:
         if event is None:

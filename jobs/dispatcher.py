@@ -32,8 +32,8 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils.module_loading import import_string
 
-from jobs import sql
 from jobs.liveness import beat, beat_end
+from jobs.queries import PENDING_CHANNEL, QUERIES
 
 log = structlog.get_logger("jobs.dispatcher")
 
@@ -200,7 +200,7 @@ class NotifiedPublishing:
 
 
 class PendingListener:
-    """A connection of its own that LISTENs on jobs_pending (jobs.sql.PENDING_CHANNEL).
+    """A connection of its own that LISTENs on jobs_pending (jobs.queries.PENDING_CHANNEL).
 
     Django's connection cannot wait for notifications while it also runs the steps, so
     this one only listens. Without it (the database away, LISTEN refused) the loop
@@ -215,8 +215,8 @@ class PendingListener:
             try:
                 params = connection.get_connection_params()
                 self.connection = psycopg.connect(**params, autocommit=True)
-                self.connection.execute(f"LISTEN {sql.PENDING_CHANNEL}")
-                log.info("dispatcher_listening", channel=sql.PENDING_CHANNEL)
+                self.connection.execute(QUERIES["listen_pending"])
+                log.info("dispatcher_listening", channel=PENDING_CHANNEL)
             except psycopg.Error as exc:
                 log.warning("dispatcher_listen_failed", error=repr(exc))
                 self.close()

@@ -48,8 +48,9 @@ from core.broker import (
     broker_connection_drop,
     confirm_channel,
 )
-from jobs import metrics, sql
+from jobs import metrics
 from jobs.models import EventOutbox
+from jobs.queries import QUERIES
 from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE, erp_configured
 
 log = structlog.get_logger("jobs.events")
@@ -147,7 +148,7 @@ def _notice_blocked(conn: Any) -> None:
 def _mark_published(ids: list[int]) -> None:
     """Mark rows relayed; runs in the claim's transaction, after every confirm."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.OUTBOX_MARK, {"ids": ids})  # a binary array: see jobs.sql
+        cursor.execute(QUERIES["outbox_mark"], {"ids": ids})  # a binary array
 
 
 def _publishable(rows: list[OutboxRow]) -> list[OutboxRow]:
@@ -156,7 +157,7 @@ def _publishable(rows: list[OutboxRow]) -> list[OutboxRow]:
         return rows
     with connection.cursor() as cursor:
         cursor.execute(
-            sql.OUTBOX_BLOCKERS,
+            QUERIES["outbox_blockers"],
             {
                 "job_ids": list({r.job_id for r in rows}),
                 "ids": [r.id for r in rows],
@@ -198,8 +199,8 @@ def outbox_relay_batch(*, limit: int = RELAY_BATCH) -> int:
     """
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(sql.OUTBOX_CLAIM_PLAN)
-            cursor.execute(sql.OUTBOX_CLAIM, {"limit": limit})
+            cursor.execute(QUERIES["outbox_claim_plan"])
+            cursor.execute(QUERIES["outbox_claim"], {"limit": limit})
             rows = _publishable([OutboxRow(*row) for row in cursor.fetchall()])
         if not rows:
             return 0

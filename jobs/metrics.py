@@ -20,8 +20,8 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import Counter, Gauge, Histogram
 
-from jobs import sql
 from jobs.liveness import live_processes
+from jobs.queries import QUERIES
 from jobs.types import primary_queue_names
 
 log = structlog.get_logger("jobs.metrics")
@@ -117,9 +117,9 @@ def metrics_refresh_gauges() -> dict[str, float]:
     2. A second counts open dead letters per DLQ; queues that emptied drop to 0.
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql.GAUGES, {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
+        cursor.execute(QUERIES["gauges"], {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
         pending_age, stale, lag, unpublished, checkpoint_age = cursor.fetchone()
-        cursor.execute(sql.DEAD_LETTERS_OPEN)
+        cursor.execute(QUERIES["dead_letters_open"])
         open_rows = dict(cursor.fetchall())
     values = {
         "oldest_pending_age": max(0.0, float(pending_age or 0)),

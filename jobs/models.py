@@ -62,9 +62,9 @@ class Job(models.Model):
     # Bumped by every write except heartbeats; the API's ETag is "<id>-<version>".
     version = models.PositiveIntegerField(default=1)
     # The head (seq, chain_hash) of the job's audit chain. The statement that changes
-    # the job appends its audit entry from here under the row lock it already holds,
-    # so a transition is one round trip (jobs/sql.py); the insert-at-head trigger on
-    # audit_logs still refuses any entry that does not continue the chain.
+    # the job appends its audit entry from here under the row lock it already holds, so
+    # a transition is one round trip (job_append, jobs/queries.sql); the insert-at-head
+    # trigger on audit_logs still refuses any entry that does not continue the chain.
     audit_seq = models.PositiveIntegerField(default=0, db_default=0)
     audit_head = models.CharField(max_length=64, default="0" * 64, db_default="0" * 64)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -148,9 +148,9 @@ class Job(models.Model):
     def progress_attempt(self) -> int | None:
         """The attempt the progress fields belong to; None before the first attempt.
 
-        Always the job's latest attempt: each claim resets progress (jobs.sql.SET_CLAIM)
-        and every progress write is fenced to the attempt that holds the lock, so no
-        column of its own is needed to say which attempt wrote it."""
+        Always the job's latest attempt: each claim resets progress (job_append, in
+        jobs/queries.sql) and every progress write is fenced to the attempt that holds
+        the lock, so no column of its own is needed to say which attempt wrote it."""
         return self.attempts or None
 
 

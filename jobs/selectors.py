@@ -24,12 +24,12 @@ from django.db.models.functions import Cast
 
 from audit.models import ActorType, AuditLog
 from audit.services import job_chain
-from core.db import execute_prepared, model_from_row, read_within, select_columns
+from core.db import execute_prepared, model_from_row, read_within
 from core.ids import IdFragment, id_fragment
-from jobs import sql
 from jobs.errors import TIME_LIMIT
 from jobs.exceptions import JobNotFoundError
 from jobs.models import Artefact, DeadLetter, Job
+from jobs.queries import QUERIES
 from jobs.states import Status
 
 M = TypeVar("M", bound=Model)
@@ -51,7 +51,7 @@ def job_version_for_user(*, job_id: uuid.UUID, user: Any, staff: bool = False) -
 
     This is all a conditional GET needs to answer 304.
     """
-    rows = execute_prepared(sql.JOB_VERSION, {"job_id": job_id, **_visibility(user, staff)})
+    rows = execute_prepared(QUERIES["job_version"], {"job_id": job_id, **_visibility(user, staff)})
     return rows[0][0] if rows else None
 
 
@@ -63,7 +63,7 @@ def job_get_for_user(*, job_id: uuid.UUID, user: Any, staff: bool = False) -> Jo
     are kept as `job.artefact_list`, which the body serializer reads before
     `job.artefacts`.
     """
-    job = _job_read(sql.JOB_BY_ID, {"job_id": job_id, **_visibility(user, staff)})
+    job = _job_read("job_read", {"job_id": job_id, **_visibility(user, staff)})
     if job is None:
         raise JobNotFoundError()
     return job
@@ -72,16 +72,15 @@ def job_get_for_user(*, job_id: uuid.UUID, user: Any, staff: bool = False) -> Jo
 def job_get_by_key(*, owner: Any, key: str) -> Job | None:
     """The job `owner` made under this idempotency key, with its artefacts, or None: what
     a repeated create answers, in the one statement of `job_get_for_user`."""
-    return _job_read(sql.JOB_BY_OWNER_KEY, {"owner": owner.pk, "key": key})
+    return _job_read("job_read_by_key", {"owner": owner.pk, "key": key})
 
 
-def _job_read(where: str, params: dict[str, Any]) -> Job | None:
-    rows = execute_prepared(
-        sql.job_read_sql(columns=select_columns(Job, "jobs"), where=where), params
-    )
+def _job_read(statement: str, params: dict[str, Any]) -> Job | None:
+    """The job that `statement` (job_read or job_read_by_key) finds, with its artefacts."""
+    rows = execute_prepared(QUERIES[statement], params)
     if not rows:
         return None
-    job = model_from_row(Job, rows[0])
+    job = model_from_row(Job, rows[0], rows.columns)
     job.artefact_list = [  # type: ignore[attr-defined]
         Artefact(job_id=job.id, **artefact) for artefact in rows[0][-1]
     ]
@@ -239,7 +238,9 @@ def job_counts_by_queue(*, finished_hours: int = 24) -> dict[str, dict[str, Any]
         )
 
     with connection.cursor() as cursor:
-        cursor.execute(sql.QUEUE_UNFINISHED, {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
+        cursor.execute(
+            QUERIES["queue_unfinished"], {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)}
+        )
         for queue, status, count, pending_age, stale, due in cursor.fetchall():
             row = entry(queue)
             row["unfinished"][status] = count
@@ -247,18 +248,18 @@ def job_counts_by_queue(*, finished_hours: int = 24) -> dict[str, dict[str, Any]
                 row["oldest_pending_seconds"] = max(0.0, float(pending_age))
             row["stale_locks"] += stale
             row["retries_due"] += due
-        cursor.execute(sql.QUEUE_FINISHED_SINCE, {"hours": int(finished_hours)})
+        cursor.execute(QUERIES["queue_finished_since"], {"hours": int(finished_hours)})
         for queue, status, count in cursor.fetchall():
             entry(queue)["finished"][status] = count
     return queues
 
 
 def job_health_gauges() -> dict[str, float | None]:
-    """The on-call figures as of now (one statement, sql.GAUGES): the
+    """The on-call figures as of now (one statement, gauges): the
     oldest pending job, stale locks, outbox lag and backlog, and the newest checkpoint's
     age (None when none was ever written)."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.GAUGES, {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
+        cursor.execute(QUERIES["gauges"], {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
         pending_age, stale, lag, unpublished, checkpoint_age = cursor.fetchone()
     return {
         "oldest_pending_seconds": max(0.0, float(pending_age or 0)),

@@ -37,7 +37,7 @@ from core.api.permissions import staff_powers
 from core.api.serializers import QueryFilterSerializer, StrictCharField
 from core.request_id import request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
-from jobs.api.serializers import JobOutputSerializer, job_representation
+from jobs.api.serializers import JobOutputSerializer
 from jobs.api.throttles import JobCreateThrottle
 from jobs.artefact_storage import STORAGE_ERRORS, artefact_presigned_url
 from jobs.exceptions import (
@@ -47,6 +47,7 @@ from jobs.exceptions import (
     PayloadTooLargeError,
 )
 from jobs.models import Job
+from jobs.representation import job_representation
 from jobs.selectors import (
     artefact_get_for_user,
     job_get_for_user,

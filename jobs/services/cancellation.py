@@ -8,11 +8,10 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import Actor
-from jobs import sql
 from jobs.exceptions import JobCancelForbiddenError, JobNotFoundError, TransitionRefusedError
 from jobs.models import Job
 from jobs.selectors import job_visible_queryset
-from jobs.services.transitions import job_audit, transition
+from jobs.services.transitions import job_cancel_request, transition
 from jobs.states import Status
 
 
@@ -26,13 +25,7 @@ def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
     """
     with transaction.atomic():
         # The flag and its entry in one statement; nothing when already raised or ended.
-        job_audit(
-            job_id=job_id,
-            event_type="cancel_requested",
-            actor=actor,
-            assignments=sql.SET_CANCEL_REQUESTED,
-            conditions=[sql.CANCEL_NOT_REQUESTED],
-        )
+        job_cancel_request(job_id=job_id, actor=actor)
         try:
             return transition(
                 job_id=job_id,

@@ -20,10 +20,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor
-from core.db import execute_prepared, model_from_row, select_columns
-from jobs import sql
+from core.db import execute_prepared, model_from_row
 from jobs.models import Job
 from jobs.publisher import MessageTooLarge, message_publish, messages_publish
+from jobs.queries import QUERIES
 from jobs.services.dead_letters import job_fail_with_dead_letter
 from jobs.services.transitions import transition_many
 from jobs.states import Status
@@ -149,15 +149,16 @@ def publish_pending_once(*, limit: int = 5000) -> int:
 
 def _due(status: str, *, limit: int, pending_after: float | None = None) -> list[Job]:
     """Claim due rows of `status`, oldest first, skipping locked and backing-off rows
-    (jobs.sql.due_jobs_sql; prepared: the dispatcher runs it after every NOTIFY)."""
+    (due_pending_jobs, due_retrying_jobs; prepared: the dispatcher runs them after
+    every NOTIFY)."""
     before = timezone.now()
     if status == Status.PENDING:
         if pending_after is None:
             pending_after = settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS
         before -= timedelta(seconds=pending_after)
-    statement = sql.due_jobs_sql(status=str(status), columns=select_columns(Job, "jobs"))
+    statement = QUERIES[f"due_{status}_jobs"]
     rows = execute_prepared(statement, {"before": before, "skip": _backing_off(), "limit": limit})
-    return [model_from_row(Job, row) for row in rows]
+    return [model_from_row(Job, row, rows.columns) for row in rows]
 
 
 def _publish_pass(status: str, *, limit: int, pending_after: float | None = None) -> int:

@@ -15,9 +15,9 @@ from django.conf import settings
 from django.db import IntegrityError, connection
 
 from audit.services import Actor
-from jobs import sql
 from jobs.exceptions import TransitionRefusedError
 from jobs.models import Job
+from jobs.queries import QUERIES
 from jobs.services.dead_letters import job_fail_with_dead_letter
 from jobs.services.transitions import transition
 from jobs.states import Status
@@ -53,7 +53,7 @@ def job_lock_is_stale(*, job_id: uuid.UUID | str) -> bool:
     compare-and-set decides)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            sql.LOCK_IS_STALE_NOW,
+            QUERIES["lock_is_stale"],
             {"job_id": job_id, "stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)},
         )
         row = cursor.fetchone()
@@ -65,7 +65,7 @@ def reap_once(*, limit: int = 500) -> dict[str, int]:
     timeout = float(settings.JOBOPS_LOCK_TIMEOUT)
     counts = {"reclaimed": 0, "worker_lost": 0}
     with connection.cursor() as cursor:
-        cursor.execute(sql.STALE_LOCKS, {"stale_after": timeout, "limit": limit})
+        cursor.execute(QUERIES["stale_locks"], {"stale_after": timeout, "limit": limit})
         stale = cursor.fetchall()
     for job_id, attempts, max_attempts in stale:
         if attempts < max_attempts:

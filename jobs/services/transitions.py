@@ -1,16 +1,17 @@
 """The one compare-and-set transition of docs/architecture.md, audited with its event.
 
 Every status change of a job goes through `transition`: one conditional UPDATE, then in
-the same transaction the audit entry and the outbox event. Callers say what the
-transition does with named options; the SQL is built from the named fragments of
-`jobs.sql` and nothing else.
+the same statement the audit entry and the outbox event. Callers say what the
+transition does with named options, each a parameter of the one literal statement
+`job_append` (jobs/queries.sql); the events that change no status (progress, a cancel
+request, an operator's note) run the same statement with other parameters.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
 
 from django.db import connection, transaction
@@ -18,20 +19,16 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from audit.canonical import GENESIS_HASH, Hole, canonical_bytes, canonical_template, chain_hash
-from audit.services import (
-    CHECKPOINT_BARRIER,
-    Actor,
-    audit_payload,
-    format_ts,
-    job_chain,
-)
-from core.db import execute_prepared, model_from_row
-from jobs import metrics, sql
+from audit.services import Actor, audit_payload, format_ts, job_chain
+from core.db import Rows, execute_prepared, model_from_row
+from jobs import metrics
 from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Job
+from jobs.queries import HOLE, QUERIES
 from jobs.states import ALLOWED, EVENT_FOR_STATUS, Status
 
-_JOB_COLUMNS = [f.column for f in Job._meta.concrete_fields]
+# Holes an entry may have: job_append fills up to three (jobs/queries.sql).
+MAX_HOLES = 3
 # Plain values a transition may set (`fields=`); anything computed has its own option.
 SETTABLE_FIELDS = frozenset(
     {
@@ -72,7 +69,7 @@ class Progress:
 
 
 class TransitionOptions(TypedDict, total=False):
-    """What a transition does besides the status (each a named fragment of `jobs.sql`).
+    """What a transition does besides the status (each a parameter of job_append).
 
     - `sources`: the states it may leave (default: every state jobs.states allows);
     - `fence`: only while this worker still holds the lock and attempt (else JobLost);
@@ -110,7 +107,7 @@ def transition(
     """Apply one compare-and-set transition and audit it; returns the updated job.
 
     1. Refuse at once any source -> target pair that jobs.states.ALLOWED lacks.
-    2. One statement (jobs.sql.job_append_sql): the conditional UPDATE, the audit entry
+    2. One statement (job_append, jobs/queries.sql): the conditional UPDATE, the audit entry
        continuing the chain's head kept on the row, and the outbox event; one round
        trip, atomic by itself (or part of the caller's transaction).
     3. Zero rows: JobLost for a fenced write, else TransitionRefusedError naming the
@@ -145,9 +142,7 @@ def transition_many(
     compare-and-set refused is simply not among them."""
     sources = options.get("sources")
     fence, claim_for = options.get("fence"), options.get("claim_for")
-    stale_after, run_in = options.get("stale_after"), options.get("run_in")
     progress, complete = options.get("progress"), options.get("complete", False)
-    extend_attempts, fields = options.get("extend_attempts"), options.get("fields")
     allowed = ALLOWED.get(target, frozenset())
     source_set = frozenset(sources) if sources is not None else allowed
     illegal = source_set - allowed
@@ -158,39 +153,14 @@ def transition_many(
             target=target,
             reason="not an allowed transition",
         )
-    unknown = set(fields or {}) - SETTABLE_FIELDS
+    fields = dict(options.get("fields") or {})
+    unknown = set(fields) - SETTABLE_FIELDS
     if unknown:
         raise ValueError(f"transition cannot set {sorted(unknown)}")
-    params: dict[str, Any] = {"target": target, "sources": list(source_set), "attempt_inc": 0}
-    assignments: list[str] = list(sql.SET_STATUS)
-    conditions: list[str] = [sql.STATUS_IN_SOURCES]
-    if fence is not None:
-        conditions.append(sql.WORKER_HOLDS_LOCK)
-        params.update(locked_by=fence.locked_by, attempt=fence.attempt)
-    if claim_for is not None:
-        assignments += sql.SET_CLAIM
-        conditions.append(sql.RETRY_IS_DUE)
-        params.update(claim_for=claim_for, attempt_inc=1)
-    elif target != Status.RUNNING:
-        assignments += sql.SET_UNLOCK
-    if stale_after is not None:
-        conditions.append(sql.LOCK_IS_STALE)
-        params["stale_after"] = float(stale_after)
-    if run_in is not None:
-        assignments += sql.SET_RUN_IN
-        params["run_in"] = float(run_in)
-    if progress is not None:
-        assignments += sql.SET_PROGRESS
-        percent = 100 if complete else progress.percent
-        params.update(percent=percent, step=progress.step, message=progress.message)
-    elif complete:
-        assignments += sql.SET_PROGRESS_COMPLETE
-    if extend_attempts is not None:
-        assignments += sql.SET_EXTEND_ATTEMPTS
-        params["extend_attempts"] = int(extend_attempts)
-    for column, value in (fields or {}).items():
-        assignments.append(f"{column} = %(f_{column})s")
-        params[f"f_{column}"] = Jsonb(value) if isinstance(value, dict | list) else value
+    if progress is not None:  # the step and message of the last progress value
+        fields.update(progress_step=progress.step, progress_message=progress.message)
+    # `complete` writes 100 % (with the last value's step and message, if any).
+    percent = 100 if complete else progress.percent if progress is not None else None
     entries = {
         job_id: {"from": Hole("from", "text"), "to": target, "attempt": Hole("attempt")}
         | ((audit_data or {}).get(str(job_id)) or {})
@@ -200,33 +170,77 @@ def transition_many(
         entries=entries,
         event_type=options.get("event_type") or EVENT_FOR_STATUS[target],
         actor=actor,
-        assignments=assignments,
-        conditions=conditions,
-        params=params,
-        emit=True,
-        # A job back in `pending` (a replay) waits for the dispatcher: wake it.
-        notify=target == Status.PENDING,
+        change=_Change(
+            target=target,
+            sources=sorted(source_set),
+            fence=fence,
+            claim_for=claim_for,
+            stale_after=options.get("stale_after"),
+            run_in=options.get("run_in"),
+            percent=percent,
+            extend_attempts=options.get("extend_attempts") or 0,
+            fields=fields,
+            bump=True,
+            emit=True,
+            # A job back in `pending` (a replay) waits for the dispatcher: wake it.
+            notify=target == Status.PENDING,
+        ),
     )
-    # The statement returns the columns in concrete-field order, as model_from_row reads.
-    jobs = [model_from_row(Job, row[1:]) for row in rows]
+    jobs = [model_from_row(Job, row, rows.columns) for row in rows]
     for job in jobs:
         _count_transition(job, target, writes_progress=progress is not None)
     return jobs
 
 
+@dataclass(frozen=True)
+class _Change:
+    """What one job_append statement (jobs/queries.sql) does besides appending each
+    job's entry; every field is one of its parameters, whose description says what it
+    does (None, False, 0 or empty: that part does nothing)."""
+
+    target: str | None = None
+    sources: list[str] | None = None
+    fence: Fence | None = None
+    claim_for: str | None = None
+    stale_after: float | None = None
+    run_in: float | None = None
+    percent: int | None = None
+    extend_attempts: int = 0
+    fields: dict[str, Any] = field(default_factory=dict)
+    cancel_request: bool = False
+    bump: bool = False
+    emit: bool = False
+    notify: bool = False
+
+    def params(self) -> dict[str, Any]:
+        fence = self.fence
+        params: dict[str, Any] = {
+            "target": self.target,
+            "sources": self.sources,
+            "locked_by": fence.locked_by if fence else None,
+            "attempt": fence.attempt if fence else None,
+            "claim_for": self.claim_for,
+            "stale_after": None if self.stale_after is None else float(self.stale_after),
+            "run_in": None if self.run_in is None else float(self.run_in),
+            "percent": self.percent,
+            "extend_attempts": int(self.extend_attempts),
+            "cancel_request": self.cancel_request,
+            "bump": self.bump,
+            "emit": self.emit,
+            "notify": self.notify,
+        }
+        for column in SETTABLE_FIELDS:
+            value = self.fields.get(column)
+            params[f"set_{column}"] = column in self.fields
+            params[column] = Jsonb(value) if isinstance(value, dict | list) else value
+        return params
+
+
 def _append(
-    *,
-    entries: dict[Any, dict[str, Any]],
-    event_type: str,
-    actor: Actor,
-    assignments: list[str],
-    conditions: list[str],
-    params: dict[str, Any],
-    emit: bool,
-    notify: bool = False,
-) -> list[tuple[Any, ...]]:
-    """Run jobs.sql.job_append_sql for `entries` (job id -> the entry's data, with its
-    Holes): one canonical template per job, cut where the database fills in."""
+    *, entries: dict[Any, dict[str, Any]], event_type: str, actor: Actor, change: _Change
+) -> Rows:
+    """Run job_append (jobs/queries.sql) for `entries` (job id -> the entry's data, with
+    its Holes): one canonical template per job, cut where the database fills in."""
     ts = timezone.now()
     templates = {
         job_id: canonical_template(
@@ -245,34 +259,23 @@ def _append(
     holes = [h.name for h in next(iter(templates.values())).holes]
     if any([h.name for h in t.holes] != holes for t in templates.values()):
         raise ValueError("one statement appends entries with the same holes only")
-    single = len(templates) == 1
-    statement = sql.job_append_sql(
-        holes=tuple(holes),
-        assignments=tuple(assignments),
-        conditions=tuple(conditions),
-        columns=tuple(_JOB_COLUMNS),
-        emit=emit,
-        notify=notify,
-        single=single,
-    )
-    ids: Any = [str(job_id) for job_id in templates]
-    pieces: dict[str, Any] = {
-        f"p{n}": [t.pieces[n] for t in templates.values()] for n in range(len(holes) + 1)
-    }
-    if single:  # scalars, not one-element arrays (see job_append_sql)
-        ids, pieces = ids[0], {name: values[0] for name, values in pieces.items()}
+    if len(holes) > MAX_HOLES:
+        raise ValueError(f"an entry has at most {MAX_HOLES} holes, not {holes}")
+    padding = [""] * (MAX_HOLES - len(holes))
+    pieces = [[*t.pieces, *padding] for t in templates.values()]
+    filled = [HOLE[name] for name in holes] + [None] * len(padding)
     params = {
-        **params,
-        "ids": ids,
-        "barrier": CHECKPOINT_BARRIER,
+        **change.params(),
+        "ids": [str(job_id) for job_id in templates],
+        **{f"p{n}": [p[n] for p in pieces] for n in range(MAX_HOLES + 1)},
+        **{f"h{n}": hole for n, hole in enumerate(filled)},
         "event_type": event_type,
         "actor_type": str(actor.type),
         "actor_id": actor.id,
         "ts": ts,
         "ts_text": format_ts(ts),
-        **pieces,
     }
-    return execute_prepared(statement, params)
+    return execute_prepared(QUERIES["job_append"], params)
 
 
 def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
@@ -292,24 +295,10 @@ def job_audit(
     event_type: str,
     actor: Actor,
     data: dict[str, Any] | None = None,
-    assignments: list[str] | None = None,
-    conditions: list[str] | None = None,
-    params: dict[str, Any] | None = None,
-) -> tuple[Any, ...] | None:
-    """Audit an event that changes no status (progress, cancel_requested, dead_lettered,
-    dlq_discarded) on the job's chain, in one statement with the row change it records
-    (`assignments` under `conditions`, fragments of jobs.sql). Returns the job's row
-    (previous status, then its columns), or None when `conditions` matched nothing."""
-    rows = _append(
-        entries={job_id: data or {}},
-        event_type=event_type,
-        actor=actor,
-        assignments=assignments or [],
-        conditions=conditions or [],
-        params={"attempt_inc": 0, **(params or {})},
-        emit=False,
-    )
-    return rows[0] if rows else None
+) -> None:
+    """Audit an event that changes no status and nothing else of the job
+    (dead_lettered, dlq_discarded) on the job's chain, in one statement."""
+    _append(entries={job_id: data or {}}, event_type=event_type, actor=actor, change=_Change())
 
 
 def jobs_audit(*, entries: dict[Any, dict[str, Any]], event_type: str, actor: Actor) -> int:
@@ -317,24 +306,54 @@ def jobs_audit(*, entries: dict[Any, dict[str, Any]], event_type: str, actor: Ac
     for an operator's bulk action; returns how many entries were appended."""
     if not entries:
         return 0
-    return len(
+    return len(_append(entries=entries, event_type=event_type, actor=actor, change=_Change()))
+
+
+def job_progress_audit(
+    *, job_id: uuid.UUID | str, fence: Fence, progress: Progress, actor: Actor
+) -> bool:
+    """Write a progress value while `fence` holds, monotonically, moving the version,
+    with its `progress` entry (which records the percent the row holds after the
+    write), in one statement. False when the fence no longer holds (nothing written)."""
+    return bool(
         _append(
-            entries=entries,
-            event_type=event_type,
+            entries={
+                job_id: {
+                    "percent": Hole("percent"),
+                    "step": progress.step,
+                    "attempt": fence.attempt,
+                }
+            },
+            event_type="progress",
             actor=actor,
-            assignments=[],
-            conditions=[],
-            params={"attempt_inc": 0},
-            emit=False,
+            change=_Change(
+                fence=fence,
+                percent=progress.percent,
+                fields={"progress_step": progress.step, "progress_message": progress.message},
+                bump=True,
+            ),
+        )
+    )
+
+
+def job_cancel_request(*, job_id: uuid.UUID | str, actor: Actor) -> bool:
+    """Raise a job's cancel flag with its `cancel_requested` entry, in one statement;
+    False (nothing written) when it was raised already or the job has ended."""
+    return bool(
+        _append(
+            entries={job_id: {}},
+            event_type="cancel_requested",
+            actor=actor,
+            change=_Change(cancel_request=True, bump=True),
         )
     )
 
 
 def job_insert(job: Job, *, actor: Actor) -> bool:
     """Insert a new `pending` job with its `created` entry and event, and wake the
-    dispatcher, in one statement (jobs.sql.job_insert_sql). Creation counts as the
-    transition into `pending` (docs/architecture.md). Returns False when the job's idempotency
-    key was taken (nothing was written)."""
+    dispatcher, in one statement (job_insert, jobs/queries.sql). Creation counts as the
+    transition into `pending` (docs/architecture.md). Returns False when the job's
+    idempotency key was taken (nothing was written)."""
     ts = timezone.now()
     payload = canonical_bytes(
         audit_payload(
@@ -348,36 +367,17 @@ def job_insert(job: Job, *, actor: Actor) -> bool:
         )
     )
     job.audit_seq, job.audit_head = 1, chain_hash(GENESIS_HASH, payload)
-    event_id = uuid.uuid4()
     params: dict[str, Any] = {
-        f"c_{f.column}": f.get_db_prep_save(f.pre_save(job, True), connection)
+        f.column: f.get_db_prep_save(f.pre_save(job, True), connection)
         for f in Job._meta.concrete_fields
     }
     params.update(
-        barrier=CHECKPOINT_BARRIER,
         actor_type=str(actor.type),
         actor_id=actor.id,
         ts=ts,
+        ts_text=format_ts(ts),
         payload=payload.decode("utf-8"),
         prev_hash=GENESIS_HASH,
-        chain_hash=job.audit_head,
-        event_id=event_id,
-        event=Jsonb(
-            {
-                "event_id": str(event_id),
-                "type": "job.status.changed",
-                "job_id": str(job.id),
-                "job_type": job.type,
-                "seq": 1,
-                "status": job.status,
-                "previous_status": None,
-                "progress": job.progress_percent,
-                "attempt": job.attempts,
-                "timestamp": format_ts(ts),
-                # So the ERP bridge's log lines follow the request that made the job.
-                "request_id": job.request_id,
-                "correlation_id": job.correlation_id,
-            }
-        ),
+        event_id=uuid.uuid4(),
     )
-    return bool(execute_prepared(sql.job_insert_sql(columns=tuple(_JOB_COLUMNS)), params))
+    return bool(execute_prepared(QUERIES["job_insert"], params))

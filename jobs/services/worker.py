@@ -14,14 +14,15 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 
-from audit.canonical import Hole, canonical_bytes
+from audit.canonical import canonical_bytes
 from audit.services import Actor
 from core.json import json_problem
-from jobs import metrics, sql
+from jobs import metrics
 from jobs.errors import ResultInvalidError
 from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Job
-from jobs.services.transitions import Fence, Progress, job_audit, transition
+from jobs.queries import QUERIES
+from jobs.services.transitions import Fence, Progress, job_progress_audit, transition
 from jobs.states import Status
 
 WORKER = Actor.system("worker")
@@ -68,7 +69,7 @@ def job_heartbeat(*, job_id: uuid.UUID | str, fence: Fence) -> bool:
     Returns the job's `cancel_requested`; raises JobLost when the lock is gone.
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql.HEARTBEAT, _fenced(job_id, fence))
+        cursor.execute(QUERIES["heartbeat"], _fenced(job_id, fence))
         row = cursor.fetchone()
     if row is None:
         raise _lost(job_id, fence)
@@ -91,7 +92,7 @@ def job_worker_lock(*, job_id: uuid.UUID | str, fence: Fence) -> None:
     """Lock the job row for a write beside it (an artefact); JobLost unless still held.
     Must run inside the caller's transaction."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.WORKER_LOCK, _fenced(job_id, fence))
+        cursor.execute(QUERIES["worker_lock"], _fenced(job_id, fence))
         if cursor.fetchone() is None:
             raise _lost(job_id, fence)
 
@@ -103,16 +104,7 @@ def job_progress_write(
     bumps `version` (the ETag moves). The entry records the percent the row holds
     after the write (progress never goes back within the attempt)."""
     value = Progress(max(0, min(100, int(percent))), step, message)
-    row = job_audit(
-        job_id=job_id,
-        event_type="progress",
-        actor=WORKER,
-        data={"percent": Hole("percent"), "step": step, "attempt": fence.attempt},
-        assignments=[*sql.SET_PROGRESS, *sql.SET_VERSION],
-        conditions=[sql.WORKER_HOLDS_LOCK],
-        params=_fenced(job_id, fence, percent=value.percent, step=step, message=message),
-    )
-    if row is None:
+    if not job_progress_audit(job_id=job_id, fence=fence, progress=value, actor=WORKER):
         raise _lost(job_id, fence)
     transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
 

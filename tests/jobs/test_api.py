@@ -369,7 +369,8 @@ def test_the_read_answers_what_the_orm_reads(api, staff_api, other_api):
 def test_the_job_body_is_what_its_serializer_answers(state, rf):
     """The answers build the body directly (job_representation); the serializer is the
     schema. They must agree for a job in every state, artefacts and errors included."""
-    from jobs.api.serializers import JobOutputSerializer, job_representation
+    from jobs.api.serializers import JobOutputSerializer
+    from jobs.representation import job_representation
 
     job = job_in_state(state)
     if state == "running":

@@ -15,8 +15,8 @@ from kombu import Connection
 from jobs.dispatcher import PendingListener, dispatch_forever, dispatch_once, found_work
 from jobs.liveness import live_processes
 from jobs.models import DeadLetter, Job
+from jobs.queries import PENDING_CHANNEL
 from jobs.services import job_heartbeat, job_publish, publish_due_once, reap_once
-from jobs.sql import PENDING_CHANNEL
 from jobs.topology import JOBS_EXCHANGE
 from tests.factories import backdate, fence_of, job_in_state, make_job
 from tests.polling import wait_for
@@ -189,7 +189,7 @@ def test_notified_publishing_answers_at_once_then_batches_for_the_gap(monkeypatc
     import psycopg
 
     from jobs import dispatcher
-    from jobs.sql import PENDING_CHANNEL
+    from jobs.queries import PENDING_CHANNEL
 
     monkeypatch.setattr(dispatcher, "PUBLISH_STEPS", [("publish", f"{__name__}.counted_pass")])
     monkeypatch.setattr(dispatcher, "PUBLISH_GAP_SECONDS", 0.3)

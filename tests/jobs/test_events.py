@@ -18,10 +18,10 @@ from django.utils import timezone
 from kombu import Connection, Exchange, Queue
 
 import jobs.events
-from jobs import sql
 from jobs.dispatcher import dispatch_once
 from jobs.events import outbox_prune, outbox_relay_once
 from jobs.models import EventOutbox
+from jobs.queries import QUERIES
 from jobs.services import Fence, job_claim, job_succeed
 from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
 from tests.factories import job_in_state, make_job
@@ -212,7 +212,7 @@ def _claim_buffers() -> int:
     read: list[int] = []
 
     def explain(execute, statement, params, many, context):
-        if statement == sql.OUTBOX_CLAIM:
+        if statement == QUERIES["outbox_claim"]:
             cursor = context["cursor"]
             cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", params)
             plan = cursor.fetchone()[0][0]["Plan"]

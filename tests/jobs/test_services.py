@@ -242,11 +242,11 @@ def test_artefact_save_is_an_upsert_that_replaces_the_file():
 
 
 def _plans_of_one_job_transitions() -> tuple[int, int]:
-    """(generic, custom) plans of this connection's prepared one-job transitions."""
+    """(generic, custom) plans of this connection's prepared job_append statements."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0) "
-            "FROM pg_prepared_statements WHERE statement LIKE 'WITH i AS (SELECT %%'"
+            "FROM pg_prepared_statements WHERE statement LIKE '%%FROM jobs_entries(%%'"
         )
         generic, custom = cursor.fetchone()
     return int(generic), int(custom)

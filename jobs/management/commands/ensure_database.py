@@ -8,6 +8,8 @@ from django.core.management.base import BaseCommand
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from jobs.queries import QUERIES
+
 
 class Command(BaseCommand):
     help = "Create the configured PostgreSQL database if it does not exist yet."
@@ -18,9 +20,10 @@ class Command(BaseCommand):
         parts["password"] = db.get("PASSWORD")
         conninfo = make_conninfo(dbname="postgres", **{k: str(v) for k, v in parts.items() if v})
         with psycopg.connect(conninfo, autocommit=True) as conn:
-            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db["NAME"]])
+            exists = conn.execute(QUERIES["database_exists"], {"name": db["NAME"]})
             if exists.fetchone():
                 self.stdout.write(f"database {db['NAME']} exists")
                 return
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db["NAME"])))
+            create = sql.SQL(QUERIES["database_create"])
+            conn.execute(create.format(name=sql.Identifier(db["NAME"])))
             self.stdout.write(self.style.SUCCESS(f"created database {db['NAME']}"))

@@ -10,9 +10,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from jobs.api.serializers import job_representation
 from jobs.exceptions import JobNotFoundError
 from jobs.models import Job
+from jobs.representation import job_representation
 from jobs.selectors import job_get
 from jobs.states import TERMINAL, Status
 

@@ -1,0 +1,164 @@
+-- Every SQL statement of the audit app, named and described (core/queries.py).
+-- The chain rule itself (the hash, a job's chain name, the checkpoint barrier, the
+-- insert into audit_logs) is the SQL functions of audit/migrations/0004: these
+-- statements, and the jobs app's transitions, call them.
+
+
+-- name: chain_lock
+-- Serialises the appenders of one chain (not a job's: a job's row lock does that) until
+-- commit, so that two appenders never read the same head and fork the chain.
+SELECT pg_advisory_xact_lock(hashtextextended(%(chain)s, 0));
+
+
+-- name: chain_head
+-- The chain's newest entry (seq, chain_hash); no row for a chain not yet started. Run
+-- after chain_lock: a statement that starts after the lock sees the previous holder's
+-- commit (READ COMMITTED).
+SELECT seq, chain_hash FROM audit_logs WHERE chain = %(chain)s ORDER BY seq DESC LIMIT 1;
+
+
+-- name: append
+-- Appends one entry through audit_append (its hash, the barrier, the insert), returning
+-- the row as audit_logs holds it.
+SELECT * FROM audit_append(
+    %(chain)s, %(job_id)s, %(seq)s, %(event_type)s, %(actor_type)s, %(actor_id)s, %(ts)s,
+    %(payload)s, %(prev_hash)s
+);
+
+
+-- name: lock_timeout_set
+-- Sets this transaction's lock_timeout, returning the one it replaces (to set it back).
+SELECT current_setting('lock_timeout'), set_config('lock_timeout', %(timeout)s, true);
+
+
+-- name: checkpoint_barrier
+-- Takes the checkpoint barrier exclusively: waits for the appends in flight (each holds
+-- it shared until commit) and holds new ones until this transaction ends.
+SELECT pg_advisory_xact_lock(audit_barrier_key());
+
+
+-- name: changed_heads
+-- The head of each chain with an entry above the previous checkpoint's last_audit_id
+-- (an id range of the primary key), with the highest id among them.
+SELECT DISTINCT ON (chain) chain, seq, chain_hash, max(id) OVER ()
+FROM audit_logs WHERE id > %(last_id)s ORDER BY chain, seq DESC;
+
+
+-- name: chains_since
+-- The chains with an entry at or after `since`, among `chains` (NULL: all).
+SELECT DISTINCT chain FROM audit_logs
+WHERE ts >= %(since)s AND (%(chains)s::text[] IS NULL OR chain = ANY(%(chains)s::text[]));
+
+
+-- name: chains_present
+-- Which of `chains` have any entry at all.
+SELECT DISTINCT chain FROM audit_logs WHERE chain = ANY(%(chains)s::text[]);
+
+
+-- name: chain_statistics
+-- The planner's estimate of audit_logs rows and its histogram of chains (the most
+-- common values when there is no histogram), sorted by the server: the ranges that
+-- verification streams side by side are cut from it in the server's collation.
+SELECT c.reltuples, (SELECT array_agg(v ORDER BY v) FROM unnest(coalesce(
+    s.histogram_bounds::text::text[], s.most_common_vals::text::text[])) AS v)
+FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema()
+    AND s.tablename = c.relname AND s.attname = 'chain'
+WHERE c.oid = 'audit_logs'::regclass;
+
+
+-- name: export_snapshot
+-- This transaction's snapshot, for the other streams of a verification to share.
+SELECT pg_export_snapshot();
+
+
+-- name: verify_rows
+-- One row per entry of the chains in [low, high) among `chains` (each NULL: no bound),
+-- in chain order. Besides the exact payload bytes it carries the canonical prefix
+-- (actor, chain) and suffix (event_type, job_id, seq, ts) that the payload must have
+-- around `data` (JCS sorts the keys), built from the columns by plain concatenation;
+-- the server builds them while Python hashes the previous batch. Plain concatenation
+-- does not JSON-escape: a string with a quote or backslash mismatches, and such a row
+-- goes to the exact slow path (audit.verification._field_mismatch), which decides.
+SELECT chain, seq, convert_to(payload, 'UTF8'), prev_hash, chain_hash,
+       convert_to('{"actor":{"id":"' || actor_id || '","type":"' || actor_type
+                  || '"},"chain":"' || chain || '","data":', 'UTF8'),
+       convert_to(',"event_type":"' || event_type
+                  || '","job_id":' || coalesce('"' || job_id::text || '"', 'null')
+                  || ',"seq":' || seq::text
+                  || ',"ts":"' || to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+                  || '"}', 'UTF8')
+FROM audit_logs
+WHERE (%(chains)s::text[] IS NULL OR chain = ANY(%(chains)s::text[]))
+  AND (%(low)s::text IS NULL OR chain >= %(low)s::text)
+  AND (%(high)s::text IS NULL OR chain < %(high)s::text)
+ORDER BY chain, seq;
+
+
+-- name: row_detail
+-- The columns of one entry, for saying what exactly is wrong with a suspect row.
+SELECT job_id::text, event_type, actor_type, actor_id,
+       to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), payload
+FROM audit_logs WHERE chain = %(chain)s AND seq = %(seq)s;
+
+
+-- name: verify_checkpoints
+-- Every checkpoint in id order, its payload as raw bytes for the hash.
+SELECT id, last_audit_id, prev_hash, checkpoint_hash, key_id, signature,
+       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+       convert_to(payload, 'UTF8')
+FROM audit_checkpoints ORDER BY id;
+
+
+-- name: verify_heads
+-- The heads named by the `genuine` checkpoints, restricted to `chains` (NULL: all) and,
+-- with `since`, every head of a checkpoint made since then (a chain deleted whole
+-- leaves no row after `since`, its head in such a checkpoint still gives it away):
+-- how many there are, then each whose entry is missing or has another hash (at most
+-- `limit`). In SQL, an index probe on (chain, seq) per head, so that no checkpoint's
+-- heads are held in Python memory.
+WITH heads AS MATERIALIZED (
+    SELECT c.id, h.chain, h.seq, h.hash, a.chain_hash
+    FROM audit_checkpoints c
+    CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
+        AS h(chain text, seq bigint, hash text)
+    LEFT JOIN audit_logs a ON a.chain = h.chain AND a.seq = h.seq
+    WHERE c.id = ANY(%(genuine)s::bigint[])
+      AND (%(chains)s::text[] IS NULL OR h.chain = ANY(%(chains)s::text[])
+           OR c.created_at >= %(since)s::timestamptz)
+)
+SELECT total.n, bad.id, bad.chain, bad.seq, bad.hash, bad.chain_hash
+FROM (SELECT count(*) AS n FROM heads) AS total
+LEFT JOIN LATERAL (
+    SELECT * FROM heads WHERE chain_hash IS DISTINCT FROM hash
+    ORDER BY chain, seq, id LIMIT %(limit)s
+) AS bad ON true;
+
+
+-- name: checkpoints_present
+-- Which of the exported checkpoint hashes `wanted` belong to a genuine checkpoint.
+SELECT checkpoint_hash FROM audit_checkpoints
+WHERE id = ANY(%(genuine)s::bigint[]) AND checkpoint_hash = ANY(%(wanted)s::text[]);
+
+
+-- name: role_problems
+-- Whether the current role is a superuser or may act as the owner of audit_logs
+-- (either could disable the audit triggers), and its name.
+SELECT r.rolsuper, pg_has_role(current_user, c.relowner, 'USAGE'), current_user
+FROM pg_roles r LEFT JOIN pg_class c ON c.oid = to_regclass('audit_logs')
+WHERE r.rolname = current_user;
+
+
+-- name: read_only_snapshot
+-- Makes the transaction just begun one REPEATABLE READ READ ONLY snapshot.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY;
+
+
+-- name: begin_read_only
+-- Begins a REPEATABLE READ READ ONLY transaction (a second verification stream).
+BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
+
+
+-- name: set_snapshot
+-- Puts the transaction on an exported snapshot; `{snapshot}` is composed as a literal
+-- (psycopg.sql.Literal): SET takes no bound parameter.
+SET TRANSACTION SNAPSHOT {snapshot};

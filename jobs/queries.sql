@@ -1,0 +1,390 @@
+-- Every SQL statement of the jobs app, named and described (core/queries.py).
+--
+-- The ORM writes what it can; these are the statements it cannot express as one round
+-- trip: compare-and-set transitions with RETURNING, FOR UPDATE SKIP LOCKED claims,
+-- monotonic progress. A variant is a parameter (NULL or false: that part does
+-- nothing) or a statement of its own, never text assembled at run time. Parameters are
+-- always named and passed as values: nothing a caller or client sends becomes SQL.
+-- A job's audit entry is appended by the audit app's audit_append
+-- (audit/migrations/0004), in the same statement as the change it records.
+
+
+-- name: job_append
+-- Changes jobs and appends each one's audit entry (and, with `emit`, its event) in one
+-- statement: every status transition, and the events that change no status (progress,
+-- cancel_requested, dead_lettered, dlq_discarded). Returns each changed job's previous
+-- status, then its row.
+--
+-- i: the jobs (`ids`) with their entry's canonical payload in pieces (`p0`..`p3`, one
+-- array element per job; audit.canonical.Template; jobs_entries, jobs/migrations/0009,
+-- says why a function unnests them), cut around up to three holes that
+-- only the locked row can fill; `h0`..`h2` say which (jobs.queries.HOLE: 1 seq,
+-- 2 the status left, 3 the attempt, 4 the percent the row holds after a progress
+-- write; NULL: no hole). Arrays travel in binary: psycopg's text format escapes every
+-- element in Python, 16 ms for a publish batch's 500 pieces against 0.7 ms in binary.
+--
+-- locked: the compare-and-set. Each condition is off when its parameter is NULL (false):
+-- `sources` (the states the job may leave), `locked_by` and `attempt` (the worker that
+-- claimed this attempt still holds the job), `claim_for` (a retrying job only once it
+-- is due), `stale_after` (the lock is older than this many seconds, by the database
+-- clock, for the reaper), `cancel_request` (the job has not ended and was not flagged
+-- yet). Zero rows: nothing is written. The jobs that meet them are locked in id order
+-- (batches never deadlock; under READ COMMITTED a row changed meanwhile is locked in
+-- its newest version and checked again), and each entry's payload is built from the
+-- row as it is before the change.
+--
+-- upd: the change, by primary key (the conditions stay out of it: with them the
+-- planner may scan a partial index, the running jobs' one with every dead entry,
+-- instead of the one-row lookup). `target` is the new status (NULL: unchanged);
+-- leaving running releases the lock; `claim_for` takes it, counts an attempt and
+-- starts the attempt's progress from zero; `bump` moves version and updated_at (what
+-- a client sees as a change); `run_in` sets next_run_at that many seconds ahead;
+-- `percent` writes progress monotonically (never back within an attempt, even when
+-- two writes cross; a write of an earlier attempt is fenced out);
+-- `extend_attempts` grows max_attempts (a replay's fresh budget); each
+-- `set_<column>` sets that column to the value of the same name. The chain's head on
+-- the row (audit_seq, audit_head) moves with the entry.
+--
+-- The entry goes through audit_append once per changed row, from the outer query:
+-- a data-modifying CTE could not call it (a SELECT CTE the outer query does not read
+-- never runs). With `emit`, the job.status.changed event (jobs_status_event; a
+-- volatile call in a subquery's select list runs once per row: one event id each);
+-- with `notify`, NOTIFY jobs_pending (the jobs wait to be published; delivered on
+-- commit, once per transaction).
+WITH i AS (
+    SELECT * FROM jobs_entries(
+        %(ids)b::text[], %(p0)b::text[], %(p1)b::text[], %(p2)b::text[], %(p3)b::text[]
+    )
+),
+locked AS (
+    SELECT jobs.id, jobs.status, jobs.audit_seq + 1 AS seq, jobs.audit_head AS prev_hash,
+           i.p0 || coalesce(h.v[%(h0)s::int], '') || i.p1 || coalesce(h.v[%(h1)s::int], '')
+           || i.p2 || coalesce(h.v[%(h2)s::int], '') || i.p3 AS payload
+    FROM jobs
+    JOIN i ON i.id = jobs.id
+    CROSS JOIN LATERAL (SELECT ARRAY[
+        (jobs.audit_seq + 1)::text,
+        jobs.status::text,
+        (jobs.attempts + (%(claim_for)s::text IS NOT NULL)::int)::text,
+        GREATEST(jobs.progress_percent, %(percent)s::int)::text
+    ] AS v) AS h
+    WHERE (%(sources)s::text[] IS NULL OR jobs.status = ANY(%(sources)s::text[]))
+      AND (%(locked_by)s::text IS NULL OR (jobs.status = 'running'
+           AND jobs.locked_by = %(locked_by)s::text AND jobs.attempts = %(attempt)s::int))
+      AND (%(claim_for)s::text IS NULL OR jobs.status <> 'retrying'
+           OR jobs.next_run_at <= now())
+      AND (%(stale_after)s::float8 IS NULL
+           OR jobs.locked_at < now() - make_interval(secs => %(stale_after)s::float8))
+      AND (NOT %(cancel_request)s::boolean OR (NOT jobs.cancel_requested
+           AND jobs.status NOT IN ('succeeded', 'failed', 'cancelled')))
+    ORDER BY jobs.id
+    FOR UPDATE OF jobs
+),
+upd AS (
+    UPDATE jobs SET
+        status = coalesce(%(target)s::text, jobs.status),
+        version = jobs.version + %(bump)s::boolean::int,
+        updated_at = CASE WHEN %(bump)s::boolean THEN now() ELSE jobs.updated_at END,
+        cancel_requested = jobs.cancel_requested OR %(cancel_request)s::boolean,
+        locked_by = CASE WHEN %(claim_for)s::text IS NOT NULL THEN %(claim_for)s::text
+                         WHEN %(target)s::text <> 'running' THEN NULL
+                         ELSE jobs.locked_by END,
+        locked_at = CASE WHEN %(claim_for)s::text IS NOT NULL THEN now()
+                         WHEN %(target)s::text <> 'running' THEN NULL
+                         ELSE jobs.locked_at END,
+        attempts = jobs.attempts + (%(claim_for)s::text IS NOT NULL)::int,
+        max_attempts = jobs.max_attempts + %(extend_attempts)s::int,
+        next_run_at = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
+                           WHEN %(run_in)s::float8 IS NOT NULL
+                               THEN now() + make_interval(secs => %(run_in)s::float8)
+                           WHEN %(set_next_run_at)s::boolean THEN %(next_run_at)s::timestamptz
+                           ELSE jobs.next_run_at END,
+        progress_percent = CASE WHEN %(claim_for)s::text IS NOT NULL THEN 0
+                                WHEN %(percent)s::int IS NOT NULL
+                                    THEN GREATEST(jobs.progress_percent, %(percent)s::int)
+                                WHEN %(set_progress_percent)s::boolean
+                                    THEN %(progress_percent)s::int
+                                ELSE jobs.progress_percent END,
+        progress_step = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
+                             WHEN %(set_progress_step)s::boolean THEN %(progress_step)s::text
+                             ELSE jobs.progress_step END,
+        progress_message = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
+                                WHEN %(set_progress_message)s::boolean
+                                    THEN %(progress_message)s::text
+                                ELSE jobs.progress_message END,
+        progress_updated_at = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
+                                   WHEN %(percent)s::int IS NOT NULL THEN now()
+                                   ELSE jobs.progress_updated_at END,
+        result = CASE WHEN %(set_result)s::boolean THEN %(result)s::jsonb
+                      ELSE jobs.result END,
+        last_error_code = CASE WHEN %(set_last_error_code)s::boolean
+                                   THEN %(last_error_code)s::text
+                               ELSE jobs.last_error_code END,
+        last_error_message = CASE WHEN %(set_last_error_message)s::boolean
+                                      THEN %(last_error_message)s::text
+                                  ELSE jobs.last_error_message END,
+        dead_letter_queue = CASE WHEN %(set_dead_letter_queue)s::boolean
+                                     THEN %(dead_letter_queue)s::text
+                                 ELSE jobs.dead_letter_queue END,
+        audit_seq = locked.seq,
+        audit_head = audit_chain_hash(locked.prev_hash, locked.payload)
+    FROM locked
+    WHERE jobs.id = locked.id
+    RETURNING locked.status AS old_status, locked.prev_hash, locked.payload, jobs AS job
+),
+outbox AS (
+    INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
+    SELECT u.eid, (u.job).id, (u.job).audit_seq,
+           jobs_status_event(u.job, u.eid, u.old_status, %(ts_text)s::text), now()
+    FROM (SELECT upd.*, gen_random_uuid() AS eid FROM upd WHERE %(emit)s::boolean) AS u
+)
+SELECT upd.old_status, (upd.job).*
+FROM upd
+CROSS JOIN LATERAL audit_append(
+    audit_job_chain((upd.job).id), (upd.job).id, (upd.job).audit_seq, %(event_type)s::text,
+    %(actor_type)s::text, %(actor_id)s::text, %(ts)s::timestamptz, upd.payload, upd.prev_hash
+) AS entry
+LEFT JOIN LATERAL (
+    SELECT pg_notify('jobs_pending', '') WHERE %(notify)s::boolean
+) AS wake ON true;
+
+
+-- name: job_insert
+-- Creates a job (docs/architecture.md#creation-and-idempotency) in one statement,
+-- atomic by itself: the INSERT (ON CONFLICT DO NOTHING: an idempotency key already
+-- taken inserts nothing, and the caller reads the existing job), its `created` entry
+-- (seq 1, its payload built by the caller) through audit_append, the outbox event,
+-- and NOTIFY jobs_pending, which wakes the dispatcher to publish it (delivered on
+-- commit). Returns the id when the job was inserted. Every column of the job is
+-- named (tests/jobs/test_queries.py pins the list against the model).
+WITH ins AS (
+    INSERT INTO jobs (
+        id, type, queue, params, params_hash, status, idempotency_key,
+        idempotency_expires_at, cancel_requested, attempts, max_attempts,
+        progress_percent, progress_step, progress_message, progress_updated_at,
+        last_error_code, last_error_message, result, locked_by, locked_at, next_run_at,
+        dead_letter_queue, request_id, correlation_id, version, created_at, updated_at,
+        owner_id, traceparent, audit_head, audit_seq
+    ) VALUES (
+        %(id)s, %(type)s, %(queue)s, %(params)s, %(params_hash)s, %(status)s,
+        %(idempotency_key)s, %(idempotency_expires_at)s, %(cancel_requested)s,
+        %(attempts)s, %(max_attempts)s, %(progress_percent)s, %(progress_step)s,
+        %(progress_message)s, %(progress_updated_at)s, %(last_error_code)s,
+        %(last_error_message)s, %(result)s, %(locked_by)s, %(locked_at)s,
+        %(next_run_at)s, %(dead_letter_queue)s, %(request_id)s, %(correlation_id)s,
+        %(version)s, %(created_at)s, %(updated_at)s, %(owner_id)s, %(traceparent)s,
+        %(audit_head)s, %(audit_seq)s
+    )
+    ON CONFLICT DO NOTHING
+    RETURNING jobs AS job
+),
+outbox AS (
+    INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
+    SELECT %(event_id)s::uuid, (ins.job).id, 1,
+           jobs_status_event(ins.job, %(event_id)s::uuid, NULL, %(ts_text)s::text), now()
+    FROM ins
+)
+SELECT (ins.job).id
+FROM ins
+CROSS JOIN LATERAL audit_append(
+    audit_job_chain((ins.job).id), (ins.job).id, 1, 'created', %(actor_type)s::text,
+    %(actor_id)s::text, %(ts)s::timestamptz, %(payload)s::text, %(prev_hash)s::text
+) AS entry
+CROSS JOIN LATERAL (SELECT pg_notify('jobs_pending', '')) AS wake;
+
+
+-- name: job_version
+-- A conditional GET needs only the version (the ETag): one index probe, no body. The
+-- caller may see the job: its owner, or staff (docs/api.md: anyone else gets 404).
+SELECT jobs.version FROM jobs
+WHERE jobs.id = %(job_id)s AND (%(staff)s OR jobs.owner_id = %(owner)s);
+
+
+-- name: job_read
+-- The job as the API shows it, if the caller may see it (as job_version): its row, then
+-- its artefacts as one JSON array in the body's order (kind, name).
+SELECT jobs.*, (SELECT coalesce(json_agg(json_build_object(
+    'id', a.id, 'kind', a.kind, 'name', a.name, 'content_type', a.content_type,
+    'file', a.file, 'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]')
+    FROM artefacts a WHERE a.job_id = jobs.id) AS artefacts
+FROM jobs WHERE jobs.id = %(job_id)s AND (%(staff)s OR jobs.owner_id = %(owner)s);
+
+
+-- name: job_read_by_key
+-- job_read for the job an owner made under an idempotency key
+-- (jobs_owner_idempotency_uniq): what a repeated create answers.
+SELECT jobs.*, (SELECT coalesce(json_agg(json_build_object(
+    'id', a.id, 'kind', a.kind, 'name', a.name, 'content_type', a.content_type,
+    'file', a.file, 'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]')
+    FROM artefacts a WHERE a.job_id = jobs.id) AS artefacts
+FROM jobs WHERE jobs.owner_id = %(owner)s AND jobs.idempotency_key = %(key)s;
+
+
+-- name: heartbeat
+-- Refreshes the lock while the worker that claimed this attempt still holds it; no
+-- version bump (a client sees no change). Returns the cancel flag, so the heartbeat
+-- also brings cancellation to the worker.
+UPDATE jobs SET locked_at = now()
+WHERE id = %(job_id)s AND jobs.status = 'running'
+  AND jobs.locked_by = %(locked_by)s AND jobs.attempts = %(attempt)s
+RETURNING cancel_requested;
+
+
+-- name: worker_lock
+-- Locks the job row for a fenced write beside it (an artefact), or finds nothing when
+-- the worker no longer holds this attempt.
+SELECT 1 FROM jobs
+WHERE id = %(job_id)s AND jobs.status = 'running'
+  AND jobs.locked_by = %(locked_by)s AND jobs.attempts = %(attempt)s
+FOR UPDATE;
+
+
+-- name: lock_is_stale
+-- Whether a running job's lock is older than `stale_after` seconds now, by the database
+-- clock, so that hosts with skewed clocks agree (as job_append's `stale_after`).
+SELECT jobs.locked_at < now() - make_interval(secs => %(stale_after)s)
+FROM jobs WHERE id = %(job_id)s;
+
+
+-- name: due_pending_jobs
+-- A publish batch of pending jobs created before `before`, oldest first, skipping rows
+-- another dispatcher holds and the ids in `skip` (backing off). jobs_pending_idx.
+SELECT jobs.* FROM jobs
+WHERE status = 'pending' AND created_at <= %(before)s AND id <> ALL(%(skip)s::uuid[])
+ORDER BY created_at LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+
+-- name: due_retrying_jobs
+-- due_pending_jobs for retrying jobs whose next_run_at is before `before`.
+-- jobs_retry_due_idx.
+SELECT jobs.* FROM jobs
+WHERE status = 'retrying' AND next_run_at <= %(before)s AND id <> ALL(%(skip)s::uuid[])
+ORDER BY next_run_at LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+
+-- name: stale_locks
+-- Running jobs whose lock went stale (jobs_running_lock_idx), for the reaper; each is
+-- then checked again inside its own compare-and-set.
+SELECT id, attempts, max_attempts FROM jobs
+WHERE status = 'running' AND locked_at < now() - make_interval(secs => %(stale_after)s)
+ORDER BY locked_at LIMIT %(limit)s;
+
+
+-- name: outbox_blockers
+-- The lowest unpublished seq per job among rows this relay did not claim (in flight in
+-- another relay); our rows at or above it must wait, so that a job's events leave in
+-- seq order (jobs/events.py). Only ids below the claim's highest can block: a job's
+-- rows take ids in seq order. That bound keeps the scan to the part of
+-- outbox_unpublished_idx the claim has just walked, instead of every unpublished row
+-- behind it (a backlog was read whole again for each batch).
+SELECT job_id, min(seq) FROM event_outbox
+WHERE published_at IS NULL AND id < %(below)s AND job_id = ANY(%(job_ids)b::uuid[])
+  AND NOT (id = ANY(%(ids)b::bigint[]))
+GROUP BY job_id;
+
+
+-- name: outbox_claim_plan
+-- Run first in each relay transaction. Marking a row published leaves its
+-- outbox_unpublished_idx entry behind until VACUUM. Only a plain index scan flags such
+-- entries dead as it passes them, so that the next claim skips them; the bitmap scan
+-- the planner picks for a LIMIT above its row estimate (always, with RELAY_BATCH) flags
+-- nothing, and every claim visited every row published since the last VACUUM: 4,000
+-- heap tuples per claim after a 2,000-job drain, then 12 buffers instead.
+SET LOCAL enable_bitmapscan = off;
+
+
+-- name: outbox_claim
+-- A relay's batch: unpublished rows in id order (outbox_unpublished_idx), rows another
+-- relay holds skipped; the payload as the JSON text stored, published as is.
+SELECT id, job_id, seq, event_id::text, payload::text FROM event_outbox
+WHERE published_at IS NULL ORDER BY id LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+
+-- name: outbox_mark
+-- The claimed rows the broker confirmed, in the claim's transaction.
+UPDATE event_outbox SET published_at = now() WHERE id = ANY(%(ids)b::bigint[]);
+
+
+-- name: gauges
+-- The oldest pending job, stale locks, outbox lag and backlog, and the newest
+-- checkpoint, in one statement (jobs/metrics.py); each part is served by a partial
+-- index (jobs_pending_idx, jobs_running_lock_idx, outbox_unpublished_idx) or reads
+-- one row, so a scrape stays cheap on a large table.
+SELECT
+    (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM jobs WHERE status = 'pending'),
+    (SELECT count(*) FROM jobs WHERE status = 'running'
+        AND locked_at < now() - make_interval(secs => %(stale_after)s)),
+    (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM event_outbox
+        WHERE published_at IS NULL),
+    (SELECT count(*) FROM event_outbox WHERE published_at IS NULL),
+    (SELECT EXTRACT(EPOCH FROM now() - max(created_at)) FROM audit_checkpoints);
+
+
+-- name: dead_letters_open
+-- Open dead letters per DLQ (dl_open_queue_code_idx).
+SELECT queue, count(*) FROM dead_letters WHERE state = 'open' GROUP BY queue;
+
+
+-- name: queue_unfinished
+-- Per queue and status, the jobs not yet ended, with the queue's oldest pending job,
+-- its running jobs whose lock is stale, and its retries already due. Served by
+-- jobs_unfinished_idx (partial: only unfinished jobs, however many have ended).
+SELECT queue, status, count(*),
+    EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending')),
+    count(*) FILTER (WHERE status = 'running'
+        AND locked_at < now() - make_interval(secs => %(stale_after)s)),
+    count(*) FILTER (WHERE status = 'retrying' AND next_run_at <= now())
+FROM jobs WHERE status IN ('pending', 'queued', 'running', 'retrying')
+GROUP BY queue, status;
+
+
+-- name: queue_finished_since
+-- Per queue and status, jobs created in the last `hours` that ended (jobs_created_idx:
+-- a range of the newest rows, not the whole table).
+SELECT queue, status, count(*) FROM jobs
+WHERE created_at >= now() - make_interval(hours => %(hours)s)
+  AND status IN ('succeeded', 'failed', 'cancelled')
+GROUP BY queue, status;
+
+
+-- name: status_against_chain
+-- Jobs whose status is not the one their chain's last transition leads to
+-- (jobs/audit_checks.py): `events` and `statuses` pair each transition event with the
+-- status it leads to. Which jobs: all when `ids` is NULL; else those of `ids` and,
+-- with `since`, every job whose row changed since then; only those of `requested`
+-- unless it is NULL. uuid[] rather than id::text: the primary key serves the lookup.
+SELECT j.id::text, j.status, last.event_type, last.seq
+FROM jobs j
+LEFT JOIN LATERAL (
+    SELECT a.event_type, a.seq FROM audit_logs a
+    WHERE a.chain = audit_job_chain(j.id) AND a.event_type = ANY(%(events)s)
+    ORDER BY a.seq DESC LIMIT 1
+) last ON true
+LEFT JOIN unnest(%(events)s::text[], %(statuses)s::text[]) AS m(event, status)
+    ON m.event = last.event_type
+WHERE m.status IS DISTINCT FROM j.status
+  AND (%(ids)s::uuid[] IS NULL OR j.id = ANY(%(ids)s::uuid[])
+       OR j.updated_at >= %(since)s::timestamptz)
+  AND (%(requested)s::uuid[] IS NULL OR j.id = ANY(%(requested)s::uuid[]))
+ORDER BY j.id
+LIMIT %(limit)s;
+
+
+-- name: listen_pending
+-- The dispatcher's own connection waits for NOTIFY jobs_pending (jobs.queries.
+-- PENDING_CHANNEL): a job created or replayed waits to be published.
+LISTEN jobs_pending;
+
+
+-- name: database_exists
+-- Whether the database `name` exists on the server (manage.py ensure_database).
+SELECT 1 FROM pg_database WHERE datname = %(name)s;
+
+
+-- name: database_create
+-- Creates the database `{name}`, composed as an identifier (psycopg.sql.Identifier):
+-- CREATE DATABASE takes no bound parameter.
+CREATE DATABASE {name};
