@@ -15,12 +15,19 @@ from kombu import Connection
 from jobs.dispatcher import PendingListener, dispatch_forever, dispatch_once, found_work
 from jobs.liveness import live_processes
 from jobs.models import DeadLetter, Job
-from jobs.services import job_heartbeat, job_publish, publish_due_once, reap_once
+from jobs.services import (
+    job_heartbeat,
+    job_publish,
+    publish_due_once,
+    reap_once,
+    republish_queued,
+)
 from jobs.sql import PENDING_CHANNEL
 from jobs.topology import JOBS_EXCHANGE
 from tests.factories import backdate, fence_of, job_in_state, make_job
 from tests.polling import wait_for
 from tests.processes import free_port, job_events
+from tests.queues import drain
 
 pytestmark = pytest.mark.django_db
 
@@ -79,6 +86,20 @@ def test_dispatcher_publishes_due_retries_and_old_pending_jobs_only(broker, sett
     status = dict(Job.objects.values_list("id", "status"))
     assert status[old.id] == "queued" and status[due.id] == "queued"
     assert status[fresh.id] == "pending" and status[later.id] == "retrying"
+
+
+def test_republish_queued_publishes_each_queued_job_again_oldest_first(broker):
+    newer = job_in_state("queued")
+    older = job_in_state("queued")
+    backdate(older, created_at=60)
+    others = [job_in_state(status) for status in ("pending", "running", "succeeded", "retrying")]
+    trails = {job.id: job_events(job.id) for job in [newer, older, *others]}
+    assert republish_queued(batch=1) == 2  # one job a batch: the keyset walks on
+    sent = [message.headers["job_id"] for message in drain(newer.queue)]
+    assert sent == [str(older.id), str(newer.id)]
+    status = dict(Job.objects.values_list("id", "status"))
+    assert status[older.id] == status[newer.id] == "queued"
+    assert {job.id: job_events(job.id) for job in [newer, older, *others]} == trails
 
 
 def test_beside_a_publisher_the_dispatcher_takes_only_what_the_publisher_left(broker, settings):
