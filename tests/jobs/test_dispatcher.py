@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -9,6 +10,7 @@ from collections import Counter
 
 import psycopg
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from kombu import Connection
 
@@ -100,6 +102,15 @@ def test_republish_queued_publishes_each_queued_job_again_oldest_first(broker):
     status = dict(Job.objects.values_list("id", "status"))
     assert status[older.id] == status[newer.id] == "queued"
     assert {job.id: job_events(job.id) for job in [newer, older, *others]} == trails
+
+
+def test_run_dispatcher_republishes_the_queued_jobs_only_when_asked(broker, settings):
+    settings.JOBOPS_DB_ALLOW_PRIVILEGED = True  # the test database's role owns everything
+    job = job_in_state("queued")
+    call_command("run_dispatcher", "--once", stdout=io.StringIO())
+    assert drain(job.queue) == []
+    call_command("run_dispatcher", "--once", "--republish-queued", stdout=io.StringIO())
+    assert [message.headers["job_id"] for message in drain(job.queue)] == [str(job.id)]
 
 
 def test_beside_a_publisher_the_dispatcher_takes_only_what_the_publisher_left(broker, settings):
