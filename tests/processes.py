@@ -282,11 +282,13 @@ def dispatcher_process(
     env: dict[str, str] | None = None,
     name: str | None = None,
     role: str = "all",
+    extra_args: Iterable[str] = (),
 ) -> Iterator[Process]:
-    """Start `manage.py run_dispatcher --interval ... --role ...` and wait until it loops."""
+    """Start `manage.py run_dispatcher --interval ... --role ... *extra_args` and wait
+    until it loops."""
     name = name or f"d{uuid.uuid4().hex[:6]}"
     args = [sys.executable, "manage.py", "run_dispatcher", "--interval", str(interval)]
-    args += ["--role", role]
+    args += ["--role", role, *extra_args]
     process = Process(args, subprocess_env(**(env or {})), name)
     with _started(process, "dispatcher_started", 30) as dispatcher:
         yield dispatcher

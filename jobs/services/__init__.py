@@ -30,7 +30,7 @@ from jobs.services.dead_letters import (
     job_fail_with_dead_letter,
     jobs_fail_with_dead_letters,
 )
-from jobs.services.publishing import job_publish, publish_due_once
+from jobs.services.publishing import job_publish, publish_due_once, republish_queued
 from jobs.services.reaper import job_lock_is_stale, job_reclaim, reap_once
 from jobs.services.transitions import (
     Fence,
@@ -84,6 +84,7 @@ __all__ = [
     "params_hash",
     "publish_due_once",
     "reap_once",
+    "republish_queued",
     "transition",
     "transition_many",
     "validate_idempotency_key",

@@ -17,6 +17,7 @@ from datetime import timedelta
 import structlog
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import Actor
@@ -216,3 +217,39 @@ def _fail_unpublishable(job_id: str, status: str, *, code: str, why: str) -> Non
         error_message=why[:500],
         sources=[status],
     )
+
+
+# --- after a restore: the messages of the queued jobs again (docs/operations/backups.md) ---
+
+
+def republish_queued(*, batch: int = PUBLISH_BATCH) -> int:
+    """Publish the message of every `queued` job again, oldest first; returns how many
+    the broker confirmed.
+
+    A `queued` job lives on its message in RabbitMQ, and no pass of the dispatcher
+    publishes it again: after a database restore, or a broker that lost its messages,
+    nothing else would run it. `run_dispatcher --republish-queued` calls this once, at
+    start. The job stays `queued` (no transition, no audit entry): should the broker
+    still hold a copy, the first claim takes the job and the other copy matches no
+    claim and is dropped. A job of a type this deployment lacks, or one the broker
+    refuses, is logged and left `queued` for the next run.
+    """
+    published = 0
+    after: Q = Q()
+    while True:
+        rows = list(
+            Job.objects.filter(after, status=Status.QUEUED).order_by("created_at", "id")[:batch]
+        )
+        if not rows:
+            log.info("queued_jobs_republished", count=published)
+            return published
+        known = [job for job in rows if get_type(job.type) is not None]
+        for job in rows:
+            if get_type(job.type) is None:
+                log.error("job_type_unknown_not_republished", job_id=str(job.id), job_type=job.type)
+        refused = messages_publish(jobs=known) if known else {}
+        for job_id, why in refused.items():
+            log.error("job_republish_failed", job_id=job_id, error=why)
+        published += len(known) - len(refused)
+        last = rows[-1]
+        after = Q(created_at__gt=last.created_at) | Q(created_at=last.created_at, id__gt=last.id)

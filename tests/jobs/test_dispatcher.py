@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -9,6 +10,7 @@ from collections import Counter
 
 import psycopg
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from kombu import Connection
 
@@ -16,11 +18,18 @@ from jobs.dispatcher import PendingListener, dispatch_forever, dispatch_once, fo
 from jobs.liveness import live_processes
 from jobs.models import DeadLetter, Job
 from jobs.queries import PENDING_CHANNEL
-from jobs.services import job_heartbeat, job_publish, publish_due_once, reap_once
+from jobs.services import (
+    job_heartbeat,
+    job_publish,
+    publish_due_once,
+    reap_once,
+    republish_queued,
+)
 from jobs.topology import JOBS_EXCHANGE
 from tests.factories import backdate, fence_of, job_in_state, make_job
 from tests.polling import wait_for
 from tests.processes import free_port, job_events
+from tests.queues import drain
 
 pytestmark = pytest.mark.django_db
 
@@ -79,6 +88,29 @@ def test_dispatcher_publishes_due_retries_and_old_pending_jobs_only(broker, sett
     status = dict(Job.objects.values_list("id", "status"))
     assert status[old.id] == "queued" and status[due.id] == "queued"
     assert status[fresh.id] == "pending" and status[later.id] == "retrying"
+
+
+def test_republish_queued_publishes_each_queued_job_again_oldest_first(broker):
+    newer = job_in_state("queued")
+    older = job_in_state("queued")
+    backdate(older, created_at=60)
+    others = [job_in_state(status) for status in ("pending", "running", "succeeded", "retrying")]
+    trails = {job.id: job_events(job.id) for job in [newer, older, *others]}
+    assert republish_queued(batch=1) == 2  # one job a batch: the keyset walks on
+    sent = [message.headers["job_id"] for message in drain(newer.queue)]
+    assert sent == [str(older.id), str(newer.id)]
+    status = dict(Job.objects.values_list("id", "status"))
+    assert status[older.id] == status[newer.id] == "queued"
+    assert {job.id: job_events(job.id) for job in [newer, older, *others]} == trails
+
+
+def test_run_dispatcher_republishes_the_queued_jobs_only_when_asked(broker, settings):
+    settings.JOBOPS_DB_ALLOW_PRIVILEGED = True  # the test database's role owns everything
+    job = job_in_state("queued")
+    call_command("run_dispatcher", "--once", stdout=io.StringIO())
+    assert drain(job.queue) == []
+    call_command("run_dispatcher", "--once", "--republish-queued", stdout=io.StringIO())
+    assert [message.headers["job_id"] for message in drain(job.queue)] == [str(job.id)]
 
 
 def test_beside_a_publisher_the_dispatcher_takes_only_what_the_publisher_left(broker, settings):

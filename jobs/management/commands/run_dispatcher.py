@@ -13,6 +13,7 @@ from core.metrics import metrics_serve
 from core.metrics_dir import multiprocess_dir_prune
 from core.tracing import configure_tracing, flush_tracing
 from jobs.dispatcher import ROLES, dispatch_forever, dispatch_once, role_steps
+from jobs.services import republish_queued
 
 
 class Command(BaseCommand):
@@ -37,10 +38,18 @@ class Command(BaseCommand):
             help="all: every step (default); publish: only publish, at once on NOTIFY; "
             "maintain: every step on the clock, no NOTIFY (beside a publisher)",
         )
+        parser.add_argument(
+            "--republish-queued",
+            action="store_true",
+            help="first publish every queued job's message again: after a restore, or a "
+            "broker that lost its messages (docs/operations/backups.md)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         refuse_privileged_database_role()
         configure_tracing("dispatcher")
+        if options["republish_queued"]:
+            republish_queued()
         if not options["once"]:
             multiprocess_dir_prune()
             metrics_serve()
