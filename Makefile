@@ -63,6 +63,9 @@ docs-check: install
 # target (docs/development.md#the-test-budget). The tracer slows the schemathesis and
 # hypothesis tests about 1.7 times, hence the doubled per-test hang guard.
 # `.venv/bin/coverage report --show-missing` prints the last run's report again.
+# 4 by measurement on the shared 2-core machine (the tests mostly wait on processes and
+# the network): pytest took 222-279 s with 4 workers, 436 s with 2, 499 s with 6 (each
+# worker collects the suite and migrates its own database).
 PYTEST_WORKERS ?= 4
 test: lint typecheck docs-check
 	rm -f .coverage .coverage.*
