@@ -1,11 +1,15 @@
 """Test settings: only what tests need differently. Services stay real."""
 
 import os
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from django.core.exceptions import ImproperlyConfigured
 
 # Tests run with development values (DEBUG defaults to off, which would refuse the
 # development secrets); set before config.settings reads the environment.
 os.environ.setdefault("DEBUG", "true")
 
+from config import settings as _base
 from config.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast user factories
@@ -21,3 +25,38 @@ WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
 # Each test sees the dashboard of its own data (the cache would serve the previous test's).
 JOBOPS_DASHBOARD_CACHE_SECONDS = 0
+
+# pytest-xdist (docs/development.md#parallel-test-workers): worker gwN runs on its own
+# RabbitMQ vhost (<vhost>_gwN, created by tests/conftest.py) and its own Redis db (the
+# run's db + N: tests empty it); pytest-django gives it its own test database
+# (<name>_gwN). Written back to the environment, so that every worker, dispatcher and
+# manage.py run a test starts inherits them; the marker keeps those processes, which
+# load these settings again, from deriving a second time.
+REDIS_DATABASES = 16  # a Redis server's default `databases`
+
+
+def xdist_worker_urls(worker: str, broker_url: str, redis_url: str) -> tuple[str, str]:
+    """The broker and Redis URLs of xdist worker `worker` ("gw3") from the run's own."""
+    broker = urlsplit(broker_url)
+    vhost = unquote(broker.path[1:]) or "/"  # kombu's reading: no path is "/"
+    vhost = ("jobops" if vhost == "/" else vhost) + f"_{worker}"
+    redis = urlsplit(redis_url)
+    db = int(redis.path.strip("/") or 0) + int(worker.removeprefix("gw"))
+    if db >= REDIS_DATABASES:
+        raise ImproperlyConfigured(
+            f"REDIS_URL={redis_url} leaves no Redis db for xdist worker {worker}"
+            f" (db {db} of 0..{REDIS_DATABASES - 1}): use a lower db or fewer workers"
+        )
+    return (
+        urlunsplit(broker._replace(path="/" + quote(vhost, safe=""))),
+        urlunsplit(redis._replace(path=f"/{db}")),
+    )
+
+
+_xdist_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _xdist_worker and os.environ.get("JOBOPS_TEST_XDIST_WORKER") != _xdist_worker:
+    BROKER_URL, REDIS_URL = xdist_worker_urls(_xdist_worker, _base.BROKER_URL, _base.REDIS_URL)
+    CACHES["default"]["LOCATION"] = REDIS_URL  # noqa: F405
+    os.environ.update(
+        BROKER_URL=BROKER_URL, REDIS_URL=REDIS_URL, JOBOPS_TEST_XDIST_WORKER=_xdist_worker
+    )

@@ -20,11 +20,15 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
+from amqp.exceptions import NotAllowed
 from django.conf import settings as django_settings
 from django.db import OperationalError
 from django.db.backends.postgresql.operations import DatabaseOperations
@@ -39,6 +43,39 @@ from tests.s3 import S3Server, s3_server
 
 APPEND_ONLY_TABLES = ("audit_logs", "audit_checkpoints")
 FLUSH_ATTEMPTS = 5
+
+
+# The modules that start real processes (Celery workers, dispatchers, gunicorn, Chromium)
+# take longest. Under xdist (`--dist loadfile --no-loadscope-reorder`: modules handed out
+# in collection order) they go first, so that the run never ends waiting on a long
+# module that was started last (docs/development.md#parallel-test-workers).
+LONG_MODULES_FIRST = ("tests/e2e/", "tests/browser/")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-django's order, which it keeps within each
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: not item.nodeid.startswith(LONG_MODULES_FIRST))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """An xdist worker's vhost (config/settings_test.py names it) is created the first
+    time that worker runs on this broker; an existing one is left as it is."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _vhost_ensure(django_settings.BROKER_URL)
+
+
+def _vhost_ensure(url: str) -> None:
+    try:
+        with Connection(url, connect_timeout=10) as conn:
+            conn.connect()
+        return
+    except NotAllowed:  # "vhost ... not found"
+        pass
+    parts = urlsplit(url)
+    vhost, user = unquote(parts.path[1:]), unquote(parts.username or "guest")
+    for args in (["add_vhost", vhost], ["set_permissions", "-p", vhost, user, ".*", ".*", ".*"]):
+        subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=120)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -45,6 +45,9 @@ def _dashboard_queries(client: Client) -> tuple[int, float]:
     return len(queries), time.monotonic() - started
 
 
+# A million rows written and analysed: a scale run, left to make test-heavy
+# (docs/development.md#the-test-budget).
+@pytest.mark.heavy
 def test_the_dashboard_costs_the_same_few_queries_on_a_million_jobs(
     broker, django_assert_max_num_queries
 ):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from tests.processes import PRODUCTION_SAFE as SAFE
 from tests.processes import ROOT
@@ -137,3 +138,52 @@ def test_debug_is_off_unless_asked_for():
         text=True,
     )
     assert refused.returncode != 0 and "Refusing to start with DEBUG off" in refused.stderr
+
+
+def test_each_xdist_worker_gets_its_own_vhost_and_redis_db():
+    from config.settings_test import xdist_worker_urls
+
+    assert xdist_worker_urls(
+        "gw2", "amqp://guest:guest@127.0.0.1:5672/jobops_h4", "redis://127.0.0.1:6379/4"
+    ) == ("amqp://guest:guest@127.0.0.1:5672/jobops_h4_gw2", "redis://127.0.0.1:6379/6")
+    # The default vhost "/" (and none at all) becomes jobops_gwN; db 0 when none is named.
+    for broker in ("amqp://guest:guest@127.0.0.1:5672//", "amqp://guest:guest@127.0.0.1:5672"):
+        assert xdist_worker_urls("gw0", broker, "redis://127.0.0.1:6379") == (
+            "amqp://guest:guest@127.0.0.1:5672/jobops_gw0",
+            "redis://127.0.0.1:6379/0",
+        )
+    with pytest.raises(ImproperlyConfigured, match="no Redis db for xdist worker gw3"):
+        xdist_worker_urls("gw3", "amqp://127.0.0.1//", "redis://127.0.0.1:6379/13")
+
+
+def test_a_process_started_by_an_xdist_worker_keeps_that_workers_vhost_and_redis_db():
+    """A worker or dispatcher started by a test inherits the worker's derived URLs and the
+    marker, and loads config.settings_test again without deriving a second time."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings_test",
+        "PYTEST_XDIST_WORKER": "gw1",
+        "JOBOPS_TEST_XDIST_WORKER": "gw1",
+        "BROKER_URL": "amqp://guest:guest@127.0.0.1:5672/jobops_gw1",
+        "REDIS_URL": "redis://127.0.0.1:6379/1",
+    }
+    code = "from django.conf import settings as s; print(s.BROKER_URL, s.REDIS_URL)"
+    started = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert started.stdout.split() == [env["BROKER_URL"], env["REDIS_URL"]], started.stderr
+
+
+@pytest.mark.django_db
+def test_processes_a_test_starts_use_this_xdist_workers_database_vhost_and_redis_db():
+    from django.conf import settings
+    from django.db import connection
+
+    from tests.processes import subprocess_env
+
+    env, name = subprocess_env(), connection.settings_dict["NAME"]
+    assert env["DATABASE_URL"].endswith(f"/{name}")
+    assert (env["BROKER_URL"], env["REDIS_URL"]) == (settings.BROKER_URL, settings.REDIS_URL)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # pytest-django's suffix, and config/settings_test.py's
+        assert name.endswith(f"_{worker}") and settings.BROKER_URL.endswith(f"_{worker}")

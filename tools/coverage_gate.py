@@ -1,4 +1,4 @@
-"""The coverage gate of `make coverage`: every module of the orchestration core at 90 % or more.
+"""The coverage gate of `make test`: every module of the orchestration core at 90 % or more.
 
 Reads the data that `pytest --cov` left in `.coverage` (the test process and every
 worker, dispatcher and manage.py run the tests started, combined), prints one line per

@@ -8,6 +8,8 @@ import importlib
 
 import pytest
 from django.contrib.auth.models import Group
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
 from django.test import Client
 
 from dlq.bulk import bulk_operation_start
@@ -15,7 +17,8 @@ from jobs.models import DeadLetter, Job
 from tests.factories import make_job, otp_login, role_user, worker_lost
 
 pytestmark = pytest.mark.django_db
-ROLES = importlib.import_module("dlq.migrations.0006_roles").ROLES
+MIGRATION = importlib.import_module("dlq.migrations.0006_roles")
+ROLES = MIGRATION.ROLES
 
 
 def _perms(group: Group) -> set[tuple[str, str]]:
@@ -23,6 +26,11 @@ def _perms(group: Group) -> set[tuple[str, str]]:
 
 
 def test_the_migration_makes_the_viewer_and_operator_groups():
+    # The migration's own function on the models of its point in history, as `migrate`
+    # runs it: the groups the test database was migrated with may be gone, emptied by
+    # the flush of a transactional test that ran earlier on this xdist worker.
+    state = MigrationLoader(connection).project_state(("dlq", "0006_roles"))
+    MIGRATION.create_roles(state.apps, None)
     viewer, operator = Group.objects.get(name="viewer"), Group.objects.get(name="operator")
     assert _perms(viewer) == set(ROLES["viewer"])
     assert _perms(operator) - _perms(viewer) == {
