@@ -39,6 +39,12 @@ def sql(statement, *params):
         cursor.execute(statement, list(params))
 
 
+def _backend_alive(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        return cursor.fetchone()[0] > 0
+
+
 def stale_running():
     """A running job whose worker stopped heartbeating ten minutes ago."""
     job = job_in_state("running", worker="dead-worker")
@@ -431,9 +437,12 @@ def test_a_listener_whose_connection_is_cut_listens_again(json_log_lines):
 
     def cut() -> None:
         # As a database restart or a failover does to every session; returns once the
-        # session is gone (at most 5 s).
+        # session is gone (pg_terminate_backend gives up waiting after its timeout on a
+        # loaded machine, so the test waits on the session itself).
         assert listener.connection is not None
-        sql("SELECT pg_terminate_backend(%s, 5000)", listener.connection.info.backend_pid)
+        pid = listener.connection.info.backend_pid
+        sql("SELECT pg_terminate_backend(%s, 5000)", pid)
+        wait_for(lambda: not _backend_alive(pid), what=f"backend {pid} gone")
 
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as sender:
         try:
