@@ -378,7 +378,12 @@ def dlq_peek(
     """
     _require_dlq(queue)
     with broker_channel(connection) as channel:
-        taken = _get_all(channel, queue, max(0, int(limit)))
+        try:
+            taken = _get_all(channel, queue, max(0, int(limit)))
+        except NotFound:
+            # Not declared in this vhost yet (setup_topology not run): nothing was
+            # dead-lettered there, as dlq_drain reads it too.
+            return []
         try:
             return [decode_amqp(m) for m in taken]
         finally:

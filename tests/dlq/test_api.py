@@ -95,6 +95,13 @@ def test_peek_refuses_an_unknown_queue_and_a_bad_limit(viewer_api, broker):
         assert bad.status_code == 400 and _code(bad) == "ERR-DLQ-400", limit
 
 
+def test_peek_of_a_dlq_the_broker_does_not_hold_is_empty_not_an_error(viewer_api, amqp):
+    amqp.queue_delete("cam_dlq")  # as in a vhost where setup_topology has not run
+    answer = viewer_api.get(f"{DLQ}/cam_dlq/peek")
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == []
+
+
 def test_viewer_is_refused_a_replay_and_a_discard(viewer_api, broker):
     job = worker_lost()
     for action in ("replay", "discard"):
