@@ -67,8 +67,9 @@ def archive_write(*, until: datetime, path: str) -> dict[str, Any]:
     from one snapshot. The file is written beside `path` and renamed into place.
     """
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(QUERIES["read_only_snapshot"])
+        if len(connection.atomic_blocks) == 1:  # outermost: nothing has run in it yet
+            with connection.cursor() as cursor:
+                cursor.execute(QUERIES["read_only_snapshot"])
         cutoff = _cutoff(until)
         with connection.cursor() as cursor:
             cursor.execute(QUERIES["archive_heads"], {"upto": cutoff, "ops": OPS_CHAIN})
@@ -88,7 +89,8 @@ def archive_write(*, until: datetime, path: str) -> dict[str, Any]:
         header["signature"] = sign(canonical_bytes(header))
         partial = f"{path}.partial"
         try:
-            with gzip.open(partial, "wb") as file:
+            # No name and no time in gzip's header: the same history, the same bytes.
+            with open(partial, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as file:
                 file.write(canonical_bytes(header) + b"\n")
                 for line in _entry_lines(heads):
                     file.write(line + b"\n")
@@ -337,9 +339,13 @@ class _Entries:
         self.report.rows_checked += 1
         try:
             record = json.loads(line)
-            entry = record["entry"]
+            entry, prev, stored = record["entry"], record["prev_hash"], record["chain_hash"]
             chain, seq = entry["chain"], entry["seq"]
-            readable = line == canonical_bytes(record) + b"\n"
+            readable = (
+                len(record) == 3
+                and isinstance(chain, str)
+                and line == canonical_bytes(record) + b"\n"
+            )
         except (ValueError, KeyError, TypeError):
             chain, seq, readable = None, None, False
         target = self.position.get(chain, -1) if readable else -1
@@ -363,14 +369,14 @@ class _Entries:
         if self.broken:
             return
         try:
-            computed = chain_hash(record["prev_hash"], canonical_bytes(entry))
+            computed = chain_hash(prev, canonical_bytes(entry))
         except (ValueError, TypeError):
             computed = None
         if seq != self.seq:
             self._changed(f"line {number}: expected seq {self.seq}, found {seq}")
-        elif record["prev_hash"] != self.prev:
+        elif prev != self.prev:
             self._changed(f"line {number}: prev_hash does not match the previous chain_hash")
-        elif computed != record["chain_hash"]:
+        elif computed != stored:
             self._changed(f"line {number}: chain_hash does not match sha256(prev_hash + entry)")
         else:
-            self.seq, self.prev = self.seq + 1, record["chain_hash"]
+            self.seq, self.prev = self.seq + 1, stored
