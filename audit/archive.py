@@ -193,6 +193,8 @@ def verify_archive(file: IO[bytes], *, public_key: str | None = None) -> Verific
         key = load_public_key(header["public_key"])
         checkpoints = list(header["checkpoints"])
         chains = [dict(c) for c in header["chains"]]
+        if not all(isinstance(c.get("chain"), str) for c in chains):
+            raise ValueError("a chain of the header has no name")
     except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError) as exc:
         raise ArchiveUnreadable(f"not a readable audit archive: {exc}") from exc
     if public_key is not None and public_key.strip() != header["public_key"]:

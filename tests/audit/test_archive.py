@@ -317,6 +317,9 @@ def test_archive_options_do_not_mix_with_the_database_ones(archived):
     with pytest.raises(CommandError) as refused:
         call_command("verify_audit_chain", "--public-key", call_public_key())
     assert refused.value.returncode == 2
+    with pytest.raises(CommandError) as refused:
+        verify(path, "--public-key", "c2hvcnQ=")
+    assert refused.value.returncode == 2
 
 
 @pytest.mark.django_db

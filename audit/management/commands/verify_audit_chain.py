@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from audit.archive import ArchiveUnreadable, verify_archive
+from audit.signing import load_public_key
 from audit.verification import VerificationReport, audit_verify
 
 EXIT_TAMPERED = 1
@@ -136,6 +137,14 @@ class Command(BaseCommand):
                 "--archive verifies a file alone: --job, --since and --expect-* do not apply",
                 returncode=EXIT_USAGE,
             )
+        if options["public_key"] is not None:
+            try:
+                load_public_key(options["public_key"].strip())
+            except ValueError as exc:
+                raise CommandError(
+                    f"--public-key is not an Ed25519 public key (base64 of 32 bytes): {exc}",
+                    returncode=EXIT_USAGE,
+                ) from exc
         try:
             with gzip.open(options["archive"], "rb") as file:
                 return verify_archive(file, public_key=options["public_key"])
