@@ -5,7 +5,9 @@ that someone holding the database rebuilt it with fresh hashes. A checkpoint rec
 the heads (chain, seq, chain_hash) of every chain that changed since the previous
 checkpoint, is itself chained to that checkpoint, and carries an HMAC under a key
 that lives outside the database (settings.AUDIT_SIGNING_KEYS, looked up by key id so
-keys can rotate). Verification then checks that every head still exists unchanged.
+keys can rotate), and an Ed25519 signature of the same hash (audit.signing) that an
+archive's reader verifies with the public key alone. Verification then checks that every
+head still exists unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
 from audit.models import AuditCheckpoint, AuditLog
 from audit.queries import QUERIES
 from audit.services import format_ts
+from audit.signing import sign
 
 logger = logging.getLogger(__name__)
 export_log = structlog.get_logger("audit.checkpoints")
@@ -168,6 +171,7 @@ def _insert(
         checkpoint_hash=digest,
         key_id=key_id,
         signature=checkpoint_signature(key_id=key_id, checkpoint_hash=digest),
+        ed25519_signature=sign(bytes.fromhex(digest)),
     )
     transaction.on_commit(lambda: checkpoint_export(checkpoint))
     return checkpoint

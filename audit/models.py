@@ -81,6 +81,9 @@ class AuditCheckpoint(AppendOnlyModel):
     checkpoint_hash = models.CharField(max_length=64)
     key_id = models.CharField(max_length=32)
     signature = models.CharField(max_length=64)
+    # Ed25519 over the checkpoint hash, base64 (audit.signing); empty on checkpoints
+    # written before it existed, which verify by their HMAC only.
+    ed25519_signature = models.CharField(max_length=88, blank=True, default="")
 
     class Meta:
         db_table = "audit_checkpoints"

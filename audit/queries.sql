@@ -162,3 +162,49 @@ BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;
 -- Puts the transaction on an exported snapshot; `{snapshot}` is composed as a literal
 -- (psycopg.sql.Literal): SET takes no bound parameter.
 SET TRANSACTION SNAPSHOT {snapshot};
+
+
+-- name: archive_cutoff
+-- The newest `limit` checkpoints created before `until` that carry an Ed25519 signature,
+-- newest first: an archive ends at the first of them that verifies under the current key.
+SELECT id, checkpoint_hash, ed25519_signature FROM audit_checkpoints
+WHERE created_at < %(until)s AND ed25519_signature <> '' ORDER BY id DESC LIMIT %(limit)s;
+
+
+-- name: archive_heads
+-- The chains an archive holds, each with the head that a checkpoint up to `upto` names
+-- and that checkpoint's id: every job chain whose last entry is `purged`, and the ops
+-- chain up to the newest head named.
+WITH named AS MATERIALIZED (
+    SELECT c.id, h.chain, h.seq, h.hash
+    FROM audit_checkpoints c
+    CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
+        AS h(chain text, seq bigint, hash text)
+    WHERE c.id <= %(upto)s
+)
+SELECT chain, seq, hash, id FROM (
+    SELECT DISTINCT ON (n.chain) n.chain, n.seq, n.hash, n.id
+    FROM named n JOIN audit_logs a ON a.chain = n.chain AND a.seq = n.seq
+    WHERE starts_with(n.chain, 'job:') AND a.event_type = 'purged'
+      AND NOT EXISTS (SELECT 1 FROM audit_logs b WHERE b.chain = n.chain AND b.seq > n.seq)
+    ORDER BY n.chain, n.id
+) AS closed
+UNION ALL
+(SELECT chain, seq, hash, id FROM named WHERE chain = %(ops)s ORDER BY id DESC LIMIT 1);
+
+
+-- name: archive_checkpoints
+-- The checkpoints from `low` to `high` in id order, each with its payload: an archive
+-- takes those it needs from them.
+SELECT id, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+       prev_hash, checkpoint_hash, key_id, ed25519_signature, payload
+FROM audit_checkpoints WHERE id BETWEEN %(low)s AND %(high)s ORDER BY id;
+
+
+-- name: archive_entries
+-- The entries of `chains` from seq 1 up to each one's head in `heads`, in (chain, seq)
+-- order; chains in byte order of the name (collation "C"), as Python sorts them.
+SELECT a.chain, a.seq, a.payload, a.prev_hash, a.chain_hash
+FROM unnest(%(chains)s::text[], %(heads)s::bigint[]) AS c(chain, head)
+JOIN audit_logs a ON a.chain = c.chain AND a.seq <= c.head
+ORDER BY a.chain COLLATE "C", a.seq;

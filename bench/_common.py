@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import base64
 import json
 import math
 import os
@@ -177,6 +178,7 @@ class Scratch:
         self._secrets = {
             "SECRET_KEY": secrets.token_urlsafe(48),
             "AUDIT_SIGNING_KEY": secrets.token_urlsafe(48),
+            "AUDIT_SIGNING_ED25519_KEY": base64.b64encode(secrets.token_bytes(32)).decode(),
             "METRICS_TOKEN": secrets.token_urlsafe(24),
         }
 

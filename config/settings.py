@@ -6,6 +6,7 @@ DEBUG off, `check_production_safety` refuses to start on an unsafe default.
 
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 # --- core ------------------------------------------------------------------
 DEV_SECRET_KEY = "dev-insecure-jobops-secret-key-change-me"
 DEV_SIGNING_KEY = "dev-insecure-audit-signing-key"
+# Base64 of 32 bytes anyone can recompute: sha256("dev-insecure-audit-ed25519-key").
+DEV_SIGNING_ED25519_KEY = "kdmcBnfGMe7AYYOcQfdm8KgY6+9twS41i2nc30Fgw+8="
 
 # Off unless asked for: a deployment that forgets it must not run with the development
 # secret and an open /metrics. `make run`/`make test` set DEBUG=true explicitly.
@@ -475,6 +478,15 @@ AUDIT_SIGNING_KEY_ID = env_str("AUDIT_SIGNING_KEY_ID", "k1")
 AUDIT_SIGNING_KEYS: dict[str, str] = env_json("AUDIT_SIGNING_KEYS", {}) | {
     AUDIT_SIGNING_KEY_ID: AUDIT_SIGNING_KEY
 }
+# The Ed25519 private key (base64 of its 32 raw bytes) that also signs each checkpoint, so
+# that an archive verifies with the public key alone (docs/security.md#audit-archives).
+AUDIT_SIGNING_ED25519_KEY = env_str("AUDIT_SIGNING_ED25519_KEY", DEV_SIGNING_ED25519_KEY)
+try:
+    _ed25519_seed = base64.b64decode(AUDIT_SIGNING_ED25519_KEY, validate=True)
+except ValueError:
+    _ed25519_seed = b""
+if len(_ed25519_seed) != 32:
+    raise ImproperlyConfigured("AUDIT_SIGNING_ED25519_KEY must be the base64 of 32 bytes")
 AUDIT_CHECKPOINT_SECONDS = env_int("AUDIT_CHECKPOINT_SECONDS", 60)
 # Append each checkpoint's hash here too (JSON lines), on storage the database host
 # cannot rewrite; `verify_audit_chain --expect-checkpoints-file` checks against it.
@@ -591,6 +603,8 @@ def check_production_safety() -> None:
         problems.append("ALLOWED_HOSTS is empty")
     if AUDIT_SIGNING_KEY == DEV_SIGNING_KEY or len(AUDIT_SIGNING_KEY) < 32:
         problems.append("AUDIT_SIGNING_KEY is unset or the development default")
+    if AUDIT_SIGNING_ED25519_KEY == DEV_SIGNING_ED25519_KEY:
+        problems.append("AUDIT_SIGNING_ED25519_KEY is unset or the development default")
     if not METRICS_TOKEN:
         problems.append("METRICS_TOKEN is unset (/metrics would be public)")
     if ARTEFACT_STORAGE == "s3" and not ARTEFACT_S3_BUCKET:

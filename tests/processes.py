@@ -94,6 +94,7 @@ PRODUCTION_SAFE = {
     "SECRET_KEY": "k3y-" + "0123456789abcdef" * 4,
     "ALLOWED_HOSTS": "jobops.example.com",
     "AUDIT_SIGNING_KEY": "a" * 40,
+    "AUDIT_SIGNING_ED25519_KEY": "cHJvZHVjdGlvbi1saWtlLWVkMjU1MTktdGVzdC1rZXk=",
     "METRICS_TOKEN": "m" * 32,
 }
 

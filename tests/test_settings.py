@@ -41,6 +41,11 @@ def test_it_starts_in_production_mode_with_safe_settings():
         ({"SECRET_KEY": "dev-insecure-jobops-secret-key-change-me"}, "SECRET_KEY"),
         ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS"),
         ({"AUDIT_SIGNING_KEY": "short"}, "AUDIT_SIGNING_KEY"),
+        ({"AUDIT_SIGNING_ED25519_KEY": ""}, "AUDIT_SIGNING_ED25519_KEY"),
+        (
+            {"AUDIT_SIGNING_ED25519_KEY": "kdmcBnfGMe7AYYOcQfdm8KgY6+9twS41i2nc30Fgw+8="},
+            "AUDIT_SIGNING_ED25519_KEY",
+        ),
         ({"METRICS_TOKEN": ""}, "METRICS_TOKEN"),
     ],
 )
@@ -49,6 +54,15 @@ def test_production_refuses_unsafe_value_and_names_it(overrides, named):
     assert result.returncode != 0
     assert "Refusing to start with DEBUG off" in result.stderr
     assert named in result.stderr
+
+
+@pytest.mark.parametrize(
+    "value", ["not base64!", "c2hvcnQ=", "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFB"]
+)
+def test_an_ed25519_key_that_is_not_32_bytes_of_base64_is_refused_and_named(value):
+    result = _start(DEBUG="true", AUDIT_SIGNING_ED25519_KEY=value)
+    assert result.returncode != 0
+    assert "AUDIT_SIGNING_ED25519_KEY must be the base64 of 32 bytes" in result.stderr
 
 
 def test_bad_boolean_is_named():

@@ -1,11 +1,12 @@
-"""Verify the audit hash chains and signed checkpoints.
+"""Verify the audit hash chains and signed checkpoints, or an audit archive offline.
 
 Exit status: 0 intact, 1 tampered (each problem printed naming chain, job, seq and
-what broke), 2 usage error.
+what broke), 2 usage error (or, with --archive, a file that is not an archive).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import uuid
 from datetime import UTC, datetime, time
@@ -15,7 +16,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from audit.verification import audit_verify
+from audit.archive import ArchiveUnreadable, verify_archive
+from audit.signing import load_public_key
+from audit.verification import VerificationReport, audit_verify
 
 EXIT_TAMPERED = 1
 EXIT_USAGE = 2
@@ -96,6 +99,17 @@ class Command(BaseCommand):
             metavar="FILE",
             help="Every checkpoint_hash of an AUDIT_CHECKPOINT_EXPORT file (JSON lines).",
         )
+        parser.add_argument(
+            "--archive",
+            metavar="FILE",
+            help="Verify this audit_archive file instead, offline: no database is used.",
+        )
+        parser.add_argument(
+            "--public-key",
+            metavar="KEY",
+            help="With --archive: the public key you trust (audit_public_key); the "
+            "archive must be signed with it.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Validated here rather than by argparse types so that call_command and the
@@ -105,8 +119,41 @@ class Command(BaseCommand):
         expected = [parse_hash(v) for v in options["expect_checkpoint"]]
         if options["expect_checkpoints_file"]:
             expected += read_exported_hashes(options["expect_checkpoints_file"])
-        report = audit_verify(job_ids=job_ids, since=since, expected_checkpoints=expected)
-        if options["json"]:
+        if options["archive"]:
+            report = self._verify_archive(options)
+        elif options["public_key"]:
+            raise CommandError("--public-key applies to --archive only", returncode=EXIT_USAGE)
+        else:
+            report = audit_verify(job_ids=job_ids, since=since, expected_checkpoints=expected)
+        self._print(report, archive=bool(options["archive"]), as_json=options["json"])
+        if not report.ok:
+            raise SystemExit(EXIT_TAMPERED)
+
+    def _verify_archive(self, options: dict[str, Any]) -> VerificationReport:
+        """The --archive branch: the file and a public key only, never the database."""
+        database_only = ("job", "since", "expect_checkpoint", "expect_checkpoints_file")
+        if any(options[name] for name in database_only):
+            raise CommandError(
+                "--archive verifies a file alone: --job, --since and --expect-* do not apply",
+                returncode=EXIT_USAGE,
+            )
+        if options["public_key"] is not None:
+            try:
+                load_public_key(options["public_key"].strip())
+            except ValueError as exc:
+                raise CommandError(
+                    f"--public-key is not an Ed25519 public key (base64 of 32 bytes): {exc}",
+                    returncode=EXIT_USAGE,
+                ) from exc
+        try:
+            with gzip.open(options["archive"], "rb") as file:
+                return verify_archive(file, public_key=options["public_key"])
+        except (ArchiveUnreadable, OSError) as exc:
+            raise CommandError(f"{options['archive']}: {exc}", returncode=EXIT_USAGE) from exc
+
+    def _print(self, report: VerificationReport, *, archive: bool, as_json: bool) -> None:
+        what = "Audit archive" if archive else "Audit trail"
+        if as_json:
             document = report.as_dict()
             document["problems"] = [
                 {**p, "description": str(problem)}
@@ -120,7 +167,7 @@ class Command(BaseCommand):
                 f"checked in {report.seconds:.2f}s"
             )
             if report.ok:
-                self.stdout.write(self.style.SUCCESS(f"Audit trail intact: {summary}."))
+                self.stdout.write(self.style.SUCCESS(f"{what} intact: {summary}."))
             else:
                 for problem in report.problems:
                     self.stdout.write(f"TAMPERED {problem}")
@@ -129,8 +176,6 @@ class Command(BaseCommand):
                     self.stdout.write(f"... and {more} more problems")
                 self.stdout.write(
                     self.style.ERROR(
-                        f"Audit trail NOT intact: {report.problems_total} problems; {summary}."
+                        f"{what} NOT intact: {report.problems_total} problems; {summary}."
                     )
                 )
-        if not report.ok:
-            raise SystemExit(EXIT_TAMPERED)
