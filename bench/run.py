@@ -25,6 +25,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("dlq_replay", []),
     ("burst", []),
     ("scale", []),
+    ("retention", []),
 ]
 
 

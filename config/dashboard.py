@@ -38,7 +38,7 @@ from dlq.broker import BROKER_ERRORS
 from dlq.selectors import open_counts_by_queue
 from jobs.liveness import live_processes, missing_processes
 from jobs.models import DeadLetter
-from jobs.selectors import job_counts_by_queue, job_health_gauges
+from jobs.selectors import job_counts_by_queue, job_health_gauges, purge_last
 from jobs.topology import dlq_name
 from jobs.types import primary_queue_names
 
@@ -195,6 +195,8 @@ def _compute() -> tuple[dict[str, Any], BrokerView]:
             "open_dead_letters": sum(open_rows.values()),
         },
         "failures": failures_by_cause(hours=FAILURE_WINDOW_HOURS),
+        # When the purge last looked, and what its last run removed (one row).
+        "purge": purge_last(),
     }
     overview["problems"] = _problems(overview, processes)
     return overview, seen

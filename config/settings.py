@@ -401,6 +401,29 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("dlq_watch", "dlq.watcher.watch_once"),
     # Background replays and discards (dlq/bulk.py): one chunk per loop.
     ("dlq_bulk", "dlq.bulk.bulk_operations_run_once"),
+    # Retention (jobs/services/purge.py): ended jobs past their category's retention.
+    ("purge", "jobs.services.purge.purge_once"),
+]
+# Retention and purge (docs/operations/retention.md). Due jobs go in batches of
+# JOBOPS_PURGE_BATCH rows (one transaction each), with JOBOPS_PURGE_PAUSE_SECONDS
+# between two batches, for at most JOBOPS_PURGE_STEP_SECONDS per run of the step (the
+# loop's other steps take their turn in between); once none is due, the purge looks
+# again after JOBOPS_PURGE_INTERVAL_SECONDS.
+JOBOPS_PURGE_BATCH = env_int("JOBOPS_PURGE_BATCH", 500)
+JOBOPS_PURGE_PAUSE_SECONDS = env_float("JOBOPS_PURGE_PAUSE_SECONDS", 0.05)
+JOBOPS_PURGE_STEP_SECONDS = env_float("JOBOPS_PURGE_STEP_SECONDS", 0.5)
+JOBOPS_PURGE_INTERVAL_SECONDS = env_float("JOBOPS_PURGE_INTERVAL_SECONDS", 300.0)
+# An artefact file or object with no row, older than this, is swept (a purge deletes
+# the row first and the file after commit; a failed delete or a rolled-back write
+# leaves an orphan). Also how often the sweep runs.
+JOBOPS_ARTEFACT_ORPHAN_GRACE = parse_duration(env_str("JOBOPS_ARTEFACT_ORPHAN_GRACE", "1h"))
+# How long a finished bulk operation (done, stopped, failed) is kept.
+JOBOPS_DLQ_BULK_RETENTION = parse_duration(env_str("JOBOPS_DLQ_BULK_RETENTION", "30d"))
+# What the purge removes besides jobs: (name, dotted path of a callable taking
+# `older_than` (a timedelta overriding its retention, or None) and `dry_run`, returning
+# a count). Listed here so that jobs never names the dlq app.
+JOBOPS_PURGE_EXTRAS: list[tuple[str, str]] = [
+    ("bulk_operations", "dlq.bulk.bulk_operations_purge"),
 ]
 JOBOPS_PUBLISH_TIMEOUT_SECONDS = env_float("JOBOPS_PUBLISH_TIMEOUT_SECONDS", 5.0)
 # RabbitMQ's consumer_timeout (default 30 min); workers refuse prefetch settings that
@@ -495,8 +518,12 @@ AUDIT_CHECKPOINT_EXPORT = env_str("AUDIT_CHECKPOINT_EXPORT", "")
 # owner as their database role (audit/db_roles.py); true accepts that risk knowingly.
 JOBOPS_DB_ALLOW_PRIVILEGED = env_bool("JOBOPS_DB_ALLOW_PRIVILEGED", False)
 # Checks verify_audit_chain runs in its snapshot besides the chains themselves:
-# dotted paths of `check(report, chains)` (jobs: each job's status against its chain).
-AUDIT_VERIFY_CHECKS: list[str] = ["jobs.audit_checks.job_status_matches_chain"]
+# dotted paths of `check(report, chains)` (jobs: each job's status against its chain,
+# and a row for every job chain that does not end in `purged`).
+AUDIT_VERIFY_CHECKS: list[str] = [
+    "jobs.audit_checks.job_status_matches_chain",
+    "jobs.audit_checks.job_rows_present",
+]
 # A full verification of a table over AUDIT_VERIFY_PARALLEL_MIN_ROWS rows reads it in
 # this many chain ranges at once, each on its own connection (one more backend each)
 # sharing one snapshot: the server's index scan, not Python's hashing, is the slower half.

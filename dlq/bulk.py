@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from datetime import timedelta
 from typing import Any, Unpack
 
 import structlog
@@ -27,7 +28,7 @@ from django.db.models import F, Max
 from django.utils import timezone
 
 from dlq.errors import BulkOperationNotFoundError, DeadLetterPermissionError
-from dlq.models import BulkOperation, BulkState
+from dlq.models import ACTIVE_STATES, BulkOperation, BulkState
 from dlq.services.replay import (
     ResolveResult,
     broker_copies_ack_resolved,
@@ -270,3 +271,17 @@ def _finish(
     )
     log.info("dlq_bulk_finished", operation_id=str(operation.id), state=state, error=error)
     return {"operation": str(operation.id), "state": state}
+
+
+def bulk_operations_purge(*, older_than: timedelta | None = None, dry_run: bool = False) -> int:
+    """Delete the finished operations (done, stopped, failed) that finished more than
+    JOBOPS_DLQ_BULK_RETENTION ago (`older_than` overrides it); with `dry_run`, only
+    count them. One of JOBOPS_PURGE_EXTRAS (jobs/services/purge.py). Returns the count."""
+    keep = older_than if older_than is not None else settings.JOBOPS_DLQ_BULK_RETENTION
+    finished = BulkOperation.objects.exclude(state__in=ACTIVE_STATES).filter(
+        finished_at__lt=timezone.now() - keep
+    )
+    if dry_run:
+        return finished.count()
+    deleted, _ = finished.delete()
+    return deleted

@@ -5,6 +5,10 @@ links and hashes correctly; but the job row says where the chain should end. Eac
 status must be the status its chain's last transition leads to (jobs.states
 STATUS_AFTER_EVENT): every transition writes both in one transaction, so anything else
 is a chain that stops short, or a job row changed outside a transition.
+
+A purged job has no row: its chain ends in `purged` (jobs/services/purge.py), appended
+in the transaction that deleted it, and is complete without it. Any other job chain
+whose row is missing names a job deleted outside the purge.
 """
 
 from __future__ import annotations
@@ -59,6 +63,37 @@ def job_status_matches_chain(
             Problem(
                 kind="status_mismatch",
                 message=message,
+                chain=f"job:{job_id}",
+                job_id=job_id,
+                seq=seq,
+            )
+        )
+
+
+def job_rows_present(
+    report: VerificationReport,
+    chains: list[str] | None,
+    *,
+    requested: list[str] | None = None,
+    since: datetime | None = None,
+) -> None:
+    """Report each job chain, not ending in `purged`, whose job row is missing.
+
+    Which chains: all, or the job chains among `chains` (with `since`, those with an
+    entry since then: a row deleted without a trace in the audit log is found by a
+    verification that reads every chain)."""
+    params = {"ids": None if chains is None else _job_ids(chains), "limit": MAX_PROBLEMS}
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["chains_without_job"], params)
+        rows = cursor.fetchall()
+    for job_id, event, seq in rows:
+        report.add(
+            Problem(
+                kind="job_missing",
+                message=(
+                    f"the job row is missing but its chain ends at {event} (seq {seq}), "
+                    "not purged: the job was deleted outside the purge"
+                ),
                 chain=f"job:{job_id}",
                 job_id=job_id,
                 seq=seq,

@@ -61,6 +61,9 @@ DLQ_REPLAY = Counter("dlq_replay", "Dead letters replayed")
 CANCELLATION = Counter("cancellation", "Jobs cancelled")
 PROGRESS_UPDATE = Counter("progress_update", "Progress values written to the database")
 OUTBOX_RELAYED = Counter("outbox_relayed", "Outbox events published to events.jobs")
+JOBS_PURGED = Counter(
+    "jobs_purged", "Jobs the purge removed past their retention, by category", ["category"]
+)
 ERP_BRIDGE_DELIVERIES = Counter(
     "erp_bridge_deliveries", "ERP bridge outcomes (delivered, retried, parked)", ["outcome"]
 )

@@ -205,10 +205,32 @@ class EventOutbox(models.Model):
             models.Index(
                 fields=["id"], name="outbox_unpublished_idx", condition=Q(published_at__isnull=True)
             ),
+            # Purge: a purged job's published rows go with it (jobs/services/purge.py).
+            models.Index(fields=["job_id"], name="outbox_job_idx"),
         ]
 
     def __str__(self) -> str:
         return f"event {self.event_id} job {self.job_id} seq {self.seq}"
+
+
+class PurgeState(models.Model):
+    """The one row (id 1) saying when the purge last looked and what its last run
+    removed (jobs/services/purge.py), for the dashboard: a run is the passes from the
+    first that found due jobs to the one that found none left."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # {"jobs": {category: n}, "artefacts": n, "dead_letters": n, "outbox": n, ...}
+    removed = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "purge_state"
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="purge_state_one_row")]
+
+    def __str__(self) -> str:
+        return f"purge checked {self.checked_at}"
 
 
 class DeadLetterReason(models.TextChoices):

@@ -373,6 +373,87 @@ ORDER BY j.id
 LIMIT %(limit)s;
 
 
+-- name: purge_claim
+-- A purge batch (jobs/services/purge.py): ended jobs past their type's retention,
+-- oldest first, locked for the batch's transaction, rows another purger holds skipped.
+-- `types` and `keep` pair each job type with its retention in seconds; a type not
+-- named is never purged. jobs_purge_due (jobs/migrations/0011) is the rule: never an
+-- unfinished job, a job with an open dead letter, or one whose idempotency key is
+-- still live. A job ended when its row last changed (updated_at; every transition
+-- moves it), never before it was created, so `min_keep` (the shortest retention)
+-- bounds the scan to the oldest part of jobs_created_idx; the jobs that stay there
+-- (an open dead letter, a live key) are walked past again by each batch.
+SELECT j.id, j.type, j.status FROM jobs j
+JOIN unnest(%(types)s::text[], %(keep)s::float8[]) AS r(type, secs) ON r.type = j.type
+WHERE j.created_at < now() - make_interval(secs => %(min_keep)s::float8)
+  AND jobs_purge_due(j, r.secs)
+ORDER BY j.created_at
+LIMIT %(limit)s
+FOR UPDATE OF j SKIP LOCKED;
+
+
+-- name: purge_due_counts
+-- What a purge would remove now, per job type (manage.py purge --dry-run): the jobs
+-- purge_claim would take (same parameters, no limit, nothing locked), with their
+-- artefacts, closed dead letters and published outbox rows.
+SELECT j.type, count(*),
+       coalesce(sum((SELECT count(*) FROM artefacts a WHERE a.job_id = j.id)), 0),
+       coalesce(sum((SELECT count(*) FROM dead_letters d WHERE d.job_id = j.id)), 0),
+       coalesce(sum((SELECT count(*) FROM event_outbox o
+                     WHERE o.job_id = j.id AND o.published_at IS NOT NULL)), 0)
+FROM jobs j
+JOIN unnest(%(types)s::text[], %(keep)s::float8[]) AS r(type, secs) ON r.type = j.type
+WHERE j.created_at < now() - make_interval(secs => %(min_keep)s::float8)
+  AND jobs_purge_due(j, r.secs)
+GROUP BY j.type;
+
+
+-- name: purge_delete
+-- Deletes the jobs `ids` (locked by purge_claim, their `purged` entries appended) with
+-- their artefact rows, closed dead letters and published outbox rows, in one
+-- statement; an unpublished outbox row stays for the relay (it names no row). The
+-- audit tables are not touched. Returns the counts and the artefacts' storage keys
+-- (their files go after commit).
+WITH art AS (
+    DELETE FROM artefacts WHERE job_id = ANY(%(ids)s::uuid[]) RETURNING file
+),
+dl AS (
+    DELETE FROM dead_letters WHERE job_id = ANY(%(ids)s::uuid[]) AND state <> 'open'
+    RETURNING id
+),
+outbox AS (
+    DELETE FROM event_outbox
+    WHERE job_id = ANY(%(ids)s::uuid[]) AND published_at IS NOT NULL
+    RETURNING id
+),
+gone AS (
+    DELETE FROM jobs WHERE id = ANY(%(ids)s::uuid[]) RETURNING id
+)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM dl), (SELECT count(*) FROM outbox),
+       (SELECT coalesce(array_agg(file), '{}') FROM art);
+
+
+-- name: chains_without_job
+-- Job chains whose job row is missing although the chain does not end in `purged`
+-- (jobs/audit_checks.py): a job deleted outside the purge. `ids` NULL: every job chain
+-- (one pass over audit_logs' job_id index against the jobs' primary key); else those
+-- jobs only.
+SELECT m.job_id::text, last.event_type, last.seq
+FROM (
+    SELECT DISTINCT a.job_id FROM audit_logs a
+    WHERE a.job_id IS NOT NULL
+      AND (%(ids)s::uuid[] IS NULL OR a.job_id = ANY(%(ids)s::uuid[]))
+      AND NOT EXISTS (SELECT FROM jobs j WHERE j.id = a.job_id)
+) AS m
+CROSS JOIN LATERAL (
+    SELECT a.event_type, a.seq FROM audit_logs a
+    WHERE a.chain = audit_job_chain(m.job_id) ORDER BY a.seq DESC LIMIT 1
+) AS last
+WHERE last.event_type <> 'purged'
+ORDER BY m.job_id
+LIMIT %(limit)s;
+
+
 -- name: listen_pending
 -- The dispatcher's own connection waits for NOTIFY jobs_pending (jobs.queries.
 -- PENDING_CHANNEL): a job created or replayed waits to be published.

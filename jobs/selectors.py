@@ -28,7 +28,7 @@ from core.db import execute_prepared, model_from_row, read_within
 from core.ids import IdFragment, id_fragment
 from jobs.errors import TIME_LIMIT
 from jobs.exceptions import JobNotFoundError
-from jobs.models import Artefact, DeadLetter, Job
+from jobs.models import Artefact, DeadLetter, Job, PurgeState
 from jobs.queries import QUERIES
 from jobs.states import Status
 
@@ -267,6 +267,23 @@ def job_health_gauges() -> dict[str, float | None]:
         "outbox_lag_seconds": max(0.0, float(lag or 0)),
         "outbox_unpublished": float(unpublished),
         "checkpoint_age_seconds": None if checkpoint_age is None else float(checkpoint_age),
+    }
+
+
+def purge_last() -> dict[str, Any] | None:
+    """When the purge last looked and what its last run removed (jobs/services/purge.py):
+    {"checked_at", "started_at", "finished_at", "jobs": total, "removed": {...}}; None
+    before the first purge."""
+    state = PurgeState.objects.filter(id=1).first()
+    if state is None:
+        return None
+    removed = dict(state.removed)
+    return {
+        "checked_at": state.checked_at,
+        "started_at": state.started_at,
+        "finished_at": state.finished_at,
+        "jobs": sum(removed.get("jobs", {}).values()),
+        "removed": removed,
     }
 
 

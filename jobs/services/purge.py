@@ -1,0 +1,286 @@
+"""Retention and purge (docs/operations/retention.md): ended jobs go once their retention
+has passed, with their artefacts, closed dead letters and published outbox rows; their
+audit chains stay, each closed by a `purged` entry.
+
+A batch is one transaction: lock up to JOBOPS_PURGE_BATCH due jobs (`purge_claim`,
+`FOR UPDATE SKIP LOCKED`: two dispatchers purge different jobs), append each one's
+`purged` entry through job_append (the audit app's audit_append, as every job entry),
+then delete the rows (`purge_delete`). The artefacts' files and objects are deleted
+after commit: a rollback never leaves a row without its file, and a delete that fails
+leaves an orphan that `artefact_orphans_sweep` removes later.
+
+The audit tables are never touched but for the append: verify_audit_chain treats a
+chain ending in `purged` as complete without its job row (jobs/audit_checks.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.core.files.storage import FileSystemStorage, storages
+from django.db import connection, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from audit.services import Actor
+from jobs import metrics
+from jobs.artefact_storage import ARTEFACTS, STORAGE_ERRORS, artefact_storage
+from jobs.models import Artefact, PurgeState
+from jobs.queries import QUERIES
+from jobs.services.transitions import jobs_audit
+from jobs.types import all_types
+
+log = structlog.get_logger("jobs.purge")
+PURGER = Actor.system("purge")
+# The audit event that closes a purged job's chain (docs/architecture.md#audit-events).
+PURGED = "purged"
+# What a purge counts besides jobs (per category), in the order it reports them.
+ROW_KINDS = ("artefacts", "dead_letters", "outbox")
+
+# This process's clock for the step: when it may look for due jobs again, and when it
+# sweeps orphans next (monotonic seconds).
+_next_look = 0.0
+_next_sweep = 0.0
+
+
+def _retention_params(older_than: timedelta | None) -> dict[str, Any]:
+    """purge_claim's `types`/`keep`/`min_keep`: each type's retention in seconds, or
+    `older_than` for every type (manage.py purge --older-than)."""
+    types = all_types()
+    keep = [
+        (older_than if older_than is not None else t.retention).total_seconds()
+        for t in types.values()
+    ]
+    return {"types": list(types), "keep": keep, "min_keep": min(keep, default=0.0)}
+
+
+def _category(job_type: str) -> str:
+    found = all_types().get(job_type)
+    return found.category if found is not None else "unknown"
+
+
+def purge_batch(*, older_than: timedelta | None = None) -> dict[str, Any]:
+    """Purge one batch of due jobs in one transaction; returns what went:
+    {"jobs": {category: n}, "artefacts": n, "dead_letters": n, "outbox": n}."""
+    params = _retention_params(older_than) | {"limit": settings.JOBOPS_PURGE_BATCH}
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["purge_claim"], params)
+            due = cursor.fetchall()
+        if not due:
+            return {"jobs": {}}
+        categories = {str(job_id): _category(job_type) for job_id, job_type, _ in due}
+        jobs_audit(
+            entries={
+                job_id: {"status": status, "category": categories[str(job_id)]}
+                for job_id, _, status in due
+            },
+            event_type=PURGED,
+            actor=PURGER,
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["purge_delete"], {"ids": [job_id for job_id, _, _ in due]})
+            _jobs, dead_letters, outbox, files = cursor.fetchone()
+        per_category = Counter(categories.values())
+        transaction.on_commit(lambda: _after_commit(files, per_category))
+    return {
+        "jobs": dict(per_category),
+        "artefacts": len(files),
+        "dead_letters": dead_letters,
+        "outbox": outbox,
+    }
+
+
+def _after_commit(files: list[str], per_category: Counter[str]) -> None:
+    for category, count in per_category.items():
+        metrics.JOBS_PURGED.labels(category=category).inc(count)
+    artefact_files_delete(files)
+
+
+def artefact_files_delete(names: list[str]) -> int:
+    """Delete these files or objects of the artefact storage (their rows are gone); a
+    failure is logged and leaves an orphan for the sweep. Returns how many went. On the
+    file system the job's emptied folders go too (the disk would fill with them)."""
+    storage = storages[ARTEFACTS]
+    deleted = 0
+    for name in names:
+        try:
+            storage.delete(name)
+            deleted += 1
+        except STORAGE_ERRORS as exc:
+            log.warning("artefact_delete_failed", name=name, error=repr(exc))
+            continue
+        if isinstance(storage, FileSystemStorage):
+            _remove_empty_folders(storage, name)
+    return deleted
+
+
+def _remove_empty_folders(storage: FileSystemStorage, name: str) -> None:
+    """The kind and job folders of `name` (artefacts/<job>/<kind>/<file>), once empty."""
+    folder = os.path.dirname(storage.path(name))
+    for _level in range(2):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return  # not empty (another file, a concurrent write) or already gone
+        folder = os.path.dirname(folder)
+
+
+def purge_run(
+    *,
+    older_than: timedelta | None = None,
+    budget: float | None = None,
+    pause: float = 0.0,
+) -> tuple[dict[str, Any], bool]:
+    """Batches until none is due or `budget` seconds have passed, `pause` seconds apart.
+    Returns what went (as purge_batch, summed) and whether any due job may be left."""
+    started = time.monotonic()
+    total: dict[str, Any] = {"jobs": {}, **dict.fromkeys(ROW_KINDS, 0)}
+    while True:
+        removed = purge_batch(older_than=older_than)
+        _add(total, removed)
+        more = sum(removed["jobs"].values()) >= settings.JOBOPS_PURGE_BATCH
+        if not more or (budget is not None and time.monotonic() - started >= budget):
+            return total, more
+        if pause:
+            time.sleep(pause)
+
+
+def _add(total: dict[str, Any], removed: dict[str, Any]) -> None:
+    for key, value in removed.items():
+        if isinstance(value, dict):
+            bucket = total.setdefault(key, {})
+            for name, count in value.items():
+                bucket[name] = bucket.get(name, 0) + count
+        else:
+            total[key] = total.get(key, 0) + value
+
+
+def purge_extras(*, older_than: timedelta | None = None, dry_run: bool = False) -> dict[str, int]:
+    """What JOBOPS_PURGE_EXTRAS removes (or would remove), by name."""
+    result = {}
+    for name, path in settings.JOBOPS_PURGE_EXTRAS:
+        purge: Callable[..., int] = import_string(path)
+        result[name] = purge(older_than=older_than, dry_run=dry_run)
+    return result
+
+
+def purge_once() -> dict[str, Any]:
+    """The maintain role's `purge` step: a purge run of at most JOBOPS_PURGE_STEP_SECONDS
+    (the loop's other steps go on between two), then the extras and, at most once per
+    JOBOPS_ARTEFACT_ORPHAN_GRACE, the orphan sweep. Once nothing is due it looks again
+    after JOBOPS_PURGE_INTERVAL_SECONDS. Records the run for the dashboard."""
+    global _next_look, _next_sweep
+    now = time.monotonic()
+    if now < _next_look:
+        return {}
+    removed, more = purge_run(
+        budget=settings.JOBOPS_PURGE_STEP_SECONDS, pause=settings.JOBOPS_PURGE_PAUSE_SECONDS
+    )
+    if not more:
+        removed.update(purge_extras())
+        if now >= _next_sweep:
+            _next_sweep = now + settings.JOBOPS_ARTEFACT_ORPHAN_GRACE.total_seconds()
+            removed["orphans"] = artefact_orphans_sweep()
+        _next_look = time.monotonic() + settings.JOBOPS_PURGE_INTERVAL_SECONDS
+    purge_record(removed, finished=not more)
+    return removed
+
+
+def purge_forget_clock() -> None:
+    """Let the next purge_once look at once (tests, a manual run)."""
+    global _next_look, _next_sweep
+    _next_look = _next_sweep = 0.0
+
+
+def _removed_anything(removed: dict[str, Any]) -> bool:
+    return any(
+        (sum(v.values()) if isinstance(v, dict) else v) for v in removed.values() if v is not None
+    )
+
+
+def purge_record(removed: dict[str, Any], *, finished: bool) -> None:
+    """Add a pass to purge_state: a pass that removed something after a finished run
+    starts a new run; `finished` (nothing left due) ends the run."""
+    now = timezone.now()
+    with transaction.atomic():
+        state, _ = PurgeState.objects.select_for_update().get_or_create(id=1)
+        state.checked_at = now
+        if _removed_anything(removed):
+            if state.started_at is None or state.finished_at is not None:
+                state.started_at, state.finished_at, state.removed = now, None, {}
+            _add(state.removed, removed)
+        if finished and state.started_at is not None and state.finished_at is None:
+            state.finished_at = now
+        state.save()
+
+
+def purge_preview(*, older_than: timedelta | None = None) -> dict[str, Any]:
+    """What a purge would remove now, without removing anything (manage.py purge
+    --dry-run): {"jobs": {category: n}, "artefacts": n, ..., and the extras}."""
+    preview: dict[str, Any] = {"jobs": {}, **dict.fromkeys(ROW_KINDS, 0)}
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["purge_due_counts"], _retention_params(older_than))
+        rows = cursor.fetchall()
+    for job_type, jobs, artefacts, dead_letters, outbox in rows:
+        _add(
+            preview,
+            {
+                "jobs": {_category(job_type): jobs},
+                "artefacts": artefacts,
+                "dead_letters": dead_letters,
+                "outbox": outbox,
+            },
+        )
+    preview.update(purge_extras(older_than=older_than, dry_run=True))
+    return preview
+
+
+def artefact_orphans_sweep(*, grace: timedelta | None = None) -> int:
+    """Delete the artefact files and objects that no row names and that are older than
+    `grace` (JOBOPS_ARTEFACT_ORPHAN_GRACE): a purge's delete that failed after commit,
+    a write whose transaction rolled back. Younger ones may belong to a write in
+    flight. Lists the whole storage: it runs at most once per grace period. Returns
+    how many went."""
+    cutoff = timezone.now() - (
+        grace if grace is not None else settings.JOBOPS_ARTEFACT_ORPHAN_GRACE
+    )
+    try:
+        job_folders = artefact_storage.listdir("artefacts")[0]
+    except STORAGE_ERRORS as exc:  # no folder yet (FileNotFoundError), storage away
+        log.info("artefact_sweep_skipped", error=repr(exc))
+        return 0
+    swept = 0
+    for start in range(0, len(job_folders), settings.JOBOPS_PURGE_BATCH):
+        names = [
+            name
+            for folder in job_folders[start : start + settings.JOBOPS_PURGE_BATCH]
+            for name in _files_under(f"artefacts/{folder}")
+        ]
+        known = set(Artefact.objects.filter(file__in=names).values_list("file", flat=True))
+        orphans = [
+            name
+            for name in names
+            if name not in known and artefact_storage.get_modified_time(name) < cutoff
+        ]
+        swept += artefact_files_delete(orphans)
+    if swept:
+        log.info("artefact_orphans_swept", count=swept)
+    return swept
+
+
+def _files_under(folder: str) -> list[str]:
+    """The files of a job's folder, one level of kinds down (artefact_upload_to)."""
+    kinds, _files = artefact_storage.listdir(folder)
+    return [
+        f"{folder}/{kind}/{name}"
+        for kind in kinds
+        for name in artefact_storage.listdir(f"{folder}/{kind}")[1]
+    ]

@@ -1,0 +1,203 @@
+"""Retention and purge (docs/operations/retention.md): ended jobs go with their files,
+rows and events; unfinished jobs, open dead letters and live keys stay; the audit chains
+stay whole, each closed by `purged`, and verify_audit_chain passes before and after."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+from prometheus_client import REGISTRY
+
+from audit.models import AuditLog
+from audit.services import job_chain
+from config.dashboard import dashboard_overview
+from dlq.models import BulkOperation, BulkState
+from jobs.artefact_storage import artefact_storage
+from jobs.dispatcher import dispatch_once
+from jobs.models import Artefact, DeadLetter, EventOutbox, Job
+from jobs.services import artefact_save
+from jobs.services.purge import artefact_orphans_sweep, purge_forget_clock, purge_run
+from tests.audit.test_command import verify
+from tests.factories import OperatorFactory, backdate, fence_of, job_in_state
+
+pytestmark = pytest.mark.django_db
+MINUTE = timedelta(minutes=1)
+
+
+@pytest.fixture
+def files(settings, tmp_path):
+    """Artefacts on the file system under a folder of this test's own."""
+    settings.MEDIA_ROOT = tmp_path
+    return tmp_path
+
+
+def ended_long_ago(job: Job, seconds: float = 120) -> Job:
+    """As if `job` had been created and had ended `seconds` ago."""
+    backdate(job, created_at=seconds, updated_at=seconds)
+    return job
+
+
+def finished_with_file(name: str = "out.csv") -> tuple[Job, Artefact]:
+    """A job that wrote an artefact, then succeeded."""
+    from jobs.services import job_succeed
+
+    running = job_in_state("running")
+    artefact = artefact_save(
+        job_id=running.id, kind="report", name=name, data="a,b\n", fence=fence_of(running)
+    )
+    return job_succeed(job_id=running.id, fence=fence_of(running), result={}), artefact
+
+
+def closed(job: Job) -> Job:
+    """The job's dead letter discarded, as an operator does (the row as the discard
+    leaves it; the broker side is not part of this test)."""
+    DeadLetter.objects.filter(job=job).update(
+        state="discarded", resolved_at=timezone.now(), justification="handled"
+    )
+    return job
+
+
+def purged_count(category: str) -> float:
+    return REGISTRY.get_sample_value("jobs_purged_total", {"category": category}) or 0.0
+
+
+def test_every_ended_kind_goes_with_its_file_and_the_rest_stays(
+    files, django_capture_on_commit_callbacks
+):
+    succeeded, artefact = finished_with_file()
+    path = artefact_storage.path(artefact.file.name)
+    cancelled = job_in_state("cancelled")
+    failed_closed = closed(job_in_state("failed"))
+    gone = [ended_long_ago(j) for j in (succeeded, cancelled, failed_closed)]
+    failed_open = ended_long_ago(job_in_state("failed"))
+    live_key = ended_long_ago(job_in_state("succeeded", key="order-1"))
+    backdate(live_key, idempotency_expires_at=-3600)
+    recent = job_in_state("succeeded")  # ended now: within the minute
+    unfinished = [
+        ended_long_ago(job_in_state(s)) for s in ("pending", "queued", "running", "retrying")
+    ]
+    assert os.path.exists(path) and verify()[0] == 0
+    before = purged_count("planning")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        removed, more = purge_run(older_than=MINUTE)
+
+    assert not more
+    assert removed == {"jobs": {"planning": 3}, "artefacts": 1, "dead_letters": 1, "outbox": 0}
+    assert purged_count("planning") == before + 3
+    assert not Job.objects.filter(id__in=[j.id for j in gone]).exists()
+    assert not Artefact.objects.filter(id=artefact.id).exists() and not os.path.exists(path)
+    # Neither the job's folder: the disk does not fill with empty ones.
+    assert not os.path.exists(os.path.dirname(os.path.dirname(path)))
+    stays = [failed_open, live_key, recent, *unfinished]
+    assert Job.objects.filter(id__in=[j.id for j in stays]).count() == len(stays)
+    assert DeadLetter.objects.filter(job=failed_open, state="open").exists()
+    # The chains stay, each closed by `purged`; the whole audit log verifies.
+    for job in gone:
+        last = AuditLog.objects.filter(chain=job_chain(job.id)).order_by("-seq").first()
+        assert last.event_type == "purged"
+        assert json.loads(last.payload)["data"]["category"] == "planning"
+    assert verify()[0] == 0
+
+
+def test_a_category_keeps_its_jobs_for_its_own_retention():
+    # sim is planning (90 days), erp notification (7 days): both ended 8 days ago.
+    eight_days = 8 * 86400
+    planning = ended_long_ago(job_in_state("cancelled"), eight_days)
+    notification = ended_long_ago(
+        job_in_state("cancelled", job_type="erp", params={"event": "order.created"}), eight_days
+    )
+    removed, _ = purge_run()
+    assert removed["jobs"] == {"notification": 1}
+    assert Job.objects.filter(id=planning.id).exists()
+    assert not Job.objects.filter(id=notification.id).exists()
+
+
+def test_published_events_go_with_their_job_and_unpublished_ones_stay():
+    job = ended_long_ago(job_in_state("succeeded"))
+    EventOutbox.objects.filter(job_id=job.id, seq__lte=2).update(published_at=timezone.now())
+    waiting = EventOutbox.objects.filter(job_id=job.id, seq__gt=2).count()
+    removed, _ = purge_run(older_than=MINUTE)
+    assert removed["outbox"] == 2
+    assert EventOutbox.objects.filter(job_id=job.id).count() == waiting
+
+
+def test_a_job_row_deleted_by_hand_is_reported_by_name():
+    purged = ended_long_ago(job_in_state("succeeded"))
+    deleted = job_in_state("succeeded")
+    purge_run(older_than=MINUTE)
+    assert verify()[0] == 0
+    with connection.cursor() as cursor:  # as a database superuser would, outside purge
+        cursor.execute("DELETE FROM jobs WHERE id = %s", [deleted.id])
+
+    status, out = verify()
+    assert status == 1, out
+    assert f"job {deleted.id}, seq 4: job_missing" in out
+    assert str(purged.id) not in out
+    # Asked about by name, the same.
+    assert verify("--job", str(deleted.id))[0] == 1
+    assert verify("--job", str(purged.id))[0] == 0
+
+
+def test_dry_run_counts_per_category_and_removes_nothing():
+    jobs = [ended_long_ago(job_in_state(s)) for s in ("succeeded", "cancelled")]
+    done = BulkOperation.objects.create(
+        action="discard",
+        up_to_id=0,
+        justification="x",
+        requested_by=OperatorFactory(),
+        state=BulkState.DONE,
+        finished_at=timezone.now() - timedelta(days=31),
+    )
+    out = io.StringIO()
+    call_command("purge", "--dry-run", "--older-than", "0s", stdout=out)
+    assert "would remove 2 jobs\n  planning: 2\n" in out.getvalue()
+    assert "would remove 1 bulk operations" in out.getvalue()
+    out = io.StringIO()
+    call_command("purge", "--dry-run", "--json", stdout=out)
+    document = json.loads(out.getvalue())
+    assert document["dry_run"] and document["jobs"] == {} and document["bulk_operations"] == 1
+    assert Job.objects.filter(id__in=[j.id for j in jobs]).count() == 2
+
+    out = io.StringIO()
+    call_command("purge", "--older-than", "1m", "--json", stdout=out)
+    assert json.loads(out.getvalue())["jobs"] == {"planning": 2}
+    assert not BulkOperation.objects.filter(id=done.id).exists()
+
+
+def test_the_dashboard_shows_the_last_purge():
+    assert dashboard_overview(use_cache=False)["purge"] is None
+    ended_long_ago(job_in_state("cancelled"))
+    call_command("purge", "--older-than", "1m", stdout=io.StringIO())
+    last = dashboard_overview(use_cache=False)["purge"]
+    assert last["jobs"] == 1 and last["removed"]["jobs"] == {"planning": 1}
+    assert last["started_at"] is not None and last["finished_at"] is not None
+
+
+def test_the_dispatcher_step_purges(settings, files):
+    settings.JOB_TYPES = {
+        name: {**spec, "retention": MINUTE} for name, spec in settings.JOB_TYPES.items()
+    }
+    job = ended_long_ago(job_in_state("succeeded"))
+    purge_forget_clock()
+    report = dispatch_once(steps=[("purge", "jobs.services.purge.purge_once")])
+    assert report["purge"]["jobs"] == {"planning": 1}, report
+    assert not Job.objects.filter(id=job.id).exists()
+    # Nothing due now: it looks again only after JOBOPS_PURGE_INTERVAL_SECONDS.
+    assert dispatch_once(steps=[("purge", "jobs.services.purge.purge_once")])["purge"] == {}
+
+
+def test_the_sweep_removes_old_files_no_row_names(files):
+    job, artefact = finished_with_file()
+    orphan = artefact_storage.save(f"artefacts/{job.id}/report/left.csv", io.BytesIO(b"x"))
+    assert artefact_orphans_sweep() == 0  # within the grace period: maybe a write in flight
+    assert artefact_orphans_sweep(grace=timedelta(0)) == 1
+    assert not artefact_storage.exists(orphan)
+    assert artefact_storage.exists(artefact.file.name)
