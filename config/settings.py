@@ -392,6 +392,8 @@ JOBOPS_DISPATCHER_INTERVAL_SECONDS = env_float("JOBOPS_DISPATCHER_INTERVAL_SECON
 JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("publish", "jobs.services.publishing.publish_due_once"),
     ("reap", "jobs.services.reaper.reap_once"),
+    # Idempotency keys past their category's TTL (jobs/services/keys.py), in batches.
+    ("release_keys", "jobs.services.keys.release_keys_once"),
     ("outbox", "jobs.events.outbox_relay_once"),
     ("checkpoint", "audit.checkpoints.checkpoint_write_if_due"),
     ("queue_depths", "jobs.backpressure.queue_depths_step"),

@@ -239,6 +239,16 @@ class JobListApi(APIView):
     class JobListFilterSerializer(QueryFilterSerializer):
         status = serializers.ChoiceField(choices=Status.choices, required=False)
         type = serializers.ChoiceField(choices=sorted(settings.JOB_TYPES), required=False)
+        category = serializers.ChoiceField(
+            choices=settings.JOB_CATEGORIES,
+            required=False,
+            error_messages={
+                "invalid_choice": (
+                    f'"{{input}}" is not a category; one of: {", ".join(settings.JOB_CATEGORIES)}.'
+                )
+            },
+            help_text="Jobs of this category only (docs/configuration.md#job-categories).",
+        )
         created_after = serializers.DateTimeField(required=False)
 
     @extend_schema(
@@ -255,6 +265,7 @@ class JobListApi(APIView):
             staff=_staff_powers(request),
             status=filters.validated_data.get("status"),
             job_type=filters.validated_data.get("type"),
+            category=filters.validated_data.get("category"),
             created_after=filters.validated_data.get("created_after"),
         )
         paginator = self.pagination_class()
