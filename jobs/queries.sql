@@ -215,11 +215,12 @@ FROM jobs WHERE jobs.id = %(job_id)s AND (%(staff)s OR jobs.owner_id = %(owner)s
 -- job_read for the job an owner made under an idempotency key
 -- (jobs_owner_idempotency_uniq): what a repeated create answers. In the same round
 -- trip, a repeat (the key within its TTL at `now`, the same params_hash) moves the key
--- record's last seen (docs/api.md#idempotency); nothing else, and no version bump: the
+-- record's last seen to `now` (docs/api.md#idempotency; the application's clock, as
+-- created_at, its first seen); nothing else, and no version bump: the
 -- body does not show it, so a client's ETag stays valid. The row read is the one before
 -- that write (a statement's CTE writes are not visible to its own query).
 WITH seen AS (
-    UPDATE jobs SET idempotency_last_seen_at = now()
+    UPDATE jobs SET idempotency_last_seen_at = %(now)s
     WHERE jobs.owner_id = %(owner)s AND jobs.idempotency_key = %(key)s
       AND jobs.idempotency_expires_at > %(now)s AND jobs.params_hash = %(params_hash)s
 )

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.django_db
 
 JOBS = "/api/v1/jobs"
 BODY_KEYS = {
-    "id", "type", "queue", "status", "progress", "attempts", "max_attempts", "cancel_requested",
-    "dead_letter_queue", "idempotency_key", "request_id", "created_at", "updated_at",
-    "artefacts", "last_error", "result",
+    "id", "type", "category", "queue", "status", "progress", "attempts", "max_attempts",
+    "cancel_requested", "dead_letter_queue", "idempotency_key", "request_id", "created_at",
+    "updated_at", "artefacts", "last_error", "result",
 }  # fmt: skip
 SIM = {"type": "sim", "params": {"steps": 3, "step_seconds": 0}}
 
@@ -523,6 +523,56 @@ def test_bad_list_filters_are_400(api, query):
     response = api.get(JOBS, query)
     assert response.status_code == 400
     assert error_code(response) == "ERR-JOB-400"
+
+
+def test_list_filters_by_category_alone_and_with_the_other_filters(api):
+    sim = make_job(owner=api.user)
+    report = make_job(owner=api.user, job_type="report", params={})
+    erp = make_job(owner=api.user, job_type="erp", params={"event": "order.created"})
+    make_job(owner=UserFactory(), job_type="erp", params={"event": "order.created"})
+    api.post(f"{JOBS}/{sim.id}/cancel")
+
+    def ids(query):
+        response = api.get(JOBS, query)
+        assert response.status_code == 200, response.content
+        return {j["id"] for j in response.json()["results"]}
+
+    assert ids({"category": "planning"}) == {str(sim.id)}
+    assert ids({"category": "import_export"}) == {str(report.id)}
+    assert ids({"category": "notification"}) == {str(erp.id)}
+    assert ids({"category": "maintenance"}) == set()
+    assert ids({"category": "planning", "status": "cancelled"}) == {str(sim.id)}
+    assert ids({"category": "planning", "status": "pending"}) == set()
+    assert ids({"category": "planning", "type": "report"}) == set()
+    assert ids({"category": "notification", "created_after": sim.created_at.isoformat()}) == {
+        str(erp.id)
+    }
+    body = api.get(f"{JOBS}/{erp.id}").json()
+    assert (body["type"], body["category"]) == ("erp", "notification")
+
+
+@pytest.mark.parametrize("category", ["planing", "Planning", "report"])
+def test_an_unknown_category_is_400_naming_the_valid_ones(api, category):
+    response = api.get(JOBS, {"category": category})
+    assert response.status_code == 400
+    assert error_code(response) == "ERR-JOB-400"
+    assert response.json()["error"]["details"]["category"] == [
+        f'"{category}" is not a category; one of: planning, import_export, notification, '
+        "maintenance."
+    ]
+
+
+def test_a_category_filtered_list_pages_with_a_cursor(api):
+    made = {str(make_job(owner=api.user).id) for _ in range(5)}
+    for _ in range(3):
+        make_job(owner=api.user, job_type="report", params={})
+    seen, url, pages = [], f"{JOBS}?page_size=2&category=planning", 0
+    while url:
+        body = api.get(url).json()
+        seen += [j["id"] for j in body["results"]]
+        url, pages = body["next"], pages + 1
+    assert pages == 3
+    assert seen == sorted(made, reverse=True)  # newest first: ids are time-ordered
 
 
 def test_list_pages_with_a_cursor(api):
