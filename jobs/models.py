@@ -45,8 +45,9 @@ class Job(models.Model):
     # Until when the key deduplicates; after it the dispatcher's release_keys step
     # releases the key (jobs/services/keys.py).
     idempotency_expires_at = models.DateTimeField(null=True, blank=True)
-    # The key's latest repeat (a create that returned this job); NULL: none since its
-    # creation, which is when the key was first seen (docs/api.md#idempotency).
+    # The key's latest repeat (a create that returned this job), to the second; NULL:
+    # none since its creation, which is when the key was first seen
+    # (docs/api.md#idempotency).
     idempotency_last_seen_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     attempts = models.PositiveIntegerField(default=0)

@@ -104,10 +104,15 @@ def test_a_repeat_within_the_ttl_marks_the_key_seen_and_keeps_the_etag(api):
     seen = Job.objects.get(id=job.id)
     assert seen.idempotency_last_seen_at > seen.created_at
     assert (seen.version, seen.updated_at) == (job.version, job.updated_at)
-    third = api.post(JOBS, {**SIM, "idempotency_key": "seen"}, format="json")
-    assert third.status_code == 200
-    last = Job.objects.get(id=job.id).idempotency_last_seen_at
-    assert last > seen.idempotency_last_seen_at
+    # To the second: a repeat within a second of the last one writes nothing...
+    assert api.post(JOBS, {**SIM, "idempotency_key": "seen"}, format="json").status_code == 200
+    assert Job.objects.get(id=job.id).idempotency_last_seen_at == seen.idempotency_last_seen_at
+    # ...one after it moves last seen again.
+    backdate(job, idempotency_last_seen_at=2)
+    assert api.post(JOBS, {**SIM, "idempotency_key": "seen"}, format="json").status_code == 200
+    last = Job.objects.get(id=job.id)
+    assert last.idempotency_last_seen_at > seen.idempotency_last_seen_at
+    assert last.version == job.version
 
 
 def test_a_mismatch_is_not_a_repeat_and_does_not_mark_the_key_seen(api):
