@@ -532,7 +532,15 @@ def test_list_filters_by_status_type_and_created_after(api):
 
 
 @pytest.mark.parametrize(
-    "query", [{"status": "nope"}, {"type": "x"}, {"created_after": "yesterday"}, {"cursor": "zz"}]
+    "query",
+    [
+        {"status": "nope"},
+        {"type": "x"},
+        {"created_after": "yesterday"},
+        {"cursor": "zz"},
+        {"page_size": "ten"},
+        {"page_size": ""},
+    ],
 )
 def test_bad_list_filters_are_400(api, query):
     response = api.get(JOBS, query)
