@@ -154,6 +154,10 @@ def test_the_job_list_shows_each_jobs_category_and_offers_every_category(otp_adm
     filters = {f.title: f for f in page.context["cl"].filter_specs}
     choices = [c["display"] for c in filters["category"].choices(page.context["cl"])]
     assert choices == ["All", "planning", "import_export", "notification", "maintenance"]
+    job = make_job(job_type="report", params={}, key="monthly")
+    detail = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/").content.decode()
+    assert "<dt>Category</dt><dd>import_export</dd>" in detail
+    assert "monthly · until " in detail and " · last seen " in detail
 
 
 def test_the_job_list_searches_by_id_key_and_request_id(otp_admin_client):
