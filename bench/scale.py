@@ -68,6 +68,7 @@ CLONE_OVERRIDES = {
     "updated_at": "now() - ids.n * interval '2.5 seconds' + interval '1 second'",
     "idempotency_key": "NULL",
     "idempotency_expires_at": "NULL",
+    "idempotency_last_seen_at": "NULL",
     "request_id": "NULL",
     "correlation_id": "NULL",
 }

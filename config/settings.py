@@ -272,11 +272,36 @@ JOBOPS_RETENTION = env_durations(
         "maintenance": timedelta(days=7),
     },
 )
+# A category's retry policy, which its types use unless they set their own in JOB_TYPES
+# (`ai` does) or in JOBOPS_JOB_TYPES; JOBOPS_CATEGORY_RETRIES changes a category's:
+# {"notification": {"max_retries": 8}}.
+_RETRY_FIELDS = {"max_retries": 0, "backoff_cap": 1}  # each field's least value
+JOBOPS_CATEGORY_RETRIES: dict[str, dict[str, int]] = {
+    "planning": {"max_retries": 5, "backoff_cap": 60},
+    "import_export": {"max_retries": 5, "backoff_cap": 45},
+    "notification": {"max_retries": 5, "backoff_cap": 45},
+    "maintenance": {"max_retries": 3, "backoff_cap": 60},
+}
+for _category, _fields in env_json("JOBOPS_CATEGORY_RETRIES", {}).items():
+    if _category not in JOBOPS_CATEGORY_RETRIES or not isinstance(_fields, dict):
+        raise ImproperlyConfigured(
+            f"JOBOPS_CATEGORY_RETRIES: {_category!r} is not one of {', '.join(JOB_CATEGORIES)}"
+        )
+    for _field, _value in _fields.items():
+        if _field not in _RETRY_FIELDS or not (
+            type(_value) is int and _value >= _RETRY_FIELDS[_field]
+        ):
+            raise ImproperlyConfigured(
+                f"JOBOPS_CATEGORY_RETRIES: {_category}.{_field}={_value!r}: the fields are "
+                "max_retries (0 or more) and backoff_cap (seconds, 1 or more)"
+            )
+    JOBOPS_CATEGORY_RETRIES[_category].update(_fields)
 
 JOB_TYPES: dict[str, dict[str, Any]] = {
     "ai": {
         "category": "planning",
         "queue": "default",
+        # Its own retry policy (planning's is 5 and 60 s), as before categories.
         "max_retries": 3,
         "backoff_cap": 20,
         "soft_time_limit": 240,
@@ -287,8 +312,6 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
     "model": {
         "category": "planning",
         "queue": "model",
-        "max_retries": 5,
-        "backoff_cap": 60,
         "soft_time_limit": 840,
         "time_limit": 900,
         "params_serializer": "jobs.params.ModelParams",
@@ -297,8 +320,6 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
     "cam": {
         "category": "planning",
         "queue": "cam",
-        "max_retries": 5,
-        "backoff_cap": 60,
         "soft_time_limit": 840,
         "time_limit": 900,
         "params_serializer": "jobs.params.CamParams",
@@ -307,8 +328,6 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
     "sim": {
         "category": "planning",
         "queue": "sim",
-        "max_retries": 5,
-        "backoff_cap": 60,
         "soft_time_limit": 840,
         "time_limit": 900,
         "params_serializer": "jobs.params.SimParams",
@@ -317,8 +336,6 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
     "report": {
         "category": "import_export",
         "queue": "report",
-        "max_retries": 5,
-        "backoff_cap": 45,
         "soft_time_limit": 540,
         "time_limit": 600,
         "params_serializer": "jobs.params.ReportParams",
@@ -327,8 +344,6 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
     "erp": {
         "category": "notification",
         "queue": "erp",
-        "max_retries": 5,
-        "backoff_cap": 45,
         "soft_time_limit": 240,
         "time_limit": 300,
         "params_serializer": "jobs.params.ErpParams",
@@ -344,9 +359,11 @@ for _type, _path in env_json("JOBOPS_HANDLERS", {}).items():
 # A deployment (or a test worker) tunes the table without code changes:
 # {"sim": {"max_retries": 2, "soft_time_limit": 2, "time_limit": 3}}.
 # A type's own key TTL or retention (a duration: "14d") replaces its category's.
+# A type's own max_retries or backoff_cap replaces its category's (JOBOPS_CATEGORY_RETRIES).
 _TYPE_DURATIONS = {"key_ttl", "retention"}
+_TYPE_FIELDS = _TYPE_DURATIONS | set(_RETRY_FIELDS)
 for _type, _fields in env_json("JOBOPS_JOB_TYPES", {}).items():
-    if _type not in JOB_TYPES or not set(_fields) <= set(JOB_TYPES[_type]) | _TYPE_DURATIONS:
+    if _type not in JOB_TYPES or not set(_fields) <= set(JOB_TYPES[_type]) | _TYPE_FIELDS:
         raise ImproperlyConfigured(f"JOBOPS_JOB_TYPES: unknown type or field in {_type!r}")
     for _field in _TYPE_DURATIONS & set(_fields):
         try:
@@ -395,6 +412,8 @@ JOBOPS_DISPATCHER_INTERVAL_SECONDS = env_float("JOBOPS_DISPATCHER_INTERVAL_SECON
 JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("publish", "jobs.services.publishing.publish_due_once"),
     ("reap", "jobs.services.reaper.reap_once"),
+    # Idempotency keys past their category's TTL (jobs/services/keys.py), in batches.
+    ("release_keys", "jobs.services.keys.release_keys_once"),
     ("outbox", "jobs.events.outbox_relay_once"),
     ("checkpoint", "audit.checkpoints.checkpoint_write_if_due"),
     ("queue_depths", "jobs.backpressure.queue_depths_step"),

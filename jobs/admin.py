@@ -77,6 +77,13 @@ class TypeFilter(ChoicesFilter):
         return sorted(settings.JOB_TYPES)
 
 
+class CategoryFilter(ChoicesFilter):
+    title, parameter_name, field = "category", "category__exact", "category"
+
+    def values(self) -> list[str]:
+        return list(settings.JOB_CATEGORIES)
+
+
 class QueueFilter(ChoicesFilter):
     title, parameter_name, field = "queue", "queue__exact", "queue"
 
@@ -139,6 +146,7 @@ class JobAdmin(ReadOnlyAdmin):
         "job_link",
         "status_badge",
         "type",
+        "category",
         "queue",
         "progress_bar",
         "attempts_of_max",
@@ -149,6 +157,7 @@ class JobAdmin(ReadOnlyAdmin):
     list_filter = [
         "status",
         TypeFilter,
+        CategoryFilter,
         QueueFilter,
         OwnerFilter,
         CreatedFilter,

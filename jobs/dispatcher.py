@@ -12,7 +12,8 @@ next one:
 2. reap (`jobs.services.reaper`): `running` jobs whose lock went stale -> `retrying`
    now (audit `reclaimed`), or `failed` + a `worker_lost` dead letter once their
    attempts are used up;
-3. the steps other modules own: the event outbox relay, audit checkpoints, the queue
+3. release_keys (`jobs.services.keys`): idempotency keys past their TTL, in batches;
+4. the steps other modules own: the event outbox relay, audit checkpoints, the queue
    depths cache for backpressure, the dead-letter watcher.
 
 One process can do it all (`--role all`), or the publishing can run in a process of its

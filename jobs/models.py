@@ -27,6 +27,10 @@ def new_job_id() -> uuid.UUID:
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=new_job_id, editable=False)
     type = models.CharField(max_length=32)
+    # The type's category when the job was created (docs/configuration.md#job-categories),
+    # stored rather than looked up: a type moved to another category later must not
+    # change the body of the jobs it already made without a new version (their ETag).
+    category = models.CharField(max_length=32)
     queue = models.CharField(max_length=64)
     params = models.JSONField(default=dict)
     # sha256 of the canonical JSON of (type, params): decides idempotent repeats.
@@ -38,8 +42,13 @@ class Job(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs", db_index=False
     )
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
-    # Until when the key deduplicates; after it a maintenance task releases the key.
+    # Until when the key deduplicates; after it the dispatcher's release_keys step
+    # releases the key (jobs/services/keys.py).
     idempotency_expires_at = models.DateTimeField(null=True, blank=True)
+    # The key's latest repeat (a create that returned this job), to the second; NULL:
+    # none since its creation, which is when the key was first seen
+    # (docs/api.md#idempotency).
+    idempotency_last_seen_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()

@@ -74,6 +74,7 @@ def _artefact_bodies(job: Job, request: Any) -> list[dict[str, Any]]:
 JOB_BODY: dict[str, Callable[[Job, Any], Any]] = {
     "id": lambda job, request: str(job.id),
     "type": lambda job, request: job.type,
+    "category": lambda job, request: job.category,
     "queue": lambda job, request: job.queue,
     "status": lambda job, request: job.status,
     "progress": lambda job, request: job_progress(job),

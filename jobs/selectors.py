@@ -24,7 +24,7 @@ from django.db.models.functions import Cast
 
 from audit.models import ActorType, AuditLog
 from audit.services import job_chain
-from core.db import execute_prepared, model_from_row, read_within
+from core.db import Rows, execute_prepared, model_from_row, read_within
 from core.ids import IdFragment, id_fragment
 from jobs.errors import TIME_LIMIT
 from jobs.exceptions import JobNotFoundError
@@ -69,15 +69,14 @@ def job_get_for_user(*, job_id: uuid.UUID, user: Any, staff: bool = False) -> Jo
     return job
 
 
-def job_get_by_key(*, owner: Any, key: str) -> Job | None:
-    """The job `owner` made under this idempotency key, with its artefacts, or None: what
-    a repeated create answers, in the one statement of `job_get_for_user`."""
-    return _job_read("job_read_by_key", {"owner": owner.pk, "key": key})
-
-
 def _job_read(statement: str, params: dict[str, Any]) -> Job | None:
-    """The job that `statement` (job_read or job_read_by_key) finds, with its artefacts."""
-    rows = execute_prepared(QUERIES[statement], params)
+    """The job that `statement` (job_read) finds, with its artefacts."""
+    return job_from_rows(execute_prepared(QUERIES[statement], params))
+
+
+def job_from_rows(rows: Rows) -> Job | None:
+    """The job of a statement that reads `jobs.*` and its artefacts (job_read,
+    job_repeat_by_key), or None when it found none."""
     if not rows:
         return None
     job = model_from_row(Job, rows[0], rows.columns)
@@ -93,6 +92,7 @@ def job_list_for_user(
     staff: bool = False,
     status: str | None = None,
     job_type: str | None = None,
+    category: str | None = None,
     created_after: datetime | None = None,
 ) -> QuerySet[Job]:
     """The caller's jobs (every job with staff powers), filtered; ordered by the
@@ -102,6 +102,10 @@ def job_list_for_user(
         jobs = jobs.filter(status=status)
     if job_type:
         jobs = jobs.filter(type=job_type)
+    if category:
+        # No index of its own, as type has none: the list walks (owner, created_at)
+        # newest first, and an index more is a write more at every create.
+        jobs = jobs.filter(category=category)
     if created_after:
         jobs = jobs.filter(created_at__gt=created_after)
     return jobs

@@ -19,6 +19,7 @@ class JobType:
     key_ttl: timedelta
     retention: timedelta
     queue: str
+    # Its category's (JOBOPS_CATEGORY_RETRIES) unless the type sets its own.
     max_retries: int
     backoff_cap: int
     soft_time_limit: int
@@ -47,16 +48,22 @@ class JobType:
         return import_string(self.handler)
 
 
-# (the JOB_TYPES table it was built from, the types): rebuilt when the setting is another
-# object (override_settings), not on every lookup (the publisher asks once per job).
-_built: tuple[Any, dict[str, JobType]] | None = None
+# (the settings they were built from, the types): rebuilt when one of those settings is
+# another object (override_settings), not on every lookup (the publisher asks once per job).
+_built: tuple[tuple[Any, ...], dict[str, JobType]] | None = None
 
 
 def all_types() -> dict[str, JobType]:
     global _built
     table = settings.JOB_TYPES
-    if _built is None or _built[0] is not table:
-        _built = (table, {name: _build(name, spec) for name, spec in table.items()})
+    sources = (
+        table,
+        settings.JOBOPS_KEY_TTL,
+        settings.JOBOPS_RETENTION,
+        settings.JOBOPS_CATEGORY_RETRIES,
+    )
+    if _built is None or any(a is not b for a, b in zip(_built[0], sources, strict=True)):
+        _built = (sources, {name: _build(name, spec) for name, spec in table.items()})
     return dict(_built[1])
 
 
@@ -67,6 +74,7 @@ def _build(name: str, spec: dict[str, Any]) -> JobType:
         **{
             "key_ttl": settings.JOBOPS_KEY_TTL[category],
             "retention": settings.JOBOPS_RETENTION[category],
+            **settings.JOBOPS_CATEGORY_RETRIES[category],
             **spec,
         },
     )

@@ -16,17 +16,18 @@ MILLION = 1_000_000
 
 # A realistic million: nearly all ended over the last 30 days, a few hundred unfinished.
 FILL = """
-INSERT INTO jobs (id, type, queue, params, params_hash, status, owner_id, cancel_requested,
-                  attempts, max_attempts, progress_percent, version, created_at, updated_at,
-                  locked_by, locked_at)
-SELECT gen_random_uuid(), t.type, t.queue, '{}'::jsonb, 'x', s.status, %(owner)s, false,
+INSERT INTO jobs (id, type, category, queue, params, params_hash, status, owner_id,
+                  cancel_requested, attempts, max_attempts, progress_percent, version,
+                  created_at, updated_at, locked_by, locked_at)
+SELECT gen_random_uuid(), t.type, t.category, t.queue, '{}'::jsonb, 'x', s.status, %(owner)s, false,
        1, 6, 0, 1, now() - make_interval(secs => g %% (30 * 86400)), now(),
        CASE WHEN s.status = 'running' THEN 'w' END,
        CASE WHEN s.status = 'running' THEN now() END
   FROM generate_series(1, %(n)s) AS g
   CROSS JOIN LATERAL (SELECT (ARRAY['sim', 'report', 'erp', 'ai'])[1 + g %% 4] AS type) AS k
   CROSS JOIN LATERAL (SELECT k.type, CASE k.type WHEN 'ai' THEN 'default' ELSE k.type END
-                      AS queue) AS t
+                      AS queue, CASE k.type WHEN 'report' THEN 'import_export'
+                      WHEN 'erp' THEN 'notification' ELSE 'planning' END AS category) AS t
   CROSS JOIN LATERAL (SELECT CASE WHEN g %% 1000 = 0 THEN 'pending'
                                   WHEN g %% 1000 = 1 THEN 'queued'
                                   WHEN g %% 1000 = 2 THEN 'running'

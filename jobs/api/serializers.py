@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -65,6 +66,10 @@ class JobOutputSerializer(serializers.Serializer):
 
     id = serializers.UUIDField()
     type = serializers.CharField()
+    category = serializers.ChoiceField(
+        choices=settings.JOB_CATEGORIES,
+        help_text="The type's category when the job was created (docs/configuration.md).",
+    )
     queue = serializers.CharField()
     status = serializers.ChoiceField(choices=Status.choices)
     progress = serializers.SerializerMethodField()

@@ -214,6 +214,18 @@ class JobCursorPagination(CursorPagination):
     page_size_query_param = "page_size"
     max_page_size = 200
 
+    def get_page_size(self, request: Request) -> int | None:
+        # DRF answers a page_size that is not a number with the default page; like any
+        # other bad query value (and as the schema says: an integer), it is a 400.
+        # Whole numbers keep DRF's reading: below 1 the default, above 200 the maximum.
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is not None:
+            try:
+                int(raw)
+            except ValueError as exc:
+                raise serializers.ValidationError({"page_size": ["A whole number."]}) from exc
+        return super().get_page_size(request)
+
     def decode_cursor(self, request: Request) -> Any:
         try:
             cursor = super().decode_cursor(request)
@@ -239,6 +251,16 @@ class JobListApi(APIView):
     class JobListFilterSerializer(QueryFilterSerializer):
         status = serializers.ChoiceField(choices=Status.choices, required=False)
         type = serializers.ChoiceField(choices=sorted(settings.JOB_TYPES), required=False)
+        category = serializers.ChoiceField(
+            choices=settings.JOB_CATEGORIES,
+            required=False,
+            error_messages={
+                "invalid_choice": (
+                    f'"{{input}}" is not a category; one of: {", ".join(settings.JOB_CATEGORIES)}.'
+                )
+            },
+            help_text="Jobs of this category only (docs/configuration.md#job-categories).",
+        )
         created_after = serializers.DateTimeField(required=False)
 
     @extend_schema(
@@ -255,6 +277,7 @@ class JobListApi(APIView):
             staff=_staff_powers(request),
             status=filters.validated_data.get("status"),
             job_type=filters.validated_data.get("type"),
+            category=filters.validated_data.get("category"),
             created_after=filters.validated_data.get("created_after"),
         )
         paginator = self.pagination_class()

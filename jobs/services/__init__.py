@@ -5,6 +5,8 @@ Split by concern, re-exported here so that callers say `from jobs.services impor
 - `transitions`: the one compare-and-set of docs/architecture.md with its audit entry and
   event (`transition`, `Fence`), and `job_audit` for events that change no status;
 - `creation`: `job_create`, the API's `job_submit`, validation, idempotency keys;
+- `keys`: idempotency keys after creation: a repeat reads the job and marks its key
+  seen, the dispatcher's release_keys step releases those past their TTL;
 - `cancellation`: `job_cancel`;
 - `publishing`: a confirmed publish moves a job to `queued`; the dispatcher's pass;
 - `worker`: claim, heartbeat, progress, succeed, retry, cancel confirm;
@@ -17,7 +19,6 @@ from jobs.services.artefacts import artefact_save
 from jobs.services.cancellation import job_cancel, job_cancel_for_user
 from jobs.services.creation import (
     job_create,
-    job_release_idempotency_keys,
     job_submit,
     params_hash,
     validate_idempotency_key,
@@ -30,6 +31,7 @@ from jobs.services.dead_letters import (
     job_fail_with_dead_letter,
     jobs_fail_with_dead_letters,
 )
+from jobs.services.keys import job_key_repeat, job_release_idempotency_keys, release_keys_once
 from jobs.services.publishing import job_publish, publish_due_once, republish_queued
 from jobs.services.reaper import job_lock_is_stale, job_reclaim, reap_once
 from jobs.services.transitions import (
@@ -70,6 +72,7 @@ __all__ = [
     "job_create",
     "job_fail_with_dead_letter",
     "job_heartbeat",
+    "job_key_repeat",
     "job_lock_is_stale",
     "job_lock_state",
     "job_progress_write",
@@ -84,6 +87,7 @@ __all__ = [
     "params_hash",
     "publish_due_once",
     "reap_once",
+    "release_keys_once",
     "republish_queued",
     "transition",
     "transition_many",

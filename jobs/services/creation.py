@@ -8,8 +8,6 @@ into a 409 the client can retry.
 from __future__ import annotations
 
 import hashlib
-import uuid
-from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
@@ -34,7 +32,8 @@ from jobs.exceptions import (
     PayloadTooLargeError,
 )
 from jobs.models import Job
-from jobs.selectors import job_get_by_key, job_key_exists
+from jobs.selectors import job_key_exists
+from jobs.services.keys import job_key_repeat, job_release_idempotency_keys
 from jobs.services.transitions import job_insert
 from jobs.states import Status
 from jobs.types import get_type
@@ -116,7 +115,8 @@ def job_create(
        dispatcher publishes the job.
     3. Nothing inserted: read the row by (owner, key), with its artefacts. A different
        (type, params) under the same key is a mismatch error; a key past its retention
-       (or released meanwhile) is free, and the insert runs again.
+       (or released meanwhile) is free, and the insert runs again. A repeat within
+       the TTL marks the key seen in that read (jobs.services.keys.job_key_repeat).
     Returns (job, created).
     """
     spec = get_type(job_type) if isinstance(job_type, str) else None
@@ -134,12 +134,15 @@ def job_create(
     now = timezone.now()
     candidate = Job(
         type=job_type,
+        category=spec.category,
         queue=spec.queue,
         params=params,
         params_hash=digest,
         status=Status.PENDING,
         owner=owner,
         idempotency_key=idempotency_key,
+        # The key's TTL counts from creation. Once jobs can be scheduled (a run_at), it
+        # counts from the later of creation and run_at: a key must outlive its job's run.
         idempotency_expires_at=(now + spec.key_ttl if idempotency_key else None),
         max_attempts=spec.max_attempts,
         request_id=request_id,
@@ -157,7 +160,7 @@ def job_create(
             raise JobConflictError()  # only a job id collision inserts nothing: retry
         # The key was taken: concurrent identical requests all read the one winner (with
         # its artefacts, which the answer lists).
-        job = job_get_by_key(owner=owner, key=idempotency_key)
+        job = job_key_repeat(owner=owner, key=idempotency_key, params_hash=digest, now=now)
         if job is None:
             continue  # the key was released since the insert: it is free again
         if job.idempotency_expires_at and job.idempotency_expires_at <= now:
@@ -169,16 +172,6 @@ def job_create(
         counter(status="existing").inc()
         return job, False
     raise JobConflictError()  # the released key was taken again meanwhile: retry
-
-
-def job_release_idempotency_keys(*, job_ids: Iterable[uuid.UUID] | None = None) -> int:
-    """Forget keys past their retention (docs/architecture.md) so that a reuse makes a new job."""
-    expired = Job.objects.filter(
-        idempotency_key__isnull=False, idempotency_expires_at__lte=timezone.now()
-    )
-    if job_ids is not None:
-        expired = expired.filter(id__in=list(job_ids))
-    return expired.update(idempotency_key=None, idempotency_expires_at=None)
 
 
 def job_submit(

@@ -115,6 +115,9 @@ def _running(job, *, percent=40, step="mesh", message="refining cell 12"):
     [
         ({"status__exact": "running"}, {"run"}),
         ({"type__exact": "report"}, {"rep"}),
+        ({"category__exact": "import_export"}, {"rep"}),
+        ({"category__exact": "planning", "status__exact": "running"}, {"run"}),
+        ({"category__exact": "notification"}, set()),
         ({"queue__exact": "report"}, {"rep"}),
         ({"owner": "bob"}, {"bob"}),
         ({"owner": "nobody"}, set()),
@@ -141,6 +144,20 @@ def test_the_job_list_filters(otp_admin_client, query, expected):
     assert page.status_code == 200
     ids = {str(j.id) for j in page.context["cl"].result_list}
     assert ids == {str(named[n].id) for n in expected}
+
+
+def test_the_job_list_shows_each_jobs_category_and_offers_every_category(otp_admin_client):
+    make_job(job_type="erp", params={"event": "order.created"})
+    page = otp_admin_client.get("/admin/jobs/job/")
+    text = page.content.decode()
+    assert '<td class="field-category">notification</td>' in text
+    filters = {f.title: f for f in page.context["cl"].filter_specs}
+    choices = [c["display"] for c in filters["category"].choices(page.context["cl"])]
+    assert choices == ["All", "planning", "import_export", "notification", "maintenance"]
+    job = make_job(job_type="report", params={}, key="monthly")
+    detail = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/").content.decode()
+    assert "<dt>Category</dt><dd>import_export</dd>" in detail
+    assert "monthly · until " in detail and " · last seen " in detail
 
 
 def test_the_job_list_searches_by_id_key_and_request_id(otp_admin_client):

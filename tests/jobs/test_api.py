@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from functools import partial
 
 import pytest
 
@@ -25,9 +26,9 @@ pytestmark = pytest.mark.django_db
 
 JOBS = "/api/v1/jobs"
 BODY_KEYS = {
-    "id", "type", "queue", "status", "progress", "attempts", "max_attempts", "cancel_requested",
-    "dead_letter_queue", "idempotency_key", "request_id", "created_at", "updated_at",
-    "artefacts", "last_error", "result",
+    "id", "type", "category", "queue", "status", "progress", "attempts", "max_attempts",
+    "cancel_requested", "dead_letter_queue", "idempotency_key", "request_id", "created_at",
+    "updated_at", "artefacts", "last_error", "result",
 }  # fmt: skip
 SIM = {"type": "sim", "params": {"steps": 3, "step_seconds": 0}}
 
@@ -38,6 +39,23 @@ def post(client, body, **extra):
 
 def error_code(response):
     return response.json()["error"]["code"]
+
+
+def listed_ids(api, query):
+    """The ids of the first page of the list with this query (a 200)."""
+    response = api.get(JOBS, query)
+    assert response.status_code == 200, response.content
+    return {j["id"] for j in response.json()["results"]}
+
+
+def all_pages(api, url):
+    """The ids of every page from `url` on, following `next`, and how many pages."""
+    seen, pages = [], 0
+    while url:
+        body = api.get(url).json()
+        seen += [j["id"] for j in body["results"]]
+        url, pages = body["next"], pages + 1
+    return seen, pages
 
 
 # --- create -----------------------------------------------------------------------
@@ -505,10 +523,7 @@ def test_list_filters_by_status_type_and_created_after(api):
     report = make_job(owner=api.user, job_type="report", params={})
     api.post(f"{JOBS}/{sim.id}/cancel")
 
-    def ids(query):
-        response = api.get(JOBS, query)
-        assert response.status_code == 200, response.content
-        return {j["id"] for j in response.json()["results"]}
+    ids = partial(listed_ids, api)
 
     assert ids({"status": "cancelled"}) == {str(sim.id)}
     assert ids({"type": "report"}) == {str(report.id)}
@@ -517,7 +532,15 @@ def test_list_filters_by_status_type_and_created_after(api):
 
 
 @pytest.mark.parametrize(
-    "query", [{"status": "nope"}, {"type": "x"}, {"created_after": "yesterday"}, {"cursor": "zz"}]
+    "query",
+    [
+        {"status": "nope"},
+        {"type": "x"},
+        {"created_after": "yesterday"},
+        {"cursor": "zz"},
+        {"page_size": "ten"},
+        {"page_size": ""},
+    ],
 )
 def test_bad_list_filters_are_400(api, query):
     response = api.get(JOBS, query)
@@ -525,13 +548,52 @@ def test_bad_list_filters_are_400(api, query):
     assert error_code(response) == "ERR-JOB-400"
 
 
+def test_list_filters_by_category_alone_and_with_the_other_filters(api):
+    sim = make_job(owner=api.user)
+    report = make_job(owner=api.user, job_type="report", params={})
+    erp = make_job(owner=api.user, job_type="erp", params={"event": "order.created"})
+    make_job(owner=UserFactory(), job_type="erp", params={"event": "order.created"})
+    api.post(f"{JOBS}/{sim.id}/cancel")
+
+    ids = partial(listed_ids, api)
+
+    assert ids({"category": "planning"}) == {str(sim.id)}
+    assert ids({"category": "import_export"}) == {str(report.id)}
+    assert ids({"category": "notification"}) == {str(erp.id)}
+    assert ids({"category": "maintenance"}) == set()
+    assert ids({"category": "planning", "status": "cancelled"}) == {str(sim.id)}
+    assert ids({"category": "planning", "status": "pending"}) == set()
+    assert ids({"category": "planning", "type": "report"}) == set()
+    assert ids({"category": "notification", "created_after": sim.created_at.isoformat()}) == {
+        str(erp.id)
+    }
+    body = api.get(f"{JOBS}/{erp.id}").json()
+    assert (body["type"], body["category"]) == ("erp", "notification")
+
+
+@pytest.mark.parametrize("category", ["planing", "Planning", "report"])
+def test_an_unknown_category_is_400_naming_the_valid_ones(api, category):
+    response = api.get(JOBS, {"category": category})
+    assert response.status_code == 400
+    assert error_code(response) == "ERR-JOB-400"
+    assert response.json()["error"]["details"]["category"] == [
+        f'"{category}" is not a category; one of: planning, import_export, notification, '
+        "maintenance."
+    ]
+
+
+def test_a_category_filtered_list_pages_with_a_cursor(api):
+    made = {str(make_job(owner=api.user).id) for _ in range(5)}
+    for _ in range(3):
+        make_job(owner=api.user, job_type="report", params={})
+    seen, pages = all_pages(api, f"{JOBS}?page_size=2&category=planning")
+    assert pages == 3
+    assert seen == sorted(made, reverse=True)  # newest first: ids are time-ordered
+
+
 def test_list_pages_with_a_cursor(api):
     made = {str(make_job(owner=api.user).id) for _ in range(5)}
-    seen, url, pages = [], f"{JOBS}?page_size=2", 0
-    while url:
-        body = api.get(url).json()
-        seen += [j["id"] for j in body["results"]]
-        url, pages = body["next"], pages + 1
+    seen, pages = all_pages(api, f"{JOBS}?page_size=2")
     assert pages == 3
     assert len(seen) == 5 and set(seen) == made
 

@@ -1,5 +1,5 @@
 """Job categories (docs/configuration.md#job-categories): each type's category decides
-its idempotency key's TTL and its retention, a type may override either."""
+its idempotency key's TTL, its retention and its retry policy; a type may override each."""
 
 from __future__ import annotations
 
@@ -58,10 +58,19 @@ def test_a_type_override_replaces_its_categorys_value(settings):
 
 
 def _settings(**env: str) -> subprocess.CompletedProcess[str]:
+    """Each type's [key TTL, retention] in seconds, as a process with `env` reads them."""
+    return _types_with("[t.key_ttl.total_seconds(), t.retention.total_seconds()]", env)
+
+
+def _retries(**env: str) -> subprocess.CompletedProcess[str]:
+    """Each type's [max_retries, backoff_cap], as a process with `env` reads them."""
+    return _types_with("[t.max_retries, t.backoff_cap]", env)
+
+
+def _types_with(value: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     program = (
         "import django, json; django.setup(); from jobs.types import all_types; "
-        "print(json.dumps({n: [t.key_ttl.total_seconds(), t.retention.total_seconds()] "
-        "for n, t in all_types().items()}))"
+        f"print(json.dumps({{n: {value} for n, t in all_types().items()}}))"
     )
     return subprocess.run(
         [sys.executable, "-c", program],
@@ -123,3 +132,65 @@ def test_durations_read_and_write_the_same_text(text, value):
 def test_a_malformed_duration_is_refused(text):
     with pytest.raises(ValueError, match="is not a duration"):
         parse_duration(text)
+
+
+# --- retry policies (JOBOPS_CATEGORY_RETRIES) -----------------------------------------
+
+# Each type's [max_retries, backoff_cap] before categories had a retry policy.
+RETRIES = {
+    "ai": [3, 20],
+    "model": [5, 60],
+    "cam": [5, 60],
+    "sim": [5, 60],
+    "report": [5, 45],
+    "erp": [5, 45],
+}
+
+
+def test_every_type_keeps_its_retry_policy_by_default():
+    assert {n: [t.max_retries, t.backoff_cap] for n, t in all_types().items()} == RETRIES
+
+
+def test_a_categorys_retry_policy_applies_to_its_types_that_set_none_of_their_own():
+    result = _retries(
+        JOBOPS_CATEGORY_RETRIES=json.dumps(
+            {"notification": {"max_retries": 8}, "planning": {"backoff_cap": 90}}
+        ),
+        JOBOPS_JOB_TYPES=json.dumps({"cam": {"max_retries": 1}}),
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        **RETRIES,
+        "erp": [8, 45],
+        "model": [5, 90],
+        "sim": [5, 90],
+        "cam": [1, 90],  # its own max_retries, the category's backoff cap
+        # ai sets both in the types table: the category's policy does not reach it.
+    }
+
+
+@pytest.mark.django_db
+def test_a_job_of_the_category_gets_the_attempts_of_its_policy(settings):
+    settings.JOBOPS_CATEGORY_RETRIES = {
+        **settings.JOBOPS_CATEGORY_RETRIES,
+        "notification": {"max_retries": 8, "backoff_cap": 45},
+    }
+    job = make_job(job_type="erp", params={"event": "order.created"})
+    assert job.max_attempts == 9
+    assert make_job(job_type="report", params={}).max_attempts == 6  # another category
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ('{"notifications": {"max_retries": 8}}', "'notifications' is not one of"),
+        ('{"planning": {"retries": 8}}', "planning.retries=8"),
+        ('{"planning": {"max_retries": -1}}', "planning.max_retries=-1"),
+        ('{"planning": {"backoff_cap": 0}}', "planning.backoff_cap=0"),
+        ('{"planning": {"max_retries": "8"}}', "planning.max_retries='8'"),
+    ],
+)
+def test_a_bad_retry_policy_refuses_to_start_and_is_named(value, named):
+    result = _retries(JOBOPS_CATEGORY_RETRIES=value)
+    assert result.returncode != 0
+    assert f"JOBOPS_CATEGORY_RETRIES: {named}" in result.stderr

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 # Written out here, apart from the code: a field added, dropped or moved fails this.
 BODY = tuple(
-    "id type queue status progress attempts max_attempts cancel_requested "
+    "id type category queue status progress attempts max_attempts cancel_requested "
     "dead_letter_queue idempotency_key request_id created_at updated_at artefacts "
     "last_error result".split()
 )
