@@ -107,6 +107,24 @@ def test_every_ended_kind_goes_with_its_file_and_the_rest_stays(
     assert verify()[0] == 0
 
 
+def test_an_object_in_s3_goes_after_its_row_commits(s3, django_capture_on_commit_callbacks):
+    job, artefact = finished_with_file("s3.csv")
+    kept, kept_artefact = finished_with_file("kept.csv")  # ended now: within the minute
+    ended_long_ago(job)
+    assert artefact.file.name in s3.keys()
+    with django_capture_on_commit_callbacks(execute=False) as after_commit:
+        removed, _ = purge_run(older_than=MINUTE)
+        # The row is gone in the transaction; the object waits for its commit.
+        assert not Artefact.objects.filter(id=artefact.id).exists()
+        assert artefact.file.name in s3.keys()
+    assert removed["artefacts"] == 1
+    for callback in after_commit:
+        callback()
+    assert artefact.file.name not in s3.keys()
+    assert s3.object_bytes(kept_artefact.file.name) == b"a,b\n"
+    assert Job.objects.filter(id=kept.id).exists()
+
+
 def test_a_category_keeps_its_jobs_for_its_own_retention():
     # sim is planning (90 days), erp notification (7 days): both ended 8 days ago.
     eight_days = 8 * 86400
