@@ -9,16 +9,18 @@ measured where production runs it: in the maintain loop's `purge` step.
    does), the jobs cloned server-side from a finished one (INSERT ... SELECT), one
    published outbox event each; VACUUM ANALYZE, CHECKPOINT. All but the last --alone
    ended three hours ago, those 90 minutes ago.
-2. Baseline: the dispatcher with the default retention (nothing due), --measured jobs
-   created one by one through `job_create` (each timed: the create p99), then
-   --measured more created and drained by a worker (jobs/s).
+2. Baseline, before each pace (the load of a shared machine moves): the dispatcher
+   with the default retention (nothing due), --measured jobs created one by one
+   through `job_create` (each timed: the create p99), then --measured more created
+   and drained by a worker (jobs/s).
 3. For each --pace BATCH/PAUSE/STEP (JOBOPS_PURGE_BATCH, JOBOPS_PURGE_PAUSE_SECONDS,
    JOBOPS_PURGE_STEP_SECONDS; the settings' defaults unless given): the dispatcher with
    `JOBOPS_RETENTION=planning=2h` (the bench's `ai` jobs are `planning`) purges the
    jobs ended three hours ago in its own `purge` step while step 2 runs again: the
    purge's rate from the due jobs counted before and after (jobs/s, and rows/s: each
    job's `purged` entry, its row, its event) and the create p99 and drain rate beside
-   it against the baseline (target: within 20 %).
+   it against the baseline just before (target: within 20 %); --repeat pairs of
+   windows per pace, their medians.
 4. `manage.py purge --older-than 1h` alone, no traffic, no pause between batches: the
    fastest a node purges, over what is left (the --alone jobs at least).
 5. `verify_audit_chain --json` on sample purged jobs: their chains are complete.
@@ -26,7 +28,7 @@ measured where production runs it: in the maintain loop's `purge` step.
 Writes bench/results/retention.json (the load average at each window in it).
 
 Usage: python bench/retention.py [--jobs 1000000] [--measured 1000] [--alone 200000]
-       [--pace 500/0.05/0.5 ...] [--quick] [--keep]
+       [--repeat 3] [--pace 500/0.05/0.5 ...] [--quick] [--keep]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import sys
 import time
 import uuid
@@ -50,8 +53,8 @@ from bench._chains import EVENTS, copy_chains
 from bench._jobflow import bench_user, create_and_drain, create_jobs
 
 NAME = "retention"
-FULL = {"jobs": 1_000_000, "measured": 1000, "alone": 200_000}
-QUICK = {"jobs": 20_000, "measured": 200, "alone": 5_000}
+FULL = {"jobs": 1_000_000, "measured": 1000, "alone": 200_000, "repeat": 3}
+QUICK = {"jobs": 20_000, "measured": 200, "alone": 5_000, "repeat": 1}
 HANDLERS = json.dumps({"ai": "bench._handlers.noop"})
 # The paced phase's retention: the jobs ended three hours ago are due, the --alone
 # ones (90 minutes) are kept for the unthrottled command; the measured jobs (made
@@ -157,16 +160,32 @@ def beside_purge(
         before, started = due_count(scratch), time.monotonic()
         during = measure(scratch, args, owner, services)
         after, seconds = due_count(scratch), time.monotonic() - started
-    gone = before - after
     return {
         **during,
         "pace": pace,
-        "purged_jobs": gone,
+        "purged_jobs": before - after,
         "purge_seconds": round(seconds, 1),
-        "purge_jobs_per_s": common.rate(gone, seconds),
-        "purge_rows_per_s": common.rate(gone * ROWS_PER_JOB, seconds),
         # No due job left before the window ended: the rate is a lower bound.
         "backlog_ran_out": after == 0,
+    }
+
+
+def median_of(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The create p99 and drain rate of several windows, their medians."""
+    return {
+        "create_ms": {"p99_ms": statistics.median(w["create_ms"]["p99_ms"] for w in windows)},
+        "jobs_per_s": statistics.median(w["jobs_per_s"] for w in windows),
+        "loadavg_at_start": [statistics.median(w["loadavg_at_start"][0] for w in windows)],
+    }
+
+
+def purge_rate(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The purge's rate over several windows: jobs gone over their time together."""
+    gone, seconds = sum(w["purged_jobs"] for w in windows), sum(w["purge_seconds"] for w in windows)
+    return {
+        "purge_jobs_per_s": common.rate(gone, seconds),
+        "purge_rows_per_s": common.rate(gone * ROWS_PER_JOB, seconds),
+        "backlog_ran_out": any(w["backlog_ran_out"] for w in windows),
     }
 
 
@@ -209,6 +228,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, help="finished jobs seeded [1,000,000]")
     parser.add_argument("--measured", type=int, help="jobs created (and drained) per phase")
     parser.add_argument("--alone", type=int, help="of --jobs, kept for the unthrottled purge")
+    parser.add_argument("--repeat", type=int, help="baseline/purge window pairs per pace")
     parser.add_argument(
         "--pace",
         action="append",
@@ -237,15 +257,22 @@ def main() -> int:
             )
         seeded = seed(scratch, args.jobs, args.alone)
         report.figure("seeded_jobs", args.jobs, "jobs", f"seeded in {seeded['seconds']} s")
-        with dispatchers(scratch, scratch.env(JOBOPS_HANDLERS=HANDLERS)) as services:
-            baseline = measure(scratch, args, owner, services)
-        report.extra("baseline", baseline)
         windows = []
         for n, text in enumerate(paces):
-            during = beside_purge(scratch, args, owner, parse_pace(text)) | {"pace_text": text}
-            windows.append(during)
+            # Each pace against baselines measured just before each of its windows, the
+            # medians of --repeat pairs: on a shared machine the load of the minute
+            # moves these figures more than the purge does.
+            pairs = []
+            for _ in range(args.repeat):
+                with dispatchers(scratch, scratch.env(JOBOPS_HANDLERS=HANDLERS)) as services:
+                    base = measure(scratch, args, owner, services)
+                pairs.append((base, beside_purge(scratch, args, owner, parse_pace(text))))
+            baseline, during = median_of([b for b, _ in pairs]), median_of([d for _, d in pairs])
+            during |= purge_rate([d for _, d in pairs]) | {"pace_text": text}
+            windows.append({"pace": text, "pairs": pairs})
             suffix = "" if n == 0 else "_" + text.replace("/", "_").replace(".", "p")
             report_pace(report, suffix, during, baseline)
+            windows[-1]["purge_jobs_per_s"] = during["purge_jobs_per_s"]
         report.extra("windows", windows)
         left = int(
             scratch.scalar("SELECT count(*) FROM jobs WHERE created_at < now() - interval '1 hour'")
