@@ -114,10 +114,13 @@ def measure(
     return {"create_ms": create, **flow, "loadavg_at_start": loadavg}
 
 
-def due_count(scratch: common.Scratch) -> int:
-    """Seeded jobs the paced phase's retention makes due, still there."""
+def seeded_left(scratch: common.Scratch, older_than: str = DUE_AGE) -> int:
+    """Seeded jobs ended more than `older_than` ago (the paced phase's due ones by
+    default) still there; the measured jobs are younger."""
     return int(
-        scratch.scalar(f"SELECT count(*) FROM jobs WHERE created_at < now() - interval '{DUE_AGE}'")
+        scratch.scalar(
+            "SELECT count(*) FROM jobs WHERE created_at < now() - %s::interval", [older_than]
+        )
     )
 
 
@@ -157,9 +160,9 @@ def beside_purge(
     """Step 3 for one pace: the dispatcher purges while jobs are created and drained."""
     env = scratch.env(JOBOPS_HANDLERS=HANDLERS, JOBOPS_RETENTION=PACED_RETENTION, **pace)
     with dispatchers(scratch, env) as services:
-        before, started = due_count(scratch), time.monotonic()
+        before, started = seeded_left(scratch), time.monotonic()
         during = measure(scratch, args, owner, services)
-        after, seconds = due_count(scratch), time.monotonic() - started
+        after, seconds = seeded_left(scratch), time.monotonic() - started
     return {
         **during,
         "pace": pace,
@@ -269,14 +272,11 @@ def main() -> int:
                 pairs.append((base, beside_purge(scratch, args, owner, parse_pace(text))))
             baseline, during = median_of([b for b, _ in pairs]), median_of([d for _, d in pairs])
             during |= purge_rate([d for _, d in pairs]) | {"pace_text": text}
-            windows.append({"pace": text, "pairs": pairs})
+            windows.append({"baseline": baseline, "during": during, "pairs": pairs})
             suffix = "" if n == 0 else "_" + text.replace("/", "_").replace(".", "p")
             report_pace(report, suffix, during, baseline)
-            windows[-1]["purge_jobs_per_s"] = during["purge_jobs_per_s"]
         report.extra("windows", windows)
-        left = int(
-            scratch.scalar("SELECT count(*) FROM jobs WHERE created_at < now() - interval '1 hour'")
-        )
+        left = seeded_left(scratch, "1 hour")
         loadavg = round(os.getloadavg()[0], 2)
         with common.stopwatch() as t:
             removed = json.loads(
@@ -295,7 +295,8 @@ def main() -> int:
             "alone_purge_jobs_per_s", common.rate(purged, t["seconds"]), "jobs/s", label
         )
         report.figure("alone_purge_rows_per_s", common.rate(rows, t["seconds"]), "rows/s", label)
-        paced = windows[0]["purge_jobs_per_s"]
+        # The year at the first pace (the settings' own unless --pace is given).
+        paced = windows[0]["during"]["purge_jobs_per_s"]
         for key, rate_ in (("year_hours_paced", paced), ("year_hours_alone", fastest)):
             report.figure(
                 key,
@@ -309,9 +310,7 @@ def main() -> int:
                 "verify_audit_chain", "--json", *[a for j in sample for a in ("--job", j)]
             )
         )
-        gone = args.jobs - int(
-            scratch.scalar("SELECT count(*) FROM jobs WHERE created_at < now() - interval '1 hour'")
-        )
+        gone = args.jobs - seeded_left(scratch, "1 hour")
         report.check(
             "purged_chains_verify",
             label="purged chains verify (3 sample jobs)",
