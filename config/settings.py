@@ -243,10 +243,33 @@ CACHES = {
 
 # --- job types: the one table of facts (docs/architecture.md) --------------------------
 # Job categories (docs/configuration.md#job-categories): what kind of work a type does
-# decides how long its idempotency key returns its job and how long the job is kept
-# once it ended. Each type names its category below; a type may override either
-# duration (JOBOPS_JOB_TYPES: {"sim": {"retention": "14d"}}).
-JOB_CATEGORIES = ("planning", "import_export", "notification", "maintenance")
+# decides how long its idempotency key returns its job, how long the job is kept once
+# it ended, and the retry policy its types use unless they set their own (in JOB_TYPES,
+# as `ai` does, or in JOBOPS_JOB_TYPES: {"sim": {"retention": "14d"}}). One row per
+# category; JOBOPS_KEY_TTL, JOBOPS_RETENTION and JOBOPS_CATEGORY_RETRIES change it.
+_DAY = timedelta(days=1)
+_CATEGORY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "planning": {"key_ttl": 30 * _DAY, "retention": 90 * _DAY, "max_retries": 5, "backoff_cap": 60},
+    "import_export": {
+        "key_ttl": 30 * _DAY,
+        "retention": 30 * _DAY,
+        "max_retries": 5,
+        "backoff_cap": 45,
+    },
+    "notification": {
+        "key_ttl": 7 * _DAY,
+        "retention": 7 * _DAY,
+        "max_retries": 5,
+        "backoff_cap": 45,
+    },
+    "maintenance": {
+        "key_ttl": 7 * _DAY,
+        "retention": 7 * _DAY,
+        "max_retries": 3,
+        "backoff_cap": 60,
+    },
+}
+JOB_CATEGORIES = tuple(_CATEGORY_DEFAULTS)
 # JOBOPS_IDEMPOTENCY_KEY_DAYS, the single TTL of earlier versions, still sets every
 # category's key TTL that JOBOPS_KEY_TTL does not name.
 _key_days = env_str("JOBOPS_IDEMPOTENCY_KEY_DAYS", "")
@@ -254,33 +277,19 @@ JOBOPS_IDEMPOTENCY_KEY_DAYS = env_int("JOBOPS_IDEMPOTENCY_KEY_DAYS", 30)
 JOBOPS_KEY_TTL = env_durations(
     "JOBOPS_KEY_TTL",
     {
-        category: timedelta(days=JOBOPS_IDEMPOTENCY_KEY_DAYS) if _key_days else default
-        for category, default in {
-            "planning": timedelta(days=30),
-            "import_export": timedelta(days=30),
-            "notification": timedelta(days=7),
-            "maintenance": timedelta(days=7),
-        }.items()
+        category: timedelta(days=JOBOPS_IDEMPOTENCY_KEY_DAYS) if _key_days else row["key_ttl"]
+        for category, row in _CATEGORY_DEFAULTS.items()
     },
 )
 JOBOPS_RETENTION = env_durations(
     "JOBOPS_RETENTION",
-    {
-        "planning": timedelta(days=90),
-        "import_export": timedelta(days=30),
-        "notification": timedelta(days=7),
-        "maintenance": timedelta(days=7),
-    },
+    {category: row["retention"] for category, row in _CATEGORY_DEFAULTS.items()},
 )
-# A category's retry policy, which its types use unless they set their own in JOB_TYPES
-# (`ai` does) or in JOBOPS_JOB_TYPES; JOBOPS_CATEGORY_RETRIES changes a category's:
-# {"notification": {"max_retries": 8}}.
+# A category's retry policy: {"notification": {"max_retries": 8}} in JOBOPS_CATEGORY_RETRIES.
 _RETRY_FIELDS = {"max_retries": 0, "backoff_cap": 1}  # each field's least value
 JOBOPS_CATEGORY_RETRIES: dict[str, dict[str, int]] = {
-    "planning": {"max_retries": 5, "backoff_cap": 60},
-    "import_export": {"max_retries": 5, "backoff_cap": 45},
-    "notification": {"max_retries": 5, "backoff_cap": 45},
-    "maintenance": {"max_retries": 3, "backoff_cap": 60},
+    category: {field: row[field] for field in _RETRY_FIELDS}
+    for category, row in _CATEGORY_DEFAULTS.items()
 }
 for _category, _fields in env_json("JOBOPS_CATEGORY_RETRIES", {}).items():
     if _category not in JOBOPS_CATEGORY_RETRIES or not isinstance(_fields, dict):
