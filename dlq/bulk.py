@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from dlq.errors import BulkOperationNotFoundError, DeadLetterPermissionError
 from dlq.models import ACTIVE_STATES, BulkOperation, BulkState
+from dlq.queries import QUERIES
 from dlq.services.replay import (
     ResolveResult,
     broker_copies_ack_resolved,
@@ -42,7 +43,6 @@ from dlq.services.selection import (
     dead_letters_checked_selection,
     dead_letters_selected,
 )
-from dlq.sql import QUERIES
 from jobs.models import DeadLetter
 from jobs.topology import dlq_names
 

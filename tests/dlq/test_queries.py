@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from dlq.sql import QUERIES
+from dlq.queries import QUERIES
 from tests.processes import ROOT
 
 DLQ = ROOT / "dlq"
