@@ -40,7 +40,7 @@ lint: install
 	$(BIN)/lint-imports
 
 typecheck: install
-	$(BIN)/mypy config core jobs audit dlq
+	$(BIN)/mypy config core tenants jobs audit dlq
 
 fmt: install
 	$(BIN)/ruff check --fix .

@@ -87,7 +87,8 @@ def chain_hash(prev_hash: str, payload: bytes) -> str:
 class Hole:
     """A value of a canonical payload that only the database knows when it appends the
     entry (the next seq, the status a transition replaces). `kind` says how it is
-    written: "int" (a JSON number) or "text" (inside a JSON string: the value must need
+    written: "int" (a JSON number), "json" (any JSON value, already canonical text) or
+    "text" (inside a JSON string: the value must need
     no escaping, e.g. a status name)."""
 
     name: str
@@ -141,7 +142,7 @@ def canonical_template(value: Any) -> Template:
             raise ValueError(f"hole {by_sentinel[sentinel].name} occurs more than once")
         hole = by_sentinel[sentinel]
         start, end = position, position + len(sentinel)
-        if hole.kind == "int":  # the number replaces the whole JSON string
+        if hole.kind in ("int", "json"):  # the value replaces the whole JSON string
             start, end = start - 1, end + 1
         pieces.append(text[cursor:start])
         holes.append(hole)

@@ -37,6 +37,10 @@ class AppendOnlyModel(models.Model):
 
 class ActorType(models.TextChoices):
     USER = "user"
+    # An organisation's service account (docs/tenancy.md).
+    SERVICE = "service"
+    # Staff acting on other people's jobs or on the whole system from the portal.
+    OPERATOR = "operator"
     SYSTEM = "system"
     API_KEY = "api_key"
 

@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     # commands (core/apps.py).
     "core",
     "audit",
+    "tenants",
     "jobs",
     "dlq",
 ]

@@ -232,6 +232,8 @@ CONTEXT_KEYS = (
     "correlation_id",
     "trace_id",
     "job_id",
+    "org_id",
+    "project_id",
     "idempotency_key",
     "attempt",
     "queue",

@@ -41,6 +41,19 @@ class Job(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs", db_index=False
     )
+    # The organisation (and optional project) the job runs in; fixed at creation
+    # (docs/tenancy.md). No index of their own: (org, created_at) leads with org.
+    org = models.ForeignKey(
+        "tenants.Organisation", on_delete=models.PROTECT, related_name="jobs", db_index=False
+    )
+    project = models.ForeignKey(
+        "tenants.Project",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="jobs",
+        db_index=False,
+    )
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # Until when the key deduplicates; after it the dispatcher's release_keys step
     # releases the key (jobs/services/keys.py).
@@ -90,9 +103,10 @@ class Job(models.Model):
                 name="jobs_progress_range",
             ),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="jobs_max_attempts_pos"),
-            # NULL keys never conflict in PostgreSQL: no key always makes a new job.
+            # NULL keys never conflict in PostgreSQL: no key always makes a new job. A
+            # key is the owner's within one organisation: never shared between members.
             models.UniqueConstraint(
-                fields=["owner", "idempotency_key"], name="jobs_owner_idempotency_uniq"
+                fields=["org", "owner", "idempotency_key"], name="jobs_org_owner_idempotency_uniq"
             ),
             # A running job has a lock holder; no other state keeps one.
             models.CheckConstraint(
@@ -105,6 +119,8 @@ class Job(models.Model):
             # The API list: the caller's jobs, newest first.
             models.Index(fields=["owner", "-created_at"], name="jobs_owner_created_idx"),
             models.Index(fields=["-created_at"], name="jobs_created_idx"),
+            # An organisation's jobs, newest first (org admins, operators limited to some).
+            models.Index(fields=["org", "-created_at"], name="jobs_org_created_idx"),
             # Operator dashboard: unfinished jobs per queue and status (however many ended).
             models.Index(
                 fields=["queue", "status"],

@@ -16,4 +16,4 @@ PENDING_CHANNEL = "jobs_pending"
 
 # The values job_append can fill into an entry's payload (its `h0`..`h2`): the index
 # of each in the statement's array of the locked row's values.
-HOLE = {"seq": 1, "from": 2, "attempt": 3, "percent": 4}
+HOLE = {"seq": 1, "from": 2, "attempt": 3, "percent": 4, "context": 5}

@@ -15,12 +15,13 @@
 -- cancel_requested, dead_lettered, dlq_discarded). Returns each changed job's previous
 -- status, then its row.
 --
--- i: the jobs (`ids`) with their entry's canonical payload in pieces (`p0`..`p3`, one
--- array element per job; audit.canonical.Template; jobs_entries, jobs/migrations/0009,
--- says why a function unnests them), cut around up to three holes that
--- only the locked row can fill; `h0`..`h2` say which (jobs.queries.HOLE: 1 seq,
+-- i: the jobs (`ids`) with their entry's canonical payload in pieces (`p0`..`p4`, one
+-- array element per job; audit.canonical.Template; jobs_entries, jobs/migrations/0010,
+-- says why a function unnests them), cut around up to four holes that
+-- only the locked row can fill; `h0`..`h3` say which (jobs.queries.HOLE: 1 seq,
 -- 2 the status left, 3 the attempt, 4 the percent the row holds after a progress
--- write; NULL: no hole). Arrays travel in binary: psycopg's text format escapes every
+-- write, 5 the entry's `context`: the job's tenant and identity with `request_id`,
+-- jobs_audit_context in jobs/migrations/0014; NULL: no hole). Arrays travel in binary: psycopg's text format escapes every
 -- element in Python, 16 ms for a publish batch's 500 pieces against 0.7 ms in binary.
 --
 -- locked: the compare-and-set. Each condition is off when its parameter is NULL (false):
@@ -53,20 +54,23 @@
 -- commit, once per transaction).
 WITH i AS (
     SELECT * FROM jobs_entries(
-        %(ids)b::text[], %(p0)b::text[], %(p1)b::text[], %(p2)b::text[], %(p3)b::text[]
+        %(ids)b::text[], %(p0)b::text[], %(p1)b::text[], %(p2)b::text[], %(p3)b::text[],
+        %(p4)b::text[]
     )
 ),
 locked AS (
     SELECT jobs.id, jobs.status, jobs.audit_seq + 1 AS seq, jobs.audit_head AS prev_hash,
            i.p0 || coalesce(h.v[%(h0)s::int], '') || i.p1 || coalesce(h.v[%(h1)s::int], '')
-           || i.p2 || coalesce(h.v[%(h2)s::int], '') || i.p3 AS payload
+           || i.p2 || coalesce(h.v[%(h2)s::int], '') || i.p3 || coalesce(h.v[%(h3)s::int], '')
+           || i.p4 AS payload
     FROM jobs
     JOIN i ON i.id = jobs.id
     CROSS JOIN LATERAL (SELECT ARRAY[
         (jobs.audit_seq + 1)::text,
         jobs.status::text,
         (jobs.attempts + (%(claim_for)s::text IS NOT NULL)::int)::text,
-        GREATEST(jobs.progress_percent, %(percent)s::int)::text
+        GREATEST(jobs.progress_percent, %(percent)s::int)::text,
+        jobs_audit_context(jobs, %(request_id)s::text)
     ] AS v) AS h
     WHERE (%(sources)s::text[] IS NULL OR jobs.status = ANY(%(sources)s::text[]))
       AND (%(locked_by)s::text IS NULL OR (jobs.status = 'running'
@@ -165,7 +169,7 @@ WITH ins AS (
         progress_percent, progress_step, progress_message, progress_updated_at,
         last_error_code, last_error_message, result, locked_by, locked_at, next_run_at,
         dead_letter_queue, request_id, correlation_id, version, created_at, updated_at,
-        owner_id, traceparent, audit_head, audit_seq
+        owner_id, traceparent, audit_head, audit_seq, org_id, project_id
     ) VALUES (
         %(id)s, %(type)s, %(category)s, %(queue)s, %(params)s, %(params_hash)s,
         %(status)s, %(idempotency_key)s, %(idempotency_expires_at)s,
@@ -174,7 +178,7 @@ WITH ins AS (
         %(last_error_message)s, %(result)s, %(locked_by)s, %(locked_at)s,
         %(next_run_at)s, %(dead_letter_queue)s, %(request_id)s, %(correlation_id)s,
         %(version)s, %(created_at)s, %(updated_at)s, %(owner_id)s, %(traceparent)s,
-        %(audit_head)s, %(audit_seq)s
+        %(audit_head)s, %(audit_seq)s, %(org_id)s, %(project_id)s
     )
     ON CONFLICT DO NOTHING
     RETURNING jobs AS job
@@ -196,9 +200,11 @@ CROSS JOIN LATERAL (SELECT pg_notify('jobs_pending', '')) AS wake;
 
 -- name: job_version
 -- A conditional GET needs only the version (the ETag): one index probe, no body. The
--- caller may see the job: its owner, or staff (docs/api.md: anyone else gets 404).
+-- caller may see the job (tenants.selectors.Viewer: every job; every job of the
+-- organisations in `wide`; its own in those in `own`); anyone else gets 404.
 SELECT jobs.version FROM jobs
-WHERE jobs.id = %(job_id)s AND (%(staff)s OR jobs.owner_id = %(owner)s);
+WHERE jobs.id = %(job_id)s AND (%(everything)s OR jobs.org_id = ANY(%(wide)s::bigint[])
+    OR (jobs.owner_id = %(owner)s AND jobs.org_id = ANY(%(own)s::bigint[])));
 
 
 -- name: job_read
@@ -208,12 +214,13 @@ SELECT jobs.*, (SELECT coalesce(json_agg(json_build_object(
     'id', a.id, 'kind', a.kind, 'name', a.name, 'content_type', a.content_type,
     'file', a.file, 'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]')
     FROM artefacts a WHERE a.job_id = jobs.id) AS artefacts
-FROM jobs WHERE jobs.id = %(job_id)s AND (%(staff)s OR jobs.owner_id = %(owner)s);
+FROM jobs WHERE jobs.id = %(job_id)s AND (%(everything)s OR jobs.org_id = ANY(%(wide)s::bigint[])
+    OR (jobs.owner_id = %(owner)s AND jobs.org_id = ANY(%(own)s::bigint[])));
 
 
 -- name: job_repeat_by_key
--- job_read for the job an owner made under an idempotency key
--- (jobs_owner_idempotency_uniq): what a repeated create answers. In the same round
+-- job_read for the job an owner made under an idempotency key in an organisation
+-- (jobs_org_owner_idempotency_uniq): what a repeated create answers. In the same round
 -- trip, a repeat (the key within its TTL at `now`, the same params_hash) moves the key
 -- record's last seen to `now` (docs/api.md#idempotency; the application's clock, as
 -- created_at, its first seen), to the second: a repeat within a second of the last one
@@ -224,7 +231,7 @@ FROM jobs WHERE jobs.id = %(job_id)s AND (%(staff)s OR jobs.owner_id = %(owner)s
 -- CTE writes are not visible to its own query).
 WITH seen AS (
     UPDATE jobs SET idempotency_last_seen_at = %(now)s
-    WHERE jobs.owner_id = %(owner)s AND jobs.idempotency_key = %(key)s
+    WHERE jobs.org_id = %(org)s AND jobs.owner_id = %(owner)s AND jobs.idempotency_key = %(key)s
       AND jobs.idempotency_expires_at > %(now)s AND jobs.params_hash = %(params_hash)s
       AND (jobs.idempotency_last_seen_at IS NULL
            OR jobs.idempotency_last_seen_at <= %(now)s - interval '1 second')
@@ -233,7 +240,8 @@ SELECT jobs.*, (SELECT coalesce(json_agg(json_build_object(
     'id', a.id, 'kind', a.kind, 'name', a.name, 'content_type', a.content_type,
     'file', a.file, 'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]')
     FROM artefacts a WHERE a.job_id = jobs.id) AS artefacts
-FROM jobs WHERE jobs.owner_id = %(owner)s AND jobs.idempotency_key = %(key)s;
+FROM jobs
+WHERE jobs.org_id = %(org)s AND jobs.owner_id = %(owner)s AND jobs.idempotency_key = %(key)s;
 
 
 -- name: keys_release_due

@@ -1,5 +1,7 @@
-"""Reads for jobs. Visibility lives here: a job is its owner's, and a caller with staff
-powers sees all.
+"""Reads for jobs. Visibility lives here: a job is its owner's within its organisation;
+an organisation's admins (and, where it shares visibility, its members) see all of its
+jobs; a caller with staff powers sees every organisation's, or those of the
+organisations an operator scope limits it to (tenants.selectors.Viewer).
 
 Staff powers are the caller's `staff` argument, not `user.is_staff`: the API grants
 them only to staff with a verified second factor (core.api.permissions.staff_powers),
@@ -31,19 +33,26 @@ from jobs.exceptions import JobNotFoundError
 from jobs.models import Artefact, DeadLetter, Job, PurgeState
 from jobs.queries import QUERIES
 from jobs.states import Status
+from tenants.selectors import Viewer, viewer_for
 
 M = TypeVar("M", bound=Model)
 
 
+def viewer_q(viewer: Viewer, *, prefix: str = "") -> Q:
+    """The jobs `viewer` may see, as a filter (of a relation to jobs with `prefix`)."""
+    if viewer.everything:
+        return Q()
+    return Q(**{f"{prefix}org_id__in": viewer.wide}) | Q(
+        **{f"{prefix}owner_id": viewer.owner_id, f"{prefix}org_id__in": viewer.own}
+    )
+
+
 def job_visible_queryset(*, user: Any, staff: bool = False) -> QuerySet[Job]:
-    jobs = Job.objects.all()
-    if not staff:
-        jobs = jobs.filter(owner_id=user.pk)
-    return jobs
+    return Job.objects.filter(viewer_q(viewer_for(user, staff=staff)))
 
 
 def _visibility(user: Any, staff: bool) -> dict[str, Any]:
-    return {"staff": bool(staff), "owner": user.pk}
+    return viewer_for(user, staff=staff).sql_params()
 
 
 def job_version_for_user(*, job_id: uuid.UUID, user: Any, staff: bool = False) -> int | None:
@@ -207,9 +216,10 @@ def artefact_get_for_user(
     return artefact
 
 
-def job_key_exists(*, owner: Any, key: str) -> bool:
-    """Whether `owner` already made a job under this idempotency key (a repeat)."""
-    return Job.objects.filter(owner_id=owner.pk, idempotency_key=key).exists()
+def job_key_exists(*, owner: Any, org_id: int, key: str) -> bool:
+    """Whether `owner` already made a job in the organisation under this idempotency
+    key (a repeat)."""
+    return Job.objects.filter(org_id=org_id, owner_id=owner.pk, idempotency_key=key).exists()
 
 
 def job_get(*, job_id: uuid.UUID | str) -> Job:

@@ -29,6 +29,31 @@ from jobs.services import (
     transition,
 )
 from jobs.states import Status
+from tenants.models import DEFAULT_ORG_SLUG, Membership, Organisation, Project
+
+
+def default_org() -> Organisation:
+    return Organisation.objects.get_or_create(
+        slug=DEFAULT_ORG_SLUG, defaults={"name": "Default organisation"}
+    )[0]
+
+
+class OrganisationFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Organisation
+        django_get_or_create = ("slug",)
+
+    slug = factory.Sequence(lambda n: f"org{n}")
+    name = factory.LazyAttribute(lambda o: f"Organisation {o.slug}")
+
+
+class ProjectFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Project
+
+    organisation = factory.SubFactory(OrganisationFactory)
+    slug = factory.Sequence(lambda n: f"project{n}")
+    name = factory.LazyAttribute(lambda p: f"Project {p.slug}")
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -40,6 +65,17 @@ class UserFactory(factory.django.DjangoModelFactory):
     username = factory.Sequence(lambda n: f"user{n}")
     email = factory.LazyAttribute(lambda u: f"{u.username}@example.test")
     password = factory.django.Password("pw-for-tests")
+
+    @factory.post_generation
+    def org(self, create: bool, extracted: Any, **kwargs: Any) -> None:
+        """A member of `org` (an Organisation; by default the default organisation, made
+        if a transactional test's flush removed it); `org=None`: of none."""
+        if not create or (extracted is None and "org" in kwargs):
+            return
+        organisation = extracted if extracted is not None else default_org()
+        Membership.objects.get_or_create(
+            user=self, organisation=organisation, defaults={"role": kwargs.get("role", "member")}
+        )
 
 
 class StaffFactory(UserFactory):

@@ -35,7 +35,7 @@ from core.api.docs import REQUEST_ID, response_header
 from core.api.parsers import BoundedJSONParser, json_body
 from core.api.permissions import staff_powers
 from core.api.serializers import QueryFilterSerializer, StrictCharField
-from core.request_id import request_id_of
+from core.request_id import correlation_id_of, request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.serializers import JobOutputSerializer
 from jobs.api.throttles import JobCreateThrottle
@@ -113,9 +113,22 @@ class JobCreateApi(APIView):
             max_length=None,
             help_text="1-255 printable ASCII characters; or send the Idempotency-Key header.",
         )
+        org = serializers.SlugField(
+            required=False,
+            max_length=50,
+            help_text=(
+                "The organisation's slug; needed only by a caller in several "
+                "(docs/tenancy.md). Not one of the caller's: 422 ERR-TENANT-422."
+            ),
+        )
+        project = serializers.SlugField(
+            required=False,
+            max_length=50,
+            help_text="A project of that organisation (its slug); another's: 422.",
+        )
 
         def to_internal_value(self, data: Any) -> Any:
-            # Mass assignment: anything but these three (status, owner, result...) is refused.
+            # Mass assignment: anything but these fields (status, owner, result...) is refused.
             if isinstance(data, dict):
                 unknown = sorted(set(data) - set(self.fields))
                 if unknown:
@@ -167,7 +180,10 @@ class JobCreateApi(APIView):
             params=data["params"],
             idempotency_key=_idempotency_key(request, data.get("idempotency_key")),
             request_id=request_id_of(request),
+            correlation_id=correlation_id_of(request),
             staff=_staff_powers(request),
+            org=data.get("org"),
+            project=data.get("project"),
         )
         headers = {"ETag": job.etag}
         if created:

@@ -37,6 +37,7 @@ from jobs.services.keys import job_key_repeat, job_release_idempotency_keys
 from jobs.services.transitions import job_insert
 from jobs.states import Status
 from jobs.types import get_type
+from tenants.selectors import Placement, actor_for, placement_for
 
 log = structlog.get_logger("jobs.services")
 _PRINTABLE_ASCII = frozenset(chr(c) for c in range(0x20, 0x7F))
@@ -102,8 +103,13 @@ def job_create(
     correlation_id: str | None = None,
     actor: Actor | None = None,
     staff: bool = False,
+    placement: Placement | None = None,
 ) -> tuple[Job, bool]:
     """Create a job, or return the one this idempotency key already made.
+
+    `placement` is the job's organisation and project (tenants.selectors.placement_for:
+    the API resolves it from the caller and the body); without one, the owner's only
+    organisation.
 
     `staff` grants the staff-only params (e.g. a report on every owner's jobs): the API
     passes its caller's staff powers (staff with a verified second factor), the command
@@ -129,8 +135,9 @@ def job_create(
         counter(status="rejected").inc()
         raise
     assert spec is not None
+    placement = placement or placement_for(owner)
     digest = params_hash(job_type, params)
-    actor = actor or Actor.user(owner)
+    actor = actor or actor_for(owner)
     now = timezone.now()
     candidate = Job(
         type=job_type,
@@ -140,6 +147,8 @@ def job_create(
         params_hash=digest,
         status=Status.PENDING,
         owner=owner,
+        org_id=placement.org_id,
+        project_id=placement.project_id,
         idempotency_key=idempotency_key,
         # The key's TTL counts from creation. Once jobs can be scheduled (a run_at), it
         # counts from the later of creation and run_at: a key must outlive its job's run.
@@ -160,7 +169,13 @@ def job_create(
             raise JobConflictError()  # only a job id collision inserts nothing: retry
         # The key was taken: concurrent identical requests all read the one winner (with
         # its artefacts, which the answer lists).
-        job = job_key_repeat(owner=owner, key=idempotency_key, params_hash=digest, now=now)
+        job = job_key_repeat(
+            owner=owner,
+            org_id=placement.org_id,
+            key=idempotency_key,
+            params_hash=digest,
+            now=now,
+        )
         if job is None:
             continue  # the key was released since the insert: it is free again
         if job.idempotency_expires_at and job.idempotency_expires_at <= now:
@@ -181,11 +196,18 @@ def job_submit(
     params: Any,
     idempotency_key: str | None = None,
     request_id: str | None = None,
+    correlation_id: str | None = None,
     staff: bool = False,
+    org: str | None = None,
+    project: str | None = None,
 ) -> tuple[Job, bool]:
     """The API's create (docs/api.md#creating-a-job): `job_create` behind backpressure;
-    `staff` is the caller's staff powers (see `job_create`).
+    `staff` is the caller's staff powers (see `job_create`); `org` and `project` the
+    slugs the caller named (docs/tenancy.md).
 
+    0. The organisation and project: the caller's only one, or the one it names; a
+       suspended organisation takes no new jobs (403), a project of another
+       organisation is a 422.
     1. Backpressure: a queue known to be deeper than its limit refuses new work (429);
        a repeat of an existing key makes no new work and is answered anyway.
     2. Create (or find) the job; a database conflict (e.g. a key released and reused
@@ -194,12 +216,15 @@ def job_submit(
        query.
     Returns (job, created).
     """
+    placement = placement_for(owner, org=org, project=project)
     spec = get_type(job_type) if isinstance(job_type, str) else None
     if spec is not None:
         try:
             backpressure_check(queue=spec.queue)
         except BackpressureError:
-            if idempotency_key is None or not job_key_exists(owner=owner, key=idempotency_key):
+            if idempotency_key is None or not job_key_exists(
+                owner=owner, org_id=placement.org_id, key=idempotency_key
+            ):
                 raise
     try:
         job, created = job_create(
@@ -208,7 +233,9 @@ def job_submit(
             params=params,
             idempotency_key=idempotency_key,
             request_id=request_id,
+            correlation_id=correlation_id,
             staff=staff,
+            placement=placement,
         )
     except IntegrityError as exc:
         raise JobConflictError() from exc

@@ -34,12 +34,15 @@ KEY_RELEASE_BATCH = 500
 KEY_RELEASE_BATCHES = 10
 
 
-def job_key_repeat(*, owner: Any, key: str, params_hash: str, now: datetime) -> Job | None:
-    """The job `owner` made under `key`, with its artefacts, or None: what a repeated
+def job_key_repeat(
+    *, owner: Any, org_id: int, key: str, params_hash: str, now: datetime
+) -> Job | None:
+    """The job `owner` made in the organisation under `key`, with its artefacts, or
+    None: what a repeated
     create answers, in one statement. A repeat (the key within its TTL at `now`, the
     same params_hash) marks the key seen in that statement, to the second
     (job_repeat_by_key, jobs/queries.sql, says why)."""
-    params = {"owner": owner.pk, "key": key, "params_hash": params_hash, "now": now}
+    params = {"org": org_id, "owner": owner.pk, "key": key, "params_hash": params_hash, "now": now}
     return job_from_rows(execute_prepared(QUERIES["job_repeat_by_key"], params))
 
 

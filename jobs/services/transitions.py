@@ -21,14 +21,15 @@ from psycopg.types.json import Jsonb
 from audit.canonical import GENESIS_HASH, Hole, canonical_bytes, canonical_template, chain_hash
 from audit.services import Actor, audit_payload, format_ts, job_chain
 from core.db import Rows, execute_prepared, model_from_row
+from core.request_id import current_request_id
 from jobs import metrics
 from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Job
 from jobs.queries import HOLE, QUERIES
 from jobs.states import ALLOWED, EVENT_FOR_STATUS, Status
 
-# Holes an entry may have: job_append fills up to three (jobs/queries.sql).
-MAX_HOLES = 3
+# Holes an entry may have: job_append fills up to four (jobs/queries.sql).
+MAX_HOLES = 4
 # Plain values a transition may set (`fields=`); anything computed has its own option.
 SETTABLE_FIELDS = frozenset(
     {
@@ -240,8 +241,16 @@ def _append(
     *, entries: dict[Any, dict[str, Any]], event_type: str, actor: Actor, change: _Change
 ) -> Rows:
     """Run job_append (jobs/queries.sql) for `entries` (job id -> the entry's data, with
-    its Holes): one canonical template per job, cut where the database fills in."""
+    its Holes): one canonical template per job, cut where the database fills in.
+
+    Every entry of a job says which attempt it belongs to and carries the job's
+    `context` (docs/tenancy.md#audit: organisation, project, type, correlation id and
+    the request that made the change), both filled from the locked row."""
     ts = timezone.now()
+    entries = {
+        job_id: {"attempt": Hole("attempt"), **data, "context": Hole("context", "json")}
+        for job_id, data in entries.items()
+    }
     templates = {
         job_id: canonical_template(
             audit_payload(
@@ -274,6 +283,7 @@ def _append(
         "actor_id": actor.id,
         "ts": ts,
         "ts_text": format_ts(ts),
+        "request_id": current_request_id(),
     }
     return execute_prepared(QUERIES["job_append"], params)
 
@@ -349,6 +359,18 @@ def job_cancel_request(*, job_id: uuid.UUID | str, actor: Actor) -> bool:
     )
 
 
+def audit_context(job: Job, *, request_id: str | None) -> dict[str, Any]:
+    """The `context` of a job's audit entry, as jobs_audit_context (jobs/migrations/0014)
+    writes it in SQL for every entry after the first."""
+    return {
+        "correlation_id": job.correlation_id,
+        "job_type": job.type,
+        "org_id": job.org_id,
+        "project_id": job.project_id,
+        "request_id": request_id,
+    }
+
+
 def job_insert(job: Job, *, actor: Actor) -> bool:
     """Insert a new `pending` job with its `created` entry and event, and wake the
     dispatcher, in one statement (job_insert, jobs/queries.sql). Creation counts as the
@@ -363,7 +385,12 @@ def job_insert(job: Job, *, actor: Actor) -> bool:
             event_type="created",
             actor=actor,
             job_id=job.id,
-            data={"from": None, "to": job.status, "attempt": job.attempts},
+            data={
+                "from": None,
+                "to": job.status,
+                "attempt": job.attempts,
+                "context": audit_context(job, request_id=current_request_id()),
+            },
         )
     )
     job.audit_seq, job.audit_head = 1, chain_hash(GENESIS_HASH, payload)

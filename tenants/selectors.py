@@ -1,0 +1,182 @@
+"""Reads for tenancy: what a caller may see, and in which organisation a job goes.
+
+A caller's `Viewer` is computed once per request from its memberships (and, for staff
+with staff powers, their operator scope); every job read filters by it, in SQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from audit.models import ActorType
+from audit.services import Actor
+from tenants.exceptions import NoOrganisationError, TenantInvalidError, TenantSuspendedError
+from tenants.models import (
+    Membership,
+    OperatorScope,
+    Organisation,
+    Project,
+    Role,
+    ServiceAccount,
+)
+
+_CACHE_ATTR = "_jobops_memberships"
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Which jobs a caller sees: every job (`everything`); all jobs of the
+    organisations in `wide` (org admins, shared visibility, staff limited to some
+    organisations); its own jobs in the organisations in `own`."""
+
+    owner_id: Any
+    everything: bool = False
+    wide: tuple[int, ...] = ()
+    own: tuple[int, ...] = ()
+
+    def sees_org(self, org_id: int) -> bool:
+        return self.everything or org_id in self.wide or org_id in self.own
+
+    def sql_params(self) -> dict[str, Any]:
+        """The parameters of the visibility condition every job query repeats
+        (jobs/queries.sql): `%(everything)s OR jobs.org_id = ANY(%(wide)s) OR
+        (jobs.owner_id = %(owner)s AND jobs.org_id = ANY(%(own)s))`."""
+        return {
+            "everything": self.everything,
+            "wide": list(self.wide),
+            "own": list(self.own),
+            "owner": self.owner_id,
+        }
+
+
+@dataclass(frozen=True)
+class MembershipRow:
+    org_id: int
+    slug: str
+    role: str
+    shared_visibility: bool
+    suspended: bool
+
+
+def memberships_of(user: Any) -> list[MembershipRow]:
+    """The user's organisations (cached on the user object for the request)."""
+    cached = getattr(user, _CACHE_ATTR, None)
+    if cached is not None:
+        return cached
+    rows = [
+        MembershipRow(
+            org_id=m.organisation_id,
+            slug=m.organisation.slug,
+            role=m.role,
+            shared_visibility=m.organisation.shared_visibility,
+            suspended=m.organisation.suspended_at is not None,
+        )
+        for m in Membership.objects.filter(user_id=user.pk).select_related("organisation")
+    ]
+    setattr(user, _CACHE_ATTR, rows)
+    return rows
+
+
+def operator_org_ids(user: Any) -> tuple[int, ...] | None:
+    """The organisations a staff member is limited to; None: not limited (superusers
+    never are)."""
+    if getattr(user, "is_superuser", False):
+        return None
+    scope = OperatorScope.objects.filter(user_id=user.pk).first()
+    if scope is None:
+        return None
+    return tuple(sorted(scope.organisations.values_list("id", flat=True)))
+
+
+def viewer_for(user: Any, *, staff: bool = False) -> Viewer:
+    """What `user` sees; `staff`: the caller holds staff powers (verified staff that
+    reads jobs), which reach every organisation unless an operator scope limits them."""
+    memberships = memberships_of(user)
+    wide = {m.org_id for m in memberships if m.role == Role.ADMIN or m.shared_visibility}
+    own = {m.org_id for m in memberships}
+    if staff:
+        limited = operator_org_ids(user)
+        if limited is None:
+            return Viewer(owner_id=user.pk, everything=True)
+        wide |= set(limited)
+    return Viewer(owner_id=user.pk, wide=tuple(sorted(wide)), own=tuple(sorted(own - wide)))
+
+
+def staff_org_ids(user: Any) -> tuple[int, ...] | None:
+    """The organisations a staff member acts on in the portal; None: all of them."""
+    return operator_org_ids(user)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a new job goes: its organisation and (optional) project."""
+
+    org_id: int
+    project_id: int | None = None
+
+
+def placement_for(user: Any, *, org: str | None = None, project: str | None = None) -> Placement:
+    """The organisation (and project) a job of `user` goes in (docs/tenancy.md).
+
+    A caller in one organisation needs to name none; a caller in several names one by
+    slug. A project must belong to the organisation. A suspended organisation takes no
+    new jobs (403 ERR-TENANT-SUSPENDED)."""
+    memberships = memberships_of(user)
+    if not memberships:
+        raise NoOrganisationError()
+    if org is None:
+        if len(memberships) > 1:
+            slugs = ", ".join(sorted(m.slug for m in memberships))
+            raise TenantInvalidError(
+                "You belong to several organisations: name one.",
+                details={"org": [f"One of: {slugs}."]},
+            )
+        chosen = memberships[0]
+    else:
+        chosen = next((m for m in memberships if m.slug == org), None)
+        if chosen is None:
+            raise TenantInvalidError(
+                f"{org!r} is not an organisation of yours.",
+                details={"org": ["Not an organisation you belong to."]},
+            )
+    if chosen.suspended:
+        raise TenantSuspendedError(details={"org": chosen.slug})
+    project_id = None
+    if project is not None:
+        project_id = (
+            Project.objects.filter(organisation_id=chosen.org_id, slug=project)
+            .values_list("id", flat=True)
+            .first()
+        )
+        if project_id is None:
+            raise TenantInvalidError(
+                f"{project!r} is not a project of {chosen.slug}.",
+                details={"project": [f"Not a project of {chosen.slug}."]},
+            )
+    return Placement(org_id=chosen.org_id, project_id=project_id)
+
+
+def organisation_get(slug: str) -> Organisation | None:
+    return Organisation.objects.filter(slug=slug).first()
+
+
+def suspended_org_ids() -> set[int]:
+    return set(Organisation.objects.filter(suspended_at__isnull=False).values_list("id", flat=True))
+
+
+def is_service_account(user: Any) -> bool:
+    """Whether `user` is an organisation's service account (cached on the user)."""
+    cached = getattr(user, "_jobops_service", None)
+    if cached is None:
+        cached = ServiceAccount.objects.filter(user_id=user.pk).exists()
+        user._jobops_service = cached
+    return cached
+
+
+def actor_for(user: Any) -> Actor:
+    """Who an audit entry names for what `user` did through the API: a person
+    (`user`) or an organisation's service account (`service`)."""
+    if is_service_account(user):
+        return Actor(ActorType.SERVICE, str(user.pk))
+    return Actor.user(user)
