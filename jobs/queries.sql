@@ -200,11 +200,15 @@ CROSS JOIN LATERAL (SELECT pg_notify('jobs_pending', '')) AS wake;
 
 -- name: job_version
 -- A conditional GET needs only the version (the ETag): one index probe, no body. The
--- caller may see the job (tenants.selectors.Viewer: every job; every job of the
--- organisations in `wide`; its own in those in `own`); anyone else gets 404.
+-- caller may see the job (tenants.selectors.Viewer): every job; every job of the
+-- organisations in `orgs` (a limited operator); through a membership of the job's
+-- organisation, its own job, or any job of an organisation it administers or that shares
+-- visibility (memberships_uniq serves the probe). Anyone else gets 404.
 SELECT jobs.version FROM jobs
-WHERE jobs.id = %(job_id)s AND (%(everything)s OR jobs.org_id = ANY(%(wide)s::bigint[])
-    OR (jobs.owner_id = %(owner)s AND jobs.org_id = ANY(%(own)s::bigint[])));
+WHERE jobs.id = %(job_id)s AND (%(everything)s OR jobs.org_id = ANY(%(orgs)s::bigint[])
+    OR EXISTS (SELECT FROM memberships m JOIN organisations o ON o.id = m.organisation_id
+               WHERE m.user_id = %(owner)s AND m.organisation_id = jobs.org_id
+                 AND (jobs.owner_id = %(owner)s OR m.role = 'admin' OR o.shared_visibility)));
 
 
 -- name: job_read
@@ -214,8 +218,10 @@ SELECT jobs.*, (SELECT coalesce(json_agg(json_build_object(
     'id', a.id, 'kind', a.kind, 'name', a.name, 'content_type', a.content_type,
     'file', a.file, 'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]')
     FROM artefacts a WHERE a.job_id = jobs.id) AS artefacts
-FROM jobs WHERE jobs.id = %(job_id)s AND (%(everything)s OR jobs.org_id = ANY(%(wide)s::bigint[])
-    OR (jobs.owner_id = %(owner)s AND jobs.org_id = ANY(%(own)s::bigint[])));
+FROM jobs WHERE jobs.id = %(job_id)s AND (%(everything)s OR jobs.org_id = ANY(%(orgs)s::bigint[])
+    OR EXISTS (SELECT FROM memberships m JOIN organisations o ON o.id = m.organisation_id
+               WHERE m.user_id = %(owner)s AND m.organisation_id = jobs.org_id
+                 AND (jobs.owner_id = %(owner)s OR m.role = 'admin' OR o.shared_visibility)));
 
 
 -- name: job_repeat_by_key

@@ -4,7 +4,7 @@ The API answers with the body (docs/api.md#the-job-body; JobOutputSerializer is 
 schema), `manage.py job_status --json` prints it, and the admin's job page links the
 same fields. `JOB_BODY` is the one list of its fields, in order, with how each is read
 from the job; the job.status.changed event carries the fields of `EVENT_FIELDS`, built
-from the job's row by the SQL function jobs_status_event (jobs/migrations/0009).
+from the job's row by the SQL function jobs_status_event (jobs/migrations/0014).
 tests/jobs/test_representation.py pins both lists.
 """
 
@@ -76,6 +76,8 @@ JOB_BODY: dict[str, Callable[[Job, Any], Any]] = {
     "type": lambda job, request: job.type,
     "category": lambda job, request: job.category,
     "queue": lambda job, request: job.queue,
+    "org_id": lambda job, request: job.org_id,
+    "project_id": lambda job, request: job.project_id,
     "status": lambda job, request: job.status,
     "progress": lambda job, request: job_progress(job),
     "attempts": lambda job, request: job.attempts,
@@ -84,6 +86,7 @@ JOB_BODY: dict[str, Callable[[Job, Any], Any]] = {
     "dead_letter_queue": lambda job, request: job.dead_letter_queue,
     "idempotency_key": lambda job, request: job.idempotency_key,
     "request_id": lambda job, request: job.request_id,
+    "correlation_id": lambda job, request: job.correlation_id,
     "created_at": lambda job, request: _datetime(job.created_at),
     "updated_at": lambda job, request: _datetime(job.updated_at),
     "artefacts": _artefact_bodies,
@@ -107,6 +110,8 @@ EVENT_FIELDS = (
     "timestamp",
     "request_id",
     "correlation_id",
+    "org_id",
+    "project_id",
 )
 
 

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Model, Q, QuerySet, TextField
+from django.db.models import Exists, Model, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
 from audit.models import ActorType, AuditLog
@@ -33,17 +33,25 @@ from jobs.exceptions import JobNotFoundError
 from jobs.models import Artefact, DeadLetter, Job, PurgeState
 from jobs.queries import QUERIES
 from jobs.states import Status
+from tenants.models import Membership, Role
 from tenants.selectors import Viewer, viewer_for
 
 M = TypeVar("M", bound=Model)
 
 
 def viewer_q(viewer: Viewer, *, prefix: str = "") -> Q:
-    """The jobs `viewer` may see, as a filter (of a relation to jobs with `prefix`)."""
+    """The jobs `viewer` may see (as job_read's condition in jobs/queries.sql), as a
+    filter of jobs, or of a relation to them with `prefix` (e.g. "job__")."""
     if viewer.everything:
         return Q()
-    return Q(**{f"{prefix}org_id__in": viewer.wide}) | Q(
-        **{f"{prefix}owner_id": viewer.owner_id, f"{prefix}org_id__in": viewer.own}
+    member = Membership.objects.filter(
+        user_id=viewer.owner_id, organisation_id=OuterRef(f"{prefix}org_id")
+    )
+    wide = member.filter(Q(role=Role.ADMIN) | Q(organisation__shared_visibility=True))
+    return (
+        Q(**{f"{prefix}org_id__in": viewer.orgs})
+        | Q(Exists(wide))
+        | (Q(**{f"{prefix}owner_id": viewer.owner_id}) & Q(Exists(member)))
     )
 
 

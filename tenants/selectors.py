@@ -17,7 +17,6 @@ from tenants.models import (
     OperatorScope,
     Organisation,
     Project,
-    Role,
     ServiceAccount,
 )
 
@@ -26,28 +25,22 @@ _CACHE_ATTR = "_jobops_memberships"
 
 @dataclass(frozen=True)
 class Viewer:
-    """Which jobs a caller sees: every job (`everything`); all jobs of the
-    organisations in `wide` (org admins, shared visibility, staff limited to some
-    organisations); its own jobs in the organisations in `own`."""
+    """Which jobs a caller sees (docs/tenancy.md#visibility): every job (`everything`,
+    unrestricted staff); every job of the organisations in `orgs` (staff limited to
+    those by an operator scope); and, through its memberships, its own jobs in each of
+    its organisations and every job of those it administers or that share visibility.
+
+    The membership part is a condition in the query itself (jobs/queries.sql job_read;
+    jobs.selectors.viewer_q), not read first: a read costs one statement."""
 
     owner_id: Any
     everything: bool = False
-    wide: tuple[int, ...] = ()
-    own: tuple[int, ...] = ()
-
-    def sees_org(self, org_id: int) -> bool:
-        return self.everything or org_id in self.wide or org_id in self.own
+    orgs: tuple[int, ...] = ()
 
     def sql_params(self) -> dict[str, Any]:
-        """The parameters of the visibility condition every job query repeats
-        (jobs/queries.sql): `%(everything)s OR jobs.org_id = ANY(%(wide)s) OR
-        (jobs.owner_id = %(owner)s AND jobs.org_id = ANY(%(own)s))`."""
-        return {
-            "everything": self.everything,
-            "wide": list(self.wide),
-            "own": list(self.own),
-            "owner": self.owner_id,
-        }
+        """The parameters of the visibility condition the job statements repeat
+        (jobs/queries.sql)."""
+        return {"everything": self.everything, "orgs": list(self.orgs), "owner": self.owner_id}
 
 
 @dataclass(frozen=True)
@@ -92,15 +85,12 @@ def operator_org_ids(user: Any) -> tuple[int, ...] | None:
 def viewer_for(user: Any, *, staff: bool = False) -> Viewer:
     """What `user` sees; `staff`: the caller holds staff powers (verified staff that
     reads jobs), which reach every organisation unless an operator scope limits them."""
-    memberships = memberships_of(user)
-    wide = {m.org_id for m in memberships if m.role == Role.ADMIN or m.shared_visibility}
-    own = {m.org_id for m in memberships}
     if staff:
         limited = operator_org_ids(user)
         if limited is None:
             return Viewer(owner_id=user.pk, everything=True)
-        wide |= set(limited)
-    return Viewer(owner_id=user.pk, wide=tuple(sorted(wide)), own=tuple(sorted(own - wide)))
+        return Viewer(owner_id=user.pk, orgs=limited)
+    return Viewer(owner_id=user.pk)
 
 
 def staff_org_ids(user: Any) -> tuple[int, ...] | None:
@@ -132,7 +122,7 @@ def placement_for(user: Any, *, org: str | None = None, project: str | None = No
                 "You belong to several organisations: name one.",
                 details={"org": [f"One of: {slugs}."]},
             )
-        chosen = memberships[0]
+        chosen: MembershipRow | None = memberships[0]
     else:
         chosen = next((m for m in memberships if m.slug == org), None)
         if chosen is None:
@@ -140,6 +130,7 @@ def placement_for(user: Any, *, org: str | None = None, project: str | None = No
                 f"{org!r} is not an organisation of yours.",
                 details={"org": ["Not an organisation you belong to."]},
             )
+    assert chosen is not None
     if chosen.suspended:
         raise TenantSuspendedError(details={"org": chosen.slug})
     project_id = None

@@ -69,8 +69,8 @@ class UserFactory(factory.django.DjangoModelFactory):
     @factory.post_generation
     def org(self, create: bool, extracted: Any, **kwargs: Any) -> None:
         """A member of `org` (an Organisation; by default the default organisation, made
-        if a transactional test's flush removed it); `org=None`: of none."""
-        if not create or (extracted is None and "org" in kwargs):
+        if a transactional test's flush removed it); `org=False`: of none."""
+        if not create or extracted is False:
             return
         organisation = extracted if extracted is not None else default_org()
         Membership.objects.get_or_create(

@@ -71,6 +71,10 @@ class JobOutputSerializer(serializers.Serializer):
         help_text="The type's category when the job was created (docs/configuration.md).",
     )
     queue = serializers.CharField()
+    org_id = serializers.IntegerField(help_text="The organisation the job runs in.")
+    project_id = serializers.IntegerField(
+        allow_null=True, help_text="Its project in that organisation, if any."
+    )
     status = serializers.ChoiceField(choices=Status.choices)
     progress = serializers.SerializerMethodField()
     attempts = serializers.IntegerField()
@@ -79,6 +83,10 @@ class JobOutputSerializer(serializers.Serializer):
     dead_letter_queue = serializers.CharField(allow_null=True)
     idempotency_key = serializers.CharField(allow_null=True)
     request_id = serializers.CharField(allow_null=True)
+    correlation_id = serializers.CharField(
+        allow_null=True,
+        help_text="The creating request's X-Correlation-ID (its request id by default).",
+    )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     artefacts = serializers.SerializerMethodField()

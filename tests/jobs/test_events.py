@@ -93,7 +93,8 @@ def test_every_transition_arrives_once_in_seq_order_with_the_full_body(event_que
         assert message.content_type == "application/json"
         assert set(body) == {
             "event_id", "type", "job_id", "job_type", "seq", "status", "previous_status",
-            "progress", "attempt", "timestamp", "request_id", "correlation_id",
+            "progress", "attempt", "timestamp", "request_id", "correlation_id", "org_id",
+            "project_id",
         }  # fmt: skip
         assert body["type"] == "job.status.changed" and body["job_type"] == "sim"
     seqs = [m.decode()["seq"] for m in messages]

@@ -18,13 +18,14 @@ pytestmark = pytest.mark.django_db
 
 # Written out here, apart from the code: a field added, dropped or moved fails this.
 BODY = tuple(
-    "id type category queue status progress attempts max_attempts cancel_requested "
-    "dead_letter_queue idempotency_key request_id created_at updated_at artefacts "
+    "id type category queue org_id project_id status progress attempts max_attempts "
+    "cancel_requested dead_letter_queue idempotency_key request_id correlation_id "
+    "created_at updated_at artefacts "
     "last_error result".split()
 )
 EVENT = tuple(
     "event_id type job_id job_type seq status previous_status progress attempt "
-    "timestamp request_id correlation_id".split()
+    "timestamp request_id correlation_id org_id project_id".split()
 )
 
 

@@ -266,6 +266,7 @@ def test_a_workers_claim_and_finish_keep_one_plan_instead_of_being_planned_each_
             params={},
             params_hash="0",
             owner=owner,
+            org=jobs[0].org,
             max_attempts=1,
             status=Status.SUCCEEDED,
         )
