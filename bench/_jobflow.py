@@ -34,6 +34,10 @@ def bench_user(username: str, *, superuser: bool = False) -> Any:
     if user is None:
         make = model.objects.create_superuser if superuser else model.objects.create_user
         user = make(username=username, email=f"{username}@bench.invalid", password=None)
+    from tenants.models import DEFAULT_ORG_SLUG, Membership, Organisation
+
+    org, _ = Organisation.objects.get_or_create(slug=DEFAULT_ORG_SLUG, defaults={"name": "Default"})
+    Membership.objects.get_or_create(user=user, organisation=org)
     return user
 
 

@@ -23,11 +23,14 @@ ERRORS: ErrorTable = {
         ["ERR-AUTH-401"],
     ),
     403: (
-        "ERR-AUTH-403: refused, e.g. a session request without its CSRF token.",
-        ["ERR-AUTH-403"],
+        "ERR-AUTH-403: refused, e.g. a session request without its CSRF token. "
+        "ERR-TENANT-SUSPENDED: the organisation is suspended (no new jobs). "
+        "ERR-TENANT-403: the caller is a member of no organisation.",
+        ["ERR-AUTH-403", "ERR-TENANT-SUSPENDED", "ERR-TENANT-403"],
     ),
     404: (
-        "ERR-JOB-404: no such job or artefact, or it is not the caller's (owner or staff only).",
+        "ERR-JOB-404: no such job or artefact, or the caller may not see it (another "
+        "organisation's, or another member's: docs/tenancy.md#visibility).",
         ["ERR-JOB-404"],
     ),
     409: (
@@ -38,8 +41,10 @@ ERRORS: ErrorTable = {
     415: ("ERR-HTTP-415: the body is not `application/json`.", ["ERR-HTTP-415"]),
     422: (
         "ERR-JOB-422: params do not match the type's schema (per-field details). "
-        "ERR-JOB-IDEMPOTENCY-MISMATCH: the key was used before with another type or params.",
-        ["ERR-JOB-422", "ERR-JOB-IDEMPOTENCY-MISMATCH"],
+        "ERR-JOB-IDEMPOTENCY-MISMATCH: the key was used before with another type or params. "
+        "ERR-TENANT-422: no organisation named by a caller in several, or one that is not "
+        "the caller's, or a project of another organisation.",
+        ["ERR-JOB-422", "ERR-JOB-IDEMPOTENCY-MISMATCH", "ERR-TENANT-422"],
     ),
     429: (
         "ERR-JOB-RATE-LIMIT: too many submissions (60/min per user, 500/min overall by default). "

@@ -289,3 +289,21 @@ def test_the_status_event_names_the_organisation_and_project(acme):
     made = client.post("/api/v1/jobs", {**SIM, "project": project.slug}, format="json")
     event = EventOutbox.objects.get(job_id=uuid.UUID(made.json()["id"]), seq=1)
     assert (event.payload["org_id"], event.payload["project_id"]) == (acme.id, project.id)
+
+
+def test_submit_job_names_the_organisation_and_project_of_an_owner_in_several(acme, globex):
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    owner = _member(acme, username="multi")
+    Membership.objects.create(user=owner, organisation=globex)
+    ProjectFactory(organisation=globex, slug="billing")
+    args = ["submit_job", "--type", "sim", "--params", '{"steps": 1}', "--owner", "multi"]
+    with pytest.raises(CommandError, match="ERR-TENANT-422"):
+        call_command(*args, stdout=io.StringIO())
+    out = io.StringIO()
+    call_command(*args, "--org", "globex", "--project", "billing", stdout=out)
+    job = Job.objects.get(id=out.getvalue().split()[0])
+    assert (job.org_id, job.project.slug) == (globex.id, "billing")

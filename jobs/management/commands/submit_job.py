@@ -1,4 +1,5 @@
-"""manage.py submit_job --type T --params JSON [--key K] [--owner USERNAME]"""
+"""manage.py submit_job --type T --params JSON [--key K] [--owner USERNAME] [--org SLUG]
+[--project SLUG]"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from core.errors import ApplicationError
 from core.json import json_loads
 from jobs.services import job_create
+from tenants.selectors import placement_for
 
 
 class Command(BaseCommand):
@@ -24,6 +26,10 @@ class Command(BaseCommand):
         parser.add_argument("--params", default="{}", help="JSON object, e.g. '{\"steps\": 5}'")
         parser.add_argument("--key", default=None, help="idempotency key (repeat: same job)")
         parser.add_argument("--owner", default=None, help="username (default: first superuser)")
+        parser.add_argument(
+            "--org", default=None, help="organisation slug (needed if the owner is in several)"
+        )
+        parser.add_argument("--project", default=None, help="project slug in that organisation")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -32,8 +38,10 @@ class Command(BaseCommand):
             raise CommandError(f"--params is not valid JSON: {exc}", returncode=2) from exc
         owner = _owner(options["owner"])
         try:
+            placement = placement_for(owner, org=options["org"], project=options["project"])
             job, created = job_create(
                 owner=owner,
+                placement=placement,
                 job_type=options["job_type"],
                 params=params,
                 idempotency_key=options["key"],
