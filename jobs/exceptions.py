@@ -69,7 +69,10 @@ class ArtefactStorageUnavailableError(ApplicationError):
 class JobCancelForbiddenError(ApplicationError):
     code = "ERR-AUTH-403"
     http_status = 403
-    default_message = "Cancelling another user's job needs jobs.cancel_job."
+    default_message = (
+        "Cancelling another user's job needs jobs.cancel_job or the admin role of its "
+        "organisation."
+    )
 
 
 class TransitionRefusedError(JobConflictError):

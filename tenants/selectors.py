@@ -6,7 +6,7 @@ with staff powers, their operator scope); every job read filters by it, in SQL.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from audit.models import ActorType
@@ -17,6 +17,7 @@ from tenants.models import (
     OperatorScope,
     Organisation,
     Project,
+    Role,
     ServiceAccount,
 )
 
@@ -30,17 +31,32 @@ class Viewer:
     those by an operator scope); and, through its memberships, its own jobs in each of
     its organisations and every job of those it administers or that share visibility.
 
-    The membership part is a condition in the query itself (jobs/queries.sql job_read;
-    jobs.selectors.viewer_q), not read first: a read costs one statement."""
+    A one-job read asks the membership part inside its statement (jobs/queries.sql
+    job_read: one round trip); a list reads the memberships first (`org_sets`), so that
+    its filter holds constants the planner can match to an index."""
 
-    owner_id: Any
+    user: Any = field(repr=False, compare=False)
     everything: bool = False
     orgs: tuple[int, ...] = ()
+
+    @property
+    def owner_id(self) -> Any:
+        return self.user.pk
 
     def sql_params(self) -> dict[str, Any]:
         """The parameters of the visibility condition the job statements repeat
         (jobs/queries.sql)."""
         return {"everything": self.everything, "orgs": list(self.orgs), "owner": self.owner_id}
+
+    def org_sets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(wide, own): the organisations whose every job it sees, and those where it
+        sees only its own."""
+        memberships = memberships_of(self.user)
+        wide = set(self.orgs) | {
+            m.org_id for m in memberships if m.role == Role.ADMIN or m.shared_visibility
+        }
+        own = {m.org_id for m in memberships} - wide
+        return tuple(sorted(wide)), tuple(sorted(own))
 
 
 @dataclass(frozen=True)
@@ -88,9 +104,14 @@ def viewer_for(user: Any, *, staff: bool = False) -> Viewer:
     if staff:
         limited = operator_org_ids(user)
         if limited is None:
-            return Viewer(owner_id=user.pk, everything=True)
-        return Viewer(owner_id=user.pk, orgs=limited)
-    return Viewer(owner_id=user.pk)
+            return Viewer(user=user, everything=True)
+        return Viewer(user=user, orgs=limited)
+    return Viewer(user=user)
+
+
+def administers(user: Any, org_id: int) -> bool:
+    """Whether `user` is an admin of the organisation."""
+    return any(m.org_id == org_id and m.role == Role.ADMIN for m in memberships_of(user))
 
 
 def staff_org_ids(user: Any) -> tuple[int, ...] | None:

@@ -307,3 +307,18 @@ def test_submit_job_names_the_organisation_and_project_of_an_owner_in_several(ac
     call_command(*args, "--org", "globex", "--project", "billing", stdout=out)
     job = Job.objects.get(id=out.getvalue().split()[0])
     assert (job.org_id, job.project.slug) == (globex.id, "billing")
+
+
+def test_an_org_admin_cancels_a_members_job_audited_as_operator_a_member_cannot(acme):
+    alice, bob, admin = _member(acme), _member(acme), _member(acme, Role.ADMIN)
+    acme.shared_visibility = True
+    acme.save()
+    job = make_job(owner=alice)
+    refused = client_for(bob).post(f"/api/v1/jobs/{job.id}/cancel")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "ERR-AUTH-403"
+    assert Job.objects.get(id=job.id).status == Status.PENDING
+    done = client_for(admin).post(f"/api/v1/jobs/{job.id}/cancel")
+    assert done.status_code in (200, 202) and done.json()["status"] == "cancelled"
+    last = _entries(job)[-1]
+    assert last["event_type"] == "cancelled"
+    assert last["actor"] == {"type": "operator", "id": str(admin.pk)}
