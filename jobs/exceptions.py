@@ -70,8 +70,7 @@ class JobCancelForbiddenError(ApplicationError):
     code = "ERR-AUTH-403"
     http_status = 403
     default_message = (
-        "Cancelling another user's job needs jobs.cancel_job or the admin role of its "
-        "organisation."
+        "Cancelling another user's job needs jobs.cancel_job or the admin role of its organisation."
     )
 
 
