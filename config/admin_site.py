@@ -24,6 +24,7 @@ from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 from config.dashboard import dashboard_overview
 from core.admin_base import ReadOnlyAdmin
 from core.otp_devices import verification_wait
+from tenants.selectors import operator_org_ids, operator_organisations
 
 
 class LoginForm(OTPAdminAuthenticationForm):
@@ -71,9 +72,22 @@ class JobopsAdminSite(OTPAdminSite):
         return TemplateResponse(request, "admin/jobops/dashboard_panel.html", context)
 
     def _dashboard_context(self, request: HttpRequest) -> dict[str, Any]:
+        """The figures of the organisation chosen with ?org=<slug> among those the
+        staff member may see; by default all of them (for a limited operator, all of
+        *theirs*: docs/tenancy.md#operators-and-the-portal)."""
+        limited = operator_org_ids(request.user)
+        orgs = operator_organisations(request.user)
+        chosen = next((o for o in orgs if o.slug == request.GET.get("org")), None)
+        if chosen is not None:
+            org_ids: tuple[int, ...] | None = (chosen.pk,)
+        else:
+            org_ids = limited
         return {
-            "overview": dashboard_overview(),
+            "overview": dashboard_overview(org_ids=org_ids),
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
+            "organisations": orgs,
+            "chosen_org": chosen,
+            "limited": limited is not None,
         }
 
 
