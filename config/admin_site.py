@@ -15,6 +15,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
@@ -152,3 +153,40 @@ def lock_down_third_party_admins(site: admin.AdminSite) -> None:
             site.unregister(model)
             device_admin = type(f"ReadOnly{original.__name__}", (DeviceAdminMixin, original), {})
             site.register(model, device_admin)
+
+
+def limit_audit_logs_to_operator_orgs(site: admin.AdminSite) -> None:
+    """The audit log's pages for staff limited to some organisations
+    (docs/tenancy.md#operators-and-the-portal): the entries of their organisations'
+    jobs only (the ops chain, every tenant's, is not theirs), and *Verify chains* only
+    for one of those jobs. Here rather than in audit/admin.py: audit sits below the
+    tenants and jobs it would have to read."""
+    from audit.models import AuditLog
+    from jobs.models import Job
+
+    if not site.is_registered(AuditLog):
+        return
+    original = type(site._registry[AuditLog])
+
+    class OrgLimitedAuditLogAdmin(original):  # type: ignore[valid-type,misc]
+        def get_queryset(self, request: HttpRequest) -> Any:
+            entries = super().get_queryset(request)
+            org_ids = operator_org_ids(request.user)
+            if org_ids is None:
+                return entries
+            return entries.filter(job_id__in=Job.objects.filter(org_id__in=org_ids).values("id"))
+
+        def verify_view(self, request: HttpRequest) -> HttpResponse:
+            org_ids = operator_org_ids(request.user)
+            if org_ids is not None and request.GET.get("run"):
+                job = (request.GET.get("job") or "").strip()
+                try:
+                    mine = Job.objects.filter(id=job, org_id__in=org_ids).exists()
+                except (ValueError, ValidationError):
+                    mine = False
+                if not mine:  # every chain, or another's job: not theirs to read
+                    raise PermissionDenied
+            return super().verify_view(request)
+
+    site.unregister(AuditLog)
+    site.register(AuditLog, OrgLimitedAuditLogAdmin)

@@ -319,3 +319,12 @@ def test_portal_actions_are_audited_with_actor_type_operator(tenants, bea):
         format="json",
     )
     assert discard.status_code == 200
+
+
+def test_the_audit_log_pages_show_a_limited_operator_their_organisations_entries(tenants, bea):
+    entries = listed(bea, "/admin/audit/auditlog/")
+    assert entries and {e.job_id for e in entries} == {tenants.job_b.id}
+    verify = "/admin/audit/auditlog/verify/"
+    assert bea.get(verify, {"run": "1", "job": str(tenants.job_b.id)}).status_code == 200
+    assert bea.get(verify, {"run": "1", "job": str(tenants.job_a.id)}).status_code == 403
+    assert bea.get(verify, {"run": "1"}).status_code == 403  # every chain: every tenant's
