@@ -22,9 +22,11 @@ from django.urls import URLPattern, path
 from django_otp import devices_for_user
 from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 
+from audit.models import AuditLog
 from config.dashboard import dashboard_overview
 from core.admin_base import ReadOnlyAdmin
 from core.otp_devices import verification_wait
+from jobs.models import Job
 from tenants.selectors import operator_org_ids, operator_organisations
 
 
@@ -161,9 +163,6 @@ def limit_audit_logs_to_operator_orgs(site: admin.AdminSite) -> None:
     jobs only (the ops chain, every tenant's, is not theirs), and *Verify chains* only
     for one of those jobs. Here rather than in audit/admin.py: audit sits below the
     tenants and jobs it would have to read."""
-    from audit.models import AuditLog
-    from jobs.models import Job
-
     if not site.is_registered(AuditLog):
         return
     original = type(site._registry[AuditLog])
