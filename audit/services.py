@@ -38,6 +38,13 @@ class Actor:
         # The user's primary key, never the username: personal data stays out of hashes.
         return cls(ActorType.USER, str(user.pk))
 
+    @classmethod
+    def operator(cls, user: Any) -> Actor:
+        """A staff member acting on others' work from the portal or the admin API
+        (replay, discard, cancel of another's job, bulk actions): audited apart from
+        what users do to their own jobs."""
+        return cls(ActorType.OPERATOR, str(user.pk))
+
 
 def job_chain(job_id: uuid.UUID | str) -> str:
     """A job's chain name; the SQL side's is audit_job_chain (audit/migrations/0004)."""

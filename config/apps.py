@@ -9,6 +9,10 @@ class JobopsAdminConfig(AdminConfig):
         super().ready()  # every app's admin.py registers its models
         from django.contrib import admin
 
-        from config.admin_site import lock_down_third_party_admins
+        from config.admin_site import (
+            limit_audit_logs_to_operator_orgs,
+            lock_down_third_party_admins,
+        )
 
         lock_down_third_party_admins(admin.site)
+        limit_audit_logs_to_operator_orgs(admin.site)

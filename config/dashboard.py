@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from core.broker import queue_depths
 from dlq.broker import BROKER_ERRORS
-from dlq.selectors import open_counts_by_queue
+from dlq.selectors import dead_letters_in_orgs, open_counts_by_queue
 from jobs.liveness import live_processes, missing_processes
 from jobs.models import DeadLetter
 from jobs.selectors import job_counts_by_queue, job_health_gauges, purge_last
@@ -55,24 +55,32 @@ OUTBOX_LAG_WARN = 60.0
 PENDING_AGE_WARN = 60.0
 
 
-def dashboard_overview(*, use_cache: bool = True) -> dict[str, Any]:
+def dashboard_overview(
+    *, use_cache: bool = True, org_ids: tuple[int, ...] | None = None
+) -> dict[str, Any]:
     """The dashboard's figures as this web process sees them: the shared snapshot (from
-    the cache when fresh) with this node's own view of the broker laid over it."""
+    the cache when fresh) with this node's own view of the broker laid over it.
+
+    `org_ids`: the figures of those organisations only (the dashboard's organisation
+    filter, and a limited operator's view); None: all of them. A filtered snapshot has
+    no broker depths (a queue's depth counts every tenant's messages) and is cached
+    under its own key, per set of organisations."""
     seconds = float(settings.JOBOPS_DASHBOARD_CACHE_SECONDS)
     caching = use_cache and seconds > 0
+    key = CACHE_KEY if org_ids is None else f"{CACHE_KEY}:orgs:{','.join(map(str, org_ids))}"
     shared = None
     if caching:
         try:
-            shared = cache.get(CACHE_KEY)
+            shared = cache.get(key)
         except Exception:  # Redis away: compute it, the page must show
             shared = None
     if shared is not None:
         return _with_node_view(shared, _node_broker_view(max_age=seconds))
-    shared, seen = _compute()
+    shared, seen = _compute(org_ids=org_ids)
     _remember_broker_view(seen)
     if caching:
         try:
-            cache.set(CACHE_KEY, shared, seconds)
+            cache.set(key, shared, seconds)
         except Exception as exc:
             log.warning("dashboard_not_cached", error=repr(exc))
     return _with_node_view(shared, seen)
@@ -130,8 +138,11 @@ def _read_broker() -> BrokerView:
 
 def _with_node_view(shared: dict[str, Any], view: BrokerView) -> dict[str, Any]:
     """The page's figures: the shared snapshot, its missing depths filled from this
-    node's own read, and this node's broker trouble named as this node's."""
+    node's own read, and this node's broker trouble named as this node's (a snapshot
+    filtered by organisation shows no depths: they count every tenant's messages)."""
     depths = shared["depths"] if shared["depths"] is not None else view.depths
+    if shared.get("org_ids") is not None:
+        depths = None
     broker_error = None
     if view.error is not None:
         broker_error = f"RabbitMQ unreachable from web node {view.host}: {view.error}"
@@ -153,16 +164,19 @@ def _with_node_view(shared: dict[str, Any], view: BrokerView) -> dict[str, Any]:
     }
 
 
-def _compute() -> tuple[dict[str, Any], BrokerView]:
+def _compute(*, org_ids: tuple[int, ...] | None = None) -> tuple[dict[str, Any], BrokerView]:
     """The shared snapshot, and this node's broker view read on the way.
 
     1. Per-queue job counts; 2. health gauges; 3. dead letters: open per queue and the
     last 24 hours' failures by cause; 4. broker depths (kept only when read); 5. live
     processes; 6. the problems worth a look, in words (the broker's are added per node).
+    With `org_ids`, 1 and 3 count those organisations' jobs only, and the gauges that
+    count jobs (oldest pending, stale locks) come from their queues' figures; the
+    system's own (outbox, checkpoint, live processes) stay as they are.
     """
-    counts = job_counts_by_queue(finished_hours=FAILURE_WINDOW_HOURS)
+    counts = job_counts_by_queue(finished_hours=FAILURE_WINDOW_HOURS, org_ids=org_ids)
     health = job_health_gauges()
-    open_rows = open_counts_by_queue()
+    open_rows = open_counts_by_queue(org_ids=org_ids)
     seen = _read_broker()
     processes, liveness_error = _liveness()
     queues = []
@@ -183,31 +197,42 @@ def _compute() -> tuple[dict[str, Any], BrokerView]:
                 "workers": _workers_for(name, processes),
             }
         )
-    overview = {
+    if org_ids is not None:
+        pending = [q["oldest_pending_seconds"] or 0.0 for q in queues]
+        health["oldest_pending_seconds"] = max(pending, default=0.0)
+        health["stale_locks"] = float(sum(q["stale_locks"] for q in queues))
+    overview: dict[str, Any] = {
         "generated_at": timezone.now(),
+        "org_ids": org_ids,
         "queues": queues,
-        # The same for every node that reads the same broker; None when not read.
-        "depths": seen.depths,
+        # The same for every node that reads the same broker; None when not read (or
+        # filtered by organisation).
+        "depths": seen.depths if org_ids is None else None,
         "health": {
             **health,
             "liveness_error": liveness_error,
             "dispatchers": None if processes is None else len(processes.get("dispatcher", [])),
             "open_dead_letters": sum(open_rows.values()),
         },
-        "failures": failures_by_cause(hours=FAILURE_WINDOW_HOURS),
-        # When the purge last looked, and what its last run removed (one row).
-        "purge": purge_last(),
+        "failures": failures_by_cause(hours=FAILURE_WINDOW_HOURS, org_ids=org_ids),
+        # When the purge last looked, and what its last run removed (one row; its
+        # counts are every tenant's, so a filtered view leaves it out).
+        "purge": purge_last() if org_ids is None else None,
     }
     overview["problems"] = _problems(overview, processes)
     return overview, seen
 
 
-def failures_by_cause(*, hours: int = FAILURE_WINDOW_HOURS) -> list[dict[str, Any]]:
+def failures_by_cause(
+    *, hours: int = FAILURE_WINDOW_HOURS, org_ids: tuple[int, ...] | None = None
+) -> list[dict[str, Any]]:
     """Dead letters recorded in the last `hours`, by queue, error code and reason, the
-    biggest cause first ("47 x TRANSIENT_EXTERNAL in erp_dlq since 02:10")."""
+    biggest cause first ("47 x TRANSIENT_EXTERNAL in erp_dlq since 02:10"); of the
+    organisations `org_ids` only, when given."""
     since = timezone.now() - timedelta(hours=hours)
+    recent = DeadLetter.objects.filter(created_at__gte=since)
     groups = (
-        DeadLetter.objects.filter(created_at__gte=since)
+        dead_letters_in_orgs(recent, org_ids=org_ids)
         .values("queue", "error_code", "reason")
         .annotate(
             count=Count("id"),

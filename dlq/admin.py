@@ -40,13 +40,16 @@ from dlq.selectors import (
     bulk_operation_get,
     dead_letter_groups,
     dead_letters_for_messages,
+    dead_letters_in_orgs,
     dead_letters_search,
     death_summary,
     dlq_overview,
+    messages_in_orgs,
 )
-from dlq.services.selection import PERMISSIONS, RETRYABLE_REASONS
+from dlq.services.selection import PERMISSIONS, RETRYABLE_REASONS, names_rows
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState
 from jobs.topology import dlq_names
+from tenants.selectors import operator_org_ids
 
 ACTIONS = ("replay", "discard")
 # ?age= on the list and the action pages -> (created_after, created_before) offsets.
@@ -168,6 +171,12 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     actions = ["replay_selected", "discard_selected"]
     readonly_fields = [f.name for f in DeadLetter._meta.fields]
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[DeadLetter]:
+        """Every dead-letter page (list, search, groups, actions, detail) starts here: a
+        staff member limited to some organisations sees only rows of their jobs."""
+        rows = super().get_queryset(request)
+        return dead_letters_in_orgs(rows, org_ids=operator_org_ids(request.user))
+
     @admin.display(description="#")
     def row_link(self, row: DeadLetter) -> SafeString:
         return format_html(
@@ -226,6 +235,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 selection=selection,
                 can_replay=request.user.has_perm(PERMISSIONS["replay"]),
                 can_discard=request.user.has_perm(PERMISSIONS["discard"]),
+                # Replay/discard of a whole group, queue or filter: unrestricted only.
+                can_act_wide=operator_org_ids(request.user) is None,
             )
         return response
 
@@ -277,8 +288,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     def _queues(self, request: HttpRequest) -> dict[str, Any]:
         self.require_view(request)
+        org_ids = operator_org_ids(request.user)
         return {
-            "queues": dlq_overview(),
+            "queues": dlq_overview(org_ids=org_ids),
+            "limited": org_ids is not None,
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
             "can_replay": self.has_replay_permission(request),
             "can_discard": self.has_discard_permission(request),
@@ -300,7 +313,13 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             messages_ = dlq_peek(queue=queue, limit=limit)
         except BROKER_ERRORS as exc:
             error, messages_ = f"RabbitMQ cannot be reached: {exc}", []
-        rows = dead_letters_for_messages(messages_)
+        # A limited operator sees only the messages of their organisations' jobs, and
+        # not the depth (it counts every tenant's messages).
+        org_ids = operator_org_ids(request.user)
+        if org_ids is not None:
+            depth = None
+        messages_ = messages_in_orgs(messages_, org_ids=org_ids)
+        rows = dead_letters_for_messages(messages_, org_ids=org_ids)
         for message in messages_:
             found.append(
                 {"m": message, "death": death_summary(message), "rows": rows[message.message_id]}
@@ -311,6 +330,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "depth": depth,
             "messages_found": found,
             "error": error,
+            "limited": org_ids is not None,
         }
         return self.render_page(
             request, "admin/jobs/deadletter/peek.html", f"Peek at {queue}", context
@@ -325,6 +345,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         params = request.POST if request.method == "POST" else request.GET
         selection, describe = _selection_from(params)
+        if operator_org_ids(request.user) is not None and not names_rows(selection):
+            # A whole queue or filter acts on every tenant at once (the service refuses
+            # it too: dlq.services.selection.dead_letters_checked_selection).
+            raise PermissionDenied
         context: dict[str, Any] = {"action": action, "describe": describe, "selection": selection}
         context["hidden"] = _hidden_fields(selection)
         # Rows a replay cannot take (no job) can be discarded: those of the same selection
@@ -447,6 +471,13 @@ class BulkOperationAdmin(ReadOnlyAdmin):
     ordering = ["-created_at"]
     show_facets = admin.ShowFacets.NEVER
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[BulkOperation]:
+        # A limited operator sees their own operations only (dlq.selectors.bulk_operation_visible).
+        operations = super().get_queryset(request)
+        if operator_org_ids(request.user) is None:
+            return operations
+        return operations.filter(requested_by=request.user)
+
     @admin.display(description="operation")
     def operation_link(self, op: BulkOperation) -> SafeString:
         return id_cell(op.pk, reverse("admin:dlq_bulkoperation_change", args=[op.pk]))
@@ -486,7 +517,10 @@ class BulkOperationAdmin(ReadOnlyAdmin):
             return HttpResponseRedirect(
                 reverse("admin:dlq_bulkoperation_change", args=[operation_id])
             )
-        operation = bulk_operation_get(operation_id=operation_id)
+        try:
+            operation = bulk_operation_get(operation_id=operation_id, user=request.user)
+        except ApplicationError as exc:
+            raise Http404(exc.message) from exc
         if not request.user.has_perm(PERMISSIONS[operation.action]):
             raise PermissionDenied
         was_active = operation.active
@@ -510,7 +544,7 @@ class BulkOperationAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         try:
-            operation = bulk_operation_get(operation_id=object_id)
+            operation = bulk_operation_get(operation_id=object_id, user=request.user)
         except ApplicationError as exc:
             raise Http404(exc.message) from exc
         context = {

@@ -30,6 +30,7 @@ from django.utils import timezone
 from dlq.errors import BulkOperationNotFoundError, DeadLetterPermissionError
 from dlq.models import ACTIVE_STATES, BulkOperation, BulkState
 from dlq.queries import QUERIES
+from dlq.selectors import bulk_operation_visible
 from dlq.services.replay import (
     ResolveResult,
     broker_copies_ack_resolved,
@@ -45,6 +46,7 @@ from dlq.services.selection import (
 )
 from jobs.models import DeadLetter
 from jobs.topology import dlq_names
+from tenants.selectors import operator_org_ids
 
 log = structlog.get_logger("dlq.bulk")
 
@@ -145,7 +147,7 @@ def bulk_operation_stop(*, operation_id: uuid.UUID | str, actor_user: Any) -> Bu
     flagged and stops before its next chunk; one that has ended is left as it is.
     """
     operation = BulkOperation.objects.filter(id=operation_id).first()
-    if operation is None:
+    if operation is None or not bulk_operation_visible(operation, user=actor_user):
         raise BulkOperationNotFoundError()
     permission = PERMISSIONS[operation.action]
     if not (actor_user.is_active and actor_user.is_staff and actor_user.has_perm(permission)):
@@ -230,6 +232,9 @@ def _next_rows(operation: BulkOperation, size: int) -> list[tuple[int, Any, str]
         filters=selection.get("filters"),
         after_id=operation.after_id,
         up_to_id=operation.up_to_id,
+        # The requester's organisations as they are now: a scope narrowed since the
+        # start narrows what the rest of the operation takes.
+        org_ids=operator_org_ids(operation.requested_by),
     )
     return list(rows.values_list("id", "job_id", "queue")[:size])
 

@@ -42,6 +42,26 @@ class DeadLetterPermissionError(ApplicationError):
     )
 
 
+class DeadLetterWholeQueueError(DeadLetterPermissionError):
+    """A staff member limited to some organisations asked for a replay or discard that
+    names no rows (a whole queue, or everything a filter matches): such controls act
+    on every tenant at once and stay with unrestricted operators."""
+
+    default_message = (
+        "You are limited to some organisations: name the dead letters (ids or jobs) to "
+        "replay or discard; whole-queue actions need an unrestricted operator."
+    )
+
+
+class DeadLetterNotFoundError(ApplicationError):
+    """Dead letters (or their jobs) the caller may not see: outside a limited
+    operator's organisations, they are answered as if they did not exist."""
+
+    code = "ERR-DLQ-404"
+    http_status = 404
+    default_message = "No such dead letter."
+
+
 class UnknownQueueError(ApplicationError):
     code = "ERR-DLQ-404"
     http_status = 404

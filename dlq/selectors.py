@@ -13,9 +13,10 @@ from core.ids import id_fragment
 from dlq.broker import DecodedMessage, dlq_depths
 from dlq.errors import BulkOperationNotFoundError
 from dlq.models import BulkOperation
-from jobs.models import DeadLetter, DeadLetterState
+from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.selectors import SEARCH_MAX_CHARS, Search, id_fragment_q, too_long_note
 from jobs.topology import dlq_names
+from tenants.selectors import operator_org_ids
 
 log = structlog.get_logger("dlq")
 
@@ -78,9 +79,20 @@ def dead_letters_search(*, rows: QuerySet[DeadLetter], term: str) -> Search[Dead
     return Search(rows.filter(Q(message_id=term) | by_job), note)
 
 
-def open_counts_by_queue() -> dict[str, int]:
+def dead_letters_in_orgs(
+    rows: QuerySet[DeadLetter], *, org_ids: Iterable[int] | None
+) -> QuerySet[DeadLetter]:
+    """`rows` as a staff member limited to `org_ids` sees them (None: not limited): those
+    whose job is in one of the organisations. A row without a job (a broker message
+    that names none) belongs to no organisation: only unrestricted operators see it."""
+    if org_ids is None:
+        return rows
+    return rows.filter(job__org_id__in=list(org_ids))
+
+
+def open_counts_by_queue(*, org_ids: Iterable[int] | None = None) -> dict[str, int]:
     counts = (
-        DeadLetter.objects.filter(state=DeadLetterState.OPEN)
+        dead_letters_in_orgs(DeadLetter.objects.filter(state=DeadLetterState.OPEN), org_ids=org_ids)
         .order_by()
         .values("queue")
         .annotate(count=Count("id"))
@@ -88,21 +100,27 @@ def open_counts_by_queue() -> dict[str, int]:
     return {row["queue"]: row["count"] for row in counts}
 
 
-def dlq_overview() -> list[dict[str, Any]]:
+def dlq_overview(*, org_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
     """Each DLQ with its broker depth (None when unknown: broker down or queue missing),
     its count of open dead letters and how many of those name a job (`replayable`: a
     replay can take only these). Depth and open rows can differ: `worker_lost` rows
-    have no broker copy, and copies of resolved rows wait for the next ack-away pass."""
+    have no broker copy, and copies of resolved rows wait for the next ack-away pass.
+
+    `org_ids` (a limited operator's organisations): counts of their rows only, and no
+    broker depth (a queue's depth counts every tenant's messages)."""
     names = dlq_names()
+    depths: dict[str, int | None] = dict.fromkeys(names)
+    broker_error = None
     try:
-        depths: dict[str, int | None] = dlq_depths(queues=names)
-        broker_error = None
+        if org_ids is None:
+            depths = dlq_depths(queues=names)
     except Exception as exc:  # the page must render with the broker down
         log.warning("dlq_depths_unavailable", error=repr(exc))
         depths, broker_error = dict.fromkeys(names), repr(exc)
+    open_rows = DeadLetter.objects.filter(state=DeadLetterState.OPEN)
     counts = {
         row["queue"]: row
-        for row in DeadLetter.objects.filter(state=DeadLetterState.OPEN)
+        for row in dead_letters_in_orgs(open_rows, org_ids=org_ids)
         .order_by()
         .values("queue")
         .annotate(open=Count("id"), replayable=Count("id", filter=Q(job__isnull=False)))
@@ -120,15 +138,40 @@ def dlq_overview() -> list[dict[str, Any]]:
     ]
 
 
-def dead_letters_for_messages(messages: list[DecodedMessage]) -> dict[str, list[DeadLetter]]:
-    """The rows matching peeked messages: by message id, else by the message's job.
+def messages_in_orgs(
+    messages: list[DecodedMessage], *, org_ids: Iterable[int] | None
+) -> list[DecodedMessage]:
+    """The peeked messages a staff member limited to `org_ids` may see (None: not
+    limited, all of them): those naming a job of one of the organisations (one query).
+    A message that names no job, or a job elsewhere, is left out: its body is another
+    tenant's, or no tenant's."""
+    if org_ids is None:
+        return messages
+    job_ids = {_uuid(m.job_id) for m in messages} - {None}
+    mine = {
+        str(j)
+        for j in Job.objects.filter(id__in=job_ids, org_id__in=list(org_ids)).values_list(
+            "id", flat=True
+        )
+    }
+    return [m for m in messages if m.job_id and str(_uuid(m.job_id)) in mine]
+
+
+def dead_letters_for_messages(
+    messages: list[DecodedMessage], *, org_ids: Iterable[int] | None = None
+) -> dict[str, list[DeadLetter]]:
+    """The rows matching peeked messages: by message id, else by the message's job
+    (only rows of `org_ids`, when given: a limited operator's organisations).
 
     Returns {message_id: [rows]} for the peek page (two queries, whatever the count).
     """
     ids = [m.message_id for m in messages]
     job_ids = {_uuid(m.job_id) for m in messages} - {None}
     rows = list(
-        DeadLetter.objects.filter(Q(message_id__in=ids) | Q(job_id__in=job_ids))
+        dead_letters_in_orgs(
+            DeadLetter.objects.filter(Q(message_id__in=ids) | Q(job_id__in=job_ids)),
+            org_ids=org_ids,
+        )
         .select_related("resolved_by")
         .order_by("-id")
     )
@@ -165,15 +208,23 @@ def death_summary(message: DecodedMessage) -> dict[str, Any]:
     }
 
 
-def bulk_operation_get(*, operation_id: Any) -> BulkOperation:
-    """A background operation by id (a string that is no UUID is simply not found)."""
+def bulk_operation_visible(operation: BulkOperation, *, user: Any) -> bool:
+    """Whether `user` may see (and stop) `operation`: a staff member limited to some
+    organisations only their own, whose selection was limited to their organisations
+    (an operation's rows may span several organisations, so it belongs to none)."""
+    return operator_org_ids(user) is None or operation.requested_by_id == user.pk
+
+
+def bulk_operation_get(*, operation_id: Any, user: Any = None) -> BulkOperation:
+    """A background operation by id (a string that is no UUID is simply not found; nor
+    is one that `user`, when given, may not see: `bulk_operation_visible`)."""
     parsed = _uuid(operation_id)
     operation = (
         BulkOperation.objects.select_related("requested_by", "stopped_by").filter(id=parsed).first()
         if parsed
         else None
     )
-    if operation is None:
+    if operation is None or (user is not None and not bulk_operation_visible(operation, user=user)):
         raise BulkOperationNotFoundError()
     return operation
 

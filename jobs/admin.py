@@ -27,12 +27,22 @@ from jobs.selectors import job_timeline, jobs_search
 from jobs.services import job_cancel
 from jobs.states import TERMINAL, Status
 from jobs.types import primary_queue_names
+from tenants.models import Project
+from tenants.selectors import operator_org_ids, operator_organisations
 
 CANCEL_PERMISSION = "jobs.cancel_job"
 
 
 def _jobs(count: int) -> str:
     return f"{count} job" if count == 1 else f"{count} jobs"
+
+
+def _actor(request: HttpRequest, job: Job) -> Actor:
+    """Who a cancel from the portal is audited as: staff cancelling another's job act
+    as an operator; their own job they cancel as its owner."""
+    if job.owner_id == request.user.pk:
+        return Actor.user(request.user)
+    return Actor.operator(request.user)
 
 
 def cancel_summary(outcomes: list[tuple[str, str]]) -> tuple[str, bool]:
@@ -89,6 +99,37 @@ class QueueFilter(ChoicesFilter):
 
     def values(self) -> list[str]:
         return primary_queue_names()
+
+
+class OrganisationFilter(admin.SimpleListFilter):
+    """Only the viewer's organisations are offered (their slugs are no one else's
+    business); the queryset is limited to them anyway (JobAdmin.get_queryset)."""
+
+    title = "organisation"
+    parameter_name = "org"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(str(o.pk), o.slug) for o in operator_organisations(request.user)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        value = self.value()
+        return queryset.filter(org_id=int(value)) if value and value.isdigit() else queryset
+
+
+class ProjectFilter(admin.SimpleListFilter):
+    title = "project"
+    parameter_name = "project"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        org_ids = [o.pk for o in operator_organisations(request.user)]
+        projects = Project.objects.filter(organisation_id__in=org_ids).select_related(
+            "organisation"
+        )
+        return [(str(p.pk), str(p)) for p in projects]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        value = self.value()
+        return queryset.filter(project_id=int(value)) if value and value.isdigit() else queryset
 
 
 class OwnerFilter(InputFilter):
@@ -151,11 +192,15 @@ class JobAdmin(ReadOnlyAdmin):
         "progress_bar",
         "attempts_of_max",
         "owner",
+        "org",
+        "project",
         "created",
     ]
     list_display_links = None
     list_filter = [
         "status",
+        OrganisationFilter,
+        ProjectFilter,
         TypeFilter,
         CategoryFilter,
         QueueFilter,
@@ -168,7 +213,7 @@ class JobAdmin(ReadOnlyAdmin):
         "A job id: whole, or its start or end (at least 4 hex digits, e.g. what the list "
         "shows); or an idempotency key or a request id (exact)."
     )
-    list_select_related = ["owner"]
+    list_select_related = ["owner", "org", "project"]
     list_per_page = 50
     ordering = ["-created_at"]
     show_full_result_count = False  # counting a million rows on every page is slow
@@ -208,6 +253,14 @@ class JobAdmin(ReadOnlyAdmin):
     ) -> HttpResponse:
         return super().changelist_view(request, {"title": "Jobs", **(extra_context or {})})
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        """Every page of jobs (list, search, actions, detail, artefacts) starts here: a
+        staff member limited to some organisations gets only their jobs; another's is
+        "not found"."""
+        jobs = super().get_queryset(request)
+        org_ids = operator_org_ids(request.user)
+        return jobs if org_ids is None else jobs.filter(org_id__in=org_ids)
+
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
@@ -231,8 +284,10 @@ class JobAdmin(ReadOnlyAdmin):
             return self.render_page(
                 request, "admin/jobs/job/cancel_confirm.html", "Cancel jobs", {"jobs": jobs}
             )
-        actor = Actor.user(request.user)
-        outcomes = [(job.status, job_cancel(job_id=job.id, actor=actor).status) for job in jobs]
+        outcomes = [
+            (job.status, job_cancel(job_id=job.id, actor=_actor(request, job)).status)
+            for job in jobs
+        ]
         summary, changed = cancel_summary(outcomes)
         (messages.success if changed else messages.info)(request, summary)
         return None
@@ -297,7 +352,7 @@ class JobAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         if request.method == "POST":
             before = job.status
-            job = job_cancel(job_id=job.id, actor=Actor.user(request.user))
+            job = job_cancel(job_id=job.id, actor=_actor(request, job))
             if job.status in TERMINAL and not (
                 job.status == Status.CANCELLED and before != Status.CANCELLED
             ):
@@ -336,7 +391,12 @@ class JobAdmin(ReadOnlyAdmin):
     def _job_or_404(self, request: HttpRequest, object_id: str) -> Job:
         self.require_view(request)
         try:
-            job = Job.objects.select_related("owner").filter(pk=uuid.UUID(str(object_id))).first()
+            job = (
+                self.get_queryset(request)
+                .select_related("owner", "org", "project")
+                .filter(pk=uuid.UUID(str(object_id)))
+                .first()
+            )
         except ValueError:
             job = None
         if job is None:

@@ -395,6 +395,8 @@ SELECT queue, status, count(*),
         AND locked_at < now() - make_interval(secs => %(stale_after)s)),
     count(*) FILTER (WHERE status = 'retrying' AND next_run_at <= now())
 FROM jobs WHERE status IN ('pending', 'queued', 'running', 'retrying')
+  -- `orgs`: the organisations the dashboard is filtered to; NULL: all of them.
+  AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
 GROUP BY queue, status;
 
 
@@ -404,6 +406,7 @@ GROUP BY queue, status;
 SELECT queue, status, count(*) FROM jobs
 WHERE created_at >= now() - make_interval(hours => %(hours)s)
   AND status IN ('succeeded', 'failed', 'cancelled')
+  AND (%(orgs)s::bigint[] IS NULL OR org_id = ANY(%(orgs)s::bigint[]))
 GROUP BY queue, status;
 
 

@@ -237,8 +237,11 @@ def job_get(*, job_id: uuid.UUID | str) -> Job:
     return job
 
 
-def job_counts_by_queue(*, finished_hours: int = 24) -> dict[str, dict[str, Any]]:
-    """Per queue, for the operator dashboard (two statements, whatever the table's size):
+def job_counts_by_queue(
+    *, finished_hours: int = 24, org_ids: tuple[int, ...] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Per queue, for the operator dashboard (two statements, whatever the table's size),
+    of the organisations `org_ids` (None: all of them):
 
     `unfinished` {status: count} for jobs not yet ended; `finished` {status: count} for
     jobs created in the last `finished_hours` that ended; `oldest_pending_seconds`;
@@ -259,8 +262,10 @@ def job_counts_by_queue(*, finished_hours: int = 24) -> dict[str, dict[str, Any]
         )
 
     with connection.cursor() as cursor:
+        orgs = None if org_ids is None else list(org_ids)
         cursor.execute(
-            QUERIES["queue_unfinished"], {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)}
+            QUERIES["queue_unfinished"],
+            {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT), "orgs": orgs},
         )
         for queue, status, count, pending_age, stale, due in cursor.fetchall():
             row = entry(queue)
@@ -269,7 +274,9 @@ def job_counts_by_queue(*, finished_hours: int = 24) -> dict[str, dict[str, Any]
                 row["oldest_pending_seconds"] = max(0.0, float(pending_age))
             row["stale_locks"] += stale
             row["retries_due"] += due
-        cursor.execute(QUERIES["queue_finished_since"], {"hours": int(finished_hours)})
+        cursor.execute(
+            QUERIES["queue_finished_since"], {"hours": int(finished_hours), "orgs": orgs}
+        )
         for queue, status, count in cursor.fetchall():
             entry(queue)["finished"][status] = count
     return queues

@@ -119,6 +119,14 @@ def staff_org_ids(user: Any) -> tuple[int, ...] | None:
     return operator_org_ids(user)
 
 
+def operator_organisations(user: Any) -> list[Organisation]:
+    """The organisations the portal shows a staff member, by slug: all of them, or
+    those an operator scope limits them to (their filters offer no other)."""
+    org_ids = operator_org_ids(user)
+    orgs = Organisation.objects.order_by("slug")
+    return list(orgs if org_ids is None else orgs.filter(id__in=org_ids))
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where a new job goes: its organisation and (optional) project."""

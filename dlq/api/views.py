@@ -43,8 +43,10 @@ from dlq.selectors import (
     dead_letters_for_messages,
     death_summary,
     dlq_overview,
+    messages_in_orgs,
 )
 from jobs.topology import dlq_names
+from tenants.selectors import operator_org_ids
 
 TAGS = ["admin"]
 QUEUE = OpenApiParameter(
@@ -89,13 +91,16 @@ class DlqListApi(DlqApiView):
         responses={
             200: OpenApiResponse(
                 DlqListOutputSerializer(many=True),
-                "Every DLQ; `depth` is null when RabbitMQ cannot be reached.",
+                "Every DLQ; `depth` is null when RabbitMQ cannot be reached, and for staff "
+                "limited to some organisations (a depth counts every tenant's messages), "
+                "whose `open` and `replayable` count their organisations' rows only.",
             ),
             **error_responses(401, 429),
         },
     )
     def get(self, request: Request) -> Response:
-        return Response(self.DlqListOutputSerializer(dlq_overview(), many=True).data)
+        overview = dlq_overview(org_ids=operator_org_ids(request.user))
+        return Response(self.DlqListOutputSerializer(overview, many=True).data)
 
 
 class DlqPeekApi(DlqApiView):
@@ -115,7 +120,9 @@ class DlqPeekApi(DlqApiView):
             200: OpenApiResponse(
                 PeekMessageOutputSerializer(many=True),
                 "Up to `limit` messages from the head of the DLQ, each with the matching "
-                "dead-letter rows; every message goes back (get without ack, then requeue).",
+                "dead-letter rows; every message goes back (get without ack, then requeue). "
+                "Staff limited to some organisations see only the messages of their "
+                "organisations' jobs among them.",
             ),
             **error_responses(400, 401, 404, 429, 503),
         },
@@ -128,7 +135,10 @@ class DlqPeekApi(DlqApiView):
             messages = dlq_peek(queue=queue, limit=query.validated_data["limit"])
         except BROKER_ERRORS as exc:
             raise BrokerUnavailableError() from exc
-        rows = dead_letters_for_messages(messages)
+        # A limited operator sees only the messages of their organisations' jobs.
+        org_ids = operator_org_ids(request.user)
+        messages = messages_in_orgs(messages, org_ids=org_ids)
+        rows = dead_letters_for_messages(messages, org_ids=org_ids)
         body = [
             {
                 **message.as_dict(),
@@ -229,7 +239,7 @@ class DlqOperationApi(DlqApiView):
         responses={200: BulkOperationOutputSerializer, **error_responses(401, 404, 429)},
     )
     def get(self, request: Request, operation_id: str) -> Response:
-        operation = bulk_operation_get(operation_id=operation_id)
+        operation = bulk_operation_get(operation_id=operation_id, user=request.user)
         return Response(BulkOperationOutputSerializer(operation, context={"request": request}).data)
 
 
@@ -245,6 +255,6 @@ class DlqOperationStopApi(DlqApiView):
         responses={200: BulkOperationOutputSerializer, **error_responses(401, 403, 404, 429)},
     )
     def post(self, request: Request, operation_id: str) -> Response:
-        operation = bulk_operation_get(operation_id=operation_id)
+        operation = bulk_operation_get(operation_id=operation_id, user=request.user)
         operation = bulk_operation_stop(operation_id=operation.id, actor_user=request.user)
         return Response(BulkOperationOutputSerializer(operation, context={"request": request}).data)

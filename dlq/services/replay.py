@@ -34,6 +34,7 @@ from jobs.services import job_publish, jobs_audit, transition_many
 from jobs.states import Status
 from jobs.topology import dlq_names
 from jobs.types import get_type
+from tenants.selectors import operator_org_ids
 
 log = structlog.get_logger("dlq")
 
@@ -158,7 +159,7 @@ def _resolve_selection(
     # From the limited rows, so that the sample is what the run takes, in its order.
     result.sample = dead_letters_sample(limited)
     if action == "replay":
-        result.without_job = _count_without_job(selection, filters=filters)
+        result.without_job = _count_without_job(selection, filters=filters, actor_user=actor_user)
         if result.without_job:
             result.notes.append(without_job_note(result.without_job))
     if dry_run:
@@ -180,11 +181,13 @@ def _resolve_selection(
     return result
 
 
-def _count_without_job(selection: Selection, *, filters: dict[str, Any]) -> int:
+def _count_without_job(selection: Selection, *, filters: dict[str, Any], actor_user: Any) -> int:
     """Open rows of a replay's selection that name no job: the replay leaves them out
     (`dead_letters_selected`), and the operator is told how many and why."""
     if selection.get("job_ids") is not None:
         return 0  # rows chosen by job name a job
+    if operator_org_ids(actor_user) is not None:
+        return 0  # a row without a job is in no organisation: not a limited operator's
     rows = dead_letters_selected(
         action="discard",
         queue=selection.get("queue"),
@@ -217,7 +220,8 @@ def dead_letters_resolve_rows(
     broker copies are acked away afterwards, outside any transaction).
     """
     by = _Resolver(
-        actor=Actor.user(actor_user),
+        # A replay or discard is an operator's act on others' jobs (docs/tenancy.md).
+        actor=Actor.operator(actor_user),
         actor_user=actor_user,
         justification=justification,
         digest=_justification_digest(justification),

@@ -18,12 +18,15 @@ from django.utils.dateparse import parse_datetime
 from core.ids import uuid_or_none
 from dlq.errors import (
     DeadLetterInputError,
+    DeadLetterNotFoundError,
     DeadLetterPermissionError,
+    DeadLetterWholeQueueError,
     JustificationRequiredError,
     UnknownQueueError,
 )
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState
 from jobs.topology import dlq_names
+from tenants.selectors import operator_org_ids
 
 SAMPLE_SIZE = 10
 MAX_JUSTIFICATION_CHARS = 2000
@@ -125,6 +128,7 @@ def dead_letters_selected(
     filters: dict[str, Any] | None = None,
     after_id: int | None = None,
     up_to_id: int | None = None,
+    org_ids: Iterable[int] | None = None,
 ) -> QuerySet[DeadLetter]:
     """Open dead letters an action applies to, oldest first (every given part must match).
 
@@ -132,15 +136,26 @@ def dead_letters_selected(
     ids that name no dead letter at all (in `queue`, when given) are a bad selection
     (422); ids whose rows are resolved already simply match nothing, so a repeated
     request is harmless. `after_id`/`up_to_id` bound a bulk operation's window.
+    `org_ids` (a limited operator's organisations): only rows whose job is in one of
+    them; ids of any other row are answered 404, as if they did not exist (a row
+    without a job belongs to no organisation, so it is never among them).
     """
     rows = DeadLetter.objects.filter(state=DeadLetterState.OPEN)
     known = DeadLetter.objects.filter(queue=queue) if queue is not None else DeadLetter.objects
+    if org_ids is not None:
+        orgs = list(org_ids)
+        rows = rows.filter(job__org_id__in=orgs)
+        known = known.filter(job__org_id__in=orgs)
     if queue is not None:
         rows = rows.filter(queue=queue)
     if job_ids is not None:
         parsed = _job_ids(job_ids)
         found = known.filter(job_id__in=parsed).values_list("job_id", flat=True)
         missing = set(parsed) - set(found)
+        if missing and org_ids is not None:
+            raise DeadLetterNotFoundError(
+                details={"job_ids": [f"No dead letter: {', '.join(sorted(map(str, missing)))}."]}
+            )
         if missing:
             raise DeadLetterInputError(
                 f"No dead letter for {len(missing)} of the given job(s)"
@@ -151,6 +166,10 @@ def dead_letters_selected(
     if dead_letter_ids is not None:
         wanted = {int(i) for i in dead_letter_ids}
         missing_rows = wanted - set(known.filter(id__in=wanted).values_list("id", flat=True))
+        if missing_rows and org_ids is not None:
+            raise DeadLetterNotFoundError(
+                details={"dead_letter_ids": [f"Unknown: {sorted(missing_rows)}."]}
+            )
         if missing_rows:
             raise DeadLetterInputError(
                 details={"dead_letter_ids": [f"Unknown: {sorted(missing_rows)}."]}
@@ -230,11 +249,22 @@ def dead_letters_checked_selection(
         limit=selection.get("limit"),
         dry_run=dry_run,
     )
+    org_ids = operator_org_ids(actor_user)
+    if org_ids is not None and not names_rows(selection):
+        raise DeadLetterWholeQueueError()
     rows = dead_letters_selected(
         action=action,
         queue=selection.get("queue"),
         job_ids=selection.get("job_ids"),
         dead_letter_ids=selection.get("dead_letter_ids"),
         filters=filters,
+        org_ids=org_ids,
     )
     return justification, filters, rows
+
+
+def names_rows(selection: Selection | dict[str, Any]) -> bool:
+    """Whether a selection names its dead letters (row or job ids) rather than taking a
+    whole queue or whatever a filter matches: only such a selection is open to staff
+    limited to some organisations (docs/tenancy.md#operators-and-the-portal)."""
+    return selection.get("job_ids") is not None or selection.get("dead_letter_ids") is not None
