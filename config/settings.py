@@ -514,6 +514,9 @@ JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_CAP
 # --- operator portal and admin API (docs/operations/portal.md) -------------------------------
 # How long a grant from POST /api/v1/admin/otp lets a token make admin calls.
 JOBOPS_OTP_GRANT_SECONDS = env_int("JOBOPS_OTP_GRANT_SECONDS", 15 * 60)
+# How long a token made by `manage.py org token` (or in the admin) lives unless told
+# otherwise (docs/tenancy.md#service-accounts-and-tokens).
+JOBOPS_TOKEN_DEFAULT_TTL = parse_duration(env_str("JOBOPS_TOKEN_DEFAULT_TTL", "90d"))
 # A replay or discard selecting more dead letters than this runs in the background
 # (a bulk operation the dispatcher works through in chunks, stoppable from the portal).
 JOBOPS_DLQ_BACKGROUND_THRESHOLD = env_int("JOBOPS_DLQ_BACKGROUND_THRESHOLD", 100)
@@ -567,10 +570,15 @@ AUDIT_VERIFY_PARALLEL_MIN_ROWS = env_int("AUDIT_VERIFY_PARALLEL_MIN_ROWS", 200_0
 # --- API --------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "core.api.authentication.TokenAuthentication",
+        # ApiTokens (expiring, scoped) and the legacy DRF tokens: docs/tenancy.md.
+        "tenants.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        # Each view's `required_scope` against the token's scopes (docs/tenancy.md#scopes).
+        "tenants.permissions.HasRequiredScope",
+    ],
     "DEFAULT_PARSER_CLASSES": ["core.api.parsers.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "core.api.exceptions.exception_handler",

@@ -78,7 +78,9 @@ class Membership(models.Model):
         db_table = "memberships"
         constraints = [
             models.UniqueConstraint(fields=["user", "organisation"], name="memberships_uniq"),
-            models.CheckConstraint(condition=Q(role__in=Role.values), name="memberships_role_valid"),
+            models.CheckConstraint(
+                condition=Q(role__in=Role.values), name="memberships_role_valid"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -140,9 +142,7 @@ class ApiToken(models.Model):
     # The key's first characters, to tell tokens apart in lists (not secret enough to use).
     prefix = models.CharField(max_length=12)
     digest = models.CharField(max_length=64, unique=True)
-    scopes = ArrayField(
-        models.CharField(max_length=16, choices=Scope.choices), default=all_scopes
-    )
+    scopes = ArrayField(models.CharField(max_length=16, choices=Scope.choices), default=all_scopes)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

@@ -45,6 +45,8 @@ from dlq.selectors import (
     dlq_overview,
 )
 from jobs.topology import dlq_names
+from tenants.models import Scope
+from tenants.permissions import HasRequiredScope
 
 TAGS = ["admin"]
 QUEUE = OpenApiParameter(
@@ -60,6 +62,9 @@ OPERATION = OpenApiParameter(
 
 
 class DlqApiView(AdminApiView):
+    # After staff + OTP (401 first), a token needs admin:dlq (docs/tenancy.md#scopes).
+    permission_classes = [*AdminApiView.permission_classes, HasRequiredScope]
+    required_scope = Scope.ADMIN_DLQ
     error_prefix = "ERR-DLQ"
     not_verified_error = DeadLetterNotVerifiedError
     forbidden_error = DeadLetterPermissionError

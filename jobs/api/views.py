@@ -56,6 +56,8 @@ from jobs.selectors import (
 )
 from jobs.services import job_cancel_for_user, job_submit
 from jobs.states import Status
+from tenants.models import Scope
+from tenants.permissions import RequiredScope
 
 ETAG_HEADER = response_header("ETag", 'Strong validator "<id>-<version>".', [200, 201])
 # Clients must revalidate (If-None-Match) rather than reuse a stored body.
@@ -91,6 +93,8 @@ def _etag_matches(request: Request, etag: str) -> bool:
 
 class JobCreateApi(APIView):
     """POST /api/v1/jobs: create a job, or return the one its idempotency key made."""
+
+    required_scope: RequiredScope = Scope.JOBS_WRITE
 
     parser_classes = [BoundedJSONParser]
     throttle_classes = [JobCreateThrottle]
@@ -262,6 +266,8 @@ class JobCursorPagination(CursorPagination):
 class JobListApi(APIView):
     """GET /api/v1/jobs: the caller's jobs (all with staff powers), newest first."""
 
+    required_scope: RequiredScope = Scope.JOBS_READ
+
     pagination_class = JobCursorPagination
 
     class JobListFilterSerializer(QueryFilterSerializer):
@@ -305,9 +311,13 @@ class JobListApi(APIView):
 class JobCollectionApi(JobListApi, JobCreateApi):
     """One URL, two operations: GET is JobListApi, POST is JobCreateApi."""
 
+    required_scope: RequiredScope = {"GET": Scope.JOBS_READ, "POST": Scope.JOBS_WRITE}
+
 
 class JobDetailApi(APIView):
     """GET /api/v1/jobs/{id}, with a strong ETag and If-None-Match."""
+
+    required_scope: RequiredScope = Scope.JOBS_READ
 
     @extend_schema(
         operation_id="jobs_retrieve",
@@ -352,6 +362,8 @@ class JobDetailApi(APIView):
 class JobCancelApi(APIView):
     """POST /api/v1/jobs/{id}/cancel: idempotent; 200 with the job."""
 
+    required_scope: RequiredScope = Scope.JOBS_CANCEL
+
     @extend_schema(
         operation_id="jobs_cancel",
         summary="Cancel a job (idempotent)",
@@ -367,6 +379,8 @@ class JobCancelApi(APIView):
 class JobArtefactApi(APIView):
     """GET /api/v1/jobs/{id}/artefacts/{aid}: the file, streamed, or (ARTEFACT_DOWNLOAD
     presigned, S3) a redirect to a short-lived URL of it; ownership is checked first."""
+
+    required_scope: RequiredScope = Scope.JOBS_READ
 
     @extend_schema(
         operation_id="jobs_artefact_download",
