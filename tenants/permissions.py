@@ -46,6 +46,7 @@ class HasRequiredScope(BasePermission):
         needed = required_scope_of(view, request.method or "")
         if needed is None:
             return True
+        needed = str(needed)  # the value, not the enum member's name
         scopes = token_scopes(request.auth)
         if scopes is not None and needed not in scopes:
             raise ScopeMissingError(

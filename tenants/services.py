@@ -21,7 +21,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from audit.services import OPS_CHAIN, Actor, audit_append
-from core.api.otp import key_digest
+from core.api.authentication import key_digest
 from core.errors import ApplicationError
 from tenants.models import (
     ALL_SCOPES,
@@ -34,7 +34,7 @@ from tenants.models import (
 )
 
 # `key_digest` is what is stored of a key and what a presented key is looked up by; OTP
-# grants are keyed by the same digest (core/api/otp.py), so one function makes both.
+# grants are keyed by the same digest (core/api/otp.py): one function makes both.
 # Every key starts so: a leaked key is recognisable (secret scanners, logs), and the
 # authenticator tells it from a legacy DRF token (40 hex digits) without a query.
 KEY_PREFIX = "jo_"

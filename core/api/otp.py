@@ -15,7 +15,6 @@ page of someone who lost their phone, not for scripts.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,7 +34,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api.authentication import TokenAuthentication
+from core.api.authentication import TokenAuthentication, key_digest
 from core.api.docs import REQUEST_ID, ErrorTable, error_responses_from
 from core.api.parsers import json_body
 from core.api.serializers import ClosedSerializer, StrictCharField
@@ -91,10 +90,6 @@ class OtpGrant:
     user_id: int
     device: str  # the device's persistent id
     expires_at: datetime
-
-
-def key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def token_digest(auth: Any) -> str | None:
