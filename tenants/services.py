@@ -29,6 +29,7 @@ from tenants.models import (
     ApiToken,
     Membership,
     Organisation,
+    Project,
     Role,
     ServiceAccount,
 )
@@ -82,6 +83,28 @@ def member_add(
             role=role,
         )
     return membership
+
+
+def member_remove(*, membership: Membership, actor: Actor = SYSTEM) -> None:
+    with transaction.atomic():
+        org_id, user_id = membership.organisation_id, membership.user_id
+        membership.delete()
+        _audit("org_member_removed", actor, org_id=org_id, user_id=user_id)
+
+
+def project_save(*, project: Project, actor: Actor = SYSTEM) -> Project:
+    """Create or rename a project (the admin's inline form hands it over unsaved)."""
+    with transaction.atomic():
+        created = project.pk is None
+        project.save()
+        _audit(
+            "project_created" if created else "project_changed",
+            actor,
+            org_id=project.organisation_id,
+            project_id=project.pk,
+            slug=project.slug,
+        )
+    return project
 
 
 def organisation_suspend(*, org: Organisation, actor: Actor = SYSTEM) -> bool:
