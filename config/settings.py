@@ -586,7 +586,10 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "jobops API",
     "DESCRIPTION": "Submit, watch and cancel background jobs; operators' admin calls (an OTP "
-    "grant, the dead-letter queues) under /api/v1/admin/.",
+    "grant, the dead-letter queues) under /api/v1/admin/. Authenticate with "
+    "`Authorization: Token <key>` (or `Bearer`): a token expires (401 ERR-AUTH-401) and has "
+    "scopes (jobs:read, jobs:write, jobs:cancel, admin:dlq; 403 ERR-AUTH-403 without the "
+    "operation's, named by its x-required-scope).",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Paths are served with and without a trailing slash; document each once.
@@ -595,6 +598,7 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "jobs.api.schema.close_request_bodies",
         "core.api.schema.close_request_bodies",
+        "tenants.schema.document_scopes",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
     # The docs pages load their JavaScript and CSS from this server, not from a CDN: they

@@ -96,7 +96,7 @@ class DlqListApi(DlqApiView):
                 DlqListOutputSerializer(many=True),
                 "Every DLQ; `depth` is null when RabbitMQ cannot be reached.",
             ),
-            **error_responses(401, 429),
+            **error_responses(401, 403, 429),
         },
     )
     def get(self, request: Request) -> Response:
@@ -122,7 +122,7 @@ class DlqPeekApi(DlqApiView):
                 "Up to `limit` messages from the head of the DLQ, each with the matching "
                 "dead-letter rows; every message goes back (get without ack, then requeue).",
             ),
-            **error_responses(400, 401, 404, 429, 503),
+            **error_responses(400, 401, 403, 404, 429, 503),
         },
     )
     def get(self, request: Request, queue: str) -> Response:
@@ -231,7 +231,7 @@ class DlqOperationApi(DlqApiView):
         summary="Read a background replay or discard",
         tags=TAGS,
         parameters=[OPERATION, REQUEST_ID, RETRY_AFTER],
-        responses={200: BulkOperationOutputSerializer, **error_responses(401, 404, 429)},
+        responses={200: BulkOperationOutputSerializer, **error_responses(401, 403, 404, 429)},
     )
     def get(self, request: Request, operation_id: str) -> Response:
         operation = bulk_operation_get(operation_id=operation_id)

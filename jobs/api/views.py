@@ -289,7 +289,7 @@ class JobListApi(APIView):
         operation_id="jobs_list",
         summary="List jobs",
         parameters=[JobListFilterSerializer, REQUEST_ID],
-        responses={200: JobOutputSerializer(many=True), **error_responses(400, 401)},
+        responses={200: JobOutputSerializer(many=True), **error_responses(400, 401, 403)},
     )
     def get(self, request: Request) -> Response:
         filters = self.JobListFilterSerializer(data=request.query_params)
@@ -335,7 +335,7 @@ class JobDetailApi(APIView):
         responses={
             200: JobOutputSerializer,
             304: OpenApiResponse(None, "Not modified: the job is as in the ETag you sent."),
-            **error_responses(401, 404),
+            **error_responses(401, 403, 404),
         },
     )
     def get(self, request: Request, job_id: uuid.UUID) -> Response:
@@ -393,7 +393,7 @@ class JobArtefactApi(APIView):
                 "ARTEFACT_DOWNLOAD=presigned: Location is a URL of the file in object "
                 "storage, valid for ARTEFACT_PRESIGNED_EXPIRY_SECONDS.",
             ),
-            **error_responses(401, 404, 503),
+            **error_responses(401, 403, 404, 503),
         },
     )
     def get(self, request: Request, job_id: uuid.UUID, artefact_id: uuid.UUID) -> HttpResponseBase:

@@ -261,3 +261,18 @@ def test_a_service_token_creates_a_job_owned_by_the_account_and_audited_as_servi
     assert (job.owner_id, job.org_id) == (account.user.pk, org.pk)
     entry = AuditLog.objects.get(chain=job_chain(job.id), event_type="created")
     assert (entry.actor_type, entry.actor_id) == ("service", str(account.user.pk))
+
+
+def test_the_openapi_schema_names_each_operations_scope(client):
+    schema = client.get("/api/v1/schema/", {"format": "json"}).json()
+    scopes = {
+        (path, method): op.get("x-required-scope")
+        for path, ops in schema["paths"].items()
+        for method, op in ops.items()
+    }
+    assert scopes[("/api/v1/jobs", "get")] == "jobs:read"
+    assert scopes[("/api/v1/jobs", "post")] == "jobs:write"
+    assert scopes[("/api/v1/jobs/{job_id}/cancel", "post")] == "jobs:cancel"
+    assert scopes[("/api/v1/admin/dlq", "get")] == "admin:dlq"
+    assert scopes[("/api/v1/admin/otp", "post")] is None
+    assert "403" in schema["paths"]["/api/v1/jobs/{job_id}"]["get"]["responses"]
