@@ -31,6 +31,7 @@ run: migrate
 	-$(MANAGE) setup_topology
 	$(MANAGE) collectstatic --noinput -v 0
 	$(MANAGE) bootstrap_admin
+	$(MANAGE) org bootstrap  # the default organisation, the first admin its admin
 	rm -rf var/prometheus  # each process makes its own directory again (core/metrics_dir.py)
 	$(BIN)/honcho start -f Procfile
 

@@ -514,6 +514,9 @@ JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_CAP
 # --- operator portal and admin API (docs/operations/portal.md) -------------------------------
 # How long a grant from POST /api/v1/admin/otp lets a token make admin calls.
 JOBOPS_OTP_GRANT_SECONDS = env_int("JOBOPS_OTP_GRANT_SECONDS", 15 * 60)
+# How long a token made by `manage.py org token` (or in the admin) lives unless told
+# otherwise (docs/tenancy.md#service-accounts-and-tokens).
+JOBOPS_TOKEN_DEFAULT_TTL = parse_duration(env_str("JOBOPS_TOKEN_DEFAULT_TTL", "90d"))
 # A replay or discard selecting more dead letters than this runs in the background
 # (a bulk operation the dispatcher works through in chunks, stoppable from the portal).
 JOBOPS_DLQ_BACKGROUND_THRESHOLD = env_int("JOBOPS_DLQ_BACKGROUND_THRESHOLD", 100)
@@ -567,10 +570,15 @@ AUDIT_VERIFY_PARALLEL_MIN_ROWS = env_int("AUDIT_VERIFY_PARALLEL_MIN_ROWS", 200_0
 # --- API --------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "core.api.authentication.TokenAuthentication",
+        # ApiTokens (expiring, scoped) and the legacy DRF tokens: docs/tenancy.md.
+        "tenants.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        # Each view's `required_scope` against the token's scopes (docs/tenancy.md#scopes).
+        "tenants.permissions.HasRequiredScope",
+    ],
     "DEFAULT_PARSER_CLASSES": ["core.api.parsers.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "core.api.exceptions.exception_handler",
@@ -578,7 +586,10 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "jobops API",
     "DESCRIPTION": "Submit, watch and cancel background jobs; operators' admin calls (an OTP "
-    "grant, the dead-letter queues) under /api/v1/admin/.",
+    "grant, the dead-letter queues) under /api/v1/admin/. Authenticate with "
+    "`Authorization: Token <key>` (or `Bearer`): a token expires (401 ERR-AUTH-401) and has "
+    "scopes (jobs:read, jobs:write, jobs:cancel, admin:dlq; 403 ERR-AUTH-403 without the "
+    "operation's, named by its x-required-scope).",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Paths are served with and without a trailing slash; document each once.
@@ -587,6 +598,7 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "jobs.api.schema.close_request_bodies",
         "core.api.schema.close_request_bodies",
+        "tenants.schema.document_scopes",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
     # The docs pages load their JavaScript and CSS from this server, not from a CDN: they

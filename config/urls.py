@@ -10,12 +10,19 @@ from core.api.exceptions import (
 from core.api.otp import OtpGrantApi
 from core.api.routing import with_slash_alias
 from core.metrics import metrics_view
+from tenants.authentication import TokenAuthentication
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("jobs.api.urls")),
     # Admin calls (docs/api.md#admin-calls-and-the-otp-grant): the OTP grant, then the DLQ tools.
-    *with_slash_alias("api/v1/admin/otp", OtpGrantApi.as_view(), "admin-otp"),
+    # A grant binds to a token: the tenancy authenticator (ApiTokens and legacy tokens),
+    # never a session (core cannot name it: it is a layer above).
+    *with_slash_alias(
+        "api/v1/admin/otp",
+        OtpGrantApi.as_view(authentication_classes=[TokenAuthentication]),
+        "admin-otp",
+    ),
     path("api/v1/admin/", include("dlq.api.urls")),
     # django-prometheus' exporter behind METRICS_TOKEN (core/metrics.py).
     path("metrics", metrics_view, name="prometheus-django-metrics"),

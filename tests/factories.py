@@ -243,11 +243,13 @@ def client_for(user: Any) -> APIClient:
 def client_with_grant(user: Any) -> APIClient:
     """A token client for staff `user` whose token holds a live OTP grant (what a script
     gets from POST /api/v1/admin/otp with the code its authenticator shows)."""
-    from core.api.otp import otp_grant_issue
+    from core.api.otp import key_digest, otp_grant_issue
 
     client = client_for(user)
     token = Token.objects.get(user=user)
-    otp_grant_issue(user=user, token_key=token.key, otp_token=totp_code(totp_device(user)))
+    otp_grant_issue(
+        user=user, token_digest=key_digest(token.key), otp_token=totp_code(totp_device(user))
+    )
     return client
 
 

@@ -7,6 +7,7 @@ that is otherwise two). Same answers, same errors: only the read is prepared.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -16,6 +17,12 @@ from rest_framework.authtoken.models import Token
 
 from core.db import execute_prepared, model_from_row
 from core.queries import QUERIES
+
+
+def key_digest(key: str) -> str:
+    """The sha256 of a token's key: what tenancy stores of its tokens (and looks them
+    up by), and what OTP grants are keyed by (core/api/otp.py)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 class TokenAuthentication(authentication.TokenAuthentication):

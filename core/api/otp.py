@@ -1,9 +1,11 @@
 """OTP grants: `POST /api/v1/admin/otp` trades a current TOTP code for 15 minutes of
-admin API access, bound to the caller's DRF token (docs/api.md#admin-calls-and-the-otp-grant).
+admin API access, bound to the caller's API token (docs/api.md#admin-calls-and-the-otp-grant).
 
 django-otp accepts each TOTP time step once (`TOTPDevice.last_t`), so a code cannot ride
 along on every call of a script; the script exchanges one for a grant instead. The
-grant lives in the cache (Redis) under a digest of the token's key:
+grant lives in the cache (Redis) under the sha256 of the token's key (`token_digest`:
+a legacy DRF token's key hashed here, a tenancy ApiToken's stored digest, the same
+value for the same key):
 - deleting or rotating the token ends it (a new token has no grant);
 - it names the user, and is honoured only for that user while they are active staff;
 - losing Redis loses grants: callers exchange a fresh code, nothing else breaks.
@@ -13,7 +15,6 @@ page of someone who lost their phone, not for scripts.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,11 +29,12 @@ from django.utils.dateparse import parse_datetime
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers
+from rest_framework.authtoken.models import Token
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.api.authentication import TokenAuthentication
+from core.api.authentication import TokenAuthentication, key_digest
 from core.api.docs import REQUEST_ID, ErrorTable, error_responses_from
 from core.api.parsers import json_body
 from core.api.serializers import ClosedSerializer, StrictCharField
@@ -90,13 +92,23 @@ class OtpGrant:
     expires_at: datetime
 
 
-def _grant_key(token_key: str) -> str:
+def token_digest(auth: Any) -> str | None:
+    """The sha256 of the key of the token a request was authenticated with: a legacy
+    DRF token's (its key is stored) or an ApiToken's (only its digest is); None for
+    anything else (a session)."""
+    if isinstance(auth, Token):
+        return key_digest(auth.key)
+    digest = getattr(auth, "digest", None)
+    return digest if isinstance(digest, str) and digest else None
+
+
+def _grant_key(digest: str) -> str:
     # A digest, so that the cache never holds a usable token.
-    return "otp-grant:" + hashlib.sha256(token_key.encode("utf-8")).hexdigest()
+    return "otp-grant:" + digest
 
 
-def otp_grant_issue(*, user: Any, token_key: str, otp_token: str) -> OtpGrant:
-    """Verify a TOTP code of `user` and store a grant for `token_key`.
+def otp_grant_issue(*, user: Any, token_digest: str, otp_token: str) -> OtpGrant:
+    """Verify a TOTP code of `user` and store a grant for the token of `token_digest`.
 
     1. Refuse anyone but active staff with a confirmed TOTP device (403).
     2. While django-otp throttles every device after wrong codes, say when to retry
@@ -135,7 +147,7 @@ def otp_grant_issue(*, user: Any, token_key: str, otp_token: str) -> OtpGrant:
         "expires_at": grant.expires_at.isoformat(),
     }
     try:
-        cache.set(_grant_key(token_key), value, seconds)
+        cache.set(_grant_key(token_digest), value, seconds)
     except Exception as exc:  # Redis down: say so rather than answer 500
         log.error("otp_grant_not_stored", error=repr(exc))
         raise OtpUnavailableError() from exc
@@ -143,11 +155,11 @@ def otp_grant_issue(*, user: Any, token_key: str, otp_token: str) -> OtpGrant:
     return grant
 
 
-def otp_grant_for(*, token_key: str, user: Any) -> OtpGrant | None:
+def otp_grant_for(*, token_digest: str, user: Any) -> OtpGrant | None:
     """The live grant of this token for this user, or None (none, expired, other user,
     cache unavailable)."""
     try:
-        value = cache.get(_grant_key(token_key))
+        value = cache.get(_grant_key(token_digest))
     except Exception as exc:  # no cache, no grant: the caller is answered 401
         log.warning("otp_grant_unreadable", error=repr(exc))
         return None
@@ -159,8 +171,8 @@ def otp_grant_for(*, token_key: str, user: Any) -> OtpGrant | None:
     return OtpGrant(user_id=user.pk, device=str(value.get("device")), expires_at=expires_at)
 
 
-def otp_grant_revoke(*, token_key: str) -> None:
-    cache.delete(_grant_key(token_key))
+def otp_grant_revoke(*, token_digest: str) -> None:
+    cache.delete(_grant_key(token_digest))
 
 
 ERRORS: ErrorTable = {
@@ -226,7 +238,10 @@ class OtpGrantApi(ThrottledApiView):
         given = self.OtpGrantInputSerializer(data=json_body(request))
         given.is_valid(raise_exception=True)
         code = given.validated_data["otp_token"]
-        grant = otp_grant_issue(user=request.user, token_key=request.auth.key, otp_token=code)
+        digest = token_digest(request.auth)
+        if digest is None:  # only a token authenticator is allowed here: cannot happen
+            raise OtpNotAllowedError("A grant binds to an API token.")
+        grant = otp_grant_issue(user=request.user, token_digest=digest, otp_token=code)
         seconds = max(0, int((grant.expires_at - timezone.now()).total_seconds()))
         body = {"expires_at": grant.expires_at, "expires_in": seconds}
         return Response(self.OtpGrantOutputSerializer(body).data)

@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from rest_framework.authentication import SessionAuthentication
-from rest_framework.authtoken.models import Token
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
-from core.api.otp import otp_grant_for
+from core.api.otp import otp_grant_for, token_digest
 
 
 def otp_verified(request: Request) -> bool:
@@ -28,8 +27,9 @@ def otp_verified(request: Request) -> bool:
     if isinstance(request.successful_authenticator, SessionAuthentication):
         is_verified = getattr(request.user, "is_verified", None)
         return bool(is_verified and is_verified())
-    if isinstance(request.auth, Token):
-        return otp_grant_for(token_key=request.auth.key, user=request.user) is not None
+    digest = token_digest(request.auth)
+    if digest is not None:
+        return otp_grant_for(token_digest=digest, user=request.user) is not None
     return False
 
 

@@ -21,7 +21,7 @@ ERRORS: ErrorTable = {
     403: (
         "ERR-DLQ-403: OTP-verified staff without the operator's permission for this write "
         "(jobs.replay_deadletter or jobs.discard_deadletter). ERR-AUTH-403: a session "
-        "request without its CSRF token.",
+        "request without its CSRF token, or a token without the admin:dlq scope.",
         ["ERR-DLQ-403", "ERR-AUTH-403"],
     ),
     404: ("ERR-DLQ-404: no such dead-letter queue or bulk operation.", ["ERR-DLQ-404"]),

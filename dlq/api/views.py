@@ -46,6 +46,8 @@ from dlq.selectors import (
     messages_in_orgs,
 )
 from jobs.topology import dlq_names
+from tenants.models import Scope
+from tenants.permissions import HasRequiredScope
 from tenants.selectors import operator_org_ids
 
 TAGS = ["admin"]
@@ -62,6 +64,9 @@ OPERATION = OpenApiParameter(
 
 
 class DlqApiView(AdminApiView):
+    # After staff + OTP (401 first), a token needs admin:dlq (docs/tenancy.md#scopes).
+    permission_classes = [*AdminApiView.permission_classes, HasRequiredScope]
+    required_scope = Scope.ADMIN_DLQ
     error_prefix = "ERR-DLQ"
     not_verified_error = DeadLetterNotVerifiedError
     forbidden_error = DeadLetterPermissionError
@@ -95,7 +100,7 @@ class DlqListApi(DlqApiView):
                 "limited to some organisations (a depth counts every tenant's messages), "
                 "whose `open` and `replayable` count their organisations' rows only.",
             ),
-            **error_responses(401, 429),
+            **error_responses(401, 403, 429),
         },
     )
     def get(self, request: Request) -> Response:
@@ -124,7 +129,7 @@ class DlqPeekApi(DlqApiView):
                 "Staff limited to some organisations see only the messages of their "
                 "organisations' jobs among them.",
             ),
-            **error_responses(400, 401, 404, 429, 503),
+            **error_responses(400, 401, 403, 404, 429, 503),
         },
     )
     def get(self, request: Request, queue: str) -> Response:
@@ -236,7 +241,7 @@ class DlqOperationApi(DlqApiView):
         summary="Read a background replay or discard",
         tags=TAGS,
         parameters=[OPERATION, REQUEST_ID, RETRY_AFTER],
-        responses={200: BulkOperationOutputSerializer, **error_responses(401, 404, 429)},
+        responses={200: BulkOperationOutputSerializer, **error_responses(401, 403, 404, 429)},
     )
     def get(self, request: Request, operation_id: str) -> Response:
         operation = bulk_operation_get(operation_id=operation_id, user=request.user)

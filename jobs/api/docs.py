@@ -19,11 +19,13 @@ ERRORS: ErrorTable = {
         ["ERR-JOB-400"],
     ),
     401: (
-        "ERR-AUTH-401: no or invalid credentials (send `Authorization: Token ...`).",
+        "ERR-AUTH-401: no or invalid credentials (send `Authorization: Token ...` or "
+        "`Bearer ...`), or the token expired or was revoked.",
         ["ERR-AUTH-401"],
     ),
     403: (
-        "ERR-AUTH-403: refused, e.g. a session request without its CSRF token. "
+        "ERR-AUTH-403: refused, e.g. a session request without its CSRF token, or a token "
+        "without the operation's scope (details.required_scope). "
         "ERR-TENANT-SUSPENDED: the organisation is suspended (no new jobs). "
         "ERR-TENANT-403: the caller is a member of no organisation.",
         ["ERR-AUTH-403", "ERR-TENANT-SUSPENDED", "ERR-TENANT-403"],

@@ -56,6 +56,8 @@ from jobs.selectors import (
 )
 from jobs.services import job_cancel_for_user, job_submit
 from jobs.states import Status
+from tenants.models import Scope
+from tenants.permissions import RequiredScope
 
 ETAG_HEADER = response_header("ETag", 'Strong validator "<id>-<version>".', [200, 201])
 # Clients must revalidate (If-None-Match) rather than reuse a stored body.
@@ -91,6 +93,8 @@ def _etag_matches(request: Request, etag: str) -> bool:
 
 class JobCreateApi(APIView):
     """POST /api/v1/jobs: create a job, or return the one its idempotency key made."""
+
+    required_scope: RequiredScope = Scope.JOBS_WRITE
 
     parser_classes = [BoundedJSONParser]
     throttle_classes = [JobCreateThrottle]
@@ -262,6 +266,8 @@ class JobCursorPagination(CursorPagination):
 class JobListApi(APIView):
     """GET /api/v1/jobs: the caller's jobs (all with staff powers), newest first."""
 
+    required_scope: RequiredScope = Scope.JOBS_READ
+
     pagination_class = JobCursorPagination
 
     class JobListFilterSerializer(QueryFilterSerializer):
@@ -283,7 +289,7 @@ class JobListApi(APIView):
         operation_id="jobs_list",
         summary="List jobs",
         parameters=[JobListFilterSerializer, REQUEST_ID],
-        responses={200: JobOutputSerializer(many=True), **error_responses(400, 401)},
+        responses={200: JobOutputSerializer(many=True), **error_responses(400, 401, 403)},
     )
     def get(self, request: Request) -> Response:
         filters = self.JobListFilterSerializer(data=request.query_params)
@@ -305,9 +311,13 @@ class JobListApi(APIView):
 class JobCollectionApi(JobListApi, JobCreateApi):
     """One URL, two operations: GET is JobListApi, POST is JobCreateApi."""
 
+    required_scope: RequiredScope = {"GET": Scope.JOBS_READ, "POST": Scope.JOBS_WRITE}
+
 
 class JobDetailApi(APIView):
     """GET /api/v1/jobs/{id}, with a strong ETag and If-None-Match."""
+
+    required_scope: RequiredScope = Scope.JOBS_READ
 
     @extend_schema(
         operation_id="jobs_retrieve",
@@ -325,7 +335,7 @@ class JobDetailApi(APIView):
         responses={
             200: JobOutputSerializer,
             304: OpenApiResponse(None, "Not modified: the job is as in the ETag you sent."),
-            **error_responses(401, 404),
+            **error_responses(401, 403, 404),
         },
     )
     def get(self, request: Request, job_id: uuid.UUID) -> Response:
@@ -352,6 +362,8 @@ class JobDetailApi(APIView):
 class JobCancelApi(APIView):
     """POST /api/v1/jobs/{id}/cancel: idempotent; 200 with the job."""
 
+    required_scope: RequiredScope = Scope.JOBS_CANCEL
+
     @extend_schema(
         operation_id="jobs_cancel",
         summary="Cancel a job (idempotent)",
@@ -368,6 +380,8 @@ class JobArtefactApi(APIView):
     """GET /api/v1/jobs/{id}/artefacts/{aid}: the file, streamed, or (ARTEFACT_DOWNLOAD
     presigned, S3) a redirect to a short-lived URL of it; ownership is checked first."""
 
+    required_scope: RequiredScope = Scope.JOBS_READ
+
     @extend_schema(
         operation_id="jobs_artefact_download",
         summary="Download an artefact",
@@ -379,7 +393,7 @@ class JobArtefactApi(APIView):
                 "ARTEFACT_DOWNLOAD=presigned: Location is a URL of the file in object "
                 "storage, valid for ARTEFACT_PRESIGNED_EXPIRY_SECONDS.",
             ),
-            **error_responses(401, 404, 503),
+            **error_responses(401, 403, 404, 503),
         },
     )
     def get(self, request: Request, job_id: uuid.UUID, artefact_id: uuid.UUID) -> HttpResponseBase:

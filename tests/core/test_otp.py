@@ -9,7 +9,7 @@ from django.core.cache import cache
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from rest_framework.authtoken.models import Token
 
-from core.api.otp import otp_grant_for
+from core.api.otp import key_digest, otp_grant_for
 from tests.factories import StaffFactory, UserFactory, client_for, totp_code, totp_device
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +62,9 @@ def test_the_grant_is_bound_to_the_token_it_was_asked_with(staff):
     Token.objects.filter(user=user).delete()  # rotate the token
     new_api = client_for(user)
     assert new_api.get(DLQ_URL).json()["error"]["code"] == "ERR-DLQ-401"
-    assert otp_grant_for(token_key=old_key, user=UserFactory()) is None  # not another user's
+    assert (
+        otp_grant_for(token_digest=key_digest(old_key), user=UserFactory()) is None
+    )  # not another user's
 
 
 def test_the_grant_ends_after_its_time(staff, settings):

@@ -18,7 +18,7 @@ from schemathesis.config._checks import PositiveDataAcceptanceConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from audit.models import AuditLog
-from core.api.otp import otp_grant_issue
+from core.api.otp import key_digest, otp_grant_issue
 from core.json import json_problem
 from jobs.models import Job
 from tests.e2e.live_api import gunicorn_server
@@ -45,7 +45,7 @@ def token(transactional_db) -> str:
     answer for real (a plain token would make every one of them a 401)."""
     user = role_user("operator")
     key = Token.objects.create(user=user).key
-    otp_grant_issue(user=user, token_key=key, otp_token=totp_code(totp_device(user)))
+    otp_grant_issue(user=user, token_digest=key_digest(key), otp_token=totp_code(totp_device(user)))
     return key
 
 
