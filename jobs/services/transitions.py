@@ -26,7 +26,7 @@ from jobs import metrics
 from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Job
 from jobs.queries import HOLE, QUERIES
-from jobs.states import ALLOWED, EVENT_FOR_STATUS, Status
+from jobs.states import ALLOWED, EVENT_FOR_STATUS, TERMINAL, Status
 
 # Holes an entry may have: job_append fills up to four (jobs/queries.sql).
 MAX_HOLES = 4
@@ -302,6 +302,11 @@ def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
     """Prometheus counters of a status change, incremented once its transaction commits."""
     if writes_progress:  # a final transition flushing the last coalesced progress value
         transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
+    if target in TERMINAL:
+        finished = metrics.JOB_FINISHED.labels(
+            type=job.type, status=str(target), **metrics.org_label(job.org_id)
+        )
+        transaction.on_commit(finished.inc)
     if target == Status.CANCELLED:
         transaction.on_commit(metrics.CANCELLATION.inc)
     elif target == Status.RETRYING:
