@@ -6,9 +6,11 @@ one) in a single atomic step: two web processes can never both spend the last to
 as a read-then-write counter would let them. A request is refused when any bucket is
 empty, and then takes from none; the refusal names the first empty one.
 
-The organisation's bucket (docs/tenancy.md#limits) is taken in a step of its own, once
-the create has resolved the organisation from the body (the caller's and the global
-buckets are taken before the body is read, so that a malformed body counts too).
+The organisation's bucket (docs/tenancy.md#limits) is taken with the caller's and the
+global one, before the body is read, when the caller belongs to one organisation (the
+create can go nowhere else): one Redis call, as before tenancy. A caller in several
+organisations names one in the body, so its organisation's bucket is taken in a step of
+its own once the create has resolved it.
 
 Redis unavailable: creation is NOT refused (fail open, logged). A rate limit protects
 capacity; refusing every job because the limiter's store is down would turn a Redis
@@ -143,28 +145,29 @@ def rate_limit_take(*, buckets: list[tuple[str, int]]) -> RateDecision | None:
     )
 
 
-def job_create_rate_limit(*, user_id: object) -> RateDecision | None:
-    """Count one job submission for `user_id` (docs/api.md#rate-limits: every POST counts).
+def job_create_rate_limit(*, user_id: object, org_id: int | None = None) -> RateDecision | None:
+    """Count one job submission for `user_id` (docs/api.md#rate-limits: every POST counts),
+    and with `org_id` for that organisation too, in one atomic take.
 
-    Raises RateLimitExceededError when the caller's or the global bucket is empty
-    (details.limit `user` or `global`: the first empty one).
+    Raises RateLimitExceededError when the caller's, the organisation's or the global
+    bucket is empty (details.limit `user`, `org` or `global`: the first empty one).
     """
     limits = settings.JOBOPS_RATE_LIMITS
-    decision = rate_limit_take(
-        buckets=[
-            (f"create:user:{user_id}", int(limits["create_per_user"])),
-            ("create:global", int(limits["create_global"])),
-        ]
-    )
+    buckets = [("user", f"create:user:{user_id}", int(limits["create_per_user"]))]
+    if org_id is not None:
+        buckets.append(("org", f"create:org:{org_id}", int(limits["create_per_org"])))
+    buckets.append(("global", "create:global", int(limits["create_global"])))
+    decision = rate_limit_take(buckets=[(key, limit) for _, key, limit in buckets])
     if decision is not None and not decision.allowed:
-        raise RateLimitExceededError(decision, limit="global" if decision.empty else "user")
+        raise RateLimitExceededError(decision, limit=buckets[decision.empty or 0][0])
     return decision
 
 
 def job_create_org_rate_limit(*, org_id: int) -> RateDecision | None:
-    """Count one job submission in organisation `org_id` (docs/tenancy.md#limits): all its
-    members' and service accounts' creates share JOBOPS_RATE_LIMITS["create_per_org"]
-    a minute, so one tenant cannot take the whole global allowance.
+    """Count one job submission in organisation `org_id` (docs/tenancy.md#limits), for a
+    caller in several organisations once the body has named one: all its members' and
+    service accounts' creates share JOBOPS_RATE_LIMITS["create_per_org"] a minute, so
+    one tenant cannot take the whole global allowance.
 
     Raises RateLimitExceededError (details.limit `org`) when the bucket is empty. Redis
     down: None, allowed (as the other buckets)."""

@@ -208,6 +208,7 @@ def job_submit(
     staff: bool = False,
     org: str | None = None,
     project: str | None = None,
+    org_counted: int | None = None,
 ) -> tuple[Job, bool]:
     """The API's create (docs/api.md#creating-a-job): `job_create` behind backpressure;
     `staff` is the caller's staff powers (see `job_create`); `org` and `project` the
@@ -217,7 +218,8 @@ def job_submit(
        suspended organisation takes no new jobs (403), a project of another
        organisation is a 422. The request's log lines name them from here on, and the
        organisation's rate limit counts the create (429, details.limit `org`;
-       docs/tenancy.md#limits).
+       docs/tenancy.md#limits) unless the throttle counted it already (`org_counted`:
+       the organisation of a caller in only one).
     1. Backpressure: a queue known to be deeper than its limit refuses new work (429);
        a repeat of an existing key makes no new work and is answered anyway.
     2. Create (or find) the job; a database conflict (e.g. a key released and reused
@@ -228,7 +230,8 @@ def job_submit(
     """
     placement = placement_for(owner, org=org, project=project)
     bind_request_context(org_id=placement.org_id, project_id=placement.project_id)
-    job_create_org_rate_limit(org_id=placement.org_id)
+    if placement.org_id != org_counted:
+        job_create_org_rate_limit(org_id=placement.org_id)
     spec = get_type(job_type) if isinstance(job_type, str) else None
     if spec is not None:
         try:

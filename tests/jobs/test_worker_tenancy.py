@@ -306,6 +306,20 @@ def test_an_organisation_past_its_limit_gets_a_429_naming_the_org_limit(settings
 
 
 @pytest.mark.usefixtures("clean_redis")
+def test_a_caller_in_several_organisations_counts_against_the_one_it_names(settings):
+    settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "create_per_org": 1}
+    acme, globex = OrganisationFactory(slug="acme"), OrganisationFactory(slug="globex")
+    user = UserFactory(org=acme)
+    UserFactory(username=user.username, org=globex)  # the same user, now in both
+    client = client_for(user)
+    body = {"type": "sim", "params": {"steps": 1, "step_seconds": 0}}
+    assert client.post("/api/v1/jobs", {**body, "org": "acme"}, format="json").status_code == 201
+    refused = client.post("/api/v1/jobs", {**body, "org": "acme"}, format="json")
+    assert refused.status_code == 429 and refused.json()["error"]["details"]["limit"] == "org"
+    assert client.post("/api/v1/jobs", {**body, "org": "globex"}, format="json").status_code == 201
+
+
+@pytest.mark.usefixtures("clean_redis")
 def test_a_user_past_their_own_limit_gets_a_429_naming_the_user_limit(settings):
     settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "create_per_user": 1}
     client = client_in(OrganisationFactory(slug="acme"))
