@@ -18,6 +18,7 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.models import AuditLog
+from audit.verification import audit_verify
 from jobs.models import Artefact, DeadLetter, Job
 from jobs.publisher import message_headers, wire_payload
 from jobs.runtime import JobContext, job_execute
@@ -183,6 +184,8 @@ def test_a_queued_job_of_a_suspended_organisation_is_held_without_spending_an_at
     }
     assert entry["context"]["org_id"] == job.org_id
     assert_chain_valid(job.id)
+    # The verifier knows where `held` leaves a job: pending, as the row says.
+    assert audit_verify(job_ids=[job.id]).ok
     # After resume the job is pending like any other: its next message runs it, attempt 1.
     resume(job.org_id)
     summary = job_execute(payload=wire_payload(stored), hostname="t")
