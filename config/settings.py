@@ -490,8 +490,11 @@ if not 0 < JOBOPS_MAX_URI_CHARS <= 8000:
 # Retry-After of the 503 answered while the database is down or read-only.
 JOBOPS_DB_RETRY_AFTER_SECONDS = env_int("JOBOPS_DB_RETRY_AFTER_SECONDS", 5)
 # Defaults first, so that an override naming one limit keeps the others.
+# create_per_org: every member's and service account's creates in one organisation
+# together (docs/tenancy.md#limits).
 JOBOPS_RATE_LIMITS: dict[str, int] = {
     "create_per_user": 60,
+    "create_per_org": 300,
     "create_global": 500,
     "admin_dlq": 30,
 } | env_json("JOBOPS_RATE_LIMITS", {})
@@ -614,6 +617,15 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # gauges derived from the database (core/metrics.py stays ignorant of the apps).
 JOBOPS_METRICS_REFRESH: list[str] = ["jobs.metrics.metrics_refresh_gauges"]
 # Workers and dispatchers have no web server: each serves /metrics here (0: off).
+# Organisations (slugs) whose jobs the job_create and job_finished counters count under
+# their own `org` label; every other organisation's under "other". Empty (the default):
+# no org label at all. Kept small: each slug multiplies those series.
+JOBOPS_METRICS_TENANT_LABELS: list[str] = env_list("JOBOPS_METRICS_TENANT_LABELS", [])
+if len(JOBOPS_METRICS_TENANT_LABELS) > 20 or "other" in JOBOPS_METRICS_TENANT_LABELS:
+    raise ImproperlyConfigured(
+        "JOBOPS_METRICS_TENANT_LABELS takes at most 20 organisation slugs, not 'other' "
+        "(the label of every organisation not listed)"
+    )
 JOBOPS_METRICS_PORT = env_int("JOBOPS_METRICS_PORT", 0)
 JOBOPS_METRICS_ADDR = env_str("JOBOPS_METRICS_ADDR", "127.0.0.1")
 # /readyz: each dependency must answer within this; the answer is reused this long.

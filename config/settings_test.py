@@ -13,7 +13,12 @@ from config import settings as _base
 from config.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast user factories
-JOBOPS_RATE_LIMITS = {"create_per_user": 100_000, "create_global": 1_000_000, "admin_dlq": 100_000}
+JOBOPS_RATE_LIMITS = {
+    "create_per_user": 100_000,
+    "create_per_org": 1_000_000,
+    "create_global": 1_000_000,
+    "admin_dlq": 100_000,
+}
 MEDIA_ROOT = BASE_DIR / "var" / "test-media"  # noqa: F405
 STORAGES = {  # no manifest needed for tests
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -56,6 +56,13 @@ class QuotaExceededError(NonRetryableError):
     code = "QUOTA_EXCEEDED"
 
 
+class TenantMismatchError(NonRetryableError):
+    """The message names another organisation than the job's row (docs/tenancy.md#execution):
+    raised by no handler; the worker fails the job with this code before running it."""
+
+    code = "TENANT_MISMATCH"
+
+
 class FatalError(JobError):
     code = "FATAL"
     retryable = False

@@ -15,6 +15,8 @@ the values set by whichever process refreshed them last.
 
 from __future__ import annotations
 
+import time
+
 import structlog
 from django.conf import settings
 from django.db import connection
@@ -23,14 +25,46 @@ from prometheus_client import Counter, Gauge, Histogram
 from jobs.liveness import live_processes
 from jobs.queries import QUERIES
 from jobs.types import primary_queue_names
+from tenants.models import Organisation
 
 log = structlog.get_logger("jobs.metrics")
+
+# --- the tenant label (docs/tenancy.md#limits) ------------------------------------------
+# No tenant label by default: an organisation per series would grow without bound. A
+# deployment may list a few organisations (JOBOPS_METRICS_TENANT_LABELS); the job_create
+# and job_finished counters then carry `org`: the slug if listed, else "other". Read
+# once at import: a counter's label names are fixed when it is made.
+TENANT_LABELS: tuple[str, ...] = tuple(settings.JOBOPS_METRICS_TENANT_LABELS)
+_ORG_LABEL = ["org"] if TENANT_LABELS else []
+# id -> slug of the listed organisations, read again at most once a minute (an
+# organisation made later gets its label within a minute).
+_ORG_SLUGS_TTL_SECONDS = 60.0
+_org_slugs: tuple[float, dict[int, str]] = (float("-inf"), {})
+
+
+def org_label(org_id: int | None) -> dict[str, str]:
+    """The `org` label of a job of `org_id` for the counters that may carry one: {} when
+    JOBOPS_METRICS_TENANT_LABELS is empty, else {"org": its slug if listed, or "other"}."""
+    global _org_slugs
+    if not TENANT_LABELS:
+        return {}
+    read_at, slugs = _org_slugs
+    if time.monotonic() - read_at > _ORG_SLUGS_TTL_SECONDS:
+        slugs = dict(Organisation.objects.filter(slug__in=TENANT_LABELS).values_list("id", "slug"))
+        _org_slugs = (time.monotonic(), slugs)
+    return {"org": slugs.get(org_id, "other") if org_id is not None else "other"}
+
 
 # --- counters and histograms (incremented by the code that does the work) -----------
 JOB_CREATE = Counter(
     "job_create",
     "Job creation requests by type and outcome (created, existing, ...)",
-    ["type", "status"],
+    ["type", "status", *_ORG_LABEL],
+)
+JOB_FINISHED = Counter(
+    "job_finished",
+    "Jobs that ended, by type and final status (succeeded, failed, cancelled)",
+    ["type", "status", *_ORG_LABEL],
 )
 JOB_IN_PROGRESS = Gauge(
     "job_in_progress",

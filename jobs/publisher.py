@@ -2,11 +2,12 @@
 
 Transport only: which job to publish and what a confirm means for its status are the
 services' (`jobs.services.publishing`). The wire payload (the task's one argument) is
-`{job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id}`;
-the message headers (`message_headers`) carry `job_id`, `request_id`, `correlation_id`
-and the attempt too, and on a retry or a replay the previous attempt's error code and
-exception class, so that a message read in a DLQ peek or in Flower explains itself
-without decoding the body. Never the error's text: it may hold what a handler saw.
+`{job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id,
+org_id}`; the message headers (`message_headers`) carry `job_id`, `org_id`,
+`request_id`, `correlation_id` and the attempt too, and on a retry or a replay the
+previous attempt's error code and exception class, so that a message read in a DLQ
+peek or in Flower explains itself without decoding the body. Never the error's text:
+it may hold what a handler saw.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def wire_payload(job: Job) -> dict[str, Any]:
         "created_at": job.created_at.isoformat(),
         "request_id": job.request_id,
         "correlation_id": job.correlation_id,
+        # The tenant the worker checks against the row before it runs the job
+        # (docs/tenancy.md#execution): an integer, the row's NOT NULL org_id.
+        "org_id": job.org_id,
     }
 
 
@@ -55,6 +59,7 @@ _ERROR_CLASS = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]{0,99}):")
 def message_headers(job: Job) -> dict[str, Any]:
     headers: dict[str, Any] = {
         "job_id": str(job.id),
+        "org_id": job.org_id,
         "request_id": job.request_id,
         "correlation_id": job.correlation_id,
         "attempt": job.attempts + 1,

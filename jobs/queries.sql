@@ -29,7 +29,10 @@
 -- claimed this attempt still holds the job), `claim_for` (a retrying job only once it
 -- is due), `stale_after` (the lock is older than this many seconds, by the database
 -- clock, for the reaper), `cancel_request` (the job has not ended and was not flagged
--- yet). Zero rows: nothing is written. The jobs that meet them are locked in id order
+-- yet), `org_id` (the job is in this organisation: the worker's claim checks the
+-- message's tenant against the row), `org_active` (the job's organisation is not
+-- suspended: the claim of a held organisation's job; one primary-key probe of
+-- organisations per locked row). Zero rows: nothing is written. The jobs that meet them are locked in id order
 -- (batches never deadlock; under READ COMMITTED a row changed meanwhile is locked in
 -- its newest version and checked again), and each entry's payload is built from the
 -- row as it is before the change.
@@ -79,6 +82,9 @@ locked AS (
            OR jobs.next_run_at <= now())
       AND (%(stale_after)s::float8 IS NULL
            OR jobs.locked_at < now() - make_interval(secs => %(stale_after)s::float8))
+      AND (%(org_id)s::bigint IS NULL OR jobs.org_id = %(org_id)s::bigint)
+      AND (NOT %(org_active)s::boolean OR NOT EXISTS (
+           SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL))
       AND (NOT %(cancel_request)s::boolean OR (NOT jobs.cancel_requested
            AND jobs.status NOT IN ('succeeded', 'failed', 'cancelled')))
     ORDER BY jobs.id
@@ -305,18 +311,28 @@ FROM jobs WHERE id = %(job_id)s;
 
 -- name: due_pending_jobs
 -- A publish batch of pending jobs created before `before`, oldest first, skipping rows
--- another dispatcher holds and the ids in `skip` (backing off). jobs_pending_idx.
+-- another dispatcher holds, the ids in `skip` (backing off) and the jobs of suspended
+-- organisations (held until `resume`: docs/tenancy.md#suspension). jobs_pending_idx,
+-- in order, under a nested-loop anti join against the small organisations table: the
+-- scan keeps its order and stops at the LIMIT (an `org_id <> ALL(ARRAY(...))` filter
+-- made the planner guess 0.1 % of rows and sort a bitmap scan instead). A suspended
+-- organisation's held jobs are walked past (docs/tenancy.md#suspension measures it).
 SELECT jobs.* FROM jobs
 WHERE status = 'pending' AND created_at <= %(before)s AND id <> ALL(%(skip)s::uuid[])
+  AND NOT EXISTS (
+      SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
 ORDER BY created_at LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 
 -- name: due_retrying_jobs
--- due_pending_jobs for retrying jobs whose next_run_at is before `before`.
+-- due_pending_jobs for retrying jobs whose next_run_at is before `before`; a suspended
+-- organisation's retries stay `retrying` and come due after `resume`.
 -- jobs_retry_due_idx.
 SELECT jobs.* FROM jobs
 WHERE status = 'retrying' AND next_run_at <= %(before)s AND id <> ALL(%(skip)s::uuid[])
+  AND NOT EXISTS (
+      SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
 ORDER BY next_run_at LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 

@@ -4,7 +4,13 @@ Each bucket holds up to `limit` tokens and refills at `limit` per minute. One Lu
 script refills and takes from every bucket of a request (the caller's and the global
 one) in a single atomic step: two web processes can never both spend the last token,
 as a read-then-write counter would let them. A request is refused when any bucket is
-empty, and then takes from none.
+empty, and then takes from none; the refusal names the first empty one.
+
+The organisation's bucket (docs/tenancy.md#limits) is taken with the caller's and the
+global one, before the body is read, when the caller belongs to one organisation (the
+create can go nowhere else): one Redis call, as before tenancy. A caller in several
+organisations names one in the body, so its organisation's bucket is taken in a step of
+its own once the create has resolved it.
 
 Redis unavailable: creation is NOT refused (fail open, logged). A rate limit protects
 capacity; refusing every job because the limiter's store is down would turn a Redis
@@ -27,13 +33,15 @@ logger = logging.getLogger(__name__)
 
 # KEYS: one hash per bucket {t: tokens, ts: last refill ms}.
 # ARGV: capacity, refill per ms, for each key in order.
-# Returns {allowed, tokens left in bucket 1, ms until bucket 1 is full, ms to wait}.
+# Returns {allowed, tokens left in bucket 1, ms until bucket 1 is full, ms to wait,
+# the index (from 1) of the first empty bucket, 0 when none}.
 TOKEN_BUCKET_LUA = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local tokens = {}
 local allowed = 1
 local wait = 0
+local empty = 0
 for i = 1, #KEYS do
   local cap = tonumber(ARGV[2 * i - 1])
   local rate = tonumber(ARGV[2 * i])
@@ -47,6 +55,9 @@ for i = 1, #KEYS do
   t = math.min(cap, t + math.max(0, now - ts) * rate)
   tokens[i] = t
   if t < 1 then
+    if allowed == 1 then
+      empty = i
+    end
     allowed = 0
     wait = math.max(wait, math.ceil((1 - t) / rate))
   end
@@ -61,10 +72,14 @@ for i = 1, #KEYS do
   redis.call('PEXPIRE', KEYS[i], math.ceil(cap / rate) + 1000)
 end
 local full = math.ceil((tonumber(ARGV[1]) - tokens[1]) / tonumber(ARGV[2]))
-return {allowed, math.floor(tokens[1]), full, wait}
+return {allowed, math.floor(tokens[1]), full, wait, empty}
 """
 
 WINDOW_MS = 60_000
+
+
+# Which allowance a refused create ran out of (the 429's details.limit).
+LIMIT_NAMES = {"user": "yours", "org": "your organisation's", "global": "everyone's"}
 
 
 class RateLimitExceededError(ApplicationError):
@@ -72,8 +87,12 @@ class RateLimitExceededError(ApplicationError):
     http_status = 429
     default_message = "Too many job submissions; retry after the time in Retry-After."
 
-    def __init__(self, decision: RateDecision) -> None:
-        super().__init__(details={"retry_after": decision.retry_after})
+    def __init__(self, decision: RateDecision, *, limit: str) -> None:
+        super().__init__(
+            f"Too many job submissions: {LIMIT_NAMES[limit]} limit is reached; retry "
+            "after the time in Retry-After.",
+            details={"retry_after": decision.retry_after, "limit": limit},
+        )
         self.retry_after = decision.retry_after
         self.headers = decision.headers()
 
@@ -85,6 +104,7 @@ class RateDecision:
     remaining: int
     reset: int  # seconds until the caller's bucket is full again
     retry_after: int  # seconds until a refused request would pass
+    empty: int | None = None  # a refusal: the index of the first empty bucket
 
     def headers(self) -> dict[str, str]:
         return {
@@ -111,7 +131,7 @@ def rate_limit_take(*, buckets: list[tuple[str, int]]) -> RateDecision | None:
     for _, limit in buckets:
         args += [limit, limit / WINDOW_MS]
     try:
-        allowed, remaining, full_ms, wait_ms = _script()(keys=keys, args=args)
+        allowed, remaining, full_ms, wait_ms, empty = _script()(keys=keys, args=args)
     except redis.RedisError:
         logger.warning("rate limit not applied: Redis unavailable", exc_info=True)
         return None
@@ -121,21 +141,38 @@ def rate_limit_take(*, buckets: list[tuple[str, int]]) -> RateDecision | None:
         remaining=max(0, int(remaining)),
         reset=math.ceil(int(full_ms) / 1000),
         retry_after=max(1, math.ceil(int(wait_ms) / 1000)) if not allowed else 0,
+        empty=int(empty) - 1 if not allowed else None,
     )
 
 
-def job_create_rate_limit(*, user_id: object) -> RateDecision | None:
-    """Count one job submission for `user_id` (docs/api.md#rate-limits: every POST counts).
+def job_create_rate_limit(*, user_id: object, org_id: int | None = None) -> RateDecision | None:
+    """Count one job submission for `user_id` (docs/api.md#rate-limits: every POST counts),
+    and with `org_id` for that organisation too, in one atomic take.
 
-    Raises RateLimitExceededError when the caller's or the global bucket is empty.
+    Raises RateLimitExceededError when the caller's, the organisation's or the global
+    bucket is empty (details.limit `user`, `org` or `global`: the first empty one).
     """
     limits = settings.JOBOPS_RATE_LIMITS
-    decision = rate_limit_take(
-        buckets=[
-            (f"create:user:{user_id}", int(limits["create_per_user"])),
-            ("create:global", int(limits["create_global"])),
-        ]
-    )
+    buckets = [("user", f"create:user:{user_id}", int(limits["create_per_user"]))]
+    if org_id is not None:
+        buckets.append(("org", f"create:org:{org_id}", int(limits["create_per_org"])))
+    buckets.append(("global", "create:global", int(limits["create_global"])))
+    decision = rate_limit_take(buckets=[(key, limit) for _, key, limit in buckets])
     if decision is not None and not decision.allowed:
-        raise RateLimitExceededError(decision)
+        raise RateLimitExceededError(decision, limit=buckets[decision.empty or 0][0])
+    return decision
+
+
+def job_create_org_rate_limit(*, org_id: int) -> RateDecision | None:
+    """Count one job submission in organisation `org_id` (docs/tenancy.md#limits), for a
+    caller in several organisations once the body has named one: all its members' and
+    service accounts' creates share JOBOPS_RATE_LIMITS["create_per_org"] a minute, so
+    one tenant cannot take the whole global allowance.
+
+    Raises RateLimitExceededError (details.limit `org`) when the bucket is empty. Redis
+    down: None, allowed (as the other buckets)."""
+    limit = int(settings.JOBOPS_RATE_LIMITS["create_per_org"])
+    decision = rate_limit_take(buckets=[(f"create:org:{org_id}", limit)])
+    if decision is not None and not decision.allowed:
+        raise RateLimitExceededError(decision, limit="org")
     return decision

@@ -4,8 +4,13 @@
 
 1. Decode the wire payload; a message that names no job is rejected without requeue
    (the broker dead-letters it and the watcher records it with a null job).
-2. Claim (one compare-and-set). Zero rows: a duplicate, a stale message, or the job
-   runs elsewhere (a live lock): ack and do nothing.
+2. Claim (one compare-and-set), only a job of the message's organisation
+   (`org_id`, when the message has one: docs/tenancy.md#execution) whose organisation
+   is not suspended. Zero rows: read why. A message whose `org_id` is not the row's
+   fails the job non-retryably (`TENANT_MISMATCH`, a dead letter) and is rejected
+   without requeue; a queued job of a suspended organisation is held (back to
+   `pending`, no attempt spent: jobs.services.holds) and the message acked; anything
+   else (a duplicate, a stale message, the job runs elsewhere) is acked, nothing done.
 3. Run the handler with a `JobContext` while the process's heartbeat thread refreshes
    the lock.
 4. Record the outcome, fenced by `Fence(locked_by, attempt)`: succeeded; retrying
@@ -30,20 +35,23 @@ from celery.exceptions import Reject, SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 
+from core.logging import log_context
 from jobs import metrics
-from jobs.errors import TIME_LIMIT, FatalError, JobCancelled, JobError
-from jobs.exceptions import JobLost
+from jobs.errors import TIME_LIMIT, FatalError, JobCancelled, JobError, TenantMismatchError
+from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Artefact, Job
-from jobs.selectors import job_time_limit_retries
+from jobs.selectors import ClaimState, job_claim_state, job_time_limit_retries
 from jobs.services import (
     WORKER,
     Fence,
+    HoldReason,
     artefact_save,
     backoff_delay,
     job_cancel_confirm,
     job_claim,
     job_fail_with_dead_letter,
     job_heartbeat,
+    job_hold,
     job_lock_state,
     job_progress_write,
     job_retry,
@@ -64,8 +72,11 @@ class JobContext:
     def __init__(self, *, job: Job, fence: Fence, log: Any) -> None:
         self.job_id = job.id
         self.job_type = job.type
-        # Handlers read and write only this owner's data (a report lists their jobs).
+        # Handlers read and write only this owner's data (a report lists their jobs),
+        # and never outside the job's tenant (docs/tenancy.md#execution).
         self.owner_id = job.owner_id
+        self._org_id: int = job.org_id
+        self._project_id: int | None = job.project_id
         self.attempt = fence.attempt
         # Stable across attempts: external systems recognise a repeated side effect.
         self.idempotency_key = str(job.id)
@@ -78,6 +89,16 @@ class JobContext:
         self._pending: dict[str, Any] | None = None
         self._last_write = float("-inf")
         self._last_cancel_check = time.monotonic()
+
+    @property
+    def org_id(self) -> int:
+        """The job's organisation (read-only: a handler cannot step into another)."""
+        return self._org_id
+
+    @property
+    def project_id(self) -> int | None:
+        """The job's project within its organisation, if it has one (read-only)."""
+        return self._project_id
 
     # --- the handler API ------------------------------------------------------------
     def progress(self, percent: float, step: str | None = None, message: str | None = None) -> None:
@@ -235,6 +256,28 @@ def _payload_job_id(payload: Any) -> uuid.UUID | None:
         return None
 
 
+# A message without `org_id` (published before tenancy): the row decides alone.
+_ABSENT = object()
+# Organisation ids are bigint primary keys.
+_MAX_ORG_ID = 2**63 - 1
+
+
+def _payload_org_id(payload: Any) -> Any:
+    """The message's `org_id`: `_ABSENT` when it has none, the id when it is one, None
+    when it holds anything else (a string, a float, a huge number: not any
+    organisation's id, so never the row's)."""
+    if not isinstance(payload, dict) or "org_id" not in payload:
+        return _ABSENT
+    value = payload["org_id"]
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _MAX_ORG_ID:
+        return value
+    return None
+
+
+# The states a claim takes a job from: what a mismatch fails and a hold may hold.
+_CLAIMABLE = frozenset({"pending", "queued", "retrying"})
+
+
 def _requeue_db_down(log: Any, exc: BaseException) -> Reject:
     """The database is unreachable: hand the message back, decide nothing."""
     log.error("database_unavailable_requeue", error=repr(exc))
@@ -269,17 +312,82 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
     if job_id is None:
         log.error("message_names_no_job")
         raise Reject("message names no job", requeue=False)
+    message_org = _payload_org_id(payload)
     locked_by = worker_identity(hostname)
     try:
-        job = job_claim(job_id=job_id, locked_by=locked_by)
+        job = None
+        if message_org is not None:  # an org_id that is no organisation's claims nothing
+            org_id = None if message_org is _ABSENT else message_org
+            job = job_claim(job_id=job_id, locked_by=locked_by, org_id=org_id)
         if job is None:
-            if not Job.objects.filter(id=job_id).exists():
-                log.error("message_names_unknown_job")
-                raise Reject("message names an unknown job", requeue=False)
-            log.info("claim_refused")
-            return {"job_id": str(job_id), "outcome": "dropped"}
+            return _not_claimed(job_id=job_id, message_org=message_org, log=log)
     except DB_DOWN_ERRORS as exc:
         raise _requeue_db_down(log, exc) from exc
+    # Every line of the run (ours, the handler's, Celery's) names the job's tenant, as
+    # the row says: the message's org_id has just been checked against it.
+    with log_context(org_id=job.org_id, project_id=job.project_id):
+        return _run_claimed(job=job, locked_by=locked_by, log=log)
+
+
+def _not_claimed(*, job_id: uuid.UUID, message_org: Any, log: Any) -> dict[str, Any]:
+    """Why the claim matched no row, and what the message's delivery then does.
+
+    1. No such job: reject without requeue (the broker dead-letters the message).
+    2. A claimable job whose organisation is not the message's: fail it with a dead
+       letter (`TENANT_MISMATCH`, non-retryable), then reject without requeue. The
+       handler never runs and no attempt is counted. A job running elsewhere or ended
+       is left alone (a stray message must not end someone's run): logged, acked.
+    3. A claimable job of a suspended organisation: a queued one is held (`queued ->
+       pending`, `held`), a pending or retrying one stays as it is; acked, no attempt
+       spent. The dispatcher publishes it after `resume`.
+    4. Anything else (a duplicate, a stale message, a running job): acked, nothing done.
+    """
+    dropped = {"job_id": str(job_id), "outcome": "dropped"}
+    state = job_claim_state(job_id=job_id)
+    if state is None:
+        log.error("message_names_unknown_job")
+        raise Reject("message names an unknown job", requeue=False)
+    log = log.bind(org_id=str(state.org_id))
+    if message_org is not _ABSENT and message_org != state.org_id:
+        return _tenant_mismatch(job_id=job_id, state=state, message_org=message_org, log=log)
+    if state.org_suspended and state.status in _CLAIMABLE:
+        held = state.status == "queued" and job_hold(
+            job_id=job_id, reason=HoldReason.ORG_SUSPENDED, actor=WORKER
+        )
+        log.info("job_held", reason=str(HoldReason.ORG_SUSPENDED), status=state.status)
+        return {"job_id": str(job_id), "outcome": "held" if held else "dropped"}
+    log.info("claim_refused")
+    return dropped
+
+
+def _tenant_mismatch(
+    *, job_id: uuid.UUID, state: ClaimState, message_org: Any, log: Any
+) -> dict[str, Any]:
+    code = TenantMismatchError.code
+    named = "no organisation" if message_org is None else f"organisation {message_org}"
+    message = f"the message names {named}; the job is in organisation {state.org_id}"
+    if state.status not in _CLAIMABLE:
+        log.error("tenant_mismatch_ignored", error_code=code, status=state.status)
+        return {"job_id": str(job_id), "outcome": "dropped"}
+    try:
+        job_fail_with_dead_letter(
+            job_id=job_id,
+            reason="nonretryable",
+            actor=WORKER,
+            error_code=code,
+            error_message=message,
+            sources=[state.status],
+        )
+    except TransitionRefusedError:  # it moved on meanwhile (claimed, cancelled)
+        log.error("tenant_mismatch_ignored", error_code=code, status="changed")
+        return {"job_id": str(job_id), "outcome": "dropped"}
+    log.error("job_dead_lettered", reason="nonretryable", error_code=code, error=message)
+    raise Reject(f"nonretryable: {code}", requeue=False)
+
+
+def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
+    """Steps 3 and 4 of the module docstring for a job this delivery claimed."""
+    job_id = job.id
     fence = Fence(locked_by, job.attempts)
     log = log.bind(
         attempt=job.attempts, idempotency_key=str(job.id), queue=job.queue, job_type=job.type

@@ -381,6 +381,25 @@ def _justification(
     return text if digest == data["justification_sha256"] else JUSTIFICATION_MISMATCH
 
 
+@dataclass(frozen=True)
+class ClaimState:
+    """What a worker whose claim matched no row needs to know of the job."""
+
+    status: str
+    org_id: int
+    org_suspended: bool
+
+
+def job_claim_state(*, job_id: uuid.UUID | str) -> ClaimState | None:
+    """The job's status, organisation and whether it is suspended, by primary key (one
+    join to organisations); None when no such job exists. Read only after a claim
+    refused the job, so a normal run costs nothing more."""
+    row = Job.objects.filter(id=job_id).values_list("status", "org_id", "org__suspended_at").first()
+    if row is None:
+        return None
+    return ClaimState(status=row[0], org_id=row[1], org_suspended=row[2] is not None)
+
+
 def job_time_limit_retries(*, job_id: uuid.UUID | str) -> int:
     """How many of the job's attempts were retried after their soft time limit, since
     its latest DLQ replay (a replay gives the job a fresh budget).

@@ -35,8 +35,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     Status.CANCELLED: _UNFINISHED,
     # worker retry or reaper reclaim
     Status.RETRYING: frozenset({Status.RUNNING}),
-    # DLQ replay or re-run by an operator
-    Status.PENDING: frozenset({Status.FAILED}),
+    # DLQ replay or re-run by an operator; a hold (jobs.services.holds): a worker hands
+    # back a queued job it may not run now (its organisation is suspended), without
+    # spending an attempt, and the dispatcher publishes it again once it may run
+    Status.PENDING: frozenset({Status.FAILED, Status.QUEUED}),
 }
 
 TERMINAL: frozenset[str] = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
@@ -59,4 +61,5 @@ STATUS_AFTER_EVENT: dict[str, str] = {
     **{event: status for status, event in EVENT_FOR_STATUS.items()},
     "reclaimed": Status.RETRYING,
     "dlq_replayed": Status.PENDING,
+    "held": Status.PENDING,
 }

@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
 from jobs.ratelimit import job_create_rate_limit
+from tenants.selectors import memberships_of
 
 
 class JobCreateThrottle(BaseThrottle):
@@ -18,11 +19,20 @@ class JobCreateThrottle(BaseThrottle):
     that the view can send the RateLimit-* headers with its answer. Runs after
     authentication and before the body is parsed, so an oversized or malformed body
     counts too. Redis down: allowed (jobs/ratelimit.py fails open).
+
+    A caller in one organisation has its organisation's bucket taken in the same call
+    (its job can go nowhere else); `request.rate_limit_org` says which organisation
+    was counted, so that the create counts a caller in several only once it has named
+    one (jobs.services.job_submit). Its memberships are cached on the user, so the
+    create's own placement reads them again for nothing.
     """
 
     def allow_request(self, request: Request, view: Any) -> bool:
         if request.method != "POST":
             return True
-        decision = job_create_rate_limit(user_id=request.user.pk)
+        organisations = memberships_of(request.user)
+        org_id = organisations[0].org_id if len(organisations) == 1 else None
+        decision = job_create_rate_limit(user_id=request.user.pk, org_id=org_id)
+        request.rate_limit_org = org_id  # type: ignore[attr-defined]
         request.rate_limit_headers = decision.headers() if decision else {}  # type: ignore[attr-defined]
         return True

@@ -188,6 +188,7 @@ class JobCreateApi(APIView):
             staff=_staff_powers(request),
             org=data.get("org"),
             project=data.get("project"),
+            org_counted=getattr(request, "rate_limit_org", None),
         )
         headers = {"ETag": job.etag}
         if created:

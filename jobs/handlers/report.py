@@ -1,7 +1,8 @@
 """`report`: a CSV of the owner's jobs (optionally filtered by status and type), saved as
-an artefact. A handler sees only its owner's data: every owner's jobs only when a staff
-owner asked for `all_owners` (jobs.params.ReportParams checks who may). Rows are
-streamed to a temporary file, so memory stays flat whatever the limit.
+an artefact. A handler sees only its owner's data, and never outside the job's own
+organisation (docs/tenancy.md#execution): every owner's jobs of that organisation only
+when a staff owner asked for `all_owners` (jobs.params.ReportParams checks who may).
+Rows are streamed to a temporary file, so memory stays flat whatever the limit.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ HEADER = ["id", "type", "status", "attempts", "created_at", "updated_at"]
 
 
 def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
-    jobs = Job.objects.order_by("-created_at")
+    # The tenant comes from the job's row (ctx.org_id), not from params: no caller can
+    # name another organisation.
+    jobs = Job.objects.filter(org_id=ctx.org_id).order_by("-created_at")
     if not params.get("all_owners"):
         jobs = jobs.filter(owner_id=ctx.owner_id)
     if params.get("status"):

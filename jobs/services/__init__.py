@@ -10,6 +10,7 @@ Split by concern, re-exported here so that callers say `from jobs.services impor
 - `cancellation`: `job_cancel`;
 - `publishing`: a confirmed publish moves a job to `queued`; the dispatcher's pass;
 - `worker`: claim, heartbeat, progress, succeed, retry, cancel confirm;
+- `holds`: a worker hands back a queued job it may not run now (a suspended organisation);
 - `dead_letters`: failing a job with its dead letter, and the one insert of dead-letter rows;
 - `reaper`: reclaiming jobs whose worker was lost;
 - `artefacts`: files a job produces.
@@ -31,6 +32,7 @@ from jobs.services.dead_letters import (
     job_fail_with_dead_letter,
     jobs_fail_with_dead_letters,
 )
+from jobs.services.holds import HoldReason, job_hold
 from jobs.services.keys import job_key_repeat, job_release_idempotency_keys, release_keys_once
 from jobs.services.publishing import job_publish, publish_due_once, republish_queued
 from jobs.services.reaper import job_lock_is_stale, job_reclaim, reap_once
@@ -59,6 +61,7 @@ __all__ = [
     "WORKER",
     "BrokerCopy",
     "Fence",
+    "HoldReason",
     "NewDeadLetter",
     "Progress",
     "artefact_save",
@@ -72,6 +75,7 @@ __all__ = [
     "job_create",
     "job_fail_with_dead_letter",
     "job_heartbeat",
+    "job_hold",
     "job_key_repeat",
     "job_lock_is_stale",
     "job_lock_state",

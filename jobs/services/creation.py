@@ -20,6 +20,7 @@ from audit.canonical import canonical_bytes
 from audit.services import Actor
 from core.errors import ApplicationError
 from core.json import json_problem
+from core.logging import bind_request_context
 from core.tracing import current_traceparent
 from jobs import metrics
 from jobs.backpressure import BackpressureError, backpressure_check
@@ -32,6 +33,7 @@ from jobs.exceptions import (
     PayloadTooLargeError,
 )
 from jobs.models import Job
+from jobs.ratelimit import job_create_org_rate_limit
 from jobs.selectors import job_key_exists
 from jobs.services.keys import job_key_repeat, job_release_idempotency_keys
 from jobs.services.transitions import job_insert
@@ -126,8 +128,15 @@ def job_create(
     Returns (job, created).
     """
     spec = get_type(job_type) if isinstance(job_type, str) else None
+    # The organisation first: every outcome below counts under its `org` label (when
+    # the deployment has one: jobs.metrics.org_label).
+    placement = placement or placement_for(owner)
     # A client-chosen type string never becomes a label: unknown types count as one.
-    counter = partial(metrics.JOB_CREATE.labels, type=spec.name if spec else "unknown")
+    counter = partial(
+        metrics.JOB_CREATE.labels,
+        type=spec.name if spec else "unknown",
+        **metrics.org_label(placement.org_id),
+    )
     try:
         params = validate_params(job_type, params, owner=owner, staff=staff)
         idempotency_key = validate_idempotency_key(idempotency_key)
@@ -135,7 +144,6 @@ def job_create(
         counter(status="rejected").inc()
         raise
     assert spec is not None
-    placement = placement or placement_for(owner)
     digest = params_hash(job_type, params)
     actor = actor or actor_for(owner)
     now = timezone.now()
@@ -200,6 +208,7 @@ def job_submit(
     staff: bool = False,
     org: str | None = None,
     project: str | None = None,
+    org_counted: int | None = None,
 ) -> tuple[Job, bool]:
     """The API's create (docs/api.md#creating-a-job): `job_create` behind backpressure;
     `staff` is the caller's staff powers (see `job_create`); `org` and `project` the
@@ -207,7 +216,10 @@ def job_submit(
 
     0. The organisation and project: the caller's only one, or the one it names; a
        suspended organisation takes no new jobs (403), a project of another
-       organisation is a 422.
+       organisation is a 422. The request's log lines name them from here on, and the
+       organisation's rate limit counts the create (429, details.limit `org`;
+       docs/tenancy.md#limits) unless the throttle counted it already (`org_counted`:
+       the organisation of a caller in only one).
     1. Backpressure: a queue known to be deeper than its limit refuses new work (429);
        a repeat of an existing key makes no new work and is answered anyway.
     2. Create (or find) the job; a database conflict (e.g. a key released and reused
@@ -217,6 +229,9 @@ def job_submit(
     Returns (job, created).
     """
     placement = placement_for(owner, org=org, project=project)
+    bind_request_context(org_id=placement.org_id, project_id=placement.project_id)
+    if placement.org_id != org_counted:
+        job_create_org_rate_limit(org_id=placement.org_id)
     spec = get_type(job_type) if isinstance(job_type, str) else None
     if spec is not None:
         try:

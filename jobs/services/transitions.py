@@ -26,7 +26,7 @@ from jobs import metrics
 from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Job
 from jobs.queries import HOLE, QUERIES
-from jobs.states import ALLOWED, EVENT_FOR_STATUS, Status
+from jobs.states import ALLOWED, EVENT_FOR_STATUS, TERMINAL, Status
 
 # Holes an entry may have: job_append fills up to four (jobs/queries.sql).
 MAX_HOLES = 4
@@ -77,6 +77,8 @@ class TransitionOptions(TypedDict, total=False):
     - `claim_for`: take the lock for this holder, count an attempt; a retrying job only
       when it is due;
     - `stale_after`: only while the lock is older than this many seconds (the reaper);
+    - `org_id`: only a job of this organisation (the claim checks a message's tenant);
+    - `org_active`: only while the job's organisation is not suspended (the claim);
     - `run_in`: `next_run_at = now() + run_in` seconds;
     - `progress`: a last progress value (monotonic); `complete`: progress 100 %;
     - `extend_attempts`: `max_attempts` grows by this many (a replay's fresh budget);
@@ -89,6 +91,8 @@ class TransitionOptions(TypedDict, total=False):
     fence: Fence | None
     claim_for: str | None
     stale_after: float | None
+    org_id: int | None
+    org_active: bool
     run_in: float | None
     progress: Progress | None
     complete: bool
@@ -177,6 +181,8 @@ def transition_many(
             fence=fence,
             claim_for=claim_for,
             stale_after=options.get("stale_after"),
+            org_id=options.get("org_id"),
+            org_active=options.get("org_active", False),
             run_in=options.get("run_in"),
             percent=percent,
             extend_attempts=options.get("extend_attempts") or 0,
@@ -204,6 +210,8 @@ class _Change:
     fence: Fence | None = None
     claim_for: str | None = None
     stale_after: float | None = None
+    org_id: int | None = None
+    org_active: bool = False
     run_in: float | None = None
     percent: int | None = None
     extend_attempts: int = 0
@@ -222,6 +230,8 @@ class _Change:
             "attempt": fence.attempt if fence else None,
             "claim_for": self.claim_for,
             "stale_after": None if self.stale_after is None else float(self.stale_after),
+            "org_id": self.org_id,
+            "org_active": self.org_active,
             "run_in": None if self.run_in is None else float(self.run_in),
             "percent": self.percent,
             "extend_attempts": int(self.extend_attempts),
@@ -292,6 +302,11 @@ def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
     """Prometheus counters of a status change, incremented once its transaction commits."""
     if writes_progress:  # a final transition flushing the last coalesced progress value
         transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
+    if target in TERMINAL:
+        finished = metrics.JOB_FINISHED.labels(
+            type=job.type, status=str(target), **metrics.org_label(job.org_id)
+        )
+        transaction.on_commit(finished.inc)
     if target == Status.CANCELLED:
         transaction.on_commit(metrics.CANCELLATION.inc)
     elif target == Status.RETRYING:

@@ -34,14 +34,17 @@ def backoff_delay(*, attempt: int, cap: float, base: float | None = None) -> flo
     return min(cap, base * 2 ** (max(attempt, 1) - 1)) * random.uniform(0.5, 1.5)
 
 
-def job_claim(*, job_id: uuid.UUID | str, locked_by: str) -> Job | None:
+def job_claim(*, job_id: uuid.UUID | str, locked_by: str, org_id: int | None = None) -> Job | None:
     """Claim a job for one run (docs/architecture.md); None when it is not claimable.
 
-    One compare-and-set from `pending`/`queued`, or a due `retrying`; it takes the
-    lock, counts the attempt and resets progress to zero (progress is the attempt's,
-    monotonic within it: a retry does not show the last attempt's 99 %). None means
-    the message is a duplicate or stale, or the job runs elsewhere: the caller acks and
-    does nothing.
+    One compare-and-set from `pending`/`queued`, or a due `retrying`, of an
+    organisation that is not suspended (and, with `org_id`, the message's tenant: only
+    a job of that organisation); it takes the lock, counts the attempt and resets
+    progress to zero (progress is the attempt's, monotonic within it: a retry does not
+    show the last attempt's 99 %). None means the message is a duplicate or stale, the
+    job runs elsewhere, its organisation is suspended or is not the message's: the
+    caller reads which (jobs.selectors.job_claim_state) and acks, holds or fails it.
+    No attempt is counted for a job not claimed.
     """
     try:
         return transition(
@@ -50,6 +53,8 @@ def job_claim(*, job_id: uuid.UUID | str, locked_by: str) -> Job | None:
             sources=[Status.PENDING, Status.QUEUED, Status.RETRYING],
             actor=WORKER,
             claim_for=locked_by,
+            org_id=org_id,
+            org_active=True,
         )
     except TransitionRefusedError:
         return None

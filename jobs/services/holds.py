@@ -1,0 +1,55 @@
+"""Holding a job: a worker hands back a queued job it may not run now
+(docs/architecture.md#states-and-transitions, docs/tenancy.md#suspension).
+
+A hold is `queued -> pending` with a `held` audit entry naming its reason, written by
+the worker that received the job's message (it then acks the message). No attempt is
+spent and no lock taken: the claim that found the job held matched no row, so nothing
+of the job's run changed. The dispatcher publishes the job again once the reason is
+gone (its statements skip held work: jobs/queries.sql due_pending_jobs), as any
+pending job. One mechanism for every reason a job may wait without running: today an
+organisation's suspension; a paused queue (issue 29) takes the same path with its own
+reason.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+from audit.services import Actor
+from jobs.exceptions import TransitionRefusedError
+from jobs.models import Job
+from jobs.services.transitions import transition
+from jobs.states import Status
+
+HELD_EVENT = "held"
+
+
+class HoldReason(models.TextChoices):
+    # The job's organisation is suspended (tenants.models.Organisation.suspended_at).
+    ORG_SUSPENDED = "org_suspended"
+
+
+def job_hold(*, job_id: uuid.UUID | str, reason: str, actor: Actor) -> Job | None:
+    """Move a `queued` job back to `pending` without spending an attempt, audited
+    `held` with its `reason`; None when the job is no longer queued (a cancel, or
+    another delivery's hold, got there first: nothing is written).
+
+    Not conditional on the reason still holding: a job whose message was acked must not
+    stay `queued` (nothing would publish it again). Should the organisation be resumed
+    meanwhile, the dispatcher simply publishes the job again at once.
+    """
+    if reason not in HoldReason.values:
+        raise ValueError(f"no hold reason {reason!r}; one of {', '.join(HoldReason.values)}")
+    try:
+        return transition(
+            job_id=job_id,
+            target=Status.PENDING,
+            sources=[Status.QUEUED],
+            actor=actor,
+            event_type=HELD_EVENT,
+            audit_data={"reason": reason},
+        )
+    except TransitionRefusedError:
+        return None
