@@ -24,12 +24,6 @@ class TenantInvalidError(ApplicationError):
     http_status = 422
 
 
-class TokenExpiredError(ApplicationError):
-    code = "ERR-AUTH-401"
-    http_status = 401
-    default_message = "This token has expired."
-
-
 class ScopeMissingError(ApplicationError):
     code = "ERR-AUTH-403"
     http_status = 403
