@@ -602,6 +602,7 @@ SPECTACULAR_SETTINGS = {
         "jobs.api.schema.close_request_bodies",
         "core.api.schema.close_request_bodies",
         "tenants.schema.document_scopes",
+        "core.api.schema.document_correlation_id",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
     # The docs pages load their JavaScript and CSS from this server, not from a CDN: they

@@ -27,3 +27,29 @@ def close_request_bodies(result: dict[str, Any], **kwargs: Any) -> dict[str, Any
     for name in CLOSED_REQUEST_COMPONENTS & set(schemas):
         schemas[name]["additionalProperties"] = False
     return result
+
+
+CORRELATION_ID = {
+    "in": "header",
+    "name": "X-Correlation-ID",
+    "schema": {"type": "string", "maxLength": 128, "pattern": "^[A-Za-z0-9._:\\-]{1,128}$"},
+    "description": (
+        "Your id for the piece of work this request belongs to (1-128 of A-Z a-z 0-9 . _ : -); "
+        "else the request id. Returned in the response, logged, and stored on a created job "
+        "(its `correlation_id`) and in its audit entries."
+    ),
+}
+
+
+def document_correlation_id(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """Every operation that takes X-Request-ID takes X-Correlation-ID too (the same
+    middleware reads both: core/request_id.py)."""
+    for operations in result.get("paths", {}).values():
+        for operation in operations.values():
+            parameters = operation.get("parameters") if isinstance(operation, dict) else None
+            if not parameters:
+                continue
+            names = {p.get("name") for p in parameters}
+            if "X-Request-ID" in names and "X-Correlation-ID" not in names:
+                parameters.append(dict(CORRELATION_ID))
+    return result

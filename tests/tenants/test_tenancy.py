@@ -322,3 +322,16 @@ def test_an_org_admin_cancels_a_members_job_audited_as_operator_a_member_cannot(
     last = _entries(job)[-1]
     assert last["event_type"] == "cancelled"
     assert last["actor"] == {"type": "operator", "id": str(admin.pk)}
+
+
+def test_the_schema_documents_the_correlation_header_and_the_tenant_fields(client):
+    schema = client.get("/api/v1/schema/", HTTP_ACCEPT="application/json").json()
+    create = schema["paths"]["/api/v1/jobs"]["post"]
+    headers = {p["name"] for p in create["parameters"] if p["in"] == "header"}
+    assert {"X-Request-ID", "X-Correlation-ID"} <= headers
+    body = schema["components"]["schemas"]["JobCreateInputRequest"]["properties"]
+    assert {"org", "project"} <= set(body)
+    output = schema["components"]["schemas"]["JobOutput"]["properties"]
+    assert {"org_id", "project_id", "correlation_id"} <= set(output)
+    codes = json.dumps(create["responses"])
+    assert "ERR-TENANT-SUSPENDED" in codes and "ERR-TENANT-422" in codes
