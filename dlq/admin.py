@@ -46,8 +46,10 @@ from dlq.selectors import (
     dlq_overview,
     messages_in_orgs,
 )
+from dlq.services.cancel import CANCEL_PERMISSION, jobs_cancel_by_filter
 from dlq.services.selection import PERMISSIONS, RETRYABLE_REASONS, names_rows
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState
+from jobs.selectors import JobFilterError, job_filter_from_list
 from jobs.topology import dlq_names
 from tenants.selectors import operator_org_ids
 
@@ -497,6 +499,7 @@ class BulkOperationAdmin(ReadOnlyAdmin):
                 "<uuid:operation_id>/panel/", wrap(self.panel_view), name="dlq_bulkoperation_panel"
             ),
             path("<uuid:operation_id>/stop/", wrap(self.stop_view), name="dlq_bulkoperation_stop"),
+            path("cancel-jobs/", wrap(self.cancel_matching_view), name="jobs_cancel_matching"),
             *super().get_urls(),
         ]
 
@@ -539,6 +542,59 @@ class BulkOperationAdmin(ReadOnlyAdmin):
                 "nothing was changed.",
             )
         return HttpResponseRedirect(reverse("admin:dlq_bulkoperation_change", args=[operation.pk]))
+
+    def cancel_matching_view(self, request: HttpRequest) -> HttpResponse:
+        """The job list's "cancel all matching": GET counts (a dry run) and asks for a
+        justification; POST cancels (now, or as a background operation when large)."""
+        if not request.user.has_perm(CANCEL_PERMISSION):
+            raise PermissionDenied
+        list_url = reverse("admin:jobs_job_changelist")
+        query = request.GET.urlencode()
+        try:
+            filters = job_filter_from_list(request.GET)
+        except JobFilterError as bad:
+            messages.error(request, f"Cannot cancel by this filter: {bad}")
+            return HttpResponseRedirect(f"{list_url}?{query}")
+        limited = operator_org_ids(request.user)
+        if filters.org_id is not None and limited is not None and filters.org_id not in limited:
+            raise Http404("No such organisation.")
+        error = None
+        if request.method == "POST":
+            try:
+                outcome = jobs_cancel_by_filter(
+                    actor_user=request.user,
+                    filters=filters,
+                    justification=request.POST.get("justification", ""),
+                )
+            except ApplicationError as exc:
+                error = exc.message
+            else:
+                if isinstance(outcome, BulkOperation):
+                    messages.success(request, f"Cancelling {outcome.total} jobs in the background.")
+                    return HttpResponseRedirect(
+                        reverse("admin:dlq_bulkoperation_change", args=[outcome.pk])
+                    )
+                messages.success(
+                    request,
+                    f"Cancelled {outcome.cancelled} jobs; cancel requested for "
+                    f"{outcome.cancel_requested} running; {outcome.already_ended} had ended.",
+                )
+                return HttpResponseRedirect(f"{list_url}?{query}")
+        dry = jobs_cancel_by_filter(actor_user=request.user, filters=filters, dry_run=True)
+        context = {
+            "filters": filters.describe(),
+            "limited": limited is not None,
+            "dry": dry,
+            "error": error,
+            "back_url": f"{list_url}?{query}",
+            "threshold": settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD,
+        }
+        return self.render_page(
+            request,
+            "admin/dlq/bulkoperation/cancel_matching.html",
+            "Cancel all matching jobs",
+            context,
+        )
 
     def _page(self, request: HttpRequest, object_id: str, template: str) -> HttpResponse:
         if not self.has_view_permission(request):

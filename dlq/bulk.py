@@ -28,9 +28,10 @@ from django.db.models import F, Max
 from django.utils import timezone
 
 from dlq.errors import BulkOperationNotFoundError, DeadLetterPermissionError
-from dlq.models import ACTIVE_STATES, BulkOperation, BulkState
+from dlq.models import ACTIVE_STATES, BulkAction, BulkOperation, BulkState
 from dlq.queries import QUERIES
 from dlq.selectors import bulk_operation_visible
+from dlq.services.cancel import CancelResult, jobs_cancel_rows, jobs_cancellable
 from dlq.services.replay import (
     ResolveResult,
     broker_copies_ack_resolved,
@@ -45,6 +46,7 @@ from dlq.services.selection import (
     dead_letters_selected,
 )
 from jobs.models import DeadLetter
+from jobs.selectors import JobFilter
 from jobs.topology import dlq_names
 from tenants.selectors import operator_org_ids
 
@@ -198,6 +200,8 @@ def bulk_operations_run_once(*, chunk: int | None = None) -> dict[str, Any]:
         lost = "the requester is no longer active staff with the permission"
         return _finish(operation, owner, state=BulkState.FAILED, error=lost)
     size = chunk or settings.JOBOPS_DLQ_BULK_CHUNK
+    if operation.action == BulkAction.CANCEL:
+        return _cancel_chunk(operation, owner, size)
     if operation.limit is not None:
         size = min(size, operation.limit - operation.processed)
     try:
@@ -220,6 +224,36 @@ def bulk_operations_run_once(*, chunk: int | None = None) -> dict[str, Any]:
         return _finish(operation, owner, state=BulkState.FAILED, error=repr(exc)[:1000])
     _record_progress(operation, owner, rows=rows, result=result)
     return {"operation": str(operation.id), "resolved": len(result.resolved)}
+
+
+def _cancel_chunk(operation: BulkOperation, owner: str, size: int) -> dict[str, Any]:
+    """One chunk of a cancel by filter: the next `size` jobs the filter still reaches
+    (jobs_cancellable: each cancel takes its job out of that set), each cancelled
+    through job_cancel as the requester, an operator."""
+    filters = JobFilter.from_json((operation.selection or {}).get("jobs_filter") or {})
+    try:
+        # The requester's organisations as they are now, as for a replay.
+        rows = jobs_cancellable(filters=filters, org_ids=operator_org_ids(operation.requested_by))
+        job_ids = list(rows.order_by("created_at").values_list("id", flat=True)[:size])
+        if not job_ids:
+            return _finish(operation, owner, state=BulkState.DONE)
+        result = CancelResult(dry_run=False, matched=len(job_ids))
+        jobs_cancel_rows(job_ids=job_ids, actor_user=operation.requested_by, result=result)
+    except (OperationalError, InterfaceError):
+        raise  # the database is away: the lease runs out and a later loop goes on
+    except Exception as exc:  # a bug or a filter gone bad: tell the operator
+        log.exception("dlq_bulk_chunk_failed", operation_id=str(operation.id))
+        return _finish(operation, owner, state=BulkState.FAILED, error=repr(exc)[:1000])
+    BulkOperation.objects.filter(id=operation.id).update(
+        processed=F("processed") + len(job_ids),
+        resolved=F("resolved") + result.cancelled + result.cancel_requested,
+        skipped=F("skipped") + result.already_ended,
+        updated_at=timezone.now(),
+    )
+    BulkOperation.objects.filter(id=operation.id, lease_owner=owner).update(
+        lease_owner=None, lease_until=None
+    )
+    return {"operation": str(operation.id), "cancelled": result.cancelled}
 
 
 def _next_rows(operation: BulkOperation, size: int) -> list[tuple[int, Any, str]]:
@@ -263,7 +297,7 @@ def _finish(
     pass per DLQ, outside any transaction), then record the final state."""
     operation.refresh_from_db(fields=["resolved"])
     result = ResolveResult(action=operation.action, dry_run=False)
-    if operation.resolved:
+    if operation.resolved and operation.action != BulkAction.CANCEL:  # no broker copies
         queues = [operation.queue] if operation.queue else dlq_names()
         broker_copies_ack_resolved(result=result, queues=queues)
     BulkOperation.objects.filter(id=operation.id, lease_owner=owner).update(

@@ -89,3 +89,12 @@ class BrokerUnavailableError(ApplicationError):
     http_status = 503
     default_message = "RabbitMQ cannot be reached; retry shortly."
     retry_after = 5
+
+
+class OrganisationNotFoundError(ApplicationError):
+    """A cancel by filter naming an organisation the caller may not act on (or none):
+    answered as if it did not exist, like any other organisation's rows."""
+
+    code = "ERR-DLQ-404"
+    http_status = 404
+    default_message = "No such organisation."

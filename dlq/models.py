@@ -14,6 +14,8 @@ from django.db.models import Q
 class BulkAction(models.TextChoices):
     REPLAY = "replay"
     DISCARD = "discard"
+    # Jobs cancelled by filter (dlq/cancel.py): the selection holds a jobs filter.
+    CANCEL = "cancel"
 
 
 class BulkState(models.TextChoices):
@@ -89,7 +91,7 @@ class BulkOperation(models.Model):
         ]
 
     def __str__(self) -> str:
-        where = self.queue or "every DLQ"
+        where = "jobs by filter" if self.action == BulkAction.CANCEL else self.queue or "every DLQ"
         return f"{self.action} in {where} ({self.state}, {self.processed}/{self.total})"
 
     @property

@@ -142,6 +142,17 @@ class OwnerFilter(InputFilter):
         return queryset.filter(owner__username=value) if value else queryset
 
 
+class ErrorCodeFilter(InputFilter):
+    title = "error code"
+    parameter_name = "error_code"
+    placeholder = "e.g. TIMEOUT"
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        # Bounded like the column: a longer value matches nothing (jobs_last_error_code_idx).
+        value = (self.value() or "").strip()[:65]
+        return queryset.filter(last_error_code=value) if value else queryset
+
+
 class CreatedFilter(DateRangeFilter):
     title = "created"
     field_name = "created_at"
@@ -205,13 +216,15 @@ class JobAdmin(ReadOnlyAdmin):
         CategoryFilter,
         QueueFilter,
         OwnerFilter,
+        ErrorCodeFilter,
         CreatedFilter,
         HasDeadLetterFilter,
     ]
     search_fields = ["=id", "=idempotency_key", "=request_id"]
     search_help_text = (
         "A job id: whole, or its start or end (at least 4 hex digits, e.g. what the list "
-        "shows); or an idempotency key or a request id (exact)."
+        "shows); or an idempotency key or a request id (exact); or param:key=value for "
+        "jobs whose params hold that value (param:region=eu, param:steps=2, param:a.b=1)."
     )
     list_select_related = ["owner", "org", "project"]
     list_per_page = 50
@@ -251,7 +264,15 @@ class JobAdmin(ReadOnlyAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        return super().changelist_view(request, {"title": "Jobs", **(extra_context or {})})
+        context: dict[str, Any] = {"title": "Jobs", **(extra_context or {})}
+        if self.has_cancel_permission(request):
+            # "Cancel all matching": the same filters, on the cancel-by-filter page
+            # (dlq/admin.py), which counts first and asks for a justification.
+            query = request.GET.urlencode()
+            context["cancel_matching_url"] = reverse("admin:jobs_cancel_matching") + (
+                f"?{query}" if query else ""
+            )
+        return super().changelist_view(request, context)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         """Every page of jobs (list, search, actions, detail, artefacts) starts here: a

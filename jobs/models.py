@@ -4,6 +4,7 @@ import uuid
 
 import uuid6
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
@@ -159,6 +160,16 @@ class Job(models.Model):
                 fields=["idempotency_expires_at"],
                 name="jobs_key_expiry_idx",
                 condition=Q(idempotency_key__isnull=False),
+            ),
+            # Portal search and cancel by filter: params by value (`params @> '{"k": v}'`).
+            # jsonb_path_ops: smaller and faster than the default opclass, and @> is the
+            # only operator the search uses.
+            GinIndex(fields=["params"], name="jobs_params_gin", opclasses=["jsonb_path_ops"]),
+            # Portal search and cancel by filter: jobs by their last error code.
+            models.Index(
+                fields=["last_error_code"],
+                name="jobs_last_error_code_idx",
+                condition=Q(last_error_code__isnull=False),
             ),
         ]
 

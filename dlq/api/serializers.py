@@ -19,6 +19,8 @@ from core.api.serializers import (
 from dlq.models import BulkOperation
 from dlq.services.selection import MAX_JUSTIFICATION_CHARS
 from jobs.models import DeadLetterReason, DeadLetterState
+from jobs.selectors import JobFilter, JobFilterError, job_filter_check
+from jobs.states import Status
 
 
 class DlqQueueOutputSerializer(serializers.Serializer):
@@ -200,3 +202,58 @@ class DlqSelectionInputSerializer(ClosedSerializer):
             "limit": data.get("limit"),
             "dry_run": data.get("dry_run", False),
         }
+
+
+class JobsFilterInputSerializer(ClosedSerializer):
+    """Which jobs a cancel by filter reaches (all given fields must hold)."""
+
+    status = serializers.ChoiceField(choices=Status.choices, required=False)
+    type = StrictCharField(required=False, max_length=64, help_text="A job type.")
+    queue = StrictCharField(required=False, max_length=64, help_text="A primary queue.")
+    org = serializers.SlugField(
+        required=False, max_length=50, help_text="An organisation's slug (one of yours)."
+    )
+    owner = StrictCharField(required=False, max_length=150, help_text="The owner's username.")
+    error_code = StrictCharField(required=False, max_length=64, help_text="last_error.code")
+    created_after = serializers.DateTimeField(required=False)
+    created_before = serializers.DateTimeField(required=False)
+    params = serializers.JSONField(
+        required=False,
+        help_text="Jobs whose params contain this object (jsonb `@>`): at most 4 levels "
+        "deep and 1000 characters.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        values = {k: v for k, v in attrs.items() if k != "org"}
+        try:
+            job_filter_check(JobFilter(**values))
+        except JobFilterError as bad:
+            raise serializers.ValidationError(str(bad)) from bad
+        return attrs
+
+
+class JobsCancelInputSerializer(ClosedSerializer):
+    justification = StrictCharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=MAX_JUSTIFICATION_CHARS,
+        help_text="Why (in the ops audit entry; required unless dry_run; blank is refused 422).",
+    )
+    filter = JobsFilterInputSerializer(
+        required=False, help_text="Which jobs; without it, every unfinished job you may see."
+    )
+    dry_run = StrictBooleanField(
+        required=False, default=False, help_text="Only count and sample; change nothing."
+    )
+
+
+class JobsCancelResultOutputSerializer(serializers.Serializer):
+    dry_run = serializers.BooleanField()
+    matched = serializers.IntegerField(help_text="Unfinished jobs matched, flag not yet raised.")
+    sample = serializers.ListField(child=serializers.UUIDField(), help_text="Dry run: up to 10.")
+    cancelled = serializers.IntegerField(help_text="Moved to `cancelled` now.")
+    cancel_requested = serializers.IntegerField(
+        help_text="Running: flagged; they stop at their next cancellation check."
+    )
+    already_ended = serializers.IntegerField(help_text="Ended between the count and the cancel.")

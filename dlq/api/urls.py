@@ -9,6 +9,7 @@ app_name = "dlq-api"
 
 urlpatterns = [
     *with_slash_alias("dlq", views.DlqListApi.as_view(), "list"),
+    *with_slash_alias("jobs/cancel", views.JobsCancelApi.as_view(), "jobs-cancel"),
     *with_slash_alias(
         "dlq/operations/<str:operation_id>", views.DlqOperationApi.as_view(), "operation"
     ),

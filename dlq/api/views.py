@@ -25,6 +25,8 @@ from dlq.api.serializers import (
     DeadLetterBriefSerializer,
     DlqQueueOutputSerializer,
     DlqSelectionInputSerializer,
+    JobsCancelInputSerializer,
+    JobsCancelResultOutputSerializer,
     PeekMessageOutputSerializer,
     ResolveResultOutputSerializer,
 )
@@ -35,6 +37,7 @@ from dlq.errors import (
     DeadLetterNotVerifiedError,
     DeadLetterPermissionError,
     DeadLetterRateLimitedError,
+    OrganisationNotFoundError,
     UnknownQueueError,
 )
 from dlq.models import BulkOperation
@@ -45,10 +48,12 @@ from dlq.selectors import (
     dlq_overview,
     messages_in_orgs,
 )
+from dlq.services.cancel import jobs_cancel_by_filter
+from jobs.selectors import JobFilter
 from jobs.topology import dlq_names
 from tenants.models import Scope
 from tenants.permissions import HasRequiredScope
-from tenants.selectors import operator_org_ids
+from tenants.selectors import operator_org_ids, organisation_get
 
 TAGS = ["admin"]
 QUEUE = OpenApiParameter(
@@ -263,3 +268,56 @@ class DlqOperationStopApi(DlqApiView):
         operation = bulk_operation_get(operation_id=operation_id, user=request.user)
         operation = bulk_operation_stop(operation_id=operation.id, actor_user=request.user)
         return Response(BulkOperationOutputSerializer(operation, context={"request": request}).data)
+
+
+class JobsCancelApi(DlqApiView):
+    """POST /api/v1/admin/jobs/cancel: cancel every unfinished job a filter matches."""
+
+    required_permissions = ("jobs.cancel_job",)
+
+    @extend_schema(
+        operation_id="admin_jobs_cancel",
+        summary="Cancel jobs by filter (dry run first; audited)",
+        description="Each job is cancelled through the ordinary cancel as an operator (its "
+        "own audited transition); the request is one `jobs_cancel_by_filter` entry on the "
+        "ops chain. Staff limited to some organisations reach only theirs: a filter without "
+        "`org` is narrowed to them, one naming another organisation is 404.",
+        tags=TAGS,
+        request=JobsCancelInputSerializer,
+        parameters=[REQUEST_ID, RETRY_AFTER],
+        responses={
+            200: OpenApiResponse(
+                JobsCancelResultOutputSerializer,
+                "Done now (or, with dry_run, the count and a sample).",
+            ),
+            202: OpenApiResponse(
+                BulkOperationOutputSerializer,
+                "More jobs than JOBOPS_DLQ_BACKGROUND_THRESHOLD (100): the cancel runs in "
+                "the background; follow `Location` (GET) for its progress.",
+            ),
+            **error_responses(400, 401, 403, 404, 415, 422, 429),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        body = JobsCancelInputSerializer(data=json_body(request))
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        wanted = dict(data.get("filter") or {})
+        slug = wanted.pop("org", None)
+        if slug is not None:
+            org = organisation_get(slug)
+            limited = operator_org_ids(request.user)
+            if org is None or (limited is not None and org.pk not in limited):
+                raise OrganisationNotFoundError(details={"org": [f"No organisation {slug!r}."]})
+            wanted["org_id"] = org.pk
+        outcome = jobs_cancel_by_filter(
+            actor_user=request.user,
+            filters=JobFilter(**wanted),
+            justification=data.get("justification", ""),
+            dry_run=data["dry_run"],
+        )
+        if isinstance(outcome, BulkOperation):
+            answer = BulkOperationOutputSerializer(outcome, context={"request": request}).data
+            headers = {"Location": answer["url"]}
+            return Response(answer, status=status.HTTP_202_ACCEPTED, headers=headers)
+        return Response(JobsCancelResultOutputSerializer(outcome.as_dict()).data)

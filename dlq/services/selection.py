@@ -30,7 +30,11 @@ from tenants.selectors import operator_org_ids
 
 SAMPLE_SIZE = 10
 MAX_JUSTIFICATION_CHARS = 2000
-PERMISSIONS = {"replay": "jobs.replay_deadletter", "discard": "jobs.discard_deadletter"}
+PERMISSIONS = {
+    "replay": "jobs.replay_deadletter",
+    "discard": "jobs.discard_deadletter",
+    "cancel": "jobs.cancel_job",  # a background cancel by filter (dlq/services/cancel.py)
+}
 # Causes that a replay can cure without a code or data fix: a retryable error that ran
 # out of attempts, a lost worker, a broker limit. Non-retryable and fatal errors need
 # their cause fixed first; the portal's "only retryable" filter selects these reasons.
