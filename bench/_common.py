@@ -58,7 +58,12 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 BENCH_REDIS_DB = 3
 # Rate limits high enough never to refuse: throughput benchmarks measure the path, not
 # the limiter's refusals (bench/burst.py sets the real ones).
-NO_RATE_LIMITS = {"create_per_user": 10**9, "create_global": 10**9, "admin_dlq": 10**9}
+NO_RATE_LIMITS = {
+    "create_per_user": 10**9,
+    "create_per_org": 10**9,
+    "create_global": 10**9,
+    "admin_dlq": 10**9,
+}
 
 
 class BenchError(RuntimeError):

@@ -242,6 +242,8 @@ def main() -> int:
             JOBOPS_RATE_LIMITS=json.dumps(
                 {
                     "create_per_user": args.per_user,
+                    # Its users share one organisation: its limit must not bind first.
+                    "create_per_org": args.global_limit,
                     "create_global": args.global_limit,
                     "admin_dlq": 30,
                 }
