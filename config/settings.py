@@ -494,7 +494,9 @@ JOBOPS_DB_RETRY_AFTER_SECONDS = env_int("JOBOPS_DB_RETRY_AFTER_SECONDS", 5)
 # together (docs/tenancy.md#limits).
 JOBOPS_RATE_LIMITS: dict[str, int] = {
     "create_per_user": 60,
-    "create_per_org": 300,
+    # As the global limit by default: a deployment upgraded into one (the default)
+    # organisation keeps its allowance. Lower it when several organisations share one.
+    "create_per_org": 500,
     "create_global": 500,
     "admin_dlq": 30,
 } | env_json("JOBOPS_RATE_LIMITS", {})
