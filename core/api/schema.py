@@ -32,11 +32,14 @@ def close_request_bodies(result: dict[str, Any], **kwargs: Any) -> dict[str, Any
 CORRELATION_ID = {
     "in": "header",
     "name": "X-Correlation-ID",
-    "schema": {"type": "string", "maxLength": 128, "pattern": "^[A-Za-z0-9._:\\-]{1,128}$"},
+    # No pattern: a value outside it is replaced by the request id, not refused (as
+    # X-Request-ID), so the schema must not promise a refusal.
+    "schema": {"type": "string"},
     "description": (
-        "Your id for the piece of work this request belongs to (1-128 of A-Z a-z 0-9 . _ : -); "
-        "else the request id. Returned in the response, logged, and stored on a created job "
-        "(its `correlation_id`) and in its audit entries."
+        "Your id for the piece of work this request belongs to (1-128 of A-Z a-z 0-9 . _ : -; "
+        "anything else is replaced); else the request id. Returned in the response, "
+        "logged, and stored on a created job (its `correlation_id`) and in its audit "
+        "entries."
     ),
 }
 
