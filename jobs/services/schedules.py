@@ -240,7 +240,20 @@ def schedule_fire(schedule: Schedule, *, now: datetime) -> int:
     catch_up = max(1, settings.JOBOPS_SCHEDULE_CATCH_UP)
     times = fire_times(schedule, now=now, catch_up=catch_up)
     created = 0
-    for fire_time in times:
+    if times and schedule.org.suspended_at is not None:
+        # A suspended organisation takes no new jobs (docs/tenancy.md#suspension), as
+        # the API refuses them: its fires are skipped, not saved up for its resumption.
+        log.warning(
+            "schedule_fire_skipped",
+            schedule=schedule.name,
+            org_id=schedule.org_id,
+            reason="org_suspended",
+            fires=len(times),
+        )
+        times_to_create: list[datetime] = []
+    else:
+        times_to_create = times
+    for fire_time in times_to_create:
         key = f"schedule:{schedule.name}:{fire_time.isoformat()}"
         try:
             # A savepoint: a failed create (the organisation suspended, the type's
@@ -284,7 +297,7 @@ def schedules_fire_due(*, now: datetime | None = None) -> dict[str, int]:
         with transaction.atomic():
             batch = list(
                 Schedule.objects.select_for_update(skip_locked=True, of=("self",))
-                .select_related("owner")
+                .select_related("owner", "org")
                 .filter(enabled=True, next_fire_at__lte=now)
                 .order_by("next_fire_at")[:FIRE_BATCH]
             )
