@@ -414,12 +414,21 @@ JOBOPS_CANCEL_CHECK_SECONDS = env_float("JOBOPS_CANCEL_CHECK_SECONDS", 0.5)
 # A pending job is published once it is this old (0: at once; the request never
 # publishes, NOTIFY jobs_pending wakes the dispatcher). Raise it to hold new jobs back.
 JOBOPS_DISPATCH_PENDING_AFTER_SECONDS = env_float("JOBOPS_DISPATCH_PENDING_AFTER_SECONDS", 0.0)
+# Scheduled jobs and recurring schedules (docs/operator-controls.md): a job's run_at at
+# most this many days ahead; a dispatcher that was down creates at most this many of a
+# schedule's missed fires (the latest ones) when it comes back.
+JOBOPS_MAX_SCHEDULE_AHEAD = env_int("JOBOPS_MAX_SCHEDULE_AHEAD", 90)
+JOBOPS_SCHEDULE_CATCH_UP = env_int("JOBOPS_SCHEDULE_CATCH_UP", 1)
 # The dispatcher runs every step at least this often; a NOTIFY runs the publish step
 # at once in between.
 JOBOPS_DISPATCHER_INTERVAL_SECONDS = env_float("JOBOPS_DISPATCHER_INTERVAL_SECONDS", 1.0)
 # The dispatcher loop's steps, in order: (name, dotted path of a no-argument callable).
 # Listed here, where the apps are composed, so that jobs never names the dlq app.
 JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
+    # Scheduled jobs come due -> pending (jobs/services/scheduling.py), before the
+    # publish step so that they go out in the same loop; then recurring schedules' fires.
+    ("scheduled", "jobs.services.scheduling.promote_due_once"),
+    ("schedules", "jobs.services.schedules.schedules_fire_due"),
     ("publish", "jobs.services.publishing.publish_due_once"),
     ("reap", "jobs.services.reaper.reap_once"),
     # Idempotency keys past their category's TTL (jobs/services/keys.py), in batches.

@@ -13,7 +13,10 @@ next one:
    now (audit `reclaimed`), or `failed` + a `worker_lost` dead letter once their
    attempts are used up;
 3. release_keys (`jobs.services.keys`): idempotency keys past their TTL, in batches;
-4. the steps other modules own: the event outbox relay, audit checkpoints, the queue
+4. scheduled (`jobs.services.scheduling`): scheduled jobs whose run_at has come ->
+   `pending`; its result's `wake_in` makes the loop run it again no later than the
+   next run_at (wake_in); schedules (`jobs.services.schedules`): recurring fires;
+5. the steps other modules own: the event outbox relay, audit checkpoints, the queue
    depths cache for backpressure, the dead-letter watcher.
 
 One process can do it all (`--role all`), or the publishing can run in a process of its
@@ -94,7 +97,7 @@ def dispatch_forever(
             report = dispatch_once(steps=ready, between=between)
             for name, result in report.items():
                 gap = min(BUSY_GAP_SECONDS, interval) if found_work(result) else interval
-                due[name] = time.monotonic() + gap
+                due[name] = time.monotonic() + min(gap, wake_in(result, default=gap))
         until = min(min(due.values()), next_beat)
         if on_notify is not None:
             on_notify.publish()
@@ -112,6 +115,14 @@ def role_steps(role: str) -> list[tuple[str, str]]:
     spec = ROLES[role]
     steps = settings.JOBOPS_DISPATCHER_STEPS if spec.steps is None else spec.steps
     return [(name, spec.replace.get(name, path)) for name, path in steps]
+
+
+def wake_in(result: Any, *, default: float) -> float:
+    """When a step asks to run again, at the latest: a result's `wake_in` seconds (the
+    scheduled step: until the next run_at), else `default`."""
+    if isinstance(result, dict) and isinstance(result.get("wake_in"), int | float):
+        return max(0.0, float(result["wake_in"]))
+    return default
 
 
 def found_work(result: Any) -> bool:

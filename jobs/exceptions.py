@@ -33,6 +33,16 @@ class JobParamsInvalidError(ApplicationError):
     default_message = "The job's params do not match its type's schema."
 
 
+class JobRunAtInvalidError(ApplicationError):
+    """A `run_at` out of range (docs/operator-controls.md#scheduled-jobs): more than
+    JOBOPS_MAX_SCHEDULE_AHEAD days ahead, or further in the past than the clock-drift
+    tolerance."""
+
+    code = "ERR-JOB-422"
+    http_status = 422
+    default_message = "The job's run_at is out of range."
+
+
 class IdempotencyMismatchError(ApplicationError):
     code = "ERR-JOB-IDEMPOTENCY-MISMATCH"
     http_status = 422
@@ -88,3 +98,18 @@ class TransitionRefusedError(JobConflictError):
 
 class JobLost(Exception):
     """A fenced worker write matched no row: the job was reclaimed from under the worker."""
+
+
+class ScheduleInvalidError(ApplicationError):
+    """A recurring schedule that cannot be saved (docs/operator-controls.md#recurring-schedules):
+    a bad cron expression, time zone, name, job type or params."""
+
+    code = "ERR-JOB-422"
+    http_status = 422
+    default_message = "The schedule is not valid."
+
+
+class ScheduleNotFoundError(ApplicationError):
+    code = "ERR-JOB-404"
+    http_status = 404
+    default_message = "No such schedule."

@@ -76,6 +76,10 @@ class Job(models.Model):
     locked_by = models.CharField(max_length=200, null=True, blank=True)
     locked_at = models.DateTimeField(null=True, blank=True)
     next_run_at = models.DateTimeField(null=True, blank=True)
+    # When the client asked the job to run (`run_at` on create; NULL: at once). A job
+    # with a future run_at waits `scheduled` until the dispatcher's schedule step moves
+    # it to `pending` (docs/operator-controls.md#scheduled-jobs).
+    run_at = models.DateTimeField(null=True, blank=True)
     dead_letter_queue = models.CharField(max_length=64, null=True, blank=True)
     request_id = models.CharField(max_length=128, null=True, blank=True)
     correlation_id = models.CharField(max_length=128, null=True, blank=True)
@@ -148,6 +152,12 @@ class Job(models.Model):
                 fields=["next_run_at"],
                 name="jobs_retry_due_idx",
                 condition=Q(status=Status.RETRYING),
+            ),
+            # Dispatcher: scheduled jobs come due, and the earliest next one (its wake-up).
+            models.Index(
+                fields=["run_at"],
+                name="jobs_scheduled_due_idx",
+                condition=Q(status=Status.SCHEDULED),
             ),
             # Reaper: running jobs with a stale lock.
             models.Index(
@@ -362,3 +372,49 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} {self.reason} job={self.job_id} ({self.state})"
+
+
+class Schedule(models.Model):
+    """A recurring schedule (docs/operator-controls.md#recurring-schedules): each fire
+    of its cron expression, in its time zone, creates one job of `job_type` with
+    `params` for `owner` in `org`, under the idempotency key
+    `schedule:<name>:<fire time ISO>` (jobs.services.schedules)."""
+
+    name = models.CharField(max_length=100)
+    org = models.ForeignKey(
+        "tenants.Organisation", on_delete=models.PROTECT, related_name="schedules"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="schedules"
+    )
+    project = models.ForeignKey(
+        "tenants.Project", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    job_type = models.CharField(max_length=32)
+    params = models.JSONField(default=dict, blank=True)
+    cron = models.CharField(max_length=100, help_text="Five fields: minute hour day month weekday.")
+    timezone = models.CharField(max_length=64, default="UTC", help_text="An IANA time zone name.")
+    enabled = models.BooleanField(default=True)
+    # The fire time (not the wall clock) of the last fire: catch-up counts from it.
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    # The next fire time; NULL while disabled. Kept on the row so that the dispatcher's
+    # step reads the due schedules with one index probe.
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "job_schedules"
+        constraints = [
+            models.UniqueConstraint(fields=["org", "name"], name="job_schedules_org_name_uniq"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_fire_at"],
+                name="job_schedules_due_idx",
+                condition=Q(enabled=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.cron} {self.timezone})"

@@ -175,7 +175,7 @@ WITH ins AS (
         progress_percent, progress_step, progress_message, progress_updated_at,
         last_error_code, last_error_message, result, locked_by, locked_at, next_run_at,
         dead_letter_queue, request_id, correlation_id, version, created_at, updated_at,
-        owner_id, traceparent, audit_head, audit_seq, org_id, project_id
+        owner_id, traceparent, audit_head, audit_seq, org_id, project_id, run_at
     ) VALUES (
         %(id)s, %(type)s, %(category)s, %(queue)s, %(params)s, %(params_hash)s,
         %(status)s, %(idempotency_key)s, %(idempotency_expires_at)s,
@@ -184,7 +184,7 @@ WITH ins AS (
         %(last_error_message)s, %(result)s, %(locked_by)s, %(locked_at)s,
         %(next_run_at)s, %(dead_letter_queue)s, %(request_id)s, %(correlation_id)s,
         %(version)s, %(created_at)s, %(updated_at)s, %(owner_id)s, %(traceparent)s,
-        %(audit_head)s, %(audit_seq)s, %(org_id)s, %(project_id)s
+        %(audit_head)s, %(audit_seq)s, %(org_id)s, %(project_id)s, %(run_at)s
     )
     ON CONFLICT DO NOTHING
     RETURNING jobs AS job
@@ -337,6 +337,23 @@ ORDER BY next_run_at LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 
+-- name: due_scheduled_jobs
+-- A batch of scheduled jobs whose run_at has come by `now` (the application's clock,
+-- as the run_at the API checked against it), earliest first, skipping rows another
+-- dispatcher holds: the caller moves them to `pending` (audited `due`) in the same
+-- transaction. jobs_scheduled_due_idx, in order, stopping at the LIMIT.
+SELECT id FROM jobs
+WHERE status = 'scheduled' AND run_at <= %(now)s
+ORDER BY run_at LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+
+-- name: next_scheduled_run
+-- The earliest run_at of a scheduled job (NULL: none), so that the dispatcher sleeps
+-- no longer than until then: one probe at the start of jobs_scheduled_due_idx.
+SELECT min(run_at) FROM jobs WHERE status = 'scheduled';
+
+
 -- name: stale_locks
 -- Running jobs whose lock went stale (jobs_running_lock_idx), for the reaper; each is
 -- then checked again inside its own compare-and-set.
@@ -435,13 +452,18 @@ GROUP BY queue, status;
 SELECT j.id::text, j.status, last.event_type, last.seq
 FROM jobs j
 LEFT JOIN LATERAL (
-    SELECT a.event_type, a.seq FROM audit_logs a
+    SELECT a.event_type, a.seq,
+           -- A `created` entry leads to the status it names: `pending`, or `scheduled`
+           -- for a job created with a future run_at (parsed only for that one entry).
+           CASE WHEN a.event_type = 'created' THEN a.payload::jsonb #>> '{data,to}' END
+               AS created_to
+    FROM audit_logs a
     WHERE a.chain = audit_job_chain(j.id) AND a.event_type = ANY(%(events)s)
     ORDER BY a.seq DESC LIMIT 1
 ) last ON true
 LEFT JOIN unnest(%(events)s::text[], %(statuses)s::text[]) AS m(event, status)
     ON m.event = last.event_type
-WHERE m.status IS DISTINCT FROM j.status
+WHERE coalesce(last.created_to, m.status) IS DISTINCT FROM j.status
   AND (%(ids)s::uuid[] IS NULL OR j.id = ANY(%(ids)s::uuid[])
        OR j.updated_at >= %(since)s::timestamptz)
   AND (%(requested)s::uuid[] IS NULL OR j.id = ANY(%(requested)s::uuid[]))

@@ -87,6 +87,7 @@ JOB_BODY: dict[str, Callable[[Job, Any], Any]] = {
     "idempotency_key": lambda job, request: job.idempotency_key,
     "request_id": lambda job, request: job.request_id,
     "correlation_id": lambda job, request: job.correlation_id,
+    "run_at": lambda job, request: _datetime(job.run_at),
     "created_at": lambda job, request: _datetime(job.created_at),
     "updated_at": lambda job, request: _datetime(job.updated_at),
     "artefacts": _artefact_bodies,

@@ -11,6 +11,9 @@ from django.db import models
 
 
 class Status(models.TextChoices):
+    # Created with a future run_at (docs/operator-controls.md#scheduled-jobs): waits in
+    # the database until the dispatcher's schedule step moves it to `pending` when due.
+    SCHEDULED = "scheduled"
     PENDING = "pending"
     QUEUED = "queued"
     RUNNING = "running"
@@ -31,14 +34,15 @@ ALLOWED: dict[str, frozenset[str]] = {
     Status.SUCCEEDED: frozenset({Status.RUNNING}),
     # worker, reaper, dead-letter watcher
     Status.FAILED: _UNFINISHED,
-    # worker (JobCancelled) or cancel before start
-    Status.CANCELLED: _UNFINISHED,
+    # worker (JobCancelled) or cancel before start (a scheduled job too, before it is due)
+    Status.CANCELLED: _UNFINISHED | {Status.SCHEDULED},
     # worker retry or reaper reclaim
     Status.RETRYING: frozenset({Status.RUNNING}),
     # DLQ replay or re-run by an operator; a hold (jobs.services.holds): a worker hands
     # back a queued job it may not run now (its organisation is suspended), without
-    # spending an attempt, and the dispatcher publishes it again once it may run
-    Status.PENDING: frozenset({Status.FAILED, Status.QUEUED}),
+    # spending an attempt, and the dispatcher publishes it again once it may run; a
+    # scheduled job come due (the dispatcher's schedule step, audited `due`)
+    Status.PENDING: frozenset({Status.FAILED, Status.QUEUED, Status.SCHEDULED}),
 }
 
 TERMINAL: frozenset[str] = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
@@ -62,4 +66,10 @@ STATUS_AFTER_EVENT: dict[str, str] = {
     "reclaimed": Status.RETRYING,
     "dlq_replayed": Status.PENDING,
     "held": Status.PENDING,
+    # A scheduled job come due. A scheduled job's `created` entry says to=scheduled:
+    # the verifier reads a `created` entry's `to` (jobs/queries.sql status_against_chain).
+    "due": Status.PENDING,
 }
+
+# The audit event of a scheduled job moved to `pending` when its run_at came.
+DUE_EVENT = "due"

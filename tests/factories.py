@@ -7,11 +7,13 @@ outbox events, and a test does not change when the services' internals do.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import factory
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -153,6 +155,7 @@ def job_in_state(
 
     Each state adds one step to the one before it (attempt 1 throughout):
 
+    - scheduled: job_create with a run_at an hour ahead (no step before it)
     - pending:   job_create
     - queued:    + the publisher's step (see below)
     - running:   + job_claim by `worker`
@@ -166,6 +169,15 @@ def job_in_state(
     """
     if status not in Status.values:
         raise ValueError(f"no job state {status!r}; one of {', '.join(Status.values)}")
+    if status == Status.SCHEDULED:  # job_create with a run_at an hour ahead
+        scheduled, _ = job_create(
+            owner=owner or UserFactory(),
+            job_type=job_type,
+            params=params if params is not None else {"steps": 2, "step_seconds": 0},
+            idempotency_key=key,
+            run_at=timezone.now() + timedelta(hours=1),
+        )
+        return _stored(scheduled)
     job = make_job(owner, job_type, params, key)
     if status == Status.PENDING:
         return _stored(job)

@@ -87,6 +87,11 @@ class JobOutputSerializer(serializers.Serializer):
         allow_null=True,
         help_text="The creating request's X-Correlation-ID (its request id by default).",
     )
+    run_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When the job was asked to run (null: at once); a job waiting for it "
+        "is `scheduled` (docs/operator-controls.md#scheduled-jobs).",
+    )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     artefacts = serializers.SerializerMethodField()

@@ -70,6 +70,27 @@ class ParamsField(serializers.JSONField):
     422 ERR-JOB-422 with the other bad params (docs/api.md), not as a 400."""
 
 
+class OffsetDateTimeField(serializers.DateTimeField):
+    """An RFC 3339 date-time that names its offset: a time without one would be read in
+    the server's zone, which the client cannot know (400 ERR-JOB-400, per field)."""
+
+    default_error_messages = {
+        "offset": "An RFC 3339 date-time with an offset (Z or +01:00), e.g. "
+        "2026-12-01T09:00:00+01:00.",
+    }
+
+    def to_internal_value(self, value: Any) -> Any:
+        if not isinstance(value, str) or len(value) > 64:
+            self.fail("offset")
+        try:
+            parsed = parse_datetime(value)
+        except ValueError:  # well formed, but no such date (2026-13-01)
+            parsed = None
+        if parsed is None or parsed.utcoffset() is None:
+            self.fail("offset")
+        return parsed
+
+
 def job_body(job: Job, request: Request) -> dict[str, Any]:
     return job_representation(job, request)
 
@@ -130,6 +151,15 @@ class JobCreateApi(APIView):
             max_length=50,
             help_text="A project of that organisation (its slug); another's: 422.",
         )
+        run_at = OffsetDateTimeField(
+            required=False,
+            allow_null=True,
+            help_text=(
+                "RFC 3339 with an offset (2026-12-01T09:00:00+01:00): the job waits "
+                "`scheduled` until then. At most JOBOPS_MAX_SCHEDULE_AHEAD days (90) "
+                "ahead; up to 60 s in the past runs now, further back is 422 ERR-JOB-422."
+            ),
+        )
 
         def to_internal_value(self, data: Any) -> Any:
             # Mass assignment: anything but these fields (status, owner, result...) is refused.
@@ -189,6 +219,7 @@ class JobCreateApi(APIView):
             org=data.get("org"),
             project=data.get("project"),
             org_counted=getattr(request, "rate_limit_org", None),
+            run_at=data.get("run_at"),
         )
         headers = {"ETag": job.etag}
         if created:

@@ -12,7 +12,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('jobs', '0014_audit_context'),
+        ('jobs', '0016_scheduled_jobs'),
     ]
 
     operations = [

@@ -32,7 +32,7 @@ def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
             return transition(
                 job_id=job_id,
                 target=Status.CANCELLED,
-                sources=[Status.PENDING, Status.QUEUED, Status.RETRYING],
+                sources=[Status.SCHEDULED, Status.PENDING, Status.QUEUED, Status.RETRYING],
                 actor=actor,
             )
         except TransitionRefusedError as refused:

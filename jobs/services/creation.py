@@ -8,6 +8,7 @@ into a 409 the client can retry.
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -29,6 +30,7 @@ from jobs.exceptions import (
     IdempotencyMismatchError,
     JobConflictError,
     JobParamsInvalidError,
+    JobRunAtInvalidError,
     JobTypeUnknownError,
     PayloadTooLargeError,
 )
@@ -43,6 +45,9 @@ from tenants.selectors import Placement, actor_for, placement_for
 
 log = structlog.get_logger("jobs.services")
 _PRINTABLE_ASCII = frozenset(chr(c) for c in range(0x20, 0x7F))
+# A run_at this far in the past still runs now: the client's clock may run behind ours
+# (DESIGN 15.2); further back is a mistake the client should hear about.
+RUN_AT_DRIFT = timedelta(seconds=60)
 
 
 def params_hash(job_type: str, params: Any) -> str:
@@ -58,6 +63,30 @@ def validate_idempotency_key(key: str | None) -> str | None:
             details={"idempotency_key": ["1 to 255 printable ASCII characters."]},
         )
     return key
+
+
+def validate_run_at(run_at: datetime | None, *, now: datetime) -> datetime | None:
+    """Check a job's `run_at` against `now` (docs/operator-controls.md#scheduled-jobs):
+    an aware datetime at most JOBOPS_MAX_SCHEDULE_AHEAD days ahead and at most
+    RUN_AT_DRIFT in the past. Returns it unchanged (None: run at once)."""
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime) or run_at.utcoffset() is None:
+        raise JobRunAtInvalidError(
+            details={"run_at": ["An RFC 3339 date-time with an offset (Z or +01:00)."]}
+        )
+    days = settings.JOBOPS_MAX_SCHEDULE_AHEAD
+    if run_at > now + timedelta(days=days):
+        raise JobRunAtInvalidError(
+            f"run_at is more than {days} days ahead.",
+            details={"run_at": [f"At most {days} days ahead (JOBOPS_MAX_SCHEDULE_AHEAD)."]},
+        )
+    if run_at < now - RUN_AT_DRIFT:
+        raise JobRunAtInvalidError(
+            "run_at is in the past.",
+            details={"run_at": ["In the past by more than 60 seconds."]},
+        )
+    return run_at
 
 
 def validate_params(
@@ -106,8 +135,13 @@ def job_create(
     actor: Actor | None = None,
     staff: bool = False,
     placement: Placement | None = None,
+    run_at: datetime | None = None,
 ) -> tuple[Job, bool]:
     """Create a job, or return the one this idempotency key already made.
+
+    `run_at` (validate_run_at): a future one creates the job `scheduled`, and the
+    dispatcher's schedule step moves it to `pending` when due; one up to a minute past
+    runs now. A repeat of the key returns the existing job whatever its run_at.
 
     `placement` is the job's organisation and project (tenants.selectors.placement_for:
     the API resolves it from the caller and the body); without one, the owner's only
@@ -137,30 +171,35 @@ def job_create(
         type=spec.name if spec else "unknown",
         **metrics.org_label(placement.org_id),
     )
+    now = timezone.now()
     try:
         params = validate_params(job_type, params, owner=owner, staff=staff)
         idempotency_key = validate_idempotency_key(idempotency_key)
+        run_at = validate_run_at(run_at, now=now)
     except ApplicationError:
         counter(status="rejected").inc()
         raise
     assert spec is not None
     digest = params_hash(job_type, params)
     actor = actor or actor_for(owner)
-    now = timezone.now()
+    scheduled = run_at is not None and run_at > now
     candidate = Job(
         type=job_type,
         category=spec.category,
         queue=spec.queue,
         params=params,
         params_hash=digest,
-        status=Status.PENDING,
+        status=Status.SCHEDULED if scheduled else Status.PENDING,
+        run_at=run_at,
         owner=owner,
         org_id=placement.org_id,
         project_id=placement.project_id,
         idempotency_key=idempotency_key,
-        # The key's TTL counts from creation. Once jobs can be scheduled (a run_at), it
-        # counts from the later of creation and run_at: a key must outlive its job's run.
-        idempotency_expires_at=(now + spec.key_ttl if idempotency_key else None),
+        # The key's TTL counts from the later of creation and run_at: a key must outlive
+        # its job's run (a retried create of a job due in a month is still a repeat).
+        idempotency_expires_at=(
+            max(now, run_at or now) + spec.key_ttl if idempotency_key else None
+        ),
         max_attempts=spec.max_attempts,
         request_id=request_id,
         correlation_id=correlation_id or request_id,
@@ -209,6 +248,7 @@ def job_submit(
     org: str | None = None,
     project: str | None = None,
     org_counted: int | None = None,
+    run_at: datetime | None = None,
 ) -> tuple[Job, bool]:
     """The API's create (docs/api.md#creating-a-job): `job_create` behind backpressure;
     `staff` is the caller's staff powers (see `job_create`); `org` and `project` the
@@ -251,6 +291,7 @@ def job_submit(
             correlation_id=correlation_id,
             staff=staff,
             placement=placement,
+            run_at=run_at,
         )
     except IntegrityError as exc:
         raise JobConflictError() from exc

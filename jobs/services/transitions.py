@@ -387,7 +387,7 @@ def audit_context(job: Job, *, request_id: str | None) -> dict[str, Any]:
 
 
 def job_insert(job: Job, *, actor: Actor) -> bool:
-    """Insert a new `pending` job with its `created` entry and event, and wake the
+    """Insert a new `pending` (or `scheduled`) job with its `created` entry and event, and wake the
     dispatcher, in one statement (job_insert, jobs/queries.sql). Creation counts as the
     transition into `pending` (docs/architecture.md). Returns False when the job's
     idempotency key was taken (nothing was written)."""

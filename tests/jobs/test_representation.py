@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 BODY = tuple(
     "id type category queue org_id project_id status progress attempts max_attempts "
     "cancel_requested dead_letter_queue idempotency_key request_id correlation_id "
-    "created_at updated_at artefacts "
+    "run_at created_at updated_at artefacts "
     "last_error result".split()
 )
 EVENT = tuple(
