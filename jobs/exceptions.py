@@ -88,3 +88,25 @@ class TransitionRefusedError(JobConflictError):
 
 class JobLost(Exception):
     """A fenced worker write matched no row: the job was reclaimed from under the worker."""
+
+
+class JobRetryForbiddenError(ApplicationError):
+    code = "ERR-AUTH-403"
+    http_status = 403
+    default_message = (
+        "Retrying another user's job needs jobs.replay_deadletter or the admin role of its "
+        "organisation."
+    )
+
+
+class JobRerunForbiddenError(ApplicationError):
+    code = "ERR-AUTH-403"
+    http_status = 403
+    default_message = "Re-running a job needs an operator (jobs.replay_deadletter) who may see it."
+
+
+class JobInputError(ApplicationError):
+    """A bounded input of a job action (a retry's reason, a re-run's justification)."""
+
+    code = "ERR-JOB-400"
+    http_status = 400
