@@ -89,3 +89,23 @@ class BrokerUnavailableError(ApplicationError):
     http_status = 503
     default_message = "RabbitMQ cannot be reached; retry shortly."
     retry_after = 5
+
+
+class FixForwardInputError(DeadLetterInputError):
+    """New params that are no change, or a reason missing or too long."""
+
+    default_message = "The edited params or the reason are invalid."
+
+
+class FixForwardConflictError(ApplicationError):
+    """The edit cannot apply any more: its dead letter was resolved, its job is no
+    longer failed or its params changed since the edit was requested, or the edit was
+    decided already."""
+
+    code = "ERR-DLQ-409"
+    http_status = 409
+    default_message = "The dead letter or its job changed since; start the edit again."
+
+
+class FourEyesError(DeadLetterPermissionError):
+    default_message = "An edited replay needs a second operator: its requester cannot approve it."
