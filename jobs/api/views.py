@@ -379,7 +379,8 @@ class JobCancelApi(APIView):
 
 
 class JobRetryApi(APIView):
-    """POST /api/v1/jobs/{id}/retry: the owner runs a failed job again (docs/api.md#retry).
+    """POST /api/v1/jobs/{id}/retry: the owner runs a failed job again
+    (docs/api.md#retrying-a-failed-job).
 
     Counted by the create's rate limit (the same buckets: a retry is a run as a create
     is), refusals included."""
