@@ -34,7 +34,7 @@ from rest_framework.views import APIView
 from core.api.docs import REQUEST_ID, response_header
 from core.api.parsers import BoundedJSONParser, json_body
 from core.api.permissions import staff_powers
-from core.api.serializers import QueryFilterSerializer, StrictCharField
+from core.api.serializers import ClosedSerializer, QueryFilterSerializer, StrictCharField
 from core.request_id import correlation_id_of, request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.serializers import JobOutputSerializer
@@ -390,7 +390,7 @@ class JobRetryApi(APIView):
     parser_classes = [BoundedJSONParser]
     throttle_classes = [JobCreateThrottle]
 
-    class JobRetryInputSerializer(serializers.Serializer):
+    class JobRetryInputSerializer(ClosedSerializer):
         reason = StrictCharField(
             required=False,
             allow_blank=True,
@@ -400,15 +400,6 @@ class JobRetryApi(APIView):
                 'Default: "retried by owner".'
             ),
         )
-
-        def to_internal_value(self, data: Any) -> Any:
-            if isinstance(data, dict):
-                unknown = sorted(set(data) - set(self.fields))
-                if unknown:
-                    raise serializers.ValidationError(
-                        {name: ["Unknown field."] for name in unknown}
-                    )
-            return super().to_internal_value(data)
 
     def finalize_response(
         self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any
