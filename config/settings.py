@@ -534,6 +534,9 @@ JOBOPS_TOKEN_DEFAULT_TTL = parse_duration(env_str("JOBOPS_TOKEN_DEFAULT_TTL", "9
 # A replay or discard selecting more dead letters than this runs in the background
 # (a bulk operation the dispatcher works through in chunks, stoppable from the portal).
 JOBOPS_DLQ_BACKGROUND_THRESHOLD = env_int("JOBOPS_DLQ_BACKGROUND_THRESHOLD", 100)
+# Four eyes on a fix-forward (a replay with edited params): the edit is only requested,
+# and a second operator approves (then it runs) or rejects it (docs/operator-controls.md).
+JOBOPS_REPLAY_APPROVAL = env_bool("JOBOPS_REPLAY_APPROVAL", False)
 JOBOPS_DLQ_BULK_CHUNK = env_int("JOBOPS_DLQ_BULK_CHUNK", 100)
 # A dispatcher that dies mid-chunk leaves its claim; another takes the operation over
 # after this long.

@@ -14,6 +14,7 @@ Rows and operations are read-only here; every change goes through `dlq.services`
 from __future__ import annotations
 
 import datetime
+import json
 import uuid
 from typing import Any
 
@@ -47,8 +48,15 @@ from dlq.selectors import (
     messages_in_orgs,
 )
 from dlq.services.cancel import CANCEL_PERMISSION, jobs_cancel_by_filter
+from dlq.services.fix_forward import (
+    diff_rows,
+    fix_forward_approve,
+    fix_forward_preview,
+    fix_forward_reject,
+    fix_forward_request,
+)
 from dlq.services.selection import PERMISSIONS, RETRYABLE_REASONS, names_rows
-from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState
+from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState, ParamsEditState
 from jobs.selectors import JobFilterError, job_filter_from_list
 from jobs.topology import dlq_names
 from tenants.selectors import operator_org_ids
@@ -216,10 +224,24 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        edits = []
+        if object_id.isdigit():
+            # Fix-forward edits of this row (the queryset limits the row to the user's
+            # organisations; the edits belong to it).
+            row = self.get_queryset(request).filter(pk=int(object_id)).first()
+            if row is not None:
+                edits = [
+                    {"edit": e, "diff": diff_rows(e.old_params, e.new_params, e.changed_paths)}
+                    for e in row.params_edits.select_related(
+                        "requested_by", "approved_by", "rejected_by"
+                    ).order_by("-id")
+                ]
         context = {
             **(extra_context or {}),
             "can_replay": self.has_replay_permission(request),
             "can_discard": self.has_discard_permission(request),
+            "params_edits": edits,
+            "requested_state": ParamsEditState.REQUESTED,
         }
         return super().change_view(request, object_id, form_url, context)
 
@@ -272,6 +294,16 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             path("queues/panel/", wrap(self.queues_panel), name="jobs_deadletter_queues_panel"),
             path("peek/<str:queue>/", wrap(self.peek_view), name="jobs_deadletter_peek"),
             path("<str:action>/run/", wrap(self.action_view), name="jobs_deadletter_action"),
+            path(
+                "<int:dead_letter_id>/fix-forward/",
+                wrap(self.fix_forward_view),
+                name="jobs_deadletter_fix_forward",
+            ),
+            path(
+                "params-edits/<int:edit_id>/<str:decision>/",
+                wrap(self.params_edit_decide_view),
+                name="jobs_deadletter_params_edit_decide",
+            ),
             *super().get_urls(),
         ]
 
@@ -379,6 +411,101 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         context["background_threshold"] = settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD
         title = f"{action.capitalize()} dead letters"
         return self.render_page(request, "admin/jobs/deadletter/action.html", title, context)
+
+    def fix_forward_view(self, request: HttpRequest, dead_letter_id: int) -> HttpResponse:
+        """Fix-forward: GET shows the job's params to edit; POST `preview` validates
+        them and shows the changed paths; POST `confirm` replays with them (or, with
+        JOBOPS_REPLAY_APPROVAL, asks a second operator). The service checks again."""
+        if not request.user.has_perm(PERMISSIONS["replay"]):
+            raise PermissionDenied
+        row = (
+            self.get_queryset(request)
+            .select_related("job")
+            .filter(pk=dead_letter_id, job__isnull=False)
+            .first()
+        )
+        if row is None or row.job is None:
+            raise Http404("No such dead letter.")
+        job = row.job
+        context: dict[str, Any] = {
+            "row": row,
+            "job": job,
+            "params_text": json.dumps(job.params, indent=2, sort_keys=True),
+            "reason": "",
+            "approval": settings.JOBOPS_REPLAY_APPROVAL,
+            "can_edit": row.state == DeadLetterState.OPEN and job.status == "failed",
+        }
+        if request.method == "POST":
+            context["params_text"] = request.POST.get("params", "")[:200_000]
+            context["reason"] = request.POST.get("reason", "")
+            try:
+                params = json.loads(context["params_text"])
+            except ValueError as exc:
+                context["error"] = f"The params are not JSON: {exc}"
+            else:
+                try:
+                    if "confirm" in request.POST:
+                        edit = fix_forward_request(
+                            dead_letter_id=row.pk,
+                            actor_user=request.user,
+                            params=params,
+                            reason=context["reason"],
+                        )
+                        if edit.state == ParamsEditState.APPLIED:
+                            messages.success(request, "Replayed with the edited params.")
+                        else:
+                            messages.info(
+                                request,
+                                "Edit requested: a second operator approves or rejects it "
+                                "on this dead letter's page.",
+                            )
+                        return HttpResponseRedirect(
+                            reverse("admin:jobs_deadletter_change", args=[row.pk])
+                        )
+                    preview = fix_forward_preview(
+                        dead_letter_id=row.pk, actor_user=request.user, params=params
+                    )
+                except ApplicationError as exc:
+                    context["error"], context["error_details"] = exc.message, exc.details
+                else:
+                    context["diff"] = diff_rows(
+                        job.params, preview["new_params"], preview["changed_paths"]
+                    )
+                    context["params_text"] = json.dumps(
+                        preview["new_params"], indent=2, sort_keys=True
+                    )
+        return self.render_page(
+            request, "admin/jobs/deadletter/fix_forward.html", "Fix forward", context
+        )
+
+    def params_edit_decide_view(
+        self, request: HttpRequest, edit_id: int, decision: str
+    ) -> HttpResponse:
+        """POST approve or reject a requested edit (the service refuses the requester's
+        own approval, and anyone outside the edit's organisation)."""
+        if request.method != "POST" or decision not in ("approve", "reject"):
+            raise Http404
+        if not request.user.has_perm(PERMISSIONS["replay"]):
+            raise PermissionDenied
+        decide = fix_forward_approve if decision == "approve" else fix_forward_reject
+        try:
+            edit = decide(edit_id=edit_id, actor_user=request.user)
+        except ApplicationError as exc:
+            if exc.http_status == 404:
+                raise Http404(exc.message) from exc
+            if exc.http_status == 403:
+                raise PermissionDenied(exc.message) from exc
+            messages.error(request, exc.message)
+            back = request.POST.get("dead_letter", "")
+            if back.isdigit():
+                return HttpResponseRedirect(
+                    reverse("admin:jobs_deadletter_change", args=[int(back)])
+                )
+            return HttpResponseRedirect(reverse("admin:jobs_deadletter_changelist"))
+        messages.success(request, f"Edit {edit.pk} {edit.state}.")
+        return HttpResponseRedirect(
+            reverse("admin:jobs_deadletter_change", args=[edit.dead_letter_id])
+        )
 
     def _after_action(self, request: HttpRequest, action: str, outcome: Any) -> HttpResponse:
         if isinstance(outcome, BulkOperation):

@@ -98,3 +98,23 @@ class OrganisationNotFoundError(ApplicationError):
     code = "ERR-DLQ-404"
     http_status = 404
     default_message = "No such organisation."
+
+
+class FixForwardInputError(DeadLetterInputError):
+    """New params that are no change, or a reason missing or too long."""
+
+    default_message = "The edited params or the reason are invalid."
+
+
+class FixForwardConflictError(ApplicationError):
+    """The edit cannot apply any more: its dead letter was resolved, its job is no
+    longer failed or its params changed since the edit was requested, or the edit was
+    decided already."""
+
+    code = "ERR-DLQ-409"
+    http_status = 409
+    default_message = "The dead letter or its job changed since; start the edit again."
+
+
+class FourEyesError(DeadLetterPermissionError):
+    default_message = "An edited replay needs a second operator: its requester cannot approve it."

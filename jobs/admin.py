@@ -22,11 +22,13 @@ from django.utils.safestring import SafeString
 from audit.services import Actor
 from core.admin_base import ReadOnlyAdmin
 from core.admin_filters import ChoicesFilter, DateRangeFilter, InputFilter
+from core.errors import ApplicationError
 from core.ids import id_cell
 from jobs.exceptions import ScheduleInvalidError
 from jobs.models import Artefact, DeadLetter, Job, Schedule
 from jobs.selectors import job_timeline, jobs_search
-from jobs.services import job_cancel
+from jobs.services import job_cancel, job_rerun
+from jobs.services.retry import RERUN_SOURCES
 from jobs.services.schedules import (
     schedule_remove,
     schedule_save,
@@ -336,6 +338,7 @@ class JobAdmin(ReadOnlyAdmin):
         return [
             path("<uuid:job_id>/cancel/", wrap(self.cancel_view), name="jobs_job_cancel"),
             path("<uuid:job_id>/live/", wrap(self.live_view), name="jobs_job_live"),
+            path("<uuid:job_id>/rerun/", wrap(self.rerun_view), name="jobs_job_rerun"),
             path(
                 "<uuid:job_id>/artefacts/<uuid:artefact_id>/",
                 wrap(self.artefact_view),
@@ -380,6 +383,15 @@ class JobAdmin(ReadOnlyAdmin):
             "can_cancel": job.status not in TERMINAL and self.has_cancel_permission(request),
             "can_replay": request.user.has_perm("jobs.replay_deadletter"),
             "can_verify": request.user.has_perm("audit.view_auditlog"),
+            "can_rerun": job.status in RERUN_SOURCES
+            and request.user.has_perm("jobs.replay_deadletter"),
+            # Re-runs of this job (the new jobs that name it), within what the user sees.
+            "reruns": list(
+                self.get_queryset(request)
+                .filter(rerun_of_id=job.id)
+                .only("id", "status")
+                .order_by("created_at")[:20]
+            ),
         }
 
     def cancel_view(self, request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
@@ -405,6 +417,30 @@ class JobAdmin(ReadOnlyAdmin):
             return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
         return self.render_page(
             request, "admin/jobs/job/cancel_confirm.html", "Cancel this job?", {"jobs": [job]}
+        )
+
+    def rerun_view(self, request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+        """GET: the job and a justification to give; POST: a new job through the
+        service (an operator only; the service checks again), then its page."""
+        job = self._job_or_404(request, str(job_id))
+        if not request.user.has_perm("jobs.replay_deadletter"):
+            raise PermissionDenied
+        context: dict[str, Any] = {"job": job, "justification": ""}
+        if request.method == "POST":
+            context["justification"] = request.POST.get("justification", "")
+            try:
+                new = job_rerun(
+                    job_id=job.id,
+                    actor_user=request.user,
+                    justification=context["justification"],
+                )
+            except ApplicationError as exc:
+                context["error"] = exc.message
+            else:
+                messages.success(request, f"Re-run as the new job {new.pk}.")
+                return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[new.pk]))
+        return self.render_page(
+            request, "admin/jobs/job/rerun_confirm.html", "Re-run this job?", context
         )
 
     def artefact_view(

@@ -113,3 +113,25 @@ class ScheduleNotFoundError(ApplicationError):
     code = "ERR-JOB-404"
     http_status = 404
     default_message = "No such schedule."
+
+
+class JobRetryForbiddenError(ApplicationError):
+    code = "ERR-AUTH-403"
+    http_status = 403
+    default_message = (
+        "Retrying another user's job needs jobs.replay_deadletter or the admin role of its "
+        "organisation."
+    )
+
+
+class JobRerunForbiddenError(ApplicationError):
+    code = "ERR-AUTH-403"
+    http_status = 403
+    default_message = "Re-running a job needs an operator (jobs.replay_deadletter) who may see it."
+
+
+class JobInputError(ApplicationError):
+    """A bounded input of a job action (a retry's reason, a re-run's justification)."""
+
+    code = "ERR-JOB-400"
+    http_status = 400

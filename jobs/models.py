@@ -55,6 +55,16 @@ class Job(models.Model):
         related_name="jobs",
         db_index=False,
     )
+    # The job this one re-runs (an operator's re-run of a finished job, docs/
+    # operator-controls.md#retry-and-re-run): same type, params and placement, a new life.
+    rerun_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="reruns",
+        db_index=False,
+    )
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # Until when the key deduplicates; after it the dispatcher's release_keys step
     # releases the key (jobs/services/keys.py).
@@ -164,6 +174,12 @@ class Job(models.Model):
                 fields=["locked_at"],
                 name="jobs_running_lock_idx",
                 condition=Q(status=Status.RUNNING),
+            ),
+            # A job's re-runs (its admin page links each of them).
+            models.Index(
+                fields=["rerun_of"],
+                name="jobs_rerun_of_idx",
+                condition=Q(rerun_of__isnull=False),
             ),
             # Key release: keys past their retention.
             models.Index(
@@ -418,3 +434,70 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.cron} {self.timezone})"
+
+
+class ParamsEditState(models.TextChoices):
+    REQUESTED = "requested"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    APPLIED = "applied"
+
+
+class ParamsEdit(models.Model):
+    """A fix-forward: an operator's edit of a dead job's params, replayed with them
+    (docs/operator-controls.md#fix-forward).
+
+    The audit chain holds only the hashes of the old and new params and the changed
+    paths (the values may be personal data); this ordinary table keeps the full diff
+    beside it, for the operators who need to see what changed. With
+    JOBOPS_REPLAY_APPROVAL an edit is first `requested` and waits for a second
+    operator, who approves (it is applied at once) or rejects it.
+    """
+
+    dead_letter = models.ForeignKey(
+        DeadLetter, on_delete=models.PROTECT, related_name="params_edits"
+    )
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="params_edits")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    rejected_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    old_params = models.JSONField()
+    new_params = models.JSONField()
+    old_params_sha256 = models.CharField(max_length=64)
+    new_params_sha256 = models.CharField(max_length=64)
+    changed_paths = models.JSONField(default=list)
+    reason = models.TextField()
+    state = models.CharField(
+        max_length=16, choices=ParamsEditState.choices, default=ParamsEditState.REQUESTED
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "params_edits"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=ParamsEditState.values), name="params_edits_state_valid"
+            ),
+            # Four eyes: whoever approves is not who asked.
+            models.CheckConstraint(
+                condition=Q(approved_by__isnull=True) | ~Q(approved_by=models.F("requested_by")),
+                name="params_edits_four_eyes",
+            ),
+            # One edit waiting per dead letter: a second request would race the first.
+            models.UniqueConstraint(
+                fields=["dead_letter"],
+                condition=Q(state="requested"),
+                name="params_edits_one_requested",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"params edit {self.pk} of job {self.job_id} ({self.state})"

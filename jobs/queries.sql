@@ -136,6 +136,9 @@ upd AS (
         dead_letter_queue = CASE WHEN %(set_dead_letter_queue)s::boolean
                                      THEN %(dead_letter_queue)s::text
                                  ELSE jobs.dead_letter_queue END,
+        params = CASE WHEN %(set_params)s::boolean THEN %(params)s::jsonb ELSE jobs.params END,
+        params_hash = CASE WHEN %(set_params_hash)s::boolean THEN %(params_hash)s::text
+                           ELSE jobs.params_hash END,
         audit_seq = locked.seq,
         audit_head = audit_chain_hash(locked.prev_hash, locked.payload)
     FROM locked
@@ -175,7 +178,8 @@ WITH ins AS (
         progress_percent, progress_step, progress_message, progress_updated_at,
         last_error_code, last_error_message, result, locked_by, locked_at, next_run_at,
         dead_letter_queue, request_id, correlation_id, version, created_at, updated_at,
-        owner_id, traceparent, audit_head, audit_seq, org_id, project_id, run_at
+        owner_id, traceparent, audit_head, audit_seq, org_id, project_id, run_at,
+        rerun_of_id
     ) VALUES (
         %(id)s, %(type)s, %(category)s, %(queue)s, %(params)s, %(params_hash)s,
         %(status)s, %(idempotency_key)s, %(idempotency_expires_at)s,
@@ -184,7 +188,8 @@ WITH ins AS (
         %(last_error_message)s, %(result)s, %(locked_by)s, %(locked_at)s,
         %(next_run_at)s, %(dead_letter_queue)s, %(request_id)s, %(correlation_id)s,
         %(version)s, %(created_at)s, %(updated_at)s, %(owner_id)s, %(traceparent)s,
-        %(audit_head)s, %(audit_seq)s, %(org_id)s, %(project_id)s, %(run_at)s
+        %(audit_head)s, %(audit_seq)s, %(org_id)s, %(project_id)s, %(run_at)s,
+        %(rerun_of_id)s
     )
     ON CONFLICT DO NOTHING
     RETURNING jobs AS job

@@ -93,6 +93,7 @@ JOB_BODY: dict[str, Callable[[Job, Any], Any]] = {
     "artefacts": _artefact_bodies,
     "last_error": lambda job, request: job_last_error(job),
     "result": lambda job, request: job.result,
+    "rerun_of": lambda job, request: None if job.rerun_of_id is None else str(job.rerun_of_id),
 }
 JOB_FIELDS = tuple(JOB_BODY)
 

@@ -60,7 +60,7 @@ EVENT_FOR_STATUS: dict[str, str] = {
 
 
 # The status each state-changing audit event leaves the job in; events not listed
-# (progress, cancel_requested, dead_lettered, dlq_discarded) change no status.
+# (progress, cancel_requested, dead_lettered, dlq_discarded, rerun) change no status.
 STATUS_AFTER_EVENT: dict[str, str] = {
     **{event: status for status, event in EVENT_FOR_STATUS.items()},
     "reclaimed": Status.RETRYING,
@@ -69,6 +69,10 @@ STATUS_AFTER_EVENT: dict[str, str] = {
     # A scheduled job come due. A scheduled job's `created` entry says to=scheduled:
     # the verifier reads a `created` entry's `to` (jobs/queries.sql status_against_chain).
     "due": Status.PENDING,
+    # the owner's retry of a failed job (POST /api/v1/jobs/{id}/retry), and an
+    # operator's fix-forward (a replay with edited params): both failed -> pending
+    "retried": Status.PENDING,
+    "dlq_fixed_forward": Status.PENDING,
 }
 
 # The audit event of a scheduled job moved to `pending` when its run_at came.

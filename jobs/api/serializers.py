@@ -97,6 +97,11 @@ class JobOutputSerializer(serializers.Serializer):
     artefacts = serializers.SerializerMethodField()
     last_error = serializers.SerializerMethodField()
     result = serializers.JSONField(allow_null=True)
+    rerun_of = serializers.UUIDField(
+        source="rerun_of_id",
+        allow_null=True,
+        help_text="The job this one re-runs (an operator's re-run of a finished job); else null.",
+    )
 
     @extend_schema_field(ProgressSerializer)
     def get_progress(self, job: Job) -> dict[str, Any]:

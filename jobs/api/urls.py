@@ -19,6 +19,7 @@ urlpatterns = [
     *with_slash_alias("jobs", views.JobCollectionApi.as_view(), "jobs"),
     *with_slash_alias("jobs/<uuid:job_id>", views.JobDetailApi.as_view(), "job-detail"),
     *with_slash_alias("jobs/<uuid:job_id>/cancel", views.JobCancelApi.as_view(), "job-cancel"),
+    *with_slash_alias("jobs/<uuid:job_id>/retry", views.JobRetryApi.as_view(), "job-retry"),
     *with_slash_alias(
         "jobs/<uuid:job_id>/artefacts/<uuid:artefact_id>",
         views.JobArtefactApi.as_view(),

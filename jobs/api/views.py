@@ -34,7 +34,7 @@ from rest_framework.views import APIView
 from core.api.docs import REQUEST_ID, response_header
 from core.api.parsers import BoundedJSONParser, json_body
 from core.api.permissions import staff_powers
-from core.api.serializers import QueryFilterSerializer, StrictCharField
+from core.api.serializers import ClosedSerializer, QueryFilterSerializer, StrictCharField
 from core.request_id import correlation_id_of, request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.serializers import JobOutputSerializer
@@ -54,7 +54,8 @@ from jobs.selectors import (
     job_list_for_user,
     job_version_for_user,
 )
-from jobs.services import job_cancel_for_user, job_submit
+from jobs.services import job_cancel_for_user, job_retry_for_user, job_submit
+from jobs.services.retry import MAX_REASON_CHARS
 from jobs.states import Status
 from tenants.models import Scope
 from tenants.permissions import RequiredScope
@@ -405,6 +406,58 @@ class JobCancelApi(APIView):
     )
     def post(self, request: Request, job_id: uuid.UUID) -> Response:
         job = job_cancel_for_user(job_id=job_id, user=request.user, staff=_staff_powers(request))
+        return Response(job_body(job, request), headers={"ETag": job.etag})
+
+
+class JobRetryApi(APIView):
+    """POST /api/v1/jobs/{id}/retry: the owner runs a failed job again
+    (docs/api.md#retrying-a-failed-job).
+
+    Counted by the create's rate limit (the same buckets: a retry is a run as a create
+    is), refusals included."""
+
+    required_scope: RequiredScope = Scope.JOBS_WRITE
+
+    parser_classes = [BoundedJSONParser]
+    throttle_classes = [JobCreateThrottle]
+
+    class JobRetryInputSerializer(ClosedSerializer):
+        reason = StrictCharField(
+            required=False,
+            allow_blank=True,
+            max_length=MAX_REASON_CHARS,
+            help_text=(
+                "Why (kept on the dead letter; the audit entry holds its sha256). "
+                'Default: "retried by owner".'
+            ),
+        )
+
+    def finalize_response(
+        self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        for name, value in getattr(request, "rate_limit_headers", {}).items():
+            response.setdefault(name, value)
+        return super().finalize_response(request, response, *args, **kwargs)
+
+    @extend_schema(
+        operation_id="jobs_retry",
+        summary="Retry a failed job (the same job, a fresh retry budget)",
+        request=JobRetryInputSerializer,
+        parameters=[REQUEST_ID, ETAG_HEADER, *RATE_LIMIT_HEADERS],
+        responses={
+            200: OpenApiResponse(JobOutputSerializer, "The job, pending again."),
+            **error_responses(400, 401, 403, 404, 409, 415, 429),
+        },
+    )
+    def post(self, request: Request, job_id: uuid.UUID) -> Response:
+        serializer = self.JobRetryInputSerializer(data=json_body(request))
+        serializer.is_valid(raise_exception=True)
+        job = job_retry_for_user(
+            job_id=job_id,
+            user=request.user,
+            staff=_staff_powers(request),
+            reason=serializer.validated_data.get("reason"),
+        )
         return Response(job_body(job, request), headers={"ETag": job.etag})
 
 

@@ -12,7 +12,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('jobs', '0016_scheduled_jobs'),
+        ('jobs', '0017_rerun_params_edits'),
     ]
 
     operations = [

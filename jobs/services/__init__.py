@@ -13,7 +13,8 @@ Split by concern, re-exported here so that callers say `from jobs.services impor
 - `holds`: a worker hands back a queued job it may not run now (a suspended organisation);
 - `dead_letters`: failing a job with its dead letter, and the one insert of dead-letter rows;
 - `reaper`: reclaiming jobs whose worker was lost;
-- `artefacts`: files a job produces.
+- `artefacts`: files a job produces;
+- `retry`: the owner's retry of a failed job, an operator's re-run of a finished one.
 """
 
 from jobs.services.artefacts import artefact_save
@@ -36,6 +37,7 @@ from jobs.services.holds import HoldReason, job_hold
 from jobs.services.keys import job_key_repeat, job_release_idempotency_keys, release_keys_once
 from jobs.services.publishing import job_publish, publish_due_once, republish_queued
 from jobs.services.reaper import job_lock_is_stale, job_reclaim, reap_once
+from jobs.services.retry import job_rerun, job_retry_failed, job_retry_for_user
 from jobs.services.transitions import (
     Fence,
     Progress,
@@ -83,7 +85,10 @@ __all__ = [
     "job_publish",
     "job_reclaim",
     "job_release_idempotency_keys",
+    "job_rerun",
     "job_retry",
+    "job_retry_failed",
+    "job_retry_for_user",
     "job_submit",
     "job_succeed",
     "jobs_audit",

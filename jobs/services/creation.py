@@ -136,12 +136,16 @@ def job_create(
     staff: bool = False,
     placement: Placement | None = None,
     run_at: datetime | None = None,
+    rerun_of: Job | None = None,
 ) -> tuple[Job, bool]:
     """Create a job, or return the one this idempotency key already made.
 
     `run_at` (validate_run_at): a future one creates the job `scheduled`, and the
     dispatcher's schedule step moves it to `pending` when due; one up to a minute past
     runs now. A repeat of the key returns the existing job whatever its run_at.
+
+    `rerun_of`: the finished job an operator re-runs (jobs.services.rerun); the new
+    job names it, and so does its `created` entry.
 
     `placement` is the job's organisation and project (tenants.selectors.placement_for:
     the API resolves it from the caller and the body); without one, the owner's only
@@ -204,6 +208,7 @@ def job_create(
         request_id=request_id,
         correlation_id=correlation_id or request_id,
         traceparent=current_traceparent(),
+        rerun_of=rerun_of,
     )
     for _ in range(2):
         # One statement: the row, its `created` entry and event, and the NOTIFY that

@@ -41,6 +41,9 @@ SETTABLE_FIELDS = frozenset(
         "progress_percent",
         "progress_step",
         "progress_message",
+        # a fix-forward replays a job with edited params (dlq.services.fix_forward)
+        "params",
+        "params_hash",
     }
 )
 
@@ -405,6 +408,9 @@ def job_insert(job: Job, *, actor: Actor) -> bool:
                 "to": job.status,
                 "attempt": job.attempts,
                 "context": audit_context(job, request_id=current_request_id()),
+                # A re-run's first entry names the job it re-runs (only then: the
+                # entries of every other job stay as they were).
+                **({"rerun_of": str(job.rerun_of_id)} if job.rerun_of_id else {}),
             },
         )
     )

@@ -21,7 +21,7 @@ BODY = tuple(
     "id type category queue org_id project_id status progress attempts max_attempts "
     "cancel_requested dead_letter_queue idempotency_key request_id correlation_id "
     "run_at created_at updated_at artefacts "
-    "last_error result".split()
+    "last_error result rerun_of".split()
 )
 EVENT = tuple(
     "event_id type job_id job_type seq status previous_status progress attempt "
