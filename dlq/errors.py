@@ -18,6 +18,10 @@ class DeadLetterInputError(ApplicationError):
     default_message = "The dead-letter selection is invalid."
 
 
+class JobsFilterInvalidError(DeadLetterInputError):
+    """A cancel-by-filter whose filter no job can match or that exceeds a bound."""
+
+
 class JustificationRequiredError(DeadLetterInputError):
     default_message = "A justification is required to replay or discard dead letters."
 

@@ -37,6 +37,7 @@ from dlq.errors import (
     DeadLetterNotVerifiedError,
     DeadLetterPermissionError,
     DeadLetterRateLimitedError,
+    JobsFilterInvalidError,
     OrganisationNotFoundError,
     UnknownQueueError,
 )
@@ -49,7 +50,7 @@ from dlq.selectors import (
     messages_in_orgs,
 )
 from dlq.services.cancel import jobs_cancel_by_filter
-from jobs.selectors import JobFilter
+from jobs.selectors import JobFilter, JobFilterError, job_filter_check
 from jobs.topology import dlq_names
 from tenants.models import Scope
 from tenants.permissions import HasRequiredScope
@@ -310,6 +311,12 @@ class JobsCancelApi(DlqApiView):
             if org is None or (limited is not None and org.pk not in limited):
                 raise OrganisationNotFoundError(details={"org": [f"No organisation {slug!r}."]})
             wanted["org_id"] = org.pk
+        try:
+            # What the schema cannot say (an empty time range, params too deep or not an
+            # object) is a 422, not a 400: the body is well-formed.
+            job_filter_check(JobFilter(**wanted))
+        except JobFilterError as bad:
+            raise JobsFilterInvalidError(str(bad), details={"filter": [str(bad)]}) from bad
         outcome = jobs_cancel_by_filter(
             actor_user=request.user,
             filters=JobFilter(**wanted),
