@@ -506,6 +506,15 @@ JOBOPS_QUEUE_DEPTH_LIMITS: dict[str, int] = {
 JOBOPS_REDIS_PREFIX = env_str("JOBOPS_REDIS_PREFIX", CACHES["default"]["KEY_PREFIX"])
 # How long a cached queue depth counts; an older (expired) depth is unknown and never refuses.
 JOBOPS_QUEUE_DEPTH_TTL = env_int("JOBOPS_QUEUE_DEPTH_TTL", 15)
+# The broker window (docs/operator-controls.md#priority): at most this many messages per
+# queue in RabbitMQ (its `queued` jobs), the rest wait `pending` in PostgreSQL and enter
+# highest priority first, then oldest (quorum queues have no priorities). Twice what a
+# queue's consumers hold at once (prefetch 3 x concurrency 8 on the light workers) keeps
+# them busy while the dispatcher refills the window on each claim; a smaller window
+# lets a priority job overtake sooner, a larger one keeps more in flight.
+JOBOPS_BROKER_WINDOW = env_int("JOBOPS_BROKER_WINDOW", 50)
+if JOBOPS_BROKER_WINDOW < 1:
+    raise ImproperlyConfigured(f"JOBOPS_BROKER_WINDOW={JOBOPS_BROKER_WINDOW} must be at least 1")
 JOBOPS_ERP_WEBHOOK_URL = env_str("JOBOPS_ERP_WEBHOOK_URL", "")
 JOBOPS_ERP_EVENTS_URL = env_str("JOBOPS_ERP_EVENTS_URL", "")
 # ERP outbound bridge (jobs/erp_bridge.py): per-POST timeout, and the backoff before a

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Model, Q, QuerySet, TextField
+from django.db.models import Exists, Model, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
 from audit.models import ActorType, AuditLog
@@ -30,7 +30,7 @@ from core.db import Rows, execute_prepared, model_from_row, read_within
 from core.ids import IdFragment, id_fragment
 from jobs.errors import TIME_LIMIT
 from jobs.exceptions import JobNotFoundError
-from jobs.models import Artefact, DeadLetter, Job, PurgeState
+from jobs.models import Artefact, DeadLetter, Job, PurgeState, QueuePause
 from jobs.queries import QUERIES
 from jobs.states import Status
 from tenants.selectors import Viewer, viewer_for
@@ -388,16 +388,24 @@ class ClaimState:
     status: str
     org_id: int
     org_suspended: bool
+    queue_paused: bool = False
 
 
 def job_claim_state(*, job_id: uuid.UUID | str) -> ClaimState | None:
-    """The job's status, organisation and whether it is suspended, by primary key (one
-    join to organisations); None when no such job exists. Read only after a claim
+    """The job's status, organisation, whether it is suspended and whether its queue is
+    paused, by primary key (one join to organisations, one probe of queue_pauses); None when no such job exists. Read only after a claim
     refused the job, so a normal run costs nothing more."""
-    row = Job.objects.filter(id=job_id).values_list("status", "org_id", "org__suspended_at").first()
+    row = (
+        Job.objects.filter(id=job_id)
+        .annotate(queue_paused=Exists(QueuePause.objects.filter(queue=OuterRef("queue"))))
+        .values_list("status", "org_id", "org__suspended_at", "queue_paused")
+        .first()
+    )
     if row is None:
         return None
-    return ClaimState(status=row[0], org_id=row[1], org_suspended=row[2] is not None)
+    return ClaimState(
+        status=row[0], org_id=row[1], org_suspended=row[2] is not None, queue_paused=row[3]
+    )
 
 
 def job_time_limit_retries(*, job_id: uuid.UUID | str) -> int:

@@ -101,6 +101,7 @@ class OperatorFactory(StaffFactory):
                         "cancel_job",
                         "replay_deadletter",
                         "discard_deadletter",
+                        "pause_queue",
                     ]
                 )
             )

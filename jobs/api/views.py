@@ -55,6 +55,7 @@ from jobs.selectors import (
     job_version_for_user,
 )
 from jobs.services import job_cancel_for_user, job_submit
+from jobs.services.creation import DEFAULT_PRIORITY
 from jobs.states import Status
 from tenants.models import Scope
 from tenants.permissions import RequiredScope
@@ -116,6 +117,16 @@ class JobCreateApi(APIView):
             trim_whitespace=False,
             max_length=None,
             help_text="1-255 printable ASCII characters; or send the Idempotency-Key header.",
+        )
+        priority = serializers.IntegerField(
+            required=False,
+            min_value=0,
+            max_value=9,
+            help_text=(
+                "0-9, default 5: a queue's pending jobs enter the broker highest priority "
+                "first, then oldest (docs/operator-controls.md#priority). Above 7 only "
+                "with staff powers, else 422 ERR-JOB-422 (details.priority)."
+            ),
         )
         org = serializers.SlugField(
             required=False,
@@ -189,6 +200,7 @@ class JobCreateApi(APIView):
             org=data.get("org"),
             project=data.get("project"),
             org_counted=getattr(request, "rate_limit_org", None),
+            priority=data.get("priority", DEFAULT_PRIORITY),
         )
         headers = {"ETag": job.etag}
         if created:
