@@ -6,11 +6,12 @@
    (the broker dead-letters it and the watcher records it with a null job).
 2. Claim (one compare-and-set), only a job of the message's organisation
    (`org_id`, when the message has one: docs/tenancy.md#execution) whose organisation
-   is not suspended, in a queue that is not paused. Zero rows: read why. A message whose `org_id` is not the row's
-   fails the job non-retryably (`TENANT_MISMATCH`, a dead letter) and is rejected
-   without requeue; a queued job of a suspended organisation or a paused queue is held (back to
-   `pending`, no attempt spent: jobs.services.holds) and the message acked; anything
-   else (a duplicate, a stale message, the job runs elsewhere) is acked, nothing done.
+   is not suspended, in a queue that is not paused. Zero rows: read why. A message
+   whose `org_id` is not the row's fails the job non-retryably (`TENANT_MISMATCH`, a
+   dead letter) and is rejected without requeue; a queued job of a suspended
+   organisation or a paused queue is held (back to `pending`, no attempt spent:
+   jobs.services.holds) and the message acked; anything else (a duplicate, a stale
+   message, the job runs elsewhere) is acked, nothing done.
 3. Run the handler with a `JobContext` while the process's heartbeat thread refreshes
    the lock.
 4. Record the outcome, fenced by `Fence(locked_by, attempt)`: succeeded; retrying

@@ -33,6 +33,7 @@ from jobs.exceptions import JobNotFoundError
 from jobs.models import Artefact, DeadLetter, Job, PurgeState, QueuePause
 from jobs.queries import QUERIES
 from jobs.states import Status
+from jobs.types import primary_queue_names
 from tenants.selectors import Viewer, viewer_for
 
 M = TypeVar("M", bound=Model)
@@ -393,8 +394,9 @@ class ClaimState:
 
 def job_claim_state(*, job_id: uuid.UUID | str) -> ClaimState | None:
     """The job's status, organisation, whether it is suspended and whether its queue is
-    paused, by primary key (one join to organisations, one probe of queue_pauses); None when no such job exists. Read only after a claim
-    refused the job, so a normal run costs nothing more."""
+    paused, by primary key (one join to organisations, one probe of queue_pauses); None
+    when no such job exists. Read only after a claim refused the job, so a normal run
+    costs nothing more."""
     row = (
         Job.objects.filter(id=job_id)
         .annotate(queue_paused=Exists(QueuePause.objects.filter(queue=OuterRef("queue"))))
@@ -460,3 +462,53 @@ def _payload_data(row: AuditLog) -> dict[str, Any]:
     except (ValueError, AttributeError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+# --- queue state (docs/operator-controls.md#queue-state) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """One queue as an operator or a consumer sees it: no job contents."""
+
+    name: str
+    pending: int
+    queued: int
+    oldest_pending_age_seconds: float | None
+    paused: bool
+    paused_at: datetime | None = None
+    paused_by: str | None = None
+    reason: str | None = None
+
+
+def queue_pauses() -> dict[str, QueuePause]:
+    """The paused queues, by name (a handful of rows at most)."""
+    return {p.queue: p for p in QueuePause.objects.select_related("paused_by")}
+
+
+def queues_state() -> list[QueueState]:
+    """Every configured queue (and any other that has unfinished jobs), in table order:
+    pending and queued counts and the oldest pending job's age (queues_state,
+    jobs_unfinished_idx), and its pause."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["queues_state"])
+        counts = {row[0]: row[1:] for row in cursor.fetchall()}
+    pauses = queue_pauses()
+    names = list(dict.fromkeys([*primary_queue_names(), *sorted(counts)]))
+    states = []
+    for name in names:
+        pending, age, queued = counts.get(name, (0, None, 0))
+        pause = pauses.get(name)
+        states.append(
+            QueueState(
+                name=name,
+                pending=pending,
+                queued=queued,
+                oldest_pending_age_seconds=None if age is None else round(float(age), 3),
+                paused=pause is not None,
+                paused_at=pause.paused_at if pause else None,
+                paused_by=pause.paused_by.get_username() if pause and pause.paused_by else None,
+                reason=pause.reason if pause else None,
+            )
+        )
+    return states

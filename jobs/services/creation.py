@@ -106,8 +106,10 @@ MAX_UNPRIVILEGED_PRIORITY = 7
 def validate_priority(priority: Any, *, staff: bool) -> int:
     """The job's priority, or JobPriorityInvalidError (422, per-field detail): an
     integer 0-9 (not a bool), above 7 only with staff powers."""
-    if not isinstance(priority, int) or isinstance(priority, bool) or not (
-        0 <= priority <= MAX_PRIORITY
+    if (
+        not isinstance(priority, int)
+        or isinstance(priority, bool)
+        or not (0 <= priority <= MAX_PRIORITY)
     ):
         raise JobPriorityInvalidError(
             "The priority must be an integer from 0 to 9.",
