@@ -42,9 +42,9 @@ def job_claim(*, job_id: uuid.UUID | str, locked_by: str, org_id: int | None = N
     `org_id`, the message's tenant: only a job of that organisation); it takes the
     lock, counts the attempt and resets progress to zero (progress is the attempt's,
     monotonic within it: a retry does not show the last attempt's 99 %). None means
-    the message is a duplicate or stale, the job runs elsewhere, its organisation is suspended or is not the message's, its
-    queue is paused: the caller reads which (jobs.selectors.job_claim_state) and acks,
-    holds or fails it.
+    the message is a duplicate or stale, the job runs elsewhere, its organisation is
+    suspended or is not the message's, its queue is paused: the caller reads which
+    (jobs.selectors.job_claim_state) and acks, holds or fails it.
     No attempt is counted for a job not claimed.
     """
     try:
