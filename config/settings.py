@@ -625,6 +625,9 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # Refreshed at each /metrics scrape: dotted paths of no-argument callables that set the
 # gauges derived from the database (core/metrics.py stays ignorant of the apps).
 JOBOPS_METRICS_REFRESH: list[str] = ["jobs.metrics.metrics_refresh_gauges"]
+# What /readyz adds to its detail beside the checks (core/health.py, which names no app):
+# each a no-argument callable returning a dict merged into the body (never a check).
+JOBOPS_READY_DETAIL: list[str] = ["jobs.selectors.paused_queues_detail"]
 # Workers and dispatchers have no web server: each serves /metrics here (0: off).
 # Organisations (slugs) whose jobs the job_create and job_finished counters count under
 # their own `org` label; every other organisation's under "other". Empty (the default):

@@ -429,6 +429,11 @@ SELECT
     (SELECT EXTRACT(EPOCH FROM now() - max(created_at)) FROM audit_checkpoints);
 
 
+-- name: queues_paused
+-- The paused queues (queue_pauses: a handful of rows at most), for the queue_paused gauge.
+SELECT queue FROM queue_pauses;
+
+
 -- name: dead_letters_open
 -- Open dead letters per DLQ (dl_open_queue_code_idx).
 SELECT queue, count(*) FROM dead_letters WHERE state = 'open' GROUP BY queue;

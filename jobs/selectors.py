@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +29,7 @@ from audit.models import ActorType, AuditLog
 from audit.services import job_chain
 from core.db import Rows, execute_prepared, model_from_row, read_within
 from core.ids import IdFragment, id_fragment
+from jobs.backpressure import queue_depth_cached
 from jobs.errors import TIME_LIMIT
 from jobs.exceptions import JobNotFoundError
 from jobs.models import Artefact, DeadLetter, Job, PurgeState, QueuePause
@@ -512,3 +514,62 @@ def queues_state() -> list[QueueState]:
             )
         )
     return states
+
+
+# GET /api/v1/queues answers from this process's memory for this long: pollers in a
+# loop cost one grouped count per process per interval, not one per request.
+QUEUES_CACHE_SECONDS = 2.0
+# What a consumer is told to wait while a queue is paused: creation still answers
+# 201, but nothing of the queue runs until an operator resumes it.
+PAUSED_RETRY_AFTER_SECONDS = 60
+_queues_memo: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+
+def queues_for_consumers() -> list[dict[str, Any]]:
+    """Each queue as GET /api/v1/queues shows it (docs/operator-controls.md#queue-state):
+    `name`, `depth` (its pending jobs plus the messages RabbitMQ holds for it: the
+    broker depth the dispatcher caches for backpressure, or its queued jobs when that
+    is unknown), `paused`, `oldest_pending_age_seconds`, `retry_after_seconds` (0: it
+    takes work now; the depth cache's TTL when it is over its backpressure limit, so a
+    create would be refused 429; PAUSED_RETRY_AFTER_SECONDS while paused). No job
+    contents. Memoised per process for QUEUES_CACHE_SECONDS."""
+    memo = _queues_memo.get("all")
+    if memo is not None and time.monotonic() < memo[0]:
+        return memo[1]
+    rows = []
+    for state in queues_state():
+        in_broker = queue_depth_cached(state.name)
+        depth = state.pending + (state.queued if in_broker is None else in_broker)
+        limit = settings.JOBOPS_QUEUE_DEPTH_LIMITS.get(state.name)
+        retry_after = 0
+        if state.paused:
+            retry_after = PAUSED_RETRY_AFTER_SECONDS
+        elif limit is not None and in_broker is not None and in_broker > limit:
+            retry_after = settings.JOBOPS_QUEUE_DEPTH_TTL
+        rows.append(
+            {
+                "name": state.name,
+                "depth": depth,
+                "paused": state.paused,
+                "oldest_pending_age_seconds": state.oldest_pending_age_seconds,
+                "retry_after_seconds": retry_after,
+            }
+        )
+    _queues_memo["all"] = (time.monotonic() + QUEUES_CACHE_SECONDS, rows)
+    return rows
+
+
+def queues_for_consumers_forget() -> None:
+    """Forget the memoised answer (tests, and this process's own pause or resume)."""
+    _queues_memo.clear()
+
+
+def paused_queues_detail() -> dict[str, Any]:
+    """What /readyz adds to its detail (settings.JOBOPS_READY_DETAIL): the paused
+    queues' names and since when. Not the reasons: /readyz answers anyone."""
+    return {
+        "paused_queues": [
+            {"queue": p.queue, "paused_at": p.paused_at.isoformat()}
+            for p in QueuePause.objects.order_by("queue")
+        ]
+    }

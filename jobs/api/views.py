@@ -53,6 +53,7 @@ from jobs.selectors import (
     job_get_for_user,
     job_list_for_user,
     job_version_for_user,
+    queues_for_consumers,
 )
 from jobs.services import job_cancel_for_user, job_submit
 from jobs.services.creation import DEFAULT_PRIORITY
@@ -435,3 +436,46 @@ class JobArtefactApi(APIView):
         )
         response["ETag"] = f'"{artefact.sha256}"'
         return response
+
+
+class QueueStateOutputSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="The queue, e.g. `sim`.")
+    depth = serializers.IntegerField(
+        help_text=(
+            "Jobs waiting to start: its pending jobs plus the messages RabbitMQ holds for "
+            "it (the broker depth the dispatcher caches, or its queued jobs when unknown)."
+        )
+    )
+    paused = serializers.BooleanField(help_text="Paused by an operator: nothing of it runs.")
+    oldest_pending_age_seconds = serializers.FloatField(
+        allow_null=True, help_text="Age of its oldest pending job; null when none waits."
+    )
+    retry_after_seconds = serializers.IntegerField(
+        help_text=(
+            "A suggested wait before submitting more: 0 now; the backpressure TTL while "
+            "it is over its depth limit (a create would be 429); 60 while paused."
+        )
+    )
+
+
+class QueueListApi(APIView):
+    """GET /api/v1/queues: each queue's depth, pause and oldest pending age, for any
+    authenticated caller (no job contents); memoised a few seconds per process."""
+
+    required_scope: RequiredScope = Scope.JOBS_READ
+
+    @extend_schema(
+        operation_id="queues_list",
+        summary="Queue state for consumers",
+        parameters=[REQUEST_ID],
+        responses={
+            200: OpenApiResponse(
+                QueueStateOutputSerializer(many=True),
+                "Every queue, in the job types table's order; up to 2 seconds old "
+                "(docs/operator-controls.md#queue-state).",
+            ),
+            **error_responses(401, 403),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        return Response(QueueStateOutputSerializer(queues_for_consumers(), many=True).data)

@@ -27,6 +27,7 @@ from audit.services import OPS_CHAIN, Actor, audit_append
 from jobs.exceptions import QueueControlInputError, QueueNotFoundError
 from jobs.models import QueuePause
 from jobs.queries import QUERIES
+from jobs.selectors import queues_for_consumers_forget
 from jobs.types import primary_queue_names
 
 QUEUE_PAUSED_EVENT = "queue_paused"
@@ -68,6 +69,7 @@ def queue_pause(*, queue: str, reason: str, actor: Actor, user: Any = None) -> b
                 actor=actor,
                 data={"queue": queue, "reason": reason},
             )
+    queues_for_consumers_forget()
     return created
 
 
@@ -88,4 +90,5 @@ def queue_resume(*, queue: str, reason: str, actor: Actor) -> bool:
             )
             with connection.cursor() as cursor:
                 cursor.execute(QUERIES["notify_pending"])
+    queues_for_consumers_forget()
     return bool(deleted)
