@@ -62,7 +62,7 @@ def statuses(*jobs: Job) -> list[str]:
     return [Job.objects.get(id=j.id).status for j in jobs]
 
 
-# --- services -----------------------------------------------------------------------------------
+# --- services ---
 
 
 def test_pause_and_resume_write_the_row_and_audit_each_once_with_the_reason():
@@ -90,7 +90,7 @@ def test_an_unknown_queue_cannot_be_paused():
         queue_pause(queue="nope", reason="why", actor=OPERATOR)
 
 
-# --- the dispatcher -------------------------------------------------------------------------------
+# --- the dispatcher ---
 
 
 def test_a_paused_queues_pending_and_due_retrying_jobs_are_not_published_until_resume(broker):
@@ -133,7 +133,7 @@ def test_the_publish_statements_keep_their_index_order_with_a_queue_paused():
     assert "jobs_retry_due_idx" in plan and "Sort" not in plan, plan
 
 
-# --- priority and the broker window --------------------------------------------------------------
+# --- priority and the broker window ---
 
 
 def test_priority_defaults_to_5_and_is_in_the_body(broker):
@@ -195,7 +195,7 @@ def test_the_window_is_per_queue(broker, settings):
     assert statuses(*sims, report) == ["queued", "pending", "queued"]
 
 
-# --- the worker ------------------------------------------------------------------------------------
+# --- the worker ---
 
 
 def test_a_worker_holds_a_paused_queues_message_without_spending_an_attempt():
@@ -217,7 +217,7 @@ def test_a_worker_runs_the_message_once_the_queue_is_resumed():
     assert job_execute(payload=wire_payload(job))["outcome"] == "succeeded"
 
 
-# --- the command -----------------------------------------------------------------------------------
+# --- the command ---
 
 
 def test_the_command_pauses_shows_and_resumes_a_queue():
@@ -257,7 +257,7 @@ def test_the_command_refuses_bad_input(args):
     assert not QueuePause.objects.exists()
 
 
-# --- the admin API ---------------------------------------------------------------------------------
+# --- the admin API ---
 
 PAUSE = "/api/v1/admin/queues/sim/pause"
 RESUME = "/api/v1/admin/queues/sim/resume"
@@ -317,7 +317,7 @@ def test_the_admin_api_refuses_bad_input(url, body, status, code):
         assert not QueuePause.objects.exists()
 
 
-# --- queue state: GET /api/v1/queues, the gauge, /readyz ---------------------------------------------
+# --- queue state: GET /api/v1/queues, the gauge, /readyz ---
 
 
 def test_consumers_see_each_queues_depth_pause_and_oldest_pending_age(broker):
@@ -381,7 +381,7 @@ def test_readyz_names_the_paused_queues_without_their_reasons(client, settings):
     assert paused["queue"] == "sim" and "secret" not in response.content.decode()
 
 
-# --- the dashboard ---------------------------------------------------------------------------------
+# --- the dashboard ---
 
 
 def test_the_dashboard_offers_pause_only_to_unrestricted_operators_and_shows_the_state_to_all():
