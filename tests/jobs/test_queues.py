@@ -167,6 +167,16 @@ def test_a_priority_out_of_range_or_not_an_integer_is_refused(broker, priority):
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("priority", [-1, 10, "9", True, 5.0])
+def test_the_service_refuses_a_priority_that_is_no_integer_0_to_9(priority):
+    from jobs.exceptions import JobPriorityInvalidError
+
+    with pytest.raises(JobPriorityInvalidError) as refused:
+        job_create(owner=StaffFactory(), job_type="sim", params={}, priority=priority, staff=True)
+    assert "priority" in refused.value.details
+    assert not Job.objects.exists()
+
+
 def test_the_window_takes_the_highest_priority_first_then_the_oldest(broker, settings):
     settings.JOBOPS_BROKER_WINDOW = 3
     owner = UserFactory()
