@@ -1,7 +1,9 @@
 """Operator controls (issue 29, docs/operator-controls.md): queue pauses and job priority.
 
-- `queue_pauses`: one row per paused queue; the `operator` role may pause and resume
-  (`jobs.pause_queue`), the `viewer` role sees the pauses (`jobs.view_queuepause`).
+- `queue_pauses`: one row per paused queue; `jobs.pause_queue` lets an operator pause
+  and resume (granted to the roles by dlq/migrations/0007_queue_roles, which sits with
+  the roles' own migration: this one depends on no other app's latest migration, so
+  that migrating audit or dlq back and forth never takes it along).
 - `jobs.priority` 0-9 (default 5 in the database too, so rows inserted by an older
   release during a rolling deploy get it), with jobs_pending_priority_idx: a queue's
   pending jobs in the order they enter its broker window.
@@ -9,41 +11,13 @@
 
 import django.db.models.deletion
 from django.conf import settings
-from django.contrib.auth.management import create_permissions
 from django.db import migrations, models
-
-GRANTS = {"operator": ["pause_queue", "view_queuepause"], "viewer": ["view_queuepause"]}
-
-
-def grant(apps, schema_editor):
-    # The permissions do not exist yet while migrations run (Django creates them in
-    # post_migrate): create them first, as dlq/migrations/0006_roles did.
-    app_config = apps.get_app_config("jobs")
-    app_config.models_module = True
-    create_permissions(app_config, apps=apps, verbosity=0)
-    app_config.models_module = None
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.add(
-                *Permission.objects.filter(content_type__app_label="jobs", codename__in=codenames)
-            )
-
-
-def revoke(apps, schema_editor):
-    Permission = apps.get_model("auth", "Permission")
-    Permission.objects.filter(
-        content_type__app_label="jobs", codename__in=["pause_queue", "view_queuepause"]
-    ).delete()
 
 
 class Migration(migrations.Migration):
     dependencies = [
         ("jobs", "0014_audit_context"),
         ("tenants", "0002_default_organisation"),
-        ("dlq", "0006_roles"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -93,5 +67,4 @@ class Migration(migrations.Migration):
                 to=settings.AUTH_USER_MODEL,
             ),
         ),
-        migrations.RunPython(grant, revoke),
     ]
