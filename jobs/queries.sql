@@ -321,8 +321,9 @@ FROM jobs WHERE id = %(job_id)s;
 -- organisations (held until `resume`: docs/tenancy.md#suspension) and every job of a
 -- paused queue (queue_pauses: jobs.services.queues). At most `limit` rows in all.
 --
--- `queues`: the queues that have pending jobs, found by a loose index scan of
--- jobs_pending_priority_idx (one probe per queue, however long its backlog). For each
+-- `queues`: the queues that have pending jobs, found by a loose index scan (one probe
+-- per queue, however long its backlog, of an index that leads with the queue: the
+-- planner takes jobs_unfinished_idx). For each
 -- live queue, `w` counts at most `window` of its queued jobs (jobs_unfinished_idx),
 -- then one ordered scan of jobs_pending_priority_idx stops at the room's LIMIT (a
 -- nested-loop anti join against the small organisations table keeps that order). A
