@@ -14,19 +14,24 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django_otp import devices_for_user
 from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 
 from audit.models import AuditLog
+from audit.services import Actor
 from config.dashboard import dashboard_overview
 from core.admin_base import ReadOnlyAdmin
+from core.errors import ApplicationError
 from core.otp_devices import verification_wait
 from jobs.models import Job
+from jobs.selectors import queue_pauses
+from jobs.services.queues import REASON_MAX_CHARS, queue_pause, queue_resume
+from jobs.types import primary_queue_names
 from tenants.selectors import operator_org_ids, operator_organisations
 
 
@@ -63,7 +68,12 @@ class JobopsAdminSite(OTPAdminSite):
             self.admin_view(self.dashboard_panel),
             name="dashboard_panel",
         )
-        return [panel, *super().get_urls()]
+        control = path(
+            "queues/<str:queue>/<str:action>/",
+            self.admin_view(self.queue_control),
+            name="queue_control",
+        )
+        return [panel, control, *super().get_urls()]
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         context = {**self._dashboard_context(request), **(extra_context or {})}
@@ -73,6 +83,41 @@ class JobopsAdminSite(OTPAdminSite):
         """The dashboard's figures alone: what the index page fetches every few seconds."""
         context = {**self.each_context(request), **self._dashboard_context(request)}
         return TemplateResponse(request, "admin/jobops/dashboard_panel.html", context)
+
+    def queue_control(self, request: HttpRequest, queue: str, action: str) -> HttpResponse:
+        """Pause or resume a queue (docs/operator-controls.md#pausing-a-queue): GET asks
+        for the justification, POST acts (audited on the ops chain) and goes back to
+        the dashboard. Only an operator with jobs.pause_queue who is not limited to
+        some organisations: a pause holds every tenant's jobs of the queue."""
+        if action not in ("pause", "resume") or queue not in primary_queue_names():
+            raise Http404("no such queue control")
+        if not can_pause_queues(request.user):
+            raise PermissionDenied("pausing a queue needs an unrestricted operator")
+        error = None
+        reason = ""
+        if request.method == "POST":
+            reason = request.POST.get("reason", "")
+            control = queue_pause if action == "pause" else queue_resume
+            try:
+                kwargs = {"user": request.user} if action == "pause" else {}
+                control(queue=queue, reason=reason, actor=Actor.operator(request.user), **kwargs)
+            except ApplicationError as exc:
+                error = exc.message
+            else:
+                done = "paused" if action == "pause" else "resumed"
+                messages.success(request, f"Queue {queue} {done}.")
+                return HttpResponseRedirect(reverse("admin:index"))
+        context = {
+            **self.each_context(request),
+            "title": f"{action.capitalize()} queue {queue}",
+            "queue": queue,
+            "action": action,
+            "pause": queue_pauses().get(queue),
+            "reason": reason,
+            "error": error,
+            "reason_max": REASON_MAX_CHARS,
+        }
+        return TemplateResponse(request, "admin/jobops/queue_control.html", context)
 
     def _dashboard_context(self, request: HttpRequest) -> dict[str, Any]:
         """The figures of the organisation chosen with ?org=<slug> among those the
@@ -91,7 +136,15 @@ class JobopsAdminSite(OTPAdminSite):
             "organisations": orgs,
             "chosen_org": chosen,
             "limited": limited is not None,
+            # Read fresh, beside the cached snapshot: a pause shows at the next refresh.
+            "pauses": queue_pauses(),
+            "can_pause": can_pause_queues(request.user),
         }
+
+
+def can_pause_queues(user: Any) -> bool:
+    """An operator with jobs.pause_queue who is not limited to some organisations."""
+    return bool(user.has_perm("jobs.pause_queue")) and operator_org_ids(user) is None
 
 
 def login_locked_out(

@@ -517,6 +517,15 @@ JOBOPS_QUEUE_DEPTH_LIMITS: dict[str, int] = {
 JOBOPS_REDIS_PREFIX = env_str("JOBOPS_REDIS_PREFIX", CACHES["default"]["KEY_PREFIX"])
 # How long a cached queue depth counts; an older (expired) depth is unknown and never refuses.
 JOBOPS_QUEUE_DEPTH_TTL = env_int("JOBOPS_QUEUE_DEPTH_TTL", 15)
+# The broker window (docs/operator-controls.md#priority): at most this many messages per
+# queue in RabbitMQ (its `queued` jobs), the rest wait `pending` in PostgreSQL and enter
+# highest priority first, then oldest (quorum queues have no priorities). Twice what a
+# queue's consumers hold at once (prefetch 3 x concurrency 8 on the light workers) keeps
+# them busy while the dispatcher refills the window on each claim; a smaller window
+# lets a priority job overtake sooner, a larger one keeps more in flight.
+JOBOPS_BROKER_WINDOW = env_int("JOBOPS_BROKER_WINDOW", 50)
+if JOBOPS_BROKER_WINDOW < 1:
+    raise ImproperlyConfigured(f"JOBOPS_BROKER_WINDOW={JOBOPS_BROKER_WINDOW} must be at least 1")
 JOBOPS_ERP_WEBHOOK_URL = env_str("JOBOPS_ERP_WEBHOOK_URL", "")
 JOBOPS_ERP_EVENTS_URL = env_str("JOBOPS_ERP_EVENTS_URL", "")
 # ERP outbound bridge (jobs/erp_bridge.py): per-POST timeout, and the backoff before a
@@ -631,6 +640,9 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # Refreshed at each /metrics scrape: dotted paths of no-argument callables that set the
 # gauges derived from the database (core/metrics.py stays ignorant of the apps).
 JOBOPS_METRICS_REFRESH: list[str] = ["jobs.metrics.metrics_refresh_gauges"]
+# What /readyz adds to its detail beside the checks (core/health.py, which names no app):
+# each a no-argument callable returning a dict merged into the body (never a check).
+JOBOPS_READY_DETAIL: list[str] = ["jobs.selectors.paused_queues_detail"]
 # Workers and dispatchers have no web server: each serves /metrics here (0: off).
 # Organisations (slugs) whose jobs the job_create and job_finished counters count under
 # their own `org` label; every other organisation's under "other". Empty (the default):

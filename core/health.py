@@ -28,6 +28,7 @@ import structlog
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.module_loading import import_string
 from kombu import Connection
 
 from core.queries import QUERIES
@@ -91,7 +92,22 @@ def readiness() -> dict[str, Any]:
             checks[name] = {"ok": False, "error": f"no answer within {timeout:g}s"}
         except Exception as exc:  # any failure to reach it is the answer, not a 500
             checks[name] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    return {"ready": all(c["ok"] for c in checks.values()), "checks": checks}
+    result: dict[str, Any] = {"ready": all(c["ok"] for c in checks.values()), "checks": checks}
+    if checks["postgres"]["ok"]:
+        result.update(_detail())
+    return result
+
+
+def _detail() -> dict[str, Any]:
+    """The apps' additions to the detail (JOBOPS_READY_DETAIL: e.g. the paused queues);
+    one that fails is logged and left out: detail never decides readiness."""
+    detail: dict[str, Any] = {}
+    for path in settings.JOBOPS_READY_DETAIL:
+        try:
+            detail.update(import_string(path)())
+        except Exception as exc:
+            log.warning("ready_detail_failed", source=path, error=repr(exc))
+    return detail
 
 
 def cached_readiness() -> dict[str, Any]:
@@ -138,5 +154,6 @@ class HealthMiddleware:
                     },
                     503,
                 )
-            return _json({"status": "ok", "checks": result["checks"]}, 200)
+            detail = {k: v for k, v in result.items() if k not in ("ready", "checks")}
+            return _json({"status": "ok", "checks": result["checks"], **detail}, 200)
         return self.get_response(request)

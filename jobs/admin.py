@@ -210,6 +210,7 @@ class JobAdmin(ReadOnlyAdmin):
         "type",
         "category",
         "queue",
+        "priority",
         "progress_bar",
         "attempts_of_max",
         "owner",

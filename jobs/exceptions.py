@@ -43,6 +43,14 @@ class JobRunAtInvalidError(ApplicationError):
     default_message = "The job's run_at is out of range."
 
 
+class JobPriorityInvalidError(ApplicationError):
+    """A priority outside 0-9, or above 7 from a caller without staff powers."""
+
+    code = "ERR-JOB-422"
+    http_status = 422
+    default_message = "A priority above 7 needs staff powers."
+
+
 class IdempotencyMismatchError(ApplicationError):
     code = "ERR-JOB-IDEMPOTENCY-MISMATCH"
     http_status = 422
@@ -135,3 +143,20 @@ class JobInputError(ApplicationError):
 
     code = "ERR-JOB-400"
     http_status = 400
+
+
+class QueueNotFoundError(ApplicationError):
+    """A queue control named a queue this deployment does not have. Queue controls are
+    admin calls: answered in the admin API's codes (docs/api.md#errors)."""
+
+    code = "ERR-DLQ-404"
+    http_status = 404
+    default_message = "No such queue."
+
+
+class QueueControlInputError(ApplicationError):
+    """A pause or resume the service refuses: no justification, or one too long."""
+
+    code = "ERR-DLQ-422"
+    http_status = 422
+    default_message = "A justification is required to pause or resume a queue."

@@ -132,6 +132,12 @@ DEAD_LETTERS_OPEN = Gauge(
     ["queue"],
     multiprocess_mode="mostrecent",
 )
+QUEUE_PAUSED = Gauge(
+    "queue_paused",
+    "1 while an operator has paused the queue (docs/operator-controls.md), else 0",
+    ["queue"],
+    multiprocess_mode="mostrecent",
+)
 
 LIVE_WORKERS = Gauge(
     "live_workers",
@@ -152,12 +158,15 @@ def metrics_refresh_gauges() -> dict[str, float]:
     1. One statement reads the oldest pending job, the stale locks, the outbox lag and
        backlog, and the newest checkpoint.
     2. A second counts open dead letters per DLQ; queues that emptied drop to 0.
+    3. A third lists the paused queues (queue_pauses): 1 for each, 0 for the others.
     """
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["gauges"], {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
         pending_age, stale, lag, unpublished, checkpoint_age = cursor.fetchone()
         cursor.execute(QUERIES["dead_letters_open"])
         open_rows = dict(cursor.fetchall())
+        cursor.execute(QUERIES["queues_paused"])
+        paused = {row[0] for row in cursor.fetchall()}
     values = {
         "oldest_pending_age": max(0.0, float(pending_age or 0)),
         "stale_locks": float(stale),
@@ -172,6 +181,9 @@ def metrics_refresh_gauges() -> dict[str, float]:
     CHECKPOINT_AGE.set(values["checkpoint_age"])
     for queue in {f"{q}_dlq" for q in primary_queue_names()} | set(open_rows):
         DEAD_LETTERS_OPEN.labels(queue=queue).set(open_rows.get(queue, 0))
+    for queue in set(primary_queue_names()) | paused:
+        QUEUE_PAUSED.labels(queue=queue).set(1 if queue in paused else 0)
+    values["queues_paused"] = float(len(paused))
     metrics_refresh_liveness()
     return values
 

@@ -6,7 +6,7 @@ import uuid6
 from django.conf import settings
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from jobs.artefact_storage import get_artefact_storage
 from jobs.states import Status
@@ -73,6 +73,10 @@ class Job(models.Model):
     # none since its creation, which is when the key was first seen
     # (docs/api.md#idempotency).
     idempotency_last_seen_at = models.DateTimeField(null=True, blank=True)
+    # 0-9, higher first (docs/operator-controls.md#priority): the order in which the
+    # dispatcher takes a queue's pending jobs into its broker window (quorum queues
+    # have no priorities); above 7 only with staff powers.
+    priority = models.PositiveSmallIntegerField(default=5, db_default=5)
     cancel_requested = models.BooleanField(default=False)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField()
@@ -118,6 +122,9 @@ class Job(models.Model):
                 name="jobs_progress_range",
             ),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="jobs_max_attempts_pos"),
+            models.CheckConstraint(
+                condition=Q(priority__gte=0, priority__lte=9), name="jobs_priority_range"
+            ),
             # NULL keys never conflict in PostgreSQL: no key always makes a new job. A
             # key is the owner's within one organisation: never shared between members.
             models.UniqueConstraint(
@@ -156,6 +163,16 @@ class Job(models.Model):
             # Dispatcher: pending jobs to (re)publish, oldest first.
             models.Index(
                 fields=["created_at"], name="jobs_pending_idx", condition=Q(status=Status.PENDING)
+            ),
+            # Dispatcher: a queue's pending jobs in the order they enter its broker
+            # window, highest priority first, then oldest (due_pending_jobs, one probe
+            # per queue); its leading column also lists the queues that have any.
+            models.Index(
+                F("queue"),
+                F("priority").desc(),
+                F("created_at"),
+                name="jobs_pending_priority_idx",
+                condition=Q(status=Status.PENDING),
             ),
             # Dispatcher: retries that have come due.
             models.Index(
@@ -501,3 +518,25 @@ class ParamsEdit(models.Model):
 
     def __str__(self) -> str:
         return f"params edit {self.pk} of job {self.job_id} ({self.state})"
+
+
+class QueuePause(models.Model):
+    """A paused queue (docs/operator-controls.md#pausing-a-queue): while its row exists
+    the dispatcher publishes none of the queue's jobs and a worker holds any message of
+    it that was already in the broker. In PostgreSQL, so every host sees the same pause;
+    set and cleared only by jobs.services.queues (audited on the ops chain)."""
+
+    queue = models.CharField(max_length=64, primary_key=True)
+    paused_at = models.DateTimeField()
+    paused_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.TextField()
+
+    class Meta:
+        db_table = "queue_pauses"
+        # Operators pause and resume (the admin API and the dashboard).
+        permissions = [("pause_queue", "Can pause and resume a queue")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} paused"

@@ -32,7 +32,8 @@
 -- yet), `org_id` (the job is in this organisation: the worker's claim checks the
 -- message's tenant against the row), `org_active` (the job's organisation is not
 -- suspended: the claim of a held organisation's job; one primary-key probe of
--- organisations per locked row). Zero rows: nothing is written. The jobs that meet them are locked in id order
+-- organisations per locked row), `queue_active` (the job's queue is not paused: the
+-- claim of a paused queue's job; one primary-key probe of queue_pauses). Zero rows: nothing is written. The jobs that meet them are locked in id order
 -- (batches never deadlock; under READ COMMITTED a row changed meanwhile is locked in
 -- its newest version and checked again), and each entry's payload is built from the
 -- row as it is before the change.
@@ -85,6 +86,8 @@ locked AS (
       AND (%(org_id)s::bigint IS NULL OR jobs.org_id = %(org_id)s::bigint)
       AND (NOT %(org_active)s::boolean OR NOT EXISTS (
            SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL))
+      AND (NOT %(queue_active)s::boolean OR NOT EXISTS (
+           SELECT FROM queue_pauses p WHERE p.queue = jobs.queue))
       AND (NOT %(cancel_request)s::boolean OR (NOT jobs.cancel_requested
            AND jobs.status NOT IN ('succeeded', 'failed', 'cancelled')))
     ORDER BY jobs.id
@@ -179,7 +182,7 @@ WITH ins AS (
         last_error_code, last_error_message, result, locked_by, locked_at, next_run_at,
         dead_letter_queue, request_id, correlation_id, version, created_at, updated_at,
         owner_id, traceparent, audit_head, audit_seq, org_id, project_id, run_at,
-        rerun_of_id
+        rerun_of_id, priority
     ) VALUES (
         %(id)s, %(type)s, %(category)s, %(queue)s, %(params)s, %(params_hash)s,
         %(status)s, %(idempotency_key)s, %(idempotency_expires_at)s,
@@ -189,7 +192,7 @@ WITH ins AS (
         %(next_run_at)s, %(dead_letter_queue)s, %(request_id)s, %(correlation_id)s,
         %(version)s, %(created_at)s, %(updated_at)s, %(owner_id)s, %(traceparent)s,
         %(audit_head)s, %(audit_seq)s, %(org_id)s, %(project_id)s, %(run_at)s,
-        %(rerun_of_id)s
+        %(rerun_of_id)s, %(priority)s
     )
     ON CONFLICT DO NOTHING
     RETURNING jobs AS job
@@ -315,29 +318,60 @@ FROM jobs WHERE id = %(job_id)s;
 
 
 -- name: due_pending_jobs
--- A publish batch of pending jobs created before `before`, oldest first, skipping rows
--- another dispatcher holds, the ids in `skip` (backing off) and the jobs of suspended
--- organisations (held until `resume`: docs/tenancy.md#suspension). jobs_pending_idx,
--- in order, under a nested-loop anti join against the small organisations table: the
--- scan keeps its order and stops at the LIMIT (an `org_id <> ALL(ARRAY(...))` filter
--- made the planner guess 0.1 % of rows and sort a bitmap scan instead). A suspended
--- organisation's held jobs are walked past (docs/tenancy.md#suspension measures it).
-SELECT jobs.* FROM jobs
-WHERE status = 'pending' AND created_at <= %(before)s AND id <> ALL(%(skip)s::uuid[])
-  AND NOT EXISTS (
-      SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
-ORDER BY created_at LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+-- A publish batch of pending jobs created before `before`, per queue as many as its
+-- broker window has room for (docs/operator-controls.md#priority): `window` less the
+-- queue's `queued` jobs (published, not yet claimed: what the broker holds for it),
+-- each queue's jobs highest priority first, then oldest, skipping rows another
+-- dispatcher holds, the ids in `skip` (backing off), the jobs of suspended
+-- organisations (held until `resume`: docs/tenancy.md#suspension) and every job of a
+-- paused queue (queue_pauses: jobs.services.queues). At most `limit` rows in all.
+--
+-- `queues`: the queues that have pending jobs, found by a loose index scan (one probe
+-- per queue, however long its backlog, of an index that leads with the queue: the
+-- planner takes jobs_unfinished_idx). For each
+-- live queue, `w` counts at most `window` of its queued jobs (jobs_unfinished_idx),
+-- then one ordered scan of jobs_pending_priority_idx stops at the room's LIMIT (a
+-- nested-loop anti join against the small organisations table keeps that order). A
+-- paused queue is an anti join on queue_pauses before any of its rows is read.
+WITH RECURSIVE queues AS (
+    (SELECT queue FROM jobs WHERE status = 'pending' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM jobs j WHERE j.status = 'pending' AND j.queue > queues.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM queues WHERE queues.queue IS NOT NULL
+)
+SELECT d.* FROM queues
+CROSS JOIN LATERAL (
+    SELECT %(window)s::int - count(*)::int AS room FROM (
+        SELECT FROM jobs WHERE jobs.status = 'queued' AND jobs.queue = queues.queue
+        LIMIT %(window)s::int) AS q
+) AS w
+CROSS JOIN LATERAL (
+    SELECT jobs.* FROM jobs
+    WHERE jobs.status = 'pending' AND jobs.queue = queues.queue
+      AND jobs.created_at <= %(before)s AND jobs.id <> ALL(%(skip)s::uuid[])
+      AND NOT EXISTS (
+          SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
+    ORDER BY jobs.priority DESC, jobs.created_at
+    LIMIT least(w.room, %(limit)s::int)
+    FOR UPDATE OF jobs SKIP LOCKED
+) AS d
+WHERE queues.queue IS NOT NULL AND w.room > 0
+  AND NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = queues.queue)
+LIMIT %(limit)s;
 
 
 -- name: due_retrying_jobs
--- due_pending_jobs for retrying jobs whose next_run_at is before `before`; a suspended
--- organisation's retries stay `retrying` and come due after `resume`.
--- jobs_retry_due_idx.
+-- due_pending_jobs for retrying jobs whose next_run_at is before `before`, oldest due
+-- first (jobs_retry_due_idx); a suspended organisation's retries and a paused
+-- queue's stay `retrying` and come due after `resume` (anti joins on the small
+-- organisations and queue_pauses tables keep the index order). A retry is not held
+-- to the window: it was in the broker once already, and retries are few.
 SELECT jobs.* FROM jobs
 WHERE status = 'retrying' AND next_run_at <= %(before)s AND id <> ALL(%(skip)s::uuid[])
   AND NOT EXISTS (
       SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
+  AND NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = jobs.queue)
 ORDER BY next_run_at LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
@@ -416,6 +450,11 @@ SELECT
         WHERE published_at IS NULL),
     (SELECT count(*) FROM event_outbox WHERE published_at IS NULL),
     (SELECT EXTRACT(EPOCH FROM now() - max(created_at)) FROM audit_checkpoints);
+
+
+-- name: queues_paused
+-- The paused queues (queue_pauses: a handful of rows at most), for the queue_paused gauge.
+SELECT queue FROM queue_pauses;
 
 
 -- name: dead_letters_open
@@ -555,6 +594,24 @@ CROSS JOIN LATERAL (
 WHERE last.event_type <> 'purged'
 ORDER BY m.job_id
 LIMIT %(limit)s;
+
+
+-- name: notify_pending
+-- Wakes the dispatcher (delivered on commit): a resumed queue's backlog waits to be
+-- published (jobs.services.queues.queue_resume).
+SELECT pg_notify('jobs_pending', '');
+
+
+-- name: queues_state
+-- Per queue with unfinished jobs: its pending count and oldest pending job's age in
+-- seconds, and its queued count (GET /api/v1/queues, jobs.selectors.queues_state).
+-- jobs_unfinished_idx (partial: only unfinished jobs); no job contents.
+SELECT queue,
+    count(*) FILTER (WHERE status = 'pending'),
+    EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending'))::float8,
+    count(*) FILTER (WHERE status = 'queued')
+FROM jobs WHERE status IN ('pending', 'queued')
+GROUP BY queue;
 
 
 -- name: listen_pending

@@ -82,6 +82,7 @@ JOB_BODY: dict[str, Callable[[Job, Any], Any]] = {
     "progress": lambda job, request: job_progress(job),
     "attempts": lambda job, request: job.attempts,
     "max_attempts": lambda job, request: job.max_attempts,
+    "priority": lambda job, request: job.priority,
     "cancel_requested": lambda job, request: job.cancel_requested,
     "dead_letter_queue": lambda job, request: job.dead_letter_queue,
     "idempotency_key": lambda job, request: job.idempotency_key,

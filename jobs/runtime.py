@@ -6,11 +6,12 @@
    (the broker dead-letters it and the watcher records it with a null job).
 2. Claim (one compare-and-set), only a job of the message's organisation
    (`org_id`, when the message has one: docs/tenancy.md#execution) whose organisation
-   is not suspended. Zero rows: read why. A message whose `org_id` is not the row's
-   fails the job non-retryably (`TENANT_MISMATCH`, a dead letter) and is rejected
-   without requeue; a queued job of a suspended organisation is held (back to
-   `pending`, no attempt spent: jobs.services.holds) and the message acked; anything
-   else (a duplicate, a stale message, the job runs elsewhere) is acked, nothing done.
+   is not suspended, in a queue that is not paused. Zero rows: read why. A message
+   whose `org_id` is not the row's fails the job non-retryably (`TENANT_MISMATCH`, a
+   dead letter) and is rejected without requeue; a queued job of a suspended
+   organisation or a paused queue is held (back to `pending`, no attempt spent:
+   jobs.services.holds) and the message acked; anything else (a duplicate, a stale
+   message, the job runs elsewhere) is acked, nothing done.
 3. Run the handler with a `JobContext` while the process's heartbeat thread refreshes
    the lock.
 4. Record the outcome, fenced by `Fence(locked_by, attempt)`: succeeded; retrying
@@ -337,9 +338,10 @@ def _not_claimed(*, job_id: uuid.UUID, message_org: Any, log: Any) -> dict[str, 
        letter (`TENANT_MISMATCH`, non-retryable), then reject without requeue. The
        handler never runs and no attempt is counted. A job running elsewhere or ended
        is left alone (a stray message must not end someone's run): logged, acked.
-    3. A claimable job of a suspended organisation: a queued one is held (`queued ->
-       pending`, `held`), a pending or retrying one stays as it is; acked, no attempt
-       spent. The dispatcher publishes it after `resume`.
+    3. A claimable job of a suspended organisation or of a paused queue: a queued one
+       is held (`queued -> pending`, `held` with its reason), a pending or retrying one
+       stays as it is; acked, no attempt spent. The dispatcher publishes it after the
+       organisation's or the queue's `resume`.
     4. Anything else (a duplicate, a stale message, a running job): acked, nothing done.
     """
     dropped = {"job_id": str(job_id), "outcome": "dropped"}
@@ -350,11 +352,10 @@ def _not_claimed(*, job_id: uuid.UUID, message_org: Any, log: Any) -> dict[str, 
     log = log.bind(org_id=str(state.org_id))
     if message_org is not _ABSENT and message_org != state.org_id:
         return _tenant_mismatch(job_id=job_id, state=state, message_org=message_org, log=log)
-    if state.org_suspended and state.status in _CLAIMABLE:
-        held = state.status == "queued" and job_hold(
-            job_id=job_id, reason=HoldReason.ORG_SUSPENDED, actor=WORKER
-        )
-        log.info("job_held", reason=str(HoldReason.ORG_SUSPENDED), status=state.status)
+    if (state.org_suspended or state.queue_paused) and state.status in _CLAIMABLE:
+        reason = HoldReason.ORG_SUSPENDED if state.org_suspended else HoldReason.QUEUE_PAUSED
+        held = state.status == "queued" and job_hold(job_id=job_id, reason=reason, actor=WORKER)
+        log.info("job_held", reason=str(reason), status=state.status)
         return {"job_id": str(job_id), "outcome": "held" if held else "dropped"}
     log.info("claim_refused")
     return dropped

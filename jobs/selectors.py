@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -22,16 +23,17 @@ from typing import Any, Generic, TypeVar
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Model, Q, QuerySet, TextField
+from django.db.models import Exists, Model, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
 from audit.models import ActorType, AuditLog
 from audit.services import job_chain
 from core.db import Rows, execute_prepared, model_from_row, read_within
 from core.ids import IdFragment, id_fragment
+from jobs.backpressure import queue_depth_cached
 from jobs.errors import TIME_LIMIT
 from jobs.exceptions import JobNotFoundError
-from jobs.models import Artefact, DeadLetter, Job, PurgeState
+from jobs.models import Artefact, DeadLetter, Job, PurgeState, QueuePause
 from jobs.queries import QUERIES
 from jobs.states import Status
 from jobs.types import primary_queue_names
@@ -397,16 +399,25 @@ class ClaimState:
     status: str
     org_id: int
     org_suspended: bool
+    queue_paused: bool = False
 
 
 def job_claim_state(*, job_id: uuid.UUID | str) -> ClaimState | None:
-    """The job's status, organisation and whether it is suspended, by primary key (one
-    join to organisations); None when no such job exists. Read only after a claim
-    refused the job, so a normal run costs nothing more."""
-    row = Job.objects.filter(id=job_id).values_list("status", "org_id", "org__suspended_at").first()
+    """The job's status, organisation, whether it is suspended and whether its queue is
+    paused, by primary key (one join to organisations, one probe of queue_pauses); None
+    when no such job exists. Read only after a claim refused the job, so a normal run
+    costs nothing more."""
+    row = (
+        Job.objects.filter(id=job_id)
+        .annotate(queue_paused=Exists(QueuePause.objects.filter(queue=OuterRef("queue"))))
+        .values_list("status", "org_id", "org__suspended_at", "queue_paused")
+        .first()
+    )
     if row is None:
         return None
-    return ClaimState(status=row[0], org_id=row[1], org_suspended=row[2] is not None)
+    return ClaimState(
+        status=row[0], org_id=row[1], org_suspended=row[2] is not None, queue_paused=row[3]
+    )
 
 
 def job_time_limit_retries(*, job_id: uuid.UUID | str) -> int:
@@ -666,3 +677,112 @@ def job_filter_check(filters: JobFilter) -> JobFilter:
     if filters.params is not None:
         params_filter_check(filters.params)
     return filters
+
+
+# --- queue state (docs/operator-controls.md#queue-state) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """One queue as an operator or a consumer sees it: no job contents."""
+
+    name: str
+    pending: int
+    queued: int
+    oldest_pending_age_seconds: float | None
+    paused: bool
+    paused_at: datetime | None = None
+    paused_by: str | None = None
+    reason: str | None = None
+
+
+def queue_pauses() -> dict[str, QueuePause]:
+    """The paused queues, by name (a handful of rows at most)."""
+    return {p.queue: p for p in QueuePause.objects.select_related("paused_by")}
+
+
+def queues_state() -> list[QueueState]:
+    """Every configured queue (and any other that has unfinished jobs), in table order:
+    pending and queued counts and the oldest pending job's age (queues_state,
+    jobs_unfinished_idx), and its pause."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["queues_state"])
+        counts = {row[0]: row[1:] for row in cursor.fetchall()}
+    pauses = queue_pauses()
+    names = list(dict.fromkeys([*primary_queue_names(), *sorted(counts)]))
+    states = []
+    for name in names:
+        pending, age, queued = counts.get(name, (0, None, 0))
+        pause = pauses.get(name)
+        states.append(
+            QueueState(
+                name=name,
+                pending=pending,
+                queued=queued,
+                oldest_pending_age_seconds=None if age is None else round(float(age), 3),
+                paused=pause is not None,
+                paused_at=pause.paused_at if pause else None,
+                paused_by=pause.paused_by.get_username() if pause and pause.paused_by else None,
+                reason=pause.reason if pause else None,
+            )
+        )
+    return states
+
+
+# GET /api/v1/queues answers from this process's memory for this long: pollers in a
+# loop cost one grouped count per process per interval, not one per request.
+QUEUES_CACHE_SECONDS = 2.0
+# What a consumer is told to wait while a queue is paused: creation still answers
+# 201, but nothing of the queue runs until an operator resumes it.
+PAUSED_RETRY_AFTER_SECONDS = 60
+_queues_memo: dict[str, tuple[float, list[dict[str, Any]]]] = {}
+
+
+def queues_for_consumers() -> list[dict[str, Any]]:
+    """Each queue as GET /api/v1/queues shows it (docs/operator-controls.md#queue-state):
+    `name`, `depth` (its pending jobs plus the messages RabbitMQ holds for it: the
+    broker depth the dispatcher caches for backpressure, or its queued jobs when that
+    is unknown), `paused`, `oldest_pending_age_seconds`, `retry_after_seconds` (0: it
+    takes work now; the depth cache's TTL when it is over its backpressure limit, so a
+    create would be refused 429; PAUSED_RETRY_AFTER_SECONDS while paused). No job
+    contents. Memoised per process for QUEUES_CACHE_SECONDS."""
+    memo = _queues_memo.get("all")
+    if memo is not None and time.monotonic() < memo[0]:
+        return memo[1]
+    rows = []
+    for state in queues_state():
+        in_broker = queue_depth_cached(state.name)
+        depth = state.pending + (state.queued if in_broker is None else in_broker)
+        limit = settings.JOBOPS_QUEUE_DEPTH_LIMITS.get(state.name)
+        retry_after = 0
+        if state.paused:
+            retry_after = PAUSED_RETRY_AFTER_SECONDS
+        elif limit is not None and in_broker is not None and in_broker > limit:
+            retry_after = settings.JOBOPS_QUEUE_DEPTH_TTL
+        rows.append(
+            {
+                "name": state.name,
+                "depth": depth,
+                "paused": state.paused,
+                "oldest_pending_age_seconds": state.oldest_pending_age_seconds,
+                "retry_after_seconds": retry_after,
+            }
+        )
+    _queues_memo["all"] = (time.monotonic() + QUEUES_CACHE_SECONDS, rows)
+    return rows
+
+
+def queues_for_consumers_forget() -> None:
+    """Forget the memoised answer (tests, and this process's own pause or resume)."""
+    _queues_memo.clear()
+
+
+def paused_queues_detail() -> dict[str, Any]:
+    """What /readyz adds to its detail (settings.JOBOPS_READY_DETAIL): the paused
+    queues' names and since when. Not the reasons: /readyz answers anyone."""
+    return {
+        "paused_queues": [
+            {"queue": p.queue, "paused_at": p.paused_at.isoformat()}
+            for p in QueuePause.objects.order_by("queue")
+        ]
+    }

@@ -103,6 +103,7 @@ class OperatorFactory(StaffFactory):
                         "cancel_job",
                         "replay_deadletter",
                         "discard_deadletter",
+                        "pause_queue",
                     ]
                 )
             )
@@ -283,7 +284,7 @@ def otp_login(client: Any, user: Any) -> Any:
 
 
 def role_user(role: str, **fields: Any) -> Any:
-    """Staff in the `viewer` or `operator` group, as dlq migration 0006 made them.
+    """Staff in the `viewer` or `operator` group, as dlq migrations 0006 and 0007 made them.
 
     Transactional tests empty auth_group between tests, so the group is made again from
     the migration's own table when missing.
@@ -293,6 +294,8 @@ def role_user(role: str, **fields: Any) -> Any:
     from django.contrib.auth.models import Group, Permission
 
     roles = importlib.import_module("dlq.migrations.0006_roles").ROLES
+    # What later migrations granted the roles (queue controls and schedules).
+    grants = importlib.import_module("dlq.migrations.0008_queue_schedule_roles").GRANTS
     group, created = Group.objects.get_or_create(name=role)
     if created:
         group.permissions.set(
@@ -300,6 +303,7 @@ def role_user(role: str, **fields: Any) -> Any:
                 Permission.objects.get(content_type__app_label=app, codename=codename)
                 for app, codename in roles[role]
             ]
+            + list(Permission.objects.filter(codename__in=grants.get(role, [])))
         )
     user = StaffFactory(**fields)
     user.groups.add(group)

@@ -20,11 +20,16 @@ ERRORS: ErrorTable = {
     ),
     403: (
         "ERR-DLQ-403: OTP-verified staff without the operator's permission for this write "
-        "(jobs.replay_deadletter or jobs.discard_deadletter). ERR-AUTH-403: a session "
+        "(jobs.replay_deadletter, jobs.discard_deadletter, or jobs.pause_queue for a queue's "
+        "pause or resume, which staff limited to some organisations are refused too). "
+        "ERR-AUTH-403: a session "
         "request without its CSRF token, or a token without the admin:dlq scope.",
         ["ERR-DLQ-403", "ERR-AUTH-403"],
     ),
-    404: ("ERR-DLQ-404: no such dead-letter queue or bulk operation.", ["ERR-DLQ-404"]),
+    404: (
+        "ERR-DLQ-404: no such dead-letter queue, queue or bulk operation.",
+        ["ERR-DLQ-404"],
+    ),
     415: ("ERR-HTTP-415: the body is not `application/json`.", ["ERR-HTTP-415"]),
     422: (
         "ERR-DLQ-422: a selection the service refuses (job ids without any dead letter in "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.api.routing import with_slash_alias
-from dlq.api import views
+from dlq.api import queues, views
 
 app_name = "dlq-api"
 
@@ -21,4 +21,6 @@ urlpatterns = [
     *with_slash_alias("dlq/<str:queue>/peek", views.DlqPeekApi.as_view(), "peek"),
     *with_slash_alias("dlq/<str:queue>/replay", views.DlqReplayApi.as_view(), "replay"),
     *with_slash_alias("dlq/<str:queue>/discard", views.DlqDiscardApi.as_view(), "discard"),
+    *with_slash_alias("queues/<str:queue>/pause", queues.QueuePauseApi.as_view(), "queue-pause"),
+    *with_slash_alias("queues/<str:queue>/resume", queues.QueueResumeApi.as_view(), "queue-resume"),
 ]

@@ -79,6 +79,11 @@ class JobOutputSerializer(serializers.Serializer):
     progress = serializers.SerializerMethodField()
     attempts = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
+    priority = serializers.IntegerField(
+        min_value=0,
+        max_value=9,
+        help_text="0-9, higher first (docs/operator-controls.md#priority).",
+    )
     cancel_requested = serializers.BooleanField()
     dead_letter_queue = serializers.CharField(allow_null=True)
     idempotency_key = serializers.CharField(allow_null=True)

@@ -25,6 +25,7 @@ urlpatterns = [
         views.JobArtefactApi.as_view(),
         "job-artefact",
     ),
+    *with_slash_alias("queues", views.QueueListApi.as_view(), "queues"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),

@@ -53,8 +53,10 @@ from jobs.selectors import (
     job_get_for_user,
     job_list_for_user,
     job_version_for_user,
+    queues_for_consumers,
 )
 from jobs.services import job_cancel_for_user, job_retry_for_user, job_submit
+from jobs.services.creation import DEFAULT_PRIORITY
 from jobs.services.retry import MAX_REASON_CHARS
 from jobs.states import Status
 from tenants.models import Scope
@@ -139,6 +141,16 @@ class JobCreateApi(APIView):
             max_length=None,
             help_text="1-255 printable ASCII characters; or send the Idempotency-Key header.",
         )
+        priority = serializers.IntegerField(
+            required=False,
+            min_value=0,
+            max_value=9,
+            help_text=(
+                "0-9, default 5: a queue's pending jobs enter the broker highest priority "
+                "first, then oldest (docs/operator-controls.md#priority). Above 7 only "
+                "with staff powers, else 422 ERR-JOB-422 (details.priority)."
+            ),
+        )
         org = serializers.SlugField(
             required=False,
             max_length=50,
@@ -221,6 +233,7 @@ class JobCreateApi(APIView):
             project=data.get("project"),
             org_counted=getattr(request, "rate_limit_org", None),
             run_at=data.get("run_at"),
+            priority=data.get("priority", DEFAULT_PRIORITY),
         )
         headers = {"ETag": job.etag}
         if created:
@@ -507,3 +520,46 @@ class JobArtefactApi(APIView):
         )
         response["ETag"] = f'"{artefact.sha256}"'
         return response
+
+
+class QueueStateOutputSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="The queue, e.g. `sim`.")
+    depth = serializers.IntegerField(
+        help_text=(
+            "Jobs waiting to start: its pending jobs plus the messages RabbitMQ holds for "
+            "it (the broker depth the dispatcher caches, or its queued jobs when unknown)."
+        )
+    )
+    paused = serializers.BooleanField(help_text="Paused by an operator: nothing of it runs.")
+    oldest_pending_age_seconds = serializers.FloatField(
+        allow_null=True, help_text="Age of its oldest pending job; null when none waits."
+    )
+    retry_after_seconds = serializers.IntegerField(
+        help_text=(
+            "A suggested wait before submitting more: 0 now; the backpressure TTL while "
+            "it is over its depth limit (a create would be 429); 60 while paused."
+        )
+    )
+
+
+class QueueListApi(APIView):
+    """GET /api/v1/queues: each queue's depth, pause and oldest pending age, for any
+    authenticated caller (no job contents); memoised a few seconds per process."""
+
+    required_scope: RequiredScope = Scope.JOBS_READ
+
+    @extend_schema(
+        operation_id="queues_list",
+        summary="Queue state for consumers",
+        parameters=[REQUEST_ID],
+        responses={
+            200: OpenApiResponse(
+                QueueStateOutputSerializer(many=True),
+                "Every queue, in the job types table's order; up to 2 seconds old "
+                "(docs/operator-controls.md#queue-state).",
+            ),
+            **error_responses(401, 403),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        return Response(QueueStateOutputSerializer(queues_for_consumers(), many=True).data)

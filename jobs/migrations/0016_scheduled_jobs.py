@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0014_audit_context'),
+        ('jobs', '0015_queue_pause_priority'),
         ('tenants', '0002_default_organisation'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]

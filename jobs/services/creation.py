@@ -30,6 +30,7 @@ from jobs.exceptions import (
     IdempotencyMismatchError,
     JobConflictError,
     JobParamsInvalidError,
+    JobPriorityInvalidError,
     JobRunAtInvalidError,
     JobTypeUnknownError,
     PayloadTooLargeError,
@@ -124,6 +125,32 @@ def validate_params(
     return dict(serializer.validated_data)
 
 
+# docs/operator-controls.md#priority: 0-9, higher first; 8 and 9 are a small lane for
+# staff (an operator's urgent rerun), so that no client makes all its work jump the line.
+DEFAULT_PRIORITY = 5
+MAX_PRIORITY = 9
+MAX_UNPRIVILEGED_PRIORITY = 7
+
+
+def validate_priority(priority: Any, *, staff: bool) -> int:
+    """The job's priority, or JobPriorityInvalidError (422, per-field detail): an
+    integer 0-9 (not a bool), above 7 only with staff powers."""
+    if (
+        not isinstance(priority, int)
+        or isinstance(priority, bool)
+        or not (0 <= priority <= MAX_PRIORITY)
+    ):
+        raise JobPriorityInvalidError(
+            "The priority must be an integer from 0 to 9.",
+            details={"priority": ["An integer from 0 to 9."]},
+        )
+    if priority > MAX_UNPRIVILEGED_PRIORITY and not staff:
+        raise JobPriorityInvalidError(
+            details={"priority": ["Above 7 only with staff powers (8 and 9 are staff's lane)."]}
+        )
+    return priority
+
+
 def job_create(
     *,
     owner: Any,
@@ -137,6 +164,7 @@ def job_create(
     placement: Placement | None = None,
     run_at: datetime | None = None,
     rerun_of: Job | None = None,
+    priority: int = DEFAULT_PRIORITY,
 ) -> tuple[Job, bool]:
     """Create a job, or return the one this idempotency key already made.
 
@@ -150,6 +178,9 @@ def job_create(
     `placement` is the job's organisation and project (tenants.selectors.placement_for:
     the API resolves it from the caller and the body); without one, the owner's only
     organisation.
+
+    `priority` (0-9, docs/operator-controls.md#priority) orders the queue's pending
+    jobs into the broker window; above 7 only with `staff`.
 
     `staff` grants the staff-only params (e.g. a report on every owner's jobs): the API
     passes its caller's staff powers (staff with a verified second factor), the command
@@ -178,6 +209,7 @@ def job_create(
     now = timezone.now()
     try:
         params = validate_params(job_type, params, owner=owner, staff=staff)
+        priority = validate_priority(priority, staff=staff)
         idempotency_key = validate_idempotency_key(idempotency_key)
         run_at = validate_run_at(run_at, now=now)
     except ApplicationError:
@@ -205,6 +237,7 @@ def job_create(
             max(now, run_at or now) + spec.key_ttl if idempotency_key else None
         ),
         max_attempts=spec.max_attempts,
+        priority=priority,
         request_id=request_id,
         correlation_id=correlation_id or request_id,
         traceparent=current_traceparent(),
@@ -254,6 +287,7 @@ def job_submit(
     project: str | None = None,
     org_counted: int | None = None,
     run_at: datetime | None = None,
+    priority: int = DEFAULT_PRIORITY,
 ) -> tuple[Job, bool]:
     """The API's create (docs/api.md#creating-a-job): `job_create` behind backpressure;
     `staff` is the caller's staff powers (see `job_create`); `org` and `project` the
@@ -297,6 +331,7 @@ def job_submit(
             staff=staff,
             placement=placement,
             run_at=run_at,
+            priority=priority,
         )
     except IntegrityError as exc:
         raise JobConflictError() from exc

@@ -7,8 +7,7 @@ spent and no lock taken: the claim that found the job held matched no row, so no
 of the job's run changed. The dispatcher publishes the job again once the reason is
 gone (its statements skip held work: jobs/queries.sql due_pending_jobs), as any
 pending job. One mechanism for every reason a job may wait without running: today an
-organisation's suspension; a paused queue (issue 29) takes the same path with its own
-reason.
+organisation's suspension, and a paused queue (jobs.services.queues).
 """
 
 from __future__ import annotations
@@ -29,6 +28,8 @@ HELD_EVENT = "held"
 class HoldReason(models.TextChoices):
     # The job's organisation is suspended (tenants.models.Organisation.suspended_at).
     ORG_SUSPENDED = "org_suspended"
+    # The job's queue is paused (jobs.models.QueuePause, jobs.services.queues).
+    QUEUE_PAUSED = "queue_paused"
 
 
 def job_hold(*, job_id: uuid.UUID | str, reason: str, actor: Actor) -> Job | None:

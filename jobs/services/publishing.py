@@ -149,16 +149,21 @@ def publish_pending_once(*, limit: int = 5000) -> int:
 
 
 def _due(status: str, *, limit: int, pending_after: float | None = None) -> list[Job]:
-    """Claim due rows of `status`, oldest first, skipping locked and backing-off rows
-    (due_pending_jobs, due_retrying_jobs; prepared: the dispatcher runs them after
-    every NOTIFY)."""
+    """Claim due rows of `status`, skipping locked and backing-off rows and paused
+    queues (due_pending_jobs, due_retrying_jobs; prepared: the dispatcher runs them
+    after every NOTIFY). Pending rows per queue only as many as its broker window
+    (JOBOPS_BROKER_WINDOW) has room for, highest priority first, then oldest; due
+    retries oldest first."""
     before = timezone.now()
     if status == Status.PENDING:
         if pending_after is None:
             pending_after = settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS
         before -= timedelta(seconds=pending_after)
     statement = QUERIES[f"due_{status}_jobs"]
-    rows = execute_prepared(statement, {"before": before, "skip": _backing_off(), "limit": limit})
+    params = {"before": before, "skip": _backing_off(), "limit": limit}
+    if status == Status.PENDING:
+        params["window"] = settings.JOBOPS_BROKER_WINDOW
+    rows = execute_prepared(statement, params)
     return [model_from_row(Job, row, rows.columns) for row in rows]
 
 

@@ -197,6 +197,7 @@ def job_rerun(*, job_id: uuid.UUID | str, actor_user: Any, justification: Any) -
             staff=True,
             placement=Placement(org_id=original.org_id, project_id=original.project_id),
             rerun_of=original,
+            priority=original.priority,
         )
         job_audit(
             job_id=original.id,

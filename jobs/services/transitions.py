@@ -82,6 +82,7 @@ class TransitionOptions(TypedDict, total=False):
     - `stale_after`: only while the lock is older than this many seconds (the reaper);
     - `org_id`: only a job of this organisation (the claim checks a message's tenant);
     - `org_active`: only while the job's organisation is not suspended (the claim);
+    - `queue_active`: only while the job's queue is not paused (the claim);
     - `run_in`: `next_run_at = now() + run_in` seconds;
     - `progress`: a last progress value (monotonic); `complete`: progress 100 %;
     - `extend_attempts`: `max_attempts` grows by this many (a replay's fresh budget);
@@ -96,6 +97,7 @@ class TransitionOptions(TypedDict, total=False):
     stale_after: float | None
     org_id: int | None
     org_active: bool
+    queue_active: bool
     run_in: float | None
     progress: Progress | None
     complete: bool
@@ -186,14 +188,17 @@ def transition_many(
             stale_after=options.get("stale_after"),
             org_id=options.get("org_id"),
             org_active=options.get("org_active", False),
+            queue_active=options.get("queue_active", False),
             run_in=options.get("run_in"),
             percent=percent,
             extend_attempts=options.get("extend_attempts") or 0,
             fields=fields,
             bump=True,
             emit=True,
-            # A job back in `pending` (a replay) waits for the dispatcher: wake it.
-            notify=target == Status.PENDING,
+            # A job back in `pending` (a replay) waits for the dispatcher: wake it. So
+            # does a claim: it frees a place in its queue's broker window, which the
+            # dispatcher refills from the pending backlog at once (due_pending_jobs).
+            notify=target == Status.PENDING or claim_for is not None,
         ),
     )
     jobs = [model_from_row(Job, row, rows.columns) for row in rows]
@@ -215,6 +220,7 @@ class _Change:
     stale_after: float | None = None
     org_id: int | None = None
     org_active: bool = False
+    queue_active: bool = False
     run_in: float | None = None
     percent: int | None = None
     extend_attempts: int = 0
@@ -235,6 +241,7 @@ class _Change:
             "stale_after": None if self.stale_after is None else float(self.stale_after),
             "org_id": self.org_id,
             "org_active": self.org_active,
+            "queue_active": self.queue_active,
             "run_in": None if self.run_in is None else float(self.run_in),
             "percent": self.percent,
             "extend_attempts": int(self.extend_attempts),

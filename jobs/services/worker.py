@@ -38,12 +38,13 @@ def job_claim(*, job_id: uuid.UUID | str, locked_by: str, org_id: int | None = N
     """Claim a job for one run (docs/architecture.md); None when it is not claimable.
 
     One compare-and-set from `pending`/`queued`, or a due `retrying`, of an
-    organisation that is not suspended (and, with `org_id`, the message's tenant: only
-    a job of that organisation); it takes the lock, counts the attempt and resets
-    progress to zero (progress is the attempt's, monotonic within it: a retry does not
-    show the last attempt's 99 %). None means the message is a duplicate or stale, the
-    job runs elsewhere, its organisation is suspended or is not the message's: the
-    caller reads which (jobs.selectors.job_claim_state) and acks, holds or fails it.
+    organisation that is not suspended, in a queue that is not paused (and, with
+    `org_id`, the message's tenant: only a job of that organisation); it takes the
+    lock, counts the attempt and resets progress to zero (progress is the attempt's,
+    monotonic within it: a retry does not show the last attempt's 99 %). None means
+    the message is a duplicate or stale, the job runs elsewhere, its organisation is
+    suspended or is not the message's, its queue is paused: the caller reads which
+    (jobs.selectors.job_claim_state) and acks, holds or fails it.
     No attempt is counted for a job not claimed.
     """
     try:
@@ -55,6 +56,7 @@ def job_claim(*, job_id: uuid.UUID | str, locked_by: str, org_id: int | None = N
             claim_for=locked_by,
             org_id=org_id,
             org_active=True,
+            queue_active=True,
         )
     except TransitionRefusedError:
         return None

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.django_db
 JOBS = "/api/v1/jobs"
 BODY_KEYS = {
     "id", "type", "category", "queue", "org_id", "project_id", "status", "progress",
-    "attempts", "max_attempts", "cancel_requested", "dead_letter_queue", "idempotency_key",
-    "request_id", "correlation_id", "run_at", "created_at", "updated_at", "artefacts",
-    "last_error", "result", "rerun_of",
+    "attempts", "max_attempts", "priority", "cancel_requested", "dead_letter_queue",
+    "idempotency_key", "request_id", "correlation_id", "run_at", "created_at", "updated_at",
+    "artefacts", "last_error", "result", "rerun_of",
 }  # fmt: skip
 SIM = {"type": "sim", "params": {"steps": 3, "step_seconds": 0}}
 

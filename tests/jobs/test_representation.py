@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 # Written out here, apart from the code: a field added, dropped or moved fails this.
 BODY = tuple(
     "id type category queue org_id project_id status progress attempts max_attempts "
-    "cancel_requested dead_letter_queue idempotency_key request_id correlation_id "
+    "priority cancel_requested dead_letter_queue idempotency_key request_id correlation_id "
     "run_at created_at updated_at artefacts "
     "last_error result rerun_of".split()
 )

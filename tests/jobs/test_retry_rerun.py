@@ -167,16 +167,19 @@ def test_the_schema_documents_the_retry_with_its_errors(api):
 @pytest.mark.parametrize("state", ["succeeded", "cancelled", "failed"])
 def test_an_operator_reruns_a_finished_job_as_a_linked_new_job(state):
     original = job_in_state(state)
+    Job.objects.filter(id=original.id).update(priority=8)  # made by staff, say
+    original.refresh_from_db()
     operator = OperatorFactory()
     new = job_rerun(job_id=original.id, actor_user=operator, justification="customer asked")
     assert new.id != original.id and new.status == Status.PENDING
     assert new.rerun_of_id == original.id
-    assert (new.type, new.params, new.owner_id, new.org_id, new.project_id) == (
+    assert (new.type, new.params, new.owner_id, new.org_id, new.project_id, new.priority) == (
         original.type,
         original.params,
         original.owner_id,
         original.org_id,
         original.project_id,
+        8,
     )
     assert Job.objects.get(id=original.id).status == state  # the original stays as it was
     created = entries(new)[0]

@@ -1,0 +1,85 @@
+"""`manage.py queue pause|resume|status [QUEUE] [--reason TEXT]` (docs/operator-controls.md).
+
+    manage.py queue status [sim] [--json]
+    manage.py queue pause sim --reason "ERP down, INC-123" [--as alice]
+    manage.py queue resume sim --reason "ERP back" [--as alice]
+
+A pause or resume is audited on the ops chain with its reason, as the operator named
+by `--as` (else as the system actor `cli`: whoever holds the host).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from audit.services import Actor
+from core.errors import ApplicationError
+from jobs.selectors import queues_state
+from jobs.services.queues import queue_pause, queue_resume
+
+
+class Command(BaseCommand):
+    help = "Pause, resume or show queues (docs/operator-controls.md#pausing-a-queue)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("action", choices=["pause", "resume", "status"])
+        parser.add_argument("queue", nargs="?", help="the queue (status: all when omitted)")
+        parser.add_argument("--reason", default="", help="the justification (pause, resume)")
+        parser.add_argument("--as", dest="username", help="the operator acting")
+        parser.add_argument("--json", action="store_true", help="status as JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action, queue = options["action"], options["queue"]
+        if action == "status":
+            self._status(queue, as_json=options["json"])
+            return
+        if not queue:
+            raise CommandError(f"queue {action} needs a QUEUE")
+        user = None
+        if options["username"]:
+            user = get_user_model().objects.filter(username=options["username"]).first()
+            if user is None:
+                raise CommandError(f"no user {options['username']!r}")
+        actor = Actor.operator(user) if user is not None else Actor.system("cli")
+        try:
+            if action == "pause":
+                changed = queue_pause(queue=queue, reason=options["reason"], actor=actor, user=user)
+            else:
+                changed = queue_resume(queue=queue, reason=options["reason"], actor=actor)
+        except ApplicationError as exc:
+            raise CommandError(f"{exc.message} {exc.details or ''}".strip()) from exc
+        done = "paused" if action == "pause" else "resumed"
+        self.stdout.write(f"{queue} {done}" if changed else f"{queue} was already {done}")
+
+    def _status(self, queue: str | None, *, as_json: bool) -> None:
+        states = [s for s in queues_state() if queue is None or s.name == queue]
+        if queue is not None and not states:
+            raise CommandError(f"no queue {queue!r}")
+        if as_json:
+            rows = [
+                {
+                    "name": s.name,
+                    "paused": s.paused,
+                    "paused_at": s.paused_at.isoformat() if s.paused_at else None,
+                    "paused_by": s.paused_by,
+                    "reason": s.reason,
+                    "pending": s.pending,
+                    "queued": s.queued,
+                    "oldest_pending_age_seconds": s.oldest_pending_age_seconds,
+                }
+                for s in states
+            ]
+            self.stdout.write(json.dumps(rows, indent=2))
+            return
+        for s in states:
+            state = "paused" if s.paused else "running"
+            line = f"{s.name:<12} {state:<8} pending {s.pending:<7} queued {s.queued:<6}"
+            if s.paused:
+                line += (
+                    f" since {s.paused_at:%Y-%m-%d %H:%M:%S} by {s.paused_by or 'cli'}: {s.reason}"
+                )
+            self.stdout.write(line)
