@@ -563,3 +563,8 @@ class QueueListApi(APIView):
     )
     def get(self, request: Request) -> Response:
         return Response(QueueStateOutputSerializer(queues_for_consumers(), many=True).data)
+
+
+@extend_schema(exclude=True)
+class QueueDepthAliasApi(QueueListApi):
+    """GET /api/v1/jobs/queues/depth: GET /api/v1/queues under the async spec's name."""

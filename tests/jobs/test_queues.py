@@ -350,6 +350,9 @@ def test_consumers_see_each_queues_depth_pause_and_oldest_pending_age(broker):
         "name": "report", "depth": 0, "paused": False, "oldest_pending_age_seconds": None,
         "retry_after_seconds": 0,
     }  # fmt: skip
+    # The async spec's name answers the same.
+    alias = client_for(UserFactory()).get("/api/v1/jobs/queues/depth")
+    assert alias.status_code == 200 and alias.json() == response.json()
 
 
 def test_the_queue_state_is_memoised_for_a_few_seconds(broker):
