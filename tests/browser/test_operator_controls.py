@@ -172,8 +172,8 @@ def test_search_by_param_then_cancel_all_matching(browser, live_server, broker):
         click_and_wait(browser, "#cancel-matching")
         assert "3 unfinished jobs match" in browser.find_element(By.ID, "dry-run-count").text
         shoot(browser, "131-cancel-matching-dry-run")
-        browser.find_element(By.ID, "justification").send_keys("INC-33: a bad batch")
-        click_and_wait(browser, "#cancel-matching button[type=submit]")
+        browser.find_element(By.ID, "id_justification").send_keys("INC-33: a bad batch")
+        click_and_wait(browser, "#confirm-cancel-matching")
     # More than the threshold: a background operation, worked by the dispatcher's step.
     operation = BulkOperation.objects.get(action="cancel")
     panel = browser.find_element(By.ID, "operation-panel").text
