@@ -150,6 +150,7 @@ def test_fix_forward_requested_by_one_operator_approved_by_another(browser, live
 
     switch_user(browser, live_server, "operator", "otto")
     browser.get(f"{live_server.url}/admin/jobs/deadletter/{row.pk}/change/")
+    assert "waits for approval" in wait(browser, "#edit-waiting").text  # said at the top
     wait(browser, f"#approve-edit-{edit.pk}")
     shoot(browser, "122-fix-forward-to-approve")
     click_and_wait(browser, f"#approve-edit-{edit.pk}")
