@@ -10,14 +10,34 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from audit.models import AuditCheckpoint, AuditLog
+from audit.services import OPS_CHAIN, job_chain
 from audit.verification import VerificationReport, audit_verify
 from core.admin_base import ReadOnlyAdmin
+
+
+class ChainFilter(admin.SimpleListFilter):
+    """The operations chain (pauses, bulk operations, schedules...) or the jobs' chains:
+    an operator looking for who paused a queue should not have to type `?chain=ops`.
+    Not a plain field filter: that would list every job's chain."""
+
+    title = "chain"
+    parameter_name = "chain"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [(OPS_CHAIN, "operations (ops)"), ("jobs", "jobs")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[AuditLog]) -> QuerySet[AuditLog]:
+        if self.value() == OPS_CHAIN:
+            return queryset.filter(chain=OPS_CHAIN)  # audit_chain_seq_uniq serves it
+        if self.value() == "jobs":
+            return queryset.filter(chain__startswith=job_chain(""))
+        return queryset
 
 
 @admin.register(AuditLog)
 class AuditLogAdmin(ReadOnlyAdmin):
     list_display = ["ts", "chain", "seq", "event_type", "actor_type", "actor_id"]
-    list_filter = ["event_type", "actor_type"]
+    list_filter = [ChainFilter, "event_type", "actor_type"]
     search_fields = ["chain", "job_id"]
     ordering = ["-id"]
     show_full_result_count = False  # counting millions of rows on every page is slow

@@ -655,7 +655,7 @@ class BulkOperationAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         was_active = operation.active
         operation = bulk_operation_stop(operation_id=operation.id, actor_user=request.user)
-        done = f"{operation.processed} of {operation.total} dead letters handled"
+        done = f"{operation.processed} of {operation.total} {operation.subject}s handled"
         if operation.state == BulkState.RUNNING:
             messages.warning(
                 request, f"Stop requested; the {operation.action} ends before its next chunk."

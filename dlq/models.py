@@ -30,7 +30,8 @@ ACTIVE_STATES = (BulkState.QUEUED, BulkState.RUNNING)
 
 
 class BulkOperation(models.Model):
-    """A replay or discard of many dead letters, worked through by the dispatcher
+    """A replay or discard of many dead letters, or a cancel of many jobs by filter
+    (action `cancel`), worked through by the dispatcher
     (`dlq.bulk.bulk_operations_run_once`) in chunks, with its progress for the portal.
 
     The selection is kept as given (queue, ids, filters, limit) and evaluated chunk by
@@ -99,6 +100,20 @@ class BulkOperation(models.Model):
         if self.state == BulkState.DONE:
             return 100
         return min(100, round(100 * self.processed / self.total)) if self.total else 0
+
+    @property
+    def subject(self) -> str:
+        """What it works through, singular: a cancel handles jobs, the others dead letters."""
+        return "job" if self.action == BulkAction.CANCEL else "dead letter"
+
+    @property
+    def done_word(self) -> str:
+        """What became of each handled row, for "3 cancelled" (not "3 canceled")."""
+        return {
+            BulkAction.REPLAY: "replayed",
+            BulkAction.DISCARD: "discarded",
+            BulkAction.CANCEL: "cancelled",
+        }.get(BulkAction(self.action), f"{self.action}ed")
 
     @property
     def active(self) -> bool:

@@ -88,3 +88,18 @@ def test_audit_admin_stays_read_only(otp_admin_client):
     actions = [name for name, _ in changelist.context["action_form"].fields["action"].choices]
     assert "delete_selected" not in actions and "verify_selected_chains" in actions
     assert AuditLog.objects.count() == 4
+
+
+def test_the_log_list_filters_the_ops_chain_or_the_jobs_chains(otp_admin_client):
+    from audit.services import Actor
+    from jobs.services.queues import queue_pause
+
+    job = job_in_state("succeeded")
+    queue_pause(queue="sim", reason="INC-1", actor=Actor.system("test"))
+    listing = otp_admin_client.get("/admin/audit/auditlog/")
+    assert b"operations (ops)" in listing.content  # offered in the filter panel
+    ops = otp_admin_client.get("/admin/audit/auditlog/", {"chain": "ops"})
+    assert {e.chain for e in ops.context["cl"].result_list} == {"ops"}
+    assert [e.event_type for e in ops.context["cl"].result_list] == ["queue_paused"]
+    jobs = otp_admin_client.get("/admin/audit/auditlog/", {"chain": "jobs"})
+    assert {e.chain for e in jobs.context["cl"].result_list} == {job_chain(job.id)}

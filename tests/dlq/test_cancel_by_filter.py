@@ -194,3 +194,21 @@ def test_viewers_get_no_cancel_all_matching():
     portal = otp_login(Client(), role_user("viewer"))
     assert b"Cancel all matching" not in portal.get("/admin/jobs/job/").content
     assert portal.get("/admin/dlq/bulkoperation/cancel-jobs/").status_code == 403
+
+
+def test_a_background_cancel_says_it_handles_jobs_not_dead_letters(settings):
+    settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD = 2
+    _jobs(3, steps=8)
+    operator = role_user("operator")
+    portal = otp_login(Client(), operator)
+    portal.post(
+        "/admin/dlq/bulkoperation/cancel-jobs/?q=param%3Asteps%3D8", {"justification": "INC-7"}
+    )
+    operation = BulkOperation.objects.get(action="cancel")
+    page = portal.get(f"/admin/dlq/bulkoperation/{operation.id}/change/").content.decode()
+    assert "cancel of 3 jobs" in page and "0 cancelled" in page and "dead letter" not in page
+    stop = portal.post(f"/admin/dlq/bulkoperation/{operation.id}/stop/", follow=True)
+    assert [str(m) for m in stop.context["messages"]] == [
+        "The cancel is stopped (0 of 3 jobs handled)."
+    ]
+    assert "dead letter" not in stop.content.decode()
