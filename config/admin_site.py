@@ -130,14 +130,23 @@ class JobopsAdminSite(OTPAdminSite):
             org_ids: tuple[int, ...] | None = (chosen.pk,)
         else:
             org_ids = limited
+        overview = dashboard_overview(org_ids=org_ids)
+        # Read fresh, beside the cached snapshot: a pause shows at the next refresh, at
+        # the top too (on a phone the queue table is below the fold).
+        pauses = queue_pauses()
+        paused = [
+            f"Queue {name} is paused since {pause.paused_at:%H:%M} UTC: nothing of it runs "
+            "until it is resumed."
+            for name, pause in sorted(pauses.items())
+        ]
         return {
-            "overview": dashboard_overview(org_ids=org_ids),
+            "overview": overview,
+            "problems": paused + overview["problems"],
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
             "organisations": orgs,
             "chosen_org": chosen,
             "limited": limited is not None,
-            # Read fresh, beside the cached snapshot: a pause shows at the next refresh.
-            "pauses": queue_pauses(),
+            "pauses": pauses,
             "can_pause": can_pause_queues(request.user),
         }
 

@@ -405,6 +405,9 @@ def test_the_dashboard_offers_pause_only_to_unrestricted_operators_and_shows_the
     viewer = otp_login(Client(), role_user("viewer"))
     page = viewer.get("/admin/dashboard/panel/").content.decode()
     assert "queue-paused" in page
+    # At the top too, where a phone shows it without scrolling to the queue table.
+    status = page[page.index('id="portal-status"') : page.index("</div>")]
+    assert "Queue report is paused since" in status and "Needs attention" in status
     assert 'queue-pause"' not in page and "queue-resume" not in page
     limited_user = role_user("operator", username="bea")
     OperatorScope.objects.create(user=limited_user).organisations.add(OrganisationFactory())
