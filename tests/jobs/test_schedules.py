@@ -10,6 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
+from structlog.testing import capture_logs
 
 from audit.models import AuditLog
 from audit.services import Actor
@@ -153,10 +154,19 @@ def test_a_fire_that_cannot_create_its_job_is_logged_and_the_schedule_moves_on()
     org = schedule.org
     org.suspended_at = timezone.now()
     org.save()
-    due(schedule, minutes_ago=0)
-    assert schedules_fire_due() == {"fired": 1, "created": 0}
+    fire_time = due(schedule, minutes_ago=0)
+    with capture_logs() as logs:
+        assert schedules_fire_due() == {"fired": 1, "created": 0}
+    assert not Job.objects.exists()
+    (skipped,) = [e for e in logs if e["event"] == "schedule_fire_skipped"]
+    assert skipped["schedule"] == "nightly" and skipped["org_id"] == org.id
+    assert skipped["reason"] == "org_suspended" and skipped["fires"] == 1
     schedule.refresh_from_db()
-    assert schedule.next_fire_at > timezone.now()
+    assert schedule.next_fire_at > timezone.now() and schedule.last_fired_at == fire_time
+    # Skipped, not saved up: resumed, the organisation gets only the next fire.
+    org.suspended_at = None
+    org.save()
+    assert schedules_fire_due() == {"fired": 0, "created": 0}
 
 
 def run(*args):

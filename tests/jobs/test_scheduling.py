@@ -148,3 +148,40 @@ def test_the_owner_cancels_a_scheduled_job_through_the_api(api, user):
     response = api.post(f"{JOBS}/{job.id}/cancel")
     assert response.status_code == 200, response.json()
     assert response.json()["status"] == "cancelled"
+
+
+def test_a_repeat_of_a_scheduled_jobs_key_returns_the_scheduled_job(api):
+    run_at = (timezone.now() + timedelta(hours=1)).replace(microsecond=0)
+    body = {**SIM, "run_at": iso(run_at), "idempotency_key": "nightly-report"}
+    first = api.post(JOBS, body, format="json")
+    assert first.status_code == 201, first.json()
+    # The retried request, even with another run_at: the job the key made, still waiting.
+    again = api.post(JOBS, {**body, "run_at": iso(run_at + timedelta(minutes=5))}, format="json")
+    assert again.status_code == 200, again.json()
+    assert again.json()["id"] == first.json()["id"]
+    assert again.json()["status"] == "scheduled"
+    assert again.json()["run_at"] == first.json()["run_at"]
+    assert Job.objects.count() == 1
+    job = Job.objects.get()
+    assert job.run_at == run_at and job_events(job.id) == ["created"]
+
+
+def test_a_paused_queues_scheduled_job_comes_due_but_waits_unpublished_until_resume(broker):
+    from jobs.services import publish_due_once
+    from jobs.services.queues import queue_pause, queue_resume
+
+    job = scheduled_job(ahead=timedelta(seconds=30))
+    operator = Actor.system("test-operator")
+    queue_pause(queue=job.queue, reason="incident", actor=operator)
+    assert promote_due_jobs(now=timezone.now() + timedelta(seconds=31)) == 1
+    job.refresh_from_db()
+    assert job.status == "pending"
+    assert publish_due_once() == 0
+    job.refresh_from_db()
+    assert job.status == "pending"
+    queue_resume(queue=job.queue, reason="over", actor=operator)
+    assert publish_due_once() == 1
+    job.refresh_from_db()
+    assert job.status == "queued"
+    assert job_events(job.id) == ["created", "due", "queued"]
+    assert audit_verify(job_ids=[job.id]).ok
