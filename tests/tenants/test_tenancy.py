@@ -335,3 +335,12 @@ def test_the_schema_documents_the_correlation_header_and_the_tenant_fields(clien
     assert {"org_id", "project_id", "correlation_id"} <= set(output)
     codes = json.dumps(create["responses"])
     assert "ERR-TENANT-SUSPENDED" in codes and "ERR-TENANT-422" in codes
+
+
+def test_the_audit_context_function_is_inlined_into_the_statement():
+    # A SQL function the planner does not inline is planned again at every execution of
+    # the transition statement that calls it: 0.5 ms of every claim and finish.
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (VERBOSE) SELECT jobs_audit_context(j, 'r') FROM jobs j")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "jobs_audit_context" not in plan and "to_json" in plan
