@@ -9,17 +9,18 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from tests.factories import job_failed, otp_login, role_user
+from tests.factories import default_org, job_failed, otp_login, role_user
 
 pytestmark = pytest.mark.django_db
 MILLION = 1_000_000
 
 # A realistic million: nearly all ended over the last 30 days, a few hundred unfinished.
 FILL = """
-INSERT INTO jobs (id, type, category, queue, params, params_hash, status, owner_id,
+INSERT INTO jobs (id, type, category, queue, params, params_hash, status, owner_id, org_id,
                   cancel_requested, attempts, max_attempts, progress_percent, version,
                   created_at, updated_at, locked_by, locked_at)
-SELECT gen_random_uuid(), t.type, t.category, t.queue, '{}'::jsonb, 'x', s.status, %(owner)s, false,
+SELECT gen_random_uuid(), t.type, t.category, t.queue, '{}'::jsonb, 'x', s.status, %(owner)s,
+       %(org)s, false,
        1, 6, 0, 1, now() - make_interval(secs => g %% (30 * 86400)), now(),
        CASE WHEN s.status = 'running' THEN 'w' END,
        CASE WHEN s.status = 'running' THEN now() END
@@ -57,7 +58,7 @@ def test_the_dashboard_costs_the_same_few_queries_on_a_million_jobs(
     job_failed("TRANSIENT_EXTERNAL", job_type="erp")
     small, _ = _dashboard_queries(client)
     with connection.cursor() as cursor:
-        cursor.execute(FILL, {"owner": operator.pk, "n": MILLION})
+        cursor.execute(FILL, {"owner": operator.pk, "org": default_org().pk, "n": MILLION})
         cursor.execute("ANALYZE jobs")
     with django_assert_max_num_queries(small):
         page = client.get("/admin/")
@@ -66,5 +67,8 @@ def test_the_dashboard_costs_the_same_few_queries_on_a_million_jobs(
     assert sum(sum(q["unfinished"].values()) for q in overview["queues"]) == 4 * MILLION // 1000
     big, seconds = _dashboard_queries(client)
     print(f"dashboard: {small} queries with one job, {big} with a million; {seconds:.2f} s")
-    assert big == small <= 15, (small, big)
+    # 16: the queue pauses are read fresh beside the cached snapshot (a pause shows at
+    # the next refresh; docs/operator-controls.md#pausing-a-queue): one primary-key scan
+    # of a handful of rows, the same on a million jobs.
+    assert big == small <= 16, (small, big)
     assert seconds < 5, f"the dashboard took {seconds:.2f} s on a million jobs"
