@@ -105,9 +105,12 @@ def test_a_retried_attempt_reports_progress_from_zero(cam_worker):
     for entry in entries:
         data = json.loads(entry.payload)["data"]
         by_attempt.setdefault(data["attempt"], []).append(int(data["percent"]))
-    assert sorted(by_attempt) == [1, 2]
-    # Each entry records the percent the row held after the write: attempt 2's first is
-    # its own 10 %, not the maximum attempt 1 had reached.
+    # Attempts 1 and 2 at least: on a loaded machine the hard limit can end an attempt
+    # before the soft one, through the worker-lost path, which adds an attempt (the
+    # attempt count itself is the test above's).
+    assert {1, 2} <= set(by_attempt)
+    # Each entry records the percent the row held after the write: every retried
+    # attempt's first is its own 10 %, not the maximum an earlier attempt had reached.
     assert by_attempt[1][-1] > 10
-    assert by_attempt[2][0] == 10
+    assert all(by_attempt[n][0] == 10 for n in by_attempt if n > 1)
     assert by_attempt[2] == sorted(by_attempt[2])  # monotonic within the attempt
