@@ -27,8 +27,9 @@ from django.db.models import Exists, Model, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
 from audit.models import ActorType, AuditLog
-from audit.services import job_chain
+from audit.services import Actor, job_chain
 from core.db import Rows, execute_prepared, model_from_row, read_within
+from core.errors import ApplicationError
 from core.ids import IdFragment, id_fragment
 from jobs.backpressure import queue_depth_cached
 from jobs.errors import TIME_LIMIT
@@ -37,7 +38,7 @@ from jobs.models import Artefact, DeadLetter, Job, PurgeState, QueuePause
 from jobs.queries import QUERIES
 from jobs.states import Status
 from jobs.types import primary_queue_names
-from tenants.selectors import Viewer, viewer_for
+from tenants.selectors import Viewer, actor_for, administers, viewer_for
 
 M = TypeVar("M", bound=Model)
 
@@ -60,6 +61,35 @@ def viewer_q(viewer: Viewer, *, prefix: str = "") -> Q:
 
 def job_visible_queryset(*, user: Any, staff: bool = False) -> QuerySet[Job]:
     return Job.objects.filter(viewer_q(viewer_for(user, staff=staff)))
+
+
+def job_actor_for_user(
+    *,
+    job_id: uuid.UUID | str,
+    user: Any,
+    staff: bool,
+    permission: str,
+    forbidden: type[ApplicationError],
+) -> Actor:
+    """Who acts when `user` changes a job through the API (a cancel, a retry), with one
+    visibility read: its owner as themselves (or their service account); an admin of
+    the job's organisation, or staff powers with `permission`, as an operator. A job
+    the user may not see is JobNotFoundError (404, never 403: ids cannot be probed);
+    one they see but may not change, `forbidden`."""
+    found = (
+        job_visible_queryset(user=user, staff=staff)
+        .filter(id=job_id)
+        .values_list("owner_id", "org_id")
+        .first()
+    )
+    if found is None:
+        raise JobNotFoundError()
+    owner_id, org_id = found
+    if owner_id == user.pk:
+        return actor_for(user)
+    if (staff and user.has_perm(permission)) or administers(user, org_id):
+        return Actor.operator(user)
+    raise forbidden()
 
 
 def _visibility(user: Any, staff: bool) -> dict[str, Any]:

@@ -7,14 +7,12 @@ from typing import Any
 
 from django.db import transaction
 
-from audit.models import ActorType
 from audit.services import Actor
 from jobs.exceptions import JobCancelForbiddenError, JobNotFoundError, TransitionRefusedError
 from jobs.models import Job
-from jobs.selectors import job_visible_queryset
+from jobs.selectors import job_actor_for_user
 from jobs.services.transitions import job_cancel_request, transition
 from jobs.states import Status
-from tenants.selectors import actor_for, administers
 
 
 def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
@@ -44,21 +42,13 @@ def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
 def job_cancel_for_user(*, job_id: uuid.UUID | str, user: Any, staff: bool = False) -> Job:
     """Cancel on behalf of `user` (the API): their own job; any job of an organisation
     they administer; or, with staff powers (staff with a verified second factor) and the
-    operator's `jobs.cancel_job` permission, any job they may see. One visibility read; a
-    job the user may not see is not found (404, never 403, so ids cannot be probed).
-    Audited as the user (or service account) for their own job, as an operator
-    otherwise."""
-    found = (
-        job_visible_queryset(user=user, staff=staff)
-        .filter(id=job_id)
-        .values_list("owner_id", "org_id")
-        .first()
+    operator's `jobs.cancel_job` permission, any job they may see
+    (jobs.selectors.job_actor_for_user decides, and who is audited)."""
+    actor = job_actor_for_user(
+        job_id=job_id,
+        user=user,
+        staff=staff,
+        permission="jobs.cancel_job",
+        forbidden=JobCancelForbiddenError,
     )
-    if found is None:
-        raise JobNotFoundError()
-    owner_id, org_id = found
-    if owner_id == user.pk:
-        return job_cancel(job_id=job_id, actor=actor_for(user))
-    if not (staff and user.has_perm("jobs.cancel_job")) and not administers(user, org_id):
-        raise JobCancelForbiddenError()
-    return job_cancel(job_id=job_id, actor=Actor(ActorType.OPERATOR, str(user.pk)))
+    return job_cancel(job_id=job_id, actor=actor)

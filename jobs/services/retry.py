@@ -28,12 +28,12 @@ from jobs.exceptions import (
     TransitionRefusedError,
 )
 from jobs.models import DeadLetter, DeadLetterState, Job
-from jobs.selectors import job_visible_queryset
+from jobs.selectors import job_actor_for_user
 from jobs.services.creation import job_create
 from jobs.services.transitions import job_audit, transition
 from jobs.states import Status
 from jobs.types import get_type
-from tenants.selectors import Placement, actor_for, administers, operator_org_ids
+from tenants.selectors import Placement, operator_org_ids
 
 # A retry's reason and a re-run's justification: a sentence, not a document.
 MAX_REASON_CHARS = 1000
@@ -82,21 +82,13 @@ def job_retry_for_user(
     not see is not found (404). Audited as the user (or service account) for their own
     job, as an operator otherwise."""
     justification = clean_reason(reason, field="reason", required=False) or DEFAULT_RETRY_REASON
-    found = (
-        job_visible_queryset(user=user, staff=staff)
-        .filter(id=job_id)
-        .values_list("owner_id", "org_id")
-        .first()
+    actor = job_actor_for_user(
+        job_id=job_id,
+        user=user,
+        staff=staff,
+        permission=REPLAY_PERMISSION,
+        forbidden=JobRetryForbiddenError,
     )
-    if found is None:
-        raise JobNotFoundError()
-    owner_id, org_id = found
-    if owner_id == user.pk:
-        actor = actor_for(user)
-    elif (staff and user.has_perm(REPLAY_PERMISSION)) or administers(user, org_id):
-        actor = Actor.operator(user)
-    else:
-        raise JobRetryForbiddenError()
     return job_retry_failed(job_id=job_id, actor=actor, user=user, justification=justification)
 
 
