@@ -114,11 +114,6 @@ def administers(user: Any, org_id: int) -> bool:
     return any(m.org_id == org_id and m.role == Role.ADMIN for m in memberships_of(user))
 
 
-def staff_org_ids(user: Any) -> tuple[int, ...] | None:
-    """The organisations a staff member acts on in the portal; None: all of them."""
-    return operator_org_ids(user)
-
-
 def operator_organisations(user: Any) -> list[Organisation]:
     """The organisations the portal shows a staff member, by slug: all of them, or
     those an operator scope limits them to (their filters offer no other)."""
@@ -179,10 +174,6 @@ def placement_for(user: Any, *, org: str | None = None, project: str | None = No
 
 def organisation_get(slug: str) -> Organisation | None:
     return Organisation.objects.filter(slug=slug).first()
-
-
-def suspended_org_ids() -> set[int]:
-    return set(Organisation.objects.filter(suspended_at__isnull=False).values_list("id", flat=True))
 
 
 def is_service_account(user: Any) -> bool:

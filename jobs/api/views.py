@@ -115,7 +115,19 @@ def _etag_matches(request: Request, etag: str) -> bool:
     return "*" in tags or any(tag.removeprefix("W/") == etag for tag in tags)
 
 
-class JobCreateApi(APIView):
+class RateLimitedApi(APIView):
+    """A view whose POSTs the create throttle counts: every answer, refusals included,
+    carries the caller's allowance (the RateLimit-* headers the throttle computed)."""
+
+    def finalize_response(
+        self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        for name, value in getattr(request, "rate_limit_headers", {}).items():
+            response.setdefault(name, value)
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+class JobCreateApi(RateLimitedApi):
     """POST /api/v1/jobs: create a job, or return the one its idempotency key made."""
 
     required_scope: RequiredScope = Scope.JOBS_WRITE
@@ -183,14 +195,6 @@ class JobCreateApi(APIView):
                         {name: ["Unknown field; server fields cannot be set."] for name in unknown}
                     )
             return super().to_internal_value(data)
-
-    def finalize_response(
-        self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any
-    ) -> HttpResponseBase:
-        # Every answer to a counted POST, refusals included, carries the allowance.
-        for name, value in getattr(request, "rate_limit_headers", {}).items():
-            response.setdefault(name, value)
-        return super().finalize_response(request, response, *args, **kwargs)
 
     @extend_schema(
         operation_id="jobs_create",
@@ -422,7 +426,7 @@ class JobCancelApi(APIView):
         return Response(job_body(job, request), headers={"ETag": job.etag})
 
 
-class JobRetryApi(APIView):
+class JobRetryApi(RateLimitedApi):
     """POST /api/v1/jobs/{id}/retry: the owner runs a failed job again
     (docs/api.md#retrying-a-failed-job).
 
@@ -444,13 +448,6 @@ class JobRetryApi(APIView):
                 'Default: "retried by owner".'
             ),
         )
-
-    def finalize_response(
-        self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any
-    ) -> HttpResponseBase:
-        for name, value in getattr(request, "rate_limit_headers", {}).items():
-            response.setdefault(name, value)
-        return super().finalize_response(request, response, *args, **kwargs)
 
     @extend_schema(
         operation_id="jobs_retry",
