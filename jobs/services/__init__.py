@@ -1,4 +1,4 @@
-"""Write paths for jobs: the only code that changes a job (STYLE.md).
+"""Write paths for jobs: the only code that changes a job.
 
 Split by concern, re-exported here so that callers say `from jobs.services import ...`:
 
