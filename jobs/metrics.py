@@ -189,10 +189,10 @@ def metrics_refresh_gauges() -> dict[str, float]:
 
 
 def metrics_refresh_liveness() -> dict[str, float]:
-    """Live workers per queue and live dispatchers, from their Redis heartbeats."""
+    """Live workers per queue and live dispatchers, from their heartbeats (jobs/liveness.py)."""
     try:
         found = live_processes()
-    except Exception as exc:  # Redis down: say nothing rather than "nobody is alive"
+    except Exception as exc:  # store down: say nothing rather than "nobody is alive"
         log.warning("liveness_refresh_failed", error=repr(exc))
         return {}
     per_queue = dict.fromkeys(primary_queue_names(), 0)

@@ -15,6 +15,10 @@ class Command(BaseCommand):
     help = "Declare the RabbitMQ exchanges, queues and bindings (idempotent)."
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not settings.JOBOPS_BROKER:
+            # `make run` calls this in every mode; without a broker there is nothing to do.
+            self.stdout.write("JOBOPS_BROKER is off: no RabbitMQ topology to declare")
+            return
         conflicts: list[str] = []
         plan = topology()
         with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
