@@ -284,7 +284,7 @@ def _outbox_post(*, session: requests.Session, url: str, row: OutboxRow) -> str:
         elif outcome == RETRY:
             log.warning("erp_event_retry", status=status, reason=reason)
         else:
-            log.error("erp_event_refused", status=status, reason=reason, event=row.body[:2000])
+            log.error("erp_event_refused", status=status, reason=reason, body=row.body[:2000])
     return outcome
 
 

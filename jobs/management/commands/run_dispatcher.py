@@ -46,7 +46,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        refuse_privileged_database_role()
         if not role_steps(options["role"]):
             raise CommandError(
                 f"--role {options['role']} has nothing to do with JOBOPS_BROKER off "
@@ -54,6 +53,7 @@ class Command(BaseCommand):
             )
         if options["republish_queued"] and not settings.JOBOPS_BROKER:
             raise CommandError("--republish-queued needs a broker (JOBOPS_BROKER is off)")
+        refuse_privileged_database_role()
         configure_tracing("dispatcher")
         if options["republish_queued"]:
             republish_queued()
