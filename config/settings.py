@@ -396,19 +396,24 @@ for _type, _spec in JOB_TYPES.items():
             f"{', '.join(JOB_CATEGORIES)}"
         )
 
-# Which executor runs each queue: `celery` (RabbitMQ) or `postgres` (manage.py
-# run_worker), from JOBOPS_EXECUTOR_<QUEUE> (JOBOPS_EXECUTOR_SIM=postgres). Read through
-# jobs.types.queue_executor. Without a broker every queue must be a postgres queue: a
-# celery queue's jobs would wait `pending` forever.
-JOBOPS_EXECUTORS: dict[str, str] = {}
-for _queue in dict.fromkeys(str(t["queue"]) for t in JOB_TYPES.values()):
-    _executor = env_str(f"JOBOPS_EXECUTOR_{_queue.upper()}", "celery")
-    if _executor not in ("celery", "postgres"):
+# The executor of each queue (docs/configuration.md#services), one row per queue of the
+# types table: `celery` (the default: the dispatcher publishes its jobs to RabbitMQ and
+# Celery workers run them) or `postgres` (`manage.py run_worker` claims its jobs from
+# PostgreSQL in batches; nothing goes through the broker).
+# JOBOPS_EXECUTOR_<QUEUE>=postgres, e.g. JOBOPS_EXECUTOR_SIM=postgres.
+JOBOPS_EXECUTORS = ("celery", "postgres")
+JOBOPS_QUEUE_EXECUTORS: dict[str, str] = {}
+for _queue in dict.fromkeys(str(_spec["queue"]) for _spec in JOB_TYPES.values()):
+    _variable = f"JOBOPS_EXECUTOR_{_queue.upper()}"
+    _executor = env_str(_variable, "celery").strip().lower()
+    if _executor not in JOBOPS_EXECUTORS:
         raise ImproperlyConfigured(
-            f"JOBOPS_EXECUTOR_{_queue.upper()}={_executor!r} is not celery or postgres"
+            f"{_variable}={_executor!r} must be one of {', '.join(JOBOPS_EXECUTORS)}"
         )
-    JOBOPS_EXECUTORS[_queue] = _executor
-_broker_queues = sorted(q for q, e in JOBOPS_EXECUTORS.items() if e != "postgres")
+    JOBOPS_QUEUE_EXECUTORS[_queue] = _executor
+# Without a broker every queue must be a postgres queue: a celery queue's jobs would
+# wait `pending` forever (docs/smallest-deployment.md).
+_broker_queues = [q for q, e in JOBOPS_QUEUE_EXECUTORS.items() if e != "postgres"]
 if not JOBOPS_BROKER and _broker_queues:
     raise ImproperlyConfigured(
         "JOBOPS_BROKER=off needs every queue on the PostgreSQL executor; set "

@@ -224,4 +224,4 @@ def test_postgres_alone_starts_with_every_queue_on_postgres():
 def test_an_unknown_executor_is_named():
     result = _start(DEBUG="true", JOBOPS_EXECUTOR_SIM="rq")
     assert result.returncode != 0
-    assert "JOBOPS_EXECUTOR_SIM='rq' is not celery or postgres" in result.stderr
+    assert "JOBOPS_EXECUTOR_SIM='rq' must be one of celery, postgres" in result.stderr

@@ -31,7 +31,7 @@ SIM = {"type": "sim", "params": {"steps": 1, "step_seconds": 0}}
 def postgres_alone(settings):
     settings.JOBOPS_BROKER = False
     settings.JOBOPS_REDIS = False
-    settings.JOBOPS_EXECUTORS = dict.fromkeys(settings.JOBOPS_EXECUTORS, "postgres")
+    settings.JOBOPS_QUEUE_EXECUTORS = dict.fromkeys(settings.JOBOPS_QUEUE_EXECUTORS, "postgres")
     settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     settings.CACHES = {"default": {"BACKEND": "core.kv.KvCache", "KEY_PREFIX": "jobops"}}
