@@ -39,7 +39,7 @@ from django.utils import timezone
 from core.broker import queue_depths
 from dlq.broker import BROKER_ERRORS
 from dlq.selectors import dead_letters_in_orgs, open_counts_by_queue
-from jobs.liveness import live_processes, missing_processes
+from jobs.liveness import live_processes, missing_processes, workers_of
 from jobs.models import DeadLetter
 from jobs.selectors import job_counts_by_queue, job_health_gauges, purge_last
 from jobs.topology import dlq_name
@@ -264,7 +264,7 @@ def _liveness() -> tuple[Processes | None, str | None]:
 def _workers_for(queue: str, processes: Processes | None) -> int | None:
     if processes is None:
         return None
-    return sum(1 for w in processes.get("worker", []) if queue in w.get("queues", []))
+    return sum(1 for w in workers_of(processes) if queue in w.get("queues", []))
 
 
 def _problems(overview: dict[str, Any], processes: Processes | None) -> list[str]:

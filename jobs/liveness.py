@@ -52,10 +52,20 @@ def beat_end(kind: str) -> None:
         log.warning("heartbeat_end_failed", kind=kind, error=repr(exc))
 
 
+# The kinds of process that run jobs: Celery workers, and the PostgreSQL executor's
+# `manage.py run_worker` (a queue is served by either).
+WORKER_KINDS = ("worker", "run_worker")
+
+
+def workers_of(found: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The live processes of `found` that run jobs, of every kind."""
+    return [w for kind in WORKER_KINDS for w in found.get(kind, [])]
+
+
 def missing_processes(found: dict[str, list[dict[str, Any]]]) -> list[str]:
     """What has no live process: the dispatcher, or a primary queue without a worker."""
     missing = [] if found.get("dispatcher") else ["dispatcher"]
-    served = {q for w in found.get("worker", []) for q in w["queues"]}
+    served = {q for w in workers_of(found) for q in w["queues"]}
     return missing + [f"worker for queue {q}" for q in primary_queue_names() if q not in served]
 
 

@@ -9,8 +9,10 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from jobs.liveness import missing_processes
 from jobs.metrics import metrics_refresh_liveness
 from jobs.redis_client import redis_client, redis_key
+from jobs.types import primary_queue_names
 from tests.polling import wait_for
 from tests.processes import celery_worker, dispatcher_process
 
@@ -71,3 +73,14 @@ def test_liveness_passes_when_everything_has_a_process(settings):
         out = StringIO()
         call_command("liveness", stdout=out)
         assert "dispatcher" in out.getvalue() and "queues=cam," in out.getvalue()
+
+
+def test_a_queue_served_by_run_worker_is_not_missing():
+    found = {
+        "dispatcher": [{"queues": []}],
+        "run_worker": [{"queues": ["sim"]}],
+        "worker": [{"queues": [q for q in primary_queue_names() if q != "sim"]}],
+    }
+    assert missing_processes(found) == []
+    del found["run_worker"]
+    assert missing_processes(found) == ["worker for queue sim"]
