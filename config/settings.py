@@ -396,7 +396,7 @@ for _type, _spec in JOB_TYPES.items():
             f"{', '.join(JOB_CATEGORIES)}"
         )
 
-# The executor of each queue (docs/configuration.md#services), one row per queue of the
+# The executor of each queue (docs/postgres-executor.md), one row per queue of the
 # types table: `celery` (the default: the dispatcher publishes its jobs to RabbitMQ and
 # Celery workers run them) or `postgres` (`manage.py run_worker` claims its jobs from
 # PostgreSQL in batches; nothing goes through the broker).
@@ -418,6 +418,23 @@ if not JOBOPS_BROKER and _broker_queues:
     raise ImproperlyConfigured(
         "JOBOPS_BROKER=off needs every queue on the PostgreSQL executor; set "
         + ", ".join(f"JOBOPS_EXECUTOR_{q.upper()}=postgres" for q in _broker_queues)
+    )
+# run_worker (the postgres executor): its runners are processes (`processes`, the
+# default: a handler's time limits are enforced, CPU-bound work runs in parallel) or
+# threads (`threads`: cheaper, for I/O-bound types; no time limit can stop a thread, the
+# reaper reclaims a job that overran its hard limit); --pool overrides it.
+JOBOPS_WORKER_POOL = env_str("JOBOPS_WORKER_POOL", "processes")
+if JOBOPS_WORKER_POOL not in ("processes", "threads"):
+    raise ImproperlyConfigured(
+        f"JOBOPS_WORKER_POOL={JOBOPS_WORKER_POOL!r} must be processes or threads"
+    )
+# With no NOTIFY (a retry coming due, a resumed queue), run_worker looks for due jobs
+# at least this often; and on SIGTERM it lets running jobs finish for this long.
+JOBOPS_WORKER_POLL_SECONDS = env_float("JOBOPS_WORKER_POLL_SECONDS", 1.0)
+JOBOPS_WORKER_GRACE_SECONDS = env_float("JOBOPS_WORKER_GRACE_SECONDS", 30.0)
+if JOBOPS_WORKER_POLL_SECONDS <= 0 or JOBOPS_WORKER_GRACE_SECONDS < 0:
+    raise ImproperlyConfigured(
+        "JOBOPS_WORKER_POLL_SECONDS must be above 0 and JOBOPS_WORKER_GRACE_SECONDS not negative"
     )
 
 # The work a job's params plan (a schema's estimate, e.g. sim steps x step_seconds) may

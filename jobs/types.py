@@ -89,7 +89,7 @@ def primary_queue_names() -> list[str]:
     return list(dict.fromkeys(t.queue for t in all_types().values()))
 
 
-# A queue's executor (settings.JOBOPS_QUEUE_EXECUTORS, docs/configuration.md#services).
+# A queue's executor (settings.JOBOPS_QUEUE_EXECUTORS, docs/postgres-executor.md).
 CELERY, POSTGRES = "celery", "postgres"
 
 

@@ -12,15 +12,11 @@ import requests
 from rest_framework.authtoken.models import Token
 
 from tests.e2e.live_api import gunicorn_server
-from tests.factories import role_user, totp_code, totp_device
+from tests.factories import OrganisationFactory, role_user, totp_code, totp_device
 from tests.polling import wait_for
 from tests.processes import dispatcher_process, free_port, run_manage, run_worker_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-# run_worker comes with the PostgreSQL executor; until that is merged there is no
-# worker to run the jobs. (Delete this line once it is.)
-pytest.importorskip("jobs.management.commands.run_worker")
 
 QUEUES = ("DEFAULT", "MODEL", "CAM", "SIM", "REPORT", "ERP")
 CREATE_PER_USER = 8
@@ -63,7 +59,9 @@ def test_the_readme_walk_through_runs_on_postgresql_alone(deployment):
     assert ready.json()["checks"] == {"postgres": {"ok": True}}
     assert ready.json()["off"] == ["rabbitmq", "redis"]
 
-    # 1. A token, as the README makes it: the default organisation's service account.
+    # 1. A token, as the README makes it: the default organisation's service account
+    #    (the organisation a migration made, and a transactional test may have flushed).
+    OrganisationFactory(slug="default")
     made = run_manage("org", "token", "default", "readme", "--quiet", env=_manage_env(env))
     assert made.returncode == 0, made.stdout + made.stderr
     auth = {"Authorization": f"Token {made.stdout.strip().splitlines()[-1]}"}
