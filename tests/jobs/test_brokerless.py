@@ -77,6 +77,13 @@ def test_run_dispatcher_refuses_a_role_with_nothing_to_do():
         call_command("run_dispatcher", "--role", "publish", "--once")
 
 
+def test_relay_outbox_says_there_is_nothing_to_relay_to_but_still_prunes(capsys):
+    with pytest.raises(CommandError, match="no exchange to relay to"):
+        call_command("relay_outbox", "--once")
+    call_command("relay_outbox", "--prune-days", "1")
+    assert "pruned 0 relayed events" in capsys.readouterr().out
+
+
 def test_setup_topology_declares_nothing(capsys):
     call_command("setup_topology")
     assert "JOBOPS_BROKER is off" in capsys.readouterr().out
