@@ -12,14 +12,18 @@
    organisation or a paused queue is held (back to `pending`, no attempt spent:
    jobs.services.holds) and the message acked; anything else (a duplicate, a stale
    message, the job runs elsewhere) is acked, nothing done.
-3. Run the handler with a `JobContext` while the process's heartbeat thread refreshes
-   the lock.
+3. While the job's connector's breaker is open, do not start it: defer it (`retrying`
+   until the probe time plus jitter, audited `deferred`, its attempt given back:
+   jobs.services.connectors). Else run the handler with a `JobContext` while the
+   process's heartbeat thread refreshes the lock.
 4. Record the outcome, fenced by `Fence(locked_by, attempt)`: succeeded; retrying
-   with a jittered backoff (the dispatcher republishes it when due; the soft time
-   limit only JOBOPS_TIME_LIMIT_RETRIES times per job); failed with a dead letter,
-   committed BEFORE the message is rejected with requeue=False so that the broker DLQ
-   gets its copy; cancelled. `JobLost` anywhere: stop, ack, write nothing more. The
-   database unreachable: reject with requeue=True and decide nothing.
+   with a jittered backoff, or the connector's Retry-After when longer, or until its
+   breaker's probe once a connector failure opened it (the dispatcher republishes it
+   when due; the soft time limit only JOBOPS_TIME_LIMIT_RETRIES times per job);
+   failed with a dead letter, committed BEFORE the message is rejected with
+   requeue=False so that the broker DLQ gets its copy; cancelled. `JobLost` anywhere:
+   stop, ack, write nothing more. The database unreachable: reject with requeue=True
+   and decide nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ from jobs.services import (
     Fence,
     HoldReason,
     artefact_save,
-    backoff_delay,
     job_cancel_confirm,
     job_claim,
     job_fail_with_dead_letter,
@@ -57,7 +60,14 @@ from jobs.services import (
     job_progress_write,
     job_retry,
     job_succeed,
+    retry_delay,
     validate_result,
+)
+from jobs.services.connectors import (
+    connector_failure_record,
+    connector_gate,
+    connector_probe_release,
+    connector_success_record,
 )
 from jobs.types import JobType, get_type
 
@@ -396,6 +406,19 @@ def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
     ctx = JobContext(job=job, fence=fence, log=log)
     spec = get_type(job.type)
     assert spec is not None
+    # docs/connectors.md: while the job's connector's breaker is open, the job does not
+    # start; it waits `retrying` for the probe, its attempt given back.
+    try:
+        gate = connector_gate(job=job, fence=fence)
+    except JobLost:
+        log.warning("job_lost_stopping")
+        return {"job_id": str(job_id), "outcome": "lost"}
+    except DB_DOWN_ERRORS as exc:
+        raise _requeue_db_down(log, exc) from exc
+    if gate.deferred is not None:
+        connector = gate.connector.name if gate.connector else None
+        log.info("job_deferred", connector=connector, delay=round(gate.delay, 3))
+        return {"job_id": str(job_id), "outcome": "deferred", "delay": gate.delay}
     log.info("job_started")
     HEARTBEATS.add(ctx)
     outcome, error, result = "succeeded", None, None
@@ -419,16 +442,26 @@ def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
         HEARTBEATS.remove(ctx)
         in_progress.dec()
         metrics.JOB_DURATION.labels(type=job.type).observe(time.monotonic() - started)
-    if outcome == "lost" or ctx._lost.is_set():
-        log.warning("job_lost_stopping")
-        return {"job_id": str(job_id), "outcome": "lost"}
     try:
+        if outcome == "lost" or ctx._lost.is_set():
+            log.warning("job_lost_stopping")
+            return {"job_id": str(job_id), "outcome": "lost"}
         return _finish(ctx=ctx, job=job, spec=spec, outcome=outcome, error=error, result=result)
     except JobLost:
         log.warning("job_lost_stopping")
         return {"job_id": str(job_id), "outcome": "lost"}
     except DB_DOWN_ERRORS as exc:
         raise _requeue_db_down(log, exc) from exc
+    finally:
+        if gate.probe:  # a probe that told nothing lets the next due job probe
+            _release_probe(gate=gate, job_id=job_id, log=log)
+
+
+def _release_probe(*, gate: Any, job_id: uuid.UUID, log: Any) -> None:
+    try:
+        connector_probe_release(gate=gate, job_id=job_id)
+    except Exception as exc:  # the database away: the probe's lease runs out instead
+        log.warning("connector_probe_release_failed", error=repr(exc))
 
 
 def _finish(
@@ -445,6 +478,7 @@ def _finish(
     summary: dict[str, Any] = {"job_id": str(job.id), "attempt": fence.attempt}
     if outcome == "succeeded":
         job_succeed(job_id=job.id, fence=fence, result=result, progress=progress)
+        connector_success_record(spec=spec, job_id=job.id)
         log.info("job_succeeded")
         return {**summary, "outcome": "succeeded"}
     if outcome == "cancelled":
@@ -462,8 +496,21 @@ def _finish(
         return {**summary, "outcome": "cancelled"}
     if isinstance(error, SoftTimeLimitExceeded):
         kind, message = _time_limit_outcome(job=job, spec=spec, attempt=fence.attempt)
-    if kind == "retry" and fence.attempt < job.max_attempts:
-        delay = backoff_delay(attempt=fence.attempt, cap=spec.backoff_cap)
+    # A connector failure counts toward its breaker (docs/connectors.md); once the
+    # breaker holds the connector's jobs, this one waits for the probe too, and is not
+    # dead-lettered for an outage the breaker saw.
+    seen = (
+        connector_failure_record(spec=spec, job_id=job.id, error=error) if kind == "retry" else None
+    )
+    held = seen is not None and seen.holds_jobs
+    if kind == "retry" and (fence.attempt < job.max_attempts or held):
+        delay = retry_delay(
+            attempt=fence.attempt,
+            cap=spec.backoff_cap,
+            retry_after=getattr(error, "retry_after", None),
+        )
+        if seen is not None and held:
+            delay = max(delay, seen.wait)
         job_retry(
             job_id=job.id,
             fence=fence,
@@ -471,6 +518,8 @@ def _finish(
             error_code=code,
             error_message=message,
             progress=progress,
+            breaker=seen.state if seen is not None and held else None,
+            extend_attempts=1 if held and fence.attempt >= job.max_attempts else 0,
         )
         log.warning("job_retrying", error_code=code, delay=round(delay, 3), error=message)
         return {**summary, "outcome": "retrying", "delay": delay}

@@ -56,6 +56,7 @@ from jobs.services.worker import (
     job_progress_write,
     job_retry,
     job_succeed,
+    retry_delay,
     validate_result,
 )
 
@@ -98,6 +99,7 @@ __all__ = [
     "reap_once",
     "release_keys_once",
     "republish_queued",
+    "retry_delay",
     "transition",
     "transition_many",
     "validate_idempotency_key",

@@ -34,6 +34,16 @@ def backoff_delay(*, attempt: int, cap: float, base: float | None = None) -> flo
     return min(cap, base * 2 ** (max(attempt, 1) - 1)) * random.uniform(0.5, 1.5)
 
 
+def retry_delay(*, attempt: int, cap: float, retry_after: float | None = None) -> float:
+    """The wait before the next attempt: the backoff, or the connector's own Retry-After
+    when that is longer (docs/connectors.md#provider-aware-backoff), honoured up to
+    JOBOPS_RETRY_AFTER_MAX_SECONDS."""
+    delay = backoff_delay(attempt=attempt, cap=cap)
+    if retry_after is not None:
+        delay = max(delay, min(float(retry_after), settings.JOBOPS_RETRY_AFTER_MAX_SECONDS))
+    return delay
+
+
 def job_claim(*, job_id: uuid.UUID | str, locked_by: str, org_id: int | None = None) -> Job | None:
     """Claim a job for one run (docs/architecture.md); None when it is not claimable.
 
@@ -161,11 +171,17 @@ def job_retry(
     error_code: str,
     error_message: str,
     progress: dict[str, Any] | None = None,
+    breaker: str | None = None,
+    extend_attempts: int = 0,
 ) -> Job:
     """`running` -> `retrying` with `next_run_at = now + delay`; the dispatcher republishes.
 
     No Celery countdown/ETA: the wait lives in the database, survives a worker restart
     and holds no prefetch slot (docs/architecture.md#outcomes-of-a-run).
+    `breaker`: the state of the job's connector's breaker when it is not closed (the
+    job waits for its probe, docs/connectors.md); `extend_attempts`: its budget grows
+    (`max_attempts`) by this many, as a replay's: a job on its last attempt whose
+    failure the breaker saw waits for the probe instead of dead-lettering.
     """
     return _leave_running(
         job_id=job_id,
@@ -173,8 +189,13 @@ def job_retry(
         target=Status.RETRYING,
         progress=progress,
         run_in=delay,
+        extend_attempts=extend_attempts,
         fields={"last_error_code": error_code, "last_error_message": error_message[:2000]},
-        audit_data={"error_code": error_code, "delay_ms": round(delay * 1000)},
+        audit_data={
+            "error_code": error_code,
+            "delay_ms": round(delay * 1000),
+            **({"breaker": breaker, "attempts_extended": extend_attempts} if breaker else {}),
+        },
     )
 
 
