@@ -198,7 +198,6 @@ def metrics_refresh_gauges() -> dict[str, float]:
     for connector in set(all_connectors()) | set(breakers):
         state = CONNECTOR_STATE_VALUES.get(breakers.get(connector, "closed"), 0)
         CONNECTOR_STATE.labels(connector=connector).set(state)
-    values["connectors_open"] = float(sum(1 for s in breakers.values() if s == "open"))
     metrics_refresh_liveness()
     return values
 
