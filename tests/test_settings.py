@@ -231,7 +231,7 @@ def test_a_connector_named_by_a_type_gets_its_own_breaker_settings():
             sys.executable,
             "-c",
             "import django; django.setup(); from django.conf import settings as s; "
-            "print(s.JOBOPS_CONNECTORS['openai']['failures'], s.JOBOPS_CONNECTORS['erp']['failures'])",
+            "c = s.JOBOPS_CONNECTORS; print(c['openai']['failures'], c['erp']['failures'])",
         ],
         cwd=ROOT,
         env={
