@@ -7,6 +7,7 @@ DEBUG off, `check_production_safety` refuses to start on an unsafe default.
 from __future__ import annotations
 
 import base64
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -358,6 +359,8 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "time_limit": 300,
         "params_serializer": "jobs.params.ErpParams",
         "handler": "jobs.handlers.erp.run",
+        # The external system its handler calls: its breaker (docs/connectors.md).
+        "connector": "erp",
     },
 }
 # A deployment swaps handlers without code changes: {"sim": "mypkg.handlers.sim"}.
@@ -371,7 +374,9 @@ for _type, _path in env_json("JOBOPS_HANDLERS", {}).items():
 # A type's own key TTL or retention (a duration: "14d") replaces its category's.
 # A type's own max_retries or backoff_cap replaces its category's (JOBOPS_CATEGORY_RETRIES).
 _TYPE_DURATIONS = {"key_ttl", "retention"}
-_TYPE_FIELDS = _TYPE_DURATIONS | set(_RETRY_FIELDS)
+# A type's connector (and whether its create answers 409 while the connector is open) may
+# be set on any type: {"ai": {"connector": "openai", "connector_open": "refuse"}}.
+_TYPE_FIELDS = _TYPE_DURATIONS | set(_RETRY_FIELDS) | {"connector", "connector_open"}
 for _type, _fields in env_json("JOBOPS_JOB_TYPES", {}).items():
     if _type not in JOB_TYPES or not set(_fields) <= set(JOB_TYPES[_type]) | _TYPE_FIELDS:
         raise ImproperlyConfigured(f"JOBOPS_JOB_TYPES: unknown type or field in {_type!r}")
@@ -420,6 +425,82 @@ if JOBOPS_WORKER_POLL_SECONDS <= 0 or JOBOPS_WORKER_GRACE_SECONDS < 0:
     raise ImproperlyConfigured(
         "JOBOPS_WORKER_POLL_SECONDS must be above 0 and JOBOPS_WORKER_GRACE_SECONDS not negative"
     )
+
+# Connectors and their breakers (docs/connectors.md). A type names the external system
+# its handler calls (`connector`); each connector's breaker opens after `failures`
+# consecutive connector failures (timeouts, 5xx, connection errors), stays open
+# `cooldown_seconds`, then lets one job probe. Jobs that meet an open breaker wait
+# `retrying` until its probe time plus up to `jitter_seconds`; those that meet a probe
+# under way wait `probe_wait_seconds` (plus jitter). A type's `connector_open`: "wait"
+# (the default: creation accepts and the job waits) or "refuse" (POST /api/v1/jobs
+# answers 409 ERR-CONNECTOR-OPEN while its connector is open).
+_CONNECTOR_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+JOBOPS_CONNECTOR_DEFAULTS: dict[str, float] = {
+    "failures": env_int("JOBOPS_CONNECTOR_FAILURES", 5),
+    "cooldown_seconds": env_float("JOBOPS_CONNECTOR_COOLDOWN_SECONDS", 1800.0),
+    "probe_wait_seconds": env_float("JOBOPS_CONNECTOR_PROBE_WAIT_SECONDS", 30.0),
+    "jitter_seconds": env_float("JOBOPS_CONNECTOR_JITTER_SECONDS", 60.0),
+}
+# Each field's bounds: a breaker that opens at once, or never closes, is a mistake.
+_CONNECTOR_BOUNDS: dict[str, tuple[float, float]] = {
+    "failures": (1, 1000),
+    "cooldown_seconds": (1, 7 * 86400),
+    "probe_wait_seconds": (0.1, 86400),
+    "jitter_seconds": (0, 86400),
+}
+for _type, _spec in JOB_TYPES.items():
+    _connector = _spec.get("connector")
+    if _connector is not None and not (
+        isinstance(_connector, str) and _CONNECTOR_NAME.match(_connector)
+    ):
+        raise ImproperlyConfigured(
+            f"JOB_TYPES: {_type}.connector={_connector!r}: lower-case letters, digits, "
+            "'_', '.' or '-', at most 64"
+        )
+    if _spec.get("connector_open", "wait") not in ("wait", "refuse"):
+        raise ImproperlyConfigured(
+            f"JOB_TYPES: {_type}.connector_open={_spec['connector_open']!r}: wait or refuse"
+        )
+_connector_names = sorted({s["connector"] for s in JOB_TYPES.values() if s.get("connector")})
+_connector_overrides = env_json("JOBOPS_CONNECTORS", {})
+if not isinstance(_connector_overrides, dict):
+    raise ImproperlyConfigured("JOBOPS_CONNECTORS: a JSON object, connector -> settings")
+# Per connector: {"failures", "cooldown_seconds", "probe_wait_seconds", "jitter_seconds"}.
+JOBOPS_CONNECTORS: dict[str, dict[str, float]] = {
+    name: dict(JOBOPS_CONNECTOR_DEFAULTS) for name in _connector_names
+}
+for _name, _fields in {"(defaults)": JOBOPS_CONNECTOR_DEFAULTS, **_connector_overrides}.items():
+    if _name != "(defaults)" and (_name not in JOBOPS_CONNECTORS or not isinstance(_fields, dict)):
+        raise ImproperlyConfigured(
+            f"JOBOPS_CONNECTORS: {_name!r} is no job type's connector "
+            f"({', '.join(_connector_names) or 'none'})"
+        )
+    for _field, _value in _fields.items():
+        _low, _high = _CONNECTOR_BOUNDS.get(_field, (1.0, 0.0))  # an unknown field: never
+        if (
+            isinstance(_value, bool)
+            or not isinstance(_value, int | float)
+            or not _low <= _value <= _high
+            or (_field == "failures" and not isinstance(_value, int))
+        ):
+            raise ImproperlyConfigured(
+                f"JOBOPS_CONNECTORS: {_name}.{_field}={_value!r}: the fields are failures "
+                "(1-1000), cooldown_seconds (1 s to 7 days), probe_wait_seconds (0.1 s to "
+                "a day) and jitter_seconds (0 to a day)"
+            )
+    if _name != "(defaults)":
+        JOBOPS_CONNECTORS[_name].update(_fields)
+# A job-level wait a connector asked for (Retry-After on a 429 or 503, or a handler's
+# RetryableError(retry_after=...)) is honoured up to this many seconds: a provider
+# answering "come back next week" must not park a job beyond what an operator sees.
+JOBOPS_RETRY_AFTER_MAX_SECONDS = env_float("JOBOPS_RETRY_AFTER_MAX_SECONDS", 3600.0)
+if not 0 <= JOBOPS_RETRY_AFTER_MAX_SECONDS <= 7 * 86400:
+    raise ImproperlyConfigured(
+        f"JOBOPS_RETRY_AFTER_MAX_SECONDS={JOBOPS_RETRY_AFTER_MAX_SECONDS!r}: 0 to 7 days"
+    )
+# How long a process trusts its copy of the breakers (a claim reads none while its
+# connector is closed): a breaker opened on another host is seen within this.
+JOBOPS_CONNECTOR_CACHE_SECONDS = env_float("JOBOPS_CONNECTOR_CACHE_SECONDS", 1.0)
 
 # The work a job's params plan (a schema's estimate, e.g. sim steps x step_seconds) may
 # fill at most this fraction of its type's soft time limit. The rest is headroom for a

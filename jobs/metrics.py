@@ -24,7 +24,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from jobs.liveness import live_processes
 from jobs.queries import QUERIES
-from jobs.types import primary_queue_names
+from jobs.types import all_connectors, primary_queue_names
 from tenants.models import Organisation
 
 log = structlog.get_logger("jobs.metrics")
@@ -140,6 +140,14 @@ QUEUE_PAUSED = Gauge(
     ["queue"],
     multiprocess_mode="mostrecent",
 )
+CONNECTOR_STATE = Gauge(
+    "connector_state",
+    "A connector's breaker (docs/connectors.md): 0 closed, 1 half-open, 2 open",
+    ["connector"],
+    multiprocess_mode="mostrecent",
+)
+# The gauge's value of each breaker state.
+CONNECTOR_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
 
 LIVE_WORKERS = Gauge(
     "live_workers",
@@ -161,6 +169,7 @@ def metrics_refresh_gauges() -> dict[str, float]:
        backlog, and the newest checkpoint.
     2. A second counts open dead letters per DLQ; queues that emptied drop to 0.
     3. A third lists the paused queues (queue_pauses): 1 for each, 0 for the others.
+    4. A fourth reads the connector breakers: 0 closed (or no row), 1 half-open, 2 open.
     """
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["gauges"], {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
@@ -169,6 +178,8 @@ def metrics_refresh_gauges() -> dict[str, float]:
         open_rows = dict(cursor.fetchall())
         cursor.execute(QUERIES["queues_paused"])
         paused = {row[0] for row in cursor.fetchall()}
+        cursor.execute(QUERIES["connector_states"])
+        breakers = dict(cursor.fetchall())
     values = {
         "oldest_pending_age": max(0.0, float(pending_age or 0)),
         "stale_locks": float(stale),
@@ -186,6 +197,9 @@ def metrics_refresh_gauges() -> dict[str, float]:
     for queue in set(primary_queue_names()) | paused:
         QUEUE_PAUSED.labels(queue=queue).set(1 if queue in paused else 0)
     values["queues_paused"] = float(len(paused))
+    for connector in set(all_connectors()) | set(breakers):
+        state = CONNECTOR_STATE_VALUES.get(breakers.get(connector, "closed"), 0)
+        CONNECTOR_STATE.labels(connector=connector).set(state)
     metrics_refresh_liveness()
     return values
 

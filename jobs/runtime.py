@@ -12,14 +12,18 @@
    organisation or a paused queue is held (back to `pending`, no attempt spent:
    jobs.services.holds) and the message acked; anything else (a duplicate, a stale
    message, the job runs elsewhere) is acked, nothing done.
-3. Run the handler with a `JobContext` while the process's heartbeat thread refreshes
-   the lock.
+3. While the job's connector's breaker is open, do not start it: defer it (`retrying`
+   until the probe time plus jitter, audited `deferred`, its attempt given back:
+   jobs.services.connectors). Else run the handler with a `JobContext` while the
+   process's heartbeat thread refreshes the lock.
 4. Record the outcome, fenced by `Fence(locked_by, attempt)`: succeeded; retrying
-   with a jittered backoff (the dispatcher republishes it when due; the soft time
-   limit only JOBOPS_TIME_LIMIT_RETRIES times per job); failed with a dead letter,
-   committed BEFORE the message is rejected with requeue=False so that the broker DLQ
-   gets its copy; cancelled. `JobLost` anywhere: stop, ack, write nothing more. The
-   database unreachable: reject with requeue=True and decide nothing.
+   with a jittered backoff, or the connector's Retry-After when longer, or until its
+   breaker's probe once a connector failure opened it (the dispatcher republishes it
+   when due; the soft time limit only JOBOPS_TIME_LIMIT_RETRIES times per job);
+   failed with a dead letter, committed BEFORE the message is rejected with
+   requeue=False so that the broker DLQ gets its copy; cancelled. `JobLost` anywhere:
+   stop, ack, write nothing more. The database unreachable: reject with requeue=True
+   and decide nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import structlog
 from celery.exceptions import Reject, SoftTimeLimitExceeded
@@ -48,7 +52,6 @@ from jobs.services import (
     Finish,
     HoldReason,
     artefact_save,
-    backoff_delay,
     job_claim,
     job_fail_with_dead_letter,
     job_finish,
@@ -56,7 +59,15 @@ from jobs.services import (
     job_hold,
     job_lock_state,
     job_progress_write,
+    retry_delay,
     validate_result,
+)
+from jobs.services.connectors import (
+    Gate,
+    connector_failure_record,
+    connector_gate,
+    connector_probe_release,
+    connector_success_record,
 )
 from jobs.states import Status
 from jobs.types import JobType, get_type
@@ -390,36 +401,62 @@ def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
     """Steps 3 and 4 of the module docstring for a job this delivery claimed."""
     job_id = job.id
     fence = Fence(locked_by, job.attempts)
-    ctx, spec, outcome, error, result = run_handler(
-        job=job, fence=fence, log=log, heartbeats=HEARTBEATS
-    )
-    log = ctx.log
-    if outcome == "lost" or ctx._lost.is_set():
-        log.warning("job_lost_stopping")
-        return {"job_id": str(job_id), "outcome": "lost"}
     try:
-        return _finish(ctx=ctx, job=job, spec=spec, outcome=outcome, error=error, result=result)
+        run = run_handler(job=job, fence=fence, log=log, heartbeats=HEARTBEATS)
+    except DB_DOWN_ERRORS as exc:
+        raise _requeue_db_down(log, exc) from exc
+    log = run.ctx.log
+    try:
+        if run.outcome == "deferred":
+            return {"job_id": str(job_id), "outcome": "deferred", "delay": run.gate.delay}
+        if run.outcome == "lost" or run.ctx._lost.is_set():
+            log.warning("job_lost_stopping")
+            return {"job_id": str(job_id), "outcome": "lost"}
+        return _finish(run, job)
     except JobLost:
         log.warning("job_lost_stopping")
         metrics.JOBS_LOST.labels(type=job.type).inc()
         return {"job_id": str(job_id), "outcome": "lost"}
     except DB_DOWN_ERRORS as exc:
         raise _requeue_db_down(log, exc) from exc
+    finally:
+        probe_release(run.gate, job_id=job_id, log=log)
 
 
-def run_handler(
-    *, job: Job, fence: Fence, log: Any, heartbeats: Heartbeats | None
-) -> tuple[JobContext, JobType, str, BaseException | None, dict[str, Any] | None]:
-    """Run a claimed job's handler with its `JobContext`, as both executors do: returns
-    the context, the type, and the outcome (`succeeded` with its result, `cancelled`,
-    `lost`, or `error` with the exception). `heartbeats` keeps the lock alive meanwhile
-    (a Celery worker's; run_worker's host beats for all its jobs itself)."""
+class Run(NamedTuple):
+    """A claimed job's run (`run_handler`): its context and type, the connector gate's
+    decision, and the outcome: `succeeded` with its result, `cancelled`, `lost`,
+    `deferred` (the handler did not start: its connector's breaker is open) or `error`
+    with the exception."""
+
+    ctx: JobContext
+    spec: JobType
+    gate: Gate
+    outcome: str
+    error: BaseException | None = None
+    result: dict[str, Any] | None = None
+
+
+def run_handler(*, job: Job, fence: Fence, log: Any, heartbeats: Heartbeats | None) -> Run:
+    """Run a claimed job's handler with its `JobContext`, as both executors do, unless
+    its connector's breaker defers it (docs/connectors.md: the job waits `retrying` for
+    the probe, its attempt given back). `heartbeats` keeps the lock alive meanwhile (a
+    Celery worker's; run_worker's host beats for all its jobs itself). The database
+    unreachable at the gate raises (DB_DOWN_ERRORS): the caller decides nothing."""
     log = log.bind(
         attempt=job.attempts, idempotency_key=str(job.id), queue=job.queue, job_type=job.type
     )
     ctx = JobContext(job=job, fence=fence, log=log)
     spec = get_type(job.type)
     assert spec is not None
+    try:
+        gate = connector_gate(job=job, fence=fence)
+    except JobLost:
+        return Run(ctx, spec, Gate(connector=None), "lost")
+    if gate.deferred is not None:
+        connector = gate.connector.name if gate.connector else None
+        log.info("job_deferred", connector=connector, delay=round(gate.delay, 3))
+        return Run(ctx, spec, gate, "deferred")
     log.info("job_started")
     if heartbeats is not None:
         heartbeats.add(ctx)
@@ -445,19 +482,25 @@ def run_handler(
             heartbeats.remove(ctx)
         in_progress.dec()
         metrics.JOB_DURATION.labels(type=job.type).observe(time.monotonic() - started)
-    return ctx, spec, outcome, error, result
+    return Run(ctx, spec, gate, outcome, error, result)
 
 
-def _finish(
-    *,
-    ctx: JobContext,
-    job: Job,
-    spec: Any,
-    outcome: str,
-    error: BaseException | None,
-    result: dict[str, Any] | None,
-) -> dict[str, Any]:
-    finish = finish_decide(ctx=ctx, job=job, spec=spec, outcome=outcome, error=error, result=result)
+def probe_release(gate: Gate, *, job_id: uuid.UUID, log: Any) -> None:
+    """After the run of its connector's half-open breaker's probe, whatever its end: a
+    probe that told nothing (a cancel, a bug, a lost lock) lets the next due job probe."""
+    if not gate.probe:
+        return
+    try:
+        connector_probe_release(gate=gate, job_id=job_id)
+    except Exception as exc:  # the database away: the probe's lease runs out instead
+        log.warning("connector_probe_release_failed", error=repr(exc))
+
+
+def _finish(run: Run, job: Job) -> dict[str, Any]:
+    ctx = run.ctx
+    finish = finish_decide(
+        ctx=ctx, job=job, spec=run.spec, outcome=run.outcome, error=run.error, result=run.result
+    )
     job_finish(finish=finish, fence=ctx._fence)
     finish_log(ctx.log, finish)
     summary: dict[str, Any] = {"job_id": str(job.id), "attempt": finish.attempt}
@@ -482,9 +525,13 @@ def finish_decide(
     write: succeeded; cancelled (also an error after a cancel request: the user asked
     to stop); an error classified (`classify`) as a retry with a jittered backoff while
     attempts remain (a soft time limit only JOBOPS_TIME_LIMIT_RETRIES times per job),
-    else failed with its dead letter's reason."""
+    else failed with its dead letter's reason. The job's connector's breaker hears of
+    the outcome here (a success, a connector failure), as the run ends."""
     attempt, progress = ctx._fence.attempt, ctx.take_pending_progress()
     if outcome == "succeeded":
+        # The connector answered (docs/connectors.md): its failure count goes back to
+        # 0, and the half-open breaker this job probed closes.
+        connector_success_record(spec=spec, job_id=job.id)
         return Finish(job.id, attempt, Status.SUCCEEDED, result=result, progress=progress)
     if outcome == "cancelled":
         return Finish(job.id, attempt, Status.CANCELLED, progress=progress)
@@ -497,8 +544,19 @@ def finish_decide(
         return Finish(job.id, attempt, Status.CANCELLED, error_code=code, progress=progress)
     if isinstance(error, SoftTimeLimitExceeded):
         kind, message = _time_limit_outcome(job=job, spec=spec, attempt=attempt)
-    if kind == "retry" and attempt < job.max_attempts:
-        delay = backoff_delay(attempt=attempt, cap=spec.backoff_cap)
+    # A connector failure counts toward its breaker (docs/connectors.md); once the
+    # breaker holds the connector's jobs, this one waits for the probe too, and is not
+    # dead-lettered for an outage the breaker saw.
+    seen = (
+        connector_failure_record(spec=spec, job_id=job.id, error=error) if kind == "retry" else None
+    )
+    held = seen is not None and seen.holds_jobs
+    if kind == "retry" and (attempt < job.max_attempts or held):
+        delay = retry_delay(
+            attempt=attempt, cap=spec.backoff_cap, retry_after=getattr(error, "retry_after", None)
+        )
+        if seen is not None and held:
+            delay = max(delay, seen.wait)
         return Finish(
             job.id,
             attempt,
@@ -507,6 +565,8 @@ def finish_decide(
             error_message=message,
             delay=delay,
             progress=progress,
+            breaker=seen.state if seen is not None and held else None,
+            extend_attempts=1 if held and attempt >= job.max_attempts else 0,
         )
     reason = {"retry": "exhausted", "fatal": "fatal", "nonretryable": "nonretryable"}[kind]
     return Finish(

@@ -34,10 +34,18 @@ from core.ids import IdFragment, id_fragment
 from jobs.backpressure import queue_depth_cached
 from jobs.errors import TIME_LIMIT
 from jobs.exceptions import JobNotFoundError
-from jobs.models import Artefact, DeadLetter, Job, PurgeState, QueuePause
+from jobs.models import (
+    Artefact,
+    BreakerState,
+    ConnectorBreaker,
+    DeadLetter,
+    Job,
+    PurgeState,
+    QueuePause,
+)
 from jobs.queries import QUERIES
 from jobs.states import Status
-from jobs.types import primary_queue_names
+from jobs.types import all_connectors, primary_queue_names
 from tenants.selectors import Viewer, actor_for, administers, viewer_for
 
 M = TypeVar("M", bound=Model)
@@ -816,3 +824,55 @@ def paused_queues_detail() -> dict[str, Any]:
             for p in QueuePause.objects.order_by("queue")
         ]
     }
+
+
+@dataclass(frozen=True)
+class ConnectorState:
+    """One connector's breaker as an operator or a consumer sees it (docs/connectors.md):
+    no address, no credentials, no job contents."""
+
+    name: str
+    state: str
+    failures: int
+    last_error_code: str | None
+    opened_at: datetime | None
+    # When a job may probe it (open), or when the running probe started (half-open).
+    next_probe_at: datetime | None
+    probe_started_at: datetime | None
+    job_types: tuple[str, ...]
+    failure_threshold: int
+    cooldown_seconds: float
+    # An operator opened or closed it last (else the breaker itself); who and why are
+    # for operators only (`changed_by`, `reason`).
+    manual: bool
+    changed_at: datetime | None
+    changed_by: str | None
+    reason: str
+
+
+def connectors_state() -> list[ConnectorState]:
+    """Every connector a job type names, in name order, with its breaker (a connector
+    without a row is closed with no failures): one read of connector_breakers."""
+    rows = {b.name: b for b in ConnectorBreaker.objects.select_related("changed_by")}
+    states = []
+    for name, spec in all_connectors().items():
+        row = rows.get(name)
+        states.append(
+            ConnectorState(
+                name=name,
+                state=row.state if row else BreakerState.CLOSED,
+                failures=row.failures if row else 0,
+                last_error_code=row.last_error_code if row else None,
+                opened_at=row.opened_at if row else None,
+                next_probe_at=row.probe_at if row else None,
+                probe_started_at=row.probe_started_at if row else None,
+                job_types=spec.types,
+                failure_threshold=spec.failures,
+                cooldown_seconds=spec.cooldown_seconds,
+                manual=bool(row and row.reason),
+                changed_at=row.changed_at if row else None,
+                changed_by=row.changed_by.get_username() if row and row.changed_by else None,
+                reason=row.reason if row else "",
+            )
+        )
+    return states

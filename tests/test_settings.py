@@ -201,3 +201,48 @@ def test_processes_a_test_starts_use_this_xdist_workers_database_vhost_and_redis
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:  # pytest-django's suffix, and config/settings_test.py's
         assert name.endswith(f"_{worker}") and settings.BROKER_URL.endswith(f"_{worker}")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"JOBOPS_CONNECTORS": '{"erp": {"failures": 0}}'}, "JOBOPS_CONNECTORS: erp.failures=0"),
+        (
+            {"JOBOPS_CONNECTORS": '{"erp": {"cooldown_seconds": "1h"}}'},
+            "erp.cooldown_seconds='1h'",
+        ),
+        ({"JOBOPS_CONNECTORS": '{"erp": {"speed": 1}}'}, "erp.speed=1"),
+        ({"JOBOPS_CONNECTORS": '{"crm": {"failures": 3}}'}, "'crm' is no job type's connector"),
+        ({"JOBOPS_CONNECTOR_JITTER_SECONDS": "-1"}, "(defaults).jitter_seconds=-1.0"),
+        ({"JOBOPS_JOB_TYPES": '{"ai": {"connector": "Open AI"}}'}, "ai.connector='Open AI'"),
+        ({"JOBOPS_JOB_TYPES": '{"erp": {"connector_open": "409"}}'}, "erp.connector_open='409'"),
+        ({"JOBOPS_RETRY_AFTER_MAX_SECONDS": "-5"}, "JOBOPS_RETRY_AFTER_MAX_SECONDS=-5.0"),
+    ],
+)
+def test_a_bad_connector_setting_refuses_to_start_and_is_named(overrides, named):
+    result = _start(**overrides)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and named in result.stderr, result.stderr[-500:]
+
+
+def test_a_connector_named_by_a_type_gets_its_own_breaker_settings():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings as s; "
+            "c = s.JOBOPS_CONNECTORS; print(c['openai']['failures'], c['erp']['failures'])",
+        ],
+        cwd=ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if k not in SAFE},
+            "DEBUG": "true",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "JOBOPS_JOB_TYPES": '{"ai": {"connector": "openai"}}',
+            "JOBOPS_CONNECTORS": '{"openai": {"failures": 2}}',
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.stdout.split()[-2:] == ["2", "5"], result.stderr[-500:]

@@ -124,6 +124,8 @@ class TransitionOptions(TypedDict, total=False):
     - `run_in`: `next_run_at = now() + run_in` seconds;
     - `progress`: a last progress value (monotonic); `complete`: progress 100 %;
     - `extend_attempts`: `max_attempts` grows by this many (a replay's fresh budget);
+    - `give_back`: the attempt the claim counted is taken back (a run deferred before
+      its handler started: jobs.services.connectors);
     - `fields`: plain column values (SETTABLE_FIELDS);
     - `event_type`: the audit event, when not the target state's own (`reclaimed`...);
     - `notify`: NOTIFY jobs_pending or not (default: for a job back in `pending`, and a
@@ -142,6 +144,7 @@ class TransitionOptions(TypedDict, total=False):
     progress: Progress | None
     complete: bool
     extend_attempts: int | None
+    give_back: bool
     fields: dict[str, Any] | None
     event_type: str | None
     notify: bool
@@ -265,6 +268,7 @@ def transition_many(
             run_in=options.get("run_in"),
             percent=percent,
             extend_attempts=options.get("extend_attempts") or 0,
+            give_back=options.get("give_back", False),
             fields=fields,
             bump=True,
             emit=True,
@@ -278,7 +282,13 @@ def transition_many(
     for job in jobs:
         own = (_each or {}).get(str(job.id))
         writes = progress is not None or (own is not None and own.progress is not None)
-        _count_transition(job, target, writes_progress=writes)
+        _count_transition(
+            job,
+            target,
+            writes_progress=writes,
+            # a deferral is no retry: the handler did not run (jobs.services.connectors)
+            retried=not options.get("give_back", False),
+        )
     return jobs
 
 
@@ -300,6 +310,7 @@ class _Change:
     run_in: float | None = None
     percent: int | None = None
     extend_attempts: int = 0
+    give_back: bool = False
     fields: dict[str, Any] = field(default_factory=dict)
     cancel_request: bool = False
     bump: bool = False
@@ -321,6 +332,7 @@ class _Change:
             "run_in": None if self.run_in is None else float(self.run_in),
             "percent": self.percent,
             "extend_attempts": int(self.extend_attempts),
+            "give_back": self.give_back,
             "cancel_request": self.cancel_request,
             "bump": self.bump,
             "emit": self.emit,
@@ -390,7 +402,9 @@ def _append(
     return execute_prepared(QUERIES["job_append"], params)
 
 
-def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
+def _count_transition(
+    job: Job, target: str, *, writes_progress: bool, retried: bool = True
+) -> None:
     """Prometheus counters of a status change, incremented once its transaction commits."""
     if writes_progress:  # a final transition flushing the last coalesced progress value
         transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
@@ -401,7 +415,7 @@ def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
         transaction.on_commit(finished.inc)
     if target == Status.CANCELLED:
         transaction.on_commit(metrics.CANCELLATION.inc)
-    elif target == Status.RETRYING:
+    elif target == Status.RETRYING and retried:
         counter = metrics.RETRIES.labels(type=job.type, error_code=job.last_error_code or "")
         transaction.on_commit(counter.inc)
 
