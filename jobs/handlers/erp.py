@@ -21,6 +21,7 @@ from jobs.errors import (
     TransientExternalError,
     UnauthorizedError,
 )
+from jobs.metrics import external_call
 
 
 def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -29,9 +30,11 @@ def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
         raise FatalError("JOBOPS_ERP_WEBHOOK_URL is not configured", code="ERP_NOT_CONFIGURED")
     body = {"job_id": str(ctx.job_id), "event": params["event"], "data": params.get("data", {})}
     try:
-        response = requests.post(
-            url, json=body, headers={"Idempotency-Key": ctx.idempotency_key}, timeout=(5, 30)
-        )
+        with external_call("erp") as call:
+            response = requests.post(
+                url, json=body, headers={"Idempotency-Key": ctx.idempotency_key}, timeout=(5, 30)
+            )
+            call.status = response.status_code
     except requests.Timeout as exc:
         raise NetworkError(
             f"ERP timed out: {redact_urls_in(str(exc))}", code="ERP_TIMEOUT"
