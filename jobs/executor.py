@@ -49,7 +49,14 @@ from jobs.exceptions import JobLost
 from jobs.liveness import beat, beat_end
 from jobs.models import Job
 from jobs.queries import QUERIES
-from jobs.runtime import DB_DOWN_ERRORS, finish_decide, finish_log, run_handler, worker_identity
+from jobs.runtime import (
+    DB_DOWN_ERRORS,
+    attempt_fields,
+    finish_decide,
+    finish_log,
+    run_handler,
+    worker_identity,
+)
 from jobs.services import Fence, Finish, jobs_claim, jobs_finish, jobs_heartbeat
 from jobs.types import get_type
 
@@ -331,7 +338,13 @@ class Host:
         job = runner.job
         assert job is not None and job_id == job.id
         if finish is None or runner.lost:
-            log.warning("job_lost_stopping", job_id=str(job_id), attempt=job.attempts)
+            # The attempt's final line; its duration only when the runner decided an end.
+            ended = (
+                attempt_fields(job.type, "lost", finish.seconds)
+                if finish is not None
+                else {"outcome": "lost", "error_code": None}
+            )
+            log.warning("job_lost_stopping", job_id=str(job_id), attempt=job.attempts, **ended)
             metrics.JOBS_LOST.labels(type=job.type).inc()
             runner.release()
         else:
@@ -378,7 +391,9 @@ class Host:
         for finish in window:
             bound = log.bind(job_id=str(finish.job_id), attempt=finish.attempt)
             if finish.job_id in lost_ids:
-                bound.warning("job_lost_stopping")
+                bound.warning(
+                    "job_lost_stopping", **attempt_fields(finish.job_type, "lost", finish.seconds)
+                )
                 job_type = Job.objects.values_list("type", flat=True).filter(id=finish.job_id)
                 metrics.JOBS_LOST.labels(type=job_type.first() or "").inc()
             else:
