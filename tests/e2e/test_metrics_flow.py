@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from audit.services import Actor
 from dlq.services.replay import dead_letters_replay
+from jobs.backpressure import queue_depths_forget
 from jobs.models import DeadLetter, Job
 from jobs.redis_client import redis_client, redis_key
 from jobs.services import job_cancel
@@ -129,16 +130,22 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
         )
         # The dispatcher's own exporter: it relayed the jobs' events meanwhile.
         dispatcher_after = _scrape(dispatcher_port)
-    # Refused creates: a user past their allowance (an invalid body counts too), then a
-    # third user once two have spent everyone's.
+    # Refused creates, the dispatcher stopped (it would refresh the depth cache): a
+    # queue deeper than its limit, the same user past their allowance, then a third
+    # user once two have spent everyone's.
+    settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 0}
+    redis_client().set(redis_key("queue-depth", "sim"), 1, ex=60)
+    queue_depths_forget()
     first, second, third = (client_for(UserFactory()) for _ in range(3))
     # Fresh buckets: an earlier run's users had these ids too.
     redis_client().delete(*redis_client().scan_iter(redis_key("ratelimit", "*")), "absent")
-    bad = {"type": "nope", "params": {}}
-    assert first.post("/api/v1/jobs", bad, format="json").status_code == 400
-    assert first.post("/api/v1/jobs", bad, format="json").status_code == 429  # user
-    assert second.post("/api/v1/jobs", bad, format="json").status_code == 400
-    assert third.post("/api/v1/jobs", bad, format="json").status_code == 429  # global
+    sim = {"type": "sim", "params": {"steps": 1, "step_seconds": 0}}
+    refused = first.post("/api/v1/jobs", sim, format="json")
+    assert refused.json()["error"]["code"] == "ERR-JOB-BACKPRESSURE"
+    assert first.post("/api/v1/jobs", sim, format="json").status_code == 429  # user
+    assert second.post("/api/v1/jobs", {"type": "nope"}, format="json").status_code == 400
+    assert third.post("/api/v1/jobs", sim, format="json").status_code == 429  # global
+    queue_depths_forget()
     web_after = _scrape_web(client)
     relayed = _value(dispatcher_after, "outbox_relayed_total") - _value(
         dispatcher_before, "outbox_relayed_total"
@@ -158,6 +165,7 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
     assert web("dlq_replay_total") == 1
     assert web("rate_limited_total", scope="user") == 1
     assert web("rate_limited_total", scope="global") == 1
+    assert web("rate_limited_total", scope="backpressure") == 1
     assert web("rate_limited_total", scope="organisation") == 0
     # The job cancelled before it ran ended in the web process, after no attempt.
     assert web("job_attempts_count", type="ai") == 1 and web("job_attempts_sum", type="ai") == 0
