@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from celery.exceptions import Reject
 from django.db import DatabaseError, connections, transaction
+from django.db.models import F
 
 from audit.services import Actor
 from core.db import execute_prepared
@@ -42,6 +43,12 @@ def fails_on_the_first_attempt(ctx, params):
 
 def always_fails(ctx, params):
     raise TransientExternalError("down", code="DEPENDENCY_DOWN")
+
+
+def is_reclaimed_meanwhile(ctx, params):
+    # The reaper reclaimed the job and another worker claimed it while this one ran.
+    Job.objects.filter(id=ctx.job_id).update(locked_by="w2", attempts=F("attempts") + 1)
+    return {"ok": True}
 
 
 def raises_a_key_error(ctx, params):
@@ -136,6 +143,16 @@ def test_a_succeeded_attempt_line_carries_its_duration_and_no_error(settings, js
     assert line["job_id"] == str(job.id)
     assert (line["attempt"], line["outcome"], line["error_code"]) == (1, "succeeded", None)
     assert isinstance(line["duration_ms"], int) and line["duration_ms"] >= 0
+
+
+def test_a_lost_attempt_line_is_a_warning_and_its_duration_counts_as_lost(settings, json_log_lines):
+    moved = Moved()
+    run(settings, is_reclaimed_meanwhile)
+    [line] = [x for x in json_log_lines() if x["event"] == "job_lost_stopping"]
+    assert (line["level"], line["attempt"], line["outcome"]) == ("warning", 1, "lost")
+    assert line["error_code"] is None and line["duration_ms"] >= 0
+    assert moved("job_duration_seconds_count", type="cam", status="lost") == 1
+    assert moved("job_duration_seconds_count", type="cam", status="succeeded") == 0
 
 
 def test_an_unexpected_exception_counts_under_one_error_code_label(
