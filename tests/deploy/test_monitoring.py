@@ -10,12 +10,12 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import django_prometheus.db.metrics  # noqa: F401  (its database backend's django_db_*)
 import promql_parser
 import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-import django_prometheus.db.metrics  # noqa: F401  (its database backend's django_db_*)
 import jobs.metrics  # noqa: F401  (registers the metrics of docs/operations/observability.md)
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
