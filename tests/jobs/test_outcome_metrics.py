@@ -9,6 +9,7 @@ django_capture_on_commit_callbacks(execute=True).
 from __future__ import annotations
 
 import pytest
+import structlog
 from celery.exceptions import Reject
 from django.db import DatabaseError, connections, transaction
 from django.db.models import F
@@ -17,10 +18,11 @@ from audit.services import Actor
 from core.db import execute_prepared
 from jobs import metrics
 from jobs.errors import TransientExternalError
+from jobs.executor import run_claimed
 from jobs.models import Job
-from jobs.runtime import job_execute
+from jobs.runtime import finish_log, job_execute
 from jobs.selectors import job_attempts
-from jobs.services import job_cancel, job_claim, reap_once
+from jobs.services import job_cancel, job_claim, jobs_claim, jobs_finish, reap_once
 from tests.factories import backdate, job_in_state
 from tests.metric_samples import Moved
 from tests.processes import scripted_table
@@ -252,3 +254,27 @@ def test_the_attempts_shown_are_capped_to_the_latest(settings):
     capped = job_attempts(job_id=job.id, limit=1)
     assert capped.more and [a.number for a in capped.rows] == [2]
     assert job_attempts(job_id=job_in_state("queued").id).rows == []
+
+
+# --- the postgres executor ends its attempts the same way ----------------------------------
+
+
+def test_a_postgres_executor_run_ends_with_the_same_attempt_line(
+    settings, json_log_lines, django_capture_on_commit_callbacks
+):
+    settings.JOBOPS_QUEUE_EXECUTORS = {**settings.JOBOPS_QUEUE_EXECUTORS, "sim": "postgres"}
+    moved = Moved()
+    pending = job_in_state("pending", params={"steps": 1, "step_seconds": 0})
+    with django_capture_on_commit_callbacks(execute=True):
+        [job] = jobs_claim(queues=["sim"], locked_by="host-a:1:test", limit=1)
+    assert job.id == pending.id
+    finish = run_claimed(job, "host-a:1:test", process=False)  # what a runner decides
+    assert finish is not None and (finish.job_type, finish.target) == ("sim", "succeeded")
+    assert 0 <= finish.seconds < 10
+    assert jobs_finish(finishes=[finish], locked_by="host-a:1:test") == []
+    finish_log(structlog.get_logger("jobs.executor").bind(attempt=finish.attempt), finish)
+    [line] = [x for x in json_log_lines() if x["event"] == "job_succeeded"]
+    assert (line["attempt"], line["outcome"], line["error_code"]) == (1, "succeeded", None)
+    assert line["duration_ms"] == round(finish.seconds * 1000)
+    assert moved("job_duration_seconds_count", type="sim", status="succeeded") == 1
+    assert moved("job_queue_latency_seconds_count", type="sim") == 1  # its batch claim
