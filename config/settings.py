@@ -113,6 +113,9 @@ DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobop
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
 if not DATABASES["default"]["ENGINE"].endswith("postgresql"):
     raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (triggers, SKIP LOCKED)")
+# Django's PostgreSQL backend with django-prometheus' counters: statements, their
+# durations, errors and new connections (django_db_*, docs/operations/observability.md).
+DATABASES["default"]["ENGINE"] = "django_prometheus.db.backends.postgresql"
 DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_jobops")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -51,6 +51,7 @@ from jobs.models import Job
 from jobs.queries import QUERIES
 from jobs.runtime import (
     DB_DOWN_ERRORS,
+    attempt_fields,
     finish_decide,
     finish_log,
     probe_release,
@@ -348,8 +349,14 @@ class Host:
         assert job is not None and job_id == job.id
         if finish == DEFERRED:
             runner.release()
-        elif finish is None or runner.lost:
-            log.warning("job_lost_stopping", job_id=str(job_id), attempt=job.attempts)
+        elif not isinstance(finish, Finish) or runner.lost:
+            # The attempt's final line; its duration only when the runner decided an end.
+            ended = (
+                attempt_fields(job.type, "lost", finish.seconds)
+                if isinstance(finish, Finish)
+                else {"outcome": "lost", "error_code": None}
+            )
+            log.warning("job_lost_stopping", job_id=str(job_id), attempt=job.attempts, **ended)
             metrics.JOBS_LOST.labels(type=job.type).inc()
             runner.release()
         else:
@@ -396,7 +403,9 @@ class Host:
         for finish in window:
             bound = log.bind(job_id=str(finish.job_id), attempt=finish.attempt)
             if finish.job_id in lost_ids:
-                bound.warning("job_lost_stopping")
+                bound.warning(
+                    "job_lost_stopping", **attempt_fields(finish.job_type, "lost", finish.seconds)
+                )
                 job_type = Job.objects.values_list("type", flat=True).filter(id=finish.job_id)
                 metrics.JOBS_LOST.labels(type=job_type.first() or "").inc()
             else:

@@ -16,7 +16,10 @@ the values set by whichever process refreshed them last.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import requests  # type: ignore[import-untyped]
 import structlog
 from django.conf import settings
 from django.db import connection
@@ -55,6 +58,69 @@ def org_label(org_id: int | None) -> dict[str, str]:
     return {"org": slugs.get(org_id, "other") if org_id is not None else "other"}
 
 
+# --- the error_code label ------------------------------------------------------------
+# Error codes come from the taxonomy (jobs/errors.py) and the handlers' own codes (ERP_503,
+# ...), a small set; an unexpected exception's code names its class
+# (UNEXPECTED_KeyError), which any library could multiply. Those share one label, and
+# past MAX_ERROR_CODE_LABELS distinct codes in a process the rest count as OTHER: a label
+# per new string would grow without bound. The job row and the log keep the full code.
+MAX_ERROR_CODE_LABELS = 100
+_error_codes_seen: set[str] = set()
+
+
+def error_code_label(code: str | None) -> str:
+    """The bounded `error_code` label of a job's error code ("" when it has none)."""
+    if not code:
+        return ""
+    if code.startswith("UNEXPECTED_"):
+        return "UNEXPECTED"
+    if code not in _error_codes_seen:
+        if len(_error_codes_seen) >= MAX_ERROR_CODE_LABELS:
+            return "OTHER"
+        _error_codes_seen.add(code)
+    return code
+
+
+# --- calls to external systems ------------------------------------------------------
+class ExternalCall:
+    """One call timed by `external_call`; the caller records the HTTP status it got."""
+
+    status: int | None = None
+
+
+def _call_outcome(call: ExternalCall, exc: BaseException | None) -> str:
+    if exc is not None:
+        # ConnectTimeout is both a Timeout and a ConnectionError: a timeout here.
+        if isinstance(exc, requests.Timeout | TimeoutError):
+            return "timeout"
+        if isinstance(exc, requests.ConnectionError | ConnectionError):
+            return "connection_error"
+        return "error"
+    if call.status is None or call.status < 400:
+        return "ok"
+    return "client_error" if call.status < 500 else "server_error"
+
+
+@contextmanager
+def external_call(connector: str) -> Iterator[ExternalCall]:
+    """Time a call to an external system into external_call_duration_seconds{connector,
+    outcome}: the outcome is the exception's kind when the call raised, else by the HTTP
+    status the caller set on the yielded ExternalCall (none set: ok). `connector` is a
+    literal of the calling code (erp, erp_bridge): never a value from a request."""
+    call = ExternalCall()
+    started = time.monotonic()
+    error: BaseException | None = None
+    try:
+        yield call
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        EXTERNAL_CALL_DURATION.labels(
+            connector=connector, outcome=_call_outcome(call, error)
+        ).observe(time.monotonic() - started)
+
+
 # --- counters and histograms (incremented by the code that does the work) -----------
 JOB_CREATE = Counter(
     "job_create",
@@ -74,8 +140,9 @@ JOB_IN_PROGRESS = Gauge(
 )
 JOB_DURATION = Histogram(
     "job_duration_seconds",
-    "Handler run time of one attempt, by type",
-    ["type"],
+    "Run time of one attempt, by type and how it ended (succeeded, retrying, failed, "
+    "cancelled, lost)",
+    ["type", "status"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900),
 )
 RETRIES = Counter("retries", "Attempts that ended in a retry", ["type", "error_code"])
@@ -102,6 +169,45 @@ JOBS_PURGED = Counter(
 )
 ERP_BRIDGE_DELIVERIES = Counter(
     "erp_bridge_deliveries", "ERP bridge outcomes (delivered, retried, parked)", ["outcome"]
+)
+
+# --- outcomes (incremented on commit of the transition that decides them) ------------
+# JOB_FINISHED says the same by status; these carry what an alert or a dashboard splits
+# on (the error code of a failure, the reason of a dead letter) under the names on-call
+# dashboards share.
+JOBS_SUCCEEDED = Counter("jobs_succeeded", "Jobs that ended succeeded, by type", ["type"])
+JOBS_FAILED = Counter(
+    "jobs_failed", "Jobs that ended failed, by type and error code", ["type", "error_code"]
+)
+JOBS_DEAD_LETTERED = Counter(
+    "jobs_dead_lettered",
+    "Jobs failed with a dead letter, by type and reason (exhausted, fatal, ...)",
+    ["type", "reason"],
+)
+JOB_ATTEMPTS = Histogram(
+    "job_attempts",
+    "Attempts a job took, observed when it ends (succeeded, failed, cancelled)",
+    ["type"],
+    buckets=(0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30),
+)
+JOB_QUEUE_LATENCY = Histogram(
+    "job_queue_latency_seconds",
+    "From a job's creation (or the time it was due: run_at, a retry's next_run_at) to "
+    "the start of its attempt, observed at the claim",
+    ["type"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+)
+RATE_LIMITED = Counter(
+    "rate_limited",
+    "Job submissions refused with 429, by scope (user, organisation, global, backpressure)",
+    ["scope"],
+)
+EXTERNAL_CALL_DURATION = Histogram(
+    "external_call_duration_seconds",
+    "Calls to external systems by connector and outcome (ok, client_error, server_error, "
+    "timeout, connection_error, error)",
+    ["connector", "outcome"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
 # --- gauges derived from the database (metrics_refresh_gauges) -----------------------

@@ -13,7 +13,8 @@
 -- Changes jobs and appends each one's audit entry (and, with `emit`, its event) in one
 -- statement: every status transition, and the events that change no status (progress,
 -- cancel_requested, dead_lettered, dlq_discarded). Returns each changed job's previous
--- status, then its row.
+-- status and next_run_at (when a retry became due: the claim's queue latency), then its
+-- row.
 --
 -- i: the jobs (`ids`) with their entry's canonical payload in pieces (`p0`..`p4`, one
 -- array element per job; audit.canonical.Template; jobs_entries, jobs/migrations/0010,
@@ -69,8 +70,8 @@ WITH i AS (
     )
 ),
 locked AS (
-    SELECT jobs.id, jobs.status, jobs.audit_seq + 1 AS seq, jobs.audit_head AS prev_hash,
-           i.v AS each,
+    SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_seq + 1 AS seq,
+           jobs.audit_head AS prev_hash, i.v AS each,
            i.p0 || coalesce(h.v[%(h0)s::int], '') || i.p1 || coalesce(h.v[%(h1)s::int], '')
            || i.p2 || coalesce(h.v[%(h2)s::int], '') || i.p3 || coalesce(h.v[%(h3)s::int], '')
            || i.p4 AS payload
@@ -168,7 +169,8 @@ upd AS (
         audit_head = audit_chain_hash(locked.prev_hash, locked.payload)
     FROM locked
     WHERE jobs.id = locked.id
-    RETURNING locked.status AS old_status, locked.prev_hash, locked.payload, jobs AS job
+    RETURNING locked.status AS old_status, locked.next_run_at AS old_next_run_at,
+              locked.prev_hash, locked.payload, jobs AS job
 ),
 outbox AS (
     INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
@@ -176,7 +178,7 @@ outbox AS (
            jobs_status_event(u.job, u.eid, u.old_status, %(ts_text)s::text), now()
     FROM (SELECT upd.*, gen_random_uuid() AS eid FROM upd WHERE %(emit)s::boolean) AS u
 )
-SELECT upd.old_status, (upd.job).*
+SELECT upd.old_status, upd.old_next_run_at, (upd.job).*
 FROM upd
 CROSS JOIN LATERAL audit_append(
     audit_job_chain((upd.job).id), (upd.job).id, (upd.job).audit_seq, %(event_type)s::text,

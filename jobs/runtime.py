@@ -101,6 +101,7 @@ class JobContext:
         self._pending: dict[str, Any] | None = None
         self._last_write = float("-inf")
         self._last_cancel_check = time.monotonic()
+        self.started = time.monotonic()  # the attempt's start (its claim): its duration
 
     @property
     def org_id(self) -> int:
@@ -290,9 +291,10 @@ def _payload_org_id(payload: Any) -> Any:
 _CLAIMABLE = frozenset({"pending", "queued", "retrying"})
 
 
-def _requeue_db_down(log: Any, exc: BaseException) -> Reject:
-    """The database is unreachable: hand the message back, decide nothing."""
-    log.error("database_unavailable_requeue", error=repr(exc))
+def _requeue_db_down(log: Any, exc: BaseException, **attempt: Any) -> Reject:
+    """The database is unreachable: hand the message back, decide nothing. `attempt`:
+    the ended attempt's fields (attempt_fields), when a claimed run could not finish."""
+    log.error("database_unavailable_requeue", error=repr(exc), **attempt)
     connection.close()
     time.sleep(settings.JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS)
     return Reject(f"database unavailable: {exc!r}", requeue=True)
@@ -405,20 +407,27 @@ def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
         run = run_handler(job=job, fence=fence, log=log, heartbeats=HEARTBEATS)
     except DB_DOWN_ERRORS as exc:
         raise _requeue_db_down(log, exc) from exc
-    log = run.ctx.log
+    ctx = run.ctx
+    log = ctx.log
+
+    def lost() -> dict[str, Any]:
+        seconds = time.monotonic() - ctx.started
+        log.warning("job_lost_stopping", **attempt_fields(job.type, "lost", seconds))
+        return {"job_id": str(job_id), "outcome": "lost"}
+
     try:
         if run.outcome == "deferred":
             return {"job_id": str(job_id), "outcome": "deferred", "delay": run.gate.delay}
-        if run.outcome == "lost" or run.ctx._lost.is_set():
-            log.warning("job_lost_stopping")
-            return {"job_id": str(job_id), "outcome": "lost"}
+        if run.outcome == "lost" or ctx._lost.is_set():
+            return lost()
         return _finish(run, job)
     except JobLost:
-        log.warning("job_lost_stopping")
         metrics.JOBS_LOST.labels(type=job.type).inc()
-        return {"job_id": str(job_id), "outcome": "lost"}
+        return lost()
     except DB_DOWN_ERRORS as exc:
-        raise _requeue_db_down(log, exc) from exc
+        # Nothing was decided: the reaper reclaims the job once its lock is stale.
+        seconds = time.monotonic() - ctx.started
+        raise _requeue_db_down(log, exc, **attempt_fields(job.type, "lost", seconds)) from exc
     finally:
         probe_release(run.gate, job_id=job_id, log=log)
 
@@ -463,7 +472,6 @@ def run_handler(*, job: Job, fence: Fence, log: Any, heartbeats: Heartbeats | No
     outcome, error, result = "succeeded", None, None
     in_progress = metrics.JOB_IN_PROGRESS.labels(type=job.type)
     in_progress.inc()
-    started = time.monotonic()
     try:
         try:
             ctx.check_cancel()
@@ -481,7 +489,6 @@ def run_handler(*, job: Job, fence: Fence, log: Any, heartbeats: Heartbeats | No
         if heartbeats is not None:
             heartbeats.remove(ctx)
         in_progress.dec()
-        metrics.JOB_DURATION.labels(type=job.type).observe(time.monotonic() - started)
     return Run(ctx, spec, gate, outcome, error, result)
 
 
@@ -528,20 +535,22 @@ def finish_decide(
     else failed with its dead letter's reason. The job's connector's breaker hears of
     the outcome here (a success, a connector failure), as the run ends."""
     attempt, progress = ctx._fence.attempt, ctx.take_pending_progress()
+    # Every end says its type and how long the attempt ran (finish_log).
+    own: dict[str, Any] = {"job_type": job.type, "seconds": time.monotonic() - ctx.started}
     if outcome == "succeeded":
         # The connector answered (docs/connectors.md): its failure count goes back to
         # 0, and the half-open breaker this job probed closes.
         connector_success_record(spec=spec, job_id=job.id)
-        return Finish(job.id, attempt, Status.SUCCEEDED, result=result, progress=progress)
+        return Finish(job.id, attempt, Status.SUCCEEDED, result=result, progress=progress, **own)
     if outcome == "cancelled":
-        return Finish(job.id, attempt, Status.CANCELLED, progress=progress)
+        return Finish(job.id, attempt, Status.CANCELLED, progress=progress, **own)
     assert error is not None
     kind, code = classify(error)
     message = f"{type(error).__name__}: {error}"[:2000]
     if ctx.cancel_requested():
         # The user asked to stop: a failure after that ends the job as they asked, not
         # as a retry or a dead letter someone would have to discard.
-        return Finish(job.id, attempt, Status.CANCELLED, error_code=code, progress=progress)
+        return Finish(job.id, attempt, Status.CANCELLED, error_code=code, progress=progress, **own)
     if isinstance(error, SoftTimeLimitExceeded):
         kind, message = _time_limit_outcome(job=job, spec=spec, attempt=attempt)
     # A connector failure counts toward its breaker (docs/connectors.md); once the
@@ -567,6 +576,7 @@ def finish_decide(
             progress=progress,
             breaker=seen.state if seen is not None and held else None,
             extend_attempts=1 if held and attempt >= job.max_attempts else 0,
+            **own,
         )
     reason = {"retry": "exhausted", "fatal": "fatal", "nonretryable": "nonretryable"}[kind]
     return Finish(
@@ -577,32 +587,36 @@ def finish_decide(
         error_message=message,
         reason=reason,
         progress=progress,
+        **own,
     )
 
 
 def finish_log(log: Any, finish: Finish) -> None:
-    """The log line of a run's end once it is written (the same for both executors)."""
+    """The attempt's final log line once its end is written (the same for both
+    executors): besides its bound `attempt`, its outcome, error code and duration
+    (attempt_fields, which also observes job_duration_seconds)."""
+    attempt = attempt_fields(finish.job_type, str(finish.target), finish.seconds, finish.error_code)
     if finish.target == Status.SUCCEEDED:
-        log.info("job_succeeded")
+        log.info("job_succeeded", **attempt)
     elif finish.target == Status.CANCELLED:
-        if finish.error_code:
-            log.info("job_cancelled", after_error=finish.error_code)
-        else:
-            log.info("job_cancelled")
+        log.info("job_cancelled", **attempt)
     elif finish.target == Status.RETRYING:
         log.warning(
-            "job_retrying",
-            error_code=finish.error_code,
-            delay=round(finish.delay or 0, 3),
-            error=finish.error_message,
+            "job_retrying", delay=round(finish.delay or 0, 3), error=finish.error_message, **attempt
         )
     else:
-        log.error(
-            "job_dead_lettered",
-            reason=finish.reason,
-            error_code=finish.error_code,
-            error=finish.error_message,
-        )
+        log.error("job_dead_lettered", reason=finish.reason, error=finish.error_message, **attempt)
+
+
+def attempt_fields(
+    job_type: str, outcome: str, seconds: float, error_code: str | None = None
+) -> dict[str, Any]:
+    """What an attempt's final log line says of how it ended: `outcome` (succeeded,
+    retrying, failed, cancelled, lost), `error_code` (None without an error) and
+    `duration_ms` (from its claim); observes the run time in
+    job_duration_seconds{type,status=outcome}."""
+    metrics.JOB_DURATION.labels(type=job_type, status=outcome).observe(seconds)
+    return {"outcome": outcome, "error_code": error_code, "duration_ms": round(seconds * 1000)}
 
 
 def _time_limit_outcome(*, job: Job, spec: JobType, attempt: int) -> tuple[str, str]:

@@ -483,6 +483,99 @@ def job_time_limit_retries(*, job_id: uuid.UUID | str) -> int:
     return count
 
 
+# The attempts the job page shows, newest last; a job replayed many times says that
+# earlier ones are in its audit trail.
+ATTEMPTS_SHOWN = 50
+# How an attempt ended, by the event of the entry that took the job out of `running`;
+# any other such event (a future one) is shown by its name.
+ATTEMPT_OUTCOMES = {"reclaimed": "lost"}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a job, from its audit trail: started by a claim (`started`), ended by
+    the entry that took the job out of `running` (None while it runs)."""
+
+    number: int
+    started: datetime
+    ended: datetime | None
+    outcome: str  # succeeded, retrying, failed, cancelled, lost; `running` while it runs
+    error_code: str | None
+
+    @property
+    def seconds(self) -> float | None:
+        """Its duration (None while it runs)."""
+        return None if self.ended is None else (self.ended - self.started).total_seconds()
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """The latest attempts of a job, oldest first; `more`: earlier ones were left out."""
+
+    rows: list[Attempt]
+    more: bool
+
+
+def job_attempts(*, job_id: uuid.UUID | str, limit: int = ATTEMPTS_SHOWN) -> Attempts:
+    """The job's attempts (number, start, end, outcome, error code) from its audit chain.
+
+    1. The latest `limit` `started` entries (one per claim), newest first, through the
+       chain's (chain, seq) index; one more says that earlier attempts exist.
+    2. The entries after the earliest of them, except progress: each attempt ends at the
+       first entry after its start that left `running` (succeeded, retrying, failed,
+       cancelled; `reclaimed` when the reaper took it from a lost worker).
+    Two queries, bounded by `limit` attempts whatever the job's history.
+    """
+    chain = job_chain(job_id)
+    starts = list(
+        AuditLog.objects.filter(chain=chain, event_type="started")
+        .only("seq", "ts", "payload")
+        .order_by("-seq")[: limit + 1]
+    )
+    more = len(starts) > limit
+    starts = starts[:limit][::-1]
+    if not starts:
+        return Attempts(rows=[], more=False)
+    later = (
+        AuditLog.objects.filter(chain=chain, seq__gt=starts[0].seq)
+        .exclude(event_type="progress")
+        .only("seq", "ts", "event_type", "payload")
+        .order_by("seq")
+    )
+    # Both in seq order: each attempt takes the first ending entry after its start,
+    # unless the next attempt started first (an end the chain lacks: no row for it).
+    ends = iter([(r, d) for r in later if (d := _payload_data(r)).get("from") == "running"])
+    end = next(ends, None)
+    rows: list[Attempt] = []
+    for n, start in enumerate(starts):
+        while end is not None and end[0].seq < start.seq:
+            end = next(ends, None)
+        until = starts[n + 1].seq if n + 1 < len(starts) else None
+        mine = end if end is not None and (until is None or end[0].seq < until) else None
+        number = _payload_data(start).get("attempt")
+        rows.append(
+            Attempt(
+                number=number if isinstance(number, int) else n + 1,
+                started=start.ts,
+                ended=mine[0].ts if mine else None,
+                outcome=(
+                    ATTEMPT_OUTCOMES.get(mine[0].event_type, mine[0].event_type)
+                    if mine
+                    else "running"
+                ),
+                error_code=_attempt_error(mine[1]) if mine else None,
+            )
+        )
+    return Attempts(rows=rows, more=more)
+
+
+def _attempt_error(data: dict[str, Any]) -> str | None:
+    """The error code an attempt's last entry records (a reclaim records its reason)."""
+    if data.get("error_code"):
+        return str(data["error_code"])
+    return "WORKER_LOST" if data.get("reason") == "worker_lost" else None
+
+
 def _summary(event: str, data: dict[str, Any]) -> str:
     """What an audit entry says, in a line: `running → failed · attempt 2 · FATAL`."""
     parts = []

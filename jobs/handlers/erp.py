@@ -16,6 +16,7 @@ from django.conf import settings
 from core.redact import redact_urls_in
 from jobs.errors import FatalError, NetworkError
 from jobs.handlers.http import raise_for_answer
+from jobs.metrics import external_call
 
 
 def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -24,9 +25,11 @@ def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
         raise FatalError("JOBOPS_ERP_WEBHOOK_URL is not configured", code="ERP_NOT_CONFIGURED")
     body = {"job_id": str(ctx.job_id), "event": params["event"], "data": params.get("data", {})}
     try:
-        response = requests.post(
-            url, json=body, headers={"Idempotency-Key": ctx.idempotency_key}, timeout=(5, 30)
-        )
+        with external_call("erp") as call:
+            response = requests.post(
+                url, json=body, headers={"Idempotency-Key": ctx.idempotency_key}, timeout=(5, 30)
+            )
+            call.status = response.status_code
     except requests.Timeout as exc:
         raise NetworkError(
             f"ERP timed out: {redact_urls_in(str(exc))}", code="ERP_TIMEOUT"

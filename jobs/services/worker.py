@@ -292,7 +292,9 @@ class Finish:
     """How one run of a job ended, as the runtime decided it (jobs.runtime.finish_decide):
     `target` succeeded (with `result`), cancelled, retrying (with `delay` and the error)
     or failed (with the dead letter's `reason` and the error); `progress`, the last
-    coalesced progress value, goes with it. Written by the lock holder at `attempt`."""
+    coalesced progress value, goes with it. Written by the lock holder at `attempt`.
+    `job_type` and `seconds` (the run from its claim to this decision) are for its log
+    line and job_duration_seconds."""
 
     job_id: uuid.UUID
     attempt: int
@@ -303,6 +305,8 @@ class Finish:
     delay: float | None = None
     reason: str | None = None
     progress: dict[str, Any] | None = None
+    job_type: str = ""
+    seconds: float = 0.0
     # A retry its connector's breaker holds (docs/connectors.md): the breaker's state,
     # and how many attempts the job's budget grows by (1 on its last attempt).
     breaker: str | None = None
