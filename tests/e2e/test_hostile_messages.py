@@ -3,13 +3,17 @@ and recorded, the worker stays alive, and the next job still runs (issue: trust)
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.conf import settings
 from kombu import Connection, Exchange, Producer
 
-from jobs.models import DeadLetter
+from jobs.models import DeadLetter, Job
+from jobs.publisher import wire_payload
 from jobs.topology import dlq_name
-from tests.factories import make_job
+from jobs.wire import PAYLOAD_VERSION
+from tests.factories import job_in_state, make_job
 from tests.polling import wait_for
 from tests.processes import job_finished as finished
 from tests.queues import drain
@@ -85,4 +89,28 @@ def test_an_undecodable_message_is_dead_lettered_not_acked(
     assert copies == [body]
     (row,) = wait_for(lambda: _null_job_rows("default"), timeout=15)
     assert row.state == "open" and row.job_id is None
+    _still_serving(worker)
+
+
+def test_a_message_of_an_unknown_payload_version_is_dead_lettered_by_a_real_worker(
+    shared_worker,
+):
+    """A dispatcher of a newer release (payload version + 1) ahead of this worker: the job
+    fails with UNSUPPORTED_VERSION, its message lands in the DLQ, the worker goes on."""
+    worker, _ = shared_worker
+    # Waiting for a retry an hour away: the shared dispatcher leaves it alone.
+    job = job_in_state("retrying", job_type="sim", params={"steps": 1}, retry_in=3600)
+    payload = {**wire_payload(job), "v": PAYLOAD_VERSION + 1}
+    body = json.dumps([[payload], {}, {"callbacks": None, "errbacks": None, "chain": None}])
+    headers = {**celery_headers("jobs.sim"), "id": f"future-{job.id}", "job_id": str(job.id)}
+    publish_raw("sim", body.encode(), headers, "application/json")
+    stored = finished(job.id)
+    assert (stored.status, stored.last_error_code, stored.attempts) == (
+        "failed",
+        "UNSUPPORTED_VERSION",
+        1,  # the attempt before its retry; this message claimed none
+    )
+    assert Job.objects.get(id=job.id).result is None  # the handler never ran
+    (copy,) = wait_for(lambda: dlq_bodies("sim"), timeout=15)
+    assert str(job.id).encode() in copy
     _still_serving(worker)
