@@ -1,7 +1,8 @@
 """Liveness of the processes that serve no HTTP: workers and dispatchers.
 
 Each live process refreshes a Redis key `heartbeat:<kind>:<host>:<pid>` every
-JOBOPS_PROCESS_HEARTBEAT_SECONDS with a time-to-live of three intervals, so a process
+JOBOPS_PROCESS_HEARTBEAT_SECONDS (with the broker node it is connected to) with a
+time-to-live of three intervals, so a process
 that hangs or dies disappears by itself. Redis is the right place: it is shared by every
 host, and losing it loses nothing but this view (docs/operations/scaling.md: per-host state is
 limited to caches that can be lost). `manage.py liveness` and the
@@ -23,6 +24,7 @@ import structlog
 from celery import bootsteps
 from django.conf import settings
 
+from core.broker import broker_node
 from jobs.redis_client import redis_client, redis_key
 from jobs.types import primary_queue_names
 
@@ -33,10 +35,12 @@ def _key(kind: str) -> str:
     return redis_key("heartbeat", kind, socket.gethostname(), os.getpid())
 
 
-def beat(kind: str, queues: tuple[str, ...] = ()) -> None:
-    """Record that this process of `kind` is alive; a Redis outage is logged, not raised."""
+def beat(kind: str, queues: tuple[str, ...] = (), broker: str | None = None) -> None:
+    """Record that this process of `kind` is alive, and the broker node it is connected
+    to (host:port, None when it has no connection now); a Redis outage is logged, not
+    raised."""
     interval = settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS
-    value = json.dumps({"at": round(time.time(), 3), "queues": list(queues)})
+    value = json.dumps({"at": round(time.time(), 3), "queues": list(queues), "broker": broker})
     try:
         redis_client().set(_key(kind), value, ex=max(1, round(interval * 3)))
     except Exception as exc:
@@ -58,6 +62,21 @@ def missing_processes(found: dict[str, list[dict[str, Any]]]) -> list[str]:
     return missing + [f"worker for queue {q}" for q in primary_queue_names() if q not in served]
 
 
+def broker_nodes_detail() -> dict[str, Any]:
+    """What /readyz adds to its detail (settings.JOBOPS_READY_DETAIL): the broker node
+    each live worker and dispatcher is connected to, by the heartbeat it last wrote."""
+    return {
+        "broker_nodes": sorted(
+            (
+                {"kind": kind, "host": p["host"], "pid": p["pid"], "node": p["broker"]}
+                for kind, processes in live_processes().items()
+                for p in processes
+            ),
+            key=lambda p: (p["kind"], p["host"], p["pid"]),
+        )
+    }
+
+
 def live_processes() -> dict[str, list[dict[str, Any]]]:
     """Every process that beat within its time-to-live, grouped by kind."""
     client = redis_client()
@@ -77,6 +96,7 @@ def live_processes() -> dict[str, list[dict[str, Any]]]:
                 "pid": int(pid),
                 "age_seconds": round(now - float(data["at"]), 3),
                 "queues": data["queues"],
+                "broker": data.get("broker"),  # a process of an older release: None
             }
         )
     return found
@@ -94,10 +114,16 @@ class HeartbeatStep(bootsteps.StartStopStep):
         self.queues = tuple(sorted(worker.app.amqp.queues.consume_from or worker.app.amqp.queues))
 
     def start(self, worker: Any) -> None:
-        beat("worker", self.queues)
+        self.beat(worker)
         self.tref = worker.timer.call_repeatedly(
-            settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS, beat, ("worker", self.queues), priority=10
+            settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS, self.beat, (worker,), priority=10
         )
+
+    def beat(self, worker: Any) -> None:
+        # The consumer's connection: the node this worker receives its messages from,
+        # which moves to another node of a cluster when its node is lost.
+        consumer = getattr(worker, "consumer", None)
+        beat("worker", self.queues, broker_node(getattr(consumer, "connection", None)))
 
     def stop(self, worker: Any) -> None:
         if self.tref is not None:
