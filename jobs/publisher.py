@@ -5,10 +5,9 @@ services' (`jobs.services.publishing`). The wire payload (the task's one argumen
 `{v, job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id,
 org_id}` (`v`: the payload version, `jobs.wire`); the message headers
 (`message_headers`) carry `job_id`, `org_id`, `request_id`, `correlation_id` and the
-attempt too, and on a retry or a replay the
-previous attempt's error code and exception class, so that a message read in a DLQ
-peek or in Flower explains itself without decoding the body. Never the error's text:
-it may hold what a handler saw.
+attempt too, and on a retry or a replay the previous attempt's error code and exception
+class, so that a message read in a DLQ peek or in Flower explains itself without
+decoding the body. Never the error's text: it may hold what a handler saw.
 """
 
 from __future__ import annotations
@@ -166,6 +165,11 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
     except Exception:
         broker_connection_drop(conn)  # the channel's state is unknown: start afresh
         raise
+    if confirms.nacked:
+        # A nack from a quorum queue often means its leader was lost (a broker node
+        # died): RabbitMQ 3.10 goes on nacking on that channel after a new leader was
+        # elected, so the next batch starts on a fresh connection and channel.
+        broker_connection_drop(conn)
     refused.update({tags[tag]: "nacked by the broker" for tag in confirms.nacked})
     # Celery sets the message's correlation_id to its task id.
     for properties, why in confirms.returned:
