@@ -37,6 +37,7 @@ cluster_env() {
     export HOME=$BASE
     export RABBITMQ_CONF_ENV_FILE=$BASE/rabbitmq-env.conf
     export ERL_EPMD_ADDRESS=127.0.0.1
+    export ERL_CRASH_DUMP=$BASE/erl_crash.dump  # not in the checkout
     export ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}"
 }
 
@@ -45,7 +46,9 @@ ctl() {  # ctl NODE ARGS...
     "$BIN/rabbitmqctl" -q -n "$node" "$@"
 }
 
-running() { ctl "$1" await_startup --timeout 2 >/dev/null 2>&1; }
+running() {  # (no cluster directory: nothing runs, and the CLI would crash without its cookie)
+    [ -f "$BASE/.erlang.cookie" ] && ctl "$1" await_startup --timeout 2 >/dev/null 2>&1
+}
 
 prepare() {
     mkdir -p "$BASE"
