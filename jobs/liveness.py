@@ -8,7 +8,7 @@ host, and losing it loses nothing but this view (docs/operations/scaling.md: per
 limited to caches that can be lost). `manage.py liveness` and the
 `process_heartbeat_age_seconds` gauge read the keys.
 
-Workers beat from a bootstep on the worker's own timer (`HeartbeatStep`), the
+Workers beat from a consumer bootstep on the worker's timer (`HeartbeatStep`), the
 dispatcher from its loop (`beat("dispatcher")`).
 """
 
@@ -103,29 +103,39 @@ def live_processes() -> dict[str, list[dict[str, Any]]]:
 
 
 class HeartbeatStep(bootsteps.StartStopStep):
-    """A worker bootstep: beat on the worker's timer while the consumer runs."""
+    """A consumer bootstep: beat on the worker's timer while the consumer runs.
 
-    requires = ("celery.worker.components:Timer",)
+    A consumer step, not a worker step: when the broker connection is lost, Celery
+    clears the timer of the consumer (`Consumer.on_close`), which cancelled a worker
+    step's beat for good, and the worker vanished from liveness after its first
+    reconnect. The consumer's steps start again after each reconnect, and so does the
+    beat, with the node the new connection reached.
+    """
 
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
-        super().__init__(worker, **kwargs)
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
         self.tref: Any = None
         # The queues it consumes, so liveness can tell which queue has no live worker.
-        self.queues = tuple(sorted(worker.app.amqp.queues.consume_from or worker.app.amqp.queues))
+        self.queues = tuple(sorted(c.app.amqp.queues.consume_from or c.app.amqp.queues))
 
-    def start(self, worker: Any) -> None:
-        self.beat(worker)
-        self.tref = worker.timer.call_repeatedly(
-            settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS, self.beat, (worker,), priority=10
+    def start(self, c: Any) -> None:
+        self.beat(c)
+        self.tref = c.timer.call_repeatedly(
+            settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS, self.beat, (c,), priority=10
         )
 
-    def beat(self, worker: Any) -> None:
-        # The consumer's connection: the node this worker receives its messages from,
-        # which moves to another node of a cluster when its node is lost.
-        consumer = getattr(worker, "consumer", None)
-        beat("worker", self.queues, broker_node(getattr(consumer, "connection", None)))
+    def beat(self, c: Any) -> None:
+        # The consumer's connection: the node this worker receives its messages from.
+        beat("worker", self.queues, broker_node(c.connection))
 
-    def stop(self, worker: Any) -> None:
+    def stop(self, c: Any) -> None:
+        """A consumer restart (a reconnect): the beat starts again with the consumer."""
         if self.tref is not None:
             self.tref.cancel()
+            self.tref = None
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
         beat_end("worker")
