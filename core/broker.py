@@ -317,8 +317,7 @@ def queue_convert(conn: Connection, queue: Queue) -> int:
             temporary(channel).declare()
             for exchange, routing_key in _bindings(queue):
                 channel.queue_unbind(queue.name, exchange, routing_key)
-            _move(channel, queue.name, temporary.name)
-            channel.queue_delete(queue.name)
+            channel = _empty_and_delete(conn, channel, queue.name, temporary.name)[0]
             # A fresh channel for the queue's new self: RabbitMQ 3.10 keeps per-channel
             # state by queue name, and a channel that used the old queue crashes
             # (541 INTERNAL_ERROR) delivering to a new one of another type.
@@ -331,11 +330,29 @@ def queue_convert(conn: Connection, queue: Queue) -> int:
             return 0  # nothing left over
         for exchange, routing_key in _bindings(queue):
             channel.queue_unbind(temporary.name, exchange, routing_key)
-        moved = _move(channel, temporary.name, queue.name)
-        channel.queue_delete(temporary.name)
+        channel, moved = _empty_and_delete(conn, channel, temporary.name, queue.name)
         return moved
     finally:
         channel_close_quietly(channel)
+
+
+# Passes over a queue before its deletion is given up (each pass empties what it sees).
+CONVERT_PASSES = 5
+
+
+def _empty_and_delete(conn: Connection, channel: Any, source: str, target: str) -> tuple[Any, int]:
+    """Move `source` into `target`, then delete `source` once it is seen empty (quorum
+    queues refuse `if_empty`, so a passive declare counts what is left; `source` is
+    unbound by now, so nothing new arrives): a conversion never deletes a message.
+    Returns the channel in use and the count moved."""
+    moved = 0
+    for attempt in range(CONVERT_PASSES):
+        moved += _move(channel, source, target)
+        time.sleep(0.2 * attempt)  # a requeue settles through Raft a moment later
+        if channel.queue_declare(source, passive=True)[1] == 0:
+            channel.queue_delete(source)
+            return channel, moved
+    raise PublishError(f"{source} still holds messages; nothing deleted, run it again")
 
 
 def queue_renamed(queue: Queue, name: str, **changes: Any) -> Queue:

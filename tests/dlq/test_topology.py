@@ -242,7 +242,7 @@ def test_convert_moves_a_classic_dlq_to_quorum_keeping_every_message_and_its_rou
 
         converted = run_manage("setup_topology", "--convert")
         assert converted.returncode == 0, converted.stderr
-        assert "converted queue sim_dlq: 3 message(s) moved" in converted.stdout
+        assert "converted queue sim_dlq: 3 message(s) moved" in converted.stdout, converted.stdout
         channel = conn.channel()
         dead_letter_queue("sim")(channel).declare()  # quorum now: no 406
         assert not _exists(channel, "sim_dlq.converting")
