@@ -77,8 +77,10 @@ test: lint typecheck docs-check
 # Its former name, from when coverage was not yet part of `make test`.
 coverage: test
 
-# The tests `make test` leaves out (`heavy`); .ci/run runs them after it. Exit 5 is
-# pytest's "no test selected".
+# The tests `make test` leaves out (`heavy`); .ci/run runs them after it. Among them the
+# broker-node-loss test, which starts a three-node RabbitMQ cluster on this machine
+# (deploy/rabbitmq-cluster.sh: the Debian rabbitmq-server package, ports 5781-5783).
+# Exit 5 is pytest's "no test selected".
 test-heavy: install
 	$(BIN)/pytest -m heavy --timeout=600 || [ $$? -eq 5 ]
 

@@ -236,6 +236,8 @@ if not SECURE_HSTS_PRELOAD:
     SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 # --- services ----------------------------------------------------------------
+# One URL, or every node of a RabbitMQ cluster separated by `;` (each a full URL): every
+# connection jobops opens tries them in turn and moves to the next when one is lost.
 BROKER_URL = env_str("BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 CACHES = {
@@ -587,6 +589,23 @@ JOBOPS_PUBLISH_TIMEOUT_SECONDS = env_float("JOBOPS_PUBLISH_TIMEOUT_SECONDS", 5.0
 # RabbitMQ's consumer_timeout (default 30 min); workers refuse prefetch settings that
 # could keep a reserved message waiting past half of it.
 JOBOPS_CONSUMER_TIMEOUT_SECONDS = env_int("JOBOPS_CONSUMER_TIMEOUT_SECONDS", 1800)
+# On a RabbitMQ cluster (docs/operations/scaling.md#a-rabbitmq-cluster): how many nodes
+# hold a replica of each quorum queue (x-quorum-initial-group-size, fixed when the queue
+# is declared); 0 leaves it to the broker (every node, up to its limit).
+JOBOPS_QUORUM_GROUP_SIZE = env_int("JOBOPS_QUORUM_GROUP_SIZE", 0)
+if not 0 <= JOBOPS_QUORUM_GROUP_SIZE <= 99:
+    raise ImproperlyConfigured(
+        f"JOBOPS_QUORUM_GROUP_SIZE={JOBOPS_QUORUM_GROUP_SIZE}: use 0 (the broker's "
+        "default) or a number of nodes from 1 to 99 (an odd one: 3 or 5)"
+    )
+# The queue type of the dead-letter queues and dlq.watch: quorum (replicated: they survive
+# the loss of a node) or classic (a deployment that declared them before quorum became
+# the default keeps them until it converts them: `manage.py setup_topology --convert`).
+JOBOPS_DLQ_QUEUE_TYPE = env_str("JOBOPS_DLQ_QUEUE_TYPE", "quorum")
+if JOBOPS_DLQ_QUEUE_TYPE not in ("quorum", "classic"):
+    raise ImproperlyConfigured(
+        f"JOBOPS_DLQ_QUEUE_TYPE={JOBOPS_DLQ_QUEUE_TYPE!r}: use quorum or classic"
+    )
 # Pause before handing a message back when the database is unreachable, so that an
 # outage does not burn through the queue's delivery limit in a tight loop.
 JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS = env_float("JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS", 1.0)
@@ -759,7 +778,10 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 JOBOPS_METRICS_REFRESH: list[str] = ["jobs.metrics.metrics_refresh_gauges"]
 # What /readyz adds to its detail beside the checks (core/health.py, which names no app):
 # each a no-argument callable returning a dict merged into the body (never a check).
-JOBOPS_READY_DETAIL: list[str] = ["jobs.selectors.paused_queues_detail"]
+JOBOPS_READY_DETAIL: list[str] = [
+    "jobs.selectors.paused_queues_detail",
+    "jobs.liveness.broker_nodes_detail",
+]
 # Workers and dispatchers have no web server: each serves /metrics here (0: off).
 # Organisations (slugs) whose jobs the job_create and job_finished counters count under
 # their own `org` label; every other organisation's under "other". Empty (the default):

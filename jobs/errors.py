@@ -87,6 +87,14 @@ class TenantMismatchError(NonRetryableError):
     code = "TENANT_MISMATCH"
 
 
+class UnsupportedVersionError(NonRetryableError):
+    """The message's payload version is one this worker does not read (`jobs.wire`):
+    raised by no handler; the worker fails the job with this code before running it,
+    and a replay once a worker that reads it runs brings the job back."""
+
+    code = "UNSUPPORTED_VERSION"
+
+
 class FatalError(JobError):
     code = "FATAL"
     retryable = False

@@ -3,7 +3,10 @@
 `job_execute` is what every Celery task `jobs.<type>` calls (docs/architecture.md):
 
 1. Decode the wire payload; a message that names no job is rejected without requeue
-   (the broker dead-letters it and the watcher records it with a null job).
+   (the broker dead-letters it and the watcher records it with a null job). A payload
+   version this worker does not read (`jobs.wire`) fails a claimable job with an
+   `UNSUPPORTED_VERSION` dead letter before any claim, and the message is rejected
+   without requeue: the handler never meets a payload it was not written for.
 2. Claim (one compare-and-set), only a job of the message's organisation
    (`org_id`, when the message has one: docs/tenancy.md#execution) whose organisation
    is not suspended, in a queue that is not paused. Zero rows: read why. A message
@@ -42,7 +45,14 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 
 from core.logging import log_context
 from jobs import metrics
-from jobs.errors import TIME_LIMIT, FatalError, JobCancelled, JobError, TenantMismatchError
+from jobs.errors import (
+    TIME_LIMIT,
+    FatalError,
+    JobCancelled,
+    JobError,
+    TenantMismatchError,
+    UnsupportedVersionError,
+)
 from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Artefact, Job
 from jobs.selectors import ClaimState, job_claim_state, job_time_limit_retries
@@ -71,6 +81,7 @@ from jobs.services.connectors import (
 )
 from jobs.states import Status
 from jobs.types import JobType, get_type
+from jobs.wire import payload_version_problem
 
 logger = structlog.get_logger("jobs.runtime")
 
@@ -329,6 +340,9 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
     message_org = _payload_org_id(payload)
     locked_by = worker_identity(hostname)
     try:
+        version_problem = payload_version_problem(payload)
+        if version_problem is not None:
+            return _unsupported_version(job_id=job_id, problem=version_problem, log=log)
         job = None
         if message_org is not None:  # an org_id that is no organisation's claims nothing
             org_id = None if message_org is _ABSENT else message_org
@@ -377,11 +391,34 @@ def _not_claimed(*, job_id: uuid.UUID, message_org: Any, log: Any) -> dict[str, 
 def _tenant_mismatch(
     *, job_id: uuid.UUID, state: ClaimState, message_org: Any, log: Any
 ) -> dict[str, Any]:
-    code = TenantMismatchError.code
     named = "no organisation" if message_org is None else f"organisation {message_org}"
     message = f"the message names {named}; the job is in organisation {state.org_id}"
+    return _fail_unclaimed(
+        job_id=job_id, state=state, code=TenantMismatchError.code, message=message, log=log
+    )
+
+
+def _unsupported_version(*, job_id: uuid.UUID, problem: str, log: Any) -> dict[str, Any]:
+    """A message whose payload version this worker does not read: an unknown job is
+    rejected as any other; a claimable one fails with `UNSUPPORTED_VERSION`."""
+    state = job_claim_state(job_id=job_id)
+    if state is None:
+        log.error("message_names_unknown_job", error=problem)
+        raise Reject("message names an unknown job", requeue=False)
+    code = UnsupportedVersionError.code
+    return _fail_unclaimed(job_id=job_id, state=state, code=code, message=problem, log=log)
+
+
+def _fail_unclaimed(
+    *, job_id: uuid.UUID, state: ClaimState, code: str, message: str, log: Any
+) -> dict[str, Any]:
+    """Fail a job this message must not run, without claiming it (no attempt counted),
+    with a non-retryable dead letter; then reject the message without requeue. A job
+    running elsewhere or ended is left alone (a stray message must not end someone's
+    run): logged, acked."""
+    ignored = f"{code.lower()}_ignored"  # tenant_mismatch_ignored, unsupported_version_...
     if state.status not in _CLAIMABLE:
-        log.error("tenant_mismatch_ignored", error_code=code, status=state.status)
+        log.error(ignored, error_code=code, status=state.status)
         return {"job_id": str(job_id), "outcome": "dropped"}
     try:
         job_fail_with_dead_letter(
@@ -393,7 +430,7 @@ def _tenant_mismatch(
             sources=[state.status],
         )
     except TransitionRefusedError:  # it moved on meanwhile (claimed, cancelled)
-        log.error("tenant_mismatch_ignored", error_code=code, status="changed")
+        log.error(ignored, error_code=code, status="changed")
         return {"job_id": str(job_id), "outcome": "dropped"}
     log.error("job_dead_lettered", reason="nonretryable", error_code=code, error=message)
     raise Reject(f"nonretryable: {code}", requeue=False)

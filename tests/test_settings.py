@@ -91,6 +91,9 @@ def test_a_negative_time_limit_retries_is_refused_and_named():
         ({"ARTEFACT_DOWNLOAD": "email"}, "ARTEFACT_DOWNLOAD='email': use stream or presigned"),
         ({"ARTEFACT_PRESIGNED_EXPIRY_SECONDS": "0"}, "ARTEFACT_PRESIGNED_EXPIRY_SECONDS"),
         ({"JOBOPS_MAX_MESSAGE_BYTES": "1000"}, "JOBOPS_MAX_MESSAGE_BYTES=1000 is below"),
+        ({"JOBOPS_QUORUM_GROUP_SIZE": "-1"}, "JOBOPS_QUORUM_GROUP_SIZE=-1"),
+        ({"JOBOPS_QUORUM_GROUP_SIZE": "100"}, "JOBOPS_QUORUM_GROUP_SIZE=100"),
+        ({"JOBOPS_DLQ_QUEUE_TYPE": "stream"}, "JOBOPS_DLQ_QUEUE_TYPE='stream'"),
         (
             {"ARTEFACT_STORAGE": "s3", "ARTEFACT_S3_BUCKET": ""},
             "ARTEFACT_STORAGE is s3 but ARTEFACT_S3_BUCKET is unset",
@@ -154,8 +157,11 @@ def test_debug_is_off_unless_asked_for():
     assert refused.returncode != 0 and "Refusing to start with DEBUG off" in refused.stderr
 
 
-def test_each_xdist_worker_gets_its_own_vhost_and_redis_db():
+def test_each_xdist_worker_gets_its_own_vhost_and_redis_db(monkeypatch):
+    from config import settings_test
     from config.settings_test import xdist_worker_urls
+
+    monkeypatch.setattr(settings_test, "REDIS_DATABASES", 16)  # a server's default
 
     assert xdist_worker_urls(
         "gw2", "amqp://guest:guest@127.0.0.1:5672/jobops_h4", "redis://127.0.0.1:6379/4"
@@ -167,7 +173,7 @@ def test_each_xdist_worker_gets_its_own_vhost_and_redis_db():
             "redis://127.0.0.1:6379/0",
         )
     with pytest.raises(ImproperlyConfigured, match="no Redis db for xdist worker gw3"):
-        xdist_worker_urls("gw3", "amqp://127.0.0.1//", "redis://127.0.0.1:6379/61")
+        xdist_worker_urls("gw3", "amqp://127.0.0.1//", "redis://127.0.0.1:6379/13")
 
 
 def test_a_process_started_by_an_xdist_worker_keeps_that_workers_vhost_and_redis_db():
