@@ -692,6 +692,11 @@ def print_arms(figures: dict[str, dict[str, Any]]) -> None:
         print(f"      CPU by process: {common.by_role(row['noop_cpu_ms_by_process'])}")
 
 
+def not_measured(report: common.Report, key: str, label: str, unit: str) -> None:
+    print(f"  {label:<34} not measured (the arm failed or did not run)", flush=True)
+    report.data["comparisons"][key] = {"label": label, "value": None, "unit": unit, "met": None}
+
+
 def ratio_row(
     report: common.Report,
     key: str,
@@ -703,8 +708,7 @@ def ratio_row(
     unit: str = "jobs/s",
 ) -> None:
     if value is None or baseline is None:
-        print(f"  {label:<34} not measured (the arm failed or did not run)")
-        report.data["comparisons"][key] = {"label": label, "value": None, "met": None}
+        not_measured(report, key, label, unit)
         return
     report.compare(
         key,
@@ -721,8 +725,7 @@ def target_row(
     report: common.Report, key: str, label: str, value: float | None, unit: str, target: float
 ) -> None:
     if value is None:
-        print(f"  {label:<34} not measured (the arm failed or did not run)")
-        report.data["comparisons"][key] = {"label": label, "value": None, "met": None}
+        not_measured(report, key, label, unit)
         return
     report.target(key, label=label, value=value, unit=unit, target=target, higher_is_better=False)
 
