@@ -468,12 +468,22 @@ def make_arm(name: str, scratch: common.Scratch) -> Arm:
 
 
 # --- phases ------------------------------------------------------------------------------
+def sampler(arm: Arm, workers: Any, this_process: str | None = None) -> common.CpuSampler:
+    """The CPU of the arm's processes and of the servers; of PostgreSQL only what serves
+    the scratch database (and the server's own processes), not another run's tests."""
+    return common.CpuSampler(
+        {"worker": workers, **arm.services()},
+        this_process=this_process,
+        database=arm.scratch.database,
+    )
+
+
 def phase_drain(arm: Arm, kind: str, n: int) -> dict[str, Any]:
     """`n` jobs submitted while no worker runs, then the workers started."""
     arm.reset()
     ids = arm.submit_batch(kind, n)
     workers = arm.start_workers(kind)
-    with common.CpuSampler({"worker": workers, **arm.services()}) as cpu:
+    with sampler(arm, workers) as cpu:
         try:
             arm.wait_done(ids, workers)
         finally:
@@ -495,9 +505,7 @@ def phase_live(arm: Arm, capacity_jobs: int, latency_jobs: int) -> dict[str, Any
         arm.reset()
         arm.wait_done([arm.submit_one("noop") for _ in range(5)], workers)  # warm-up
         arm.reset()
-        with common.CpuSampler(
-            {"worker": workers, **arm.services()}, this_process="submitter"
-        ) as cpu:
+        with sampler(arm, workers, this_process="submitter") as cpu:
             ids = [arm.submit_one("noop") for _ in range(capacity_jobs)]
             arm.wait_done(ids, workers)
         first, last = arm.capacity_window(ids)
@@ -509,9 +517,7 @@ def phase_live(arm: Arm, capacity_jobs: int, latency_jobs: int) -> dict[str, Any
         arm.reset()
         per_s = max(1.0, 0.5 * capacity["jobs_per_s"])
         interval, next_at, ids = 1.0 / per_s, time.monotonic(), []
-        with common.CpuSampler(
-            {"worker": workers, **arm.services()}, this_process="submitter"
-        ) as cpu:
+        with sampler(arm, workers, this_process="submitter") as cpu:
             began = time.time()
             for _ in range(latency_jobs):
                 next_at += interval
