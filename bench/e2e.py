@@ -29,7 +29,11 @@ Prints each figure beside its baseline, writes bench/results/e2e.json.
 
 Usage: python bench/e2e.py [--jobs 2000] [--latency-jobs 500] [--latency-rate R]
        [--concurrency 2] [--prefetch 3] [--profile] [--profile-jobs 200] [--quick]
-       [--keep]
+       [--keep] [--executor postgres]
+
+--executor postgres: the postgres executor's arm instead (`measure_postgres`): the
+no-op drain by `manage.py run_worker`, its CPU per job and submit -> start at half
+that rate, against the same raw Celery baseline.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from bench._jobflow import (
     create_and_drain,
     create_jobs,
     created_times,
+    drain_rate,
     start_times,
     status_counts,
     user_token,
@@ -426,6 +431,147 @@ def measure(
     )
 
 
+# --- --executor postgres: the postgres executor's arm (docs/postgres-executor.md) -----------
+PG_EXECUTOR = {f"JOBOPS_EXECUTOR_{JOB_QUEUE.upper()}": "postgres"}
+STARTUP_SECONDS = 5.0
+
+
+def _run_worker(args: argparse.Namespace, env: dict[str, str]) -> common.Service:
+    """`manage.py run_worker` on the no-op jobs' queue, once it has had time to start."""
+    service = common.Service(
+        bench=NAME,
+        role="run_worker",
+        argv=[
+            *(sys.executable, str(common.ROOT / "manage.py"), "run_worker"),
+            *("--queues", JOB_QUEUE, "--concurrency", str(args.concurrency)),
+        ],
+        env=env,
+    )
+    service.sample_memory()
+    # The bench logs at warning level: no start line to wait for. The drain is timed from
+    # the first `started` entry; the latency run must not submit before the host listens.
+    time.sleep(STARTUP_SECONDS)
+    service.check_alive()
+    return service
+
+
+def measure_postgres(
+    scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], report: common.Report
+) -> None:
+    """The postgres executor against raw Celery (prefork, acks late) on the same machine:
+    1. no-op drain: N jobs created (they wait `pending`: nothing publishes them), then a
+       run_worker with --concurrency workers starts; jobs/s = N / (first `started` ->
+       last `succeeded`), with the CPU ms per job of every process in that window;
+    2. submit -> start and submit -> done p50/p99 at a fixed rate, half the drain rate
+       unless --latency-rate (the run_worker, the dispatchers and the submitter running).
+    Raw Celery before and after, their mean the baseline, as in the Celery arm."""
+    from jobs.services import job_create
+
+    env = {**env, **PG_EXECUTOR}
+    dispatchers = common.start_dispatchers(bench=NAME, env=env)
+    owner = bench_user("bench-e2e")
+    raw_before = run_raw(scratch, args, dispatchers)
+    ids, create_seconds = create_jobs(args.jobs, owner=owner)
+    worker = _run_worker(args, env)
+    with common.CpuSampler({"run_worker": worker, **dispatchers}) as cpu:
+        wait_then_stop(
+            scratch,
+            worker,
+            job_ids=ids,
+            status="succeeded",
+            timeout=max(300, args.jobs),
+            what="the drained jobs",
+        )
+    drain = drain_rate(scratch, ids)
+    drain_cpu = cpu.ms_per_item(drain["first_started_at"], drain["last_succeeded_at"], len(ids))
+    raw_after = run_raw(scratch, args, dispatchers)
+    raw_per_s = round((raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2, 1)
+    per_s = args.latency_rate or max(1.0, 0.5 * drain["jobs_per_s"])
+    worker = _run_worker(args, env)
+    latency_ids: list[str] = []
+    interval, next_at = 1.0 / per_s, time.monotonic()
+    with common.CpuSampler(
+        {"run_worker": worker, **dispatchers}, this_process="submitter"
+    ) as latency_cpu:
+        first = time.time()
+        for _ in range(args.latency_jobs):
+            next_at += interval
+            job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
+            latency_ids.append(str(job.id))
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        last = time.time()
+        wait_then_stop(
+            scratch,
+            worker,
+            job_ids=latency_ids,
+            status="succeeded",
+            timeout=900,
+            what="the latency jobs",
+        )
+    for dispatcher in dispatchers.values():
+        dispatcher.check_alive()
+        dispatcher.stop()
+    to_start, to_done = start_times(scratch, latency_ids)
+    start, done = common.latency_summary(to_start), common.latency_summary(to_done)
+    report.extra("raw_celery", {"before": raw_before, "after": raw_after, "mean": raw_per_s})
+    report.extra(
+        "postgres_drain",
+        {
+            **drain,
+            "create_per_s": common.rate(len(ids), create_seconds),
+            "cpu_ms_per_job": drain_cpu,
+        },
+    )
+    report.extra(
+        "postgres_latency",
+        {
+            "jobs": len(latency_ids),
+            "submit_rate_per_s": round(per_s, 1),
+            "cpu_ms_per_job": latency_cpu.ms_per_item(first, last, len(latency_ids)),
+            "submit_to_start": start,
+            "submit_to_done": done,
+        },
+    )
+    report.compare(
+        "pg_drain",
+        label="no-op drain, postgres executor",
+        value=drain["jobs_per_s"],
+        unit="jobs/s",
+        baseline=raw_per_s,
+        baseline_label="raw Celery (mean of 2)",
+        target=1.0,
+    )
+    _cpu_figure(report, "pg_drain_cpu_ms_per_job", "drain CPU per job", drain_cpu)
+    _cpu_figure(
+        report, "raw_cpu_ms_per_task", "raw Celery CPU per task", raw_after["cpu_ms_per_task"]
+    )
+    report.target(
+        "pg_drain_cpu_ms_per_job_total",
+        label="drain CPU per job, all processes",
+        value=float(drain_cpu["total"]),
+        unit="ms",
+        target=1.0,
+        higher_is_better=False,
+    )
+    report.figure("pg_latency_rate", round(per_s, 1), "jobs/s", "latency run rate")
+    report.figure("pg_submit_to_start_p50_ms", start["p50_ms"], "ms", "submit -> start p50")
+    report.target(
+        "pg_submit_to_start_p99_ms",
+        label="submit -> start p99",
+        value=float(start["p99_ms"] or 0),
+        unit="ms",
+        target=15,
+        higher_is_better=False,
+    )
+    report.figure("pg_submit_to_done_p99_ms", done["p99_ms"], "ms", "submit -> done p99")
+    report.check(
+        "nothing_left",
+        label="every job succeeded",
+        ok=set(status_counts(scratch)) == {"succeeded"},
+        detail=str(status_counts(scratch)),
+    )
+
+
 def main() -> int:
     parser = common.parser_for(__doc__)
     parser.add_argument("--jobs", type=int, help="jobs (and raw tasks) drained [2000]")
@@ -438,11 +584,19 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="add the profile phase")
     parser.add_argument("--profile-only", action="store_true", help="only the profile phase")
     parser.add_argument("--profile-jobs", type=int, help="jobs of the profile phase [200]")
+    parser.add_argument(
+        "--executor",
+        choices=["celery", "postgres"],
+        default="celery",
+        help="the jobs' executor: celery (the default path) or postgres (run_worker)",
+    )
     args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
     with common.Scratch(NAME, keep=args.keep) as scratch:
         scratch.setup_django(JOBOPS_HANDLERS=HANDLERS)
         env = scratch.env(JOBOPS_HANDLERS=HANDLERS)
-        if not args.profile_only:
+        if args.executor == "postgres":
+            measure_postgres(scratch, args, env, report)
+        elif not args.profile_only:
             measure(scratch, args, env, report)
         if args.profile or args.profile_only:
             report.extra("profile", run_profile(scratch, args, report))

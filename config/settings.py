@@ -388,6 +388,39 @@ for _type, _spec in JOB_TYPES.items():
             f"{', '.join(JOB_CATEGORIES)}"
         )
 
+# The executor of each queue (docs/postgres-executor.md), one row per queue of the
+# types table: `celery` (the default: the dispatcher publishes its jobs to RabbitMQ and
+# Celery workers run them) or `postgres` (`manage.py run_worker` claims its jobs from
+# PostgreSQL in batches; nothing goes through the broker).
+# JOBOPS_EXECUTOR_<QUEUE>=postgres, e.g. JOBOPS_EXECUTOR_SIM=postgres.
+JOBOPS_EXECUTORS = ("celery", "postgres")
+JOBOPS_QUEUE_EXECUTORS: dict[str, str] = {}
+for _queue in dict.fromkeys(str(_spec["queue"]) for _spec in JOB_TYPES.values()):
+    _variable = f"JOBOPS_EXECUTOR_{_queue.upper()}"
+    _executor = env_str(_variable, "celery").strip().lower()
+    if _executor not in JOBOPS_EXECUTORS:
+        raise ImproperlyConfigured(
+            f"{_variable}={_executor!r} must be one of {', '.join(JOBOPS_EXECUTORS)}"
+        )
+    JOBOPS_QUEUE_EXECUTORS[_queue] = _executor
+# run_worker (the postgres executor): its runners are processes (`processes`, the
+# default: a handler's time limits are enforced, CPU-bound work runs in parallel) or
+# threads (`threads`: cheaper, for I/O-bound types; no time limit can stop a thread, the
+# reaper reclaims a job that overran its hard limit); --pool overrides it.
+JOBOPS_WORKER_POOL = env_str("JOBOPS_WORKER_POOL", "processes")
+if JOBOPS_WORKER_POOL not in ("processes", "threads"):
+    raise ImproperlyConfigured(
+        f"JOBOPS_WORKER_POOL={JOBOPS_WORKER_POOL!r} must be processes or threads"
+    )
+# With no NOTIFY (a retry coming due, a resumed queue), run_worker looks for due jobs
+# at least this often; and on SIGTERM it lets running jobs finish for this long.
+JOBOPS_WORKER_POLL_SECONDS = env_float("JOBOPS_WORKER_POLL_SECONDS", 1.0)
+JOBOPS_WORKER_GRACE_SECONDS = env_float("JOBOPS_WORKER_GRACE_SECONDS", 30.0)
+if JOBOPS_WORKER_POLL_SECONDS <= 0 or JOBOPS_WORKER_GRACE_SECONDS < 0:
+    raise ImproperlyConfigured(
+        "JOBOPS_WORKER_POLL_SECONDS must be above 0 and JOBOPS_WORKER_GRACE_SECONDS not negative"
+    )
+
 # The work a job's params plan (a schema's estimate, e.g. sim steps x step_seconds) may
 # fill at most this fraction of its type's soft time limit. The rest is headroom for a
 # slow host and the database: a job planned to the limit itself hits it near the end of

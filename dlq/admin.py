@@ -58,10 +58,15 @@ from dlq.services.fix_forward import (
 from dlq.services.selection import PERMISSIONS, RETRYABLE_REASONS, names_rows
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState, ParamsEditState
 from jobs.selectors import JobFilterError, job_filter_from_list
-from jobs.topology import dlq_names
+from jobs.topology import dlq_has_broker_copy, dlq_names
 from tenants.selectors import operator_org_ids
 
 ACTIONS = ("replay", "discard")
+# What the peek page says of a queue the postgres executor runs.
+NO_BROKER_DLQ = (
+    "No broker DLQ: this queue runs on the postgres executor, and its dead letters are the "
+    "database rows (the dead letters page lists them; replay and discard work the same)."
+)
 # ?age= on the list and the action pages -> (created_after, created_before) offsets.
 AGES = {
     "1h": ("last hour", datetime.timedelta(hours=1), None),
@@ -342,11 +347,15 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         except ValueError:
             limit = 20
         error, found, depth = None, [], None
-        try:
-            depth = dlq_depths(queues=[queue]).get(queue)
-            messages_ = dlq_peek(queue=queue, limit=limit)
-        except BROKER_ERRORS as exc:
-            error, messages_ = f"RabbitMQ cannot be reached: {exc}", []
+        messages_ = []
+        if not dlq_has_broker_copy(queue):
+            error = NO_BROKER_DLQ
+        else:
+            try:
+                depth = dlq_depths(queues=[queue]).get(queue)
+                messages_ = dlq_peek(queue=queue, limit=limit)
+            except BROKER_ERRORS as exc:
+                error = f"RabbitMQ cannot be reached: {exc}"
         # A limited operator sees only the messages of their organisations' jobs, and
         # not the depth (it counts every tenant's messages).
         org_ids = operator_org_ids(request.user)

@@ -88,6 +88,17 @@ class DeadLetterRateLimitedError(ApplicationError):
         self.retry_after = retry_after
 
 
+class NoBrokerDlqError(ApplicationError):
+    """A peek of the DLQ of a queue the postgres executor runs: it has no broker copy."""
+
+    code = "ERR-DLQ-409"
+    http_status = 409
+    default_message = (
+        "This queue runs on the postgres executor: it has no broker DLQ, its dead letters "
+        "are the database rows (GET /api/v1/admin/dlq counts them; replay and discard work)."
+    )
+
+
 class BrokerUnavailableError(ApplicationError):
     code = "ERR-DLQ-503"
     http_status = 503

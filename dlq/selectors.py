@@ -15,7 +15,7 @@ from dlq.errors import BulkOperationNotFoundError
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.selectors import SEARCH_MAX_CHARS, Search, id_fragment_q, too_long_note
-from jobs.topology import dlq_names
+from jobs.topology import dlq_has_broker_copy, dlq_names
 from tenants.selectors import operator_org_ids
 
 log = structlog.get_logger("dlq")
@@ -109,11 +109,13 @@ def dlq_overview(*, org_ids: Iterable[int] | None = None) -> list[dict[str, Any]
     `org_ids` (a limited operator's organisations): counts of their rows only, and no
     broker depth (a queue's depth counts every tenant's messages)."""
     names = dlq_names()
+    # A postgres queue has no broker DLQ (docs/postgres-executor.md): its rows are all.
+    brokered = [name for name in names if dlq_has_broker_copy(name)]
     depths: dict[str, int | None] = dict.fromkeys(names)
     broker_error = None
     try:
-        if org_ids is None:
-            depths = dlq_depths(queues=names)
+        if org_ids is None and brokered:
+            depths = dlq_depths(queues=brokered)
     except Exception as exc:  # the page must render with the broker down
         log.warning("dlq_depths_unavailable", error=repr(exc))
         depths, broker_error = dict.fromkeys(names), repr(exc)
@@ -132,7 +134,8 @@ def dlq_overview(*, org_ids: Iterable[int] | None = None) -> list[dict[str, Any]
             "depth": depths.get(name),
             "open": counts.get(name, {}).get("open", 0),
             "replayable": counts.get(name, {}).get("replayable", 0),
-            "broker_error": broker_error,
+            "broker_error": broker_error if dlq_has_broker_copy(name) else None,
+            "broker_dlq": dlq_has_broker_copy(name),
         }
         for name in [*names, *extra]
     ]

@@ -93,6 +93,8 @@ DLQ_DEPTH = Gauge(
 )
 DLQ_REPLAY = Counter("dlq_replay", "Dead letters replayed")
 CANCELLATION = Counter("cancellation", "Jobs cancelled")
+# A worker's write refused by its fence: the job was reclaimed from under it (JobLost).
+JOBS_LOST = Counter("jobs_lost", "Finished runs whose job was reclaimed meanwhile", ["type"])
 PROGRESS_UPDATE = Counter("progress_update", "Progress values written to the database")
 OUTBOX_RELAYED = Counter("outbox_relayed", "Outbox events published to events.jobs")
 JOBS_PURGED = Counter(

@@ -21,7 +21,11 @@
 -- only the locked row can fill; `h0`..`h3` say which (jobs.queries.HOLE: 1 seq,
 -- 2 the status left, 3 the attempt, 4 the percent the row holds after a progress
 -- write, 5 the entry's `context`: the job's tenant and identity with `request_id`,
--- jobs_audit_context in jobs/migrations/0014; NULL: no hole). Arrays travel in binary: psycopg's text format escapes every
+-- jobs_audit_context in jobs/migrations/0014; NULL: no hole), and `each`, each job's own
+-- values of a batch transition as JSON text (NULL: none; jobs/migrations/0021): its
+-- fence's `attempt`, `percent`, `run_in`, and `result`, `last_error_code`,
+-- `last_error_message`, `progress_step`, `progress_message`, each in place of the
+-- statement's one value of the same name. Arrays travel in binary: psycopg's text format escapes every
 -- element in Python, 16 ms for a publish batch's 500 pieces against 0.7 ms in binary.
 --
 -- locked: the compare-and-set. Each condition is off when its parameter is NULL (false):
@@ -59,11 +63,12 @@
 WITH i AS (
     SELECT * FROM jobs_entries(
         %(ids)b::text[], %(p0)b::text[], %(p1)b::text[], %(p2)b::text[], %(p3)b::text[],
-        %(p4)b::text[]
+        %(p4)b::text[], %(each)b::text[]
     )
 ),
 locked AS (
     SELECT jobs.id, jobs.status, jobs.audit_seq + 1 AS seq, jobs.audit_head AS prev_hash,
+           i.v AS each,
            i.p0 || coalesce(h.v[%(h0)s::int], '') || i.p1 || coalesce(h.v[%(h1)s::int], '')
            || i.p2 || coalesce(h.v[%(h2)s::int], '') || i.p3 || coalesce(h.v[%(h3)s::int], '')
            || i.p4 AS payload
@@ -73,12 +78,13 @@ locked AS (
         (jobs.audit_seq + 1)::text,
         jobs.status::text,
         (jobs.attempts + (%(claim_for)s::text IS NOT NULL)::int)::text,
-        GREATEST(jobs.progress_percent, %(percent)s::int)::text,
+        GREATEST(jobs.progress_percent, coalesce((i.v->>'percent')::int, %(percent)s::int))::text,
         jobs_audit_context(jobs, %(request_id)s::text)
     ] AS v) AS h
     WHERE (%(sources)s::text[] IS NULL OR jobs.status = ANY(%(sources)s::text[]))
       AND (%(locked_by)s::text IS NULL OR (jobs.status = 'running'
-           AND jobs.locked_by = %(locked_by)s::text AND jobs.attempts = %(attempt)s::int))
+           AND jobs.locked_by = %(locked_by)s::text
+           AND jobs.attempts = coalesce((i.v->>'attempt')::int, %(attempt)s::int)))
       AND (%(claim_for)s::text IS NULL OR jobs.status <> 'retrying'
            OR jobs.next_run_at <= now())
       AND (%(stale_after)s::float8 IS NULL
@@ -108,32 +114,45 @@ upd AS (
         attempts = jobs.attempts + (%(claim_for)s::text IS NOT NULL)::int,
         max_attempts = jobs.max_attempts + %(extend_attempts)s::int,
         next_run_at = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
+                           WHEN locked.each ? 'run_in' THEN now()
+                               + make_interval(secs => (locked.each->>'run_in')::float8)
                            WHEN %(run_in)s::float8 IS NOT NULL
                                THEN now() + make_interval(secs => %(run_in)s::float8)
                            WHEN %(set_next_run_at)s::boolean THEN %(next_run_at)s::timestamptz
                            ELSE jobs.next_run_at END,
         progress_percent = CASE WHEN %(claim_for)s::text IS NOT NULL THEN 0
-                                WHEN %(percent)s::int IS NOT NULL
-                                    THEN GREATEST(jobs.progress_percent, %(percent)s::int)
+                                WHEN coalesce((locked.each->>'percent')::int, %(percent)s::int)
+                                    IS NOT NULL THEN GREATEST(jobs.progress_percent,
+                                    coalesce((locked.each->>'percent')::int, %(percent)s::int))
                                 WHEN %(set_progress_percent)s::boolean
                                     THEN %(progress_percent)s::int
                                 ELSE jobs.progress_percent END,
         progress_step = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
+                             WHEN locked.each ? 'progress_step'
+                                 THEN locked.each->>'progress_step'
                              WHEN %(set_progress_step)s::boolean THEN %(progress_step)s::text
                              ELSE jobs.progress_step END,
         progress_message = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
+                                WHEN locked.each ? 'progress_message'
+                                    THEN locked.each->>'progress_message'
                                 WHEN %(set_progress_message)s::boolean
                                     THEN %(progress_message)s::text
                                 ELSE jobs.progress_message END,
         progress_updated_at = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
-                                   WHEN %(percent)s::int IS NOT NULL THEN now()
+                                   WHEN coalesce((locked.each->>'percent')::int,
+                                                 %(percent)s::int) IS NOT NULL THEN now()
                                    ELSE jobs.progress_updated_at END,
-        result = CASE WHEN %(set_result)s::boolean THEN %(result)s::jsonb
+        result = CASE WHEN locked.each ? 'result' THEN nullif(locked.each->'result', 'null')
+                      WHEN %(set_result)s::boolean THEN %(result)s::jsonb
                       ELSE jobs.result END,
-        last_error_code = CASE WHEN %(set_last_error_code)s::boolean
+        last_error_code = CASE WHEN locked.each ? 'last_error_code'
+                                   THEN locked.each->>'last_error_code'
+                               WHEN %(set_last_error_code)s::boolean
                                    THEN %(last_error_code)s::text
                                ELSE jobs.last_error_code END,
-        last_error_message = CASE WHEN %(set_last_error_message)s::boolean
+        last_error_message = CASE WHEN locked.each ? 'last_error_message'
+                                      THEN locked.each->>'last_error_message'
+                                  WHEN %(set_last_error_message)s::boolean
                                       THEN %(last_error_message)s::text
                                   ELSE jobs.last_error_message END,
         dead_letter_queue = CASE WHEN %(set_dead_letter_queue)s::boolean
@@ -292,13 +311,64 @@ RETURNING jobs.id;
 
 
 -- name: heartbeat
--- Refreshes the lock while the worker that claimed this attempt still holds it; no
--- version bump (a client sees no change). Returns the cancel flag, so the heartbeat
--- also brings cancellation to the worker.
+-- Refreshes the locks of the jobs `ids` (each with its holder in `locked_by` and its
+-- attempt in `attempts`: a Celery worker's one job, or every job a run_worker host
+-- holds) while each holder still holds that attempt; no version bump (a client sees no
+-- change). Returns each job still held with its cancel flag, so the heartbeat also
+-- brings cancellation to the worker; a job not returned was lost.
 UPDATE jobs SET locked_at = now()
-WHERE id = %(job_id)s AND jobs.status = 'running'
-  AND jobs.locked_by = %(locked_by)s AND jobs.attempts = %(attempt)s
-RETURNING cancel_requested;
+FROM unnest(%(ids)s::uuid[], %(locked_by)s::text[], %(attempts)s::int[])
+    AS h(id, locked_by, attempt)
+WHERE jobs.id = h.id AND jobs.status = 'running'
+  AND jobs.locked_by = h.locked_by AND jobs.attempts = h.attempt
+RETURNING jobs.id, jobs.cancel_requested;
+
+
+-- name: claimable_jobs
+-- The postgres executor's claim (docs/postgres-executor.md): up to `limit` jobs of the
+-- `queues` that may run now, locked for the caller's transaction, which then claims
+-- them with job_append (`claim_for`: its compare-and-set, the `started` entries and
+-- events). Highest priority first, then oldest, over each queue's `pending` jobs
+-- (jobs_pending_priority_idx, one ordered probe per queue, stopping at the LIMIT) and
+-- its due `retrying` jobs (jobs_retry_due_idx; retries are few); rows another claimer
+-- holds are skipped. Never a job of a paused queue (queue_pauses), of a suspended
+-- organisation, or of a type in `skip_types` (its connector's breaker is open). A
+-- scheduled job becomes pending through the dispatcher first.
+SELECT c.id FROM (
+    SELECT d.id, d.priority, d.created_at FROM unnest(%(queues)s::text[]) AS q(queue)
+    CROSS JOIN LATERAL (
+        SELECT jobs.id, jobs.priority, jobs.created_at FROM jobs
+        WHERE jobs.status = 'pending' AND jobs.queue = q.queue
+          AND jobs.type <> ALL(%(skip_types)s::text[])
+          AND NOT EXISTS (
+              SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
+        ORDER BY jobs.priority DESC, jobs.created_at
+        LIMIT %(limit)s::int
+        FOR UPDATE OF jobs SKIP LOCKED
+    ) AS d
+    WHERE NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = q.queue)
+    UNION ALL
+    SELECT r.id, r.priority, r.created_at FROM (
+        SELECT jobs.id, jobs.priority, jobs.created_at FROM jobs
+        WHERE jobs.status = 'retrying' AND jobs.next_run_at <= now()
+          AND jobs.queue = ANY(%(queues)s::text[]) AND jobs.type <> ALL(%(skip_types)s::text[])
+          AND NOT EXISTS (
+              SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
+          AND NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = jobs.queue)
+        ORDER BY jobs.next_run_at
+        LIMIT %(limit)s::int
+        FOR UPDATE OF jobs SKIP LOCKED
+    ) AS r
+) AS c
+ORDER BY c.priority DESC, c.created_at
+LIMIT %(limit)s::int;
+
+
+-- name: next_retry_due
+-- Seconds until the earliest retry of the `queues` comes due (NULL: none waits), so
+-- that run_worker sleeps no longer than until then: jobs_retry_due_idx in order.
+SELECT EXTRACT(EPOCH FROM min(next_run_at) - now())::float8 FROM jobs
+WHERE status = 'retrying' AND queue = ANY(%(queues)s::text[]);
 
 
 -- name: worker_lock
@@ -332,7 +402,8 @@ FROM jobs WHERE id = %(job_id)s;
 -- live queue, `w` counts at most `window` of its queued jobs (jobs_unfinished_idx),
 -- then one ordered scan of jobs_pending_priority_idx stops at the room's LIMIT (a
 -- nested-loop anti join against the small organisations table keeps that order). A
--- paused queue is an anti join on queue_pauses before any of its rows is read.
+-- paused queue is an anti join on queue_pauses before any of its rows is read, and so
+-- is a queue in `skip_queues` (run by the postgres executor: never published).
 WITH RECURSIVE queues AS (
     (SELECT queue FROM jobs WHERE status = 'pending' ORDER BY queue LIMIT 1)
     UNION ALL
@@ -357,6 +428,7 @@ CROSS JOIN LATERAL (
     FOR UPDATE OF jobs SKIP LOCKED
 ) AS d
 WHERE queues.queue IS NOT NULL AND w.room > 0
+  AND queues.queue <> ALL(%(skip_queues)s::text[])
   AND NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = queues.queue)
 LIMIT %(limit)s;
 
@@ -366,9 +438,11 @@ LIMIT %(limit)s;
 -- first (jobs_retry_due_idx); a suspended organisation's retries and a paused
 -- queue's stay `retrying` and come due after `resume` (anti joins on the small
 -- organisations and queue_pauses tables keep the index order). A retry is not held
--- to the window: it was in the broker once already, and retries are few.
+-- to the window: it was in the broker once already, and retries are few. Never one of
+-- `skip_queues` (the postgres executor's: run_worker claims them).
 SELECT jobs.* FROM jobs
 WHERE status = 'retrying' AND next_run_at <= %(before)s AND id <> ALL(%(skip)s::uuid[])
+  AND queue <> ALL(%(skip_queues)s::text[])
   AND NOT EXISTS (
       SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
   AND NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = jobs.queue)

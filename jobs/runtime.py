@@ -45,20 +45,20 @@ from jobs.selectors import ClaimState, job_claim_state, job_time_limit_retries
 from jobs.services import (
     WORKER,
     Fence,
+    Finish,
     HoldReason,
     artefact_save,
     backoff_delay,
-    job_cancel_confirm,
     job_claim,
     job_fail_with_dead_letter,
+    job_finish,
     job_heartbeat,
     job_hold,
     job_lock_state,
     job_progress_write,
-    job_retry,
-    job_succeed,
     validate_result,
 )
+from jobs.states import Status
 from jobs.types import JobType, get_type
 
 logger = structlog.get_logger("jobs.runtime")
@@ -390,6 +390,30 @@ def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
     """Steps 3 and 4 of the module docstring for a job this delivery claimed."""
     job_id = job.id
     fence = Fence(locked_by, job.attempts)
+    ctx, spec, outcome, error, result = run_handler(
+        job=job, fence=fence, log=log, heartbeats=HEARTBEATS
+    )
+    log = ctx.log
+    if outcome == "lost" or ctx._lost.is_set():
+        log.warning("job_lost_stopping")
+        return {"job_id": str(job_id), "outcome": "lost"}
+    try:
+        return _finish(ctx=ctx, job=job, spec=spec, outcome=outcome, error=error, result=result)
+    except JobLost:
+        log.warning("job_lost_stopping")
+        metrics.JOBS_LOST.labels(type=job.type).inc()
+        return {"job_id": str(job_id), "outcome": "lost"}
+    except DB_DOWN_ERRORS as exc:
+        raise _requeue_db_down(log, exc) from exc
+
+
+def run_handler(
+    *, job: Job, fence: Fence, log: Any, heartbeats: Heartbeats | None
+) -> tuple[JobContext, JobType, str, BaseException | None, dict[str, Any] | None]:
+    """Run a claimed job's handler with its `JobContext`, as both executors do: returns
+    the context, the type, and the outcome (`succeeded` with its result, `cancelled`,
+    `lost`, or `error` with the exception). `heartbeats` keeps the lock alive meanwhile
+    (a Celery worker's; run_worker's host beats for all its jobs itself)."""
     log = log.bind(
         attempt=job.attempts, idempotency_key=str(job.id), queue=job.queue, job_type=job.type
     )
@@ -397,7 +421,8 @@ def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
     spec = get_type(job.type)
     assert spec is not None
     log.info("job_started")
-    HEARTBEATS.add(ctx)
+    if heartbeats is not None:
+        heartbeats.add(ctx)
     outcome, error, result = "succeeded", None, None
     in_progress = metrics.JOB_IN_PROGRESS.labels(type=job.type)
     in_progress.inc()
@@ -416,19 +441,11 @@ def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
         except Exception as exc:
             outcome, error = "error", exc
     finally:
-        HEARTBEATS.remove(ctx)
+        if heartbeats is not None:
+            heartbeats.remove(ctx)
         in_progress.dec()
         metrics.JOB_DURATION.labels(type=job.type).observe(time.monotonic() - started)
-    if outcome == "lost" or ctx._lost.is_set():
-        log.warning("job_lost_stopping")
-        return {"job_id": str(job_id), "outcome": "lost"}
-    try:
-        return _finish(ctx=ctx, job=job, spec=spec, outcome=outcome, error=error, result=result)
-    except JobLost:
-        log.warning("job_lost_stopping")
-        return {"job_id": str(job_id), "outcome": "lost"}
-    except DB_DOWN_ERRORS as exc:
-        raise _requeue_db_down(log, exc) from exc
+    return ctx, spec, outcome, error, result
 
 
 def _finish(
@@ -440,54 +457,92 @@ def _finish(
     error: BaseException | None,
     result: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    log, fence = ctx.log, ctx._fence
-    progress = ctx.take_pending_progress()
-    summary: dict[str, Any] = {"job_id": str(job.id), "attempt": fence.attempt}
+    finish = finish_decide(ctx=ctx, job=job, spec=spec, outcome=outcome, error=error, result=result)
+    job_finish(finish=finish, fence=ctx._fence)
+    finish_log(ctx.log, finish)
+    summary: dict[str, Any] = {"job_id": str(job.id), "attempt": finish.attempt}
+    if finish.target == Status.FAILED:
+        # Committed; now the broker copy: reject without requeue -> <q>.dlx -> <q>_dlq.
+        raise Reject(f"{finish.reason}: {finish.error_code}", requeue=False)
+    if finish.target == Status.RETRYING:
+        summary["delay"] = finish.delay
+    return {**summary, "outcome": str(finish.target)}
+
+
+def finish_decide(
+    *,
+    ctx: JobContext,
+    job: Job,
+    spec: JobType,
+    outcome: str,
+    error: BaseException | None,
+    result: dict[str, Any] | None,
+) -> Finish:
+    """How a run ends (docs/architecture.md#outcomes-of-a-run), for both executors to
+    write: succeeded; cancelled (also an error after a cancel request: the user asked
+    to stop); an error classified (`classify`) as a retry with a jittered backoff while
+    attempts remain (a soft time limit only JOBOPS_TIME_LIMIT_RETRIES times per job),
+    else failed with its dead letter's reason."""
+    attempt, progress = ctx._fence.attempt, ctx.take_pending_progress()
     if outcome == "succeeded":
-        job_succeed(job_id=job.id, fence=fence, result=result, progress=progress)
-        log.info("job_succeeded")
-        return {**summary, "outcome": "succeeded"}
+        return Finish(job.id, attempt, Status.SUCCEEDED, result=result, progress=progress)
     if outcome == "cancelled":
-        job_cancel_confirm(job_id=job.id, fence=fence, progress=progress)
-        log.info("job_cancelled")
-        return {**summary, "outcome": "cancelled"}
+        return Finish(job.id, attempt, Status.CANCELLED, progress=progress)
     assert error is not None
     kind, code = classify(error)
     message = f"{type(error).__name__}: {error}"[:2000]
     if ctx.cancel_requested():
         # The user asked to stop: a failure after that ends the job as they asked, not
         # as a retry or a dead letter someone would have to discard.
-        job_cancel_confirm(job_id=job.id, fence=fence, progress=progress)
-        log.info("job_cancelled", after_error=code)
-        return {**summary, "outcome": "cancelled"}
+        return Finish(job.id, attempt, Status.CANCELLED, error_code=code, progress=progress)
     if isinstance(error, SoftTimeLimitExceeded):
-        kind, message = _time_limit_outcome(job=job, spec=spec, attempt=fence.attempt)
-    if kind == "retry" and fence.attempt < job.max_attempts:
-        delay = backoff_delay(attempt=fence.attempt, cap=spec.backoff_cap)
-        job_retry(
-            job_id=job.id,
-            fence=fence,
-            delay=delay,
+        kind, message = _time_limit_outcome(job=job, spec=spec, attempt=attempt)
+    if kind == "retry" and attempt < job.max_attempts:
+        delay = backoff_delay(attempt=attempt, cap=spec.backoff_cap)
+        return Finish(
+            job.id,
+            attempt,
+            Status.RETRYING,
             error_code=code,
             error_message=message,
+            delay=delay,
             progress=progress,
         )
-        log.warning("job_retrying", error_code=code, delay=round(delay, 3), error=message)
-        return {**summary, "outcome": "retrying", "delay": delay}
     reason = {"retry": "exhausted", "fatal": "fatal", "nonretryable": "nonretryable"}[kind]
-    if progress:
-        job_progress_write(job_id=job.id, fence=fence, **progress)
-    job_fail_with_dead_letter(
-        job_id=job.id,
-        reason=reason,
-        actor=WORKER,
+    return Finish(
+        job.id,
+        attempt,
+        Status.FAILED,
         error_code=code,
         error_message=message,
-        fence=fence,
+        reason=reason,
+        progress=progress,
     )
-    log.error("job_dead_lettered", reason=reason, error_code=code, error=message)
-    # Committed; now the broker copy: reject without requeue -> <q>.dlx -> <q>_dlq.
-    raise Reject(f"{reason}: {code}", requeue=False)
+
+
+def finish_log(log: Any, finish: Finish) -> None:
+    """The log line of a run's end once it is written (the same for both executors)."""
+    if finish.target == Status.SUCCEEDED:
+        log.info("job_succeeded")
+    elif finish.target == Status.CANCELLED:
+        if finish.error_code:
+            log.info("job_cancelled", after_error=finish.error_code)
+        else:
+            log.info("job_cancelled")
+    elif finish.target == Status.RETRYING:
+        log.warning(
+            "job_retrying",
+            error_code=finish.error_code,
+            delay=round(finish.delay or 0, 3),
+            error=finish.error_message,
+        )
+    else:
+        log.error(
+            "job_dead_lettered",
+            reason=finish.reason,
+            error_code=finish.error_code,
+            error=finish.error_message,
+        )
 
 
 def _time_limit_outcome(*, job: Job, spec: JobType, attempt: int) -> tuple[str, str]:

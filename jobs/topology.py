@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from kombu import Exchange, Queue, binding
 
-from jobs.types import primary_queue_names
+from jobs.types import POSTGRES, primary_queue_names, queue_executor
 
 JOBS_EXCHANGE = Exchange("jobs.direct", type="direct", durable=True)
 EVENTS_EXCHANGE = Exchange("events.jobs", type="topic", durable=True)
@@ -62,6 +62,13 @@ def job_queues() -> list[Queue]:
 def dlq_names() -> list[str]:
     """Every dead-letter queue, `<q>_dlq`, in the types table's order."""
     return [dlq_name(name) for name in primary_queue_names()]
+
+
+def dlq_has_broker_copy(name: str) -> bool:
+    """Whether the DLQ `name` (`<q>_dlq`) receives broker copies: not for a queue the
+    postgres executor runs (docs/postgres-executor.md), whose dead letters are the
+    database rows alone."""
+    return queue_executor(name.removesuffix("_dlq")) != POSTGRES
 
 
 def is_dlq(name: str) -> bool:

@@ -87,3 +87,18 @@ def get_type(name: str) -> JobType | None:
 def primary_queue_names() -> list[str]:
     """The primary queues, in table order, without repeats."""
     return list(dict.fromkeys(t.queue for t in all_types().values()))
+
+
+# A queue's executor (settings.JOBOPS_QUEUE_EXECUTORS, docs/postgres-executor.md).
+CELERY, POSTGRES = "celery", "postgres"
+
+
+def queue_executor(queue: str) -> str | None:
+    """`celery` or `postgres` for a queue of the types table; None for any other name."""
+    return settings.JOBOPS_QUEUE_EXECUTORS.get(queue)
+
+
+def postgres_queues() -> list[str]:
+    """The queues `manage.py run_worker` runs (JOBOPS_EXECUTOR_<QUEUE>=postgres), in table
+    order: the dispatcher publishes none of their jobs to the broker."""
+    return [q for q in primary_queue_names() if queue_executor(q) == POSTGRES]

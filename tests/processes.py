@@ -9,7 +9,8 @@ subprocess only sees committed rows):
         job_finished(job.id)            # polls (tests.polling.wait_for), fails loudly
     w.log_text()                        # the worker's stdout+stderr, for assertions
 
-- `celery_worker(...)`, `dispatcher_process(...)`: context managers; they start the
+- `celery_worker(...)`, `dispatcher_process(...)`, `run_worker_process(...)` (the
+  postgres executor): context managers; they start the
   process with the fast test timings of `FAST_ENV`, wait (with a deadline) until it is
   ready, and stop it on exit (SIGTERM to the process, then SIGKILL of its group).
 - `run_manage(...)`, `run_dispatcher_once(...)`: one command to its end.
@@ -293,6 +294,25 @@ def dispatcher_process(
     process = Process(args, subprocess_env(**(env or {})), name)
     with _started(process, "dispatcher_started", 30) as dispatcher:
         yield dispatcher
+
+
+@contextmanager
+def run_worker_process(
+    *,
+    queues: Iterable[str] = (),
+    concurrency: int = 2,
+    pool: str = "processes",
+    env: dict[str, str] | None = None,
+    name: str | None = None,
+) -> Iterator[Process]:
+    """Start `manage.py run_worker` (the postgres executor) on `queues` (none: every queue
+    configured postgres in `env`) and wait until it runs."""
+    name = name or f"rw{uuid.uuid4().hex[:6]}"
+    args = [sys.executable, "manage.py", "run_worker", "--concurrency", str(concurrency)]
+    args += ["--pool", pool] + (["--queues", ",".join(queues)] if queues else [])
+    process = Process(args, subprocess_env(**(env or {})), name)
+    with _started(process, "run_worker_started", 30) as worker:
+        yield worker
 
 
 def run_dispatcher_once(*, env: dict[str, str] | None = None) -> dict[str, Any]:

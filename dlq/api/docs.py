@@ -30,6 +30,11 @@ ERRORS: ErrorTable = {
         "ERR-DLQ-404: no such dead-letter queue, queue or bulk operation.",
         ["ERR-DLQ-404"],
     ),
+    409: (
+        "ERR-DLQ-409: a peek of the DLQ of a queue the postgres executor runs: it has no "
+        "broker DLQ, its dead letters are the database rows; or a fix-forward conflict.",
+        ["ERR-DLQ-409"],
+    ),
     415: ("ERR-HTTP-415: the body is not `application/json`.", ["ERR-HTTP-415"]),
     422: (
         "ERR-DLQ-422: a selection the service refuses (job ids without any dead letter in "

@@ -33,6 +33,10 @@ class DlqQueueOutputSerializer(serializers.Serializer):
     broker_error = serializers.CharField(
         allow_null=True, help_text="Why the depth is unknown (RabbitMQ unreachable)."
     )
+    broker_dlq = serializers.BooleanField(
+        help_text="False for a queue the postgres executor runs: no broker DLQ, its dead "
+        "letters are the database rows (no peek; replay and discard work the same)."
+    )
 
 
 class DeadLetterBriefSerializer(serializers.Serializer):

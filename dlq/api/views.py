@@ -38,6 +38,7 @@ from dlq.errors import (
     DeadLetterPermissionError,
     DeadLetterRateLimitedError,
     JobsFilterInvalidError,
+    NoBrokerDlqError,
     OrganisationNotFoundError,
     UnknownQueueError,
 )
@@ -51,7 +52,7 @@ from dlq.selectors import (
 )
 from dlq.services.cancel import jobs_cancel_by_filter
 from jobs.selectors import JobFilter, JobFilterError, job_filter_check
-from jobs.topology import dlq_names
+from jobs.topology import dlq_has_broker_copy, dlq_names
 from tenants.models import Scope
 from tenants.permissions import HasRequiredScope
 from tenants.selectors import operator_org_ids, organisation_get
@@ -135,13 +136,16 @@ class DlqPeekApi(DlqApiView):
                 "Staff limited to some organisations see only the messages of their "
                 "organisations' jobs among them.",
             ),
-            **error_responses(400, 401, 403, 404, 429, 503),
+            # 409: the queue runs on the postgres executor (no broker DLQ).
+            **error_responses(400, 401, 403, 404, 409, 429, 503),
         },
     )
     def get(self, request: Request, queue: str) -> Response:
         _require_queue(queue)
         query = self.DlqPeekQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
+        if not dlq_has_broker_copy(queue):
+            raise NoBrokerDlqError()
         try:
             messages = dlq_peek(queue=queue, limit=query.validated_data["limit"])
         except BROKER_ERRORS as exc:

@@ -9,7 +9,8 @@ Split by concern, re-exported here so that callers say `from jobs.services impor
   seen, the dispatcher's release_keys step releases those past their TTL;
 - `cancellation`: `job_cancel`;
 - `publishing`: a confirmed publish moves a job to `queued`; the dispatcher's pass;
-- `worker`: claim, heartbeat, progress, succeed, retry, cancel confirm;
+- `worker`: claim, heartbeat, progress, succeed, retry, cancel confirm, and the
+  postgres executor's batches of them (`jobs_claim`, `jobs_heartbeat`, `jobs_finish`);
 - `holds`: a worker hands back a queued job it may not run now (a suspended organisation);
 - `dead_letters`: failing a job with its dead letter, and the one insert of dead-letter rows;
 - `reaper`: reclaiming jobs whose worker was lost;
@@ -48,14 +49,19 @@ from jobs.services.transitions import (
 )
 from jobs.services.worker import (
     WORKER,
+    Finish,
     backoff_delay,
     job_cancel_confirm,
     job_claim,
+    job_finish,
     job_heartbeat,
     job_lock_state,
     job_progress_write,
     job_retry,
     job_succeed,
+    jobs_claim,
+    jobs_finish,
+    jobs_heartbeat,
     validate_result,
 )
 
@@ -63,6 +69,7 @@ __all__ = [
     "WORKER",
     "BrokerCopy",
     "Fence",
+    "Finish",
     "HoldReason",
     "NewDeadLetter",
     "Progress",
@@ -76,6 +83,7 @@ __all__ = [
     "job_claim",
     "job_create",
     "job_fail_with_dead_letter",
+    "job_finish",
     "job_heartbeat",
     "job_hold",
     "job_key_repeat",
@@ -92,7 +100,10 @@ __all__ = [
     "job_submit",
     "job_succeed",
     "jobs_audit",
+    "jobs_claim",
     "jobs_fail_with_dead_letters",
+    "jobs_finish",
+    "jobs_heartbeat",
     "params_hash",
     "publish_due_once",
     "reap_once",

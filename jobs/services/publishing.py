@@ -28,7 +28,7 @@ from jobs.queries import QUERIES
 from jobs.services.dead_letters import job_fail_with_dead_letter
 from jobs.services.transitions import transition_many
 from jobs.states import Status
-from jobs.types import get_type
+from jobs.types import POSTGRES, get_type, postgres_queues, queue_executor
 
 log = structlog.get_logger("jobs.publishing")
 PUBLISHER = Actor.system("publisher")
@@ -44,13 +44,14 @@ def job_publish(
 
     For an operator's replay that asks for it, and for tools; the dispatcher publishes
     in batches (`publish_due_once`). Anything not publishable (already queued, running,
-    ended) is left alone and False returned. Raises when the broker refused or could
-    not take the message (the job is unchanged).
+    ended, or a job of a postgres queue) is left alone and False returned. Raises when
+    the broker refused or could not take the message (the job is unchanged).
     """
     sources = sources or (Status.PENDING, Status.RETRYING)
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(id=job_id, status__in=sources).first()
-        if job is None:
+        # A postgres queue's job never goes through the broker: run_worker claims it.
+        if job is None or queue_executor(job.queue) == POSTGRES:
             return False
         message_publish(job=job, timeout=timeout)
         _mark_queued([job])
@@ -160,7 +161,13 @@ def _due(status: str, *, limit: int, pending_after: float | None = None) -> list
             pending_after = settings.JOBOPS_DISPATCH_PENDING_AFTER_SECONDS
         before -= timedelta(seconds=pending_after)
     statement = QUERIES[f"due_{status}_jobs"]
-    params = {"before": before, "skip": _backing_off(), "limit": limit}
+    # The postgres executor's queues are never published (run_worker claims their jobs).
+    params = {
+        "before": before,
+        "skip": _backing_off(),
+        "limit": limit,
+        "skip_queues": postgres_queues(),
+    }
     if status == Status.PENDING:
         params["window"] = settings.JOBOPS_BROKER_WINDOW
     rows = execute_prepared(statement, params)
@@ -243,7 +250,9 @@ def republish_queued(*, batch: int = PUBLISH_BATCH) -> int:
     after: Q = Q()
     while True:
         rows = list(
-            Job.objects.filter(after, status=Status.QUEUED).order_by("created_at", "id")[:batch]
+            Job.objects.filter(after, status=Status.QUEUED)
+            .exclude(queue__in=postgres_queues())
+            .order_by("created_at", "id")[:batch]
         )
         if not rows:
             log.info("queued_jobs_republished", count=published)

@@ -9,6 +9,7 @@ request, an operator's note) run the same statement with other parameters.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -72,6 +73,43 @@ class Progress:
         return cls(percent, value.get("step"), value.get("message"))
 
 
+# What a job of a batch transition may have of its own (`Each.fields`): job_append's
+# `each` (jobs/queries.sql) applies these in place of the statement's one value.
+EACH_FIELDS = frozenset({"result", "last_error_code", "last_error_message"})
+
+
+@dataclass(frozen=True)
+class Each:
+    """One job's own values in `transition_each`: the attempt its fence holds (with the
+    batch's lock holder), its retry delay, its last progress value, its `fields`
+    (EACH_FIELDS) and its audit entry's data."""
+
+    job_id: uuid.UUID | str
+    attempt: int | None = None
+    run_in: float | None = None
+    progress: Progress | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    audit_data: dict[str, Any] | None = None
+
+    def values(self) -> str:
+        """The JSON text of job_append's `each` element for this job."""
+        unknown = set(self.fields) - EACH_FIELDS
+        if unknown:
+            raise ValueError(f"a batch transition cannot set {sorted(unknown)} per job")
+        values: dict[str, Any] = dict(self.fields)
+        if self.attempt is not None:
+            values["attempt"] = int(self.attempt)
+        if self.run_in is not None:
+            values["run_in"] = float(self.run_in)
+        if self.progress is not None:
+            values.update(
+                percent=self.progress.percent,
+                progress_step=self.progress.step,
+                progress_message=self.progress.message,
+            )
+        return json.dumps(values, allow_nan=False)
+
+
 class TransitionOptions(TypedDict, total=False):
     """What a transition does besides the status (each a parameter of job_append).
 
@@ -87,7 +125,9 @@ class TransitionOptions(TypedDict, total=False):
     - `progress`: a last progress value (monotonic); `complete`: progress 100 %;
     - `extend_attempts`: `max_attempts` grows by this many (a replay's fresh budget);
     - `fields`: plain column values (SETTABLE_FIELDS);
-    - `event_type`: the audit event, when not the target state's own (`reclaimed`...).
+    - `event_type`: the audit event, when not the target state's own (`reclaimed`...);
+    - `notify`: NOTIFY jobs_pending or not (default: for a job back in `pending`, and a
+      claim, which frees a place in its queue's broker window).
     Leaving `running` always releases the lock (only a running job holds one).
     """
 
@@ -104,6 +144,7 @@ class TransitionOptions(TypedDict, total=False):
     extend_attempts: int | None
     fields: dict[str, Any] | None
     event_type: str | None
+    notify: bool
 
 
 def transition(
@@ -139,17 +180,47 @@ def transition(
     return changed[0]
 
 
+def transition_each(
+    *,
+    each: list[Each],
+    target: str,
+    actor: Actor,
+    locked_by: str | None = None,
+    **options: Unpack[TransitionOptions],
+) -> list[Job]:
+    """`transition_many` where each job has values of its own (`Each`), in one
+    statement: the postgres executor's window of finished jobs of one outcome. With
+    `locked_by`, each job's write is fenced by that holder and the job's own
+    `Each.attempt`; a job whose fence failed (reclaimed meanwhile) is simply not among
+    the jobs returned, and the others are unaffected."""
+    if not each:
+        return []
+    by_id = {str(e.job_id): e for e in each}
+    return transition_many(
+        job_ids=[e.job_id for e in each],
+        target=target,
+        actor=actor,
+        audit_data={k: e.audit_data for k, e in by_id.items() if e.audit_data},
+        _each=by_id,
+        _holder=locked_by,
+        **options,
+    )
+
+
 def transition_many(
     *,
     job_ids: list[uuid.UUID | str],
     target: str,
     actor: Actor,
     audit_data: dict[str, dict[str, Any]] | None = None,
+    _each: dict[str, Each] | None = None,
+    _holder: str | None = None,
     **options: Unpack[TransitionOptions],
 ) -> list[Job]:
     """`transition` for many jobs in one statement (the dispatcher's publish batch, a
     replay chunk); `audit_data` is per job id. Returns the jobs that moved: a job the
-    compare-and-set refused is simply not among them."""
+    compare-and-set refused is simply not among them. (`_each`, `_holder`:
+    transition_each's per-job values and fence holder.)"""
     sources = options.get("sources")
     fence, claim_for = options.get("fence"), options.get("claim_for")
     progress, complete = options.get("progress"), options.get("complete", False)
@@ -180,10 +251,12 @@ def transition_many(
         entries=entries,
         event_type=options.get("event_type") or EVENT_FOR_STATUS[target],
         actor=actor,
+        each={k: e.values() for k, e in (_each or {}).items()},
         change=_Change(
             target=target,
             sources=sorted(source_set),
             fence=fence,
+            holder=_holder,
             claim_for=claim_for,
             stale_after=options.get("stale_after"),
             org_id=options.get("org_id"),
@@ -198,12 +271,14 @@ def transition_many(
             # A job back in `pending` (a replay) waits for the dispatcher: wake it. So
             # does a claim: it frees a place in its queue's broker window, which the
             # dispatcher refills from the pending backlog at once (due_pending_jobs).
-            notify=target == Status.PENDING or claim_for is not None,
+            notify=options.get("notify", target == Status.PENDING or claim_for is not None),
         ),
     )
     jobs = [model_from_row(Job, row, rows.columns) for row in rows]
     for job in jobs:
-        _count_transition(job, target, writes_progress=progress is not None)
+        own = (_each or {}).get(str(job.id))
+        writes = progress is not None or (own is not None and own.progress is not None)
+        _count_transition(job, target, writes_progress=writes)
     return jobs
 
 
@@ -216,6 +291,7 @@ class _Change:
     target: str | None = None
     sources: list[str] | None = None
     fence: Fence | None = None
+    holder: str | None = None  # a fence whose attempt is each job's own (`each`)
     claim_for: str | None = None
     stale_after: float | None = None
     org_id: int | None = None
@@ -235,7 +311,7 @@ class _Change:
         params: dict[str, Any] = {
             "target": self.target,
             "sources": self.sources,
-            "locked_by": fence.locked_by if fence else None,
+            "locked_by": fence.locked_by if fence else self.holder,
             "attempt": fence.attempt if fence else None,
             "claim_for": self.claim_for,
             "stale_after": None if self.stale_after is None else float(self.stale_after),
@@ -258,7 +334,12 @@ class _Change:
 
 
 def _append(
-    *, entries: dict[Any, dict[str, Any]], event_type: str, actor: Actor, change: _Change
+    *,
+    entries: dict[Any, dict[str, Any]],
+    event_type: str,
+    actor: Actor,
+    change: _Change,
+    each: dict[str, str] | None = None,
 ) -> Rows:
     """Run job_append (jobs/queries.sql) for `entries` (job id -> the entry's data, with
     its Holes): one canonical template per job, cut where the database fills in.
@@ -296,6 +377,7 @@ def _append(
     params = {
         **change.params(),
         "ids": [str(job_id) for job_id in templates],
+        "each": [(each or {}).get(str(job_id)) for job_id in templates],
         **{f"p{n}": [p[n] for p in pieces] for n in range(MAX_HOLES + 1)},
         **{f"h{n}": hole for n, hole in enumerate(filled)},
         "event_type": event_type,

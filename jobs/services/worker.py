@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -22,7 +23,16 @@ from jobs.errors import ResultInvalidError
 from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Job
 from jobs.queries import QUERIES
-from jobs.services.transitions import Fence, Progress, job_progress_audit, transition
+from jobs.services.dead_letters import job_fail_with_dead_letter
+from jobs.services.transitions import (
+    Each,
+    Fence,
+    Progress,
+    job_progress_audit,
+    transition,
+    transition_each,
+    transition_many,
+)
 from jobs.states import Status
 
 WORKER = Actor.system("worker")
@@ -75,12 +85,62 @@ def job_heartbeat(*, job_id: uuid.UUID | str, fence: Fence) -> bool:
 
     Returns the job's `cancel_requested`; raises JobLost when the lock is gone.
     """
-    with connection.cursor() as cursor:
-        cursor.execute(QUERIES["heartbeat"], _fenced(job_id, fence))
-        row = cursor.fetchone()
-    if row is None:
+    held = jobs_heartbeat(held={job_id: fence})
+    if not held:
         raise _lost(job_id, fence)
-    return bool(row[0])
+    return next(iter(held.values()))
+
+
+def jobs_heartbeat(*, held: dict[Any, Fence]) -> dict[uuid.UUID, bool]:
+    """Refresh the locks of every job in `held` (job id -> its fence) in one statement:
+    a run_worker host's beat for all the jobs it runs. Returns the cancel flag of each
+    job still held; a job missing from the answer was lost (reclaimed)."""
+    if not held:
+        return {}
+    params: dict[str, Any] = {
+        "ids": [str(job_id) for job_id in held],
+        "locked_by": [fence.locked_by for fence in held.values()],
+        "attempts": [fence.attempt for fence in held.values()],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["heartbeat"], params)
+        return {row[0]: bool(row[1]) for row in cursor.fetchall()}
+
+
+def jobs_claim(
+    *, queues: list[str], locked_by: str, limit: int, skip_types: list[str] | None = None
+) -> list[Job]:
+    """Claim up to `limit` jobs of `queues` for a run_worker host
+    (docs/postgres-executor.md): highest priority first, then oldest, skipping paused
+    queues, suspended organisations, the types of `skip_types` and rows another
+    claimer holds; in one transaction, the locking select (claimable_jobs) and one
+    job_append claiming them all (the compare-and-set of `job_claim`: each job's lock,
+    attempt and `started` entry and event). Returns the claimed jobs, highest priority
+    first."""
+    if limit < 1 or not queues:
+        return []
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                QUERIES["claimable_jobs"],
+                {"queues": queues, "skip_types": skip_types or [], "limit": limit},
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return []
+        claimed = transition_many(
+            job_ids=ids,
+            target=Status.RUNNING,
+            sources=[Status.PENDING, Status.RETRYING],
+            actor=WORKER,
+            claim_for=locked_by,
+            org_active=True,
+            queue_active=True,
+            # No broker window to refill, and run_worker's own LISTEN would wake it.
+            notify=False,
+        )
+    order = {job_id: n for n, job_id in enumerate(ids)}
+    return sorted(claimed, key=lambda job: order[job.id])
 
 
 def job_lock_state(*, job_id: uuid.UUID | str, fence: Fence) -> bool:
@@ -204,3 +264,119 @@ def _leave_running(
         progress=Progress.from_value(progress),
         **options,
     )
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How one run of a job ended, as the runtime decided it (jobs.runtime.finish_decide):
+    `target` succeeded (with `result`), cancelled, retrying (with `delay` and the error)
+    or failed (with the dead letter's `reason` and the error); `progress`, the last
+    coalesced progress value, goes with it. Written by the lock holder at `attempt`."""
+
+    job_id: uuid.UUID
+    attempt: int
+    target: str
+    result: dict[str, Any] | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    delay: float | None = None
+    reason: str | None = None
+    progress: dict[str, Any] | None = None
+
+
+def job_finish(*, finish: Finish, fence: Fence) -> None:
+    """Write one run's end (a Celery worker's), fenced; JobLost when the job was
+    reclaimed. A failure flushes the last progress value, then fails the job with its
+    dead letter."""
+    job_id, progress = finish.job_id, finish.progress
+    if finish.target == Status.SUCCEEDED:
+        job_succeed(job_id=job_id, fence=fence, result=finish.result, progress=progress)
+    elif finish.target == Status.CANCELLED:
+        job_cancel_confirm(job_id=job_id, fence=fence, progress=progress)
+    elif finish.target == Status.RETRYING:
+        assert finish.delay is not None and finish.error_code is not None
+        job_retry(
+            job_id=job_id,
+            fence=fence,
+            delay=finish.delay,
+            error_code=finish.error_code,
+            error_message=finish.error_message or "",
+            progress=progress,
+        )
+    else:
+        _fail(finish, fence)
+
+
+def _fail(finish: Finish, fence: Fence) -> None:
+    if finish.progress:
+        job_progress_write(job_id=finish.job_id, fence=fence, **finish.progress)
+    job_fail_with_dead_letter(
+        job_id=finish.job_id,
+        reason=finish.reason or "exhausted",
+        actor=WORKER,
+        error_code=finish.error_code,
+        error_message=finish.error_message,
+        fence=fence,
+    )
+
+
+def jobs_finish(*, finishes: list[Finish], locked_by: str) -> list[Finish]:
+    """Write a window of finished runs of one lock holder (a run_worker host) in batches
+    (docs/postgres-executor.md): one job_append per outcome (succeeded, retrying,
+    cancelled) for all of that outcome's jobs, each fenced by `locked_by` and its own
+    attempt, each with its own entry and event; a failure one at a time, with its
+    dead letter (no broker copy: the database row is the dead letter). Returns the
+    finishes whose fence failed (their jobs were reclaimed: nothing of theirs is
+    written); the others are unaffected."""
+    written: set[uuid.UUID] = set()
+    for target in (Status.SUCCEEDED, Status.RETRYING, Status.CANCELLED):
+        group = [f for f in finishes if f.target == target]
+        if group:
+            moved = transition_each(
+                each=[_each(f) for f in group],
+                target=target,
+                actor=WORKER,
+                locked_by=locked_by,
+                sources=[Status.RUNNING],
+                complete=target == Status.SUCCEEDED,
+                fields=(
+                    {"last_error_code": None, "last_error_message": None}
+                    if target == Status.SUCCEEDED
+                    else None
+                ),
+            )
+            written.update(job.id for job in moved)
+    for finish in finishes:
+        if finish.target == Status.FAILED:
+            try:
+                _fail(finish, Fence(locked_by, finish.attempt))
+            except JobLost:
+                continue
+            written.add(finish.job_id)
+    return [f for f in finishes if f.job_id not in written]
+
+
+def _each(finish: Finish) -> Each:
+    """A finish as the per-job values of its outcome's batch transition (as job_succeed,
+    job_retry and job_cancel_confirm write one)."""
+    progress = Progress.from_value(finish.progress)
+    if finish.target == Status.SUCCEEDED:
+        if progress is not None:  # success writes 100 % with the last step and message
+            progress = Progress(100, progress.step, progress.message)
+        return Each(
+            finish.job_id, finish.attempt, progress=progress, fields={"result": finish.result}
+        )
+    if finish.target == Status.RETRYING:
+        code, delay = finish.error_code, float(finish.delay or 0)
+        return Each(
+            finish.job_id,
+            finish.attempt,
+            run_in=delay,
+            progress=progress,
+            fields={
+                "last_error_code": code,
+                "last_error_message": (finish.error_message or "")[:2000],
+            },
+            audit_data={"error_code": code, "delay_ms": round(delay * 1000)},
+        )
+    return Each(finish.job_id, finish.attempt, progress=progress)

@@ -71,7 +71,32 @@ def test_the_list_shows_each_dlq_with_depth_and_open_dead_letters(viewer_api, br
     worker_lost()
     queues = {q["queue"]: q for q in viewer_api.get(DLQ).json()}
     assert set(queues) >= {"default_dlq", "sim_dlq", "erp_dlq"}
-    assert queues["sim_dlq"] == {"queue": "sim_dlq", "depth": 0, "open": 1, "broker_error": None}
+    assert queues["sim_dlq"] == {
+        "queue": "sim_dlq",
+        "depth": 0,
+        "open": 1,
+        "broker_error": None,
+        "broker_dlq": True,
+    }
+
+
+def test_a_postgres_queue_has_no_broker_dlq_to_peek_and_its_rows_still_count(
+    viewer_api, broker, settings
+):
+    """docs/postgres-executor.md: its dead letters are the database rows alone."""
+    settings.JOBOPS_QUEUE_EXECUTORS = {**settings.JOBOPS_QUEUE_EXECUTORS, "sim": "postgres"}
+    worker_lost()
+    queues = {q["queue"]: q for q in viewer_api.get(DLQ).json()}
+    assert queues["sim_dlq"] == {
+        "queue": "sim_dlq",
+        "depth": None,
+        "open": 1,
+        "broker_error": None,
+        "broker_dlq": False,
+    }
+    refused = viewer_api.get(f"{DLQ}/sim_dlq/peek", {"limit": 5})
+    assert refused.status_code == 409 and _code(refused) == "ERR-DLQ-409"
+    assert "no broker DLQ" in refused.json()["error"]["message"]
 
 
 def test_peek_shows_messages_with_their_rows_and_consumes_nothing(viewer_api, amqp):
