@@ -42,6 +42,7 @@ Usage: python bench/executors.py [--jobs 2000] [--slow-jobs 1000] [--capacity-jo
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -818,9 +819,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, help="finished jobs seeded [1000000]")
     parser.add_argument("--repeat", type=int, help="rounds; each figure is their median [3]")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
-    parser.add_argument("--child", help=argparse_hidden())
-    parser.add_argument("--phases", default="noop,sleep10,live", help=argparse_hidden())
-    parser.add_argument("--out", help=argparse_hidden())
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--phases", default="noop,sleep10,live", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
     if args.child:
         return run_child(args)
@@ -873,12 +874,6 @@ def main() -> int:
         )
         report.write(scratch)
     return 1 if report.failed else 0
-
-
-def argparse_hidden() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":
