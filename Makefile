@@ -90,15 +90,21 @@ worker: install
 dispatcher: install
 	$(MANAGE) run_dispatcher
 
-# Every benchmark at its real size (about 35 min on 2 busy cores), each in its own scratch
+# Every benchmark at its real size (about 75 min on 2 busy cores), each in its own scratch
 # database and vhost (jobops_bench_*); `make bench BENCH_ARGS=--quick` runs them small,
 # BENCH_ARGS="--only api,e2e" picks some. Figures: bench/results/*.json (docs/benchmarks.md).
+# The peers that bench/executors.py measures (Procrastinate) come from the `bench` extra.
 BENCH_ARGS ?=
-bench: install
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,otel,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 lock:
-	$(PY) -m venv /tmp/jobops-lock && /tmp/jobops-lock/bin/pip install -q -e '.[dev,otel]' \
+	$(PY) -m venv /tmp/jobops-lock && /tmp/jobops-lock/bin/pip install -q -e '.[dev,otel,bench]' \
 	  && /tmp/jobops-lock/bin/pip freeze --exclude-editable > constraints.txt
 
 clean:
