@@ -81,8 +81,10 @@ test: lint typecheck docs-check
 # Its former name, from when coverage was not yet part of `make test`.
 coverage: test
 
-# The tests `make test` leaves out (`heavy`); .ci/run runs them after it. Exit 5 is
-# pytest's "no test selected".
+# The tests `make test` leaves out (`heavy`); .ci/run runs them after it. Among them the
+# broker-node-loss test, which starts a three-node RabbitMQ cluster on this machine
+# (deploy/rabbitmq-cluster.sh: the Debian rabbitmq-server package, ports 5781-5783).
+# Exit 5 is pytest's "no test selected".
 test-heavy: install
 	$(BIN)/pytest -m heavy --timeout=600 || [ $$? -eq 5 ]
 
@@ -92,15 +94,21 @@ worker: install
 dispatcher: install
 	$(MANAGE) run_dispatcher
 
-# Every benchmark at its real size (about 35 min on 2 busy cores), each in its own scratch
+# Every benchmark at its real size (about 75 min on 2 busy cores), each in its own scratch
 # database and vhost (jobops_bench_*); `make bench BENCH_ARGS=--quick` runs them small,
 # BENCH_ARGS="--only api,e2e" picks some. Figures: bench/results/*.json (docs/benchmarks.md).
+# The peers that bench/executors.py measures (Procrastinate) come from the `bench` extra.
 BENCH_ARGS ?=
-bench: install
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,otel,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 lock:
-	$(PY) -m venv /tmp/jobops-lock && /tmp/jobops-lock/bin/pip install -q -e '.[dev,otel]' \
+	$(PY) -m venv /tmp/jobops-lock && /tmp/jobops-lock/bin/pip install -q -e '.[dev,otel,bench]' \
 	  && /tmp/jobops-lock/bin/pip freeze --exclude-editable > constraints.txt
 
 clean:

@@ -463,7 +463,9 @@ class CpuSampler:
     by name: a run's whole cost, not only the part in Python. Sampled every `interval`
     in a background thread; a process counts from the first sample that sees it.
     `this_process` names the role of the benchmark's own process, when it does part of
-    each item's work (submitting jobs, as an API worker would).
+    each item's work (submitting jobs, as an API worker would). With `database`, the
+    PostgreSQL backends serving other databases are left out (another run's tests on
+    the same server); the server's own processes (WAL writer, checkpointer, ...) stay in.
     """
 
     def __init__(
@@ -472,9 +474,11 @@ class CpuSampler:
         interval: float = 0.25,
         *,
         this_process: str | None = None,
+        database: str | None = None,
     ) -> None:
         self._services = services
         self._this_process = this_process
+        self._database = database
         self._interval = interval
         self._seen: dict[int, tuple[str, float, float]] = {}  # pid -> (role, first, last)
         self._samples: list[tuple[float, dict[str, float]]] = []
@@ -501,6 +505,8 @@ class CpuSampler:
             if entry.name.isdigit():
                 try:
                     role = SERVER_ROLES.get((entry / "comm").read_text().strip())
+                    if role == "postgres" and self._database and self._other_database(entry):
+                        continue
                 except OSError:
                     continue
                 if role:
@@ -510,6 +516,14 @@ class CpuSampler:
         if self._this_process:
             roles[os.getpid()] = self._this_process
         return roles
+
+    def _other_database(self, proc: Path) -> bool:
+        """A client backend ("postgres: [cluster: ]user database host(port) state")
+        of a database other than ours."""
+        title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        words = title.split()
+        client = next((n for n, w in enumerate(words) if "(" in w or w == "[local]"), None)
+        return client is not None and client >= 2 and words[client - 1] != self._database
 
     def _sample(self) -> None:
         now = time.time()

@@ -4,7 +4,9 @@ A quorum queue shaped like jobops' (`x-dead-letter-*`, delivery limit, max lengt
 acks late, reject on worker loss, failures not acked, publisher confirms, jobops'
 hardened consumer, results ignored, no database. Each task stamps the time of its
 first and last run and counts itself in Redis (keys under BENCH_RAW_KEY), so that
-tasks/s = count / (first -> last), as jobops' figure is measured from its audit trail.
+tasks/s = count / (first -> last), as jobops' figure is measured from its audit trail;
+a `timed` task also stamps its own start (hash `<key>:start`, field = its number), for
+submit -> start. `sleep10` is the same task with 10 ms of waiting (bench/executors.py).
 
 The worker runs `celery -A bench._raw_celery worker -Q bench_raw ...`.
 """
@@ -27,17 +29,19 @@ KEY_ENV = "BENCH_RAW_KEY"
 app = Celery("bench_raw", set_as_current=False)
 
 
-def _config() -> dict[str, Any]:
+def celery_config(queue_name: str = QUEUE) -> dict[str, Any]:
+    """The broker and worker settings of the baseline, for a queue of that shape
+    (bench/_celery_results.py adds its result backend to the same)."""
     # The queue arguments of jobs/topology.py (docs/architecture.md), written out: importing the
     # app's topology module here would tie the baseline to its internals.
     queue = Queue(
-        QUEUE,
+        queue_name,
         exchange=Exchange("bench.direct", type="direct", durable=True),
-        routing_key=QUEUE,
+        routing_key=queue_name,
         durable=True,
         queue_arguments={
             "x-queue-type": "quorum",
-            "x-dead-letter-exchange": f"{QUEUE}.dlx",
+            "x-dead-letter-exchange": f"{queue_name}.dlx",
             "x-dead-letter-strategy": "at-least-once",
             "x-overflow": "reject-publish",
             "x-delivery-limit": 20,
@@ -49,7 +53,7 @@ def _config() -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {"confirm_publish": True},
         "task_queues": [queue],
-        "task_default_queue": QUEUE,
+        "task_default_queue": queue_name,
         "task_create_missing_queues": False,
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
@@ -61,7 +65,7 @@ def _config() -> dict[str, Any]:
     }
 
 
-app.add_defaults(_config)
+app.add_defaults(celery_config)
 
 
 @lru_cache(maxsize=1)
@@ -72,22 +76,39 @@ def _redis() -> Any:
     return redis.Redis.from_url(os.environ["REDIS_URL"])
 
 
-@app.task(name="bench.noop")
-def noop(i: int) -> None:
+def _stamp(i: int, started: float, timed: bool) -> None:
     key, now = os.environ[KEY_ENV], repr(time.time())
     with _redis().pipeline(transaction=False) as pipe:
-        pipe.set(f"{key}:first", now, nx=True)
+        pipe.set(f"{key}:first", repr(started), nx=True)
         pipe.set(f"{key}:last", now)
         pipe.incr(f"{key}:done")
+        if timed:
+            pipe.hset(f"{key}:start", str(i), repr(started))
         pipe.execute()
 
 
-def publish(n: int) -> None:
-    """Declare the queue, empty it and publish `n` tasks (with confirms)."""
+@app.task(name="bench.noop")
+def noop(i: int, timed: bool = False) -> None:
+    _stamp(i, time.time(), timed)
+
+
+@app.task(name="bench.sleep10")
+def sleep10(i: int, timed: bool = False) -> None:
+    started = time.time()
+    time.sleep(0.01)
+    _stamp(i, started, timed)
+
+
+def declare_and_purge() -> None:
     with app.connection_for_write() as conn:
         queue = app.conf.task_queues[0]
         queue(conn.default_channel).declare()
         queue(conn.default_channel).purge()
-        with app.producer_or_acquire() as producer:
-            for i in range(n):
-                noop.apply_async(args=[i], producer=producer)
+
+
+def publish(n: int, task: Any = noop) -> None:
+    """Declare the queue, empty it and publish `n` tasks (with confirms)."""
+    declare_and_purge()
+    with app.producer_or_acquire() as producer:
+        for i in range(n):
+            task.apply_async(args=[i], producer=producer)

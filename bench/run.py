@@ -21,6 +21,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("audit", []),
     ("api", []),
     ("e2e", ["--profile"]),
+    ("executors", []),
     ("events", []),
     ("dlq_replay", []),
     ("burst", []),

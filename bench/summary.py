@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ORDER = ["audit", "api", "e2e", "events", "dlq_replay", "burst", "scale"]
+ORDER = ["audit", "api", "e2e", "executors", "events", "dlq_replay", "burst", "scale"]
 
 
 def load(directory: Path) -> dict[str, dict[str, Any]]:

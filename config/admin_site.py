@@ -29,7 +29,9 @@ from core.admin_base import ReadOnlyAdmin
 from core.errors import ApplicationError
 from core.otp_devices import verification_wait
 from jobs.models import Job
-from jobs.selectors import queue_pauses
+from jobs.selectors import connectors_state, queue_pauses
+from jobs.services.connectors import REASON_MAX_CHARS as CONNECTOR_REASON_MAX_CHARS
+from jobs.services.connectors import connector_close, connector_open
 from jobs.services.queues import REASON_MAX_CHARS, queue_pause, queue_resume
 from jobs.types import primary_queue_names
 from tenants.selectors import operator_org_ids, operator_organisations
@@ -73,7 +75,12 @@ class JobopsAdminSite(OTPAdminSite):
             self.admin_view(self.queue_control),
             name="queue_control",
         )
-        return [panel, control, *super().get_urls()]
+        breaker = path(
+            "connectors/<str:name>/<str:action>/",
+            self.admin_view(self.connector_control),
+            name="connector_control",
+        )
+        return [panel, control, breaker, *super().get_urls()]
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         context = {**self._dashboard_context(request), **(extra_context or {})}
@@ -119,6 +126,42 @@ class JobopsAdminSite(OTPAdminSite):
         }
         return TemplateResponse(request, "admin/jobops/queue_control.html", context)
 
+    def connector_control(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
+        """Open or close a connector's breaker (docs/connectors.md): GET asks for the
+        justification, POST acts (audited on the ops chain) and goes back to the
+        dashboard. Only an operator with jobs.control_connector who is not limited to
+        some organisations: a breaker holds every tenant's jobs of its connector."""
+        states = {s.name: s for s in connectors_state()}
+        if action not in ("open", "close") or name not in states:
+            raise Http404("no such connector control")
+        if not can_control_connectors(request.user):
+            raise PermissionDenied("opening a breaker needs an unrestricted operator")
+        error = None
+        reason = ""
+        if request.method == "POST":
+            reason = request.POST.get("reason", "")
+            control = connector_open if action == "open" else connector_close
+            try:
+                control(
+                    name=name, reason=reason, actor=Actor.operator(request.user), user=request.user
+                )
+            except ApplicationError as exc:
+                error = exc.message
+            else:
+                done = "opened" if action == "open" else "closed"
+                messages.success(request, f"Connector {name}'s breaker {done}.")
+                return HttpResponseRedirect(reverse("admin:index"))
+        context = {
+            **self.each_context(request),
+            "title": f"{action.capitalize()} connector {name}",
+            "connector": states[name],
+            "action": action,
+            "reason": reason,
+            "error": error,
+            "reason_max": CONNECTOR_REASON_MAX_CHARS,
+        }
+        return TemplateResponse(request, "admin/jobops/connector_control.html", context)
+
     def _dashboard_context(self, request: HttpRequest) -> dict[str, Any]:
         """The figures of the organisation chosen with ?org=<slug> among those the
         staff member may see; by default all of them (for a limited operator, all of
@@ -139,9 +182,19 @@ class JobopsAdminSite(OTPAdminSite):
             "until it is resumed."
             for name, pause in sorted(pauses.items())
         ]
+        # Read fresh too (a row per connector): an open breaker holds jobs of every queue.
+        connectors = connectors_state()
+        breakers = [
+            f"Connector {c.name} is {c.state.replace('_', '-')}: its jobs wait"
+            + (f" for the probe at {c.next_probe_at:%H:%M:%S} UTC." if c.state == "open" else ".")
+            for c in connectors
+            if c.state != "closed"
+        ]
         return {
             "overview": overview,
-            "problems": paused + overview["problems"],
+            "problems": paused + breakers + overview["problems"],
+            "connectors": connectors,
+            "can_control_connectors": can_control_connectors(request.user),
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
             "organisations": orgs,
             "chosen_org": chosen,
@@ -154,6 +207,11 @@ class JobopsAdminSite(OTPAdminSite):
 def can_pause_queues(user: Any) -> bool:
     """An operator with jobs.pause_queue who is not limited to some organisations."""
     return bool(user.has_perm("jobs.pause_queue")) and operator_org_ids(user) is None
+
+
+def can_control_connectors(user: Any) -> bool:
+    """An operator with jobs.control_connector who is not limited to some organisations."""
+    return bool(user.has_perm("jobs.control_connector")) and operator_org_ids(user) is None
 
 
 def login_locked_out(

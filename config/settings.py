@@ -7,6 +7,7 @@ DEBUG off, `check_production_safety` refuses to start on an unsafe default.
 from __future__ import annotations
 
 import base64
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,9 @@ DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/jobop
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
 if not DATABASES["default"]["ENGINE"].endswith("postgresql"):
     raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (triggers, SKIP LOCKED)")
+# Django's PostgreSQL backend with django-prometheus' counters: statements, their
+# durations, errors and new connections (django_db_*, docs/operations/observability.md).
+DATABASES["default"]["ENGINE"] = "django_prometheus.db.backends.postgresql"
 DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_jobops")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -232,6 +236,8 @@ if not SECURE_HSTS_PRELOAD:
     SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 # --- services ----------------------------------------------------------------
+# One URL, or every node of a RabbitMQ cluster separated by `;` (each a full URL): every
+# connection jobops opens tries them in turn and moves to the next when one is lost.
 BROKER_URL = env_str("BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # The smallest deployment (docs/smallest-deployment.md): PostgreSQL alone. Off, nothing
@@ -366,6 +372,8 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "time_limit": 300,
         "params_serializer": "jobs.params.ErpParams",
         "handler": "jobs.handlers.erp.run",
+        # The external system its handler calls: its breaker (docs/connectors.md).
+        "connector": "erp",
     },
 }
 # A deployment swaps handlers without code changes: {"sim": "mypkg.handlers.sim"}.
@@ -379,7 +387,9 @@ for _type, _path in env_json("JOBOPS_HANDLERS", {}).items():
 # A type's own key TTL or retention (a duration: "14d") replaces its category's.
 # A type's own max_retries or backoff_cap replaces its category's (JOBOPS_CATEGORY_RETRIES).
 _TYPE_DURATIONS = {"key_ttl", "retention"}
-_TYPE_FIELDS = _TYPE_DURATIONS | set(_RETRY_FIELDS)
+# A type's connector (and whether its create answers 409 while the connector is open) may
+# be set on any type: {"ai": {"connector": "openai", "connector_open": "refuse"}}.
+_TYPE_FIELDS = _TYPE_DURATIONS | set(_RETRY_FIELDS) | {"connector", "connector_open"}
 for _type, _fields in env_json("JOBOPS_JOB_TYPES", {}).items():
     if _type not in JOB_TYPES or not set(_fields) <= set(JOB_TYPES[_type]) | _TYPE_FIELDS:
         raise ImproperlyConfigured(f"JOBOPS_JOB_TYPES: unknown type or field in {_type!r}")
@@ -436,6 +446,82 @@ if JOBOPS_WORKER_POLL_SECONDS <= 0 or JOBOPS_WORKER_GRACE_SECONDS < 0:
     raise ImproperlyConfigured(
         "JOBOPS_WORKER_POLL_SECONDS must be above 0 and JOBOPS_WORKER_GRACE_SECONDS not negative"
     )
+
+# Connectors and their breakers (docs/connectors.md). A type names the external system
+# its handler calls (`connector`); each connector's breaker opens after `failures`
+# consecutive connector failures (timeouts, 5xx, connection errors), stays open
+# `cooldown_seconds`, then lets one job probe. Jobs that meet an open breaker wait
+# `retrying` until its probe time plus up to `jitter_seconds`; those that meet a probe
+# under way wait `probe_wait_seconds` (plus jitter). A type's `connector_open`: "wait"
+# (the default: creation accepts and the job waits) or "refuse" (POST /api/v1/jobs
+# answers 409 ERR-CONNECTOR-OPEN while its connector is open).
+_CONNECTOR_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+JOBOPS_CONNECTOR_DEFAULTS: dict[str, float] = {
+    "failures": env_int("JOBOPS_CONNECTOR_FAILURES", 5),
+    "cooldown_seconds": env_float("JOBOPS_CONNECTOR_COOLDOWN_SECONDS", 1800.0),
+    "probe_wait_seconds": env_float("JOBOPS_CONNECTOR_PROBE_WAIT_SECONDS", 30.0),
+    "jitter_seconds": env_float("JOBOPS_CONNECTOR_JITTER_SECONDS", 60.0),
+}
+# Each field's bounds: a breaker that opens at once, or never closes, is a mistake.
+_CONNECTOR_BOUNDS: dict[str, tuple[float, float]] = {
+    "failures": (1, 1000),
+    "cooldown_seconds": (1, 7 * 86400),
+    "probe_wait_seconds": (0.1, 86400),
+    "jitter_seconds": (0, 86400),
+}
+for _type, _spec in JOB_TYPES.items():
+    _connector = _spec.get("connector")
+    if _connector is not None and not (
+        isinstance(_connector, str) and _CONNECTOR_NAME.match(_connector)
+    ):
+        raise ImproperlyConfigured(
+            f"JOB_TYPES: {_type}.connector={_connector!r}: lower-case letters, digits, "
+            "'_', '.' or '-', at most 64"
+        )
+    if _spec.get("connector_open", "wait") not in ("wait", "refuse"):
+        raise ImproperlyConfigured(
+            f"JOB_TYPES: {_type}.connector_open={_spec['connector_open']!r}: wait or refuse"
+        )
+_connector_names = sorted({s["connector"] for s in JOB_TYPES.values() if s.get("connector")})
+_connector_overrides = env_json("JOBOPS_CONNECTORS", {})
+if not isinstance(_connector_overrides, dict):
+    raise ImproperlyConfigured("JOBOPS_CONNECTORS: a JSON object, connector -> settings")
+# Per connector: {"failures", "cooldown_seconds", "probe_wait_seconds", "jitter_seconds"}.
+JOBOPS_CONNECTORS: dict[str, dict[str, float]] = {
+    name: dict(JOBOPS_CONNECTOR_DEFAULTS) for name in _connector_names
+}
+for _name, _fields in {"(defaults)": JOBOPS_CONNECTOR_DEFAULTS, **_connector_overrides}.items():
+    if _name != "(defaults)" and (_name not in JOBOPS_CONNECTORS or not isinstance(_fields, dict)):
+        raise ImproperlyConfigured(
+            f"JOBOPS_CONNECTORS: {_name!r} is no job type's connector "
+            f"({', '.join(_connector_names) or 'none'})"
+        )
+    for _field, _value in _fields.items():
+        _low, _high = _CONNECTOR_BOUNDS.get(_field, (1.0, 0.0))  # an unknown field: never
+        if (
+            isinstance(_value, bool)
+            or not isinstance(_value, int | float)
+            or not _low <= _value <= _high
+            or (_field == "failures" and not isinstance(_value, int))
+        ):
+            raise ImproperlyConfigured(
+                f"JOBOPS_CONNECTORS: {_name}.{_field}={_value!r}: the fields are failures "
+                "(1-1000), cooldown_seconds (1 s to 7 days), probe_wait_seconds (0.1 s to "
+                "a day) and jitter_seconds (0 to a day)"
+            )
+    if _name != "(defaults)":
+        JOBOPS_CONNECTORS[_name].update(_fields)
+# A job-level wait a connector asked for (Retry-After on a 429 or 503, or a handler's
+# RetryableError(retry_after=...)) is honoured up to this many seconds: a provider
+# answering "come back next week" must not park a job beyond what an operator sees.
+JOBOPS_RETRY_AFTER_MAX_SECONDS = env_float("JOBOPS_RETRY_AFTER_MAX_SECONDS", 3600.0)
+if not 0 <= JOBOPS_RETRY_AFTER_MAX_SECONDS <= 7 * 86400:
+    raise ImproperlyConfigured(
+        f"JOBOPS_RETRY_AFTER_MAX_SECONDS={JOBOPS_RETRY_AFTER_MAX_SECONDS!r}: 0 to 7 days"
+    )
+# How long a process trusts its copy of the breakers (a claim reads none while its
+# connector is closed): a breaker opened on another host is seen within this.
+JOBOPS_CONNECTOR_CACHE_SECONDS = env_float("JOBOPS_CONNECTOR_CACHE_SECONDS", 1.0)
 
 # The work a job's params plan (a schema's estimate, e.g. sim steps x step_seconds) may
 # fill at most this fraction of its type's soft time limit. The rest is headroom for a
@@ -531,6 +617,23 @@ JOBOPS_PUBLISH_TIMEOUT_SECONDS = env_float("JOBOPS_PUBLISH_TIMEOUT_SECONDS", 5.0
 # RabbitMQ's consumer_timeout (default 30 min); workers refuse prefetch settings that
 # could keep a reserved message waiting past half of it.
 JOBOPS_CONSUMER_TIMEOUT_SECONDS = env_int("JOBOPS_CONSUMER_TIMEOUT_SECONDS", 1800)
+# On a RabbitMQ cluster (docs/operations/scaling.md#a-rabbitmq-cluster): how many nodes
+# hold a replica of each quorum queue (x-quorum-initial-group-size, fixed when the queue
+# is declared); 0 leaves it to the broker (every node, up to its limit).
+JOBOPS_QUORUM_GROUP_SIZE = env_int("JOBOPS_QUORUM_GROUP_SIZE", 0)
+if not 0 <= JOBOPS_QUORUM_GROUP_SIZE <= 99:
+    raise ImproperlyConfigured(
+        f"JOBOPS_QUORUM_GROUP_SIZE={JOBOPS_QUORUM_GROUP_SIZE}: use 0 (the broker's "
+        "default) or a number of nodes from 1 to 99 (an odd one: 3 or 5)"
+    )
+# The queue type of the dead-letter queues and dlq.watch: quorum (replicated: they survive
+# the loss of a node) or classic (a deployment that declared them before quorum became
+# the default keeps them until it converts them: `manage.py setup_topology --convert`).
+JOBOPS_DLQ_QUEUE_TYPE = env_str("JOBOPS_DLQ_QUEUE_TYPE", "quorum")
+if JOBOPS_DLQ_QUEUE_TYPE not in ("quorum", "classic"):
+    raise ImproperlyConfigured(
+        f"JOBOPS_DLQ_QUEUE_TYPE={JOBOPS_DLQ_QUEUE_TYPE!r}: use quorum or classic"
+    )
 # Pause before handing a message back when the database is unreachable, so that an
 # outage does not burn through the queue's delivery limit in a tight loop.
 JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS = env_float("JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS", 1.0)
@@ -703,7 +806,10 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 JOBOPS_METRICS_REFRESH: list[str] = ["jobs.metrics.metrics_refresh_gauges"]
 # What /readyz adds to its detail beside the checks (core/health.py, which names no app):
 # each a no-argument callable returning a dict merged into the body (never a check).
-JOBOPS_READY_DETAIL: list[str] = ["jobs.selectors.paused_queues_detail"]
+JOBOPS_READY_DETAIL: list[str] = [
+    "jobs.selectors.paused_queues_detail",
+    "jobs.liveness.broker_nodes_detail",
+]
 # Workers and dispatchers have no web server: each serves /metrics here (0: off).
 # Organisations (slugs) whose jobs the job_create and job_finished counters count under
 # their own `org` label; every other organisation's under "other". Empty (the default):

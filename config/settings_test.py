@@ -37,7 +37,9 @@ JOBOPS_DASHBOARD_CACHE_SECONDS = 0
 # (<name>_gwN). Written back to the environment, so that every worker, dispatcher and
 # manage.py run a test starts inherits them; the marker keeps those processes, which
 # load these settings again, from deriving a second time.
-REDIS_DATABASES = 16  # a Redis server's default `databases`
+# A Redis server's `databases` (16 by default); a server configured with more (several
+# checkouts sharing one server, each on its own range of dbs) says so here.
+REDIS_DATABASES = int(os.environ.get("JOBOPS_TEST_REDIS_DATABASES", "16"))
 
 
 def xdist_worker_urls(worker: str, broker_url: str, redis_url: str) -> tuple[str, str]:

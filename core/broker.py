@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from kombu import Connection
+from kombu import Connection, Queue
 
 _local = threading.local()
 
@@ -46,7 +46,10 @@ class BrokerOffError(ConnectionError):
 
 
 def broker_connect(*, confirm: bool = False, timeout: float | None = None) -> Connection:
-    """A new, not yet connected, connection to BROKER_URL that the caller owns."""
+    """A new, not yet connected, connection to BROKER_URL that the caller owns.
+
+    BROKER_URL may list the nodes of a cluster separated by `;`: kombu then tries them
+    in turn (round robin) when a connection cannot be made or is lost."""
     if not settings.JOBOPS_BROKER:
         raise BrokerOffError()
     options = {"confirm_publish": True} if confirm else {}
@@ -57,11 +60,44 @@ def broker_connect(*, confirm: bool = False, timeout: float | None = None) -> Co
     )
 
 
+def broker_connect_now(conn: Connection) -> Connection:
+    """Connect `conn` with one quick try per node of BROKER_URL (no sleeping between
+    tries), within one connect timeout per node. Raises the broker's connection error
+    when no node answers."""
+    nodes = max(1, len(conn.alt))
+    conn.ensure_connection(
+        max_retries=nodes,
+        interval_start=0,
+        interval_step=0,
+        timeout=(conn.connect_timeout or 5) * nodes,
+    )
+    return conn
+
+
+def broker_node(conn: Connection | None) -> str | None:
+    """The node (host:port) `conn` is connected to now, or None: which node of a
+    cluster a process talks to (/readyz, liveness)."""
+    if conn is None or not conn.connected:
+        return None
+    return str(conn.host)
+
+
+def thread_broker_node() -> str | None:
+    """The node this thread's shared connection (`broker_connection`) is on, if any."""
+    cache: dict[tuple[Any, ...], Connection] = _local.__dict__.setdefault("connections", {})
+    for conn in cache.values():
+        node = broker_node(conn)
+        if node is not None:
+            return node
+    return None
+
+
 def broker_connection(*, confirm: bool = False, timeout: float | None = None) -> Connection:
     """This thread's connection for (BROKER_URL, confirm, timeout), connected.
 
-    Connects with one quick attempt (no sleeping between tries): the callers are an API
-    request, the dispatcher loop or an operator, and each has its own retry. Raises the
+    Connects with one quick attempt per node (no sleeping between tries: a cluster's
+    lost node costs one refused connection): the callers are an API request, the
+    dispatcher loop or an operator, and each has its own retry. Raises the
     broker's connection error when it cannot be reached; the connection is then dropped.
     """
     if not settings.JOBOPS_BROKER:
@@ -74,9 +110,7 @@ def broker_connection(*, confirm: bool = False, timeout: float | None = None) ->
     if conn is None:
         conn = cache[key] = broker_connect(confirm=confirm, timeout=timeout)
     try:
-        conn.ensure_connection(
-            max_retries=1, interval_start=0, interval_step=0, timeout=conn.connect_timeout
-        )
+        broker_connect_now(conn)
     except Exception:
         broker_connection_drop(conn)
         raise
@@ -262,3 +296,123 @@ class Confirms:
             if remaining <= 0:
                 raise PublishError(f"{len(self.pending)} confirms missing after {timeout} s")
             self.channel.connection.drain_events(timeout=remaining)
+
+
+# Messages moved per confirmed batch while a queue changes type.
+CONVERT_BATCH = 500
+
+
+def queue_convert(conn: Connection, queue: Queue) -> int:
+    """Re-declare `queue` (a kombu Queue) with its arguments now, keeping its messages and
+    its routing; returns the messages it now holds from the move. For a queue RabbitMQ
+    refuses to declare (406: an argument differs, e.g. a classic DLQ to be quorum).
+
+    1. Declare `<name>.converting` with the new arguments and the same bindings: from now
+       on new messages reach it as well.
+    2. Unbind the old queue; move its messages into the new one (get, publish with
+       confirms through the default exchange, ack: none is lost, and a crash repeats at
+       most a batch), then delete it.
+    3. Declare the queue under its own name (new arguments, its bindings), unbind the
+       temporary one, move its messages back, delete it.
+    A message that arrives while both queues are bound reaches both: the copies are
+    duplicates, as at-least-once dead-lettering already allows. Run again after a
+    crash, it finishes the move (a `.converting` queue left over is emptied into the
+    declared one).
+    """
+    temporary = queue_renamed(queue, f"{queue.name}.converting")
+    channel = conn.channel()
+    try:
+        try:
+            queue(channel).declare()
+            converted = True  # already of the new type: a leftover to finish, if any
+        except conn.channel_errors:
+            channel_close_quietly(channel)
+            channel = conn.channel()
+            converted = False
+        if not converted:
+            temporary(channel).declare()
+            for exchange, routing_key in _bindings(queue):
+                channel.queue_unbind(queue.name, exchange, routing_key)
+            channel = _empty_and_delete(conn, channel, queue.name, temporary.name)[0]
+            # A fresh channel for the queue's new self: RabbitMQ 3.10 keeps per-channel
+            # state by queue name, and a channel that used the old queue crashes
+            # (541 INTERNAL_ERROR) delivering to a new one of another type.
+            channel_close_quietly(channel)
+            channel = conn.channel()
+            queue(channel).declare()
+        try:
+            channel.queue_declare(temporary.name, passive=True)
+        except conn.channel_errors:
+            return 0  # nothing left over
+        for exchange, routing_key in _bindings(queue):
+            channel.queue_unbind(temporary.name, exchange, routing_key)
+        channel, moved = _empty_and_delete(conn, channel, temporary.name, queue.name)
+        return moved
+    finally:
+        channel_close_quietly(channel)
+
+
+# Passes over a queue before its deletion is given up (each pass empties what it sees).
+CONVERT_PASSES = 5
+
+
+def _empty_and_delete(conn: Connection, channel: Any, source: str, target: str) -> tuple[Any, int]:
+    """Move `source` into `target`, then delete `source` once it is seen empty (quorum
+    queues refuse `if_empty`, so a passive declare counts what is left; `source` is
+    unbound by now, so nothing new arrives): a conversion never deletes a message.
+    Returns the channel in use and the count moved."""
+    moved = 0
+    for attempt in range(CONVERT_PASSES):
+        moved += _move(channel, source, target)
+        time.sleep(0.2 * attempt)  # a requeue settles through Raft a moment later
+        if channel.queue_declare(source, passive=True)[1] == 0:
+            channel.queue_delete(source)
+            return channel, moved
+    raise PublishError(f"{source} still holds messages; nothing deleted, run it again")
+
+
+def queue_renamed(queue: Queue, name: str, **changes: Any) -> Queue:
+    """A copy of a kombu Queue under another name (routing and arguments alike, unless
+    `changes` says otherwise)."""
+    fields = {
+        "exchange": queue.exchange,
+        "routing_key": queue.routing_key,
+        "bindings": list(queue.bindings),
+        "durable": queue.durable,
+        "queue_arguments": queue.queue_arguments,
+    }
+    return Queue(name, **{**fields, **changes})
+
+
+def _bindings(queue: Any) -> list[tuple[str, str]]:
+    """(exchange, routing key) of each binding a kombu Queue declares."""
+    if queue.bindings:
+        return [(b.exchange.name, b.routing_key) for b in queue.bindings]
+    if queue.exchange is not None and queue.exchange.name:
+        return [(queue.exchange.name, queue.routing_key)]
+    return []
+
+
+def _move(channel: Any, source: str, target: str) -> int:
+    """Every message of `source` into `target`, headers and properties as they were;
+    each batch acked in `source` only once `target` confirmed all of it."""
+    moved = 0
+    confirms = Confirms.select(channel)
+    while True:
+        confirms.new_batch()
+        batch: list[Any] = []
+        while len(batch) < CONVERT_BATCH:
+            message = channel.basic_get(queue=source, no_ack=False)
+            if message is None:
+                break
+            batch.append(message)
+        if not batch:
+            return moved
+        for message in batch:
+            channel.basic_publish(message, exchange="", routing_key=target, mandatory=True)
+            confirms.published()
+        confirms.wait(timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS * 6)
+        if confirms.nacked or confirms.returned:
+            raise PublishError(f"moving {source} to {target}: the broker refused messages")
+        channel.basic_ack(batch[-1].delivery_tag, multiple=True)
+        moved += len(batch)

@@ -22,14 +22,17 @@ exactly as from `connection.cursor()`, and the statement joins the caller's tran
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, connection, connections, transaction
 from django.db.models import Field, Model
+from django_prometheus.db import metrics as db_metrics
+from django_prometheus.db.common import DatabaseWrapperMixin, ExceptionCounterByType
 
 from core.queries import QUERIES
 
@@ -64,7 +67,8 @@ def execute_prepared(statement: str, params: dict[str, Any]) -> Rows:
     with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
 
         def run(sql: str, values: Any, many: bool, context: dict[str, Any]) -> Any:
-            cursor.execute(sql, values, prepare=True)  # type: ignore[call-overload]
+            with _exported(connections[connection.alias]):
+                cursor.execute(sql, values, prepare=True)  # type: ignore[call-overload]
             # Every statement run here returns rows (RETURNING or SELECT).
             columns = tuple(column.name for column in cursor.description or ())
             return Rows(cursor.fetchall(), columns)
@@ -83,6 +87,24 @@ def execute_prepared(statement: str, params: dict[str, Any]) -> Rows:
                     {"sql": statement, "time": f"{time.monotonic() - started:.3f}"}
                 )
         return rows
+
+
+@contextlib.contextmanager
+def _exported(wrapper: Any) -> Iterator[None]:
+    """Count a statement as django-prometheus' database backend counts those of Django's
+    cursors (django_db_execute_total, django_db_query_duration_seconds,
+    django_db_errors_total): these run on a psycopg cursor of their own, which its
+    cursor factory never sees. Nothing when another backend is configured."""
+    if not isinstance(wrapper, DatabaseWrapperMixin):
+        yield
+        return
+    labels = {"alias": wrapper.alias, "vendor": wrapper.vendor}
+    db_metrics.execute_total.labels(**labels).inc()
+    with (
+        db_metrics.query_duration_seconds.labels(**labels).time(),
+        ExceptionCounterByType(db_metrics.errors_total, extra_labels=labels),
+    ):
+        yield
 
 
 def read_within(seconds: float, read: Callable[[], T]) -> T | None:

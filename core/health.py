@@ -9,10 +9,11 @@ request log line, no rate limit, no session.
 - `/healthz`: the process answers; touches nothing.
 - `/readyz`: PostgreSQL, RabbitMQ and Redis each reachable within
   JOBOPS_READY_TIMEOUT_SECONDS, checked side by side (so the probe takes at most
-  about one timeout); 503 naming each one that is not. RabbitMQ and Redis only where
-  they are configured: with JOBOPS_BROKER or JOBOPS_REDIS off they are not checked,
-  and the body lists them under `off`. The answer is kept for
-  JOBOPS_READY_CACHE_SECONDS so a probe storm costs one check per process.
+  about one timeout; per node of a broker cluster, tried in turn); 503 naming each one
+  that is not. The RabbitMQ check names the node it reached (`checks.rabbitmq.node`).
+  RabbitMQ and Redis are checked only where they are configured: with JOBOPS_BROKER or
+  JOBOPS_REDIS off they are not, and the body lists them under `off`. The answer is
+  kept for JOBOPS_READY_CACHE_SECONDS so a probe storm costs one check per process.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.module_loading import import_string
-from kombu import Connection
 
+from core.broker import broker_connect, broker_connect_now, broker_node
 from core.queries import QUERIES
 
 log = structlog.get_logger("core.health")
@@ -53,9 +54,11 @@ def _check_postgres(timeout: float) -> None:
         conn.execute(QUERIES["ping"])
 
 
-def _check_rabbitmq(timeout: float) -> None:
-    with Connection(settings.BROKER_URL, connect_timeout=timeout) as conn:
-        conn.ensure_connection(max_retries=1, timeout=timeout)
+def _check_rabbitmq(timeout: float) -> dict[str, Any]:
+    # Every node of BROKER_URL in turn, as the process's own connections fail over: ready
+    # while one answers, and the detail names the node this process reaches.
+    with broker_connect_now(broker_connect(timeout=timeout)) as conn:
+        return {"node": broker_node(conn)}
 
 
 def _check_redis(timeout: float) -> None:
@@ -68,14 +71,15 @@ def _check_redis(timeout: float) -> None:
         client.close()
 
 
-CHECKS: dict[str, Callable[[float], None]] = {
+# Each raises when its service is unreachable; a dict it returns joins its detail.
+CHECKS: dict[str, Callable[[float], dict[str, Any] | None]] = {
     "postgres": _check_postgres,
     "rabbitmq": _check_rabbitmq,
     "redis": _check_redis,
 }
 
 
-def configured_checks() -> tuple[dict[str, Callable[[float], None]], list[str]]:
+def configured_checks() -> tuple[dict[str, Callable[[float], dict[str, Any] | None]], list[str]]:
     """The checks this deployment needs, and the services it runs without."""
     off = [
         name
@@ -104,8 +108,7 @@ def readiness() -> dict[str, Any]:
     for name, future in futures.items():
         remaining = max(0.0, timeout + 0.5 - (time.monotonic() - started))
         try:
-            future.result(timeout=remaining)
-            checks[name] = {"ok": True}
+            checks[name] = {"ok": True, **(future.result(timeout=remaining) or {})}
         except FutureTimeout:
             checks[name] = {"ok": False, "error": f"no answer within {timeout:g}s"}
         except Exception as exc:  # any failure to reach it is the answer, not a 500

@@ -26,7 +26,7 @@ from core.errors import ApplicationError
 from core.ids import id_cell
 from jobs.exceptions import ScheduleInvalidError
 from jobs.models import Artefact, DeadLetter, Job, Schedule
-from jobs.selectors import job_timeline, jobs_search
+from jobs.selectors import job_attempts, job_timeline, jobs_search
 from jobs.services import job_cancel, job_rerun
 from jobs.services.retry import RERUN_SOURCES
 from jobs.services.schedules import (
@@ -355,8 +355,9 @@ class JobAdmin(ReadOnlyAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        """The job for a person: status, progress, attempts, error, result, artefacts,
-        its audit trail as a timeline, its dead letters; and what the user may do."""
+        """The job for a person: status, progress, attempts (a table of its runs), error,
+        result, artefacts, its audit trail as a timeline, its dead letters; and what the
+        user may do."""
         if request.method != "GET":
             raise PermissionDenied  # nothing on this page is a form: a job is not edited
         job = self._job_or_404(request, object_id)
@@ -364,6 +365,7 @@ class JobAdmin(ReadOnlyAdmin):
             **self._live_context(request, job),
             "artefacts": list(job.artefacts.order_by("kind", "name")),
             "timeline": job_timeline(job_id=job.id),
+            "attempts": job_attempts(job_id=job.id),
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
         }
         return self.render_page(request, "admin/jobs/job/detail.html", f"Job {job.id}", context)

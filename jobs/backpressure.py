@@ -183,6 +183,7 @@ def backpressure_check(*, queue: str) -> None:
         return
     depth = queue_depth_cached(queue)
     if depth is not None and depth > limit:
+        metrics.RATE_LIMITED.labels(scope="backpressure").inc()
         raise BackpressureError(
             queue=queue, depth=depth, limit=limit, retry_after=settings.JOBOPS_QUEUE_DEPTH_TTL
         )

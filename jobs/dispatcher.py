@@ -40,6 +40,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils.module_loading import import_string
 
+from core.broker import thread_broker_node
 from jobs.liveness import beat, beat_end
 from jobs.queries import PENDING_CHANNEL, QUERIES
 
@@ -93,7 +94,7 @@ def dispatch_forever(
     while not stop.is_set():
         now = time.monotonic()
         if now >= next_beat:
-            beat(spec.kind)
+            beat(spec.kind, broker=thread_broker_node())
             next_beat = now + min(interval, settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS)
         ready = [(name, path) for name, path in steps if due[name] <= now]
         if ready:

@@ -66,13 +66,15 @@ def event_post(
 ) -> tuple[str, int | None, str]:
     """POST one event; returns (outcome, HTTP status or None, a short reason)."""
     try:
-        response = session.post(
-            url,
-            data=body,
-            headers={"Content-Type": "application/json", "Idempotency-Key": event_id},
-            timeout=settings.JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS,
-            allow_redirects=False,
-        )
+        with metrics.external_call("erp_bridge") as call:
+            response = session.post(
+                url,
+                data=body,
+                headers={"Content-Type": "application/json", "Idempotency-Key": event_id},
+                timeout=settings.JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS,
+                allow_redirects=False,
+            )
+            call.status = response.status_code
     except requests.RequestException as exc:  # timeout, refused, reset, DNS
         return RETRY, None, redact_urls_in(repr(exc))[:500]
     status = response.status_code

@@ -160,3 +160,35 @@ class QueueControlInputError(ApplicationError):
     code = "ERR-DLQ-422"
     http_status = 422
     default_message = "A justification is required to pause or resume a queue."
+
+
+class ConnectorNotFoundError(ApplicationError):
+    """A breaker control named a connector no job type calls (an admin call: the admin
+    API's codes, as the queue controls)."""
+
+    code = "ERR-DLQ-404"
+    http_status = 404
+    default_message = "No such connector."
+
+
+class ConnectorControlInputError(ApplicationError):
+    """An open or close the service refuses: no justification, or one too long."""
+
+    code = "ERR-DLQ-422"
+    http_status = 422
+    default_message = "A justification is required to open or close a connector's breaker."
+
+
+class ConnectorOpenError(ApplicationError):
+    """A create of a type that opted in (`connector_open: refuse`) while its connector's
+    breaker is open or probing (docs/connectors.md): retry after Retry-After."""
+
+    code = "ERR-CONNECTOR-OPEN"
+    http_status = 409
+    default_message = "The external system this job type calls is failing; retry after Retry-After."
+
+    def __init__(self, *, connector: str, state: str, retry_after: int) -> None:
+        super().__init__(
+            details={"connector": connector, "state": state, "retry_after": retry_after}
+        )
+        self.retry_after = retry_after

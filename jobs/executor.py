@@ -49,8 +49,17 @@ from jobs.exceptions import JobLost
 from jobs.liveness import beat, beat_end
 from jobs.models import Job
 from jobs.queries import QUERIES
-from jobs.runtime import DB_DOWN_ERRORS, finish_decide, finish_log, run_handler, worker_identity
+from jobs.runtime import (
+    DB_DOWN_ERRORS,
+    attempt_fields,
+    finish_decide,
+    finish_log,
+    probe_release,
+    run_handler,
+    worker_identity,
+)
 from jobs.services import Fence, Finish, jobs_claim, jobs_finish, jobs_heartbeat
+from jobs.services.connectors import blocked_types
 from jobs.types import get_type
 
 log = structlog.get_logger("jobs.executor")
@@ -63,12 +72,6 @@ COMPLETE_WINDOW_SECONDS = 0.005
 LIVENESS_KIND = "run_worker"
 
 
-def blocked_types() -> list[str]:
-    """Job types not to claim now (their connector's breaker is open: docs/architecture.md
-    section 16). None yet: the breakers are wired in here."""
-    return []
-
-
 # --- a runner: one job at a time, in a child process or a thread ----------------------
 
 
@@ -76,10 +79,16 @@ def _soft_time_limit(_signum: int, _frame: Any) -> None:
     raise SoftTimeLimitExceeded("soft time limit exceeded")
 
 
-def run_claimed(job: Job, locked_by: str, *, process: bool) -> Finish | None:
-    """Run one claimed job in a runner and decide how it ended; None when it was lost
-    (reclaimed meanwhile) or the database could not be reached to decide (the lock
-    then goes stale and the reaper reclaims it: nothing is decided without it)."""
+# What a runner sends back for a job its connector's breaker deferred (docs/connectors.md:
+# the deferral is written already; the handler did not run).
+DEFERRED = "deferred"
+
+
+def run_claimed(job: Job, locked_by: str, *, process: bool) -> Finish | str | None:
+    """Run one claimed job in a runner and decide how it ended; DEFERRED when its
+    connector's breaker deferred it; None when it was lost (reclaimed meanwhile) or the
+    database could not be reached to decide (the lock then goes stale and the reaper
+    reclaims it: nothing is decided without it)."""
     fence = Fence(locked_by, job.attempts)
     bound = log.bind(
         job_id=str(job.id), request_id=job.request_id, correlation_id=job.correlation_id
@@ -91,17 +100,25 @@ def run_claimed(job: Job, locked_by: str, *, process: bool) -> Finish | None:
             if limit:
                 signal.setitimer(signal.ITIMER_REAL, limit)
             try:
-                ctx, spec_, outcome, error, result = run_handler(
-                    job=job, fence=fence, log=bound, heartbeats=None
-                )
+                run = run_handler(job=job, fence=fence, log=bound, heartbeats=None)
             finally:
                 if limit:
                     signal.setitimer(signal.ITIMER_REAL, 0)
-            if outcome == "lost" or ctx._lost.is_set():
-                return None
-            return finish_decide(
-                ctx=ctx, job=job, spec=spec_, outcome=outcome, error=error, result=result
-            )
+            try:
+                if run.outcome == "deferred":
+                    return DEFERRED
+                if run.outcome == "lost" or run.ctx._lost.is_set():
+                    return None
+                return finish_decide(
+                    ctx=run.ctx,
+                    job=job,
+                    spec=run.spec,
+                    outcome=run.outcome,
+                    error=run.error,
+                    result=run.result,
+                )
+            finally:
+                probe_release(run.gate, job_id=job.id, log=bound)
         except JobLost:
             return None
         except DB_DOWN_ERRORS as exc:
@@ -330,8 +347,16 @@ class Host:
             return
         job = runner.job
         assert job is not None and job_id == job.id
-        if finish is None or runner.lost:
-            log.warning("job_lost_stopping", job_id=str(job_id), attempt=job.attempts)
+        if finish == DEFERRED:
+            runner.release()
+        elif not isinstance(finish, Finish) or runner.lost:
+            # The attempt's final line; its duration only when the runner decided an end.
+            ended = (
+                attempt_fields(job.type, "lost", finish.seconds)
+                if isinstance(finish, Finish)
+                else {"outcome": "lost", "error_code": None}
+            )
+            log.warning("job_lost_stopping", job_id=str(job_id), attempt=job.attempts, **ended)
             metrics.JOBS_LOST.labels(type=job.type).inc()
             runner.release()
         else:
@@ -378,7 +403,9 @@ class Host:
         for finish in window:
             bound = log.bind(job_id=str(finish.job_id), attempt=finish.attempt)
             if finish.job_id in lost_ids:
-                bound.warning("job_lost_stopping")
+                bound.warning(
+                    "job_lost_stopping", **attempt_fields(finish.job_type, "lost", finish.seconds)
+                )
                 job_type = Job.objects.values_list("type", flat=True).filter(id=finish.job_id)
                 metrics.JOBS_LOST.labels(type=job_type.first() or "").inc()
             else:

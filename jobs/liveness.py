@@ -2,13 +2,14 @@
 
 Each live process refreshes a key `heartbeat:<kind>:<host>:<pid>` of the key-value store
 (core/kv.py: Redis, or PostgreSQL's UNLOGGED jobops_kv with JOBOPS_REDIS off) every
-JOBOPS_PROCESS_HEARTBEAT_SECONDS with a time-to-live of three intervals, so a process
-that hangs or dies disappears by itself. That store is the right place: it is shared by
-every host, and losing it loses nothing but this view (docs/operations/scaling.md:
-per-host state is limited to caches that can be lost). `manage.py liveness` and the
+JOBOPS_PROCESS_HEARTBEAT_SECONDS (with the broker node it is connected to) with a
+time-to-live of three intervals, so a process that hangs or dies disappears by itself.
+That store is the right place: it is shared by every host, and losing it loses nothing
+but this view (docs/operations/scaling.md: per-host state is limited to caches that can
+be lost). `manage.py liveness` and the
 `process_heartbeat_age_seconds` gauge read the keys.
 
-Workers beat from a bootstep on the worker's own timer (`HeartbeatStep`), the
+Workers beat from a consumer bootstep on the worker's timer (`HeartbeatStep`), the
 dispatcher from its loop (`beat("dispatcher")`).
 """
 
@@ -24,6 +25,7 @@ import structlog
 from celery import bootsteps
 from django.conf import settings
 
+from core.broker import broker_node
 from core.kv import kv_key, kv_store
 from jobs.types import primary_queue_names
 
@@ -34,10 +36,12 @@ def _key(kind: str) -> str:
     return kv_key("heartbeat", kind, socket.gethostname(), os.getpid())
 
 
-def beat(kind: str, queues: tuple[str, ...] = ()) -> None:
-    """Record that this process of `kind` is alive; a store outage is logged, not raised."""
+def beat(kind: str, queues: tuple[str, ...] = (), broker: str | None = None) -> None:
+    """Record that this process of `kind` is alive, and the broker node it is connected
+    to (host:port, None when it has no connection now); a store outage is logged, not
+    raised."""
     interval = settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS
-    value = json.dumps({"at": round(time.time(), 3), "queues": list(queues)})
+    value = json.dumps({"at": round(time.time(), 3), "queues": list(queues), "broker": broker})
     try:
         kv_store().set_many({_key(kind): value}, ttl=max(1, round(interval * 3)))
     except Exception as exc:
@@ -69,6 +73,21 @@ def missing_processes(found: dict[str, list[dict[str, Any]]]) -> list[str]:
     return missing + [f"worker for queue {q}" for q in primary_queue_names() if q not in served]
 
 
+def broker_nodes_detail() -> dict[str, Any]:
+    """What /readyz adds to its detail (settings.JOBOPS_READY_DETAIL): the broker node
+    each live worker and dispatcher is connected to, by the heartbeat it last wrote."""
+    return {
+        "broker_nodes": sorted(
+            (
+                {"kind": kind, "host": p["host"], "pid": p["pid"], "node": p["broker"]}
+                for kind, processes in live_processes().items()
+                for p in processes
+            ),
+            key=lambda p: (p["kind"], p["host"], p["pid"]),
+        )
+    }
+
+
 def live_processes() -> dict[str, list[dict[str, Any]]]:
     """Every process that beat within its time-to-live, grouped by kind. Raises
     core.kv.KvUnavailable when the store does not answer."""
@@ -84,29 +103,46 @@ def live_processes() -> dict[str, list[dict[str, Any]]]:
                 "pid": int(pid),
                 "age_seconds": round(now - float(data["at"]), 3),
                 "queues": data["queues"],
+                "broker": data.get("broker"),  # a process of an older release: None
             }
         )
     return found
 
 
 class HeartbeatStep(bootsteps.StartStopStep):
-    """A worker bootstep: beat on the worker's timer while the consumer runs."""
+    """A consumer bootstep: beat on the worker's timer while the consumer runs.
 
-    requires = ("celery.worker.components:Timer",)
+    A consumer step, not a worker step: when the broker connection is lost, Celery
+    clears the timer of the consumer (`Consumer.on_close`), which cancelled a worker
+    step's beat for good, and the worker vanished from liveness after its first
+    reconnect. The consumer's steps start again after each reconnect, and so does the
+    beat, with the node the new connection reached.
+    """
 
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
-        super().__init__(worker, **kwargs)
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
         self.tref: Any = None
         # The queues it consumes, so liveness can tell which queue has no live worker.
-        self.queues = tuple(sorted(worker.app.amqp.queues.consume_from or worker.app.amqp.queues))
+        self.queues = tuple(sorted(c.app.amqp.queues.consume_from or c.app.amqp.queues))
 
-    def start(self, worker: Any) -> None:
-        beat("worker", self.queues)
-        self.tref = worker.timer.call_repeatedly(
-            settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS, beat, ("worker", self.queues), priority=10
+    def start(self, c: Any) -> None:
+        self.beat(c)
+        self.tref = c.timer.call_repeatedly(
+            settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS, self.beat, (c,), priority=10
         )
 
-    def stop(self, worker: Any) -> None:
+    def beat(self, c: Any) -> None:
+        # The consumer's connection: the node this worker receives its messages from.
+        beat("worker", self.queues, broker_node(c.connection))
+
+    def stop(self, c: Any) -> None:
+        """A consumer restart (a reconnect): the beat starts again with the consumer."""
         if self.tref is not None:
             self.tref.cancel()
+            self.tref = None
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
         beat_end("worker")

@@ -16,7 +16,10 @@ the values set by whichever process refreshed them last.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import requests  # type: ignore[import-untyped]
 import structlog
 from django.conf import settings
 from django.db import connection
@@ -24,7 +27,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from jobs.liveness import live_processes, workers_of
 from jobs.queries import QUERIES
-from jobs.types import primary_queue_names
+from jobs.types import all_connectors, primary_queue_names
 from tenants.models import Organisation
 
 log = structlog.get_logger("jobs.metrics")
@@ -55,6 +58,69 @@ def org_label(org_id: int | None) -> dict[str, str]:
     return {"org": slugs.get(org_id, "other") if org_id is not None else "other"}
 
 
+# --- the error_code label ------------------------------------------------------------
+# Error codes come from the taxonomy (jobs/errors.py) and the handlers' own codes (ERP_503,
+# ...), a small set; an unexpected exception's code names its class
+# (UNEXPECTED_KeyError), which any library could multiply. Those share one label, and
+# past MAX_ERROR_CODE_LABELS distinct codes in a process the rest count as OTHER: a label
+# per new string would grow without bound. The job row and the log keep the full code.
+MAX_ERROR_CODE_LABELS = 100
+_error_codes_seen: set[str] = set()
+
+
+def error_code_label(code: str | None) -> str:
+    """The bounded `error_code` label of a job's error code ("" when it has none)."""
+    if not code:
+        return ""
+    if code.startswith("UNEXPECTED_"):
+        return "UNEXPECTED"
+    if code not in _error_codes_seen:
+        if len(_error_codes_seen) >= MAX_ERROR_CODE_LABELS:
+            return "OTHER"
+        _error_codes_seen.add(code)
+    return code
+
+
+# --- calls to external systems ------------------------------------------------------
+class ExternalCall:
+    """One call timed by `external_call`; the caller records the HTTP status it got."""
+
+    status: int | None = None
+
+
+def _call_outcome(call: ExternalCall, exc: BaseException | None) -> str:
+    if exc is not None:
+        # ConnectTimeout is both a Timeout and a ConnectionError: a timeout here.
+        if isinstance(exc, requests.Timeout | TimeoutError):
+            return "timeout"
+        if isinstance(exc, requests.ConnectionError | ConnectionError):
+            return "connection_error"
+        return "error"
+    if call.status is None or call.status < 400:
+        return "ok"
+    return "client_error" if call.status < 500 else "server_error"
+
+
+@contextmanager
+def external_call(connector: str) -> Iterator[ExternalCall]:
+    """Time a call to an external system into external_call_duration_seconds{connector,
+    outcome}: the outcome is the exception's kind when the call raised, else by the HTTP
+    status the caller set on the yielded ExternalCall (none set: ok). `connector` is a
+    literal of the calling code (erp, erp_bridge): never a value from a request."""
+    call = ExternalCall()
+    started = time.monotonic()
+    error: BaseException | None = None
+    try:
+        yield call
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        EXTERNAL_CALL_DURATION.labels(
+            connector=connector, outcome=_call_outcome(call, error)
+        ).observe(time.monotonic() - started)
+
+
 # --- counters and histograms (incremented by the code that does the work) -----------
 JOB_CREATE = Counter(
     "job_create",
@@ -74,8 +140,9 @@ JOB_IN_PROGRESS = Gauge(
 )
 JOB_DURATION = Histogram(
     "job_duration_seconds",
-    "Handler run time of one attempt, by type",
-    ["type"],
+    "Run time of one attempt, by type and how it ended (succeeded, retrying, failed, "
+    "cancelled, lost)",
+    ["type", "status"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900),
 )
 RETRIES = Counter("retries", "Attempts that ended in a retry", ["type", "error_code"])
@@ -102,6 +169,45 @@ JOBS_PURGED = Counter(
 )
 ERP_BRIDGE_DELIVERIES = Counter(
     "erp_bridge_deliveries", "ERP bridge outcomes (delivered, retried, parked)", ["outcome"]
+)
+
+# --- outcomes (incremented on commit of the transition that decides them) ------------
+# JOB_FINISHED says the same by status; these carry what an alert or a dashboard splits
+# on (the error code of a failure, the reason of a dead letter) under the names on-call
+# dashboards share.
+JOBS_SUCCEEDED = Counter("jobs_succeeded", "Jobs that ended succeeded, by type", ["type"])
+JOBS_FAILED = Counter(
+    "jobs_failed", "Jobs that ended failed, by type and error code", ["type", "error_code"]
+)
+JOBS_DEAD_LETTERED = Counter(
+    "jobs_dead_lettered",
+    "Jobs failed with a dead letter, by type and reason (exhausted, fatal, ...)",
+    ["type", "reason"],
+)
+JOB_ATTEMPTS = Histogram(
+    "job_attempts",
+    "Attempts a job took, observed when it ends (succeeded, failed, cancelled)",
+    ["type"],
+    buckets=(0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30),
+)
+JOB_QUEUE_LATENCY = Histogram(
+    "job_queue_latency_seconds",
+    "From a job's creation (or the time it was due: run_at, a retry's next_run_at) to "
+    "the start of its attempt, observed at the claim",
+    ["type"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+)
+RATE_LIMITED = Counter(
+    "rate_limited",
+    "Job submissions refused with 429, by scope (user, organisation, global, backpressure)",
+    ["scope"],
+)
+EXTERNAL_CALL_DURATION = Histogram(
+    "external_call_duration_seconds",
+    "Calls to external systems by connector and outcome (ok, client_error, server_error, "
+    "timeout, connection_error, error)",
+    ["connector", "outcome"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
 # --- gauges derived from the database (metrics_refresh_gauges) -----------------------
@@ -140,6 +246,14 @@ QUEUE_PAUSED = Gauge(
     ["queue"],
     multiprocess_mode="mostrecent",
 )
+CONNECTOR_STATE = Gauge(
+    "connector_state",
+    "A connector's breaker (docs/connectors.md): 0 closed, 1 half-open, 2 open",
+    ["connector"],
+    multiprocess_mode="mostrecent",
+)
+# The gauge's value of each breaker state.
+CONNECTOR_STATE_VALUES = {"closed": 0, "half_open": 1, "open": 2}
 
 LIVE_WORKERS = Gauge(
     "live_workers",
@@ -161,6 +275,7 @@ def metrics_refresh_gauges() -> dict[str, float]:
        backlog, and the newest checkpoint.
     2. A second counts open dead letters per DLQ; queues that emptied drop to 0.
     3. A third lists the paused queues (queue_pauses): 1 for each, 0 for the others.
+    4. A fourth reads the connector breakers: 0 closed (or no row), 1 half-open, 2 open.
     """
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["gauges"], {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
@@ -169,6 +284,8 @@ def metrics_refresh_gauges() -> dict[str, float]:
         open_rows = dict(cursor.fetchall())
         cursor.execute(QUERIES["queues_paused"])
         paused = {row[0] for row in cursor.fetchall()}
+        cursor.execute(QUERIES["connector_states"])
+        breakers = dict(cursor.fetchall())
     values = {
         "oldest_pending_age": max(0.0, float(pending_age or 0)),
         "stale_locks": float(stale),
@@ -186,6 +303,9 @@ def metrics_refresh_gauges() -> dict[str, float]:
     for queue in set(primary_queue_names()) | paused:
         QUEUE_PAUSED.labels(queue=queue).set(1 if queue in paused else 0)
     values["queues_paused"] = float(len(paused))
+    for connector in set(all_connectors()) | set(breakers):
+        state = CONNECTOR_STATE_VALUES.get(breakers.get(connector, "closed"), 0)
+        CONNECTOR_STATE.labels(connector=connector).set(state)
     metrics_refresh_liveness()
     return values
 

@@ -540,3 +540,60 @@ class QueuePause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} paused"
+
+
+class BreakerState(models.TextChoices):
+    """A connector breaker's state (docs/connectors.md); the gauge connector_state says
+    0, 1, 2 in this order."""
+
+    CLOSED = "closed"
+    HALF_OPEN = "half_open"
+    OPEN = "open"
+
+
+class ConnectorBreaker(models.Model):
+    """The circuit breaker of one connector, the external system some job types call
+    (docs/connectors.md). In PostgreSQL, so every worker host shares it; a connector
+    without a row is closed. Changed only by the compare-and-set statements of
+    jobs/queries.sql (connector_*) through jobs.services.connectors, each change of
+    state audited on the ops chain in the same transaction."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    state = models.CharField(
+        max_length=16, choices=BreakerState.choices, default=BreakerState.CLOSED
+    )
+    # Connector failures in a row since its last success (or close).
+    failures = models.PositiveIntegerField(default=0)
+    last_error_code = models.CharField(max_length=64, null=True, blank=True)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    # While open: when a job may probe the connector (opened_at + its cool-down).
+    probe_at = models.DateTimeField(null=True, blank=True)
+    # While half-open: the one job probing, since when (no foreign key: a purge may
+    # remove the job; the row only names it).
+    probe_job_id = models.UUIDField(null=True, blank=True)
+    probe_started_at = models.DateTimeField(null=True, blank=True)
+    changed_at = models.DateTimeField()
+    # An operator's open or close: who, and their justification ('' for the breaker's own).
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "connector_breakers"
+        # Operators open and close breakers by hand (the admin API, the dashboard).
+        permissions = [("control_connector", "Can open and close a connector's breaker")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(state__in=BreakerState.values),
+                name="connector_breakers_state_valid",
+            ),
+            # An open breaker always knows when to let a probe through.
+            models.CheckConstraint(
+                condition=~models.Q(state=BreakerState.OPEN) | models.Q(probe_at__isnull=False),
+                name="connector_breakers_open_has_probe_at",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"connector {self.name} ({self.state})"

@@ -2,12 +2,12 @@
 
 Transport only: which job to publish and what a confirm means for its status are the
 services' (`jobs.services.publishing`). The wire payload (the task's one argument) is
-`{job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id,
-org_id}`; the message headers (`message_headers`) carry `job_id`, `org_id`,
-`request_id`, `correlation_id` and the attempt too, and on a retry or a replay the
-previous attempt's error code and exception class, so that a message read in a DLQ
-peek or in Flower explains itself without decoding the body. Never the error's text:
-it may hold what a handler saw.
+`{v, job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id,
+org_id}` (`v`: the payload version, `jobs.wire`); the message headers
+(`message_headers`) carry `job_id`, `org_id`, `request_id`, `correlation_id` and the
+attempt too, and on a retry or a replay the previous attempt's error code and exception
+class, so that a message read in a DLQ peek or in Flower explains itself without
+decoding the body. Never the error's text: it may hold what a handler saw.
 """
 
 from __future__ import annotations
@@ -29,10 +29,13 @@ from core.broker import (
 from core.tracing import publish_span
 from jobs.models import Job
 from jobs.types import get_type
+from jobs.wire import PAYLOAD_VERSION
 
 
 def wire_payload(job: Job) -> dict[str, Any]:
     return {
+        # The payload version (jobs.wire): workers of the next release still read it.
+        "v": PAYLOAD_VERSION,
         "job_id": str(job.id),
         "type": job.type,
         "params": job.params,
@@ -162,6 +165,11 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
     except Exception:
         broker_connection_drop(conn)  # the channel's state is unknown: start afresh
         raise
+    if confirms.nacked:
+        # A nack from a quorum queue often means its leader was lost (a broker node
+        # died): RabbitMQ 3.10 goes on nacking on that channel after a new leader was
+        # elected, so the next batch starts on a fresh connection and channel.
+        broker_connection_drop(conn)
     refused.update({tags[tag]: "nacked by the broker" for tag in confirms.nacked})
     # Celery sets the message's correlation_id to its task id.
     for properties, why in confirms.returned:

@@ -13,7 +13,8 @@
 -- Changes jobs and appends each one's audit entry (and, with `emit`, its event) in one
 -- statement: every status transition, and the events that change no status (progress,
 -- cancel_requested, dead_lettered, dlq_discarded). Returns each changed job's previous
--- status, then its row.
+-- status and next_run_at (when a retry became due: the claim's queue latency), then its
+-- row.
 --
 -- i: the jobs (`ids`) with their entry's canonical payload in pieces (`p0`..`p4`, one
 -- array element per job; audit.canonical.Template; jobs_entries, jobs/migrations/0010,
@@ -50,7 +51,9 @@
 -- a client sees as a change); `run_in` sets next_run_at that many seconds ahead;
 -- `percent` writes progress monotonically (never back within an attempt, even when
 -- two writes cross; a write of an earlier attempt is fenced out);
--- `extend_attempts` grows max_attempts (a replay's fresh budget); each
+-- `extend_attempts` grows max_attempts (a replay's fresh budget); `give_back` takes
+-- back the attempt this run's claim counted (a job deferred by its connector's open
+-- breaker before its handler ran: docs/connectors.md); each
 -- `set_<column>` sets that column to the value of the same name. The chain's head on
 -- the row (audit_seq, audit_head) moves with the entry.
 --
@@ -67,8 +70,8 @@ WITH i AS (
     )
 ),
 locked AS (
-    SELECT jobs.id, jobs.status, jobs.audit_seq + 1 AS seq, jobs.audit_head AS prev_hash,
-           i.v AS each,
+    SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_seq + 1 AS seq,
+           jobs.audit_head AS prev_hash, i.v AS each,
            i.p0 || coalesce(h.v[%(h0)s::int], '') || i.p1 || coalesce(h.v[%(h1)s::int], '')
            || i.p2 || coalesce(h.v[%(h2)s::int], '') || i.p3 || coalesce(h.v[%(h3)s::int], '')
            || i.p4 AS payload
@@ -111,7 +114,8 @@ upd AS (
         locked_at = CASE WHEN %(claim_for)s::text IS NOT NULL THEN now()
                          WHEN %(target)s::text <> 'running' THEN NULL
                          ELSE jobs.locked_at END,
-        attempts = jobs.attempts + (%(claim_for)s::text IS NOT NULL)::int,
+        attempts = jobs.attempts + (%(claim_for)s::text IS NOT NULL)::int
+                   - %(give_back)s::boolean::int,
         max_attempts = jobs.max_attempts + %(extend_attempts)s::int,
         next_run_at = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
                            WHEN locked.each ? 'run_in' THEN now()
@@ -165,7 +169,8 @@ upd AS (
         audit_head = audit_chain_hash(locked.prev_hash, locked.payload)
     FROM locked
     WHERE jobs.id = locked.id
-    RETURNING locked.status AS old_status, locked.prev_hash, locked.payload, jobs AS job
+    RETURNING locked.status AS old_status, locked.next_run_at AS old_next_run_at,
+              locked.prev_hash, locked.payload, jobs AS job
 ),
 outbox AS (
     INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
@@ -173,7 +178,7 @@ outbox AS (
            jobs_status_event(u.job, u.eid, u.old_status, %(ts_text)s::text), now()
     FROM (SELECT upd.*, gen_random_uuid() AS eid FROM upd WHERE %(emit)s::boolean) AS u
 )
-SELECT upd.old_status, (upd.job).*
+SELECT upd.old_status, upd.old_next_run_at, (upd.job).*
 FROM upd
 CROSS JOIN LATERAL audit_append(
     audit_job_chain((upd.job).id), (upd.job).id, (upd.job).audit_seq, %(event_type)s::text,
@@ -703,3 +708,168 @@ SELECT 1 FROM pg_database WHERE datname = %(name)s;
 -- Creates the database `{name}`, composed as an identifier (psycopg.sql.Identifier):
 -- CREATE DATABASE takes no bound parameter.
 CREATE DATABASE {name};
+
+
+-- Connector breakers (docs/connectors.md; jobs.services.connectors). A breaker row is
+-- one per connector, made by its first failure (connector_ensure); no row is closed.
+-- Every change of state is a compare-and-set on the row, locked first in a CTE so that
+-- the statement returns the state it left (the caller audits a change on the ops chain
+-- in the same transaction). Times are the database's clock, shared by every host.
+
+
+-- name: connector_ensure
+-- The connector's breaker row, closed with no failures, unless it exists already.
+INSERT INTO connector_breakers (name, state, failures, changed_at, reason)
+VALUES (%(name)s, 'closed', 0, now(), '')
+ON CONFLICT (name) DO NOTHING;
+
+
+-- name: connector_failure
+-- A connector failure of job `job_id`: one more failure in a row (and its error code).
+-- A closed breaker whose failures reach `threshold` opens, and so does a half-open one
+-- whose probe this job is; opening sets opened_at and probe_at = now + `cooldown`
+-- seconds and forgets the probe and any operator's note. Failures seen while open (jobs
+-- that started before it opened) or during another job's probe change no state.
+-- Returns the state before, the state, failures and probe_at after, and the database's
+-- now; zero rows: no row yet (connector_ensure, then again).
+WITH cur AS (
+    SELECT b.*,
+           (b.state = 'closed' AND b.failures + 1 >= %(threshold)s::int)
+           OR (b.state = 'half_open' AND b.probe_job_id = %(job_id)s::uuid) AS opening
+    FROM connector_breakers b WHERE b.name = %(name)s
+    FOR UPDATE
+)
+UPDATE connector_breakers b SET
+    failures = cur.failures + 1,
+    last_error_code = %(error_code)s::text,
+    state = CASE WHEN cur.opening THEN 'open' ELSE cur.state END,
+    opened_at = CASE WHEN cur.opening THEN now() ELSE cur.opened_at END,
+    probe_at = CASE WHEN cur.opening THEN now() + make_interval(secs => %(cooldown)s::float8)
+                    ELSE cur.probe_at END,
+    probe_job_id = CASE WHEN cur.opening THEN NULL ELSE cur.probe_job_id END,
+    probe_started_at = CASE WHEN cur.opening THEN NULL ELSE cur.probe_started_at END,
+    changed_at = CASE WHEN cur.opening THEN now() ELSE cur.changed_at END,
+    changed_by_id = CASE WHEN cur.opening THEN NULL ELSE cur.changed_by_id END,
+    reason = CASE WHEN cur.opening THEN '' ELSE cur.reason END
+FROM cur
+WHERE b.name = cur.name
+RETURNING cur.state AS old_state, b.state, b.failures, b.probe_at, now();
+
+
+-- name: connector_success
+-- A success of job `job_id` of the connector: a closed breaker's failures go back to 0,
+-- and the half-open breaker whose probe this job is closes. Nothing else (a success
+-- while open is a job that started before the outage was seen; it proves little), and
+-- nothing at all, not even a lock, when the breaker is closed with no failures (the
+-- condition is in the locking CTE: the common case costs one primary-key probe).
+-- Returns the state it left; zero rows: nothing changed.
+WITH cur AS (
+    SELECT b.name, b.state FROM connector_breakers b
+    WHERE b.name = %(name)s
+      AND ((b.state = 'closed' AND b.failures > 0)
+           OR (b.state = 'half_open' AND b.probe_job_id = %(job_id)s::uuid))
+    FOR UPDATE
+)
+UPDATE connector_breakers b SET
+    state = 'closed', failures = 0, opened_at = NULL, probe_at = NULL, probe_job_id = NULL,
+    probe_started_at = NULL,
+    changed_at = CASE WHEN cur.state = 'closed' THEN b.changed_at ELSE now() END,
+    changed_by_id = CASE WHEN cur.state = 'closed' THEN b.changed_by_id END,
+    reason = CASE WHEN cur.state = 'closed' THEN b.reason ELSE '' END
+FROM cur
+WHERE b.name = cur.name
+RETURNING cur.state AS old_state;
+
+
+-- name: connector_admit
+-- May job `job_id` call the connector now? Closed (or no row): yes. Open past its
+-- probe_at, or half-open with no live probe (none, this job's own again after the
+-- reaper gave it back, or one older than `lease` seconds: its worker died): yes, as the
+-- one probe, and the breaker goes (or stays) half-open naming it. Otherwise no: open
+-- before probe_at, or another job probes. Returns the state before, whether this job
+-- probes, probe_at and the database's now; zero rows: no breaker row (closed).
+WITH cur AS (
+    SELECT b.name, b.state, b.probe_at,
+           (b.state = 'open' AND b.probe_at <= now())
+           OR (b.state = 'half_open' AND (b.probe_job_id IS NULL
+               OR b.probe_job_id = %(job_id)s::uuid
+               OR b.probe_started_at < now() - make_interval(secs => %(lease)s::float8)))
+               AS probing
+    FROM connector_breakers b WHERE b.name = %(name)s
+    FOR UPDATE
+),
+upd AS (
+    UPDATE connector_breakers b SET
+        state = 'half_open', probe_job_id = %(job_id)s::uuid, probe_started_at = now(),
+        changed_at = CASE WHEN cur.state = 'open' THEN now() ELSE b.changed_at END
+    FROM cur
+    WHERE b.name = cur.name AND cur.probing
+)
+SELECT cur.state, cur.probing, cur.probe_at, now() FROM cur;
+
+
+-- name: connector_probe_release
+-- The probe job `job_id` ended without telling whether the connector works (cancelled,
+-- a non-connector error, its lock lost): the half-open breaker forgets it, and the next
+-- job that comes due probes instead. Returns the name when it was the probe.
+UPDATE connector_breakers SET probe_job_id = NULL, probe_started_at = NULL
+WHERE name = %(name)s AND state = 'half_open' AND probe_job_id = %(job_id)s::uuid
+RETURNING name;
+
+
+-- name: connector_open
+-- An operator opens a breaker: open now, a probe after `cooldown` seconds (as when it
+-- opens by itself), with who and why. A breaker already open is left as it is (the
+-- first opening and its probe time stand). Returns the state it left; zero rows: it
+-- was open already.
+WITH cur AS (
+    SELECT b.name, b.state FROM connector_breakers b WHERE b.name = %(name)s FOR UPDATE
+)
+UPDATE connector_breakers b SET
+    state = 'open', opened_at = now(),
+    probe_at = now() + make_interval(secs => %(cooldown)s::float8),
+    probe_job_id = NULL, probe_started_at = NULL, changed_at = now(),
+    changed_by_id = %(user_id)s::bigint, reason = %(reason)s::text
+FROM cur
+WHERE b.name = cur.name AND cur.state <> 'open'
+RETURNING cur.state AS old_state;
+
+
+-- name: connector_close
+-- An operator closes a breaker (the connector is known to work again): closed, no
+-- failures, with who and why. A closed breaker is left as it is. Returns the state it
+-- left; zero rows: it was closed already (or has no row).
+WITH cur AS (
+    SELECT b.name, b.state FROM connector_breakers b WHERE b.name = %(name)s FOR UPDATE
+)
+UPDATE connector_breakers b SET
+    state = 'closed', failures = 0, opened_at = NULL, probe_at = NULL, probe_job_id = NULL,
+    probe_started_at = NULL, changed_at = now(), changed_by_id = %(user_id)s::bigint,
+    reason = %(reason)s::text
+FROM cur
+WHERE b.name = cur.name AND cur.state <> 'closed'
+RETURNING cur.state AS old_state;
+
+
+-- name: connector_jobs_release
+-- After a breaker closed: the jobs it deferred (retrying with last_error_code
+-- CONNECTOR_OPEN, of the connector's `types`) that would wait more than `jitter`
+-- seconds come due at a random moment within the next `jitter` seconds, so that they
+-- neither wait out a cool-down the connector no longer needs nor all start in the same
+-- second. Only the wake-up time moves (not a transition: the status, the version and
+-- the audit chain stay; each job's `deferred` entry and the ops chain's
+-- `connector_closed` say why it waited). jobs_retry_due_idx serves the range. Returns
+-- how many.
+WITH released AS (
+    UPDATE jobs SET next_run_at = now() + random() * make_interval(secs => %(jitter)s::float8)
+    WHERE status = 'retrying' AND type = ANY(%(types)s::text[])
+      AND last_error_code = 'CONNECTOR_OPEN'
+      AND next_run_at > now() + make_interval(secs => %(jitter)s::float8)
+    RETURNING 1
+)
+SELECT count(*) FROM released;
+
+
+-- name: connector_states
+-- Each breaker's state (a handful of rows), for the connector_state gauge.
+SELECT name, state FROM connector_breakers;

@@ -28,6 +28,7 @@ from django.conf import settings
 
 from core.errors import ApplicationError
 from core.kv import Bucket, KvUnavailable, kv_key, kv_store
+from jobs import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ WINDOW_MS = 60_000
 
 # Which allowance a refused create ran out of (the 429's details.limit).
 LIMIT_NAMES = {"user": "yours", "org": "your organisation's", "global": "everyone's"}
+# The rate_limited_total{scope} label of each (backpressure's is its own).
+SCOPES = {"user": "user", "org": "organisation", "global": "global"}
 
 
 class RateLimitExceededError(ApplicationError):
@@ -107,7 +110,7 @@ def job_create_rate_limit(*, user_id: object, org_id: int | None = None) -> Rate
     buckets.append(("global", "create:global", int(limits["create_global"])))
     decision = rate_limit_take(buckets=[(key, limit) for _, key, limit in buckets])
     if decision is not None and not decision.allowed:
-        raise RateLimitExceededError(decision, limit=buckets[decision.empty or 0][0])
+        raise _refused(decision, limit=buckets[decision.empty or 0][0])
     return decision
 
 
@@ -122,5 +125,11 @@ def job_create_org_rate_limit(*, org_id: int) -> RateDecision | None:
     limit = int(settings.JOBOPS_RATE_LIMITS["create_per_org"])
     decision = rate_limit_take(buckets=[(f"create:org:{org_id}", limit)])
     if decision is not None and not decision.allowed:
-        raise RateLimitExceededError(decision, limit="org")
+        raise _refused(decision, limit="org")
     return decision
+
+
+def _refused(decision: RateDecision, *, limit: str) -> RateLimitExceededError:
+    """The refusal of a create whose `limit` bucket is empty, counted by its scope."""
+    metrics.RATE_LIMITED.labels(scope=SCOPES[limit]).inc()
+    return RateLimitExceededError(decision, limit=limit)

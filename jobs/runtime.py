@@ -3,7 +3,10 @@
 `job_execute` is what every Celery task `jobs.<type>` calls (docs/architecture.md):
 
 1. Decode the wire payload; a message that names no job is rejected without requeue
-   (the broker dead-letters it and the watcher records it with a null job).
+   (the broker dead-letters it and the watcher records it with a null job). A payload
+   version this worker does not read (`jobs.wire`) fails a claimable job with an
+   `UNSUPPORTED_VERSION` dead letter before any claim, and the message is rejected
+   without requeue: the handler never meets a payload it was not written for.
 2. Claim (one compare-and-set), only a job of the message's organisation
    (`org_id`, when the message has one: docs/tenancy.md#execution) whose organisation
    is not suspended, in a queue that is not paused. Zero rows: read why. A message
@@ -12,14 +15,18 @@
    organisation or a paused queue is held (back to `pending`, no attempt spent:
    jobs.services.holds) and the message acked; anything else (a duplicate, a stale
    message, the job runs elsewhere) is acked, nothing done.
-3. Run the handler with a `JobContext` while the process's heartbeat thread refreshes
-   the lock.
+3. While the job's connector's breaker is open, do not start it: defer it (`retrying`
+   until the probe time plus jitter, audited `deferred`, its attempt given back:
+   jobs.services.connectors). Else run the handler with a `JobContext` while the
+   process's heartbeat thread refreshes the lock.
 4. Record the outcome, fenced by `Fence(locked_by, attempt)`: succeeded; retrying
-   with a jittered backoff (the dispatcher republishes it when due; the soft time
-   limit only JOBOPS_TIME_LIMIT_RETRIES times per job); failed with a dead letter,
-   committed BEFORE the message is rejected with requeue=False so that the broker DLQ
-   gets its copy; cancelled. `JobLost` anywhere: stop, ack, write nothing more. The
-   database unreachable: reject with requeue=True and decide nothing.
+   with a jittered backoff, or the connector's Retry-After when longer, or until its
+   breaker's probe once a connector failure opened it (the dispatcher republishes it
+   when due; the soft time limit only JOBOPS_TIME_LIMIT_RETRIES times per job);
+   failed with a dead letter, committed BEFORE the message is rejected with
+   requeue=False so that the broker DLQ gets its copy; cancelled. `JobLost` anywhere:
+   stop, ack, write nothing more. The database unreachable: reject with requeue=True
+   and decide nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import structlog
 from celery.exceptions import Reject, SoftTimeLimitExceeded
@@ -38,7 +45,14 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 
 from core.logging import log_context
 from jobs import metrics
-from jobs.errors import TIME_LIMIT, FatalError, JobCancelled, JobError, TenantMismatchError
+from jobs.errors import (
+    TIME_LIMIT,
+    FatalError,
+    JobCancelled,
+    JobError,
+    TenantMismatchError,
+    UnsupportedVersionError,
+)
 from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import Artefact, Job
 from jobs.selectors import ClaimState, job_claim_state, job_time_limit_retries
@@ -48,7 +62,6 @@ from jobs.services import (
     Finish,
     HoldReason,
     artefact_save,
-    backoff_delay,
     job_claim,
     job_fail_with_dead_letter,
     job_finish,
@@ -56,10 +69,19 @@ from jobs.services import (
     job_hold,
     job_lock_state,
     job_progress_write,
+    retry_delay,
     validate_result,
+)
+from jobs.services.connectors import (
+    Gate,
+    connector_failure_record,
+    connector_gate,
+    connector_probe_release,
+    connector_success_record,
 )
 from jobs.states import Status
 from jobs.types import JobType, get_type
+from jobs.wire import payload_version_problem
 
 logger = structlog.get_logger("jobs.runtime")
 
@@ -90,6 +112,7 @@ class JobContext:
         self._pending: dict[str, Any] | None = None
         self._last_write = float("-inf")
         self._last_cancel_check = time.monotonic()
+        self.started = time.monotonic()  # the attempt's start (its claim): its duration
 
     @property
     def org_id(self) -> int:
@@ -279,9 +302,10 @@ def _payload_org_id(payload: Any) -> Any:
 _CLAIMABLE = frozenset({"pending", "queued", "retrying"})
 
 
-def _requeue_db_down(log: Any, exc: BaseException) -> Reject:
-    """The database is unreachable: hand the message back, decide nothing."""
-    log.error("database_unavailable_requeue", error=repr(exc))
+def _requeue_db_down(log: Any, exc: BaseException, **attempt: Any) -> Reject:
+    """The database is unreachable: hand the message back, decide nothing. `attempt`:
+    the ended attempt's fields (attempt_fields), when a claimed run could not finish."""
+    log.error("database_unavailable_requeue", error=repr(exc), **attempt)
     connection.close()
     time.sleep(settings.JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS)
     return Reject(f"database unavailable: {exc!r}", requeue=True)
@@ -316,6 +340,9 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
     message_org = _payload_org_id(payload)
     locked_by = worker_identity(hostname)
     try:
+        version_problem = payload_version_problem(payload)
+        if version_problem is not None:
+            return _unsupported_version(job_id=job_id, problem=version_problem, log=log)
         job = None
         if message_org is not None:  # an org_id that is no organisation's claims nothing
             org_id = None if message_org is _ABSENT else message_org
@@ -364,11 +391,34 @@ def _not_claimed(*, job_id: uuid.UUID, message_org: Any, log: Any) -> dict[str, 
 def _tenant_mismatch(
     *, job_id: uuid.UUID, state: ClaimState, message_org: Any, log: Any
 ) -> dict[str, Any]:
-    code = TenantMismatchError.code
     named = "no organisation" if message_org is None else f"organisation {message_org}"
     message = f"the message names {named}; the job is in organisation {state.org_id}"
+    return _fail_unclaimed(
+        job_id=job_id, state=state, code=TenantMismatchError.code, message=message, log=log
+    )
+
+
+def _unsupported_version(*, job_id: uuid.UUID, problem: str, log: Any) -> dict[str, Any]:
+    """A message whose payload version this worker does not read: an unknown job is
+    rejected as any other; a claimable one fails with `UNSUPPORTED_VERSION`."""
+    state = job_claim_state(job_id=job_id)
+    if state is None:
+        log.error("message_names_unknown_job", error=problem)
+        raise Reject("message names an unknown job", requeue=False)
+    code = UnsupportedVersionError.code
+    return _fail_unclaimed(job_id=job_id, state=state, code=code, message=problem, log=log)
+
+
+def _fail_unclaimed(
+    *, job_id: uuid.UUID, state: ClaimState, code: str, message: str, log: Any
+) -> dict[str, Any]:
+    """Fail a job this message must not run, without claiming it (no attempt counted),
+    with a non-retryable dead letter; then reject the message without requeue. A job
+    running elsewhere or ended is left alone (a stray message must not end someone's
+    run): logged, acked."""
+    ignored = f"{code.lower()}_ignored"  # tenant_mismatch_ignored, unsupported_version_...
     if state.status not in _CLAIMABLE:
-        log.error("tenant_mismatch_ignored", error_code=code, status=state.status)
+        log.error(ignored, error_code=code, status=state.status)
         return {"job_id": str(job_id), "outcome": "dropped"}
     try:
         job_fail_with_dead_letter(
@@ -380,7 +430,7 @@ def _tenant_mismatch(
             sources=[state.status],
         )
     except TransitionRefusedError:  # it moved on meanwhile (claimed, cancelled)
-        log.error("tenant_mismatch_ignored", error_code=code, status="changed")
+        log.error(ignored, error_code=code, status="changed")
         return {"job_id": str(job_id), "outcome": "dropped"}
     log.error("job_dead_lettered", reason="nonretryable", error_code=code, error=message)
     raise Reject(f"nonretryable: {code}", requeue=False)
@@ -390,43 +440,75 @@ def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
     """Steps 3 and 4 of the module docstring for a job this delivery claimed."""
     job_id = job.id
     fence = Fence(locked_by, job.attempts)
-    ctx, spec, outcome, error, result = run_handler(
-        job=job, fence=fence, log=log, heartbeats=HEARTBEATS
-    )
-    log = ctx.log
-    if outcome == "lost" or ctx._lost.is_set():
-        log.warning("job_lost_stopping")
-        return {"job_id": str(job_id), "outcome": "lost"}
     try:
-        return _finish(ctx=ctx, job=job, spec=spec, outcome=outcome, error=error, result=result)
-    except JobLost:
-        log.warning("job_lost_stopping")
-        metrics.JOBS_LOST.labels(type=job.type).inc()
-        return {"job_id": str(job_id), "outcome": "lost"}
+        run = run_handler(job=job, fence=fence, log=log, heartbeats=HEARTBEATS)
     except DB_DOWN_ERRORS as exc:
         raise _requeue_db_down(log, exc) from exc
+    ctx = run.ctx
+    log = ctx.log
+
+    def lost() -> dict[str, Any]:
+        seconds = time.monotonic() - ctx.started
+        log.warning("job_lost_stopping", **attempt_fields(job.type, "lost", seconds))
+        return {"job_id": str(job_id), "outcome": "lost"}
+
+    try:
+        if run.outcome == "deferred":
+            return {"job_id": str(job_id), "outcome": "deferred", "delay": run.gate.delay}
+        if run.outcome == "lost" or ctx._lost.is_set():
+            return lost()
+        return _finish(run, job)
+    except JobLost:
+        metrics.JOBS_LOST.labels(type=job.type).inc()
+        return lost()
+    except DB_DOWN_ERRORS as exc:
+        # Nothing was decided: the reaper reclaims the job once its lock is stale.
+        seconds = time.monotonic() - ctx.started
+        raise _requeue_db_down(log, exc, **attempt_fields(job.type, "lost", seconds)) from exc
+    finally:
+        probe_release(run.gate, job_id=job_id, log=log)
 
 
-def run_handler(
-    *, job: Job, fence: Fence, log: Any, heartbeats: Heartbeats | None
-) -> tuple[JobContext, JobType, str, BaseException | None, dict[str, Any] | None]:
-    """Run a claimed job's handler with its `JobContext`, as both executors do: returns
-    the context, the type, and the outcome (`succeeded` with its result, `cancelled`,
-    `lost`, or `error` with the exception). `heartbeats` keeps the lock alive meanwhile
-    (a Celery worker's; run_worker's host beats for all its jobs itself)."""
+class Run(NamedTuple):
+    """A claimed job's run (`run_handler`): its context and type, the connector gate's
+    decision, and the outcome: `succeeded` with its result, `cancelled`, `lost`,
+    `deferred` (the handler did not start: its connector's breaker is open) or `error`
+    with the exception."""
+
+    ctx: JobContext
+    spec: JobType
+    gate: Gate
+    outcome: str
+    error: BaseException | None = None
+    result: dict[str, Any] | None = None
+
+
+def run_handler(*, job: Job, fence: Fence, log: Any, heartbeats: Heartbeats | None) -> Run:
+    """Run a claimed job's handler with its `JobContext`, as both executors do, unless
+    its connector's breaker defers it (docs/connectors.md: the job waits `retrying` for
+    the probe, its attempt given back). `heartbeats` keeps the lock alive meanwhile (a
+    Celery worker's; run_worker's host beats for all its jobs itself). The database
+    unreachable at the gate raises (DB_DOWN_ERRORS): the caller decides nothing."""
     log = log.bind(
         attempt=job.attempts, idempotency_key=str(job.id), queue=job.queue, job_type=job.type
     )
     ctx = JobContext(job=job, fence=fence, log=log)
     spec = get_type(job.type)
     assert spec is not None
+    try:
+        gate = connector_gate(job=job, fence=fence)
+    except JobLost:
+        return Run(ctx, spec, Gate(connector=None), "lost")
+    if gate.deferred is not None:
+        connector = gate.connector.name if gate.connector else None
+        log.info("job_deferred", connector=connector, delay=round(gate.delay, 3))
+        return Run(ctx, spec, gate, "deferred")
     log.info("job_started")
     if heartbeats is not None:
         heartbeats.add(ctx)
     outcome, error, result = "succeeded", None, None
     in_progress = metrics.JOB_IN_PROGRESS.labels(type=job.type)
     in_progress.inc()
-    started = time.monotonic()
     try:
         try:
             ctx.check_cancel()
@@ -444,20 +526,25 @@ def run_handler(
         if heartbeats is not None:
             heartbeats.remove(ctx)
         in_progress.dec()
-        metrics.JOB_DURATION.labels(type=job.type).observe(time.monotonic() - started)
-    return ctx, spec, outcome, error, result
+    return Run(ctx, spec, gate, outcome, error, result)
 
 
-def _finish(
-    *,
-    ctx: JobContext,
-    job: Job,
-    spec: Any,
-    outcome: str,
-    error: BaseException | None,
-    result: dict[str, Any] | None,
-) -> dict[str, Any]:
-    finish = finish_decide(ctx=ctx, job=job, spec=spec, outcome=outcome, error=error, result=result)
+def probe_release(gate: Gate, *, job_id: uuid.UUID, log: Any) -> None:
+    """After the run of its connector's half-open breaker's probe, whatever its end: a
+    probe that told nothing (a cancel, a bug, a lost lock) lets the next due job probe."""
+    if not gate.probe:
+        return
+    try:
+        connector_probe_release(gate=gate, job_id=job_id)
+    except Exception as exc:  # the database away: the probe's lease runs out instead
+        log.warning("connector_probe_release_failed", error=repr(exc))
+
+
+def _finish(run: Run, job: Job) -> dict[str, Any]:
+    ctx = run.ctx
+    finish = finish_decide(
+        ctx=ctx, job=job, spec=run.spec, outcome=run.outcome, error=run.error, result=run.result
+    )
     job_finish(finish=finish, fence=ctx._fence)
     finish_log(ctx.log, finish)
     summary: dict[str, Any] = {"job_id": str(job.id), "attempt": finish.attempt}
@@ -482,23 +569,40 @@ def finish_decide(
     write: succeeded; cancelled (also an error after a cancel request: the user asked
     to stop); an error classified (`classify`) as a retry with a jittered backoff while
     attempts remain (a soft time limit only JOBOPS_TIME_LIMIT_RETRIES times per job),
-    else failed with its dead letter's reason."""
+    else failed with its dead letter's reason. The job's connector's breaker hears of
+    the outcome here (a success, a connector failure), as the run ends."""
     attempt, progress = ctx._fence.attempt, ctx.take_pending_progress()
+    # Every end says its type and how long the attempt ran (finish_log).
+    own: dict[str, Any] = {"job_type": job.type, "seconds": time.monotonic() - ctx.started}
     if outcome == "succeeded":
-        return Finish(job.id, attempt, Status.SUCCEEDED, result=result, progress=progress)
+        # The connector answered (docs/connectors.md): its failure count goes back to
+        # 0, and the half-open breaker this job probed closes.
+        connector_success_record(spec=spec, job_id=job.id)
+        return Finish(job.id, attempt, Status.SUCCEEDED, result=result, progress=progress, **own)
     if outcome == "cancelled":
-        return Finish(job.id, attempt, Status.CANCELLED, progress=progress)
+        return Finish(job.id, attempt, Status.CANCELLED, progress=progress, **own)
     assert error is not None
     kind, code = classify(error)
     message = f"{type(error).__name__}: {error}"[:2000]
     if ctx.cancel_requested():
         # The user asked to stop: a failure after that ends the job as they asked, not
         # as a retry or a dead letter someone would have to discard.
-        return Finish(job.id, attempt, Status.CANCELLED, error_code=code, progress=progress)
+        return Finish(job.id, attempt, Status.CANCELLED, error_code=code, progress=progress, **own)
     if isinstance(error, SoftTimeLimitExceeded):
         kind, message = _time_limit_outcome(job=job, spec=spec, attempt=attempt)
-    if kind == "retry" and attempt < job.max_attempts:
-        delay = backoff_delay(attempt=attempt, cap=spec.backoff_cap)
+    # A connector failure counts toward its breaker (docs/connectors.md); once the
+    # breaker holds the connector's jobs, this one waits for the probe too, and is not
+    # dead-lettered for an outage the breaker saw.
+    seen = (
+        connector_failure_record(spec=spec, job_id=job.id, error=error) if kind == "retry" else None
+    )
+    held = seen is not None and seen.holds_jobs
+    if kind == "retry" and (attempt < job.max_attempts or held):
+        delay = retry_delay(
+            attempt=attempt, cap=spec.backoff_cap, retry_after=getattr(error, "retry_after", None)
+        )
+        if seen is not None and held:
+            delay = max(delay, seen.wait)
         return Finish(
             job.id,
             attempt,
@@ -507,6 +611,9 @@ def finish_decide(
             error_message=message,
             delay=delay,
             progress=progress,
+            breaker=seen.state if seen is not None and held else None,
+            extend_attempts=1 if held and attempt >= job.max_attempts else 0,
+            **own,
         )
     reason = {"retry": "exhausted", "fatal": "fatal", "nonretryable": "nonretryable"}[kind]
     return Finish(
@@ -517,32 +624,36 @@ def finish_decide(
         error_message=message,
         reason=reason,
         progress=progress,
+        **own,
     )
 
 
 def finish_log(log: Any, finish: Finish) -> None:
-    """The log line of a run's end once it is written (the same for both executors)."""
+    """The attempt's final log line once its end is written (the same for both
+    executors): besides its bound `attempt`, its outcome, error code and duration
+    (attempt_fields, which also observes job_duration_seconds)."""
+    attempt = attempt_fields(finish.job_type, str(finish.target), finish.seconds, finish.error_code)
     if finish.target == Status.SUCCEEDED:
-        log.info("job_succeeded")
+        log.info("job_succeeded", **attempt)
     elif finish.target == Status.CANCELLED:
-        if finish.error_code:
-            log.info("job_cancelled", after_error=finish.error_code)
-        else:
-            log.info("job_cancelled")
+        log.info("job_cancelled", **attempt)
     elif finish.target == Status.RETRYING:
         log.warning(
-            "job_retrying",
-            error_code=finish.error_code,
-            delay=round(finish.delay or 0, 3),
-            error=finish.error_message,
+            "job_retrying", delay=round(finish.delay or 0, 3), error=finish.error_message, **attempt
         )
     else:
-        log.error(
-            "job_dead_lettered",
-            reason=finish.reason,
-            error_code=finish.error_code,
-            error=finish.error_message,
-        )
+        log.error("job_dead_lettered", reason=finish.reason, error=finish.error_message, **attempt)
+
+
+def attempt_fields(
+    job_type: str, outcome: str, seconds: float, error_code: str | None = None
+) -> dict[str, Any]:
+    """What an attempt's final log line says of how it ended: `outcome` (succeeded,
+    retrying, failed, cancelled, lost), `error_code` (None without an error) and
+    `duration_ms` (from its claim); observes the run time in
+    job_duration_seconds{type,status=outcome}."""
+    metrics.JOB_DURATION.labels(type=job_type, status=outcome).observe(seconds)
+    return {"outcome": outcome, "error_code": error_code, "duration_ms": round(seconds * 1000)}
 
 
 def _time_limit_outcome(*, job: Job, spec: JobType, attempt: int) -> tuple[str, str]:

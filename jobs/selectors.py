@@ -34,10 +34,18 @@ from core.ids import IdFragment, id_fragment
 from jobs.backpressure import queue_depth_cached
 from jobs.errors import TIME_LIMIT
 from jobs.exceptions import JobNotFoundError
-from jobs.models import Artefact, DeadLetter, Job, PurgeState, QueuePause
+from jobs.models import (
+    Artefact,
+    BreakerState,
+    ConnectorBreaker,
+    DeadLetter,
+    Job,
+    PurgeState,
+    QueuePause,
+)
 from jobs.queries import QUERIES
 from jobs.states import Status
-from jobs.types import primary_queue_names
+from jobs.types import all_connectors, primary_queue_names
 from tenants.selectors import Viewer, actor_for, administers, viewer_for
 
 M = TypeVar("M", bound=Model)
@@ -475,6 +483,99 @@ def job_time_limit_retries(*, job_id: uuid.UUID | str) -> int:
     return count
 
 
+# The attempts the job page shows, newest last; a job replayed many times says that
+# earlier ones are in its audit trail.
+ATTEMPTS_SHOWN = 50
+# How an attempt ended, by the event of the entry that took the job out of `running`;
+# any other such event (a future one) is shown by its name.
+ATTEMPT_OUTCOMES = {"reclaimed": "lost"}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a job, from its audit trail: started by a claim (`started`), ended by
+    the entry that took the job out of `running` (None while it runs)."""
+
+    number: int
+    started: datetime
+    ended: datetime | None
+    outcome: str  # succeeded, retrying, failed, cancelled, lost; `running` while it runs
+    error_code: str | None
+
+    @property
+    def seconds(self) -> float | None:
+        """Its duration (None while it runs)."""
+        return None if self.ended is None else (self.ended - self.started).total_seconds()
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """The latest attempts of a job, oldest first; `more`: earlier ones were left out."""
+
+    rows: list[Attempt]
+    more: bool
+
+
+def job_attempts(*, job_id: uuid.UUID | str, limit: int = ATTEMPTS_SHOWN) -> Attempts:
+    """The job's attempts (number, start, end, outcome, error code) from its audit chain.
+
+    1. The latest `limit` `started` entries (one per claim), newest first, through the
+       chain's (chain, seq) index; one more says that earlier attempts exist.
+    2. The entries after the earliest of them, except progress: each attempt ends at the
+       first entry after its start that left `running` (succeeded, retrying, failed,
+       cancelled; `reclaimed` when the reaper took it from a lost worker).
+    Two queries, bounded by `limit` attempts whatever the job's history.
+    """
+    chain = job_chain(job_id)
+    starts = list(
+        AuditLog.objects.filter(chain=chain, event_type="started")
+        .only("seq", "ts", "payload")
+        .order_by("-seq")[: limit + 1]
+    )
+    more = len(starts) > limit
+    starts = starts[:limit][::-1]
+    if not starts:
+        return Attempts(rows=[], more=False)
+    later = (
+        AuditLog.objects.filter(chain=chain, seq__gt=starts[0].seq)
+        .exclude(event_type="progress")
+        .only("seq", "ts", "event_type", "payload")
+        .order_by("seq")
+    )
+    # Both in seq order: each attempt takes the first ending entry after its start,
+    # unless the next attempt started first (an end the chain lacks: no row for it).
+    ends = iter([(r, d) for r in later if (d := _payload_data(r)).get("from") == "running"])
+    end = next(ends, None)
+    rows: list[Attempt] = []
+    for n, start in enumerate(starts):
+        while end is not None and end[0].seq < start.seq:
+            end = next(ends, None)
+        until = starts[n + 1].seq if n + 1 < len(starts) else None
+        mine = end if end is not None and (until is None or end[0].seq < until) else None
+        number = _payload_data(start).get("attempt")
+        rows.append(
+            Attempt(
+                number=number if isinstance(number, int) else n + 1,
+                started=start.ts,
+                ended=mine[0].ts if mine else None,
+                outcome=(
+                    ATTEMPT_OUTCOMES.get(mine[0].event_type, mine[0].event_type)
+                    if mine
+                    else "running"
+                ),
+                error_code=_attempt_error(mine[1]) if mine else None,
+            )
+        )
+    return Attempts(rows=rows, more=more)
+
+
+def _attempt_error(data: dict[str, Any]) -> str | None:
+    """The error code an attempt's last entry records (a reclaim records its reason)."""
+    if data.get("error_code"):
+        return str(data["error_code"])
+    return "WORKER_LOST" if data.get("reason") == "worker_lost" else None
+
+
 def _summary(event: str, data: dict[str, Any]) -> str:
     """What an audit entry says, in a line: `running → failed · attempt 2 · FATAL`."""
     parts = []
@@ -819,3 +920,55 @@ def paused_queues_detail() -> dict[str, Any]:
             for p in QueuePause.objects.order_by("queue")
         ]
     }
+
+
+@dataclass(frozen=True)
+class ConnectorState:
+    """One connector's breaker as an operator or a consumer sees it (docs/connectors.md):
+    no address, no credentials, no job contents."""
+
+    name: str
+    state: str
+    failures: int
+    last_error_code: str | None
+    opened_at: datetime | None
+    # When a job may probe it (open), or when the running probe started (half-open).
+    next_probe_at: datetime | None
+    probe_started_at: datetime | None
+    job_types: tuple[str, ...]
+    failure_threshold: int
+    cooldown_seconds: float
+    # An operator opened or closed it last (else the breaker itself); who and why are
+    # for operators only (`changed_by`, `reason`).
+    manual: bool
+    changed_at: datetime | None
+    changed_by: str | None
+    reason: str
+
+
+def connectors_state() -> list[ConnectorState]:
+    """Every connector a job type names, in name order, with its breaker (a connector
+    without a row is closed with no failures): one read of connector_breakers."""
+    rows = {b.name: b for b in ConnectorBreaker.objects.select_related("changed_by")}
+    states = []
+    for name, spec in all_connectors().items():
+        row = rows.get(name)
+        states.append(
+            ConnectorState(
+                name=name,
+                state=row.state if row else BreakerState.CLOSED,
+                failures=row.failures if row else 0,
+                last_error_code=row.last_error_code if row else None,
+                opened_at=row.opened_at if row else None,
+                next_probe_at=row.probe_at if row else None,
+                probe_started_at=row.probe_started_at if row else None,
+                job_types=spec.types,
+                failure_threshold=spec.failures,
+                cooldown_seconds=spec.cooldown_seconds,
+                manual=bool(row and row.reason),
+                changed_at=row.changed_at if row else None,
+                changed_by=row.changed_by.get_username() if row and row.changed_by else None,
+                reason=row.reason if row else "",
+            )
+        )
+    return states

@@ -64,6 +64,9 @@ EVENT_FOR_STATUS: dict[str, str] = {
 STATUS_AFTER_EVENT: dict[str, str] = {
     **{event: status for status, event in EVENT_FOR_STATUS.items()},
     "reclaimed": Status.RETRYING,
+    # a claimed job of a connector whose breaker is open waits for its probe, its
+    # attempt given back (jobs.services.connectors)
+    "deferred": Status.RETRYING,
     "dlq_replayed": Status.PENDING,
     "held": Status.PENDING,
     # A scheduled job come due. A scheduled job's `created` entry says to=scheduled:

@@ -4,12 +4,14 @@
 objects, so a worker never meets a queue whose arguments differ (RabbitMQ would
 answer 406 PRECONDITION_FAILED and the worker would die). Queue arguments cannot
 change in place: changing any value here needs a documented migration (declare a
-new queue, move consumers, delete the old one).
+new queue, move consumers, delete the old one); the DLQs and dlq.watch change type with
+`setup_topology --convert` (docs/operations/dead-letters.md#queue-type).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 from kombu import Exchange, Queue, binding
@@ -35,6 +37,29 @@ def dlq_name(queue: str) -> str:
     return f"{queue}_dlq"
 
 
+def quorum_arguments() -> dict[str, Any]:
+    """What every quorum queue of jobops is declared with: its type and, where
+    JOBOPS_QUORUM_GROUP_SIZE is set, how many cluster nodes hold a replica."""
+    arguments: dict[str, Any] = {"x-queue-type": "quorum"}
+    if settings.JOBOPS_QUORUM_GROUP_SIZE:
+        arguments["x-quorum-initial-group-size"] = settings.JOBOPS_QUORUM_GROUP_SIZE
+    return arguments
+
+
+def dead_letter_arguments() -> dict[str, Any]:
+    """The arguments of the DLQs and dlq.watch, by JOBOPS_DLQ_QUEUE_TYPE.
+
+    Quorum by default: replicated by Raft, they survive the loss of a broker node as the
+    primaries do, and they support all the DLQ tools need (basic.get, requeue, acks).
+    They get no delivery limit, so a peek's get-and-requeue never drops a copy. Classic
+    (lazy: dead letters can pile up during an incident; kept on disk) lives on one node
+    and is unavailable while that node is down.
+    """
+    if settings.JOBOPS_DLQ_QUEUE_TYPE == "classic":
+        return {"x-queue-mode": "lazy"}
+    return quorum_arguments()
+
+
 def job_queue(name: str) -> Queue:
     return Queue(
         name,
@@ -42,7 +67,7 @@ def job_queue(name: str) -> Queue:
         routing_key=name,
         durable=True,
         queue_arguments={
-            "x-queue-type": "quorum",
+            **quorum_arguments(),
             "x-dead-letter-exchange": dlx_name(name),
             # at-least-once dead-lettering needs reject-publish overflow; the default
             # at-most-once strategy can drop a dead letter.
@@ -80,22 +105,30 @@ def dead_letter_exchange(queue: str) -> Exchange:
 
 
 def dead_letter_queue(queue: str) -> Queue:
-    # Classic and lazy: dead letters can pile up during an incident; keep them on disk.
     return Queue(
         dlq_name(queue),
         exchange=dead_letter_exchange(queue),
         routing_key="#",
         durable=True,
-        queue_arguments={"x-queue-mode": "lazy"},
+        queue_arguments=dead_letter_arguments(),
     )
 
 
 def watch_queue() -> Queue:
+    classic = settings.JOBOPS_DLQ_QUEUE_TYPE == "classic"
     return Queue(
         WATCH_QUEUE_NAME,
         bindings=[binding(dead_letter_exchange(q), routing_key="#") for q in primary_queue_names()],
         durable=True,
+        # Classic as before (no arguments); quorum with the DLQs.
+        queue_arguments=None if classic else quorum_arguments(),
     )
+
+
+def convertible_queues() -> list[Queue]:
+    """The queues `setup_topology --convert` may re-declare with another type: copies
+    of what the database holds (the DLQs) and the watcher's feed, never a primary."""
+    return [*(dead_letter_queue(q) for q in primary_queue_names()), watch_queue()]
 
 
 def parked_queue() -> Queue:

@@ -26,6 +26,11 @@ class JobType:
     time_limit: int
     params_serializer: str
     handler: str
+    # The external system its handler calls (docs/connectors.md), None for none; and
+    # while that connector's breaker is open, whether a create waits ("wait": accepted,
+    # the job waits for the probe) or is refused ("refuse": 409 ERR-CONNECTOR-OPEN).
+    connector: str | None = None
+    connector_open: str = "wait"
 
     @property
     def max_attempts(self) -> int:
@@ -102,3 +107,47 @@ def postgres_queues() -> list[str]:
     """The queues `manage.py run_worker` runs (JOBOPS_EXECUTOR_<QUEUE>=postgres), in table
     order: the dispatcher publishes none of their jobs to the broker."""
     return [q for q in primary_queue_names() if queue_executor(q) == POSTGRES]
+
+
+@dataclass(frozen=True)
+class ConnectorSpec:
+    """A connector's breaker settings (JOBOPS_CONNECTORS, docs/connectors.md) and the job
+    types that call it."""
+
+    name: str
+    failures: int
+    cooldown_seconds: float
+    probe_wait_seconds: float
+    jitter_seconds: float
+    types: tuple[str, ...]
+
+    @property
+    def probe_lease_seconds(self) -> float:
+        """How long a probe may hold the half-open breaker before another job may probe:
+        its types' longest hard time limit plus the lock timeout (a probe that outlives
+        that has died, and the reaper has already reclaimed it)."""
+        longest = max((all_types()[t].time_limit for t in self.types), default=0)
+        return float(longest + settings.JOBOPS_LOCK_TIMEOUT)
+
+
+def all_connectors() -> dict[str, ConnectorSpec]:
+    """Every connector a job type names, in name order, with its settings (its entry of
+    JOBOPS_CONNECTORS, else JOBOPS_CONNECTOR_DEFAULTS)."""
+    types = all_types()
+    named = {t.connector for t in types.values() if t.connector} | set(settings.JOBOPS_CONNECTORS)
+    return {
+        name: ConnectorSpec(
+            name=name,
+            failures=int(fields["failures"]),
+            cooldown_seconds=float(fields["cooldown_seconds"]),
+            probe_wait_seconds=float(fields["probe_wait_seconds"]),
+            jitter_seconds=float(fields["jitter_seconds"]),
+            types=tuple(t.name for t in types.values() if t.connector == name),
+        )
+        for name in sorted(named)
+        for fields in [settings.JOBOPS_CONNECTORS.get(name, settings.JOBOPS_CONNECTOR_DEFAULTS)]
+    }
+
+
+def get_connector(name: str) -> ConnectorSpec | None:
+    return all_connectors().get(name)

@@ -9,25 +9,31 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    """An ERP stand-in: answers `script` statuses in turn (then 200), records requests."""
+    """An ERP stand-in: answers `script` statuses in turn, then `status` (200 unless a
+    test sets another: an outage is `status = 503`), with the `extra_headers` (e.g.
+    Retry-After); records each request with the status it got."""
 
     def __init__(self, script: list[int | tuple[str, float]] | None = None) -> None:
         self.script = list(script or [])
         self.requests: list[dict] = []
+        self.status = 200
+        self.extra_headers: dict[str, str] = {}
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver.requests.append(
-                    {"path": self.path, "headers": dict(self.headers), "body": json.loads(body)}
-                )
-                action = receiver.script.pop(0) if receiver.script else 200
+                entry = {"path": self.path, "headers": dict(self.headers), "body": json.loads(body)}
+                receiver.requests.append(entry)
+                action = receiver.script.pop(0) if receiver.script else receiver.status
                 if isinstance(action, tuple):  # ("sleep", seconds): outlive the timeout
                     time.sleep(action[1])
                     action = 200
+                entry["status"] = action
                 self.send_response(action)
                 self.send_header("Content-Type", "application/json")
+                for name, value in receiver.extra_headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(json.dumps({"status": action}).encode())
 

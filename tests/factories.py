@@ -294,8 +294,11 @@ def role_user(role: str, **fields: Any) -> Any:
     from django.contrib.auth.models import Group, Permission
 
     roles = importlib.import_module("dlq.migrations.0006_roles").ROLES
-    # What later migrations granted the roles (queue controls and schedules).
-    grants = importlib.import_module("dlq.migrations.0008_queue_schedule_roles").GRANTS
+    # What later migrations granted the roles (queue controls and schedules; breakers).
+    grants: dict[str, list[str]] = {}
+    for later in ("0008_queue_schedule_roles", "0009_connector_roles"):
+        for name, codenames in importlib.import_module(f"dlq.migrations.{later}").GRANTS.items():
+            grants.setdefault(name, []).extend(codenames)
     group, created = Group.objects.get_or_create(name=role)
     if created:
         group.permissions.set(

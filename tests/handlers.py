@@ -78,6 +78,9 @@ def _act(ctx: Any, params: dict[str, Any], r: redis.Redis) -> dict[str, Any] | N
     do = params["do"]
     if do == "noop":
         return {"ok": True}
+    if do == "count":  # one more run of this job in the hash params["counter"]
+        r.hincrby(params["counter"], str(ctx.job_id), 1)
+        return {"ok": True}
     if do == "fail_times":  # retryable failures on the first n attempts, then success
         if ctx.attempt <= int(params["n"]):
             raise TransientExternalError(f"planned failure {ctx.attempt}", code="PLANNED")

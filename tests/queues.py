@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from amqp.exceptions import PreconditionFailed
 from django.conf import settings
 from kombu import Connection
 
@@ -25,12 +26,23 @@ WORKER = Actor.system("worker")
 
 
 def topology_declare_and_purge() -> None:
-    """Declare the topology in the current vhost and empty every queue of it."""
+    """Declare the topology in the current vhost and empty every queue of it.
+
+    A queue left by an older run with other arguments (RabbitMQ answers 406: the DLQs
+    were classic before they became quorum) is deleted and declared again: the test
+    run owns its vhost, and the queue is emptied anyway."""
     plan = topology()
     with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
         channel = conn.channel()
-        for entity in [*plan.exchanges, *plan.queues]:
+        for entity in plan.exchanges:
             entity(channel).declare()
+        for queue in plan.queues:
+            try:
+                queue(channel).declare()
+            except PreconditionFailed:
+                channel = conn.channel()  # the 406 closed the channel
+                channel.queue_delete(queue.name)
+                queue(channel).declare()
         for queue in plan.queues:
             queue(channel).purge()
 

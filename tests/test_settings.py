@@ -91,6 +91,9 @@ def test_a_negative_time_limit_retries_is_refused_and_named():
         ({"ARTEFACT_DOWNLOAD": "email"}, "ARTEFACT_DOWNLOAD='email': use stream or presigned"),
         ({"ARTEFACT_PRESIGNED_EXPIRY_SECONDS": "0"}, "ARTEFACT_PRESIGNED_EXPIRY_SECONDS"),
         ({"JOBOPS_MAX_MESSAGE_BYTES": "1000"}, "JOBOPS_MAX_MESSAGE_BYTES=1000 is below"),
+        ({"JOBOPS_QUORUM_GROUP_SIZE": "-1"}, "JOBOPS_QUORUM_GROUP_SIZE=-1"),
+        ({"JOBOPS_QUORUM_GROUP_SIZE": "100"}, "JOBOPS_QUORUM_GROUP_SIZE=100"),
+        ({"JOBOPS_DLQ_QUEUE_TYPE": "stream"}, "JOBOPS_DLQ_QUEUE_TYPE='stream'"),
         (
             {"ARTEFACT_STORAGE": "s3", "ARTEFACT_S3_BUCKET": ""},
             "ARTEFACT_STORAGE is s3 but ARTEFACT_S3_BUCKET is unset",
@@ -154,8 +157,11 @@ def test_debug_is_off_unless_asked_for():
     assert refused.returncode != 0 and "Refusing to start with DEBUG off" in refused.stderr
 
 
-def test_each_xdist_worker_gets_its_own_vhost_and_redis_db():
+def test_each_xdist_worker_gets_its_own_vhost_and_redis_db(monkeypatch):
+    from config import settings_test
     from config.settings_test import xdist_worker_urls
+
+    monkeypatch.setattr(settings_test, "REDIS_DATABASES", 16)  # a server's default
 
     assert xdist_worker_urls(
         "gw2", "amqp://guest:guest@127.0.0.1:5672/jobops_h4", "redis://127.0.0.1:6379/4"
@@ -225,3 +231,48 @@ def test_an_unknown_executor_is_named():
     result = _start(DEBUG="true", JOBOPS_EXECUTOR_SIM="rq")
     assert result.returncode != 0
     assert "JOBOPS_EXECUTOR_SIM='rq' must be one of celery, postgres" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"JOBOPS_CONNECTORS": '{"erp": {"failures": 0}}'}, "JOBOPS_CONNECTORS: erp.failures=0"),
+        (
+            {"JOBOPS_CONNECTORS": '{"erp": {"cooldown_seconds": "1h"}}'},
+            "erp.cooldown_seconds='1h'",
+        ),
+        ({"JOBOPS_CONNECTORS": '{"erp": {"speed": 1}}'}, "erp.speed=1"),
+        ({"JOBOPS_CONNECTORS": '{"crm": {"failures": 3}}'}, "'crm' is no job type's connector"),
+        ({"JOBOPS_CONNECTOR_JITTER_SECONDS": "-1"}, "(defaults).jitter_seconds=-1.0"),
+        ({"JOBOPS_JOB_TYPES": '{"ai": {"connector": "Open AI"}}'}, "ai.connector='Open AI'"),
+        ({"JOBOPS_JOB_TYPES": '{"erp": {"connector_open": "409"}}'}, "erp.connector_open='409'"),
+        ({"JOBOPS_RETRY_AFTER_MAX_SECONDS": "-5"}, "JOBOPS_RETRY_AFTER_MAX_SECONDS=-5.0"),
+    ],
+)
+def test_a_bad_connector_setting_refuses_to_start_and_is_named(overrides, named):
+    result = _start(**overrides)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and named in result.stderr, result.stderr[-500:]
+
+
+def test_a_connector_named_by_a_type_gets_its_own_breaker_settings():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings as s; "
+            "c = s.JOBOPS_CONNECTORS; print(c['openai']['failures'], c['erp']['failures'])",
+        ],
+        cwd=ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if k not in SAFE},
+            "DEBUG": "true",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "JOBOPS_JOB_TYPES": '{"ai": {"connector": "openai"}}',
+            "JOBOPS_CONNECTORS": '{"openai": {"failures": 2}}',
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.stdout.split()[-2:] == ["2", "5"], result.stderr[-500:]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.api.routing import with_slash_alias
-from dlq.api import queues, views
+from dlq.api import connectors, queues, views
 
 app_name = "dlq-api"
 
@@ -23,4 +23,10 @@ urlpatterns = [
     *with_slash_alias("dlq/<str:queue>/discard", views.DlqDiscardApi.as_view(), "discard"),
     *with_slash_alias("queues/<str:queue>/pause", queues.QueuePauseApi.as_view(), "queue-pause"),
     *with_slash_alias("queues/<str:queue>/resume", queues.QueueResumeApi.as_view(), "queue-resume"),
+    *with_slash_alias(
+        "connectors/<str:name>/open", connectors.ConnectorOpenApi.as_view(), "connector-open"
+    ),
+    *with_slash_alias(
+        "connectors/<str:name>/close", connectors.ConnectorCloseApi.as_view(), "connector-close"
+    ),
 ]

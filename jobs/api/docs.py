@@ -36,8 +36,11 @@ ERRORS: ErrorTable = {
         ["ERR-JOB-404"],
     ),
     409: (
-        "ERR-JOB-409: a concurrent change conflicted; the request can be retried.",
-        ["ERR-JOB-409"],
+        "ERR-JOB-409: a concurrent change conflicted; the request can be retried. "
+        "ERR-CONNECTOR-OPEN (create only, for a type that opted in): the external system "
+        "the type calls is failing (its breaker is open: docs/connectors.md); retry after "
+        "Retry-After seconds.",
+        ["ERR-JOB-409", "ERR-CONNECTOR-OPEN"],
     ),
     413: ("ERR-JOB-413: the request body or the params exceed 256 KB.", ["ERR-JOB-413"]),
     415: ("ERR-HTTP-415: the body is not `application/json`.", ["ERR-HTTP-415"]),

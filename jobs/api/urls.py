@@ -29,6 +29,7 @@ urlpatterns = [
     # The async spec's name for the same answer (docs/operator-controls.md#queue-state);
     # documented once, under /queues.
     *with_slash_alias("jobs/queues/depth", views.QueueDepthAliasApi.as_view(), "queues-depth"),
+    *with_slash_alias("connectors", views.ConnectorListApi.as_view(), "connectors"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),

@@ -50,6 +50,7 @@ from jobs.models import Job
 from jobs.representation import job_representation
 from jobs.selectors import (
     artefact_get_for_user,
+    connectors_state,
     job_get_for_user,
     job_list_for_user,
     job_version_for_user,
@@ -565,3 +566,53 @@ class QueueListApi(APIView):
 @extend_schema(exclude=True)
 class QueueDepthAliasApi(QueueListApi):
     """GET /api/v1/jobs/queues/depth: GET /api/v1/queues under the async spec's name."""
+
+
+class ConnectorStateOutputSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="The connector, e.g. `erp`.")
+    state = serializers.ChoiceField(
+        choices=["closed", "half_open", "open"],
+        help_text=(
+            "closed: its jobs run; open: they wait `retrying` for the probe (no attempt "
+            "spent); half_open: one job probes it now."
+        ),
+    )
+    failures = serializers.IntegerField(help_text="Connector failures in a row.")
+    failure_threshold = serializers.IntegerField(help_text="Failures in a row that open it.")
+    cooldown_seconds = serializers.FloatField(help_text="How long it stays open before a probe.")
+    last_error_code = serializers.CharField(
+        allow_null=True, help_text="The error code of its last connector failure."
+    )
+    opened_at = serializers.DateTimeField(allow_null=True, help_text="When it opened (open).")
+    next_probe_at = serializers.DateTimeField(
+        allow_null=True, help_text="When a job may probe it (open); null when closed."
+    )
+    probe_started_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the running probe started (half_open)."
+    )
+    manual = serializers.BooleanField(help_text="An operator opened or closed it last.")
+    job_types = serializers.ListField(
+        child=serializers.CharField(), help_text="The job types that call it."
+    )
+
+
+class ConnectorListApi(APIView):
+    """GET /api/v1/connectors: each connector's breaker, for any authenticated caller
+    (no addresses, credentials or job contents)."""
+
+    required_scope: RequiredScope = Scope.JOBS_READ
+
+    @extend_schema(
+        operation_id="connectors_list",
+        summary="Connector breakers",
+        parameters=[REQUEST_ID],
+        responses={
+            200: OpenApiResponse(
+                ConnectorStateOutputSerializer(many=True),
+                "Every connector a job type calls, in name order (docs/connectors.md).",
+            ),
+            **error_responses(401, 403),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        return Response(ConnectorStateOutputSerializer(connectors_state(), many=True).data)

@@ -36,6 +36,6 @@ $$;
 
 
 class Migration(migrations.Migration):
-    dependencies = [("jobs", "0018_params_search_indexes")]
+    dependencies = [("jobs", "0019_connectors")]
 
     operations = [migrations.RunSQL(FUNCTIONS, REVERSE)]

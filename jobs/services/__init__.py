@@ -62,6 +62,7 @@ from jobs.services.worker import (
     jobs_claim,
     jobs_finish,
     jobs_heartbeat,
+    retry_delay,
     validate_result,
 )
 
@@ -109,6 +110,7 @@ __all__ = [
     "reap_once",
     "release_keys_once",
     "republish_queued",
+    "retry_delay",
     "transition",
     "transition_many",
     "validate_idempotency_key",

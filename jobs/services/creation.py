@@ -26,6 +26,7 @@ from core.tracing import current_traceparent
 from jobs import metrics
 from jobs.backpressure import BackpressureError, backpressure_check
 from jobs.exceptions import (
+    ConnectorOpenError,
     IdempotencyKeyInvalidError,
     IdempotencyMismatchError,
     JobConflictError,
@@ -38,6 +39,7 @@ from jobs.exceptions import (
 from jobs.models import Job
 from jobs.ratelimit import job_create_org_rate_limit
 from jobs.selectors import job_key_exists
+from jobs.services.connectors import connector_create_check
 from jobs.services.keys import job_key_repeat, job_release_idempotency_keys
 from jobs.services.transitions import job_insert
 from jobs.states import Status
@@ -299,8 +301,10 @@ def job_submit(
        organisation's rate limit counts the create (429, details.limit `org`;
        docs/tenancy.md#limits) unless the throttle counted it already (`org_counted`:
        the organisation of a caller in only one).
-    1. Backpressure: a queue known to be deeper than its limit refuses new work (429);
-       a repeat of an existing key makes no new work and is answered anyway.
+    1. Backpressure: a queue known to be deeper than its limit refuses new work (429),
+       and so does a type that opted in while its connector's breaker is open (409
+       ERR-CONNECTOR-OPEN, docs/connectors.md); a repeat of an existing key makes no
+       new work and is answered anyway.
     2. Create (or find) the job; a database conflict (e.g. a key released and reused
        concurrently) is a 409 the client can retry.
     3. A job created here has no artefacts yet: say so, so that rendering it costs no
@@ -315,7 +319,8 @@ def job_submit(
     if spec is not None:
         try:
             backpressure_check(queue=spec.queue)
-        except BackpressureError:
+            connector_create_check(spec=spec)
+        except (BackpressureError, ConnectorOpenError):
             if idempotency_key is None or not job_key_exists(
                 owner=owner, org_id=placement.org_id, key=idempotency_key
             ):

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor
+from jobs import metrics
 from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.services.transitions import Fence, transition, transition_many
 from jobs.states import Status
@@ -117,6 +118,7 @@ def job_fail_with_dead_letter(
         )
         record = NewDeadLetter(job.id, queue, reason, error_code, error_message, broker_copy)
         [dead_letter] = dead_letters_create([record])
+        _count_dead_lettered([job], reason)
     return job, dead_letter
 
 
@@ -145,10 +147,18 @@ def jobs_fail_with_dead_letters(
         fields=_failed_fields(queue, error_code, error_message),
         audit_data={str(job_id): _failed_entry(reason, error_code) for job_id in job_ids},
     )
-    return dead_letters_create(
+    rows = dead_letters_create(
         NewDeadLetter(job.id, queue, reason, error_code, error_message, broker_copies[job.id])
         for job in moved
     )
+    _count_dead_lettered(moved, reason)
+    return rows
+
+
+def _count_dead_lettered(jobs: list[Job], reason: str) -> None:
+    """jobs_dead_lettered_total, once the transaction that opened their rows commits."""
+    for job in jobs:
+        transaction.on_commit(metrics.JOBS_DEAD_LETTERED.labels(type=job.type, reason=reason).inc)
 
 
 def _failed_fields(queue: str, error_code: str | None, error_message: str | None) -> dict[str, Any]:

@@ -71,7 +71,13 @@ def reap_once(*, limit: int = 500) -> dict[str, int]:
         if attempts < max_attempts:
             if job_reclaim(job_id=job_id, lock_timeout=timeout) is not None:
                 counts["reclaimed"] += 1
-                log.warning("job_reclaimed", job_id=str(job_id), attempt=attempts)
+                log.warning(
+                    "job_reclaimed",
+                    job_id=str(job_id),
+                    attempt=attempts,
+                    outcome="lost",
+                    error_code="WORKER_LOST",
+                )
             continue
         try:
             job_fail_with_dead_letter(
@@ -89,5 +95,11 @@ def reap_once(*, limit: int = 500) -> dict[str, int]:
             log.error("reaper_dead_letter_exists", job_id=str(job_id))
             continue
         counts["worker_lost"] += 1
-        log.error("job_worker_lost", job_id=str(job_id), attempt=attempts)
+        log.error(
+            "job_worker_lost",
+            job_id=str(job_id),
+            attempt=attempts,
+            outcome="failed",
+            error_code="WORKER_LOST",
+        )
     return counts

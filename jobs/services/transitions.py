@@ -13,6 +13,7 @@ import json
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
 from django.db import connection, transaction
@@ -124,6 +125,8 @@ class TransitionOptions(TypedDict, total=False):
     - `run_in`: `next_run_at = now() + run_in` seconds;
     - `progress`: a last progress value (monotonic); `complete`: progress 100 %;
     - `extend_attempts`: `max_attempts` grows by this many (a replay's fresh budget);
+    - `give_back`: the attempt the claim counted is taken back (a run deferred before
+      its handler started: jobs.services.connectors);
     - `fields`: plain column values (SETTABLE_FIELDS);
     - `event_type`: the audit event, when not the target state's own (`reclaimed`...);
     - `notify`: NOTIFY jobs_pending or not (default: for a job back in `pending`, and a
@@ -142,6 +145,7 @@ class TransitionOptions(TypedDict, total=False):
     progress: Progress | None
     complete: bool
     extend_attempts: int | None
+    give_back: bool
     fields: dict[str, Any] | None
     event_type: str | None
     notify: bool
@@ -265,6 +269,7 @@ def transition_many(
             run_in=options.get("run_in"),
             percent=percent,
             extend_attempts=options.get("extend_attempts") or 0,
+            give_back=options.get("give_back", False),
             fields=fields,
             bump=True,
             emit=True,
@@ -275,10 +280,19 @@ def transition_many(
         ),
     )
     jobs = [model_from_row(Job, row, rows.columns) for row in rows]
-    for job in jobs:
+    next_run_at = rows.columns.index("old_next_run_at")
+    for job, row in zip(jobs, rows, strict=True):
         own = (_each or {}).get(str(job.id))
         writes = progress is not None or (own is not None and own.progress is not None)
-        _count_transition(job, target, writes_progress=writes)
+        due = _claim_due(job, row[next_run_at]) if claim_for else None
+        _count_transition(
+            job,
+            target,
+            writes_progress=writes,
+            due=due,
+            # a deferral is no retry: the handler did not run (jobs.services.connectors)
+            retried=not options.get("give_back", False),
+        )
     return jobs
 
 
@@ -300,6 +314,7 @@ class _Change:
     run_in: float | None = None
     percent: int | None = None
     extend_attempts: int = 0
+    give_back: bool = False
     fields: dict[str, Any] = field(default_factory=dict)
     cancel_request: bool = False
     bump: bool = False
@@ -321,6 +336,7 @@ class _Change:
             "run_in": None if self.run_in is None else float(self.run_in),
             "percent": self.percent,
             "extend_attempts": int(self.extend_attempts),
+            "give_back": self.give_back,
             "cancel_request": self.cancel_request,
             "bump": self.bump,
             "emit": self.emit,
@@ -390,19 +406,58 @@ def _append(
     return execute_prepared(QUERIES["job_append"], params)
 
 
-def _count_transition(job: Job, target: str, *, writes_progress: bool) -> None:
-    """Prometheus counters of a status change, incremented once its transaction commits."""
+def _claim_due(job: Job, old_next_run_at: datetime | None) -> datetime | None:
+    """When the job claimed now became due to run: a retry's next_run_at (kept while
+    the dispatcher republishes it), else its creation (or its run_at, when scheduled
+    later). None for a later attempt that was no retry (a replay, an owner's retry,
+    which clear next_run_at): when it became pending again is not on the row, and its
+    creation would count the time it spent failed as queueing."""
+    if old_next_run_at is not None:
+        return old_next_run_at
+    if job.attempts == 1:
+        return max(job.created_at, job.run_at or job.created_at)
+    return None
+
+
+def _count_transition(
+    job: Job,
+    target: str,
+    *,
+    writes_progress: bool,
+    due: datetime | None = None,
+    retried: bool = True,
+) -> None:
+    """Prometheus counters of a status change, incremented once its transaction commits.
+
+    A claim (`due`: when the job became due) observes its queue latency; a job's end
+    counts its outcome and observes how many attempts it took; a deferral
+    (`retried` false) counts no retry."""
     if writes_progress:  # a final transition flushing the last coalesced progress value
         transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
+    if due is not None and job.locked_at is not None:
+        latency = metrics.JOB_QUEUE_LATENCY.labels(type=job.type)
+        waited = max(0.0, (job.locked_at - due).total_seconds())
+        transaction.on_commit(lambda: latency.observe(waited))
     if target in TERMINAL:
         finished = metrics.JOB_FINISHED.labels(
             type=job.type, status=str(target), **metrics.org_label(job.org_id)
         )
         transaction.on_commit(finished.inc)
-    if target == Status.CANCELLED:
+        attempts = metrics.JOB_ATTEMPTS.labels(type=job.type)
+        transaction.on_commit(lambda: attempts.observe(job.attempts))
+    if target == Status.SUCCEEDED:
+        transaction.on_commit(metrics.JOBS_SUCCEEDED.labels(type=job.type).inc)
+    elif target == Status.FAILED:
+        failed = metrics.JOBS_FAILED.labels(
+            type=job.type, error_code=metrics.error_code_label(job.last_error_code)
+        )
+        transaction.on_commit(failed.inc)
+    elif target == Status.CANCELLED:
         transaction.on_commit(metrics.CANCELLATION.inc)
-    elif target == Status.RETRYING:
-        counter = metrics.RETRIES.labels(type=job.type, error_code=job.last_error_code or "")
+    elif target == Status.RETRYING and retried:
+        counter = metrics.RETRIES.labels(
+            type=job.type, error_code=metrics.error_code_label(job.last_error_code)
+        )
         transaction.on_commit(counter.inc)
 
 

@@ -44,6 +44,16 @@ def backoff_delay(*, attempt: int, cap: float, base: float | None = None) -> flo
     return min(cap, base * 2 ** (max(attempt, 1) - 1)) * random.uniform(0.5, 1.5)
 
 
+def retry_delay(*, attempt: int, cap: float, retry_after: float | None = None) -> float:
+    """The wait before the next attempt: the backoff, or the connector's own Retry-After
+    when that is longer (docs/connectors.md#provider-aware-backoff), honoured up to
+    JOBOPS_RETRY_AFTER_MAX_SECONDS."""
+    delay = backoff_delay(attempt=attempt, cap=cap)
+    if retry_after is not None:
+        delay = max(delay, min(float(retry_after), settings.JOBOPS_RETRY_AFTER_MAX_SECONDS))
+    return delay
+
+
 def job_claim(*, job_id: uuid.UUID | str, locked_by: str, org_id: int | None = None) -> Job | None:
     """Claim a job for one run (docs/architecture.md); None when it is not claimable.
 
@@ -221,11 +231,17 @@ def job_retry(
     error_code: str,
     error_message: str,
     progress: dict[str, Any] | None = None,
+    breaker: str | None = None,
+    extend_attempts: int = 0,
 ) -> Job:
     """`running` -> `retrying` with `next_run_at = now + delay`; the dispatcher republishes.
 
     No Celery countdown/ETA: the wait lives in the database, survives a worker restart
     and holds no prefetch slot (docs/architecture.md#outcomes-of-a-run).
+    `breaker`: the state of the job's connector's breaker when it is not closed (the
+    job waits for its probe, docs/connectors.md); `extend_attempts`: its budget grows
+    (`max_attempts`) by this many, as a replay's: a job on its last attempt whose
+    failure the breaker saw waits for the probe instead of dead-lettering.
     """
     return _leave_running(
         job_id=job_id,
@@ -233,8 +249,13 @@ def job_retry(
         target=Status.RETRYING,
         progress=progress,
         run_in=delay,
+        extend_attempts=extend_attempts,
         fields={"last_error_code": error_code, "last_error_message": error_message[:2000]},
-        audit_data={"error_code": error_code, "delay_ms": round(delay * 1000)},
+        audit_data={
+            "error_code": error_code,
+            "delay_ms": round(delay * 1000),
+            **({"breaker": breaker, "attempts_extended": extend_attempts} if breaker else {}),
+        },
     )
 
 
@@ -271,7 +292,9 @@ class Finish:
     """How one run of a job ended, as the runtime decided it (jobs.runtime.finish_decide):
     `target` succeeded (with `result`), cancelled, retrying (with `delay` and the error)
     or failed (with the dead letter's `reason` and the error); `progress`, the last
-    coalesced progress value, goes with it. Written by the lock holder at `attempt`."""
+    coalesced progress value, goes with it. Written by the lock holder at `attempt`.
+    `job_type` and `seconds` (the run from its claim to this decision) are for its log
+    line and job_duration_seconds."""
 
     job_id: uuid.UUID
     attempt: int
@@ -282,6 +305,12 @@ class Finish:
     delay: float | None = None
     reason: str | None = None
     progress: dict[str, Any] | None = None
+    job_type: str = ""
+    seconds: float = 0.0
+    # A retry its connector's breaker holds (docs/connectors.md): the breaker's state,
+    # and how many attempts the job's budget grows by (1 on its last attempt).
+    breaker: str | None = None
+    extend_attempts: int = 0
 
 
 def job_finish(*, finish: Finish, fence: Fence) -> None:
@@ -302,6 +331,8 @@ def job_finish(*, finish: Finish, fence: Fence) -> None:
             error_code=finish.error_code,
             error_message=finish.error_message or "",
             progress=progress,
+            breaker=finish.breaker,
+            extend_attempts=finish.extend_attempts,
         )
     else:
         _fail(finish, fence)
@@ -329,8 +360,11 @@ def jobs_finish(*, finishes: list[Finish], locked_by: str) -> list[Finish]:
     finishes whose fence failed (their jobs were reclaimed: nothing of theirs is
     written); the others are unaffected."""
     written: set[uuid.UUID] = set()
+    # A retry its connector's breaker holds is written alone (job_retry: its own audit
+    # data and attempt budget); such retries are few, at an outage's start.
+    alone = [f for f in finishes if f.target == Status.FAILED or f.breaker is not None]
     for target in (Status.SUCCEEDED, Status.RETRYING, Status.CANCELLED):
-        group = [f for f in finishes if f.target == target]
+        group = [f for f in finishes if f.target == target and f not in alone]
         if group:
             moved = transition_each(
                 each=[_each(f) for f in group],
@@ -346,13 +380,12 @@ def jobs_finish(*, finishes: list[Finish], locked_by: str) -> list[Finish]:
                 ),
             )
             written.update(job.id for job in moved)
-    for finish in finishes:
-        if finish.target == Status.FAILED:
-            try:
-                _fail(finish, Fence(locked_by, finish.attempt))
-            except JobLost:
-                continue
-            written.add(finish.job_id)
+    for finish in alone:
+        try:
+            job_finish(finish=finish, fence=Fence(locked_by, finish.attempt))
+        except JobLost:
+            continue
+        written.add(finish.job_id)
     return [f for f in finishes if f.job_id not in written]
 
 

@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
@@ -37,9 +38,11 @@ def test_healthz_answers_without_database_or_allowed_host(client):
 def test_readyz_is_ready_when_every_service_answers(client):
     response = client.get("/readyz", HTTP_HOST="10.9.8.7")
     assert response.status_code == 200, response.content
+    broker = urlsplit(settings.BROKER_URL)
     assert response.json()["checks"] == {
         "postgres": {"ok": True},
-        "rabbitmq": {"ok": True},
+        # The node this process reached: on a cluster, which of BROKER_URL's nodes.
+        "rabbitmq": {"ok": True, "node": f"{broker.hostname}:{broker.port}"},
         "redis": {"ok": True},
     }
 
@@ -123,3 +126,32 @@ def test_gunicorn_access_log_skips_probes(tmp_path):
     lines = log_file.read_text().splitlines()
     assert any("/api/v1/nope" in line for line in lines), lines
     assert not any("/healthz" in line or "/readyz" in line for line in lines), lines
+
+
+@pytest.mark.django_db
+def test_readyz_fails_over_to_the_next_broker_node_and_names_it(client, settings):
+    """BROKER_URL listing a cluster's nodes: the first one down, the check reaches the
+    next, as every connection of the process would, and says which."""
+    live = urlsplit(settings.BROKER_URL)
+    settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{free_port()}/x;{settings.BROKER_URL}"
+    response = client.get("/readyz", HTTP_HOST="10.9.8.7")
+    assert response.status_code == 200, response.content
+    assert response.json()["checks"]["rabbitmq"] == {
+        "ok": True,
+        "node": f"{live.hostname}:{live.port}",
+    }
+
+
+@pytest.mark.django_db
+def test_readyz_names_the_broker_node_of_each_live_worker_and_dispatcher(client):
+    from jobs.liveness import beat, beat_end
+
+    before = client.get("/readyz", HTTP_HOST="10.9.8.7").json()["broker_nodes"]
+    beat("worker", ("sim",), "10.0.0.2:5672")
+    health._cache = None
+    try:
+        after = client.get("/readyz", HTTP_HOST="10.9.8.7").json()["broker_nodes"]
+    finally:
+        beat_end("worker")
+    (added,) = [p for p in after if p not in before]
+    assert (added["kind"], added["node"]) == ("worker", "10.0.0.2:5672")

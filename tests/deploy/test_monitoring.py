@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import django_prometheus.db.metrics  # noqa: F401  (its database backend's django_db_*)
 import promql_parser
 import pytest
 import yaml
@@ -79,6 +80,7 @@ def test_alerts_cover_what_on_call_must_hear_about():
         "live_workers",  # worker heartbeat missing
         "live_dispatchers",  # dispatcher heartbeat missing
         "audit_checkpoint_age_seconds",  # checkpoint too old
+        "jobs_failed_total",  # jobs failing for good
     ):
         assert metric in used, metric
     assert len({r["alert"] for r in RULE_LIST}) == len(RULE_LIST)
@@ -101,6 +103,15 @@ def test_the_dashboard_panels_query_real_metrics():
         "dlq_replay_total",  # replay outcomes
         "job_oldest_pending_age_seconds",
         "outbox_lag_seconds",
+        "jobs_succeeded_total",  # success and failure rates
+        "jobs_failed_total",
+        "jobs_dead_lettered_total",
+        "job_queue_latency_seconds_bucket",  # latency percentiles
+        "job_attempts_bucket",
+        "rate_limited_total",
+        "external_call_duration_seconds_bucket",
+        "connector_state",  # breaker state
+        "django_db_execute_total",  # the database backend's
     ):
         assert metric in used, metric
 

@@ -23,7 +23,14 @@ from jobs.models import DeadLetter, Job
 from jobs.states import Status
 from jobs.topology import WATCH_QUEUE_NAME
 from tests.factories import OperatorFactory, UserFactory, job_in_state
-from tests.queues import depth, get_one, publish_job_message, wait_depth, worker_dead_letter
+from tests.queues import (
+    depth,
+    get_one,
+    publish_job_message,
+    topology_declare_and_purge,
+    wait_depth,
+    worker_dead_letter,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -216,9 +223,32 @@ def test_peek_returns_decoded_messages_without_consuming_them(amqp):
     assert first.task == "jobs.sim" and first.routing_key == "sim" and first.queue == "sim"
     assert first.reason == "rejected" and first.x_death[0]["count"] == 1
     assert first.payload["type"] == "sim" and first.attempt == 1
-    assert depth(amqp, "sim_dlq") == 3
-    # Order is kept: a second peek sees the same first messages.
-    assert [m.job_id for m in dlq_peek(queue="sim_dlq", limit=3)] == [str(j.id) for j in jobs]
+    # Nothing consumed: the two come back (a quorum queue settles a requeue through
+    # Raft, so the count catches up a moment later) ...
+    assert wait_depth(amqp, "sim_dlq", 3) == 3
+    # ... at the back of the quorum DLQ (RabbitMQ 3.10 requeues there): a peek of the
+    # whole queue sees every message once.
+    everything = [m.job_id for m in dlq_peek(queue="sim_dlq", limit=3)]
+    assert sorted(everything) == sorted(str(j.id) for j in jobs)
+    assert everything[0] == str(jobs[2].id)
+
+
+def test_peek_keeps_the_order_of_a_classic_dlq(amqp, settings):
+    settings.JOBOPS_DLQ_QUEUE_TYPE = "classic"
+    topology_declare_and_purge()  # sim_dlq classic, as JOBOPS_DLQ_QUEUE_TYPE says
+    amqp = amqp.connection.channel()  # RabbitMQ keeps per-channel state by queue name
+    try:
+        jobs = [worker_dead_letter(amqp) for _ in range(3)]
+        assert [m.job_id for m in dlq_peek(queue="sim_dlq", limit=2)] == [
+            str(j.id) for j in jobs[:2]
+        ]
+        assert depth(amqp, "sim_dlq") == 3
+        # Order is kept: a second peek sees the same first messages.
+        peeked = [m.job_id for m in dlq_peek(queue="sim_dlq", limit=3)]
+        assert peeked == [str(j.id) for j in jobs]
+    finally:
+        settings.JOBOPS_DLQ_QUEUE_TYPE = "quorum"
+        topology_declare_and_purge()
 
 
 def test_ack_away_pass_keeps_copies_of_open_rows_and_unwatched_new_ones(amqp):
@@ -256,8 +286,10 @@ def test_a_drain_pass_acks_what_is_decided_in_batches_and_requeues_the_rest_in_o
     assert batches == [["task:t0", "task:t1"], ["task:t2", "task:t3"], ["task:t4"]]
     assert (result.seen, result.acked, result.kept) == (5, 3, 2)
     assert result.acked_message_ids == ["task:t0", "task:t2", "task:t4"]
-    # The kept ones and the two past the budget are back, in their order.
-    assert [m.message_id for m in dlq_peek(queue="sim_dlq", limit=10)] == [
+    # The kept ones and the two past the budget are back (a quorum DLQ requeues each
+    # at its back, in the order RabbitMQ settles them).
+    wait_depth(amqp, "sim_dlq", 4)
+    assert sorted(m.message_id for m in dlq_peek(queue="sim_dlq", limit=10)) == [
         "task:t1",
         "task:t3",
         "task:t5",

@@ -9,6 +9,7 @@ from amqp.exceptions import NotFound, PreconditionFailed
 from django.conf import settings
 from kombu import Connection, Producer
 
+from core.broker import queue_renamed
 from jobs.topology import (
     DELIVERY_LIMIT,
     ERP_EVENTS_QUEUE_NAME,
@@ -17,10 +18,12 @@ from jobs.topology import (
     JOBS_EXCHANGE,
     PARKED_QUEUE_NAME,
     WATCH_QUEUE_NAME,
+    dead_letter_queue,
     dlq_name,
     erp_events_queue,
     job_queue,
     job_queues,
+    watch_queue,
 )
 from tests.processes import run_manage, subprocess_env
 from tests.queues import depth, get_one, get_one_or_none, wait_depth
@@ -182,3 +185,71 @@ def test_a_message_that_crashes_its_consumer_is_dead_lettered_by_the_delivery_li
         assert copy.headers["x-death"][0]["reason"] == "delivery_limit"
         amqp.basic_ack(copy.delivery_tag)
     assert depth(amqp, "model") == 0
+
+
+def test_the_dead_letter_queues_and_the_watch_queue_are_quorum_by_default(amqp):
+    """Replicated like the primaries, so they survive the loss of a broker node."""
+    for queue in [dlq_name(q.name) for q in job_queues()] + [WATCH_QUEUE_NAME]:
+        with pytest.raises(PreconditionFailed):  # a classic declaration is refused
+            amqp.queue_declare(queue, durable=True, auto_delete=False, arguments={})
+        amqp = amqp.connection.channel()
+        amqp.queue_declare(
+            queue, durable=True, auto_delete=False, arguments={"x-queue-type": "quorum"}
+        )
+
+
+def test_the_quorum_group_size_is_declared_only_when_set(settings):
+    assert "x-quorum-initial-group-size" not in job_queue("sim").queue_arguments
+    settings.JOBOPS_QUORUM_GROUP_SIZE = 3
+    for queue in (job_queue("sim"), dead_letter_queue("sim"), watch_queue()):
+        assert queue.queue_arguments["x-quorum-initial-group-size"] == 3
+
+
+def test_classic_dead_letter_queues_keep_their_old_arguments(settings):
+    settings.JOBOPS_DLQ_QUEUE_TYPE = "classic"
+    assert dead_letter_queue("sim").queue_arguments == {"x-queue-mode": "lazy"}
+    assert not watch_queue().queue_arguments
+
+
+def _dead_letter(channel, queue: str, marker: str) -> None:
+    Producer(channel, exchange=dead_letter_queue(queue).exchange).publish(
+        {"marker": marker},
+        routing_key=queue,
+        serializer="json",
+        headers={"job_id": marker},
+        message_id=marker,
+    )
+
+
+def test_convert_moves_a_classic_dlq_to_quorum_keeping_every_message_and_its_routing(broker):
+    """An existing deployment's classic sim_dlq (declared before quorum was the default):
+    plain setup_topology names it; --convert re-declares it, every copy kept."""
+    with Connection(settings.BROKER_URL) as conn:
+        channel = conn.channel()
+        channel.queue_delete("sim_dlq")
+        classic = queue_renamed(
+            dead_letter_queue("sim"), "sim_dlq", queue_arguments={"x-queue-mode": "lazy"}
+        )
+        classic(channel).declare()
+        markers = [f"copy-{n}" for n in range(3)]
+        for marker in markers:
+            _dead_letter(channel, "sim", marker)
+        assert wait_depth(channel, "sim_dlq", 3) == 3
+
+        refused = run_manage("setup_topology")
+        assert refused.returncode != 0 and "sim_dlq" in refused.stderr
+        assert "--convert" in refused.stderr
+
+        converted = run_manage("setup_topology", "--convert")
+        assert converted.returncode == 0, converted.stderr
+        assert "converted queue sim_dlq: 3 message(s) moved" in converted.stdout, converted.stdout
+        channel = conn.channel()
+        dead_letter_queue("sim")(channel).declare()  # quorum now: no 406
+        assert not _exists(channel, "sim_dlq.converting")
+        _dead_letter(channel, "sim", "after")  # still bound to sim.dlx
+        assert wait_depth(channel, "sim_dlq", 4) == 4
+        moved = [get_one(channel, "sim_dlq") for _ in range(4)]
+        assert sorted(m.headers["job_id"] for m in moved) == sorted([*markers, "after"])
+        assert {m.properties["message_id"] for m in moved} == {*markers, "after"}
+        again = run_manage("setup_topology", "--convert")
+        assert again.returncode == 0 and "converted" not in again.stdout

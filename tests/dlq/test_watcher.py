@@ -127,6 +127,7 @@ def test_a_repeat_of_the_same_message_changes_nothing(amqp):
     message = get_one(amqp, WATCH_QUEUE_NAME)
     assert dead_letter_reconcile(message=decode_amqp(message)) == Outcome.FAILED
     amqp.basic_reject(message.delivery_tag, requeue=True)
+    wait_depth(amqp, WATCH_QUEUE_NAME, 1)  # a quorum queue's requeue lands a moment later
     rows, events = DeadLetter.objects.count(), job_events(job.id)
 
     assert watch_once() == 1

@@ -3,13 +3,19 @@ and recorded, the worker stays alive, and the next job still runs (issue: trust)
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.conf import settings
 from kombu import Connection, Exchange, Producer
 
-from jobs.models import DeadLetter
+from audit.services import Actor
+from jobs.models import DeadLetter, Job
+from jobs.publisher import wire_payload
+from jobs.services.queues import queue_pause, queue_resume
 from jobs.topology import dlq_name
-from tests.factories import make_job
+from jobs.wire import PAYLOAD_VERSION
+from tests.factories import UserFactory, make_job
 from tests.polling import wait_for
 from tests.processes import job_finished as finished
 from tests.queues import drain
@@ -85,4 +91,34 @@ def test_an_undecodable_message_is_dead_lettered_not_acked(
     assert copies == [body]
     (row,) = wait_for(lambda: _null_job_rows("default"), timeout=15)
     assert row.state == "open" and row.job_id is None
+    _still_serving(worker)
+
+
+def test_a_message_of_an_unknown_payload_version_is_dead_lettered_by_a_real_worker(
+    shared_worker,
+):
+    """A dispatcher of a newer release (payload version + 1) ahead of this worker: the job
+    fails with UNSUPPORTED_VERSION, its message lands in the DLQ, the worker goes on."""
+    worker, _ = shared_worker
+    # The sim queue paused: the shared dispatcher leaves the pending job alone, and only
+    # the message below reaches the worker (which checks the version before the pause).
+    operator = Actor.operator(UserFactory(is_staff=True))
+    queue_pause(queue="sim", reason="test: one message only", actor=operator)
+    try:
+        job = make_job(job_type="sim", params={"steps": 1, "step_seconds": 0})
+        payload = {**wire_payload(job), "v": PAYLOAD_VERSION + 1}
+        body = json.dumps([[payload], {}, {"callbacks": None, "errbacks": None, "chain": None}])
+        headers = {**celery_headers("jobs.sim"), "id": f"future-{job.id}", "job_id": str(job.id)}
+        publish_raw("sim", body.encode(), headers, "application/json")
+        stored = finished(job.id)
+    finally:
+        queue_resume(queue="sim", reason="test done", actor=operator)
+    assert (stored.status, stored.last_error_code, stored.attempts) == (
+        "failed",
+        "UNSUPPORTED_VERSION",
+        0,  # never claimed
+    )
+    assert Job.objects.get(id=job.id).result is None  # the handler never ran
+    (copy,) = wait_for(lambda: dlq_bodies("sim"), timeout=15)
+    assert str(job.id).encode() in copy
     _still_serving(worker)

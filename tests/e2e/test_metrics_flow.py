@@ -2,7 +2,8 @@
 
 A real worker group exports its pool children's values through PROMETHEUS_MULTIPROC_DIR
 on JOBOPS_METRICS_PORT; the web process (this test process) serves its own /metrics.
-Jobs go through success, a retry, a dead letter, a replay and two cancellations.
+Jobs go through success, a retry, a dead letter, a replay and two cancellations, and
+creates are refused by the rate limits: each outcome counter shows the right value.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from audit.services import Actor
 from dlq.services.replay import dead_letters_replay
+from jobs.backpressure import queue_depths_forget
 from jobs.models import DeadLetter, Job
+from jobs.redis_client import redis_client, redis_key
 from jobs.services import job_cancel
-from tests.factories import OperatorFactory, make_job
+from tests.factories import OperatorFactory, UserFactory, client_for, make_job
 from tests.polling import wait_for
 from tests.processes import (
     FAST_ENV,
@@ -43,7 +46,17 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def _value(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The sample of exactly these labels; with `*` as a label's value, the sum over it."""
+    if "*" not in labels.values():
+        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    wanted = {k: v for k, v in labels.items() if v != "*"}
+    return sum(
+        value
+        for (sample, found), value in samples.items()
+        if sample == name
+        and wanted.items() <= dict(found).items()
+        and set(dict(found)) == set(labels)
+    )
 
 
 def _scrape_web(client) -> dict:
@@ -68,6 +81,12 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
         "JOBOPS_METRICS_PORT": str(port),
     }
     topology_declare_and_purge()
+    # One create each, the global allowance for two: fresh buckets.
+    settings.JOBOPS_RATE_LIMITS = {
+        **settings.JOBOPS_RATE_LIMITS,
+        "create_per_user": 1,
+        "create_global": 2,
+    }
     web_before = _scrape_web(client)
     with (
         celery_worker(queues=["default", "model"], concurrency=2, env=env, name="metrics"),
@@ -104,13 +123,29 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
         assert list(statuses.values()) == ["succeeded", "succeeded", "cancelled"]
         worker_after = wait_for(
             lambda: (s := _scrape(port))
-            and _value(s, "job_duration_seconds_count", type="model")
-            == 2 + _value(worker_before, "job_duration_seconds_count", type="model")
+            and _value(s, "job_duration_seconds_count", type="model", status="*")
+            == 2 + _value(worker_before, "job_duration_seconds_count", type="model", status="*")
             and s,
             timeout=10,
         )
         # The dispatcher's own exporter: it relayed the jobs' events meanwhile.
         dispatcher_after = _scrape(dispatcher_port)
+    # Refused creates, the dispatcher stopped (it would refresh the depth cache): a
+    # queue deeper than its limit, the same user past their allowance, then a third
+    # user once two have spent everyone's.
+    settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 0}
+    redis_client().set(redis_key("queue-depth", "sim"), 1, ex=60)
+    queue_depths_forget()
+    first, second, third = (client_for(UserFactory()) for _ in range(3))
+    # Fresh buckets: an earlier run's users had these ids too.
+    redis_client().delete(*redis_client().scan_iter(redis_key("ratelimit", "*")), "absent")
+    sim = {"type": "sim", "params": {"steps": 1, "step_seconds": 0}}
+    refused = first.post("/api/v1/jobs", sim, format="json")
+    assert refused.json()["error"]["code"] == "ERR-JOB-BACKPRESSURE"
+    assert first.post("/api/v1/jobs", sim, format="json").status_code == 429  # user
+    assert second.post("/api/v1/jobs", {"type": "nope"}, format="json").status_code == 400
+    assert third.post("/api/v1/jobs", sim, format="json").status_code == 429  # global
+    queue_depths_forget()
     web_after = _scrape_web(client)
     relayed = _value(dispatcher_after, "outbox_relayed_total") - _value(
         dispatcher_before, "outbox_relayed_total"
@@ -128,12 +163,44 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
     assert web("job_create_total", type="model", status="created") == 1
     assert web("cancellation_total") == 1
     assert web("dlq_replay_total") == 1
-    # Workers: every attempt timed, the retry by its code, the confirmed cancel, progress.
-    assert worker("job_duration_seconds_count", type="ai") == 4  # ok, 2 x retried, running
-    assert worker("job_duration_seconds_count", type="model") == 2  # fatal, then replayed
-    assert worker("job_duration_seconds_bucket", type="ai", le="+Inf") == 4
-    assert worker("job_duration_seconds_sum", type="ai") >= 1.2  # ok ran 3 x 0.4 s
+    assert web("rate_limited_total", scope="user") == 1
+    assert web("rate_limited_total", scope="global") == 1
+    assert web("rate_limited_total", scope="backpressure") == 1
+    assert web("rate_limited_total", scope="organisation") == 0
+    # The job cancelled before it ran ended in the web process, after no attempt.
+    assert web("job_attempts_count", type="ai") == 1 and web("job_attempts_sum", type="ai") == 0
+    # django-prometheus' database backend: the statements of each process.
+    assert web("django_db_execute_total", alias="default", vendor="postgresql") > 0
+    # Workers: every attempt timed by how it ended, the retry by its code, the confirmed
+    # cancel, progress.
+    assert worker("job_duration_seconds_count", type="ai", status="succeeded") == 2
+    assert worker("job_duration_seconds_count", type="ai", status="retrying") == 1
+    assert worker("job_duration_seconds_count", type="ai", status="cancelled") == 1
+    assert worker("job_duration_seconds_count", type="model", status="failed") == 2
+    assert worker("job_duration_seconds_bucket", type="ai", status="*", le="+Inf") == 4
+    assert worker("job_duration_seconds_sum", type="ai", status="succeeded") >= 1.2  # 3 x 0.4 s
     assert worker("retries_total", type="ai", error_code="PLANNED") == 1
     assert worker("cancellation_total") == 1
     assert worker("progress_update_total") >= 2  # ok's and running's coalesced writes
     assert _value(worker_after, "job_in_progress", type="ai") == 0
+    # Outcomes: ok and retried succeeded; the model job failed twice (before and after
+    # its replay), each time with a dead letter.
+    assert worker("jobs_succeeded_total", type="ai") == 2
+    assert worker("jobs_failed_total", type="model", error_code="PLANNED_INVALID") == 1 + 1
+    assert worker("jobs_failed_total", type="ai", error_code="*") == 0
+    assert worker("jobs_dead_lettered_total", type="model", reason="nonretryable") == 2
+    assert worker("job_finished_total", type="ai", status="succeeded") == 2  # the old name
+    # Attempts per finished job: ok 1, retried 2, running (cancelled) 1; model 1 then 2.
+    assert (worker("job_attempts_count", type="ai"), worker("job_attempts_sum", type="ai")) == (
+        3,
+        4,
+    )
+    assert worker("job_attempts_sum", type="model") == 1 + 2
+    # Queue latency at each claim: every ai attempt; the model job's first only (the
+    # replayed attempt's wait is not on the row: not observed).
+    assert worker("job_queue_latency_seconds_count", type="ai") == 4
+    assert worker("job_queue_latency_seconds_count", type="model") == 1
+    assert 0 <= worker("job_queue_latency_seconds_sum", type="ai") < 60
+    db = {"alias": "default", "vendor": "postgresql"}
+    assert worker("django_db_execute_total", **db) >= 2 * 6  # a claim and an end per attempt
+    assert worker("django_db_query_duration_seconds_count", **db) >= 2 * 6

@@ -126,7 +126,10 @@ def test_every_procfile_entry_starts_in_a_fresh_checkout_and_works(tmp_path):
             # The pool child's values reach the group's exporter through the directory
             # the process made for itself.
             wait_for(
-                lambda: _sample(long_metrics, "job_duration_seconds_count", type="sim") == 1,
+                lambda: _sample(
+                    long_metrics, "job_duration_seconds_count", type="sim", status="succeeded"
+                )
+                == 1,
                 timeout=10,
             )
             log = honcho.log_text()

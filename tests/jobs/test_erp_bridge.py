@@ -22,6 +22,7 @@ from jobs.models import EventOutbox
 from jobs.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, parked_queue
 from tests.erp_receiver import Receiver
 from tests.factories import job_in_state
+from tests.metric_samples import Moved
 from tests.processes import free_port, run_manage
 
 pytestmark = pytest.mark.django_db
@@ -61,8 +62,16 @@ def test_each_event_is_posted_once_with_its_event_id_as_idempotency_key(erp_queu
 
 def test_a_server_error_then_success_is_retried_and_delivered_once_acked(erp_queues):
     (event,) = relayed_job_events("pending")
+    moved = Moved()
     with Receiver(script=[500, 503, ("sleep", 1.0)]) as erp:
         counts = erp_bridge_run(url=erp.url, idle_timeout=1.5)
+    # Each call timed by how it went (external_call_duration_seconds).
+    name = "external_call_duration_seconds_count"
+    timed = {
+        outcome: moved(name, connector="erp_bridge", outcome=outcome)
+        for outcome in ("server_error", "timeout", "ok")
+    }
+    assert timed == {"server_error": 2, "timeout": 1, "ok": 1}
 
     # 500, 503, a timeout (0.5 s), then 200: the same event each time, same key.
     assert len(erp.requests) == 4

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from io import StringIO
+from urllib.parse import unquote, urlsplit
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
@@ -84,3 +87,43 @@ def test_a_queue_served_by_run_worker_is_not_missing():
     assert missing_processes(found) == []
     del found["run_worker"]
     assert missing_processes(found) == ["worker for queue sim"]
+
+
+def _close_connections_of_this_vhost() -> int:
+    """Close every client connection to this run's vhost (as a broker node's loss does
+    to its clients); other vhosts, other runs, are left alone."""
+    vhost = unquote(urlsplit(django_settings.BROKER_URL).path[1:])
+    listed = subprocess.run(
+        ["rabbitmqctl", "-q", "list_connections", "pid", "vhost", "--no-table-headers"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    pids = [pid for pid, vh in (ln.split("\t") for ln in listed.stdout.splitlines()) if vh == vhost]
+    for pid in pids:
+        subprocess.run(
+            ["rabbitmqctl", "-q", "close_connection", pid, "test: broker connection lost"],
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+    return len(pids)
+
+
+def test_a_worker_goes_on_beating_with_its_node_after_its_broker_connection_is_lost(settings):
+    """Celery clears the consumer's timer when its connection is lost: the beat must
+    start again with the consumer, or the worker vanishes from liveness."""
+    settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS = 0.5
+    broker = urlsplit(settings.BROKER_URL)
+    with celery_worker(queues=("default",), env=FAST, name="live-reconnect") as worker:
+        wait_for(lambda: _liveness()[1]["processes"].get("worker"), timeout=10)
+        (before,) = _liveness()[1]["processes"]["worker"]
+        assert before["broker"] == f"{broker.hostname}:{broker.port}"
+        assert _close_connections_of_this_vhost() >= 1
+        wait_for(lambda: "Connection to broker lost" in worker.log_text(), timeout=15)
+        client = redis_client()
+        for key in client.scan_iter(match=redis_key("heartbeat", "*")):
+            client.delete(key)  # only a beat written after the loss counts now
+        (after,) = wait_for(lambda: _liveness()[1]["processes"].get("worker"), timeout=15)
+        assert after["pid"] == before["pid"] and after["broker"] == before["broker"]

@@ -125,11 +125,16 @@ def explain(statement: str, params: dict) -> str:
 def test_the_publish_statements_keep_their_index_order_with_a_queue_paused():
     queue_pause(queue="sim", reason="incident", actor=OPERATOR)
     now = timezone.now()
-    plan = explain("due_pending_jobs", {"before": now, "skip": [], "limit": 500, "window": 50})
+    plan = explain(
+        "due_pending_jobs",
+        {"before": now, "skip": [], "limit": 500, "window": 50, "skip_queues": []},
+    )
     assert "jobs_pending_priority_idx" in plan, plan
     assert "Sort" not in plan, plan  # the index gives the order: each LIMIT stops its scan
     assert "queue_pauses" in plan, plan
-    plan = explain("due_retrying_jobs", {"before": now, "skip": [], "limit": 500})
+    plan = explain(
+        "due_retrying_jobs", {"before": now, "skip": [], "limit": 500, "skip_queues": []}
+    )
     assert "jobs_retry_due_idx" in plan and "Sort" not in plan, plan
 
 

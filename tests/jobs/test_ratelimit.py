@@ -15,6 +15,7 @@ from jobs.ratelimit import rate_limit_take
 from jobs.redis_client import redis_client, redis_key
 from jobs.topology import JOBS_EXCHANGE
 from tests.factories import UserFactory, client_for
+from tests.metric_samples import Moved
 from tests.queues import wait_depth
 from tests.threads import run_in_threads
 
@@ -72,8 +73,11 @@ def test_buckets_live_under_the_configured_prefix(settings):
 
 def test_per_user_limit_answers_429_with_retry_after(settings, api):
     settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "create_per_user": 2}
+    moved = Moved()
     first, second, third = post(api), post(api), post(api)
     assert (first.status_code, second.status_code, third.status_code) == (201, 201, 429)
+    assert moved("rate_limited_total", scope="user") == 1
+    assert moved("rate_limited_total", scope="global") == 0
     assert (first["RateLimit-Limit"], first["RateLimit-Remaining"]) == ("2", "1")
     assert third.json()["error"]["code"] == "ERR-JOB-RATE-LIMIT"
     assert int(third["Retry-After"]) >= 1
@@ -96,8 +100,13 @@ def test_invalid_requests_count_too(settings, api):
 
 def test_global_limit_applies_across_users(settings):
     settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "create_global": 2}
+    moved = Moved()
     statuses = [post(client_for(UserFactory())).status_code for _ in range(3)]
     assert statuses == [201, 201, 429]
+    assert (
+        moved("rate_limited_total", scope="global"),
+        moved("rate_limited_total", scope="user"),
+    ) == (1, 0)
 
 
 def test_redis_down_does_not_refuse_job_creation(settings, api):
@@ -126,8 +135,10 @@ def queue_holds(queue: str, count: int) -> None:
 def test_a_queue_deeper_than_its_limit_answers_429_backpressure(broker, settings, api):
     settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 10}
     queue_holds("sim", 11)
+    moved = Moved()
     response = post(api)
     assert response.status_code == 429
+    assert moved("rate_limited_total", scope="backpressure") == 1
     error = response.json()["error"]
     assert error["code"] == "ERR-JOB-BACKPRESSURE"
     assert error["details"] == {"queue": "sim", "depth": 11, "limit": 10}

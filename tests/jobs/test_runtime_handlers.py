@@ -12,6 +12,7 @@ import pytest
 from jobs.errors import JobValidationError, NetworkError, RateLimitedError, TransientExternalError
 from jobs.handlers import ai, cam, erp, model, sim
 from jobs.services import validate_params
+from tests.metric_samples import Moved
 
 
 def valid(job_type: str, params: dict) -> dict:
@@ -104,7 +105,9 @@ def erp_server(settings):
 
 def test_erp_posts_the_event_with_the_idempotency_key(erp_server):
     ctx = Ctx()
+    moved = Moved()
     out = erp.run(ctx, {"event": "order.shipped", "data": {"n": 1}})
+    assert moved("external_call_duration_seconds_count", connector="erp", outcome="ok") == 1
     headers, body = erp_server["requests"][0]
     assert headers["Idempotency-Key"] == str(ctx.job_id)
     assert body == {"job_id": str(ctx.job_id), "event": "order.shipped", "data": {"n": 1}}
@@ -117,15 +120,24 @@ def test_erp_posts_the_event_with_the_idempotency_key(erp_server):
 )
 def test_erp_maps_4xx_to_nonretryable_and_5xx_to_retryable(erp_server, status, error):
     erp_server["status"] = status
+    moved = Moved()
     with pytest.raises(error) as raised:
         erp.run(Ctx(), {"event": "x"})
     assert raised.value.retryable is (status != 422)
+    outcome = "server_error" if status >= 500 else "client_error"
+    assert moved("external_call_duration_seconds_count", connector="erp", outcome=outcome) == 1
+    assert moved("external_call_duration_seconds_count", connector="erp", outcome="ok") == 0
 
 
 def test_erp_unreachable_is_a_retryable_network_error(settings):
     settings.JOBOPS_ERP_WEBHOOK_URL = "http://127.0.0.1:1/hook"
+    moved = Moved()
     with pytest.raises(NetworkError):
         erp.run(Ctx(), {"event": "x"})
+    assert (
+        moved("external_call_duration_seconds_count", connector="erp", outcome="connection_error")
+        == 1
+    )
 
 
 def test_an_erp_url_credential_never_reaches_the_error_message(settings):

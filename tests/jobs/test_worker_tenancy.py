@@ -30,6 +30,7 @@ from tests.factories import (
     job_in_state,
     make_job,
 )
+from tests.metric_samples import Moved
 from tests.processes import ROOT, assert_chain_valid, job_events, scripted_table, subprocess_env
 
 pytestmark = pytest.mark.django_db
@@ -243,7 +244,7 @@ def test_the_dispatchers_statements_keep_their_index_with_the_suspension_filter(
     from jobs.queries import QUERIES
 
     sql = QUERIES[statement].replace("FOR UPDATE SKIP LOCKED", "")
-    params = {"before": timezone.now(), "skip": [], "limit": 500, "window": 50}
+    params = {"before": timezone.now(), "skip": [], "limit": 500, "window": 50, "skip_queues": []}
     with connection.cursor() as cursor:
         # A table as the planner sees it in production: many rows, few pending.
         cursor.execute("SET LOCAL enable_seqscan = off")
@@ -269,8 +270,10 @@ def test_an_organisation_past_its_limit_gets_a_429_naming_the_org_limit(settings
     body = {"type": "sim", "params": {"steps": 1, "step_seconds": 0}}
     assert first.post("/api/v1/jobs", body, format="json").status_code == 201
     assert second.post("/api/v1/jobs", body, format="json").status_code == 201
+    moved = Moved()
     refused = first.post("/api/v1/jobs", body, format="json")  # the org's third create
     assert refused.status_code == 429
+    assert moved("rate_limited_total", scope="organisation") == 1
     error = refused.json()["error"]
     assert error["code"] == "ERR-JOB-RATE-LIMIT"
     assert error["details"]["limit"] == "org"

@@ -4,15 +4,26 @@ from typing import Any
 
 from amqp.exceptions import PreconditionFailed
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from kombu import Connection
 
-from core.broker import queue_depths
-from jobs.topology import ERP_EVENTS_QUEUE_NAME, erp_configured, topology
+from core.broker import broker_connect, broker_connect_now, queue_convert, queue_depths
+from jobs.topology import ERP_EVENTS_QUEUE_NAME, convertible_queues, erp_configured, topology
 
 
 class Command(BaseCommand):
     help = "Declare the RabbitMQ exchanges, queues and bindings (idempotent)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--convert",
+            action="store_true",
+            help=(
+                "re-declare a dead-letter queue or dlq.watch whose type or arguments "
+                "differ (e.g. classic to quorum), moving its messages; never a primary "
+                "queue (docs/operations/dead-letters.md#queue-type)"
+            ),
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not settings.JOBOPS_BROKER:
@@ -21,7 +32,8 @@ class Command(BaseCommand):
             return
         conflicts: list[str] = []
         plan = topology()
-        with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
+        convertible = {q.name: q for q in convertible_queues()}
+        with broker_connect_now(broker_connect(timeout=10)) as conn:
             channel = conn.channel()
             for entity in [*plan.exchanges, *plan.queues]:
                 try:
@@ -29,19 +41,31 @@ class Command(BaseCommand):
                     entity(channel).declare()
                 except PreconditionFailed as exc:
                     # RabbitMQ closes the channel on 406; report and carry on with a new one.
-                    conflicts.append(f"{entity.name}: {exc.reply_text}")
                     channel = conn.channel()
+                    if options["convert"] and entity.name in convertible:
+                        self._convert(conn, convertible[entity.name])
+                    else:
+                        conflicts.append(f"{entity.name}: {exc.reply_text}")
                 else:
                     self.stdout.write(f"declared {type(entity).__name__.lower()} {entity.name}")
+            if options["convert"]:
+                for queue in convertible.values():  # a conversion a crash left half done
+                    moved = queue_convert(conn, queue)
+                    if moved:
+                        self.stdout.write(f"finished converting {queue.name}: {moved} moved")
             if not erp_configured():
                 self._warn_unconsumed_erp_queue(conn)
         if conflicts:
             raise CommandError(
                 "existing declarations differ from the topology (arguments cannot change in "
-                "place; see docs/architecture.md#changing-queue-arguments):\n  "
-                + "\n  ".join(conflicts)
+                "place; see docs/architecture.md#changing-queue-arguments; the dead-letter "
+                "queues and dlq.watch change with --convert):\n  " + "\n  ".join(conflicts)
             )
         self.stdout.write(self.style.SUCCESS("topology is in place"))
+
+    def _convert(self, conn: Connection, queue: Any) -> None:
+        moved = queue_convert(conn, queue)
+        self.stdout.write(f"converted queue {queue.name}: {moved} message(s) moved")
 
     def _warn_unconsumed_erp_queue(self, conn: Connection) -> None:
         """An `erp.events` declared before (an ERP configured then, or an older jobops)

@@ -1,0 +1,448 @@
+"""Connectors and their circuit breakers (docs/connectors.md).
+
+A connector is the external system a job type's handler calls (`connector` in the job
+types table). Its breaker is a `connector_breakers` row (jobs.models.ConnectorBreaker),
+shared by every worker host, changed only by the compare-and-set statements
+`connector_*` of jobs/queries.sql:
+
+- closed: jobs run; each connector failure (jobs.errors: `connector_failure`, i.e. a
+  timeout, a 5xx, a refused connection; not a 4xx) counts, a success resets the count;
+  `failures` in a row open it;
+- open, for the connector's cool-down: a claimed job of the connector does not start.
+  It goes `running -> retrying`, audited `deferred`, its attempt given back, and comes
+  due at the probe time plus jitter (`job_defer`); the dispatcher republishes it then;
+- half-open, from the probe time: the first job that comes due probes (one
+  compare-and-set names it); the others wait a short probe-wait; the probe's success
+  closes the breaker, its connector failure opens it again.
+
+Every change of state is audited on the ops chain in the same transaction
+(`connector_opened`, `connector_half_open`, `connector_closed`, with `manual` and the
+justification for an operator's). A claim reads no breaker while its connector is
+closed: each process keeps a copy of the breakers, read again at most every
+JOBOPS_CONNECTOR_CACHE_SECONDS; only a job whose connector that copy shows open or
+half-open asks the database (`connector_admit`). A job that started on a stale copy
+and meets the outage fails into an open breaker, which defers it the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from audit.services import OPS_CHAIN, Actor, audit_append
+from jobs.exceptions import (
+    ConnectorControlInputError,
+    ConnectorNotFoundError,
+    ConnectorOpenError,
+)
+from jobs.models import BreakerState, ConnectorBreaker, Job
+from jobs.queries import QUERIES
+from jobs.services.transitions import Fence, transition
+from jobs.services.worker import WORKER
+from jobs.states import Status
+from jobs.types import ConnectorSpec, JobType, all_connectors, all_types, get_connector
+
+log = structlog.get_logger("jobs.connectors")
+
+DEFERRED_EVENT = "deferred"
+# The last_error_code of a job waiting for its connector's probe (the API shows it).
+CONNECTOR_OPEN_CODE = "CONNECTOR_OPEN"
+OPENED_EVENT = "connector_opened"
+HALF_OPEN_EVENT = "connector_half_open"
+CLOSED_EVENT = "connector_closed"
+# An operator's justification: a sentence or two for the audit log.
+REASON_MAX_CHARS = 500
+
+
+# --- this process's copy of the breakers ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class BreakerCopy:
+    state: str
+    probe_at: datetime | None
+    probe_job_id: uuid.UUID | None
+    probe_started_at: datetime | None
+
+
+_copy_lock = threading.Lock()
+# (monotonic time read, the rows by connector name)
+_copy: tuple[float, dict[str, BreakerCopy]] = (float("-inf"), {})
+
+
+def breakers_cached() -> dict[str, BreakerCopy]:
+    """The breakers as this process last read them, read again when older than
+    JOBOPS_CONNECTOR_CACHE_SECONDS (one small statement: a row per connector)."""
+    global _copy
+    with _copy_lock:
+        read_at, rows = _copy
+    if time.monotonic() - read_at < settings.JOBOPS_CONNECTOR_CACHE_SECONDS:
+        return rows
+    rows = {
+        b.name: BreakerCopy(b.state, b.probe_at, b.probe_job_id, b.probe_started_at)
+        for b in ConnectorBreaker.objects.all()
+    }
+    with _copy_lock:
+        _copy = (time.monotonic(), rows)
+    return rows
+
+
+def breakers_forget() -> None:
+    """Read the breakers again at the next use (after this process changed one)."""
+    global _copy
+    with _copy_lock:
+        _copy = (float("-inf"), {})
+
+
+def _blocked(copy: BreakerCopy | None, spec: ConnectorSpec, now: datetime) -> bool:
+    if copy is None or copy.state == BreakerState.CLOSED:
+        return False
+    if copy.state == BreakerState.OPEN:
+        return copy.probe_at is None or copy.probe_at > now
+    # half-open: blocked while a live probe holds it (else the next job probes)
+    started = copy.probe_started_at
+    return (
+        copy.probe_job_id is not None
+        and started is not None
+        and (now - started).total_seconds() < spec.probe_lease_seconds
+    )
+
+
+def blocked_types() -> list[str]:
+    """The job types whose connector must not start a job now: open before its probe
+    time, or half-open while another job probes. For a claim that can skip work before
+    it counts an attempt (a batch claim's `skip_types`); at most
+    JOBOPS_CONNECTOR_CACHE_SECONDS old, so a claimed job still passes `connector_gate`.
+    A connector past its probe time is not blocked: one of its jobs must be claimed to
+    probe it."""
+    copies, now = breakers_cached(), timezone.now()
+    blocked = {
+        name for name, spec in all_connectors().items() if _blocked(copies.get(name), spec, now)
+    }
+    return [t.name for t in all_types().values() if t.connector in blocked]
+
+
+def connector_create_check(*, spec: JobType) -> None:
+    """A create of a type that opted in (`connector_open: "refuse"`) while its
+    connector's breaker is open or probing: ConnectorOpenError (409, Retry-After: until
+    its probe time, or the probe-wait). Every other type's create is accepted and its
+    job waits (creation keeps its promise). From this process's copy of the breakers."""
+    connector = _connector_of(spec.name)
+    if connector is None or spec.connector_open != "refuse":
+        return
+    copy = breakers_cached().get(connector.name)
+    if copy is None or copy.state == BreakerState.CLOSED:
+        return
+    wait = connector.probe_wait_seconds
+    if copy.state == BreakerState.OPEN and copy.probe_at is not None:
+        wait = max(wait, (copy.probe_at - timezone.now()).total_seconds())
+    raise ConnectorOpenError(
+        connector=connector.name, state=copy.state, retry_after=max(1, math.ceil(wait))
+    )
+
+
+# --- a worker's run -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What `connector_gate` decided for one claimed job."""
+
+    connector: ConnectorSpec | None
+    # This run is the half-open breaker's one probe.
+    probe: bool = False
+    # Not started: the job was deferred (running -> retrying, attempt given back).
+    deferred: Job | None = None
+    delay: float = 0.0
+
+
+def connector_gate(*, job: Job, fence: Fence) -> Gate:
+    """Before a claimed job's handler runs: may it call its connector now?
+
+    1. No connector, or this process's copy shows it closed: run (no query).
+    2. Else ask the breaker (connector_admit, one compare-and-set): closed, or this job
+       becomes the probe of an open breaker past its probe time (audited
+       `connector_half_open`) or of a half-open one without a live probe: run.
+    3. Else defer the job (`job_defer`) until the probe time (open) or for the
+       probe-wait (another job probes), plus jitter.
+    """
+    spec = _connector_of(job.type)
+    if spec is None:
+        return Gate(connector=None)
+    copy = breakers_cached().get(spec.name)
+    if copy is None or copy.state == BreakerState.CLOSED:
+        return Gate(connector=spec)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                QUERIES["connector_admit"],
+                {"name": spec.name, "job_id": job.id, "lease": spec.probe_lease_seconds},
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return Gate(connector=spec)
+        state, probing, probe_at, now = row
+        if probing:
+            if state == BreakerState.OPEN:
+                _audit(spec.name, HALF_OPEN_EVENT, WORKER, {"from": state, "job_id": str(job.id)})
+            transaction.on_commit(breakers_forget)
+            return Gate(connector=spec, probe=True)
+    if state == BreakerState.CLOSED:
+        return Gate(connector=spec)
+    if state == BreakerState.OPEN:
+        wait = max(0.0, (probe_at - now).total_seconds())
+    else:
+        wait = spec.probe_wait_seconds
+    delay = wait + random.uniform(0, spec.jitter_seconds)
+    deferred = job_defer(job_id=job.id, fence=fence, connector=spec.name, state=state, delay=delay)
+    return Gate(connector=spec, deferred=deferred, delay=delay)
+
+
+def job_defer(
+    *, job_id: uuid.UUID | str, fence: Fence, connector: str, state: str, delay: float
+) -> Job:
+    """`running -> retrying` before the handler ran, audited `deferred` (reason
+    `connector_open`, the connector, the breaker's state), the claim's attempt given
+    back, `next_run_at = now + delay`; fenced as every worker write (JobLost)."""
+    waits_for = "its probe time" if state == BreakerState.OPEN else "another job's probe"
+    return transition(
+        job_id=job_id,
+        target=Status.RETRYING,
+        sources=[Status.RUNNING],
+        actor=WORKER,
+        fence=fence,
+        event_type=DEFERRED_EVENT,
+        run_in=delay,
+        give_back=True,
+        fields={
+            "last_error_code": CONNECTOR_OPEN_CODE,
+            "last_error_message": (
+                f"connector {connector} is {state.replace('_', '-')}: the job waits for "
+                f"{waits_for} ({round(delay)} s) without spending an attempt"
+            ),
+        },
+        audit_data={
+            "reason": "connector_open",
+            "connector": connector,
+            "breaker": state,
+            "delay_ms": round(delay * 1000),
+            "attempt_given_back": True,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class FailureSeen:
+    """The breaker after a connector failure: its state and, while it is not closed, how
+    long the job waits (seconds): until the probe time (open) or the probe-wait
+    (half-open), plus jitter."""
+
+    state: str
+    wait: float
+
+    @property
+    def holds_jobs(self) -> bool:
+        return self.state != BreakerState.CLOSED
+
+
+def connector_failure_record(
+    *, spec: JobType, job_id: uuid.UUID | str, error: BaseException
+) -> FailureSeen | None:
+    """Count `error` against the job's connector when it is a connector failure; None
+    when the job has no connector or the error is none (a 4xx, a bug, a cancel).
+
+    A closed breaker that reaches its connector's `failures` opens, and so does the
+    half-open one this job probed: audited `connector_opened` in the same transaction.
+    The caller then defers the job to the probe time instead of its usual backoff."""
+    connector = _connector_of(spec.name)
+    if connector is None or not getattr(error, "connector_failure", False):
+        return None
+    code = str(getattr(error, "code", "") or type(error).__name__)[:64]
+    params = {
+        "name": connector.name,
+        "job_id": job_id,
+        "threshold": connector.failures,
+        "cooldown": connector.cooldown_seconds,
+        "error_code": code,
+    }
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["connector_failure"], params)
+            row = cursor.fetchone()
+            if row is None:  # its first failure ever: make its row, then count
+                cursor.execute(QUERIES["connector_ensure"], {"name": connector.name})
+                cursor.execute(QUERIES["connector_failure"], params)
+                row = cursor.fetchone()
+        old_state, state, failures, probe_at, now = row
+        if state == BreakerState.OPEN and old_state != BreakerState.OPEN:
+            _audit(
+                connector.name,
+                OPENED_EVENT,
+                WORKER,
+                {
+                    "from": old_state,
+                    "failures": failures,
+                    "error_code": code,
+                    "job_id": str(job_id),
+                    "probe_at": probe_at.isoformat(),
+                    "cause": "probe_failed" if old_state == BreakerState.HALF_OPEN else "failures",
+                },
+            )
+            transaction.on_commit(breakers_forget)
+            log.warning(
+                "connector_opened", connector=connector.name, failures=failures, error_code=code
+            )
+    if state == BreakerState.CLOSED:
+        return FailureSeen(state=state, wait=0.0)
+    wait = connector.probe_wait_seconds
+    if state == BreakerState.OPEN and probe_at is not None:
+        wait = max(0.0, (probe_at - now).total_seconds())
+    return FailureSeen(state=state, wait=wait + random.uniform(0, connector.jitter_seconds))
+
+
+def connector_success_record(*, spec: JobType, job_id: uuid.UUID | str) -> bool:
+    """A job of the connector succeeded: a closed breaker's count goes back to 0, and
+    the half-open breaker this job probed closes (audited `connector_closed`; its
+    deferred jobs come due within the jitter). True when it closed."""
+    connector = _connector_of(spec.name)
+    if connector is None:
+        return False
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["connector_success"], {"name": connector.name, "job_id": job_id})
+            row = cursor.fetchone()
+        if row is None or row[0] == BreakerState.CLOSED:
+            return False
+        released = _release_jobs(connector)
+        _audit(
+            connector.name,
+            CLOSED_EVENT,
+            WORKER,
+            {
+                "from": row[0],
+                "cause": "probe_succeeded",
+                "job_id": str(job_id),
+                "released": released,
+            },
+        )
+        transaction.on_commit(breakers_forget)
+    log.info("connector_closed", connector=connector.name, released=released)
+    return True
+
+
+def connector_probe_release(*, gate: Gate, job_id: uuid.UUID | str) -> None:
+    """After a probe's run, whatever its end: if the breaker still names this job as its
+    probe (it was cancelled, failed for another reason, lost its lock), forget it, so
+    that the next job that comes due probes. A no-op once its success closed the
+    breaker or its failure opened it again."""
+    if gate.connector is None or not gate.probe:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            QUERIES["connector_probe_release"], {"name": gate.connector.name, "job_id": job_id}
+        )
+        released = cursor.fetchone() is not None
+    if released:
+        breakers_forget()
+
+
+# --- operators ------------------------------------------------------------------------
+
+
+def _checked(name: str, reason: str) -> tuple[ConnectorSpec, str]:
+    spec = get_connector(name) if isinstance(name, str) else None
+    if spec is None:
+        raise ConnectorNotFoundError(f"no connector {name!r}", details={"connector": str(name)})
+    reason = (reason or "").strip()
+    if not reason:
+        raise ConnectorControlInputError(details={"reason": "required"})
+    if len(reason) > REASON_MAX_CHARS:
+        raise ConnectorControlInputError(
+            f"The justification is longer than {REASON_MAX_CHARS} characters.",
+            details={"reason": f"at most {REASON_MAX_CHARS} characters"},
+        )
+    return spec, reason
+
+
+def connector_open(*, name: str, reason: str, actor: Actor, user: Any = None) -> bool:
+    """An operator opens `name`'s breaker: its jobs stop starting (each claimed one is
+    deferred to the probe time), and after the connector's cool-down one job probes,
+    as after an opening of its own. True when it was not open; False when it was
+    (nothing written: the first opening and its probe time stand)."""
+    spec, reason = _checked(name, reason)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["connector_ensure"], {"name": spec.name})
+            cursor.execute(
+                QUERIES["connector_open"],
+                {
+                    "name": spec.name,
+                    "cooldown": spec.cooldown_seconds,
+                    "user_id": getattr(user, "pk", None),
+                    "reason": reason,
+                },
+            )
+            row = cursor.fetchone()
+        if row is not None:
+            _audit(
+                spec.name, OPENED_EVENT, actor, {"from": row[0], "manual": True, "reason": reason}
+            )
+    breakers_forget()
+    return row is not None
+
+
+def connector_close(*, name: str, reason: str, actor: Actor, user: Any = None) -> bool:
+    """An operator closes `name`'s breaker (the connector works again): its jobs start
+    again, those it deferred within the connector's jitter (not all in one second).
+    True when it was not closed; False when it was (nothing written)."""
+    spec, reason = _checked(name, reason)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                QUERIES["connector_close"],
+                {"name": spec.name, "user_id": getattr(user, "pk", None), "reason": reason},
+            )
+            row = cursor.fetchone()
+        if row is not None:
+            released = _release_jobs(spec)
+            _audit(
+                spec.name,
+                CLOSED_EVENT,
+                actor,
+                {"from": row[0], "manual": True, "reason": reason, "released": released},
+            )
+    breakers_forget()
+    return row is not None
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def _connector_of(job_type: str) -> ConnectorSpec | None:
+    spec = all_types().get(job_type)
+    return get_connector(spec.connector) if spec is not None and spec.connector else None
+
+
+def _release_jobs(spec: ConnectorSpec) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            QUERIES["connector_jobs_release"],
+            {"types": list(spec.types), "jitter": spec.jitter_seconds},
+        )
+        return int(cursor.fetchone()[0])
+
+
+def _audit(name: str, event: str, actor: Actor, data: dict[str, Any]) -> None:
+    """One entry on the ops chain, in the caller's transaction (as queue_paused)."""
+    audit_append(chain=OPS_CHAIN, event_type=event, actor=actor, data={"connector": name, **data})
