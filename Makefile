@@ -27,13 +27,17 @@ migrate: install
 topology: install
 	$(MANAGE) setup_topology
 
+# JOBOPS_BROKER=off (docs/smallest-deployment.md): PostgreSQL alone, the processes of
+# Procfile.postgres (no Celery workers: honcho would end the run when one exits).
+PROCFILE ?= $(if $(filter off false no 0,$(JOBOPS_BROKER)),Procfile.postgres,Procfile)
+
 run: migrate
 	-$(MANAGE) setup_topology
 	$(MANAGE) collectstatic --noinput -v 0
 	$(MANAGE) bootstrap_admin
 	$(MANAGE) org bootstrap  # the default organisation, the first admin its admin
 	rm -rf var/prometheus  # each process makes its own directory again (core/metrics_dir.py)
-	$(BIN)/honcho start -f Procfile
+	$(BIN)/honcho start -f $(PROCFILE)
 
 lint: install
 	$(BIN)/ruff check .

@@ -48,7 +48,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("jobops", include=["jobs.tasks"])
 logger = get_logger("jobops.consumer")
-# Each worker refreshes a liveness key in Redis (jobs/liveness.py, `manage.py liveness`).
+# Each worker refreshes a liveness key (jobs/liveness.py, `manage.py liveness`).
 app.steps["consumer"].add("jobs.liveness:HeartbeatStep")
 
 

@@ -7,9 +7,12 @@ One read for the whole page, computed at most every JOBOPS_DASHBOARD_CACHE_SECON
 shared by every viewer (the page refreshes itself every few seconds, on every open
 laptop). Its cost does not grow with the jobs table: two statements over partial or
 time-bounded indexes for the jobs, one for the health gauges, two over dead letters,
-one broker channel for the depths, one Redis scan for the live processes.
+one broker channel for the depths, one scan of the key-value store for the live
+processes. Without a broker (JOBOPS_BROKER off) there are no broker depths: the page
+shows the jobs' own counts, and no broker trouble.
 
-The shared snapshot (in Redis, read by every web process on every host) holds only what
+The shared snapshot (in the cache: Redis, or core/kv.py's table with JOBOPS_REDIS off;
+read by every web process on every host) holds only what
 is the same wherever it is read: the database's figures, the live processes, and the
 broker depths when they were read. Whether RabbitMQ answers is not such a fact: a web
 process with a wrong BROKER_URL (or a host cut off from the broker) would otherwise show
@@ -36,7 +39,7 @@ from django.utils import timezone
 from core.broker import queue_depths
 from dlq.broker import BROKER_ERRORS
 from dlq.selectors import dead_letters_in_orgs, open_counts_by_queue
-from jobs.liveness import live_processes, missing_processes
+from jobs.liveness import live_processes, missing_processes, workers_of
 from jobs.models import DeadLetter
 from jobs.selectors import job_counts_by_queue, job_health_gauges, purge_last
 from jobs.topology import dlq_name
@@ -72,7 +75,7 @@ def dashboard_overview(
     if caching:
         try:
             shared = cache.get(key)
-        except Exception:  # Redis away: compute it, the page must show
+        except Exception:  # cache away: compute it, the page must show
             shared = None
     if shared is not None:
         return _with_node_view(shared, _node_broker_view(max_age=seconds))
@@ -122,6 +125,8 @@ def _read_broker() -> BrokerView:
     names = primary_queue_names()
     depths: dict[str, int | None] | None = None
     error = None
+    if not settings.JOBOPS_BROKER:  # nothing to read, and nothing wrong
+        return BrokerView(settings.BROKER_URL, socket.gethostname(), time.monotonic(), None, None)
     try:
         depths = queue_depths([*names, *(dlq_name(n) for n in names)])
     except BROKER_ERRORS as exc:  # the page must render with the broker down
@@ -251,14 +256,15 @@ Processes = dict[str, list[dict[str, Any]]]
 def _liveness() -> tuple[Processes | None, str | None]:
     try:
         return live_processes(), None
-    except Exception as exc:  # Redis away: say we do not know, not "nobody is alive"
-        return None, f"Redis unreachable: {exc}"
+    except Exception as exc:  # store away: say we do not know, not "nobody is alive"
+        store = "Redis" if settings.JOBOPS_REDIS else "The key-value store"
+        return None, f"{store} unreachable: {exc}"
 
 
 def _workers_for(queue: str, processes: Processes | None) -> int | None:
     if processes is None:
         return None
-    return sum(1 for w in processes.get("worker", []) if queue in w.get("queues", []))
+    return sum(1 for w in workers_of(processes) if queue in w.get("queues", []))
 
 
 def _problems(overview: dict[str, Any], processes: Processes | None) -> list[str]:

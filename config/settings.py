@@ -240,10 +240,18 @@ if not SECURE_HSTS_PRELOAD:
 # connection jobops opens tries them in turn and moves to the next when one is lost.
 BROKER_URL = env_str("BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# The smallest deployment (docs/smallest-deployment.md): PostgreSQL alone. Off, nothing
+# in jobops opens a connection to RabbitMQ (every queue must then run on the PostgreSQL
+# executor, checked below) or to Redis (core/kv.py keeps its few short-lived facts in
+# an UNLOGGED table instead, and the cache is that table too).
+JOBOPS_BROKER = env_bool("JOBOPS_BROKER", True)
+JOBOPS_REDIS = env_bool("JOBOPS_REDIS", True)
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,
+        "BACKEND": "django.core.cache.backends.redis.RedisCache"
+        if JOBOPS_REDIS
+        else "core.kv.KvCache",
+        "LOCATION": REDIS_URL if JOBOPS_REDIS else "",
         "KEY_PREFIX": env_str("JOBOPS_CACHE_PREFIX", "jobops"),
     }
 }
@@ -413,6 +421,14 @@ for _queue in dict.fromkeys(str(_spec["queue"]) for _spec in JOB_TYPES.values())
             f"{_variable}={_executor!r} must be one of {', '.join(JOBOPS_EXECUTORS)}"
         )
     JOBOPS_QUEUE_EXECUTORS[_queue] = _executor
+# Without a broker every queue must be a postgres queue: a celery queue's jobs would
+# wait `pending` forever (docs/smallest-deployment.md).
+_broker_queues = [q for q, e in JOBOPS_QUEUE_EXECUTORS.items() if e != "postgres"]
+if not JOBOPS_BROKER and _broker_queues:
+    raise ImproperlyConfigured(
+        "JOBOPS_BROKER=off needs every queue on the PostgreSQL executor; set "
+        + ", ".join(f"JOBOPS_EXECUTOR_{q.upper()}=postgres" for q in _broker_queues)
+    )
 # run_worker (the postgres executor): its runners are processes (`processes`, the
 # default: a handler's time limits are enforced, CPU-bound work runs in parallel) or
 # threads (`threads`: cheaper, for I/O-bound types; no time limit can stop a thread, the
@@ -560,7 +576,19 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("dlq_bulk", "dlq.bulk.bulk_operations_run_once"),
     # Retention (jobs/services/purge.py): ended jobs past their category's retention.
     ("purge", "jobs.services.purge.purge_once"),
+    # Expired entries of the key-value store's table (core/kv.py; nothing with Redis).
+    ("kv_sweep", "core.kv.kv_sweep_once"),
 ]
+# With JOBOPS_BROKER off (docs/smallest-deployment.md) the steps that talk to RabbitMQ
+# are left out (None) or run in their database form: nothing is published (a postgres
+# queue's workers claim their jobs from the table), there is no dead-letter queue to
+# watch, and the outbox has no exchange to go to (jobs/events.py: outbox_settle_once;
+# the ERP bridge reads it directly). Applied by jobs.dispatcher.role_steps.
+JOBOPS_BROKERLESS_STEPS: dict[str, str | None] = {
+    "publish": None,
+    "dlq_watch": None,
+    "outbox": "jobs.events.outbox_settle_once",
+}
 # Retention and purge (docs/operations/retention.md). Due jobs go in batches of
 # JOBOPS_PURGE_BATCH rows (one transaction each), with JOBOPS_PURGE_PAUSE_SECONDS
 # between two batches, for at most JOBOPS_PURGE_STEP_SECONDS per run of the step (the

@@ -15,6 +15,11 @@ Two kinds:
 `confirm=True` turns on kombu's `confirm_publish`: every publish on it waits for the
 broker's ack (one round trip per message). Batch publishers (the event relay) leave it
 off and select confirms on their own channel to wait once per batch.
+
+With JOBOPS_BROKER off (docs/smallest-deployment.md) both raise `BrokerOffError`
+before touching the network: a connection error (an OSError), so every caller that
+copes with RabbitMQ being down (the DLQ pages, the depth reader) copes with it being
+off, and a caller that should not have been reached fails loudly.
 """
 
 from __future__ import annotations
@@ -33,11 +38,20 @@ from kombu import Connection, Queue
 _local = threading.local()
 
 
+class BrokerOffError(ConnectionError):
+    """JOBOPS_BROKER is off: this deployment has no RabbitMQ to connect to."""
+
+    def __init__(self) -> None:
+        super().__init__("JOBOPS_BROKER is off: this deployment runs without RabbitMQ")
+
+
 def broker_connect(*, confirm: bool = False, timeout: float | None = None) -> Connection:
     """A new, not yet connected, connection to BROKER_URL that the caller owns.
 
     BROKER_URL may list the nodes of a cluster separated by `;`: kombu then tries them
     in turn (round robin) when a connection cannot be made or is lost."""
+    if not settings.JOBOPS_BROKER:
+        raise BrokerOffError()
     options = {"confirm_publish": True} if confirm else {}
     return Connection(
         settings.BROKER_URL,
@@ -86,6 +100,8 @@ def broker_connection(*, confirm: bool = False, timeout: float | None = None) ->
     dispatcher loop or an operator, and each has its own retry. Raises the
     broker's connection error when it cannot be reached; the connection is then dropped.
     """
+    if not settings.JOBOPS_BROKER:
+        raise BrokerOffError()
     key = (settings.BROKER_URL, confirm, timeout)
     cache: dict[tuple[Any, ...], Connection] = _local.__dict__.setdefault("connections", {})
     for stale in [k for k in cache if k[0] != key[0]]:  # BROKER_URL changed

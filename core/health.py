@@ -11,8 +11,9 @@ request log line, no rate limit, no session.
   JOBOPS_READY_TIMEOUT_SECONDS, checked side by side (so the probe takes at most
   about one timeout; per node of a broker cluster, tried in turn); 503 naming each one
   that is not. The RabbitMQ check names the node it reached (`checks.rabbitmq.node`).
-  The answer is kept for JOBOPS_READY_CACHE_SECONDS so a probe storm costs one check
-  per process.
+  RabbitMQ and Redis are checked only where they are configured: with JOBOPS_BROKER or
+  JOBOPS_REDIS off they are not, and the body lists them under `off`. The answer is
+  kept for JOBOPS_READY_CACHE_SECONDS so a probe storm costs one check per process.
 """
 
 from __future__ import annotations
@@ -77,16 +78,32 @@ CHECKS: dict[str, Callable[[float], dict[str, Any] | None]] = {
     "redis": _check_redis,
 }
 
+
+def configured_checks() -> tuple[dict[str, Callable[[float], dict[str, Any] | None]], list[str]]:
+    """The checks this deployment needs, and the services it runs without."""
+    off = [
+        name
+        for name, enabled in (
+            ("rabbitmq", settings.JOBOPS_BROKER),
+            ("redis", settings.JOBOPS_REDIS),
+        )
+        if not enabled
+    ]
+    return {name: check for name, check in CHECKS.items() if name not in off}, off
+
+
 _pool = ThreadPoolExecutor(max_workers=len(CHECKS), thread_name_prefix="readyz")
 _cache_lock = threading.Lock()
 _cache: tuple[float, dict[str, Any]] | None = None
 
 
 def readiness() -> dict[str, Any]:
-    """Check each dependency side by side; `{"ready": bool, "checks": {name: {...}}}`."""
+    """Check each configured dependency side by side; `{"ready": bool, "checks": {name:
+    {...}}, "off": [names]}` (`off` only when a service is turned off)."""
     timeout = settings.JOBOPS_READY_TIMEOUT_SECONDS
     started = time.monotonic()
-    futures = {name: _pool.submit(check, timeout) for name, check in CHECKS.items()}
+    checks_to_run, off = configured_checks()
+    futures = {name: _pool.submit(check, timeout) for name, check in checks_to_run.items()}
     checks: dict[str, dict[str, Any]] = {}
     for name, future in futures.items():
         remaining = max(0.0, timeout + 0.5 - (time.monotonic() - started))
@@ -97,6 +114,8 @@ def readiness() -> dict[str, Any]:
         except Exception as exc:  # any failure to reach it is the answer, not a 500
             checks[name] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     result: dict[str, Any] = {"ready": all(c["ok"] for c in checks.values()), "checks": checks}
+    if off:
+        result["off"] = off
     if checks["postgres"]["ok"]:
         result.update(_detail())
     return result

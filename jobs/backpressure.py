@@ -2,13 +2,16 @@
 
 The dispatcher calls `queue_depths_refresh()` every few seconds: it reads each
 primary queue's depth from RabbitMQ (a passive declare answers the message count
-without creating or changing anything) and caches it in Redis with a short TTL.
-The create view only reads that cache (no broker round trip per request; a Redis GET
-at most once a second per process, see DEPTH_MEMO_SECONDS) and refuses with 429 when
-the job's queue is deeper than its limit.
+without creating or changing anything) and caches it in the key-value store
+(core/kv.py: Redis, or PostgreSQL with JOBOPS_REDIS off) with a short TTL. Without a
+broker (JOBOPS_BROKER off: every queue on the PostgreSQL executor) a queue's depth is
+its jobs waiting for a worker, `pending` and `queued`, counted in the database.
+The create view only reads that cache (no broker round trip per request; a read of
+the store at most once a second per process, see DEPTH_MEMO_SECONDS) and refuses with
+429 when the job's queue is deeper than its limit.
 
 An unknown depth never refuses a job: no cache entry (dispatcher not running,
-entry expired), Redis down or the broker down all mean "accept". Backpressure
+entry expired), the store down or the broker down all mean "accept". Backpressure
 sheds load when we know the queue is long; it must not turn an outage of a
 helper service into an outage of job submission.
 """
@@ -19,15 +22,16 @@ import logging
 import time
 from typing import Any
 
-import redis
 from amqp.exceptions import AMQPError
 from django.conf import settings
+from django.db import connection
 from kombu.exceptions import OperationalError
 
 from core.broker import queue_depths as broker_queue_depths
 from core.errors import ApplicationError
+from core.kv import KvUnavailable, kv_key, kv_store
 from jobs import metrics
-from jobs.redis_client import redis_client, redis_key
+from jobs.queries import QUERIES
 from jobs.topology import dlq_name
 from jobs.types import primary_queue_names
 
@@ -36,10 +40,10 @@ logger = logging.getLogger(__name__)
 # Per broker URL: (monotonic time, depths) of this process's last broker read.
 _last_read: dict[str, tuple[float, dict[str, int]]] = {}
 # How long a process answers a queue's depth from its own memory. The cache changes only
-# every TTL/3 seconds (the dispatcher's refresh), so a Redis GET per create bought no
-# freshness and cost a second Redis round trip per create beside the rate limiter's.
+# every TTL/3 seconds (the dispatcher's refresh), so a store read per create bought no
+# freshness and cost a second round trip per create beside the rate limiter's.
 DEPTH_MEMO_SECONDS = 1.0
-# Per (Redis URL, key): (monotonic time it expires, depth or None).
+# Per (store, key): (monotonic time it expires, depth or None).
 _memo: dict[tuple[str, str], tuple[float, int | None]] = {}
 
 
@@ -54,7 +58,7 @@ class BackpressureError(ApplicationError):
 
 
 def _depth_key(queue: str) -> str:
-    return redis_key("queue-depth", queue)
+    return kv_key("queue-depth", queue)
 
 
 def queue_depths_read_broker() -> dict[str, int]:
@@ -65,6 +69,8 @@ def queue_depths_read_broker() -> dict[str, int]:
     down.
     """
     primaries = primary_queue_names()
+    if not settings.JOBOPS_BROKER:
+        return queue_depths_read_database()
     read = broker_queue_depths([*primaries, *(dlq_name(q) for q in primaries)])
     depths = {name: depth for name, depth in read.items() if depth is not None}
     # The same read feeds the queue_depth and dlq_depth gauges (docs/operations/observability.md).
@@ -72,6 +78,18 @@ def queue_depths_read_broker() -> dict[str, int]:
         gauge = metrics.QUEUE_DEPTH if name in primaries else metrics.DLQ_DEPTH
         gauge.labels(queue=name).set(depth)
     return {name: depth for name, depth in depths.items() if name in primaries}
+
+
+def queue_depths_read_database() -> dict[str, int]:
+    """Each primary queue's jobs waiting for a worker (`pending` and `queued`), for a
+    deployment without a broker: what its queue holds is in the jobs table."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["queues_state"])
+        counts = {queue: pending + queued for queue, pending, _age, queued in cursor.fetchall()}
+    depths = {name: counts.get(name, 0) for name in primary_queue_names()}
+    for name, depth in depths.items():
+        metrics.QUEUE_DEPTH.labels(queue=name).set(depth)
+    return depths
 
 
 def queue_depths_step() -> dict[str, bool]:
@@ -85,7 +103,7 @@ def queue_depths_step() -> dict[str, bool]:
 
 
 def queue_depths_refresh(*, min_interval: float | None = None) -> dict[str, int]:
-    """Read the depths from RabbitMQ and cache them in Redis for the create view.
+    """Read the depths from RabbitMQ and cache them in the store for the create view.
 
     The dispatcher calls this every loop (about once a second); a broker connection
     per second is churn RabbitMQ advises against, so a process reads the broker at
@@ -101,7 +119,8 @@ def queue_depths_refresh_read(*, min_interval: float | None = None) -> tuple[boo
     """queue_depths_refresh, and whether it read the broker (False: from memory, or
     the broker is down)."""
     interval = settings.JOBOPS_QUEUE_DEPTH_TTL / 3 if min_interval is None else min_interval
-    last = _last_read.get(settings.BROKER_URL)
+    source = settings.BROKER_URL if settings.JOBOPS_BROKER else "database"
+    last = _last_read.get(source)
     if last is not None and time.monotonic() - last[0] < interval:
         return False, last[1]
     try:
@@ -109,40 +128,46 @@ def queue_depths_refresh_read(*, min_interval: float | None = None) -> tuple[boo
     except (OSError, OperationalError, AMQPError) as exc:
         logger.warning("queue depths not refreshed: broker unavailable (%s)", exc)
         return False, {}
-    _last_read[settings.BROKER_URL] = (time.monotonic(), depths)
+    _last_read[source] = (time.monotonic(), depths)
     for name, depth in depths.items():
         _remember(_depth_key(name), depth)
     if depths:
         try:
-            pipe = redis_client().pipeline(transaction=False)
-            for name, depth in depths.items():
-                pipe.set(_depth_key(name), depth, ex=settings.JOBOPS_QUEUE_DEPTH_TTL)
-            pipe.execute()
-        except redis.RedisError:
-            logger.warning("queue depths not cached: Redis unavailable", exc_info=True)
+            kv_store().set_many(
+                {_depth_key(name): str(depth) for name, depth in depths.items()},
+                ttl=settings.JOBOPS_QUEUE_DEPTH_TTL,
+            )
+        except KvUnavailable:
+            logger.warning("queue depths not cached: store unavailable", exc_info=True)
     return True, depths
 
 
 def queue_depth_cached(queue: str) -> int | None:
-    """The cached depth of `queue`, or None when unknown (never cached, expired, Redis down).
+    """The cached depth of `queue`, or None when unknown (never cached, expired, store down).
 
-    Read from Redis at most every DEPTH_MEMO_SECONDS per process; a Redis that is down
-    is also asked again only then, so creates do not each wait for its timeout.
+    Read from the store at most every DEPTH_MEMO_SECONDS per process; a store that is
+    down is also asked again only then, so creates do not each wait for its timeout.
     """
     key = _depth_key(queue)
-    remembered = _memo.get((settings.REDIS_URL, key))
+    remembered = _memo.get((_store_name(), key))
     if remembered is not None and time.monotonic() < remembered[0]:
         return remembered[1]
     try:
-        raw: Any = redis_client().get(key)
-    except redis.RedisError:
-        logger.warning("backpressure not applied: Redis unavailable", exc_info=True)
+        raw: Any = kv_store().get(key)
+    except KvUnavailable:
+        logger.warning("backpressure not applied: store unavailable", exc_info=True)
         return _remember(key, None)
     return _remember(key, int(raw) if raw is not None else None)
 
 
+def _store_name() -> str:
+    # A test (or a reconfigured process) pointing REDIS_URL elsewhere, or turning Redis
+    # off, must not read what it remembered of the other store.
+    return settings.REDIS_URL if settings.JOBOPS_REDIS else "postgres"
+
+
 def _remember(key: str, depth: int | None) -> int | None:
-    _memo[(settings.REDIS_URL, key)] = (time.monotonic() + DEPTH_MEMO_SECONDS, depth)
+    _memo[(_store_name(), key)] = (time.monotonic() + DEPTH_MEMO_SECONDS, depth)
     return depth
 
 

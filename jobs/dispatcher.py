@@ -19,6 +19,10 @@ next one:
 5. the steps other modules own: the event outbox relay, audit checkpoints, the queue
    depths cache for backpressure, the dead-letter watcher.
 
+Without a broker (JOBOPS_BROKER off) the RabbitMQ steps are left out or replaced by
+their database form (settings.JOBOPS_BROKERLESS_STEPS), and nothing LISTENs for new
+jobs to publish: the PostgreSQL executor's workers take them from the table.
+
 One process can do it all (`--role all`), or the publishing can run in a process of its
 own (`--role publish` beside `--role maintain`, as the Procfile does): see ROLES.
 """
@@ -51,7 +55,7 @@ def dispatch_once(
     """Run every step once; a failing step is logged and reported, never fatal.
     `between` runs after each step (the loop publishes what was created meanwhile)."""
     report: dict[str, Any] = {}
-    for name, path in steps or settings.JOBOPS_DISPATCHER_STEPS:
+    for name, path in role_steps("all") if steps is None else steps:
         _run_step(report, name, path)
         if between is not None:
             between()
@@ -84,7 +88,7 @@ def dispatch_forever(
     stop = stop or threading.Event()
     steps, spec = role_steps(role), ROLES[role]
     log.info("dispatcher_started", interval=interval, role=role)
-    on_notify = NotifiedPublishing() if spec.listens else None
+    on_notify = NotifiedPublishing() if spec.listens and settings.JOBOPS_BROKER else None
     due = dict.fromkeys((name for name, _path in steps), 0.0)
     next_beat = 0.0
     while not stop.is_set():
@@ -112,10 +116,19 @@ def dispatch_forever(
 
 
 def role_steps(role: str) -> list[tuple[str, str]]:
-    """The steps `run_dispatcher --role <role>` runs on its clock."""
+    """The steps `run_dispatcher --role <role>` runs on its clock (without a broker:
+    those that need none, settings.JOBOPS_BROKERLESS_STEPS)."""
     spec = ROLES[role]
     steps = settings.JOBOPS_DISPATCHER_STEPS if spec.steps is None else spec.steps
-    return [(name, spec.replace.get(name, path)) for name, path in steps]
+    chosen = [(name, spec.replace.get(name, path)) for name, path in steps]
+    if settings.JOBOPS_BROKER:
+        return chosen
+    brokerless = settings.JOBOPS_BROKERLESS_STEPS
+    return [
+        (name, brokerless.get(name, path) or "")
+        for name, path in chosen
+        if name not in brokerless or brokerless[name] is not None
+    ]
 
 
 def wake_in(result: Any, *, default: float) -> float:

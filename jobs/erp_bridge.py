@@ -18,6 +18,17 @@ once). Outcomes:
   confirms; only then acked) for an operator to inspect and re-drive (e.g. with a
   shovel back to `erp.events` once the cause is fixed). If parking fails the message
   is requeued: never dropped.
+
+Without a broker (JOBOPS_BROKER off, docs/smallest-deployment.md) there is no
+`erp.events`: the bridge reads the event outbox itself (`erp_outbox_run`), claiming
+unpublished rows in `id` order as the relay does (FOR UPDATE SKIP LOCKED, a job's
+events in seq order, so several bridges may run), POSTs each one the same way, and
+marks the rows it delivered published in the claim's transaction, after their POSTs:
+at least once, and the purge prunes them as usual. A temporary failure ends the batch
+(the job's later events must not overtake it) and is tried again after the backoff. A
+permanent refusal has no parking queue here: it is logged with the event and the
+response, counted `park`, and the row marked, so that one bad event does not hold every
+later one of its job forever.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import structlog
 from amqp.exceptions import NotFound
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from kombu import Consumer, Producer
 from kombu.message import Message
 
@@ -39,6 +51,7 @@ from core.broker import broker_connect
 from core.logging import log_context
 from core.redact import redact_url, redact_urls_in
 from jobs import metrics
+from jobs.events import OutboxRow, outbox_claim, outbox_mark_published
 from jobs.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, erp_events_queue
 
 log = structlog.get_logger("jobs.erp_bridge")
@@ -183,6 +196,10 @@ def erp_bridge_run(
     if not url:
         raise ImproperlyConfigured("JOBOPS_ERP_EVENTS_URL is not set: nowhere to POST events")
     stop = stop or threading.Event()
+    if not settings.JOBOPS_BROKER:
+        return erp_outbox_run(
+            url=url, max_messages=max_messages, idle_timeout=idle_timeout, stop=stop
+        )
     # Its own connection (a long-lived consumer), with confirms for parking.
     with broker_connect(confirm=True) as conn:
         conn.ensure_connection(max_retries=3)
@@ -223,3 +240,91 @@ def erp_bridge_run(
                 last_activity = time.monotonic()
     log.info("erp_bridge_stopped", **bridge.counts)
     return dict(bridge.counts)
+
+
+# Rows one outbox claim of the bridge takes: their locks are held through their POSTs.
+OUTBOX_BATCH = 20
+# How long an idle bridge waits before it looks at the outbox again.
+OUTBOX_POLL_SECONDS = 0.2
+
+
+def erp_outbox_deliver(
+    *, session: requests.Session, url: str, limit: int, counts: dict[str, int]
+) -> tuple[int, bool]:
+    """Deliver one claimed batch of outbox rows; returns (rows handled, whether a
+    temporary failure ended it).
+
+    1. Claim up to `limit` unpublished rows (jobs.events.outbox_claim: id order, rows
+       another bridge holds skipped, a job's events in seq order).
+    2. POST each in order. Delivered, or refused for good (logged, counted `park`):
+       marked. A temporary failure: stop, so that no later event of its job goes first.
+    3. Mark the handled rows published and commit.
+    """
+    handled: list[int] = []
+    failed = False
+    with transaction.atomic():
+        for row in outbox_claim(limit=limit):
+            outcome = _outbox_post(session=session, url=url, row=row)
+            counts[outcome] += 1
+            metrics.ERP_BRIDGE_DELIVERIES.labels(outcome=outcome).inc()
+            if outcome == RETRY:
+                failed = True
+                break
+            handled.append(row.id)
+        if handled:
+            outbox_mark_published(handled)
+    return len(handled), failed
+
+
+def _outbox_post(*, session: requests.Session, url: str, row: OutboxRow) -> str:
+    with log_context(event_id=row.event_id, job_id=str(row.job_id), routing_key="outbox"):
+        outcome, status, reason = event_post(
+            session=session, url=url, body=row.body.encode("utf-8"), event_id=row.event_id
+        )
+        if outcome == DELIVERED:
+            log.info("erp_event_delivered", status=status)
+        elif outcome == RETRY:
+            log.warning("erp_event_retry", status=status, reason=reason)
+        else:
+            log.error("erp_event_refused", status=status, reason=reason, body=row.body[:2000])
+    return outcome
+
+
+def erp_outbox_run(
+    *,
+    url: str,
+    max_messages: int | None = None,
+    idle_timeout: float | None = None,
+    stop: threading.Event | None = None,
+) -> dict[str, int]:
+    """The bridge without a broker: deliver outbox rows until stopped (or `max_messages`
+    were handled, or none came for `idle_timeout` seconds); returns the outcome counts.
+    A temporary failure waits the backoff (doubling up to its cap) before the next try."""
+    stop = stop or threading.Event()
+    session = requests.Session()
+    counts = {DELIVERED: 0, RETRY: 0, PARK: 0}
+    failures_in_a_row = 0
+    last_activity = time.monotonic()
+    log.info("erp_bridge_started", url=redact_url(url), source="outbox")
+    while not stop.is_set():
+        left = None if max_messages is None else max_messages - sum(counts.values())
+        if left is not None and left <= 0:
+            break
+        limit = OUTBOX_BATCH if left is None else min(OUTBOX_BATCH, left)
+        handled, failed = erp_outbox_deliver(session=session, url=url, limit=limit, counts=counts)
+        if failed:
+            failures_in_a_row += 1
+            base = settings.JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS
+            cap = settings.JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS
+            stop.wait(min(cap, base * 2 ** (failures_in_a_row - 1)))
+            last_activity = time.monotonic()
+            continue
+        failures_in_a_row = 0
+        if handled:
+            last_activity = time.monotonic()
+            continue
+        if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
+            break
+        stop.wait(OUTBOX_POLL_SECONDS)
+    log.info("erp_bridge_stopped", **counts)
+    return counts

@@ -145,8 +145,9 @@ def _notice_blocked(conn: Any) -> None:
         pass
 
 
-def _mark_published(ids: list[int]) -> None:
-    """Mark rows relayed; runs in the claim's transaction, after every confirm."""
+def outbox_mark_published(ids: list[int]) -> None:
+    """Mark rows relayed (or delivered); runs in the claim's transaction, after every
+    confirm (every successful POST)."""
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["outbox_mark"], {"ids": ids})  # a binary array
 
@@ -198,15 +199,45 @@ def outbox_relay_batch(*, limit: int = RELAY_BATCH) -> int:
     4. Mark the published rows `published_at` in one statement, then commit.
     """
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(QUERIES["outbox_claim_plan"])
-            cursor.execute(QUERIES["outbox_claim"], {"limit": limit})
-            rows = _publishable([OutboxRow(*row) for row in cursor.fetchall()])
+        rows = outbox_claim(limit=limit)
         if not rows:
             return 0
         events_publish(events=rows)
-        _mark_published([row.id for row in rows])
+        outbox_mark_published([row.id for row in rows])
     return len(rows)
+
+
+def outbox_claim(*, limit: int) -> list[OutboxRow]:
+    """Claim up to `limit` unpublished rows in `id` order (FOR UPDATE SKIP LOCKED, in the
+    caller's transaction), keeping only those no lower seq of their job outside the
+    claim must precede: the relay's claim, and the ERP bridge's without a broker."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["outbox_claim_plan"])
+        cursor.execute(QUERIES["outbox_claim"], {"limit": limit})
+        return _publishable([OutboxRow(*row) for row in cursor.fetchall()])
+
+
+def outbox_settle_once(*, limit: int = RELAY_BATCH) -> int:
+    """The outbox step without a broker (settings.JOBOPS_BROKERLESS_STEPS); returns the
+    rows it marked.
+
+    Where an ERP is configured its bridge reads the outbox itself and marks each row it
+    delivered (jobs/erp_bridge.py): nothing to do here, and a row waits for it however
+    long the ERP is down. Elsewhere nobody can receive an event (there is no exchange to
+    subscribe to), as when the broker drops an event nobody subscribed to: the rows are
+    marked published, so that the outbox gauges stay honest and the purge removes them
+    after their retention, as it does relayed ones.
+    """
+    if erp_configured():
+        return 0
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["outbox_claim_plan"])
+            cursor.execute(QUERIES["outbox_claim"], {"limit": limit})
+            ids = [row[0] for row in cursor.fetchall()]
+        if ids:
+            outbox_mark_published(ids)
+    return len(ids)
 
 
 def outbox_relay_once(*, limit: int = 100_000, seconds: float = 1.0) -> int:

@@ -1,11 +1,12 @@
 """Liveness of the processes that serve no HTTP: workers and dispatchers.
 
-Each live process refreshes a Redis key `heartbeat:<kind>:<host>:<pid>` every
+Each live process refreshes a key `heartbeat:<kind>:<host>:<pid>` of the key-value store
+(core/kv.py: Redis, or PostgreSQL's UNLOGGED jobops_kv with JOBOPS_REDIS off) every
 JOBOPS_PROCESS_HEARTBEAT_SECONDS (with the broker node it is connected to) with a
-time-to-live of three intervals, so a process
-that hangs or dies disappears by itself. Redis is the right place: it is shared by every
-host, and losing it loses nothing but this view (docs/operations/scaling.md: per-host state is
-limited to caches that can be lost). `manage.py liveness` and the
+time-to-live of three intervals, so a process that hangs or dies disappears by itself.
+That store is the right place: it is shared by every host, and losing it loses nothing
+but this view (docs/operations/scaling.md: per-host state is limited to caches that can
+be lost). `manage.py liveness` and the
 `process_heartbeat_age_seconds` gauge read the keys.
 
 Workers beat from a consumer bootstep on the worker's timer (`HeartbeatStep`), the
@@ -25,24 +26,24 @@ from celery import bootsteps
 from django.conf import settings
 
 from core.broker import broker_node
-from jobs.redis_client import redis_client, redis_key
+from core.kv import kv_key, kv_store
 from jobs.types import primary_queue_names
 
 log = structlog.get_logger("jobs.liveness")
 
 
 def _key(kind: str) -> str:
-    return redis_key("heartbeat", kind, socket.gethostname(), os.getpid())
+    return kv_key("heartbeat", kind, socket.gethostname(), os.getpid())
 
 
 def beat(kind: str, queues: tuple[str, ...] = (), broker: str | None = None) -> None:
     """Record that this process of `kind` is alive, and the broker node it is connected
-    to (host:port, None when it has no connection now); a Redis outage is logged, not
+    to (host:port, None when it has no connection now); a store outage is logged, not
     raised."""
     interval = settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS
     value = json.dumps({"at": round(time.time(), 3), "queues": list(queues), "broker": broker})
     try:
-        redis_client().set(_key(kind), value, ex=max(1, round(interval * 3)))
+        kv_store().set_many({_key(kind): value}, ttl=max(1, round(interval * 3)))
     except Exception as exc:
         log.warning("heartbeat_failed", kind=kind, error=repr(exc))
 
@@ -50,15 +51,25 @@ def beat(kind: str, queues: tuple[str, ...] = (), broker: str | None = None) -> 
 def beat_end(kind: str) -> None:
     """A clean stop is not a missing beat: drop this process's key at once."""
     try:
-        redis_client().delete(_key(kind))
+        kv_store().delete(_key(kind))
     except Exception as exc:
         log.warning("heartbeat_end_failed", kind=kind, error=repr(exc))
+
+
+# The kinds of process that run jobs: Celery workers, and the PostgreSQL executor's
+# `manage.py run_worker` (a queue is served by either).
+WORKER_KINDS = ("worker", "run_worker")
+
+
+def workers_of(found: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The live processes of `found` that run jobs, of every kind."""
+    return [w for kind in WORKER_KINDS for w in found.get(kind, [])]
 
 
 def missing_processes(found: dict[str, list[dict[str, Any]]]) -> list[str]:
     """What has no live process: the dispatcher, or a primary queue without a worker."""
     missing = [] if found.get("dispatcher") else ["dispatcher"]
-    served = {q for w in found.get("worker", []) for q in w["queues"]}
+    served = {q for w in workers_of(found) for q in w["queues"]}
     return missing + [f"worker for queue {q}" for q in primary_queue_names() if q not in served]
 
 
@@ -78,17 +89,13 @@ def broker_nodes_detail() -> dict[str, Any]:
 
 
 def live_processes() -> dict[str, list[dict[str, Any]]]:
-    """Every process that beat within its time-to-live, grouped by kind."""
-    client = redis_client()
-    prefix = redis_key("heartbeat", "")
-    keys = list(client.scan_iter(match=f"{prefix}*", count=500))
-    values: list[Any] = client.mget(keys) if keys else []  # type: ignore[assignment]
+    """Every process that beat within its time-to-live, grouped by kind. Raises
+    core.kv.KvUnavailable when the store does not answer."""
+    prefix = kv_key("heartbeat", "")
     now = time.time()
     found: dict[str, list[dict[str, Any]]] = {}
-    for key, value in zip(keys, values, strict=True):
-        if value is None:
-            continue  # expired between the scan and the read
-        kind, host, pid = key.decode()[len(prefix) :].rsplit(":", 2)
+    for key, value in sorted(kv_store().scan(prefix).items()):
+        kind, host, pid = key[len(prefix) :].rsplit(":", 2)
         data = json.loads(value)
         found.setdefault(kind, []).append(
             {

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import Counter, Gauge, Histogram
 
-from jobs.liveness import live_processes
+from jobs.liveness import live_processes, workers_of
 from jobs.queries import QUERIES
 from jobs.types import all_connectors, primary_queue_names
 from tenants.models import Organisation
@@ -311,14 +311,14 @@ def metrics_refresh_gauges() -> dict[str, float]:
 
 
 def metrics_refresh_liveness() -> dict[str, float]:
-    """Live workers per queue and live dispatchers, from their Redis heartbeats."""
+    """Live workers per queue and live dispatchers, from their heartbeats (jobs/liveness.py)."""
     try:
         found = live_processes()
-    except Exception as exc:  # Redis down: say nothing rather than "nobody is alive"
+    except Exception as exc:  # store down: say nothing rather than "nobody is alive"
         log.warning("liveness_refresh_failed", error=repr(exc))
         return {}
     per_queue = dict.fromkeys(primary_queue_names(), 0)
-    for worker in found.get("worker", []):
+    for worker in workers_of(found):
         for queue in worker["queues"]:
             per_queue[queue] = per_queue.get(queue, 0) + 1
     for queue, count in per_queue.items():

@@ -1,18 +1,19 @@
-"""Atomic Redis token buckets for job creation (docs/api.md#rate-limits).
+"""Atomic token buckets for job creation (docs/api.md#rate-limits).
 
-Each bucket holds up to `limit` tokens and refills at `limit` per minute. One Lua
-script refills and takes from every bucket of a request (the caller's and the global
-one) in a single atomic step: two web processes can never both spend the last token,
+Each bucket holds up to `limit` tokens and refills at `limit` per minute. One atomic
+take (core/kv.py: a Lua script in Redis, locked rows in PostgreSQL with JOBOPS_REDIS
+off) refills and takes from every bucket of a request (the caller's and the global
+one) in a single step: two web processes can never both spend the last token,
 as a read-then-write counter would let them. A request is refused when any bucket is
 empty, and then takes from none; the refusal names the first empty one.
 
 The organisation's bucket (docs/tenancy.md#limits) is taken with the caller's and the
 global one, before the body is read, when the caller belongs to one organisation (the
-create can go nowhere else): one Redis call, as before tenancy. A caller in several
+create can go nowhere else): one call to the store, as before tenancy. A caller in several
 organisations names one in the body, so its organisation's bucket is taken in a step of
 its own once the create has resolved it.
 
-Redis unavailable: creation is NOT refused (fail open, logged). A rate limit protects
+Store unavailable: creation is NOT refused (fail open, logged). A rate limit protects
 capacity; refusing every job because the limiter's store is down would turn a Redis
 outage into an API outage, and the database still bounds the damage.
 """
@@ -23,58 +24,13 @@ import logging
 import math
 from dataclasses import dataclass
 
-import redis
 from django.conf import settings
 
 from core.errors import ApplicationError
+from core.kv import Bucket, KvUnavailable, kv_key, kv_store
 from jobs import metrics
-from jobs.redis_client import redis_client, redis_key
 
 logger = logging.getLogger(__name__)
-
-# KEYS: one hash per bucket {t: tokens, ts: last refill ms}.
-# ARGV: capacity, refill per ms, for each key in order.
-# Returns {allowed, tokens left in bucket 1, ms until bucket 1 is full, ms to wait,
-# the index (from 1) of the first empty bucket, 0 when none}.
-TOKEN_BUCKET_LUA = """
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local tokens = {}
-local allowed = 1
-local wait = 0
-local empty = 0
-for i = 1, #KEYS do
-  local cap = tonumber(ARGV[2 * i - 1])
-  local rate = tonumber(ARGV[2 * i])
-  local state = redis.call('HMGET', KEYS[i], 't', 'ts')
-  local t = tonumber(state[1])
-  local ts = tonumber(state[2])
-  if t == nil or ts == nil then
-    t = cap
-    ts = now
-  end
-  t = math.min(cap, t + math.max(0, now - ts) * rate)
-  tokens[i] = t
-  if t < 1 then
-    if allowed == 1 then
-      empty = i
-    end
-    allowed = 0
-    wait = math.max(wait, math.ceil((1 - t) / rate))
-  end
-end
-for i = 1, #KEYS do
-  local cap = tonumber(ARGV[2 * i - 1])
-  local rate = tonumber(ARGV[2 * i])
-  if allowed == 1 then
-    tokens[i] = tokens[i] - 1
-  end
-  redis.call('HSET', KEYS[i], 't', tostring(tokens[i]), 'ts', now)
-  redis.call('PEXPIRE', KEYS[i], math.ceil(cap / rate) + 1000)
-end
-local full = math.ceil((tonumber(ARGV[1]) - tokens[1]) / tonumber(ARGV[2]))
-return {allowed, math.floor(tokens[1]), full, wait, empty}
-"""
 
 WINDOW_MS = 60_000
 
@@ -117,34 +73,26 @@ class RateDecision:
         }
 
 
-def _script():  # type: ignore[no-untyped-def]
-    client = redis_client()
-    # register_script is cheap (it hashes the text); EVALSHA falls back to EVAL once.
-    return client.register_script(TOKEN_BUCKET_LUA)
-
-
 def rate_limit_take(*, buckets: list[tuple[str, int]]) -> RateDecision | None:
     """Take one token from every bucket `(key, limit per minute)` or from none.
 
-    Returns the decision for the first bucket, or None when Redis cannot answer
+    Returns the decision for the first bucket, or None when the store cannot answer
     (the caller lets the request through).
     """
-    keys = [redis_key("ratelimit", name) for name, _ in buckets]
-    args: list[float] = []
-    for _, limit in buckets:
-        args += [limit, limit / WINDOW_MS]
     try:
-        allowed, remaining, full_ms, wait_ms, empty = _script()(keys=keys, args=args)
-    except redis.RedisError:
-        logger.warning("rate limit not applied: Redis unavailable", exc_info=True)
+        take = kv_store().take_tokens(
+            [Bucket(kv_key("ratelimit", name), limit, limit / WINDOW_MS) for name, limit in buckets]
+        )
+    except KvUnavailable:
+        logger.warning("rate limit not applied: its store is unavailable", exc_info=True)
         return None
     return RateDecision(
-        allowed=bool(allowed),
+        allowed=take.allowed,
         limit=buckets[0][1],
-        remaining=max(0, int(remaining)),
-        reset=math.ceil(int(full_ms) / 1000),
-        retry_after=max(1, math.ceil(int(wait_ms) / 1000)) if not allowed else 0,
-        empty=int(empty) - 1 if not allowed else None,
+        remaining=max(0, take.remaining),
+        reset=math.ceil(take.full_ms / 1000),
+        retry_after=max(1, math.ceil(take.wait_ms / 1000)) if not take.allowed else 0,
+        empty=take.empty,
     )
 
 
@@ -172,7 +120,7 @@ def job_create_org_rate_limit(*, org_id: int) -> RateDecision | None:
     service accounts' creates share JOBOPS_RATE_LIMITS["create_per_org"] a minute, so
     one tenant cannot take the whole global allowance.
 
-    Raises RateLimitExceededError (details.limit `org`) when the bucket is empty. Redis
+    Raises RateLimitExceededError (details.limit `org`) when the bucket is empty. Store
     down: None, allowed (as the other buckets)."""
     limit = int(settings.JOBOPS_RATE_LIMITS["create_per_org"])
     decision = rate_limit_take(buckets=[(f"create:org:{org_id}", limit)])

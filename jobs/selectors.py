@@ -882,13 +882,16 @@ def queues_for_consumers() -> list[dict[str, Any]]:
         return memo[1]
     rows = []
     for state in queues_state():
-        in_broker = queue_depth_cached(state.name)
+        cached = queue_depth_cached(state.name)
+        # Without a broker the cached depth counts the pending and queued jobs themselves
+        # (jobs.backpressure.queue_depths_read_database), not messages beside them.
+        in_broker = cached if settings.JOBOPS_BROKER else None
         depth = state.pending + (state.queued if in_broker is None else in_broker)
         limit = settings.JOBOPS_QUEUE_DEPTH_LIMITS.get(state.name)
         retry_after = 0
         if state.paused:
             retry_after = PAUSED_RETRY_AFTER_SECONDS
-        elif limit is not None and in_broker is not None and in_broker > limit:
+        elif limit is not None and cached is not None and cached > limit:
             retry_after = settings.JOBOPS_QUEUE_DEPTH_TTL
         rows.append(
             {

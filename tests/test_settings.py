@@ -209,6 +209,30 @@ def test_processes_a_test_starts_use_this_xdist_workers_database_vhost_and_redis
         assert name.endswith(f"_{worker}") and settings.BROKER_URL.endswith(f"_{worker}")
 
 
+POSTGRES_QUEUES = {
+    f"JOBOPS_EXECUTOR_{q}": "postgres" for q in ("DEFAULT", "MODEL", "CAM", "SIM", "REPORT", "ERP")
+}
+
+
+def test_without_a_broker_every_queue_must_be_a_postgres_queue_and_each_other_is_named():
+    result = _start(DEBUG="true", JOBOPS_BROKER="off", JOBOPS_EXECUTOR_SIM="postgres")
+    assert result.returncode != 0
+    assert "JOBOPS_BROKER=off needs every queue on the PostgreSQL executor" in result.stderr
+    assert "JOBOPS_EXECUTOR_DEFAULT=postgres" in result.stderr
+    assert "JOBOPS_EXECUTOR_SIM" not in result.stderr
+
+
+def test_postgres_alone_starts_with_every_queue_on_postgres():
+    result = _start(DEBUG="true", JOBOPS_BROKER="off", JOBOPS_REDIS="off", **POSTGRES_QUEUES)
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_unknown_executor_is_named():
+    result = _start(DEBUG="true", JOBOPS_EXECUTOR_SIM="rq")
+    assert result.returncode != 0
+    assert "JOBOPS_EXECUTOR_SIM='rq' must be one of celery, postgres" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [

@@ -3,12 +3,12 @@ admin API access, bound to the caller's API token (docs/api.md#admin-calls-and-t
 
 django-otp accepts each TOTP time step once (`TOTPDevice.last_t`), so a code cannot ride
 along on every call of a script; the script exchanges one for a grant instead. The
-grant lives in the cache (Redis) under the sha256 of the token's key (`token_digest`:
-a legacy DRF token's key hashed here, a tenancy ApiToken's stored digest, the same
-value for the same key):
+grant lives in the cache (Redis, or core/kv.py's table with JOBOPS_REDIS off) under the
+sha256 of the token's key (`token_digest`: a legacy DRF token's key hashed here, a
+tenancy ApiToken's stored digest, the same value for the same key):
 - deleting or rotating the token ends it (a new token has no grant);
 - it names the user, and is honoured only for that user while they are active staff;
-- losing Redis loses grants: callers exchange a fresh code, nothing else breaks.
+- losing the cache loses grants: callers exchange a fresh code, nothing else breaks.
 Only confirmed TOTP devices are accepted here; static backup tokens are for the login
 page of someone who lost their phone, not for scripts.
 """
@@ -148,7 +148,7 @@ def otp_grant_issue(*, user: Any, token_digest: str, otp_token: str) -> OtpGrant
     }
     try:
         cache.set(_grant_key(token_digest), value, seconds)
-    except Exception as exc:  # Redis down: say so rather than answer 500
+    except Exception as exc:  # cache down: say so rather than answer 500
         log.error("otp_grant_not_stored", error=repr(exc))
         raise OtpUnavailableError() from exc
     log.info("otp_grant_issued", user_id=user.pk, device=grant.device, seconds=seconds)

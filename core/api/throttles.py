@@ -17,10 +17,11 @@ from core.errors import ApplicationError
 class AdminRateThrottle(SimpleRateThrottle):
     """Admin API calls per user per minute: JOBOPS_RATE_LIMITS["admin_dlq"] (docs/api.md).
 
-    DRF keeps each user's recent request times in the default cache (Redis), so the
+    DRF keeps each user's recent request times in the default cache (Redis, or the
+    PostgreSQL key-value store of core/kv.py with JOBOPS_REDIS off), so the
     limit holds across web processes. Check and record are two cache calls, not one
     atomic step: two calls racing at the limit may both pass, which is acceptable for
-    a 30/min guard on operator tools (job creation has the atomic Lua bucket instead).
+    a 30/min guard on operator tools (job creation has the atomic token buckets instead).
     """
 
     scope = "admin_dlq"

@@ -115,7 +115,7 @@ def test_a_crash_after_publish_before_marking_republishes_the_same_event_ids(
     def crash(ids):
         raise RuntimeError("relay died after the broker confirmed, before marking")
 
-    monkeypatch.setattr(jobs.events, "_mark_published", crash)
+    monkeypatch.setattr(jobs.events, "outbox_mark_published", crash)
     with pytest.raises(RuntimeError, match="relay died"):
         outbox_relay_once()
     first = event_queue(expect=4)

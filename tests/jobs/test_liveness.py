@@ -12,8 +12,10 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from jobs.liveness import missing_processes
 from jobs.metrics import metrics_refresh_liveness
 from jobs.redis_client import redis_client, redis_key
+from jobs.types import primary_queue_names
 from tests.polling import wait_for
 from tests.processes import celery_worker, dispatcher_process
 
@@ -74,6 +76,17 @@ def test_liveness_passes_when_everything_has_a_process(settings):
         out = StringIO()
         call_command("liveness", stdout=out)
         assert "dispatcher" in out.getvalue() and "queues=cam," in out.getvalue()
+
+
+def test_a_queue_served_by_run_worker_is_not_missing():
+    found = {
+        "dispatcher": [{"queues": []}],
+        "run_worker": [{"queues": ["sim"]}],
+        "worker": [{"queues": [q for q in primary_queue_names() if q != "sim"]}],
+    }
+    assert missing_processes(found) == []
+    del found["run_worker"]
+    assert missing_processes(found) == ["worker for queue sim"]
 
 
 def _close_connections_of_this_vhost() -> int:

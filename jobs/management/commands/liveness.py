@@ -12,8 +12,8 @@ from jobs.liveness import live_processes, missing_processes
 
 class Command(BaseCommand):
     help = (
-        "List the live workers and dispatchers (from their Redis heartbeats). Exit 1 when "
-        "no dispatcher is alive or a primary queue has no live worker."
+        "List the live workers and dispatchers (from their heartbeats in the key-value "
+        "store). Exit 1 when no dispatcher is alive or a primary queue has no live worker."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

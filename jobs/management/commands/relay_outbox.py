@@ -5,6 +5,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
@@ -33,6 +34,13 @@ class Command(BaseCommand):
         if options["prune_days"] is not None:
             pruned = outbox_prune(older_than=timedelta(days=options["prune_days"]))
             self.stdout.write(f"pruned {pruned} relayed events")
+        if not settings.JOBOPS_BROKER:
+            if options["prune_days"] is not None:
+                return
+            raise CommandError(
+                "JOBOPS_BROKER is off: there is no exchange to relay to (the dispatcher "
+                "settles the outbox, the ERP bridge reads it: docs/smallest-deployment.md)"
+            )
         if options["once"]:
             try:
                 relayed = outbox_relay_once(limit=options["limit"])

@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from audit.db_roles import refuse_privileged_database_role
 from core.metrics import metrics_serve
@@ -46,6 +46,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not role_steps(options["role"]):
+            raise CommandError(
+                f"--role {options['role']} has nothing to do with JOBOPS_BROKER off "
+                "(nothing is published): run --role all"
+            )
+        if options["republish_queued"] and not settings.JOBOPS_BROKER:
+            raise CommandError("--republish-queued needs a broker (JOBOPS_BROKER is off)")
         refuse_privileged_database_role()
         configure_tracing("dispatcher")
         if options["republish_queued"]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from amqp.exceptions import PreconditionFailed
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from kombu import Connection
 
@@ -25,6 +26,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not settings.JOBOPS_BROKER:
+            # `make run` calls this in every mode; without a broker there is nothing to do.
+            self.stdout.write("JOBOPS_BROKER is off: no RabbitMQ topology to declare")
+            return
         conflicts: list[str] = []
         plan = topology()
         convertible = {q.name: q for q in convertible_queues()}

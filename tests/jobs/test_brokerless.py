@@ -1,0 +1,205 @@
+"""PostgreSQL alone (docs/smallest-deployment.md): with JOBOPS_BROKER and JOBOPS_REDIS off,
+nothing connects to RabbitMQ or Redis (their URLs point at closed ports here, so any use
+would fail loudly), and each of their jobs has a database form."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from config.dashboard import dashboard_overview
+from core import health
+from core.broker import BrokerOffError, broker_connection, queue_depths
+from jobs.backpressure import queue_depth_cached, queue_depths_forget, queue_depths_refresh
+from jobs.dispatcher import dispatch_once, role_steps
+from jobs.erp_bridge import erp_bridge_run
+from jobs.events import outbox_settle_once
+from jobs.liveness import beat, live_processes
+from jobs.models import EventOutbox
+from tests.erp_receiver import Receiver
+from tests.factories import UserFactory, client_for, client_with_grant, job_in_state, role_user
+from tests.processes import free_port
+
+pytestmark = pytest.mark.django_db
+
+JOBS = "/api/v1/jobs"
+SIM = {"type": "sim", "params": {"steps": 1, "step_seconds": 0}}
+
+
+@pytest.fixture(autouse=True)
+def postgres_alone(settings):
+    settings.JOBOPS_BROKER = False
+    settings.JOBOPS_REDIS = False
+    settings.JOBOPS_QUEUE_EXECUTORS = dict.fromkeys(settings.JOBOPS_QUEUE_EXECUTORS, "postgres")
+    settings.BROKER_URL = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    settings.CACHES = {"default": {"BACKEND": "core.kv.KvCache", "KEY_PREFIX": "jobops"}}
+    settings.JOBOPS_ERP_EVENTS_URL = ""
+    queue_depths_forget()
+    yield
+    queue_depths_forget()
+
+
+def unpublished(job) -> list[int]:
+    rows = EventOutbox.objects.filter(job_id=job.id, published_at__isnull=True)
+    return list(rows.order_by("seq").values_list("seq", flat=True))
+
+
+# --- nothing talks to a broker ---------------------------------------------------------
+
+
+def test_a_broker_connection_is_refused_before_any_network_call():
+    with pytest.raises(BrokerOffError, match="JOBOPS_BROKER is off"):
+        broker_connection()
+    with pytest.raises(OSError):  # what every caller that copes with "down" catches
+        queue_depths(["sim"])
+
+
+def test_the_dispatcher_runs_no_broker_step_and_settles_the_outbox():
+    steps = dict(role_steps("all"))
+    assert "publish" not in steps and "dlq_watch" not in steps
+    assert steps["outbox"] == "jobs.events.outbox_settle_once"
+    assert role_steps("publish") == []
+    job = job_in_state("pending")
+
+    report = dispatch_once()
+
+    assert not [name for name, result in report.items() if "error" in str(result)], report
+    job.refresh_from_db()
+    assert job.status == "pending"  # published by nobody: a postgres worker claims it
+    assert unpublished(job) == []  # nobody can receive it: marked, pruned as usual
+    assert report["queue_depths"] == {"broker_read": True}
+
+
+def test_run_dispatcher_refuses_a_role_with_nothing_to_do():
+    with pytest.raises(CommandError, match="--role publish has nothing to do"):
+        call_command("run_dispatcher", "--role", "publish", "--once")
+
+
+def test_relay_outbox_says_there_is_nothing_to_relay_to_but_still_prunes(capsys):
+    with pytest.raises(CommandError, match="no exchange to relay to"):
+        call_command("relay_outbox", "--once")
+    call_command("relay_outbox", "--prune-days", "1")
+    assert "pruned 0 relayed events" in capsys.readouterr().out
+
+
+def test_setup_topology_declares_nothing(capsys):
+    call_command("setup_topology")
+    assert "JOBOPS_BROKER is off" in capsys.readouterr().out
+
+
+# --- depths, rate limits, liveness, grants in PostgreSQL ---------------------------------
+
+
+def test_queue_depths_come_from_the_jobs_table_and_backpressure_uses_them(settings):
+    job_in_state("pending", job_type="sim")
+    job_in_state("queued", job_type="sim")
+    job_in_state("running", job_type="sim")  # taken by a worker: not waiting
+    assert queue_depths_refresh(min_interval=0)["sim"] == 2
+    queue_depths_forget()
+    assert queue_depth_cached("sim") == 2  # read back from jobops_kv
+
+    settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 1}
+    refused = client_for(UserFactory()).post(JOBS, SIM, format="json")
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "ERR-JOB-BACKPRESSURE"
+
+
+def test_the_create_rate_limit_answers_429_from_postgres(settings):
+    settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "create_per_user": 2}
+    api = client_for(UserFactory())
+    answers = [api.post(JOBS, SIM, format="json") for _ in range(3)]
+    assert [a.status_code for a in answers] == [201, 201, 429]
+    assert answers[0]["RateLimit-Remaining"] == "1"
+    assert answers[2].json()["error"]["code"] == "ERR-JOB-RATE-LIMIT"
+    assert int(answers[2]["Retry-After"]) >= 1
+
+
+def test_heartbeats_live_in_postgres():
+    beat("dispatcher")
+    (dispatcher,) = live_processes()["dispatcher"]
+    assert dispatcher["age_seconds"] < 5
+
+
+def test_an_otp_grant_and_the_admin_throttle_work_from_postgres(settings):
+    settings.JOBOPS_RATE_LIMITS = {**settings.JOBOPS_RATE_LIMITS, "admin_dlq": 2}
+    admin = client_with_grant(role_user("viewer"))  # the grant is stored in jobops_kv
+    answers = [admin.get("/api/v1/admin/dlq") for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    # No broker: the DLQs' broker depths are unknown, the open dead letters counted.
+    # Every queue is a postgres queue: no broker DLQ, its dead letters are the rows.
+    sim = next(q for q in answers[0].json() if q["queue"] == "sim_dlq")
+    assert sim == {
+        "queue": "sim_dlq",
+        "depth": None,
+        "open": 0,
+        "broker_error": None,
+        "broker_dlq": False,
+    }
+
+
+def test_the_dashboard_shows_the_database_and_no_broker_trouble():
+    job_in_state("pending", job_type="sim")
+    overview = dashboard_overview(use_cache=False)
+    assert overview["node"]["broker_error"] is None
+    assert not [p for p in overview["problems"] if "RabbitMQ" in p or "Redis" in p]
+    sim = next(q for q in overview["queues"] if q["queue"] == "sim")
+    assert sim["unfinished"]["pending"] == 1
+    assert sim["depth"] is None
+
+
+def test_readyz_checks_postgres_only_and_says_what_is_off(client, settings):
+    settings.JOBOPS_READY_CACHE_SECONDS = 0
+    health._cache = None
+    response = client.get("/readyz")
+    health._cache = None
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["checks"] == {"postgres": {"ok": True}}
+    assert body["off"] == ["rabbitmq", "redis"]
+
+
+# --- the ERP bridge reads the outbox -------------------------------------------------------
+
+
+def test_the_erp_bridge_posts_the_outbox_in_seq_order_and_marks_it(settings):
+    job = job_in_state("succeeded")
+    with Receiver() as erp:
+        settings.JOBOPS_ERP_EVENTS_URL = erp.url
+        assert outbox_settle_once() == 0  # the bridge's to deliver, not the dispatcher's
+        counts = erp_bridge_run(idle_timeout=0.3)
+    assert counts == {"delivered": 4, "retry": 0, "park": 0}
+    assert [r["body"]["status"] for r in erp.requests] == [
+        "pending",
+        "queued",
+        "running",
+        "succeeded",
+    ]
+    for request in erp.requests:
+        assert request["headers"]["Idempotency-Key"] == request["body"]["event_id"]
+    assert unpublished(job) == []
+
+
+def test_a_failing_erp_keeps_the_rest_of_the_outbox_for_later(settings):
+    settings.JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS = 0.01
+    job = job_in_state("running")  # pending, queued, running
+    with Receiver(script=[200, 503, 503]) as erp:
+        counts = erp_bridge_run(url=erp.url, max_messages=3)
+    assert counts == {"delivered": 1, "retry": 2, "park": 0}
+    # The first went; the second failed twice and waits, the third behind it (seq order).
+    assert unpublished(job) == [2, 3]
+    assert [r["body"]["seq"] for r in erp.requests] == [1, 2, 2]
+
+    with Receiver() as erp:
+        erp_bridge_run(url=erp.url, idle_timeout=0.3)
+    assert [r["body"]["seq"] for r in erp.requests] == [2, 3]
+    assert unpublished(job) == []
+
+
+def test_a_refused_event_is_counted_and_does_not_hold_the_next(settings):
+    job = job_in_state("queued")  # pending, queued
+    with Receiver(script=[422]) as erp:
+        counts = erp_bridge_run(url=erp.url, idle_timeout=0.3)
+    assert counts == {"delivered": 1, "retry": 0, "park": 1}
+    assert unpublished(job) == []
