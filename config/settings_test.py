@@ -37,7 +37,9 @@ JOBOPS_DASHBOARD_CACHE_SECONDS = 0
 # (<name>_gwN). Written back to the environment, so that every worker, dispatcher and
 # manage.py run a test starts inherits them; the marker keeps those processes, which
 # load these settings again, from deriving a second time.
-REDIS_DATABASES = 16  # a Redis server's default `databases`
+# Must match the Redis server's `databases` (its default is 16; the development and CI
+# server runs 64, so that parallel checkouts each have a range of dbs of their own).
+REDIS_DATABASES = 64
 
 
 def xdist_worker_urls(worker: str, broker_url: str, redis_url: str) -> tuple[str, str]:
