@@ -433,25 +433,32 @@ def measure(
 
 # --- --executor postgres: the postgres executor's arm (docs/postgres-executor.md) -----------
 PG_EXECUTOR = {f"JOBOPS_EXECUTOR_{JOB_QUEUE.upper()}": "postgres"}
-STARTUP_SECONDS = 5.0
 
 
 def _run_worker(args: argparse.Namespace, env: dict[str, str]) -> common.Service:
-    """`manage.py run_worker` on the no-op jobs' queue, once it has had time to start."""
+    """`manage.py run_worker` on the no-op jobs' queue, once it is live: its first
+    liveness beat (jobs.liveness), which it writes once it LISTENs, so that the latency
+    run's first job wakes it. (The bench logs at warning level: no start line.)"""
+    from jobs.executor import LIVENESS_KIND
+    from jobs.liveness import live_processes
+
     service = common.Service(
         bench=NAME,
         role="run_worker",
         argv=[
             *(sys.executable, str(common.ROOT / "manage.py"), "run_worker"),
             *("--queues", JOB_QUEUE, "--concurrency", str(args.concurrency)),
+            *("--pool", args.pool),
         ],
-        env=env,
+        env={**env, "JOBOPS_WORKER_PREFETCH": str(args.worker_prefetch)},
     )
     service.sample_memory()
-    # The bench logs at warning level: no start line to wait for. The drain is timed from
-    # the first `started` entry; the latency run must not submit before the host listens.
-    time.sleep(STARTUP_SECONDS)
-    service.check_alive()
+
+    def live() -> bool:
+        service.check_alive()
+        return any(p["pid"] == service.pid for p in live_processes().get(LIVENESS_KIND, []))
+
+    common.wait_until(live, timeout=60, what="run_worker's first liveness beat")
     return service
 
 
@@ -589,6 +596,18 @@ def main() -> int:
         choices=["celery", "postgres"],
         default="celery",
         help="the jobs' executor: celery (the default path) or postgres (run_worker)",
+    )
+    parser.add_argument(
+        "--pool",
+        choices=["threads", "processes"],
+        default="threads",
+        help="--executor postgres: run_worker's runners (no-op jobs: threads) [threads]",
+    )
+    parser.add_argument(
+        "--worker-prefetch",
+        type=int,
+        default=8,
+        help="--executor postgres: JOBOPS_WORKER_PREFETCH of run_worker [8]",
     )
     args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
     with common.Scratch(NAME, keep=args.keep) as scratch:

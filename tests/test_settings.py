@@ -91,6 +91,8 @@ def test_a_negative_time_limit_retries_is_refused_and_named():
         ({"ARTEFACT_DOWNLOAD": "email"}, "ARTEFACT_DOWNLOAD='email': use stream or presigned"),
         ({"ARTEFACT_PRESIGNED_EXPIRY_SECONDS": "0"}, "ARTEFACT_PRESIGNED_EXPIRY_SECONDS"),
         ({"JOBOPS_MAX_MESSAGE_BYTES": "1000"}, "JOBOPS_MAX_MESSAGE_BYTES=1000 is below"),
+        ({"JOBOPS_WORKER_PREFETCH": "0"}, "JOBOPS_WORKER_PREFETCH=0 must be 1-64"),
+        ({"JOBOPS_WORKER_PREFETCH": "65"}, "JOBOPS_WORKER_PREFETCH=65 must be 1-64"),
         (
             {"ARTEFACT_STORAGE": "s3", "ARTEFACT_S3_BUCKET": ""},
             "ARTEFACT_STORAGE is s3 but ARTEFACT_S3_BUCKET is unset",
