@@ -39,6 +39,7 @@ commit, a window of completions' commit and the runners overlap instead of takin
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import queue
@@ -133,9 +134,20 @@ def run_claimed(job: Job, locked_by: str, *, process: bool) -> Finish | None:
             return None
 
 
+@functools.cache
+def _job_columns() -> tuple[str, ...]:
+    return tuple(f.attname for f in Job._meta.concrete_fields)
+
+
+def job_message(job: Job, locked_by: str) -> tuple[tuple[Any, ...], str]:
+    """What goes down a child's pipe for a job: its column values and the lock holder.
+    A model instance pickles at about twice the cost (its state, its field cache)."""
+    return tuple(getattr(job, name) for name in _job_columns()), locked_by
+
+
 def runner_process(conn: Connection) -> None:
-    """A child process's life: receive (job, lock holder), run it, send back its Finish
-    (or None); until it receives None or its host is gone."""
+    """A child process's life: receive a job (`job_message`), run it, send back its
+    Finish (or None); until it receives None or its host is gone."""
     # The host decides when its runners stop (after the grace period): a SIGTERM to the
     # process group must not end a job half-way.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -149,7 +161,8 @@ def runner_process(conn: Connection) -> None:
                 return
             if message is None:
                 return
-            job, locked_by = message
+            values, locked_by = message
+            job = Job.from_db(None, _job_columns(), values)
             close_old_connections()
             conn.send(run_claimed(job, locked_by, process=True))
     finally:
@@ -228,7 +241,7 @@ class Slot:
         time limit; a child that died or was killed is replaced."""
         assert self.conn is not None
         try:
-            self.conn.send((held.job, held.fence.locked_by))
+            self.conn.send(job_message(held.job, held.fence.locked_by))
         except OSError:
             self._replace("runner_died", held)
             return None
