@@ -29,11 +29,12 @@ Prints each figure beside its baseline, writes bench/results/e2e.json.
 
 Usage: python bench/e2e.py [--jobs 2000] [--latency-jobs 500] [--latency-rate R]
        [--concurrency 2] [--prefetch 3] [--profile] [--profile-jobs 200] [--quick]
-       [--keep] [--executor postgres]
+       [--keep] [--executor postgres [--pool threads|processes] [--worker-prefetch N]]
 
 --executor postgres: the postgres executor's arm instead (`measure_postgres`): the
-no-op drain by `manage.py run_worker`, its CPU per job and submit -> start at half
-that rate, against the same raw Celery baseline.
+no-op drain by `manage.py run_worker` (thread runners unless --pool processes), its
+CPU per job and submit -> start at half that rate, against the same raw Celery
+baseline.
 """
 
 from __future__ import annotations
@@ -442,6 +443,7 @@ def _run_worker(args: argparse.Namespace, env: dict[str, str]) -> common.Service
     from jobs.executor import LIVENESS_KIND
     from jobs.liveness import live_processes
 
+    prefetch = {"JOBOPS_WORKER_PREFETCH": str(args.worker_prefetch)} if args.worker_prefetch else {}
     service = common.Service(
         bench=NAME,
         role="run_worker",
@@ -450,7 +452,7 @@ def _run_worker(args: argparse.Namespace, env: dict[str, str]) -> common.Service
             *("--queues", JOB_QUEUE, "--concurrency", str(args.concurrency)),
             *("--pool", args.pool),
         ],
-        env={**env, "JOBOPS_WORKER_PREFETCH": str(args.worker_prefetch)},
+        env={**env, **prefetch},
     )
     service.sample_memory()
 
@@ -606,8 +608,8 @@ def main() -> int:
     parser.add_argument(
         "--worker-prefetch",
         type=int,
-        default=8,
-        help="--executor postgres: JOBOPS_WORKER_PREFETCH of run_worker [8]",
+        default=0,
+        help="--executor postgres: JOBOPS_WORKER_PREFETCH of run_worker [0: its default]",
     )
     args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
     with common.Scratch(NAME, keep=args.keep) as scratch:

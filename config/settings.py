@@ -416,7 +416,7 @@ if JOBOPS_WORKER_POOL not in ("processes", "threads"):
 # claimed and waiting in its buffer: `running` in the database, their `started` entry
 # written). Only short jobs are claimed ahead (jobs.executor.BUFFER_HORIZON_SECONDS), so
 # a long job never waits behind another; 1 claims only for free runners.
-JOBOPS_WORKER_PREFETCH = env_int("JOBOPS_WORKER_PREFETCH", 8)
+JOBOPS_WORKER_PREFETCH = env_int("JOBOPS_WORKER_PREFETCH", 32)
 if not 1 <= JOBOPS_WORKER_PREFETCH <= 64:
     raise ImproperlyConfigured(f"JOBOPS_WORKER_PREFETCH={JOBOPS_WORKER_PREFETCH} must be 1-64")
 # With no NOTIFY (a retry coming due, a resumed queue), run_worker looks for due jobs

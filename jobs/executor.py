@@ -414,7 +414,7 @@ class Host:
                 held.left = slot.abandoned = True
                 self.held.pop(held.job.id, None)
                 self.in_hand -= 1
-                self.has_room.notify()
+                self.has_room.notify_all()
             replacement = Slot(self, slot.number)
             self.slots[index] = replacement
             replacement.thread.start()
@@ -521,7 +521,7 @@ class Host:
             self.in_hand -= 1
             weight = RUN_TIME_WEIGHT if self.run_time is not None else 1.0
             self.run_time = (1 - weight) * (self.run_time or 0.0) + weight * seconds
-            self.has_room.notify()
+            self.has_room.notify_all()
             lost = finish is None or held.lost or held.left
             if lost:
                 self.held.pop(held.job.id, None)
