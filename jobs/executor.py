@@ -325,8 +325,9 @@ class Host:
         self.listener = PendingListener()
         # Children are forked first, while this is the only thread.
         self.slots = [Slot(self, n) for n in range(concurrency)]
+        self.claimer = threading.Thread(target=self._claim_loop, name="claimer", daemon=True)
         self.threads = [
-            threading.Thread(target=self._claim_loop, name="claimer", daemon=True),
+            self.claimer,
             threading.Thread(target=self._complete_loop, name="completer", daemon=True),
             threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True),
         ]
@@ -366,6 +367,9 @@ class Host:
             log.info("run_worker_stopping", in_hand=self.in_hand)
             self.has_room.notify_all()
         grace_until = time.monotonic() + settings.JOBOPS_WORKER_GRACE_SECONDS
+        # A claim on its way when the stop came still lands in the buffer: count what
+        # the host holds once the claimer has ended.
+        self.claimer.join(timeout=settings.JOBOPS_WORKER_GRACE_SECONDS)
         while time.monotonic() < grace_until:
             with self.lock:
                 if not self.in_hand:
@@ -503,7 +507,7 @@ class Host:
         """The next buffered job for `slot` (waiting for one); None once the host closes."""
         with self.lock:
             while not self.buffer:
-                if self.closing.is_set() or (self.stopping.is_set() and not self.in_hand):
+                if self.closing.is_set():
                     return None
                 self.has_work.wait(timeout=SUPERVISE_SECONDS)
             if self.closing.is_set():
@@ -523,18 +527,16 @@ class Host:
             self.run_time = (1 - weight) * (self.run_time or 0.0) + weight * seconds
             self.has_room.notify_all()
             lost = finish is None or held.lost or held.left
-            if lost:
+            if lost or finish is None:
                 self.held.pop(held.job.id, None)
             else:
+                # Queued before the lock is released: a stopping host that sees nothing
+                # in hand puts the completer's last item after this end, never before.
                 held.ending = True
-        if held.left:
-            return  # logged where it was left
-        if lost:
+                self.ends.put((time.monotonic(), held, finish))
+        if lost and not held.left:  # a job left to the reaper was logged where it was left
             log.warning("job_lost_stopping", job_id=str(held.job.id), attempt=held.fence.attempt)
             metrics.JOBS_LOST.labels(type=held.job.type).inc()
-        else:
-            assert finish is not None
-            self.ends.put((time.monotonic(), held, finish))
 
     # -- 3. complete
     def _complete_loop(self) -> None:

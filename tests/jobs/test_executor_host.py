@@ -90,7 +90,7 @@ def test_a_host_claims_ahead_only_what_its_runners_start_soon():
 
 @committed
 def test_a_stopped_host_ends_what_it_claimed_and_leaves_the_rest_pending():
-    jobs = [make_job(params={"steps": 1, "step_seconds": 0.05}) for _ in range(12)]
+    jobs = [make_job(params={"steps": 1, "step_seconds": 0.1}) for _ in range(12)]
     with running(Host(queues=["sim"], concurrency=1, pool="threads", prefetch=4)):
         wait_for(lambda: _statuses(jobs)["succeeded"] >= 2, timeout=30)
     statuses = _statuses(jobs)
