@@ -169,7 +169,7 @@ def test_each_xdist_worker_gets_its_own_vhost_and_redis_db():
             "redis://127.0.0.1:6379/0",
         )
     with pytest.raises(ImproperlyConfigured, match="no Redis db for xdist worker gw3"):
-        xdist_worker_urls("gw3", "amqp://127.0.0.1//", "redis://127.0.0.1:6379/13")
+        xdist_worker_urls("gw3", "amqp://127.0.0.1//", "redis://127.0.0.1:6379/61")
 
 
 def test_a_process_started_by_an_xdist_worker_keeps_that_workers_vhost_and_redis_db():
