@@ -464,6 +464,23 @@ def _run_worker(args: argparse.Namespace, env: dict[str, str]) -> common.Service
     return service
 
 
+def _pg_capacity(
+    scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], owner: Any
+) -> dict[str, Any]:
+    """The rate the whole path keeps up with, as the Celery arm's capacity: jobs created
+    back to back (one submitter) while run_worker runs them; N / (first created -> last
+    `succeeded`). The drain leaves creation out: at half the drain rate a submitter can
+    outrun what creation alone keeps up with, and the latency run would measure a queue."""
+    worker = _run_worker(args, env)
+    ids, _seconds = create_jobs(args.jobs, owner=owner)
+    wait_then_stop(
+        scratch, worker, job_ids=ids, status="succeeded", timeout=900, what="the capacity jobs"
+    )
+    first = min(created_times(scratch, ids).values())
+    last = max(audit_times(scratch, events=("succeeded",), job_ids=ids)["succeeded"].values())
+    return {"jobs": len(ids), "jobs_per_s": common.rate(len(ids), last - first)}
+
+
 def measure_postgres(
     scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], report: common.Report
 ) -> None:
@@ -471,7 +488,8 @@ def measure_postgres(
     1. no-op drain: N jobs created (they wait `pending`: nothing publishes them), then a
        run_worker with --concurrency workers starts; jobs/s = N / (first `started` ->
        last `succeeded`), with the CPU ms per job of every process in that window;
-    2. submit -> start and submit -> done p50/p99 at a fixed rate, half the drain rate
+    2. capacity: jobs created back to back while a run_worker runs them (`_pg_capacity`);
+    3. submit -> start and submit -> done p50/p99 at a fixed rate, half that capacity
        unless --latency-rate (the run_worker, the dispatchers and the submitter running).
     Raw Celery before and after, their mean the baseline, as in the Celery arm."""
     from jobs.services import job_create
@@ -495,7 +513,8 @@ def measure_postgres(
     drain_cpu = cpu.ms_per_item(drain["first_started_at"], drain["last_succeeded_at"], len(ids))
     raw_after = run_raw(scratch, args, dispatchers)
     raw_per_s = round((raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2, 1)
-    per_s = args.latency_rate or max(1.0, 0.5 * drain["jobs_per_s"])
+    capacity = _pg_capacity(scratch, args, env, owner)
+    per_s = args.latency_rate or max(1.0, 0.5 * capacity["jobs_per_s"])
     worker = _run_worker(args, env)
     latency_ids: list[str] = []
     interval, next_at = 1.0 / per_s, time.monotonic()
@@ -562,6 +581,8 @@ def measure_postgres(
         target=1.0,
         higher_is_better=False,
     )
+    report.extra("postgres_capacity", capacity)
+    report.figure("pg_capacity_per_s", capacity["jobs_per_s"], "jobs/s", "capacity, submit -> done")
     report.figure("pg_latency_rate", round(per_s, 1), "jobs/s", "latency run rate")
     report.figure("pg_submit_to_start_p50_ms", start["p50_ms"], "ms", "submit -> start p50")
     report.target(

@@ -40,6 +40,7 @@ commit, a window of completions' commit and the runners overlap instead of takin
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import multiprocessing
 import queue
@@ -153,6 +154,7 @@ def runner_process(conn: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, _soft_time_limit)
+    gc.freeze()  # as the host does (Host.run): short full collections
     try:
         while True:
             try:
@@ -320,6 +322,7 @@ class Host:
         self.in_hand = 0  # buffered or running (not counting ends being written)
         self.run_time: float | None = None  # mean seconds per run, recent runs weigh most
         self.ends: queue.SimpleQueue[tuple[float, Held, Finish] | None] = queue.SimpleQueue()
+        self.ready = threading.Event()  # the claimer has connected and looked once
         self.stopping = threading.Event()  # no more claims
         self.closing = threading.Event()  # runners take no more jobs
         self.listener = PendingListener()
@@ -338,10 +341,17 @@ class Host:
         # Listening before the first liveness beat: a job created once the host shows
         # up live (a benchmark waits for that) wakes it.
         self.listener._connect()
+        # What is loaded by now (Django, the apps, the handlers) lives as long as the
+        # process: out of the collector's way, so that a full collection, which stops
+        # every thread, stays short on the path from a job's creation to its start.
+        gc.freeze()
         for slot in self.slots:
             slot.thread.start()
         for thread in self.threads:
             thread.start()
+        # Live once the claimer has its connection and has looked once (the first jobs
+        # then pay no connection set-up): `manage.py liveness` and the benchmark see it.
+        self.ready.wait(timeout=10)
         log.info(
             "run_worker_started",
             queues=self.queues,
@@ -462,6 +472,7 @@ class Host:
                 backlog = claimed == room
                 if polled:
                     next_poll = now + self._poll_in()
+                self.ready.set()
         finally:
             connection.close()
 
@@ -543,6 +554,10 @@ class Host:
         """Write the ends in windows: COMPLETE_BATCH of them, or what came within
         COMPLETE_WINDOW_SECONDS of the window's first; until the None of `_stop`."""
         try:
+            try:
+                connection.ensure_connection()  # before the first window, not during it
+            except DB_DOWN_ERRORS:
+                connection.close()
             closed = False
             while not closed:
                 item = self.ends.get()
