@@ -109,6 +109,11 @@ class Template:
             out += [str(values[hole.name]), piece]
         return "".join(out)
 
+    def replace(self, old: str, new: str) -> Template:
+        """This template with the text `old` replaced by `new` (an id swapped for a
+        stand-in: both must be JSON text that needs no escaping)."""
+        return Template(pieces=[p.replace(old, new) for p in self.pieces], holes=self.holes)
+
 
 def canonical_template(value: Any) -> Template:
     """RFC 8785 text of `value` split around its `Hole`s, in the order they occur.

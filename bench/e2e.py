@@ -29,11 +29,12 @@ Prints each figure beside its baseline, writes bench/results/e2e.json.
 
 Usage: python bench/e2e.py [--jobs 2000] [--latency-jobs 500] [--latency-rate R]
        [--concurrency 2] [--prefetch 3] [--profile] [--profile-jobs 200] [--quick]
-       [--keep] [--executor postgres]
+       [--keep] [--executor postgres [--pool threads|processes] [--worker-prefetch N]]
 
 --executor postgres: the postgres executor's arm instead (`measure_postgres`): the
-no-op drain by `manage.py run_worker`, its CPU per job and submit -> start at half
-that rate, against the same raw Celery baseline.
+no-op drain by `manage.py run_worker` (thread runners unless --pool processes), its
+CPU per job and submit -> start at half that rate, against the same raw Celery
+baseline.
 """
 
 from __future__ import annotations
@@ -433,26 +434,51 @@ def measure(
 
 # --- --executor postgres: the postgres executor's arm (docs/postgres-executor.md) -----------
 PG_EXECUTOR = {f"JOBOPS_EXECUTOR_{JOB_QUEUE.upper()}": "postgres"}
-STARTUP_SECONDS = 5.0
 
 
 def _run_worker(args: argparse.Namespace, env: dict[str, str]) -> common.Service:
-    """`manage.py run_worker` on the no-op jobs' queue, once it has had time to start."""
+    """`manage.py run_worker` on the no-op jobs' queue, once it is live: its first
+    liveness beat (jobs.liveness), which it writes once it LISTENs, so that the latency
+    run's first job wakes it. (The bench logs at warning level: no start line.)"""
+    from jobs.executor import LIVENESS_KIND
+    from jobs.liveness import live_processes
+
+    prefetch = {"JOBOPS_WORKER_PREFETCH": str(args.worker_prefetch)} if args.worker_prefetch else {}
     service = common.Service(
         bench=NAME,
         role="run_worker",
         argv=[
             *(sys.executable, str(common.ROOT / "manage.py"), "run_worker"),
             *("--queues", JOB_QUEUE, "--concurrency", str(args.concurrency)),
+            *("--pool", args.pool),
         ],
-        env=env,
+        env={**env, **prefetch},
     )
     service.sample_memory()
-    # The bench logs at warning level: no start line to wait for. The drain is timed from
-    # the first `started` entry; the latency run must not submit before the host listens.
-    time.sleep(STARTUP_SECONDS)
-    service.check_alive()
+
+    def live() -> bool:
+        service.check_alive()
+        return any(p["pid"] == service.pid for p in live_processes().get(LIVENESS_KIND, []))
+
+    common.wait_until(live, timeout=60, what="run_worker's first liveness beat")
     return service
+
+
+def _pg_capacity(
+    scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], owner: Any
+) -> dict[str, Any]:
+    """The rate the whole path keeps up with, as the Celery arm's capacity: jobs created
+    back to back (one submitter) while run_worker runs them; N / (first created -> last
+    `succeeded`). The drain leaves creation out: at half the drain rate a submitter can
+    outrun what creation alone keeps up with, and the latency run would measure a queue."""
+    worker = _run_worker(args, env)
+    ids, _seconds = create_jobs(args.jobs, owner=owner)
+    wait_then_stop(
+        scratch, worker, job_ids=ids, status="succeeded", timeout=900, what="the capacity jobs"
+    )
+    first = min(created_times(scratch, ids).values())
+    last = max(audit_times(scratch, events=("succeeded",), job_ids=ids)["succeeded"].values())
+    return {"jobs": len(ids), "jobs_per_s": common.rate(len(ids), last - first)}
 
 
 def measure_postgres(
@@ -462,7 +488,8 @@ def measure_postgres(
     1. no-op drain: N jobs created (they wait `pending`: nothing publishes them), then a
        run_worker with --concurrency workers starts; jobs/s = N / (first `started` ->
        last `succeeded`), with the CPU ms per job of every process in that window;
-    2. submit -> start and submit -> done p50/p99 at a fixed rate, half the drain rate
+    2. capacity: jobs created back to back while a run_worker runs them (`_pg_capacity`);
+    3. submit -> start and submit -> done p50/p99 at a fixed rate, half that capacity
        unless --latency-rate (the run_worker, the dispatchers and the submitter running).
     Raw Celery before and after, their mean the baseline, as in the Celery arm."""
     from jobs.services import job_create
@@ -486,7 +513,8 @@ def measure_postgres(
     drain_cpu = cpu.ms_per_item(drain["first_started_at"], drain["last_succeeded_at"], len(ids))
     raw_after = run_raw(scratch, args, dispatchers)
     raw_per_s = round((raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2, 1)
-    per_s = args.latency_rate or max(1.0, 0.5 * drain["jobs_per_s"])
+    capacity = _pg_capacity(scratch, args, env, owner)
+    per_s = args.latency_rate or max(1.0, 0.5 * capacity["jobs_per_s"])
     worker = _run_worker(args, env)
     latency_ids: list[str] = []
     interval, next_at = 1.0 / per_s, time.monotonic()
@@ -553,6 +581,8 @@ def measure_postgres(
         target=1.0,
         higher_is_better=False,
     )
+    report.extra("postgres_capacity", capacity)
+    report.figure("pg_capacity_per_s", capacity["jobs_per_s"], "jobs/s", "capacity, submit -> done")
     report.figure("pg_latency_rate", round(per_s, 1), "jobs/s", "latency run rate")
     report.figure("pg_submit_to_start_p50_ms", start["p50_ms"], "ms", "submit -> start p50")
     report.target(
@@ -589,6 +619,18 @@ def main() -> int:
         choices=["celery", "postgres"],
         default="celery",
         help="the jobs' executor: celery (the default path) or postgres (run_worker)",
+    )
+    parser.add_argument(
+        "--pool",
+        choices=["threads", "processes"],
+        default="threads",
+        help="--executor postgres: run_worker's runners (no-op jobs: threads) [threads]",
+    )
+    parser.add_argument(
+        "--worker-prefetch",
+        type=int,
+        default=0,
+        help="--executor postgres: JOBOPS_WORKER_PREFETCH of run_worker [0: its default]",
     )
     args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
     with common.Scratch(NAME, keep=args.keep) as scratch:

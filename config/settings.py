@@ -438,6 +438,13 @@ if JOBOPS_WORKER_POOL not in ("processes", "threads"):
     raise ImproperlyConfigured(
         f"JOBOPS_WORKER_POOL={JOBOPS_WORKER_POOL!r} must be processes or threads"
     )
+# run_worker claims ahead: at most concurrency x this many jobs in hand (running, or
+# claimed and waiting in its buffer: `running` in the database, their `started` entry
+# written). Only short jobs are claimed ahead (jobs.executor.BUFFER_HORIZON_SECONDS), so
+# a long job never waits behind another; 1 claims only for free runners.
+JOBOPS_WORKER_PREFETCH = env_int("JOBOPS_WORKER_PREFETCH", 32)
+if not 1 <= JOBOPS_WORKER_PREFETCH <= 64:
+    raise ImproperlyConfigured(f"JOBOPS_WORKER_PREFETCH={JOBOPS_WORKER_PREFETCH} must be 1-64")
 # With no NOTIFY (a retry coming due, a resumed queue), run_worker looks for due jobs
 # at least this often; and on SIGTERM it lets running jobs finish for this long.
 JOBOPS_WORKER_POLL_SECONDS = env_float("JOBOPS_WORKER_POLL_SECONDS", 1.0)

@@ -1,38 +1,54 @@
 """The postgres executor (docs/postgres-executor.md): `manage.py run_worker`.
 
 A queue configured `JOBOPS_EXECUTOR_<QUEUE>=postgres` never goes through RabbitMQ. One
-`Host` per run_worker process runs its jobs:
+`Host` per run_worker process runs its jobs as a pipeline: each stage below is a thread
+of its own with its own database connection (Django's are per thread), so that a claim's
+commit, a window of completions' commit and the runners overlap instead of taking turns.
 
-1. Claim: as many due jobs as it has free runners, in one transaction
-   (`jobs.services.jobs_claim`: a SKIP LOCKED select, then one job_append claiming
-   them all, each with its `started` entry). Woken by NOTIFY jobs_pending (a job
-   created, replayed, resumed) on a connection of its own, and by a free runner while
-   the last claim found a backlog; else every JOBOPS_WORKER_POLL_SECONDS, or sooner
-   when a retry comes due.
-2. Run: each job in a runner, a child process (the default) or a thread
-   (JOBOPS_WORKER_POOL=threads, for I/O-bound types), through the same
-   `jobs.runtime.run_handler` and `finish_decide` as a Celery worker: the handler
-   contract, JobContext, the error taxonomy and backoff are shared. A process runner's
-   soft time limit raises SoftTimeLimitExceeded in the handler; past the hard limit the
-   host kills it (a thread cannot be killed: it is left behind) and stops beating for
-   the job, whose lock goes stale: the reaper reclaims it, as for a worker lost.
-3. Complete: the runs' ends are written in windows (up to COMPLETE_BATCH jobs or
-   COMPLETE_WINDOW_SECONDS, whichever comes first) by `jobs.services.jobs_finish`:
-   one statement per outcome, each job fenced by the host's lock holder and its own
-   attempt. A job whose fence failed is reported lost (logged, jobs_lost_total).
-4. Heartbeat: one statement for every job the host holds, every
-   JOBOPS_HEARTBEAT_SECONDS; a job no longer held (reclaimed) is lost: the host stops
-   beating for it and its runner's writes are refused by their fence.
-5. SIGTERM: stop claiming, let running jobs finish for JOBOPS_WORKER_GRACE_SECONDS,
-   write their ends, then exit; jobs still running then are left to the reaper.
+1. Claim (the claimer thread): due jobs in one transaction (`jobs.services.jobs_claim`:
+   a SKIP LOCKED select, then one job_append claiming them all, each with its `started`
+   entry) into a short local buffer the runners take from, so that a runner never waits
+   for a claim's round trip. At most `concurrency * JOBOPS_WORKER_PREFETCH` jobs are in
+   hand (buffered or running), and only as many wait in the buffer as the runners will
+   start within BUFFER_HORIZON_SECONDS at the recent run time: a claimed job is
+   `running` in the database (its `started` entry written) while it waits, so the wait
+   must stay short; jobs of a second or more are never claimed ahead. A claim that
+   found all it asked for claims again as soon as there is room for a batch; otherwise
+   the claimer sleeps on its LISTEN connection until NOTIFY jobs_pending (a job created,
+   replayed, resumed) wakes it, or JOBOPS_WORKER_POLL_SECONDS pass, or a retry comes due.
+2. Run (one thread per runner): takes the next buffered job and runs it in a child
+   process (the default) or in the thread itself (JOBOPS_WORKER_POOL=threads, for
+   I/O-bound and short types), through the same `jobs.runtime.run_handler` and
+   `finish_decide` as a Celery worker: the handler contract, JobContext, the error
+   taxonomy and backoff are shared. A process runner's soft time limit raises
+   SoftTimeLimitExceeded in the handler; past the hard limit the host kills it (a thread
+   cannot be killed: it is left behind and a new one takes its place) and stops beating
+   for the job, whose lock goes stale: the reaper reclaims it, as for a worker lost.
+3. Complete (the completer thread): the runs' ends are written in windows, when
+   COMPLETE_BATCH have come or COMPLETE_WINDOW_SECONDS after the window's first, by
+   `jobs.services.jobs_finish`: one statement per outcome, each job fenced by the
+   host's lock holder and its own attempt. A job whose fence failed is reported lost
+   (logged, jobs_lost_total); the others are unaffected.
+4. Heartbeat (the heartbeat thread): one statement for every job the host holds, buffered
+   ones included, every JOBOPS_HEARTBEAT_SECONDS; a job no longer held (reclaimed) is
+   lost: the host stops beating for it and its runner's writes are refused by their fence.
+5. SIGTERM: stop claiming, let the runners finish what they hold (buffered jobs too: they
+   are claimed) for JOBOPS_WORKER_GRACE_SECONDS, write their ends, then exit; jobs not
+   finished then are left to the reaper, as are all of a host killed outright.
 """
 
 from __future__ import annotations
 
+import functools
+import gc
+import math
 import multiprocessing
+import queue
 import signal
 import threading
 import time
+import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -65,30 +81,39 @@ from jobs.types import get_type
 log = structlog.get_logger("jobs.executor")
 
 # A window of finished runs is written when it holds this many, or this long after its
-# first: a drain writes 100 ends per statement, a lone job waits at most 5 ms.
+# first: a drain writes up to 100 ends per statement and commit, a lone job waits at
+# most 5 ms.
 COMPLETE_BATCH = 100
 COMPLETE_WINDOW_SECONDS = 0.005
+# A claimed job waits in the buffer at most about this long at the recent run time: it
+# is `running`, with its `started` entry, while it waits (docs/postgres-executor.md).
+BUFFER_HORIZON_SECONDS = 0.05
+# The weight of the newest run in the mean run time that sizes the buffer.
+RUN_TIME_WEIGHT = 0.2
+# How often the host's own thread looks at the stop flag, the hard time limits and its
+# liveness beat.
+SUPERVISE_SECONDS = 0.1
 # The liveness kind run_worker hosts beat as (jobs.liveness, `manage.py liveness`).
 LIVENESS_KIND = "run_worker"
 
 
-# --- a runner: one job at a time, in a child process or a thread ----------------------
+# --- running one job, in a child process or a runner thread ----------------------------
 
 
 def _soft_time_limit(_signum: int, _frame: Any) -> None:
     raise SoftTimeLimitExceeded("soft time limit exceeded")
 
 
-# What a runner sends back for a job its connector's breaker deferred (docs/connectors.md:
+# What a runner reports for a job its connector's breaker deferred (docs/connectors.md:
 # the deferral is written already; the handler did not run).
 DEFERRED = "deferred"
 
 
 def run_claimed(job: Job, locked_by: str, *, process: bool) -> Finish | str | None:
-    """Run one claimed job in a runner and decide how it ended; DEFERRED when its
-    connector's breaker deferred it; None when it was lost (reclaimed meanwhile) or the
-    database could not be reached to decide (the lock then goes stale and the reaper
-    reclaims it: nothing is decided without it)."""
+    """Run one claimed job and decide how it ended; DEFERRED when its connector's breaker
+    deferred it; None when it was lost (reclaimed meanwhile) or the database could not
+    be reached to decide (the lock then goes stale and the reaper reclaims it: nothing
+    is decided without it)."""
     fence = Fence(locked_by, job.attempts)
     bound = log.bind(
         job_id=str(job.id), request_id=job.request_id, correlation_id=job.correlation_id
@@ -127,15 +152,26 @@ def run_claimed(job: Job, locked_by: str, *, process: bool) -> Finish | str | No
             return None
 
 
-def runner_loop(conn: Connection, *, process: bool) -> None:
-    """A runner's life: receive (job, lock holder), run it, send back (job id, Finish or
-    None); until it receives None or its host is gone."""
-    if process:
-        # The host decides when its runners stop (after the grace period): a SIGTERM to
-        # the process group must not end a job half-way.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGALRM, _soft_time_limit)
+@functools.cache
+def _job_columns() -> tuple[str, ...]:
+    return tuple(f.attname for f in Job._meta.concrete_fields)
+
+
+def job_message(job: Job, locked_by: str) -> tuple[tuple[Any, ...], str]:
+    """What goes down a child's pipe for a job: its column values and the lock holder.
+    A model instance pickles at about twice the cost (its state, its field cache)."""
+    return tuple(getattr(job, name) for name in _job_columns()), locked_by
+
+
+def runner_process(conn: Connection) -> None:
+    """A child process's life: receive a job (`job_message`), run it, send back its
+    Finish (or None); until it receives None or its host is gone."""
+    # The host decides when its runners stop (after the grace period): a SIGTERM to the
+    # process group must not end a job half-way.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGALRM, _soft_time_limit)
+    gc.freeze()  # as the host does (Host.run): short full collections
     try:
         while True:
             try:
@@ -144,318 +180,496 @@ def runner_loop(conn: Connection, *, process: bool) -> None:
                 return
             if message is None:
                 return
-            job, locked_by = message
+            values, locked_by = message
+            job = Job.from_db(None, _job_columns(), values)
             close_old_connections()
-            finish = run_claimed(job, locked_by, process=process)
-            conn.send((job.id, finish))
+            conn.send(run_claimed(job, locked_by, process=True))
     finally:
         connection.close()
 
 
-@dataclass
-class Runner:
-    """One slot of the host: a child process or a thread, and the job it runs."""
+def _fork_runner() -> tuple[Any, Connection]:
+    """A child process running `runner_process`, and the host's end of its pipe. Forked
+    without the forking thread's database connection (each child opens its own); the
+    other threads' connections are theirs alone and the child never touches them."""
+    ours, theirs = multiprocessing.Pipe()
+    connections.close_all()
+    process = multiprocessing.get_context("fork").Process(
+        target=runner_process, args=(theirs,), daemon=True
+    )
+    process.start()
+    theirs.close()
+    return process, ours
 
-    process: bool
-    conn: Connection = field(init=False)
-    worker: Any = field(init=False)
-    job: Job | None = None
-    fence: Fence | None = None
-    deadline: float = 0.0  # the hard time limit (monotonic)
-    lost: bool = False  # the heartbeat found the job reclaimed
+
+# --- what the host holds ---------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Held:
+    """A job the host claimed, from its claim until its end is written (or it is lost)."""
+
+    job: Job
+    fence: Fence
+    deadline: float = 0.0  # its hard time limit (monotonic), once a runner runs it
+    lost: bool = False  # reclaimed from under the host: its end is not written
+    left: bool = False  # left to the reaper (hard time limit, runner died, shutdown)
+    ending: bool = False  # its end is on its way to the completer
+
+
+@dataclass(eq=False)
+class Slot:
+    """One runner: a thread of the host that takes buffered jobs and runs each in its
+    child process (`processes`) or in itself (`threads`)."""
+
+    host: Host
+    number: int
+    thread: threading.Thread = field(init=False)
+    process: Any = None
+    conn: Connection | None = None
+    held: Held | None = None  # the job it runs now
+    abandoned: bool = False  # a thread left behind past its hard time limit
 
     def __post_init__(self) -> None:
-        self.conn, theirs = multiprocessing.Pipe()
-        if self.process:
-            # Forked without the host's database connections (each runner opens its own).
-            connections.close_all()
-            context = multiprocessing.get_context("fork")
-            self.worker = context.Process(
-                target=runner_loop, args=(theirs,), kwargs={"process": True}, daemon=True
-            )
-        else:
-            self.worker = threading.Thread(
-                target=runner_loop, args=(theirs,), kwargs={"process": False}, daemon=True
-            )
-        self.worker.start()
+        if self.host.process:
+            self.process, self.conn = _fork_runner()
+        self.thread = threading.Thread(target=self.run, name=f"runner-{self.number}", daemon=True)
 
-    @property
-    def sentinel(self) -> Any:
-        return self.worker.sentinel if self.process else None
+    def run(self) -> None:
+        host = self.host
+        try:
+            while True:
+                held = host.next_job(self)
+                if held is None:
+                    return
+                started = time.monotonic()
+                finish = self._run_process(held) if host.process else self._run_thread(held)
+                if self.abandoned or (held.left and host.closing.is_set()):
+                    return  # a new runner has taken this one's place, or the host stops
+                host.ended(self, held, finish, time.monotonic() - started)
+        finally:
+            if not host.process:
+                connection.close()  # this thread's own
 
-    def alive(self) -> bool:
-        return bool(self.worker.is_alive())
+    def _run_thread(self, held: Held) -> Finish | str | None:
+        close_old_connections()
+        return run_claimed(held.job, held.fence.locked_by, process=False)
 
-    def give(self, job: Job, locked_by: str) -> None:
-        spec = get_type(job.type)
-        self.job, self.fence, self.lost = job, Fence(locked_by, job.attempts), False
-        self.deadline = time.monotonic() + (spec.time_limit if spec is not None else 0)
-        self.conn.send((job, locked_by))
+    def _run_process(self, held: Held) -> Finish | str | None:
+        """Send the job to the child and wait for its end, the child's death or the hard
+        time limit; a child that died or was killed is replaced."""
+        assert self.conn is not None
+        try:
+            self.conn.send(job_message(held.job, held.fence.locked_by))
+        except OSError:
+            self._replace("runner_died", held)
+            return None
+        while True:
+            timeout = max(0.0, held.deadline - time.monotonic())
+            ready = wait([self.conn, self.process.sentinel], timeout=timeout)
+            if self.conn in ready:
+                try:
+                    finish: Finish | str | None = self.conn.recv()
+                except (EOFError, OSError):
+                    break
+                return finish
+            if ready:  # the sentinel: the child died (killed, out of memory)
+                break
+            if time.monotonic() >= held.deadline:
+                self._replace("job_hard_time_limit", held)
+                return None
+        self._replace("runner_died", held)
+        return None
 
-    def release(self) -> None:
-        self.job, self.fence, self.lost = None, None, False
+    def _replace(self, event: str, held: Held) -> None:
+        """The child died or ran past the hard limit: its job's lock goes stale and the
+        reaper reclaims it, as for any worker lost. A new child takes its place (none
+        once the host is closing: it killed the child)."""
+        held.left = True
+        self.stop(kill=True)
+        if self.host.closing.is_set():
+            return None
+        log.error(
+            event,
+            job_id=str(held.job.id),
+            attempt=held.fence.attempt,
+            exitcode=self.process.exitcode,
+            left_to_reaper=True,
+        )
+        self.process, self.conn = _fork_runner()
+        return None
 
     def stop(self, *, kill: bool) -> None:
-        if kill and self.process and self.alive():
-            self.worker.kill()
-        elif self.alive():
+        """End the child: kill it (a job is left to the reaper) or ask it to exit."""
+        if self.process is None:
+            return
+        if kill and self.process.is_alive():
+            self.process.kill()
+        elif self.process.is_alive() and self.conn is not None:
             try:
                 self.conn.send(None)
             except OSError:
                 pass
-        if self.process:
-            self.worker.join(timeout=5)
-        self.conn.close()
+        self.process.join(timeout=5)
+        if self.conn is not None:
+            self.conn.close()
 
 
 # --- the host --------------------------------------------------------------------------
 
 
 class Host:
-    """One run_worker process: its claimer, runners, completer and heartbeat (the
-    module docstring's steps), all driven by one loop that waits on the runners' pipes,
-    the LISTEN connection and the clock."""
+    """One run_worker process: the claimer, the runners, the completer and the heartbeat
+    of the module docstring, and its own thread that supervises them until `stop`."""
 
-    def __init__(self, *, queues: list[str], concurrency: int, pool: str) -> None:
+    def __init__(
+        self, *, queues: list[str], concurrency: int, pool: str, prefetch: int | None = None
+    ) -> None:
         self.queues = queues
+        self.concurrency = concurrency
         self.process = pool == "processes"
         self.locked_by = worker_identity()
-        self.runners = [Runner(self.process) for _ in range(concurrency)]
+        prefetch = settings.JOBOPS_WORKER_PREFETCH if prefetch is None else prefetch
+        self.limit = concurrency * max(1, prefetch)  # jobs in hand (buffered, running)
+        self.lock = threading.Lock()
+        self.has_work = threading.Condition(self.lock)  # the buffer got jobs
+        self.has_room = threading.Condition(self.lock)  # a runner took or ended one
+        self.held: dict[uuid.UUID, Held] = {}
+        self.buffer: deque[Held] = deque()
+        self.in_hand = 0  # buffered or running (not counting ends being written)
+        self.run_time: float | None = None  # mean seconds per run, recent runs weigh most
+        self.ends: queue.SimpleQueue[tuple[float, Held, Finish] | None] = queue.SimpleQueue()
+        self.ready = threading.Event()  # the claimer has connected and looked once
+        self.stopping = threading.Event()  # no more claims
+        self.closing = threading.Event()  # runners take no more jobs
         self.listener = PendingListener()
-        self.done: list[Finish] = []
-        self.done_since = 0.0
-        self.wake = True  # claim at once: jobs may be waiting already
-        self.backlog = False  # the last claim filled every free runner
-        self.next_poll = 0.0
-        self.next_beat = time.monotonic() + settings.JOBOPS_HEARTBEAT_SECONDS
-        self.next_liveness = 0.0
+        # Children are forked first, while this is the only thread.
+        self.slots = [Slot(self, n) for n in range(concurrency)]
+        self.claimer = threading.Thread(target=self._claim_loop, name="claimer", daemon=True)
+        self.threads = [
+            self.claimer,
+            threading.Thread(target=self._complete_loop, name="completer", daemon=True),
+            threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True),
+        ]
 
+    # -- the host's own thread
     def run(self, stop: threading.Event) -> None:
-        """The loop, until `stop` and the grace period."""
+        """Start the stages, supervise them until `stop` and the grace period, stop."""
+        # Listening before the first liveness beat: a job created once the host shows
+        # up live (a benchmark waits for that) wakes it.
+        self.listener._connect()
+        # What is loaded by now (Django, the apps, the handlers) lives as long as the
+        # process: out of the collector's way, so that a full collection, which stops
+        # every thread, stays short on the path from a job's creation to its start.
+        gc.freeze()
+        for slot in self.slots:
+            slot.thread.start()
+        for thread in self.threads:
+            thread.start()
+        # Live once the claimer has its connection and has looked once (the first jobs
+        # then pay no connection set-up): `manage.py liveness` and the benchmark see it.
+        self.ready.wait(timeout=10)
         log.info(
             "run_worker_started",
             queues=self.queues,
-            concurrency=len(self.runners),
+            concurrency=self.concurrency,
             pool="processes" if self.process else "threads",
+            prefetch=self.limit // self.concurrency,
             locked_by=self.locked_by,
         )
-        grace_until: float | None = None
-        while True:
+        next_liveness = 0.0
+        while not stop.wait(SUPERVISE_SECONDS if next_liveness else 0):
             now = time.monotonic()
-            if stop.is_set() and grace_until is None:
-                grace_until = now + settings.JOBOPS_WORKER_GRACE_SECONDS
-                log.info("run_worker_stopping", running=len(self._busy()))
-            if grace_until is not None and (not self._busy() or now >= grace_until):
-                break
-            if now >= self.next_liveness:
+            if now >= next_liveness:
                 beat(LIVENESS_KIND, tuple(self.queues))
-                self.next_liveness = now + settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS
-            if grace_until is None:
-                self._claim(now)
-            self._wait(grace_until)
-            self._complete(force=grace_until is not None)
-            self._beat()
+                next_liveness = now + settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS
             self._enforce_hard_limits()
-        self._complete(force=True)
-        for runner in self.runners:
-            if runner.job is not None:
-                log.warning(
-                    "job_left_to_reaper", job_id=str(runner.job.id), attempt=runner.job.attempts
-                )
-            runner.stop(kill=runner.job is not None)
+        self._stop()
+
+    def _stop(self) -> None:
+        """SIGTERM: no more claims; the runners finish what the host holds for the grace
+        period; what is left then is left to the reaper; the last ends are written."""
+        self.stopping.set()
+        with self.lock:
+            log.info("run_worker_stopping", in_hand=self.in_hand)
+            self.has_room.notify_all()
+        grace_until = time.monotonic() + settings.JOBOPS_WORKER_GRACE_SECONDS
+        # A claim on its way when the stop came still lands in the buffer: count what
+        # the host holds once the claimer has ended.
+        self.claimer.join(timeout=settings.JOBOPS_WORKER_GRACE_SECONDS)
+        while time.monotonic() < grace_until:
+            with self.lock:
+                if not self.in_hand:
+                    break
+            self._enforce_hard_limits()
+            time.sleep(SUPERVISE_SECONDS)
+        self.closing.set()
+        with self.lock:
+            self.has_work.notify_all()
+            left = [h for h in self.held.values() if not h.ending]
+            for held in left:
+                held.left = True
+        for held in left:
+            log.warning("job_left_to_reaper", job_id=str(held.job.id), attempt=held.fence.attempt)
+        for slot in self.slots:
+            slot.stop(kill=slot.held is not None)
+        for slot in self.slots:
+            if slot.held is None:
+                slot.thread.join(timeout=5)
+        self.ends.put(None)  # the completer writes what came before it, then ends
+        for thread in self.threads:
+            thread.join(timeout=10)
         self.listener.close()
         beat_end(LIVENESS_KIND)
         log.info("run_worker_stopped")
 
-    # -- 1. claim
-    def _idle(self) -> list[Runner]:
-        return [r for r in self.runners if r.job is None]
-
-    def _busy(self) -> list[Runner]:
-        return [r for r in self.runners if r.job is not None]
-
-    def _claim(self, now: float) -> None:
-        idle = self._idle()
-        polled = now >= self.next_poll
-        if not idle or not (self.wake or polled):
+    def _enforce_hard_limits(self) -> None:
+        """A thread cannot be stopped: one whose job passed its hard time limit is left
+        behind (its job's lock goes stale, the reaper reclaims it, and the thread's late
+        writes are refused by their fence); a new runner takes its place. (A process
+        runner's own thread kills its child.)"""
+        if self.process:
             return
-        self.wake = False
+        now = time.monotonic()
+        for index, slot in enumerate(self.slots):
+            held = slot.held
+            if held is None or now < held.deadline or slot.abandoned:
+                continue
+            log.error(
+                "job_hard_time_limit",
+                job_id=str(held.job.id),
+                attempt=held.fence.attempt,
+                left_to_reaper=True,
+            )
+            with self.lock:
+                held.left = slot.abandoned = True
+                self.held.pop(held.job.id, None)
+                self.in_hand -= 1
+                self.has_room.notify_all()
+            replacement = Slot(self, slot.number)
+            self.slots[index] = replacement
+            replacement.thread.start()
+
+    # -- 1. claim
+    def _room(self) -> int:
+        """How many jobs to claim now (under the lock): up to the limit in hand, with no
+        more waiting in the buffer than the runners start within BUFFER_HORIZON_SECONDS
+        at the mean run time (none ahead until a run time is known)."""
+        ahead = 0
+        if self.run_time is not None:
+            ahead = math.floor(self.concurrency * BUFFER_HORIZON_SECONDS / max(self.run_time, 1e-6))
+        ceiling = min(self.limit, self.concurrency + ahead)
+        return max(0, ceiling - self.in_hand)
+
+    def _claim_loop(self) -> None:
+        """Claim while there is work and room; sleep on NOTIFY or the poll otherwise."""
+        wake, backlog, next_poll = True, False, 0.0
+        try:
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                polled = now >= next_poll
+                if not (wake or backlog or polled):
+                    wake = self.listener.wait(until=next_poll, stop=self.stopping)
+                    continue
+                with self.lock:
+                    room = self._room()
+                    # A NOTIFY or the poll takes what room there is at once (a job
+                    # waits for nothing); a backlog refills once half the buffer's room
+                    # is free: one commit for many jobs.
+                    need = 1 if (wake or polled) else max(1, (self.in_hand + room) // 2)
+                    if room < need:
+                        self.has_room.wait(timeout=SUPERVISE_SECONDS)
+                        continue
+                wake = False
+                claimed = self._claim(room)
+                if claimed is None:  # the database is away: try again after the poll
+                    backlog, next_poll = False, now + settings.JOBOPS_WORKER_POLL_SECONDS
+                    self.stopping.wait(settings.JOBOPS_WORKER_POLL_SECONDS)
+                    continue
+                backlog = claimed == room
+                if polled:
+                    next_poll = now + self._poll_in()
+                self.ready.set()
+        finally:
+            connection.close()
+
+    def _claim(self, limit: int) -> int | None:
+        """Claim up to `limit` jobs into the buffer; how many, None if the database is away."""
         try:
             jobs = jobs_claim(
                 queues=self.queues,
                 locked_by=self.locked_by,
-                limit=len(idle),
+                limit=limit,
                 skip_types=blocked_types(),
             )
-            if polled:
-                self.next_poll = now + self._poll_in()
         except DB_DOWN_ERRORS as exc:
             log.error("claim_failed", error=repr(exc))
             connection.close()
-            self.next_poll = now + settings.JOBOPS_WORKER_POLL_SECONDS
-            return
-        self.backlog = len(jobs) == len(idle)
-        for runner, job in zip(idle, jobs, strict=False):
-            runner.give(job, self.locked_by)
+            return None
+        if jobs:
+            with self.lock:
+                for job in jobs:
+                    held = Held(job, Fence(self.locked_by, job.attempts))
+                    self.held[job.id] = held
+                    self.buffer.append(held)
+                self.in_hand += len(jobs)
+                self.has_work.notify(len(jobs))
+        return len(jobs)
 
     def _poll_in(self) -> float:
         """Until the next look without a NOTIFY: the poll interval, or sooner when a
         retry comes due (retries are due by the clock: no NOTIFY says so)."""
         poll = settings.JOBOPS_WORKER_POLL_SECONDS
-        with connection.cursor() as cursor:
-            cursor.execute(QUERIES["next_retry_due"], {"queues": self.queues})
-            row = cursor.fetchone()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(QUERIES["next_retry_due"], {"queues": self.queues})
+                row = cursor.fetchone()
+        except DB_DOWN_ERRORS:
+            connection.close()
+            return poll
         due = row[0] if row else None
         return poll if due is None else max(0.0, min(poll, float(due)))
 
-    # -- waiting for a runner, a notification or the clock
-    def _wait(self, grace_until: float | None) -> None:
-        now = time.monotonic()
-        until = min(self.next_beat, self.next_liveness)
-        if grace_until is None:
-            until = min(until, self.next_poll)
-            if self.wake and self._idle():
-                until = now
-        else:
-            until = min(until, grace_until)
-        if self.done:
-            until = min(until, self.done_since + COMPLETE_WINDOW_SECONDS)
-        busy = self._busy()
-        if busy:
-            until = min(until, min(r.deadline for r in busy))
-        waiting: list[Any] = [r.conn for r in busy]
-        waiting += [r.sentinel for r in busy if r.sentinel is not None]
-        listening = self.listener._connect() if grace_until is None else None
-        if listening is not None:
-            waiting.append(listening.fileno())
-        ready = wait(waiting, timeout=max(0.0, until - now)) if waiting else []
-        if not waiting:
-            time.sleep(max(0.0, until - now))
-        for runner in busy:
-            if runner.conn in ready:
-                self._finished(runner)
-            elif runner.sentinel is not None and runner.sentinel in ready:
-                self._runner_died(runner)
-        if listening is not None and listening.fileno() in ready and self.listener.notified():
-            self.wake = True
+    # -- 2. run
+    def next_job(self, slot: Slot) -> Held | None:
+        """The next buffered job for `slot` (waiting for one); None once the host closes."""
+        with self.lock:
+            while not self.buffer:
+                if self.closing.is_set():
+                    return None
+                self.has_work.wait(timeout=SUPERVISE_SECONDS)
+            if self.closing.is_set():
+                return None
+            held = self.buffer.popleft()
+            spec = get_type(held.job.type)
+            held.deadline = time.monotonic() + (spec.time_limit if spec is not None else 0)
+            slot.held = held
+            return held
 
-    def _finished(self, runner: Runner) -> None:
-        try:
-            job_id, finish = runner.conn.recv()
-        except (EOFError, OSError):
-            self._runner_died(runner)
-            return
-        job = runner.job
-        assert job is not None and job_id == job.id
-        if finish == DEFERRED:
-            runner.release()
-        elif not isinstance(finish, Finish) or runner.lost:
+    def ended(self, slot: Slot, held: Held, finish: Finish | str | None, seconds: float) -> None:
+        """A runner's job ended: its end goes to the completer (or, lost or deferred by
+        its connector's breaker, which wrote the deferral itself, is dropped)."""
+        with self.lock:
+            slot.held = None
+            self.in_hand -= 1
+            weight = RUN_TIME_WEIGHT if self.run_time is not None else 1.0
+            self.run_time = (1 - weight) * (self.run_time or 0.0) + weight * seconds
+            self.has_room.notify_all()
+            lost = not isinstance(finish, Finish) or held.lost or held.left
+            if finish == DEFERRED:
+                lost = False
+            if lost or not isinstance(finish, Finish):
+                self.held.pop(held.job.id, None)
+            else:
+                # Queued before the lock is released: a stopping host that sees nothing
+                # in hand puts the completer's last item after this end, never before.
+                held.ending = True
+                self.ends.put((time.monotonic(), held, finish))
+        if lost and not held.left:  # a job left to the reaper was logged where it was left
             # The attempt's final line; its duration only when the runner decided an end.
             ended = (
-                attempt_fields(job.type, "lost", finish.seconds)
+                attempt_fields(held.job.type, "lost", finish.seconds)
                 if isinstance(finish, Finish)
                 else {"outcome": "lost", "error_code": None}
             )
-            log.warning("job_lost_stopping", job_id=str(job_id), attempt=job.attempts, **ended)
-            metrics.JOBS_LOST.labels(type=job.type).inc()
-            runner.release()
-        else:
-            if not self.done:
-                self.done_since = time.monotonic()
-            self.done.append(finish)
-            runner.release()
-        # A free runner: claim again at once if the last claim found more than it took.
-        if self.backlog:
-            self.wake = True
-
-    def _runner_died(self, runner: Runner) -> None:
-        """A runner process died (killed, out of memory): its job's lock goes stale and
-        the reaper reclaims it, as for any worker lost. A new runner takes its place."""
-        job = runner.job
-        log.error(
-            "runner_died",
-            job_id=str(job.id) if job else None,
-            attempt=job.attempts if job else None,
-            exitcode=getattr(runner.worker, "exitcode", None),
-        )
-        self._replace(runner)
-
-    def _replace(self, runner: Runner) -> None:
-        runner.stop(kill=True)
-        self.runners[self.runners.index(runner)] = Runner(self.process)
+            log.warning(
+                "job_lost_stopping", job_id=str(held.job.id), attempt=held.fence.attempt, **ended
+            )
+            metrics.JOBS_LOST.labels(type=held.job.type).inc()
 
     # -- 3. complete
-    def _complete(self, *, force: bool) -> None:
-        if not self.done:
-            return
-        due = time.monotonic() - self.done_since >= COMPLETE_WINDOW_SECONDS
-        if not (force or due or len(self.done) >= COMPLETE_BATCH):
-            return
-        window, self.done = self.done, []
+    def _complete_loop(self) -> None:
+        """Write the ends in windows: COMPLETE_BATCH of them, or what came within
+        COMPLETE_WINDOW_SECONDS of the window's first; until the None of `_stop`."""
         try:
-            lost = jobs_finish(finishes=window, locked_by=self.locked_by)
+            try:
+                connection.ensure_connection()  # before the first window, not during it
+            except DB_DOWN_ERRORS:
+                connection.close()
+            closed = False
+            while not closed:
+                item = self.ends.get()
+                if item is None:
+                    return
+                window = [item]
+                due = item[0] + COMPLETE_WINDOW_SECONDS
+                while len(window) < COMPLETE_BATCH:
+                    try:
+                        more = self.ends.get(timeout=max(0.0, due - time.monotonic()))
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        closed = True
+                        break
+                    window.append(more)
+                self._write(window)
+        finally:
+            connection.close()
+
+    def _write(self, window: list[tuple[float, Held, Finish]]) -> None:
+        try:
+            lost = jobs_finish(finishes=[f for _, _, f in window], locked_by=self.locked_by)
         except DB_DOWN_ERRORS as exc:
             # Nothing written: the locks go stale and the reaper reclaims the jobs.
             log.error("completions_failed", jobs=len(window), error=repr(exc))
             connection.close()
+            lost = None
+        with self.lock:
+            for _, h, _ in window:
+                self.held.pop(h.job.id, None)
+        if lost is None:
             return
         lost_ids = {f.job_id for f in lost}
-        for finish in window:
+        for _, h, finish in window:
             bound = log.bind(job_id=str(finish.job_id), attempt=finish.attempt)
             if finish.job_id in lost_ids:
                 bound.warning(
                     "job_lost_stopping", **attempt_fields(finish.job_type, "lost", finish.seconds)
                 )
-                job_type = Job.objects.values_list("type", flat=True).filter(id=finish.job_id)
-                metrics.JOBS_LOST.labels(type=job_type.first() or "").inc()
+                metrics.JOBS_LOST.labels(type=h.job.type).inc()
             else:
                 finish_log(bound, finish)
 
     # -- 4. heartbeat
+    def _beat_loop(self) -> None:
+        try:
+            while not self.closing.wait(settings.JOBOPS_HEARTBEAT_SECONDS):
+                self._beat()
+        finally:
+            connection.close()
+
     def _beat(self) -> None:
-        now = time.monotonic()
-        if now < self.next_beat:
-            return
-        self.next_beat = now + settings.JOBOPS_HEARTBEAT_SECONDS
-        held = {
-            r.job.id: r.fence
-            for r in self._busy()
-            if r.job is not None and r.fence is not None and not r.lost
-        }
-        if not held:
+        with self.lock:
+            beating = {
+                job_id: h.fence for job_id, h in self.held.items() if not (h.lost or h.ending)
+            }
+        if not beating:
             return
         try:
-            alive = jobs_heartbeat(held=held)
+            alive = jobs_heartbeat(held=beating)
         except DB_DOWN_ERRORS as exc:
             log.warning("heartbeat_failed", error=repr(exc))
             connection.close()
             return
-        for runner in self._busy():
-            assert runner.job is not None
-            if runner.job.id in held and runner.job.id not in alive and not runner.lost:
-                runner.lost = True
-                log.warning("job_lock_lost", job_id=str(runner.job.id))
-
-    # -- the hard time limit
-    def _enforce_hard_limits(self) -> None:
-        now = time.monotonic()
-        for runner in self._busy():
-            assert runner.job is not None
-            if now < runner.deadline:
-                continue
-            log.error(
-                "job_hard_time_limit",
-                job_id=str(runner.job.id),
-                attempt=runner.job.attempts,
-                left_to_reaper=True,
-            )
-            if self.process:
-                self._replace(runner)
-            else:  # a thread cannot be stopped: stop beating for it, take a new one
-                runner.lost = True
-                self.runners[self.runners.index(runner)] = Runner(self.process)
+        with self.lock:
+            gone = [
+                h
+                for job_id in beating.keys() - alive.keys()
+                if (h := self.held.get(job_id)) is not None and not (h.lost or h.ending)
+            ]
+            for h in gone:
+                h.lost = True
+        for h in gone:
+            log.warning("job_lock_lost", job_id=str(h.job.id))
 
 
-def run_worker(*, queues: list[str], concurrency: int, pool: str, stop: threading.Event) -> None:
+def run_worker(
+    *,
+    queues: list[str],
+    concurrency: int,
+    pool: str,
+    stop: threading.Event,
+    prefetch: int | None = None,
+) -> None:
     """Run a Host on `queues` until `stop` (the command's SIGTERM)."""
-    Host(queues=queues, concurrency=concurrency, pool=pool).run(stop)
+    Host(queues=queues, concurrency=concurrency, pool=pool, prefetch=prefetch).run(stop)

@@ -94,6 +94,8 @@ def test_a_negative_time_limit_retries_is_refused_and_named():
         ({"JOBOPS_QUORUM_GROUP_SIZE": "-1"}, "JOBOPS_QUORUM_GROUP_SIZE=-1"),
         ({"JOBOPS_QUORUM_GROUP_SIZE": "100"}, "JOBOPS_QUORUM_GROUP_SIZE=100"),
         ({"JOBOPS_DLQ_QUEUE_TYPE": "stream"}, "JOBOPS_DLQ_QUEUE_TYPE='stream'"),
+        ({"JOBOPS_WORKER_PREFETCH": "0"}, "JOBOPS_WORKER_PREFETCH=0 must be 1-64"),
+        ({"JOBOPS_WORKER_PREFETCH": "65"}, "JOBOPS_WORKER_PREFETCH=65 must be 1-64"),
         (
             {"ARTEFACT_STORAGE": "s3", "ARTEFACT_S3_BUCKET": ""},
             "ARTEFACT_STORAGE is s3 but ARTEFACT_S3_BUCKET is unset",

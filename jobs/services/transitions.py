@@ -10,6 +10,7 @@ request, an operator's note) run the same statement with other parameters.
 from __future__ import annotations
 
 import json
+import secrets
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -20,7 +21,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from audit.canonical import GENESIS_HASH, Hole, canonical_bytes, canonical_template, chain_hash
+from audit.canonical import (
+    GENESIS_HASH,
+    Hole,
+    Template,
+    canonical_bytes,
+    canonical_template,
+    chain_hash,
+)
 from audit.services import Actor, audit_payload, format_ts, job_chain
 from core.db import Rows, execute_prepared, model_from_row
 from core.request_id import current_request_id
@@ -32,6 +40,9 @@ from jobs.states import ALLOWED, EVENT_FOR_STATUS, TERMINAL, Status
 
 # Holes an entry may have: job_append fills up to four (jobs/queries.sql).
 MAX_HOLES = 4
+# Distinct entry data a batch keeps a template of (`_append`): a batch of one outcome
+# has one or a few (retries each carry their own error code and delay).
+SHARED_TEMPLATES = 8
 # Plain values a transition may set (`fields=`); anything computed has its own option.
 SETTABLE_FIELDS = frozenset(
     {
@@ -368,20 +379,30 @@ def _append(
         job_id: {"attempt": Hole("attempt"), **data, "context": Hole("context", "json")}
         for job_id, data in entries.items()
     }
-    templates = {
-        job_id: canonical_template(
-            audit_payload(
-                chain=job_chain(job_id),
-                seq=Hole("seq"),
-                ts=ts,
-                event_type=event_type,
-                actor=actor,
-                job_id=job_id,
-                data=data,
+    # The entries of a batch (a claim, a window of ends) mostly differ in their job's id
+    # alone: one canonical template per distinct `data`, made for a stand-in id (a
+    # random nonce, so no value can contain it) that each job's id then replaces. The
+    # same bytes as a template per job, without encoding each entry again.
+    stand_in = f"<job:{secrets.token_hex(8)}>"
+    made: list[tuple[dict[str, Any], Template]] = []
+    templates: dict[Any, Template] = {}
+    for job_id, data in entries.items():
+        template = next((t for known, t in made if known == data), None)
+        if template is None:
+            template = canonical_template(
+                audit_payload(
+                    chain=job_chain(stand_in),
+                    seq=Hole("seq"),
+                    ts=ts,
+                    event_type=event_type,
+                    actor=actor,
+                    job_id=stand_in,
+                    data=data,
+                )
             )
-        )
-        for job_id, data in entries.items()
-    }
+            if len(made) < SHARED_TEMPLATES:
+                made.append((data, template))
+        templates[job_id] = template.replace(stand_in, str(job_id))
     holes = [h.name for h in next(iter(templates.values())).holes]
     if any([h.name for h in t.holes] != holes for t in templates.values()):
         raise ValueError("one statement appends entries with the same holes only")

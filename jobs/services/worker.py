@@ -17,6 +17,7 @@ from django.db import connection, transaction
 
 from audit.canonical import canonical_bytes
 from audit.services import Actor
+from core.db import execute_prepared
 from core.json import json_problem
 from jobs import metrics
 from jobs.errors import ResultInvalidError
@@ -130,12 +131,13 @@ def jobs_claim(
     if limit < 1 or not queues:
         return []
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                QUERIES["claimable_jobs"],
-                {"queues": queues, "skip_types": skip_types or [], "limit": limit},
-            )
-            ids = [row[0] for row in cursor.fetchall()]
+        # Prepared (planned once per connection): a claim is on the path from a job's
+        # creation to its start.
+        rows = execute_prepared(
+            QUERIES["claimable_jobs"],
+            {"queues": queues, "skip_types": skip_types or [], "limit": limit},
+        )
+        ids = [row[0] for row in rows]
         if not ids:
             return []
         claimed = transition_many(
