@@ -8,7 +8,8 @@ scratch places (database and vhost `jobops_bench_executors`):
 - `celery`: jobops, the Celery path (queue `default`, the dispatchers as the Procfile
   starts them, a prefork worker of 2);
 - `postgres`: jobops, the PostgreSQL executor (JOBOPS_EXECUTOR_DEFAULT=postgres,
-  `manage.py run_worker --queues default --concurrency 2`, the same dispatchers);
+  `manage.py run_worker --queues default --concurrency 2 --pool threads`, the same
+  dispatchers);
 - `results`: Celery + django-celery-results (bench/_celery_results.py: each task's
   STARTED and SUCCESS rows in PostgreSQL, otherwise the raw arm's settings);
 - `procrastinate`: Procrastinate (bench/_procrastinate.py), 2 processes x concurrency 2.
@@ -295,6 +296,10 @@ class JobopsArm(Arm):
             argv=[
                 *(sys.executable, str(common.ROOT / "manage.py"), "run_worker"),
                 *("--queues", JOB_QUEUE, "--concurrency", str(CONCURRENCY)),
+                # No-op and 10 ms jobs are what JOBOPS_WORKER_POOL=threads is for
+                # (docs/postgres-executor.md); bench/e2e.py --pool processes measures
+                # the other pool.
+                *("--pool", "threads"),
             ],
             env=env,
         )
