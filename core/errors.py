@@ -22,3 +22,10 @@ class ApplicationError(Exception):
         self.message = message or self.default_message
         self.details = details if details is not None else {}
         super().__init__(self.message)
+
+    def one_line(self) -> str:
+        """The error for a terminal (a management command): its message, then each
+        detail the message does not already say."""
+        details = self.details if isinstance(self.details, dict) else {}
+        extra = [f"{k}: {v}" for k, v in details.items() if str(v) not in self.message]
+        return "; ".join([self.message, *extra])

@@ -459,3 +459,6 @@ def test_the_command_shows_opens_and_closes():
     for args in (["open", "erp"], ["open"], ["close", "nope", "--reason", "x"], ["status", "no"]):
         with pytest.raises(CommandError):
             call_command("connector", *args, stdout=StringIO())
+    # One line for the terminal: the service's message, not its details repeated.
+    with pytest.raises(CommandError, match=r"^no connector 'nope'$"):
+        call_command("connector", "close", "nope", "--reason", "x", stdout=StringIO())

@@ -53,7 +53,7 @@ class Command(BaseCommand):
         try:
             changed = control(name=name, reason=options["reason"], actor=actor, user=user)
         except ApplicationError as exc:
-            raise CommandError(f"{exc.message} {exc.details or ''}".strip()) from exc
+            raise CommandError(exc.one_line()) from exc
         done = "opened" if action == "open" else "closed"
         was = "open" if action == "open" else "closed"
         self.stdout.write(f"{name} {done}" if changed else f"{name} was already {was}")

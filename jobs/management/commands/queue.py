@@ -51,7 +51,7 @@ class Command(BaseCommand):
             else:
                 changed = queue_resume(queue=queue, reason=options["reason"], actor=actor)
         except ApplicationError as exc:
-            raise CommandError(f"{exc.message} {exc.details or ''}".strip()) from exc
+            raise CommandError(exc.one_line()) from exc
         done = "paused" if action == "pause" else "resumed"
         self.stdout.write(f"{queue} {done}" if changed else f"{queue} was already {done}")
 
