@@ -87,15 +87,26 @@ def memberships_of(user: Any) -> list[MembershipRow]:
     return rows
 
 
+_SCOPE_CACHE_ATTR = "_jobops_operator_org_ids"
+_UNREAD = object()
+
+
 def operator_org_ids(user: Any) -> tuple[int, ...] | None:
     """The organisations a staff member is limited to; None: not limited (superusers
     never are)."""
     if getattr(user, "is_superuser", False):
         return None
+    # Cached on the user object for the request, as memberships_of: one page asks
+    # several times (the dashboard's panels, its controls, the menu).
+    cached = getattr(user, _SCOPE_CACHE_ATTR, _UNREAD)
+    if cached is not _UNREAD:
+        return cached  # type: ignore[return-value]
     scope = OperatorScope.objects.filter(user_id=user.pk).first()
-    if scope is None:
-        return None
-    return tuple(sorted(scope.organisations.values_list("id", flat=True)))
+    limited = (
+        None if scope is None else tuple(sorted(scope.organisations.values_list("id", flat=True)))
+    )
+    setattr(user, _SCOPE_CACHE_ATTR, limited)
+    return limited
 
 
 def viewer_for(user: Any, *, staff: bool = False) -> Viewer:
