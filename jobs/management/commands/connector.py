@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from audit.services import Actor
 from core.errors import ApplicationError
+from jobs.management.acting import operator_acting
 from jobs.selectors import connectors_state
 from jobs.services.connectors import connector_close, connector_open
 
@@ -43,12 +42,7 @@ class Command(BaseCommand):
             return
         if not name:
             raise CommandError(f"connector {action} needs a NAME")
-        user = None
-        if options["username"]:
-            user = get_user_model().objects.filter(username=options["username"]).first()
-            if user is None:
-                raise CommandError(f"no user {options['username']!r}")
-        actor = Actor.operator(user) if user is not None else Actor.system("cli")
+        user, actor = operator_acting(options["username"])
         control = connector_open if action == "open" else connector_close
         try:
             changed = control(name=name, reason=options["reason"], actor=actor, user=user)

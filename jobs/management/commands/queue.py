@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from audit.services import Actor
 from core.errors import ApplicationError
+from jobs.management.acting import operator_acting
 from jobs.selectors import queues_state
 from jobs.services.queues import queue_pause, queue_resume
 
@@ -39,12 +38,7 @@ class Command(BaseCommand):
             return
         if not queue:
             raise CommandError(f"queue {action} needs a QUEUE")
-        user = None
-        if options["username"]:
-            user = get_user_model().objects.filter(username=options["username"]).first()
-            if user is None:
-                raise CommandError(f"no user {options['username']!r}")
-        actor = Actor.operator(user) if user is not None else Actor.system("cli")
+        user, actor = operator_acting(options["username"])
         try:
             if action == "pause":
                 changed = queue_pause(queue=queue, reason=options["reason"], actor=actor, user=user)
