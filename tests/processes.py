@@ -185,6 +185,27 @@ class Process:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def local_ports(self) -> set[int]:
+        """The local ports of the TCP connections this process's group holds open (read
+        from /proc: which sockets its processes have, and the table of connections)."""
+        inodes = set()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                # Field 5 is the process group; the name in field 2 may hold spaces.
+                if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != self.pid:
+                    continue
+                links = [os.readlink(fd) for fd in (stat.parent / "fd").iterdir()]
+            except (OSError, ValueError, IndexError):  # a process that ended meanwhile
+                continue
+            inodes |= {link[8:-1] for link in links if link.startswith("socket:[")}
+        ports = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        return ports
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,23 @@ def shoot(driver, name: str) -> list[Path]:
         saved.append(path)
     viewport(driver, *LAPTOP)
     return saved
+
+
+def next_page(driver, act: Callable[[], object], timeout: float = 15) -> None:
+    """Do `act` (a click that submits a form or follows a link) and wait until the next
+    page has loaded: click() returns before the answer replaces the page.
+
+    A mark left on this page's window is gone once another document is loaded. Asking for
+    it is safe while the page is being replaced; asking an element of the old page whether
+    it is stale can fail there with chromedriver's "Node with given id does not belong to
+    the document", which is why a failed question is asked again."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.execute_script("window.jobopsPageLeft = true")
+    act()
+    WebDriverWait(driver, timeout, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script(
+            "return !window.jobopsPageLeft && document.readyState === 'complete'"
+        )
+    )

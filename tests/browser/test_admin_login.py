@@ -6,10 +6,8 @@ import pytest
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions
-from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.browser.conftest import shoot
+from tests.browser.conftest import next_page, shoot
 from tests.factories import UserFactory, totp_code
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -32,11 +30,8 @@ def _login(browser, live_server, password: str, token: str, *, screenshot: str =
     browser.find_element(By.NAME, "otp_token").send_keys(token)
     if screenshot:
         shoot(browser, screenshot)
-    form = browser.find_element(By.TAG_NAME, "form")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    # click() returns before the POST's answer replaces the page: wait for it,
-    # or the assertions read the login form that was just submitted.
-    WebDriverWait(browser, 15).until(expected_conditions.staleness_of(form))
+    # The assertions must read the POST's answer, not the form that was just submitted.
+    next_page(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click)
 
 
 def test_login_form_asks_for_password_and_otp(browser, live_server, operator):
@@ -73,8 +68,6 @@ def test_an_unsafe_next_after_login_lands_on_the_dashboard(browser, live_server,
     browser.find_element(By.NAME, "username").send_keys("operator")
     browser.find_element(By.NAME, "password").send_keys("pw-for-tests")
     browser.find_element(By.NAME, "otp_token").send_keys(totp_code(device))
-    form = browser.find_element(By.TAG_NAME, "form")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    WebDriverWait(browser, 15).until(expected_conditions.staleness_of(form))
+    next_page(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click)
     assert browser.current_url == f"{live_server.url}/admin/"
     assert "Dashboard" in browser.title

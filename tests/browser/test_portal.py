@@ -14,7 +14,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, Job
-from tests.browser.conftest import shoot
+from tests.browser.conftest import next_page, shoot
 from tests.factories import job_failed, make_job, role_user, totp_code, totp_device
 from tests.polling import wait_for
 from tests.processes import celery_worker, dispatcher_process
@@ -32,9 +32,7 @@ def log_in(browser, live_server, role: str, username: str) -> None:
     browser.find_element(By.NAME, "username").send_keys(username)
     browser.find_element(By.NAME, "password").send_keys(PASSWORD)
     browser.find_element(By.NAME, "otp_token").send_keys(totp_code(device))
-    form = browser.find_element(By.TAG_NAME, "form")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    WebDriverWait(browser, 15).until(ec.staleness_of(form))
+    next_page(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click)
     assert "Dashboard" in browser.title, browser.page_source[:500]
 
 
@@ -55,10 +53,10 @@ def text_of(browser, css: str) -> str:
 def click_and_wait(browser, css: str):
     """Click and wait for the next page. Found and clicked in one step: a refreshing
     panel may replace the element between a find and a click."""
-    old = browser.find_element(By.TAG_NAME, "html")
     wait(browser, css)
-    browser.execute_script("document.querySelector(arguments[0]).click()", css)
-    WebDriverWait(browser, 15).until(ec.staleness_of(old))
+    next_page(
+        browser, lambda: browser.execute_script("document.querySelector(arguments[0]).click()", css)
+    )
 
 
 @pytest.fixture

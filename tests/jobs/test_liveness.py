@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 from io import StringIO
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
-from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
@@ -17,7 +16,7 @@ from jobs.metrics import metrics_refresh_liveness
 from jobs.redis_client import redis_client, redis_key
 from jobs.types import primary_queue_names
 from tests.polling import wait_for
-from tests.processes import celery_worker, dispatcher_process
+from tests.processes import Process, celery_worker, dispatcher_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,18 +88,20 @@ def test_a_queue_served_by_run_worker_is_not_missing():
     assert missing_processes(found) == ["worker for queue sim"]
 
 
-def _close_connections_of_this_vhost() -> int:
-    """Close every client connection to this run's vhost (as a broker node's loss does
-    to its clients); other vhosts, other runs, are left alone."""
-    vhost = unquote(urlsplit(django_settings.BROKER_URL).path[1:])
+def _close_broker_connections_of(process: Process) -> int:
+    """Close the process's connections to the broker (as a broker node's loss does to
+    its clients). Only its own: the test process's cached connections, and those of
+    other tests on this vhost, are left alone."""
+    ports = process.local_ports()
     listed = subprocess.run(
-        ["rabbitmqctl", "-q", "list_connections", "pid", "vhost", "--no-table-headers"],
+        ["rabbitmqctl", "-q", "list_connections", "pid", "peer_port", "--no-table-headers"],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     )
-    pids = [pid for pid, vh in (ln.split("\t") for ln in listed.stdout.splitlines()) if vh == vhost]
+    rows = (line.split("\t") for line in listed.stdout.splitlines())
+    pids = [pid for pid, port in rows if int(port) in ports]
     for pid in pids:
         subprocess.run(
             ["rabbitmqctl", "-q", "close_connection", pid, "test: broker connection lost"],
@@ -120,7 +121,7 @@ def test_a_worker_goes_on_beating_with_its_node_after_its_broker_connection_is_l
         wait_for(lambda: _liveness()[1]["processes"].get("worker"), timeout=10)
         (before,) = _liveness()[1]["processes"]["worker"]
         assert before["broker"] == f"{broker.hostname}:{broker.port}"
-        assert _close_connections_of_this_vhost() >= 1
+        assert _close_broker_connections_of(worker) >= 1
         wait_for(lambda: "Connection to broker lost" in worker.log_text(), timeout=15)
         client = redis_client()
         for key in client.scan_iter(match=redis_key("heartbeat", "*")):
