@@ -295,4 +295,9 @@ def _problems(overview: dict[str, Any], processes: Processes | None) -> list[str
         problems.append(f"The last audit checkpoint is {checkpoint_age:.0f} s old.")
     if health["open_dead_letters"]:
         problems.append(f"{health['open_dead_letters']} open dead letter(s) wait for a decision.")
+    if health["erp_events_parked"]:
+        problems.append(
+            f"{health['erp_events_parked']} ERP event(s) the receiver refused are parked: "
+            "manage.py erp_parked list."
+        )
     return problems

@@ -26,9 +26,14 @@ events in seq order, so several bridges may run), POSTs each one the same way, a
 marks the rows it delivered published in the claim's transaction, after their POSTs:
 at least once, and the purge prunes them as usual. A temporary failure ends the batch
 (the job's later events must not overtake it) and is tried again after the backoff. A
-permanent refusal has no parking queue here: it is logged with the event and the
-response, counted `park`, and the row marked, so that one bad event does not hold every
-later one of its job forever.
+permanent refusal has no queue to be parked on, so the row is parked in place, in the
+same transaction: `parked_at`, the status and the start of the response's text on it,
+audited `erp_event_parked` on the ops chain, counted `park`
+(jobs/services/erp_parked.py). A parked row is not published: the claim skips it,
+it holds none of its job's later events, the purge keeps it, and the gauge
+`erp_events_parked` counts it until an operator re-drives it (the bridge takes it
+again, with the same Idempotency-Key) or discards it with a justification
+(`manage.py erp_parked list|redrive|discard`).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from core.logging import log_context
 from core.redact import redact_url, redact_urls_in
 from jobs import metrics
 from jobs.events import OutboxRow, outbox_claim, outbox_mark_published
+from jobs.services.erp_parked import Refusal, outbox_park
 from jobs.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, erp_events_queue
 
 log = structlog.get_logger("jobs.erp_bridge")
@@ -254,29 +260,39 @@ def erp_outbox_deliver(
     """Deliver one claimed batch of outbox rows; returns (rows handled, whether a
     temporary failure ended it).
 
-    1. Claim up to `limit` unpublished rows (jobs.events.outbox_claim: id order, rows
-       another bridge holds skipped, a job's events in seq order).
-    2. POST each in order. Delivered, or refused for good (logged, counted `park`):
-       marked. A temporary failure: stop, so that no later event of its job goes first.
-    3. Mark the handled rows published and commit.
+    1. Claim up to `limit` unpublished rows that are not parked
+       (jobs.events.outbox_claim: id order, rows another bridge holds skipped, a job's
+       events in seq order).
+    2. POST each in order. Delivered: to be marked. Refused for good: to be parked. A
+       temporary failure: stop, so that no later event of its job goes first.
+    3. Mark the delivered rows published, park the refused ones (each audited on the
+       ops chain: appended last, so that the chain's lock is not held through POSTs),
+       and commit.
     """
-    handled: list[int] = []
+    delivered: list[int] = []
+    refused: list[Refusal] = []
     failed = False
     with transaction.atomic():
         for row in outbox_claim(limit=limit):
-            outcome = _outbox_post(session=session, url=url, row=row)
+            outcome, status, reason = _outbox_post(session=session, url=url, row=row)
             counts[outcome] += 1
             metrics.ERP_BRIDGE_DELIVERIES.labels(outcome=outcome).inc()
             if outcome == RETRY:
                 failed = True
                 break
-            handled.append(row.id)
-        if handled:
-            outbox_mark_published(handled)
-    return len(handled), failed
+            if outcome == DELIVERED:
+                delivered.append(row.id)
+            else:
+                refused.append(Refusal(id=row.id, status=status, text=reason))
+        if delivered:
+            outbox_mark_published(delivered)
+        outbox_park(refusals=refused)
+    return len(delivered) + len(refused), failed
 
 
-def _outbox_post(*, session: requests.Session, url: str, row: OutboxRow) -> str:
+def _outbox_post(
+    *, session: requests.Session, url: str, row: OutboxRow
+) -> tuple[str, int | None, str]:
     with log_context(event_id=row.event_id, job_id=str(row.job_id), routing_key="outbox"):
         outcome, status, reason = event_post(
             session=session, url=url, body=row.body.encode("utf-8"), event_id=row.event_id
@@ -286,8 +302,8 @@ def _outbox_post(*, session: requests.Session, url: str, row: OutboxRow) -> str:
         elif outcome == RETRY:
             log.warning("erp_event_retry", status=status, reason=reason)
         else:
-            log.error("erp_event_refused", status=status, reason=reason, body=row.body[:2000])
-    return outcome
+            log.error("erp_event_parked", status=status, reason=reason, where="outbox")
+    return outcome, status, reason
 
 
 def erp_outbox_run(

@@ -210,7 +210,9 @@ def outbox_relay_batch(*, limit: int = RELAY_BATCH) -> int:
 def outbox_claim(*, limit: int) -> list[OutboxRow]:
     """Claim up to `limit` unpublished rows in `id` order (FOR UPDATE SKIP LOCKED, in the
     caller's transaction), keeping only those no lower seq of their job outside the
-    claim must precede: the relay's claim, and the ERP bridge's without a broker."""
+    claim must precede: the relay's claim, and the ERP bridge's without a broker. Rows
+    parked by that bridge (jobs/services/erp_parked.py) are neither claimed nor wait
+    for: they are an operator's to re-drive."""
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["outbox_claim_plan"])
         cursor.execute(QUERIES["outbox_claim"], {"limit": limit})
@@ -264,7 +266,8 @@ def outbox_relay_once(*, limit: int = 100_000, seconds: float = 1.0) -> int:
 def outbox_prune(*, older_than: timedelta | datetime) -> int:
     """Delete relayed rows published before `older_than` (an age or a moment).
 
-    Unpublished rows are never deleted, whatever their age. Returns the count.
+    Unpublished rows are never deleted, whatever their age, parked ones included.
+    Returns the count.
     """
     cutoff = timezone.now() - older_than if isinstance(older_than, timedelta) else older_than
     deleted, _ = EventOutbox.objects.filter(

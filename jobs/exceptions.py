@@ -179,6 +179,25 @@ class ConnectorControlInputError(ApplicationError):
     default_message = "A justification is required to open or close a connector's breaker."
 
 
+class ErpEventNotFoundError(ApplicationError):
+    """An `erp_parked` control named an event id the outbox does not hold (never an
+    event, or pruned after it was delivered or discarded). An operator's call: the admin
+    API's codes, as the queue controls."""
+
+    code = "ERR-DLQ-404"
+    http_status = 404
+    default_message = "No such event in the outbox."
+
+
+class ErpParkedInputError(ApplicationError):
+    """A re-drive or discard of parked ERP events the service refuses: an id that is not
+    an event id, none named, or a discard without a justification (or one too long)."""
+
+    code = "ERR-DLQ-422"
+    http_status = 422
+    default_message = "A justification is required to discard a parked ERP event."
+
+
 class ConnectorOpenError(ApplicationError):
     """A create of a type that opted in (`connector_open: refuse`) while its connector's
     breaker is open or probing (docs/connectors.md): retry after Retry-After."""

@@ -229,6 +229,12 @@ OUTBOX_LAG = Gauge(
 OUTBOX_UNPUBLISHED = Gauge(
     "outbox_unpublished", "Outbox events not yet relayed", multiprocess_mode="mostrecent"
 )
+ERP_EVENTS_PARKED = Gauge(
+    "erp_events_parked",
+    "ERP events the receiver refused for good, parked in the outbox for an operator "
+    "(PostgreSQL alone; with a broker they wait on erp.events.parked)",
+    multiprocess_mode="mostrecent",
+)
 CHECKPOINT_AGE = Gauge(
     "audit_checkpoint_age_seconds",
     "Age of the newest audit checkpoint (-1 when none was ever written)",
@@ -272,14 +278,14 @@ def metrics_refresh_gauges() -> dict[str, float]:
     """Recompute the database-derived gauges; returns the values it set.
 
     1. One statement reads the oldest pending job, the stale locks, the outbox lag and
-       backlog, and the newest checkpoint.
+       backlog, the newest checkpoint and the ERP events parked in the outbox.
     2. A second counts open dead letters per DLQ; queues that emptied drop to 0.
     3. A third lists the paused queues (queue_pauses): 1 for each, 0 for the others.
     4. A fourth reads the connector breakers: 0 closed (or no row), 1 half-open, 2 open.
     """
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["gauges"], {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
-        pending_age, stale, lag, unpublished, checkpoint_age = cursor.fetchone()
+        pending_age, stale, lag, unpublished, checkpoint_age, parked = cursor.fetchone()
         cursor.execute(QUERIES["dead_letters_open"])
         open_rows = dict(cursor.fetchall())
         cursor.execute(QUERIES["queues_paused"])
@@ -292,12 +298,14 @@ def metrics_refresh_gauges() -> dict[str, float]:
         "outbox_lag": max(0.0, float(lag or 0)),
         "outbox_unpublished": float(unpublished),
         "checkpoint_age": -1.0 if checkpoint_age is None else max(0.0, float(checkpoint_age)),
+        "erp_events_parked": float(parked),
     }
     OLDEST_PENDING_AGE.set(values["oldest_pending_age"])
     STALE_LOCKS.set(values["stale_locks"])
     OUTBOX_LAG.set(values["outbox_lag"])
     OUTBOX_UNPUBLISHED.set(values["outbox_unpublished"])
     CHECKPOINT_AGE.set(values["checkpoint_age"])
+    ERP_EVENTS_PARKED.set(values["erp_events_parked"])
     for queue in {f"{q}_dlq" for q in primary_queue_names()} | set(open_rows):
         DEAD_LETTERS_OPEN.labels(queue=queue).set(open_rows.get(queue, 0))
     for queue in set(primary_queue_names()) | paused:

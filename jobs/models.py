@@ -268,21 +268,41 @@ class Artefact(models.Model):
 
 
 class EventOutbox(models.Model):
-    """One row per transition, written in its transaction; the dispatcher relays it."""
+    """One row per transition, written in its transaction; the dispatcher relays it.
+
+    Without a broker the ERP bridge delivers the rows itself (jobs/erp_bridge.py), and a
+    row the ERP refused for good is parked here (`parked_at`, the response's status and
+    the start of its text) until an operator re-drives it (the park cleared: the bridge
+    takes it again) or discards it (`published_at` set as well, so that it follows the
+    retention of delivered rows). A row waits for delivery while `published_at` and
+    `parked_at` are both NULL; it is parked while only `parked_at` is set."""
 
     event_id = models.UUIDField(unique=True, default=uuid.uuid4, editable=False)
     job_id = models.UUIDField()
     seq = models.BigIntegerField()  # the job's audit sequence of this transition
     payload = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
+    # Relayed, delivered, or (with parked_at) discarded by an operator: the purge's to prune.
     published_at = models.DateTimeField(null=True, blank=True)
+    parked_at = models.DateTimeField(null=True, blank=True)
+    park_status = models.PositiveSmallIntegerField(null=True, blank=True)  # the ERP's answer
+    park_text = models.TextField(null=True, blank=True)  # its start (event_post keeps 500)
 
     class Meta:
         db_table = "event_outbox"
         indexes = [
-            # Relay: unpublished events in order.
+            # Relay and brokerless bridge: events waiting for delivery, in order. Parked
+            # rows are left out, so that a claim never walks past them however many wait.
             models.Index(
-                fields=["id"], name="outbox_unpublished_idx", condition=Q(published_at__isnull=True)
+                fields=["id"],
+                name="outbox_waiting_idx",
+                condition=Q(published_at__isnull=True, parked_at__isnull=True),
+            ),
+            # `manage.py erp_parked` and the erp_events_parked gauge: the parked rows only.
+            models.Index(
+                fields=["id"],
+                name="outbox_parked_idx",
+                condition=Q(published_at__isnull=True, parked_at__isnull=False),
             ),
             # Purge: a purged job's published rows go with it (jobs/services/purge.py).
             models.Index(fields=["job_id"], name="outbox_job_idx"),

@@ -485,17 +485,19 @@ ORDER BY locked_at LIMIT %(limit)s;
 -- another relay); our rows at or above it must wait, so that a job's events leave in
 -- seq order (jobs/events.py). Only ids below the claim's highest can block: a job's
 -- rows take ids in seq order. That bound keeps the scan to the part of
--- outbox_unpublished_idx the claim has just walked, instead of every unpublished row
--- behind it (a backlog was read whole again for each batch).
+-- outbox_waiting_idx the claim has just walked, instead of every unpublished row
+-- behind it (a backlog was read whole again for each batch). A parked row (refused by
+-- the ERP for good, jobs/erp_bridge.py) blocks nothing: the job's later events go on.
 SELECT job_id, min(seq) FROM event_outbox
-WHERE published_at IS NULL AND id < %(below)s AND job_id = ANY(%(job_ids)b::uuid[])
+WHERE published_at IS NULL AND parked_at IS NULL
+  AND id < %(below)s AND job_id = ANY(%(job_ids)b::uuid[])
   AND NOT (id = ANY(%(ids)b::bigint[]))
 GROUP BY job_id;
 
 
 -- name: outbox_claim_plan
 -- Run first in each relay transaction. Marking a row published leaves its
--- outbox_unpublished_idx entry behind until VACUUM. Only a plain index scan flags such
+-- outbox_waiting_idx entry behind until VACUUM. Only a plain index scan flags such
 -- entries dead as it passes them, so that the next claim skips them; the bitmap scan
 -- the planner picks for a LIMIT above its row estimate (always, with RELAY_BATCH) flags
 -- nothing, and every claim visited every row published since the last VACUUM: 4,000
@@ -504,10 +506,11 @@ SET LOCAL enable_bitmapscan = off;
 
 
 -- name: outbox_claim
--- A relay's batch: unpublished rows in id order (outbox_unpublished_idx), rows another
--- relay holds skipped; the payload as the JSON text stored, published as is.
+-- A relay's batch: unpublished rows in id order (outbox_waiting_idx: parked rows are
+-- not in it), rows another relay holds skipped; the payload as the JSON text stored,
+-- published as is.
 SELECT id, job_id, seq, event_id::text, payload::text FROM event_outbox
-WHERE published_at IS NULL ORDER BY id LIMIT %(limit)s
+WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 
@@ -516,19 +519,66 @@ FOR UPDATE SKIP LOCKED;
 UPDATE event_outbox SET published_at = now() WHERE id = ANY(%(ids)b::bigint[]);
 
 
+-- name: outbox_park
+-- The claimed rows the ERP refused for good (the brokerless bridge, jobs/erp_bridge.py),
+-- in the claim's transaction: each with the response's status and the start of its
+-- text. They leave outbox_waiting_idx for outbox_parked_idx.
+UPDATE event_outbox o SET parked_at = now(), park_status = p.status, park_text = p.text
+FROM unnest(%(ids)s::bigint[], %(statuses)s::int[], %(texts)s::text[]) AS p(id, status, text)
+WHERE o.id = p.id AND o.published_at IS NULL AND o.parked_at IS NULL
+RETURNING o.id, o.event_id::text, o.job_id::text, o.seq, o.park_status;
+
+
+-- name: outbox_parked_list
+-- The parked rows, oldest first (outbox_parked_idx), for `manage.py erp_parked list`;
+-- `after` pages on by id.
+SELECT id, event_id::text, job_id::text, seq, created_at, parked_at, park_status, park_text,
+       payload->>'status'
+FROM event_outbox
+WHERE published_at IS NULL AND parked_at IS NOT NULL AND id > %(after)s
+ORDER BY id LIMIT %(limit)s;
+
+
+-- name: outbox_find
+-- Rows by event id (event_outbox's unique index), whatever their state, so that an
+-- operator's command can tell an id it does not know from an event no longer parked.
+SELECT event_id::text, parked_at IS NOT NULL AND published_at IS NULL
+FROM event_outbox WHERE event_id = ANY(%(event_ids)s::uuid[]);
+
+
+-- name: outbox_redrive
+-- Compare-and-set: the parked rows among `event_ids` lose their park and wait for the
+-- bridge again, in their id order (the same event_id: the same Idempotency-Key). A row
+-- not parked any more (re-driven or discarded already) is not matched.
+UPDATE event_outbox SET parked_at = NULL, park_status = NULL, park_text = NULL
+WHERE event_id = ANY(%(event_ids)s::uuid[]) AND published_at IS NULL AND parked_at IS NOT NULL
+RETURNING id, event_id::text, job_id::text, seq;
+
+
+-- name: outbox_discard
+-- Compare-and-set: the parked rows among `event_ids` are settled without delivery.
+-- parked_at, the status and the text stay (what was refused, until the purge);
+-- published_at hands the row to the retention of delivered rows (outbox_prune).
+UPDATE event_outbox SET published_at = now()
+WHERE event_id = ANY(%(event_ids)s::uuid[]) AND published_at IS NULL AND parked_at IS NOT NULL
+RETURNING id, event_id::text, job_id::text, seq, park_status;
+
+
 -- name: gauges
--- The oldest pending job, stale locks, outbox lag and backlog, and the newest
--- checkpoint, in one statement (jobs/metrics.py); each part is served by a partial
--- index (jobs_pending_idx, jobs_running_lock_idx, outbox_unpublished_idx) or reads
--- one row, so a scrape stays cheap on a large table.
+-- The oldest pending job, stale locks, outbox lag and backlog, the newest checkpoint
+-- and the parked ERP events, in one statement (jobs/metrics.py); each part is served
+-- by a partial index (jobs_pending_idx, jobs_running_lock_idx, outbox_waiting_idx,
+-- outbox_parked_idx) or reads one row, so a scrape stays cheap on a large table. A
+-- parked row waits for an operator, not for the relay: it is no part of the lag.
 SELECT
     (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM jobs WHERE status = 'pending'),
     (SELECT count(*) FROM jobs WHERE status = 'running'
         AND locked_at < now() - make_interval(secs => %(stale_after)s)),
     (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM event_outbox
-        WHERE published_at IS NULL),
-    (SELECT count(*) FROM event_outbox WHERE published_at IS NULL),
-    (SELECT EXTRACT(EPOCH FROM now() - max(created_at)) FROM audit_checkpoints);
+        WHERE published_at IS NULL AND parked_at IS NULL),
+    (SELECT count(*) FROM event_outbox WHERE published_at IS NULL AND parked_at IS NULL),
+    (SELECT EXTRACT(EPOCH FROM now() - max(created_at)) FROM audit_checkpoints),
+    (SELECT count(*) FROM event_outbox WHERE published_at IS NULL AND parked_at IS NOT NULL);
 
 
 -- name: queues_paused
@@ -632,7 +682,8 @@ GROUP BY j.type;
 -- name: purge_delete
 -- Deletes the jobs `ids` (locked by purge_claim, their `purged` entries appended) with
 -- their artefact rows, closed dead letters and published outbox rows, in one
--- statement; an unpublished outbox row stays for the relay (it names no row). The
+-- statement; an unpublished outbox row stays for the relay (it names no row), and so
+-- does a parked one, for the operator who re-drives or discards it. The
 -- audit tables are not touched. Returns the counts and the artefacts' storage keys
 -- (their files go after commit).
 WITH art AS (

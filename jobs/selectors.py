@@ -333,18 +333,56 @@ def job_counts_by_queue(
 
 def job_health_gauges() -> dict[str, float | None]:
     """The on-call figures as of now (one statement, gauges): the
-    oldest pending job, stale locks, outbox lag and backlog, and the newest checkpoint's
-    age (None when none was ever written)."""
+    oldest pending job, stale locks, outbox lag and backlog, the newest checkpoint's
+    age (None when none was ever written) and the ERP events parked in the outbox."""
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["gauges"], {"stale_after": float(settings.JOBOPS_LOCK_TIMEOUT)})
-        pending_age, stale, lag, unpublished, checkpoint_age = cursor.fetchone()
+        pending_age, stale, lag, unpublished, checkpoint_age, parked = cursor.fetchone()
     return {
         "oldest_pending_seconds": max(0.0, float(pending_age or 0)),
         "stale_locks": float(stale),
         "outbox_lag_seconds": max(0.0, float(lag or 0)),
         "outbox_unpublished": float(unpublished),
         "checkpoint_age_seconds": None if checkpoint_age is None else float(checkpoint_age),
+        "erp_events_parked": int(parked),
     }
+
+
+@dataclass(frozen=True)
+class ParkedEvent:
+    """An ERP event the receiver refused for good, parked in the outbox
+    (jobs/services/erp_parked.py)."""
+
+    id: int
+    event_id: str
+    job_id: str
+    seq: int
+    created_at: datetime
+    parked_at: datetime
+    status: int | None  # the receiver's HTTP status
+    text: str  # the start of its answer
+    job_status: str | None  # the status the event announced
+
+
+def erp_parked_events(*, after: int = 0, limit: int = 100) -> list[ParkedEvent]:
+    """The parked ERP events, oldest first; `after` (an outbox id) pages on."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["outbox_parked_list"], {"after": after, "limit": limit})
+        rows = cursor.fetchall()
+    return [
+        ParkedEvent(
+            id=r[0],
+            event_id=r[1],
+            job_id=r[2],
+            seq=r[3],
+            created_at=r[4],
+            parked_at=r[5],
+            status=r[6],
+            text=r[7] or "",
+            job_status=r[8],
+        )
+        for r in rows
+    ]
 
 
 def purge_last() -> dict[str, Any] | None:

@@ -11,13 +11,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Receiver:
     """An ERP stand-in: answers `script` statuses in turn, then `status` (200 unless a
     test sets another: an outage is `status = 503`), with the `extra_headers` (e.g.
-    Retry-After); records each request with the status it got."""
+    Retry-After) and the body `text` when a test sets one (else `{"status": N}`);
+    records each request with the status it got."""
 
     def __init__(self, script: list[int | tuple[str, float]] | None = None) -> None:
         self.script = list(script or [])
         self.requests: list[dict] = []
         self.status = 200
         self.extra_headers: dict[str, str] = {}
+        self.text: str | None = None
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,7 +37,10 @@ class Receiver:
                 for name, value in receiver.extra_headers.items():
                     self.send_header(name, value)
                 self.end_headers()
-                self.wfile.write(json.dumps({"status": action}).encode())
+                text = (
+                    receiver.text if receiver.text is not None else json.dumps({"status": action})
+                )
+                self.wfile.write(text.encode())
 
             def log_message(self, *args):  # keep test output quiet
                 pass

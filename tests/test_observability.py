@@ -99,6 +99,7 @@ def test_gauges_are_computed_from_real_rows(client, settings):
         "outbox_lag": 0.0,
         "outbox_unpublished": 0.0,
         "checkpoint_age": -1.0,
+        "erp_events_parked": 0.0,
         "queues_paused": 0.0,
     }
 

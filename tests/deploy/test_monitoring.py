@@ -81,6 +81,7 @@ def test_alerts_cover_what_on_call_must_hear_about():
         "live_dispatchers",  # dispatcher heartbeat missing
         "audit_checkpoint_age_seconds",  # checkpoint too old
         "jobs_failed_total",  # jobs failing for good
+        "erp_events_parked",  # refused ERP events waiting (PostgreSQL alone)
     ):
         assert metric in used, metric
     assert len({r["alert"] for r in RULE_LIST}) == len(RULE_LIST)

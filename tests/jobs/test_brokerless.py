@@ -4,21 +4,38 @@ would fail loudly), and each of their jobs has a database form."""
 
 from __future__ import annotations
 
+import json
+import uuid
+from datetime import timedelta
+
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 
+from audit.models import AuditLog
+from audit.services import OPS_CHAIN
 from config.dashboard import dashboard_overview
 from core import health
 from core.broker import BrokerOffError, broker_connection, queue_depths
+from jobs import metrics
 from jobs.backpressure import queue_depth_cached, queue_depths_forget, queue_depths_refresh
 from jobs.dispatcher import dispatch_once, role_steps
 from jobs.erp_bridge import erp_bridge_run
-from jobs.events import outbox_settle_once
+from jobs.events import outbox_prune, outbox_settle_once
 from jobs.liveness import beat, live_processes
-from jobs.models import EventOutbox
+from jobs.metrics import metrics_refresh_gauges
+from jobs.models import EventOutbox, Job
+from jobs.services.purge import purge_run
 from tests.erp_receiver import Receiver
-from tests.factories import UserFactory, client_for, client_with_grant, job_in_state, role_user
+from tests.factories import (
+    UserFactory,
+    backdate,
+    client_for,
+    client_with_grant,
+    job_in_state,
+    role_user,
+)
 from tests.processes import free_port
 
 pytestmark = pytest.mark.django_db
@@ -197,9 +214,238 @@ def test_a_failing_erp_keeps_the_rest_of_the_outbox_for_later(settings):
     assert unpublished(job) == []
 
 
-def test_a_refused_event_is_counted_and_does_not_hold_the_next(settings):
-    job = job_in_state("queued")  # pending, queued
+# --- events the ERP refused for good are parked in the outbox ------------------------------
+
+REFUSAL = "unknown customer for this order: " + "x" * 1000
+
+
+def ops_entries(event_type: str) -> list[dict]:
+    rows = AuditLog.objects.filter(chain=OPS_CHAIN, event_type=event_type).order_by("seq")
+    return [{"actor": r.actor_id, **json.loads(r.payload)["data"]} for r in rows]
+
+
+def park_first_event(job) -> EventOutbox:
+    """Run the bridge against an ERP that refuses the job's first event with 422 and
+    accepts the rest; returns the parked row."""
     with Receiver(script=[422]) as erp:
+        erp.text = REFUSAL
         counts = erp_bridge_run(url=erp.url, idle_timeout=0.3)
-    assert counts == {"delivered": 1, "retry": 0, "park": 1}
+    assert counts["park"] == 1
+    return EventOutbox.objects.get(job_id=job.id, seq=1)
+
+
+def parked_gauge() -> float:
+    metrics_refresh_gauges()
+    return metrics.ERP_EVENTS_PARKED._value.get()
+
+
+def test_a_refused_event_is_parked_with_its_answer_and_does_not_hold_the_next(settings):
+    job = job_in_state("succeeded")  # pending, queued, running, succeeded
+    assert parked_gauge() == 0
+    with Receiver(script=[422]) as erp:
+        erp.text = REFUSAL
+        counts = erp_bridge_run(url=erp.url, idle_timeout=0.3)
+
+    assert counts == {"delivered": 3, "retry": 0, "park": 1}
+    assert [r["body"]["seq"] for r in erp.requests] == [1, 2, 3, 4]  # the job went on
+    row = EventOutbox.objects.get(job_id=job.id, seq=1)
+    assert row.published_at is None  # not counted as published: nothing to prune
+    assert row.parked_at is not None
+    assert row.park_status == 422
+    assert row.park_text == REFUSAL[:500]  # a bounded excerpt
+    assert unpublished(job) == [1]  # only the parked one
+    assert ops_entries("erp_event_parked") == [
+        {
+            "actor": "erp_bridge",
+            "event_id": str(row.event_id),
+            "job_id": str(job.id),
+            "seq": 1,
+            "status": 422,
+        }
+    ]
+    # Counted apart from the relay's backlog: a parked row waits for an operator.
+    assert parked_gauge() == 1
+    assert metrics_refresh_gauges()["outbox_unpublished"] == 0
+    overview = dashboard_overview(use_cache=False)
+    assert overview["health"]["erp_events_parked"] == 1
+    assert any("erp_parked list" in p for p in overview["problems"])
+
+    # The claim skips it: another run posts nothing.
+    with Receiver() as erp:
+        assert erp_bridge_run(url=erp.url, idle_timeout=0.3)["delivered"] == 0
+    assert erp.requests == []
+
+
+def test_list_shows_the_parked_events(capsys):
+    job = job_in_state("queued")
+    row = park_first_event(job)
+    call_command("erp_parked", "list")
+    out = capsys.readouterr().out
+    assert str(row.event_id) in out and f"job {job.id} seq 1" in out
+    assert "HTTP 422: unknown customer for this order" in out
+
+    call_command("erp_parked", "list", "--json")
+    [listed] = json.loads(capsys.readouterr().out)
+    assert listed["event_id"] == str(row.event_id)
+    assert listed["status"] == 422 and listed["text"] == REFUSAL[:500]
+    assert listed["job_status"] == "pending"  # what the refused event announced
+
+    call_command("erp_parked", "list", "--after", str(row.id))
+    assert "no parked events" in capsys.readouterr().out
+
+
+def test_redrive_delivers_the_event_once_with_the_same_idempotency_key(capsys):
+    operator = role_user("operator")
+    job = job_in_state("queued")
+    row = park_first_event(job)
+    event_id = str(row.event_id)
+
+    call_command(
+        "erp_parked",
+        "redrive",
+        event_id,
+        "--as",
+        operator.username,
+        "--reason",
+        "customer created, INC-7",
+    )
+    assert f"{event_id} redriven" in capsys.readouterr().out
+    row.refresh_from_db()
+    assert (row.parked_at, row.park_status, row.park_text, row.published_at) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert ops_entries("erp_event_redriven") == [
+        {
+            "actor": str(operator.pk),
+            "event_id": event_id,
+            "job_id": str(job.id),
+            "seq": 1,
+            "reason": "customer created, INC-7",
+        }
+    ]
+    assert parked_gauge() == 0
+
+    with Receiver() as erp:
+        counts = erp_bridge_run(url=erp.url, idle_timeout=0.3)
+        assert counts == {"delivered": 1, "retry": 0, "park": 0}
+        # Repeating the re-drive is harmless: nothing changes, nothing is audited or sent.
+        call_command("erp_parked", "redrive", event_id)
+        assert f"{event_id} not parked" in capsys.readouterr().out
+        erp_bridge_run(url=erp.url, idle_timeout=0.3)
+    [request] = erp.requests
+    assert request["headers"]["Idempotency-Key"] == event_id
+    assert request["body"]["seq"] == 1
     assert unpublished(job) == []
+    assert len(ops_entries("erp_event_redriven")) == 1
+
+
+def test_a_redriven_event_refused_again_is_parked_again_and_all_redrives_every_one(capsys):
+    first, second = job_in_state("pending"), job_in_state("pending")
+    with Receiver() as erp:
+        erp.status = 422
+        assert erp_bridge_run(url=erp.url, idle_timeout=0.3)["park"] == 2
+        call_command("erp_parked", "redrive", "--all")
+        assert erp_bridge_run(url=erp.url, idle_timeout=0.3)["park"] == 2  # refused again
+        assert parked_gauge() == 2
+        erp.status = 200
+        call_command("erp_parked", "redrive", "--all")
+        assert erp_bridge_run(url=erp.url, idle_timeout=0.3)["delivered"] == 2
+    assert unpublished(first) == unpublished(second) == []
+    assert len(ops_entries("erp_event_redriven")) == 4
+    assert len(ops_entries("erp_event_parked")) == 4
+    assert parked_gauge() == 0
+
+
+def test_discard_needs_a_reason_audits_it_and_repeating_is_harmless(capsys):
+    operator = role_user("operator")
+    job = job_in_state("queued")
+    row = park_first_event(job)
+    event_id = str(row.event_id)
+    with pytest.raises(CommandError, match="--reason"):
+        call_command("erp_parked", "discard", event_id)
+    with pytest.raises(CommandError, match="justification is required"):
+        call_command("erp_parked", "discard", event_id, "--reason", "  ")
+    row.refresh_from_db()
+    assert row.published_at is None and not ops_entries("erp_event_discarded")
+
+    call_command(
+        "erp_parked",
+        "discard",
+        event_id,
+        "--reason",
+        "test order, INC-8",
+        "--as",
+        operator.username,
+    )
+    assert f"{event_id} discarded" in capsys.readouterr().out
+    row.refresh_from_db()
+    assert row.published_at is not None  # settled: it follows the retention now
+    assert row.parked_at is not None and row.park_status == 422  # what was refused stays
+    assert ops_entries("erp_event_discarded") == [
+        {
+            "actor": str(operator.pk),
+            "event_id": event_id,
+            "job_id": str(job.id),
+            "seq": 1,
+            "status": 422,
+            "reason": "test order, INC-8",
+        }
+    ]
+    assert parked_gauge() == 0
+
+    call_command("erp_parked", "discard", event_id, "--reason", "again")
+    assert f"{event_id} not parked" in capsys.readouterr().out
+    call_command("erp_parked", "redrive", event_id)  # a discarded event is not re-driven
+    assert f"{event_id} not parked" in capsys.readouterr().out
+    assert len(ops_entries("erp_event_discarded")) == 1 and not ops_entries("erp_event_redriven")
+    with Receiver() as erp:
+        erp_bridge_run(url=erp.url, idle_timeout=0.3)
+    assert erp.requests == []
+
+
+def test_bad_event_ids_get_a_clear_error_and_change_nothing():
+    job = job_in_state("queued")
+    row = park_first_event(job)
+    with pytest.raises(CommandError, match="'nope' is not an event id"):
+        call_command("erp_parked", "redrive", "nope")
+    unknown = str(uuid.uuid4())
+    with pytest.raises(CommandError, match=f"No event {unknown} in the outbox"):
+        call_command("erp_parked", "redrive", str(row.event_id), unknown)
+    with pytest.raises(CommandError, match=f"No event {unknown}"):
+        call_command("erp_parked", "discard", unknown, "--reason", "gone")
+    with pytest.raises(CommandError, match="Name the parked events"):
+        call_command("erp_parked", "redrive")
+    with pytest.raises(CommandError, match="EVENT_IDs or --all"):
+        call_command("erp_parked", "redrive", str(row.event_id), "--all")
+    with pytest.raises(CommandError, match="no user 'nobody'"):
+        call_command("erp_parked", "redrive", str(row.event_id), "--as", "nobody")
+    row.refresh_from_db()
+    assert row.parked_at is not None  # the known id of the refused call was not re-driven
+    assert not ops_entries("erp_event_redriven") and not ops_entries("erp_event_discarded")
+
+
+def test_the_purge_keeps_parked_rows_until_they_are_redriven(settings):
+    job = job_in_state("succeeded")
+    row = park_first_event(job)
+    backdate(job, created_at=120, updated_at=120)
+    EventOutbox.objects.filter(job_id=job.id).update(
+        created_at=timezone.now() - timedelta(days=100)
+    )
+    EventOutbox.objects.filter(job_id=job.id, published_at__isnull=False).update(
+        published_at=timezone.now() - timedelta(days=100)
+    )
+
+    removed, _ = purge_run(older_than=timedelta(minutes=1))
+    assert removed["outbox"] == 3  # the delivered ones went with their job
+    assert not Job.objects.filter(id=job.id).exists()
+    assert outbox_prune(older_than=timezone.now()) == 0
+    assert list(EventOutbox.objects.values_list("id", flat=True)) == [row.id]
+
+    # Still there to re-drive, though its job is gone: nothing accepted is lost.
+    call_command("erp_parked", "redrive", str(row.event_id))
+    with Receiver() as erp:
+        erp_bridge_run(url=erp.url, idle_timeout=0.3)
+    assert [r["body"]["event_id"] for r in erp.requests] == [str(row.event_id)]

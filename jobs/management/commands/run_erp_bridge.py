@@ -16,7 +16,8 @@ class Command(BaseCommand):
         "POST every job event of the erp.events queue to JOBOPS_ERP_EVENTS_URL with "
         "Idempotency-Key: <event_id> (docs/architecture.md). 5xx/timeouts are retried with "
         "backoff; permanent refusals (4xx) are parked on erp.events.parked. With "
-        "JOBOPS_BROKER off it reads the event outbox directly (refusals are logged)."
+        "JOBOPS_BROKER off it reads the event outbox directly (refusals are parked in it: "
+        "manage.py erp_parked)."
     )
 
     def add_arguments(self, parser: Any) -> None:

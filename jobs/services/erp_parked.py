@@ -1,0 +1,199 @@
+"""ERP events parked in the outbox (docs/smallest-deployment.md#parked-erp-events).
+
+Without a broker the ERP bridge delivers outbox rows itself (jobs/erp_bridge.py). A row
+the receiver refused for good (a 4xx other than 408/425/429, a redirect) cannot go to
+the queue `erp.events.parked` as it does with a broker, so it is parked where it is:
+`parked_at`, the response's status and the start of its text on the row
+(jobs.models.EventOutbox). Such a row is not published: the claim skips it, it blocks
+none of its job's later events, and neither the purge nor `outbox_prune` deletes it.
+It waits for an operator (`manage.py erp_parked`):
+
+- **re-drive**: the park is cleared and the bridge takes the row again, in `id` order,
+  with the same `event_id`, so the same `Idempotency-Key` (a receiver that accepted it
+  meanwhile drops the repeat). Refused again, it is parked again.
+- **discard**, with a justification: the row is settled without delivery
+  (`published_at` set, the park kept as the record of what was refused) and follows
+  the retention of delivered rows.
+
+Each park, re-drive and discard is audited on the ops chain in the transaction that
+makes it (`erp_event_parked`, `erp_event_redriven`, `erp_event_discarded`: the event
+id, job id, seq and the refusal's status; an operator's justification). The
+receiver's text stays out of the chain: it is another system's words, which could
+carry personal data, and a hash chain cannot forget it. Each change is a
+compare-and-set on "still parked": repeating a re-drive or a discard, or racing
+another operator, changes nothing twice and audits nothing twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+
+from audit.services import OPS_CHAIN, Actor, audit_append
+from jobs.exceptions import ErpEventNotFoundError, ErpParkedInputError
+from jobs.queries import QUERIES
+
+PARKED_EVENT = "erp_event_parked"
+REDRIVEN_EVENT = "erp_event_redriven"
+DISCARDED_EVENT = "erp_event_discarded"
+# Who parks: the bridge, on no operator's behalf.
+BRIDGE_ACTOR = Actor.system("erp_bridge")
+# An operator's justification: a sentence or two for the audit log.
+REASON_MAX_CHARS = 500
+# Rows one transaction of `erp_parked_redrive_all` re-drives: its row locks and its
+# run of ops-chain appends stay short however many events wait.
+REDRIVE_CHUNK = 500
+# What each command answers per event id.
+REDRIVEN, DISCARDED, NOT_PARKED = "redriven", "discarded", "not parked"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A claimed outbox row the receiver refused for good, with its answer."""
+
+    id: int
+    status: int | None
+    text: str
+
+
+def outbox_park(*, refusals: list[Refusal]) -> int:
+    """Park the claimed rows `refusals` in the caller's transaction (the bridge's claim,
+    after its POSTs) and audit each on the ops chain; returns the rows parked."""
+    if not refusals:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            QUERIES["outbox_park"],
+            {
+                "ids": [r.id for r in refusals],
+                "statuses": [r.status for r in refusals],
+                "texts": [r.text for r in refusals],
+            },
+        )
+        parked = cursor.fetchall()
+    for _, event_id, job_id, seq, status in sorted(parked):
+        audit_append(
+            chain=OPS_CHAIN,
+            event_type=PARKED_EVENT,
+            actor=BRIDGE_ACTOR,
+            data={"event_id": event_id, "job_id": job_id, "seq": seq, "status": status},
+        )
+    return len(parked)
+
+
+def _event_ids(event_ids: Iterable[str]) -> list[str]:
+    """The ids as canonical UUID text; ErpParkedInputError for one that is none, or none
+    at all; ErpEventNotFoundError for ids the outbox does not hold."""
+    checked: list[str] = []
+    for raw in event_ids:
+        try:
+            checked.append(str(uuid.UUID(str(raw).strip())))
+        except ValueError:
+            raise ErpParkedInputError(
+                f"{raw!r} is not an event id (a UUID, as `erp_parked list` shows it)",
+                details={"event_id": str(raw)},
+            ) from None
+    if not checked:
+        raise ErpParkedInputError("Name the parked events (their event ids).")
+    checked = list(dict.fromkeys(checked))
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["outbox_find"], {"event_ids": checked})
+        known = {row[0] for row in cursor.fetchall()}
+    missing = [e for e in checked if e not in known]
+    if missing:
+        raise ErpEventNotFoundError(
+            f"No event {', '.join(missing)} in the outbox.", details={"event_ids": missing}
+        )
+    return checked
+
+
+def _reason(reason: str, *, required: bool) -> str:
+    reason = (reason or "").strip()
+    if required and not reason:
+        raise ErpParkedInputError(details={"reason": "required"})
+    if len(reason) > REASON_MAX_CHARS:
+        raise ErpParkedInputError(
+            f"The justification is longer than {REASON_MAX_CHARS} characters.",
+            details={"reason": f"at most {REASON_MAX_CHARS} characters"},
+        )
+    return reason
+
+
+def erp_parked_redrive(
+    *, event_ids: Iterable[str], actor: Actor, reason: str = ""
+) -> dict[str, str]:
+    """Hand the parked events `event_ids` back to the bridge; returns per event id
+    `redriven`, or `not parked` for one re-driven or discarded already (nothing written).
+
+    1. Check the ids (ErpParkedInputError, ErpEventNotFoundError: nothing changed).
+    2. One transaction: clear the park of those still parked (compare-and-set) and
+       audit `erp_event_redriven` for each, with the optional justification.
+    """
+    reason = _reason(reason, required=False)
+    ids = _event_ids(event_ids)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["outbox_redrive"], {"event_ids": ids})
+            changed = cursor.fetchall()
+        for _, event_id, job_id, seq in sorted(changed):
+            data: dict[str, Any] = {"event_id": event_id, "job_id": job_id, "seq": seq}
+            if reason:
+                data["reason"] = reason
+            audit_append(chain=OPS_CHAIN, event_type=REDRIVEN_EVENT, actor=actor, data=data)
+    done = {row[1] for row in changed}
+    return {e: REDRIVEN if e in done else NOT_PARKED for e in ids}
+
+
+def erp_parked_redrive_all(*, actor: Actor, reason: str = "") -> dict[str, str]:
+    """Re-drive every parked event, oldest first, `REDRIVE_CHUNK` to a transaction;
+    returns per event id what `erp_parked_redrive` says. An event parked while this
+    runs (the bridge refusing one of the re-driven again) is left for the next run."""
+    reason = _reason(reason, required=False)
+    results: dict[str, str] = {}
+    after = 0
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["outbox_parked_list"], {"after": after, "limit": REDRIVE_CHUNK})
+            page = cursor.fetchall()
+        if not page:
+            return results
+        after = page[-1][0]  # a re-driven row leaves the parked rows: page on by id
+        results |= erp_parked_redrive(
+            event_ids=[row[1] for row in page], actor=actor, reason=reason
+        )
+
+
+def erp_parked_discard(*, event_ids: Iterable[str], reason: str, actor: Actor) -> dict[str, str]:
+    """Settle the parked events `event_ids` without delivery; returns per event id
+    `discarded`, or `not parked` for one re-driven or discarded already.
+
+    1. Check the justification and the ids (nothing changed on a refusal).
+    2. One transaction: mark those still parked settled (compare-and-set; the park stays
+       as the record of the refusal) and audit `erp_event_discarded` for each, with the
+       justification.
+    """
+    reason = _reason(reason, required=True)
+    ids = _event_ids(event_ids)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["outbox_discard"], {"event_ids": ids})
+            changed = cursor.fetchall()
+        for _, event_id, job_id, seq, status in sorted(changed):
+            audit_append(
+                chain=OPS_CHAIN,
+                event_type=DISCARDED_EVENT,
+                actor=actor,
+                data={
+                    "event_id": event_id,
+                    "job_id": job_id,
+                    "seq": seq,
+                    "status": status,
+                    "reason": reason,
+                },
+            )
+    done = {row[1] for row in changed}
+    return {e: DISCARDED if e in done else NOT_PARKED for e in ids}
