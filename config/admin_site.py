@@ -29,7 +29,7 @@ from core.admin_base import ReadOnlyAdmin
 from core.errors import ApplicationError
 from core.otp_devices import verification_wait
 from jobs.models import Job
-from jobs.selectors import connectors_state, queue_pauses
+from jobs.selectors import ConnectorState, connectors_state, queue_pauses
 from jobs.services.connectors import REASON_MAX_CHARS as CONNECTOR_REASON_MAX_CHARS
 from jobs.services.connectors import connector_close, connector_open
 from jobs.services.queues import REASON_MAX_CHARS, queue_pause, queue_resume
@@ -185,7 +185,7 @@ class JobopsAdminSite(OTPAdminSite):
         # Read fresh too (a row per connector): an open breaker holds jobs of every queue.
         connectors = connectors_state()
         breakers = [
-            f"Connector {c.name} is {c.state.replace('_', '-')}: its jobs wait"
+            f"Connector {c.name} is {c.state.replace('_', '-')} {_breaker_cause(c)}: its jobs wait"
             + (f" for the probe at {c.next_probe_at:%H:%M:%S} UTC." if c.state == "open" else ".")
             for c in connectors
             if c.state != "closed"
@@ -202,6 +202,16 @@ class JobopsAdminSite(OTPAdminSite):
             "pauses": pauses,
             "can_pause": can_pause_queues(request.user),
         }
+
+
+def _breaker_cause(c: ConnectorState) -> str:
+    """Why the breaker is not closed, for the line at the top of the dashboard (on a
+    phone the Connectors panel is far below): the operator and their reason, or the
+    failures in a row and the last error."""
+    if c.manual:
+        return f"(by {c.changed_by or 'cli'}: {c.reason})"
+    error = f", last {c.last_error_code}" if c.last_error_code else ""
+    return f"after {c.failures} failure{'s' if c.failures != 1 else ''} in a row{error}"
 
 
 def can_pause_queues(user: Any) -> bool:

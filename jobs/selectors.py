@@ -527,6 +527,9 @@ ATTEMPTS_SHOWN = 50
 # How an attempt ended, by the event of the entry that took the job out of `running`;
 # any other such event (a future one) is shown by its name.
 ATTEMPT_OUTCOMES = {"reclaimed": "lost"}
+# What the job page calls an outcome where its name alone misleads: an attempt that ended
+# `retrying` failed (the job is the one retrying), and a `lost` one lost its worker.
+ATTEMPT_LABELS = {"retrying": "failed, retried", "lost": "worker lost"}
 
 
 @dataclass(frozen=True)
@@ -544,6 +547,16 @@ class Attempt:
     def seconds(self) -> float | None:
         """Its duration (None while it runs)."""
         return None if self.ended is None else (self.ended - self.started).total_seconds()
+
+    @property
+    def label(self) -> str:
+        """Its outcome in words for the job page (ATTEMPT_LABELS)."""
+        return ATTEMPT_LABELS.get(self.outcome, self.outcome)
+
+    @property
+    def ended_same_day(self) -> bool:
+        """It ended on the (UTC) day it started: the page shows the end's time alone."""
+        return self.ended is not None and self.ended.date() == self.started.date()
 
 
 @dataclass(frozen=True)

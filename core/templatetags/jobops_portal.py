@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -47,6 +49,19 @@ def duration(seconds: Any) -> str:
     if total < 86400:
         return f"{total // 3600} h {total % 3600 // 60} min"
     return f"{total // 86400} d {total % 86400 // 3600} h"
+
+
+@register.filter
+def relative(moment: datetime | None) -> str:
+    """How far `moment` is from now, for a time shown beside it: "3 min ago", "in 29
+    min", "now"; an em dash when unknown. A bare clock time is ambiguous at 3 a.m.
+    (today's? yesterday's?); the distance is not."""
+    if moment is None:
+        return "—"
+    seconds = (moment - timezone.now()).total_seconds()
+    if abs(seconds) < 1:
+        return "now"
+    return f"in {duration(seconds)}" if seconds > 0 else f"{duration(-seconds)} ago"
 
 
 @register.filter

@@ -79,13 +79,18 @@ def viewport(driver, width: int, height: int, *, mobile: bool = False) -> None:
     )
 
 
-def shoot(driver, name: str) -> list[Path]:
-    """Save what an operator sees now, at laptop and at phone width, under var/screenshots/."""
+def shoot(driver, name: str, at: str | None = None) -> list[Path]:
+    """Save what an operator sees now, at laptop and at phone width, under var/screenshots/;
+    `at`: a CSS selector scrolled to the top first at each width (a panel below the fold)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     saved = []
     for (width, height), tag, mobile in ((LAPTOP, "laptop", False), (PHONE, "phone", True)):
         viewport(driver, width, height, mobile=mobile)
         time.sleep(0.3)  # let the layout settle at the new width
+        if at is not None:
+            driver.execute_script(
+                "const e = document.querySelector(arguments[0]); if (e) e.scrollIntoView()", at
+            )
         path = SCREENSHOTS / f"{name}-{tag}.png"
         driver.save_screenshot(str(path))
         saved.append(path)
