@@ -154,6 +154,23 @@ def run_capacity(
     }
 
 
+def _submit_at_rate(owner: Any, count: int, per_s: float) -> tuple[list[str], float, float]:
+    """`count` no-op jobs created at `per_s` a second, open loop (a slow creation does
+    not push the next one's time back); their ids, and the wall clock at the first and
+    after the last (the window a CpuSampler is read over)."""
+    from jobs.services import job_create
+
+    ids: list[str] = []
+    interval, next_at = 1.0 / per_s, time.monotonic()
+    first = time.time()
+    for _ in range(count):
+        next_at += interval
+        job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
+        ids.append(str(job.id))
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    return ids, first, time.time()
+
+
 def run_latency(
     scratch: common.Scratch,
     args: argparse.Namespace,
@@ -165,20 +182,10 @@ def run_latency(
     latency, not the wait in a queue that a saturating submitter would build. The CPU
     per job of each process (this submitting one included) says how close to
     saturation the rate was: a tail grows long as the two cores fill."""
-    from jobs.services import job_create
-
     owner = bench_user("bench-e2e")
     worker = _job_worker(args, env)
-    ids: list[str] = []
-    interval, next_at = 1.0 / per_s, time.monotonic()
     with common.CpuSampler({"worker": worker, **dispatchers}, this_process="submitter") as cpu:
-        first = time.time()
-        for _ in range(args.latency_jobs):
-            next_at += interval
-            job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
-            ids.append(str(job.id))
-            time.sleep(max(0.0, next_at - time.monotonic()))
-        last = time.time()
+        ids, first, last = _submit_at_rate(owner, args.latency_jobs, per_s)
         wait_then_stop(
             scratch, worker, job_ids=ids, status="succeeded", timeout=900, what="the latency jobs"
         )
@@ -521,8 +528,6 @@ def measure_postgres(
     3. submit -> start and submit -> done p50/p99 at a fixed rate, half that capacity
        unless --latency-rate (the run_worker, the dispatchers and the submitter running).
     Raw Celery before and after, their mean the baseline, as in the Celery arm."""
-    from jobs.services import job_create
-
     env = {**env, **PG_EXECUTOR}
     dispatchers = common.start_dispatchers(bench=NAME, env=env)
     owner = bench_user("bench-e2e")
@@ -544,18 +549,10 @@ def measure_postgres(
     capacity = _pg_capacity(scratch, args, env, owner)
     per_s = args.latency_rate or max(1.0, 0.5 * capacity["jobs_per_s"])
     worker = _run_worker(args, env)
-    latency_ids: list[str] = []
-    interval, next_at = 1.0 / per_s, time.monotonic()
     with common.CpuSampler(
         {"run_worker": worker, **dispatchers}, this_process="submitter"
     ) as latency_cpu:
-        first = time.time()
-        for _ in range(args.latency_jobs):
-            next_at += interval
-            job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
-            latency_ids.append(str(job.id))
-            time.sleep(max(0.0, next_at - time.monotonic()))
-        last = time.time()
+        latency_ids, first, last = _submit_at_rate(owner, args.latency_jobs, per_s)
         wait_then_stop(
             scratch,
             worker,
