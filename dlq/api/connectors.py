@@ -17,7 +17,6 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
 from dlq.api.controls import OperatorControlApi, control_schema, reason_field
-from dlq.errors import DeadLetterPermissionError
 from jobs.controls import CONNECTOR_CONTROL
 from jobs.selectors import connectors_state
 from jobs.types import all_connectors
@@ -29,16 +28,6 @@ CONNECTOR = OpenApiParameter(
     description="A connector a job type calls, e.g. `erp`.",
     enum=list(all_connectors()) or None,
 )
-
-
-class ConnectorWholeTenantsError(DeadLetterPermissionError):
-    """A staff member limited to some organisations asked to open or close a breaker:
-    that acts on every tenant's jobs at once, which stays with unrestricted operators."""
-
-    default_message = (
-        "You are limited to some organisations: opening or closing a connector's breaker "
-        "acts on every organisation's jobs and needs an unrestricted operator."
-    )
 
 
 class ConnectorControlInputSerializer(serializers.Serializer):
@@ -61,7 +50,10 @@ class ConnectorControlOutputSerializer(serializers.Serializer):
 class _ConnectorControlApi(OperatorControlApi):
     control = CONNECTOR_CONTROL
     required_permissions = (CONNECTOR_CONTROL.permission,)
-    whole_tenants_error = ConnectorWholeTenantsError
+    whole_tenants_refusal = (
+        "You are limited to some organisations: opening or closing a connector's breaker "
+        "acts on every organisation's jobs and needs an unrestricted operator."
+    )
     input_serializer = ConnectorControlInputSerializer
     output_serializer = ConnectorControlOutputSerializer
 

@@ -48,7 +48,7 @@ class OperatorControlApi(DlqApiView):
 
     control: ClassVar[OperatorControl]
     verb: ClassVar[str]
-    whole_tenants_error: ClassVar[type[DeadLetterPermissionError]]
+    whole_tenants_refusal: ClassVar[str]  # the 403's message for staff limited to some orgs
     input_serializer: ClassVar[type[serializers.Serializer]]
     output_serializer: ClassVar[type[serializers.Serializer]]
 
@@ -56,7 +56,7 @@ class OperatorControlApi(DlqApiView):
         # The URL's one argument names the thing (`queue` or `name`, as each URL had it).
         (name,) = kwargs.values()
         if operator_org_ids(request.user) is not None:
-            raise self.whole_tenants_error()
+            raise DeadLetterPermissionError(self.whole_tenants_refusal)
         body = self.input_serializer(data=json_body(request))
         body.is_valid(raise_exception=True)
         changed = self.control.action(self.verb).run(

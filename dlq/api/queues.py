@@ -16,7 +16,6 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
 from dlq.api.controls import OperatorControlApi, control_schema, reason_field
-from dlq.errors import DeadLetterPermissionError
 from jobs.controls import QUEUE_CONTROL
 from jobs.selectors import queues_state
 from jobs.types import primary_queue_names
@@ -28,16 +27,6 @@ QUEUE = OpenApiParameter(
     description="A primary queue, e.g. `sim`.",
     enum=primary_queue_names(),
 )
-
-
-class QueueWholeTenantsError(DeadLetterPermissionError):
-    """A staff member limited to some organisations asked to pause or resume a queue:
-    that acts on every tenant's jobs at once, which stays with unrestricted operators."""
-
-    default_message = (
-        "You are limited to some organisations: pausing or resuming a queue acts on "
-        "every organisation's jobs and needs an unrestricted operator."
-    )
 
 
 class QueueControlInputSerializer(serializers.Serializer):
@@ -58,7 +47,10 @@ class QueueControlOutputSerializer(serializers.Serializer):
 class _QueueControlApi(OperatorControlApi):
     control = QUEUE_CONTROL
     required_permissions = (QUEUE_CONTROL.permission,)
-    whole_tenants_error = QueueWholeTenantsError
+    whole_tenants_refusal = (
+        "You are limited to some organisations: pausing or resuming a queue acts on "
+        "every organisation's jobs and needs an unrestricted operator."
+    )
     input_serializer = QueueControlInputSerializer
     output_serializer = QueueControlOutputSerializer
 
