@@ -127,6 +127,27 @@ def dispatcher_step(name: str) -> Any:
     return result
 
 
+def job_to_clone(conn: Any, *, none_because: str) -> tuple[Any, list[str]]:
+    """The oldest succeeded job's id and the `jobs` table's columns in table order: what
+    a benchmark clones finished jobs from with one INSERT ... SELECT (so that the
+    clones follow the table as migrations change it). BenchError when no job has
+    finished yet, saying `none_because`."""
+    template = conn.execute(
+        "SELECT id FROM jobs WHERE status = 'succeeded' ORDER BY created_at LIMIT 1"
+    ).fetchone()
+    if template is None:
+        raise BenchError(f"no finished job to clone ({none_because})")
+    columns = [
+        row[0]
+        for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = 'jobs' AND table_schema = current_schema() "
+            "ORDER BY ordinal_position"
+        )
+    ]
+    return template[0], columns
+
+
 def status_counts(scratch: Scratch, job_ids: Iterable[str] | None = None) -> dict[str, int]:
     sql = "SELECT status, count(*) FROM jobs"
     params: list[Any] = []

@@ -154,6 +154,23 @@ def run_capacity(
     }
 
 
+def _submit_at_rate(owner: Any, count: int, per_s: float) -> tuple[list[str], float, float]:
+    """`count` no-op jobs created at `per_s` a second, open loop (a slow creation does
+    not push the next one's time back); their ids, and the wall clock at the first and
+    after the last (the window a CpuSampler is read over)."""
+    from jobs.services import job_create
+
+    ids: list[str] = []
+    interval, next_at = 1.0 / per_s, time.monotonic()
+    first = time.time()
+    for _ in range(count):
+        next_at += interval
+        job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
+        ids.append(str(job.id))
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    return ids, first, time.time()
+
+
 def run_latency(
     scratch: common.Scratch,
     args: argparse.Namespace,
@@ -165,20 +182,10 @@ def run_latency(
     latency, not the wait in a queue that a saturating submitter would build. The CPU
     per job of each process (this submitting one included) says how close to
     saturation the rate was: a tail grows long as the two cores fill."""
-    from jobs.services import job_create
-
     owner = bench_user("bench-e2e")
     worker = _job_worker(args, env)
-    ids: list[str] = []
-    interval, next_at = 1.0 / per_s, time.monotonic()
     with common.CpuSampler({"worker": worker, **dispatchers}, this_process="submitter") as cpu:
-        first = time.time()
-        for _ in range(args.latency_jobs):
-            next_at += interval
-            job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
-            ids.append(str(job.id))
-            time.sleep(max(0.0, next_at - time.monotonic()))
-        last = time.time()
+        ids, first, last = _submit_at_rate(owner, args.latency_jobs, per_s)
         wait_then_stop(
             scratch, worker, job_ids=ids, status="succeeded", timeout=900, what="the latency jobs"
         )
@@ -350,6 +357,50 @@ def _cpu_figure(report: common.Report, name: str, label: str, spent: dict[str, f
     report.figure(name, spent["total"], "CPU ms", f"{label}, " + common.by_role(spent))
 
 
+def _raw_celery(report: common.Report, before: dict[str, Any], after: dict[str, Any]) -> float:
+    """Raw Celery's runs before and after an arm, kept; their mean is the arm's baseline."""
+    mean = round((before["tasks_per_s"] + after["tasks_per_s"]) / 2, 1)
+    report.extra("raw_celery", {"before": before, "after": after, "mean": mean})
+    return mean
+
+
+def _drain_against_raw(
+    report: common.Report, name: str, *, label: str, jobs_per_s: float, raw: float, target: float
+) -> None:
+    report.compare(
+        name,
+        label=label,
+        value=jobs_per_s,
+        unit="jobs/s",
+        baseline=raw,
+        baseline_label="raw Celery (mean of 2)",
+        target=target,
+    )
+
+
+def _submit_to_start(
+    report: common.Report, prefix: str, start: dict[str, Any], *, target_ms: float
+) -> None:
+    report.figure(f"{prefix}submit_to_start_p50_ms", start["p50_ms"], "ms", "submit -> start p50")
+    report.target(
+        f"{prefix}submit_to_start_p99_ms",
+        label="submit -> start p99",
+        value=float(start["p99_ms"] or 0),
+        unit="ms",
+        target=target_ms,
+        higher_is_better=False,
+    )
+
+
+def _nothing_left(report: common.Report, scratch: common.Scratch) -> None:
+    report.check(
+        "nothing_left",
+        label="every job succeeded",
+        ok=set(status_counts(scratch)) == {"succeeded"},
+        detail=str(status_counts(scratch)),
+    )
+
+
 def measure(
     scratch: common.Scratch, args: argparse.Namespace, env: dict[str, str], report: common.Report
 ) -> None:
@@ -369,16 +420,14 @@ def measure(
         dispatchers=dispatchers,
     )
     raw_after = run_raw(scratch, args, dispatchers)
-    raw_per_s = round((raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2, 1)
-    report.extra("raw_celery", {"before": raw_before, "after": raw_after, "mean": raw_per_s})
+    raw_per_s = _raw_celery(report, raw_before, raw_after)
     report.extra("jobops_drain", drain)
-    report.compare(
+    _drain_against_raw(
+        report,
         "drain",
         label="no-op drain, jobops",
-        value=drain["jobs_per_s"],
-        unit="jobs/s",
-        baseline=raw_per_s,
-        baseline_label="raw Celery (mean of 2)",
+        jobs_per_s=drain["jobs_per_s"],
+        raw=raw_per_s,
         target=0.5,
     )
     # Where each side's CPU went in its window: the ratio's explanation, in every run.
@@ -404,27 +453,14 @@ def measure(
     _cpu_figure(
         report, "latency_cpu_ms_per_job", "latency run CPU per job", latency["cpu_ms_per_job"]
     )
-    report.figure("submit_to_start_p50_ms", start["p50_ms"], "ms", "submit -> start p50")
-    report.target(
-        "submit_to_start_p99_ms",
-        label="submit -> start p99",
-        value=float(start["p99_ms"] or 0),
-        unit="ms",
-        target=50,
-        higher_is_better=False,
-    )
+    _submit_to_start(report, "", start, target_ms=50)
     report.figure("submit_to_done_p50_ms", done["p50_ms"], "ms", "submit -> done p50")
     report.figure("submit_to_done_p99_ms", done["p99_ms"], "ms", "submit -> done p99")
     rss = max(drain["peak_worker_rss_bytes"], latency["peak_worker_rss_bytes"])
     pss = max(drain["peak_worker_pss_bytes"], latency["peak_worker_pss_bytes"])
     report.figure("peak_worker_rss_mb", round(rss / 2**20, 1), "MiB", "peak worker RSS")
     report.figure("peak_worker_pss_mb", round(pss / 2**20, 1), "MiB", "peak worker PSS")
-    report.check(
-        "nothing_left",
-        label="every job succeeded",
-        ok=set(status_counts(scratch)) == {"succeeded"},
-        detail=str(status_counts(scratch)),
-    )
+    _nothing_left(report, scratch)
     report.check(
         "queue_empty",
         label="queue `default` empty at the end",
@@ -492,8 +528,6 @@ def measure_postgres(
     3. submit -> start and submit -> done p50/p99 at a fixed rate, half that capacity
        unless --latency-rate (the run_worker, the dispatchers and the submitter running).
     Raw Celery before and after, their mean the baseline, as in the Celery arm."""
-    from jobs.services import job_create
-
     env = {**env, **PG_EXECUTOR}
     dispatchers = common.start_dispatchers(bench=NAME, env=env)
     owner = bench_user("bench-e2e")
@@ -512,22 +546,13 @@ def measure_postgres(
     drain = drain_rate(scratch, ids)
     drain_cpu = cpu.ms_per_item(drain["first_started_at"], drain["last_succeeded_at"], len(ids))
     raw_after = run_raw(scratch, args, dispatchers)
-    raw_per_s = round((raw_before["tasks_per_s"] + raw_after["tasks_per_s"]) / 2, 1)
     capacity = _pg_capacity(scratch, args, env, owner)
     per_s = args.latency_rate or max(1.0, 0.5 * capacity["jobs_per_s"])
     worker = _run_worker(args, env)
-    latency_ids: list[str] = []
-    interval, next_at = 1.0 / per_s, time.monotonic()
     with common.CpuSampler(
         {"run_worker": worker, **dispatchers}, this_process="submitter"
     ) as latency_cpu:
-        first = time.time()
-        for _ in range(args.latency_jobs):
-            next_at += interval
-            job, _created = job_create(owner=owner, job_type=JOB_TYPE, params=PARAMS)
-            latency_ids.append(str(job.id))
-            time.sleep(max(0.0, next_at - time.monotonic()))
-        last = time.time()
+        latency_ids, first, last = _submit_at_rate(owner, args.latency_jobs, per_s)
         wait_then_stop(
             scratch,
             worker,
@@ -541,7 +566,7 @@ def measure_postgres(
         dispatcher.stop()
     to_start, to_done = start_times(scratch, latency_ids)
     start, done = common.latency_summary(to_start), common.latency_summary(to_done)
-    report.extra("raw_celery", {"before": raw_before, "after": raw_after, "mean": raw_per_s})
+    raw_per_s = _raw_celery(report, raw_before, raw_after)
     report.extra(
         "postgres_drain",
         {
@@ -560,13 +585,12 @@ def measure_postgres(
             "submit_to_done": done,
         },
     )
-    report.compare(
+    _drain_against_raw(
+        report,
         "pg_drain",
         label="no-op drain, postgres executor",
-        value=drain["jobs_per_s"],
-        unit="jobs/s",
-        baseline=raw_per_s,
-        baseline_label="raw Celery (mean of 2)",
+        jobs_per_s=drain["jobs_per_s"],
+        raw=raw_per_s,
         target=1.0,
     )
     _cpu_figure(report, "pg_drain_cpu_ms_per_job", "drain CPU per job", drain_cpu)
@@ -584,22 +608,9 @@ def measure_postgres(
     report.extra("postgres_capacity", capacity)
     report.figure("pg_capacity_per_s", capacity["jobs_per_s"], "jobs/s", "capacity, submit -> done")
     report.figure("pg_latency_rate", round(per_s, 1), "jobs/s", "latency run rate")
-    report.figure("pg_submit_to_start_p50_ms", start["p50_ms"], "ms", "submit -> start p50")
-    report.target(
-        "pg_submit_to_start_p99_ms",
-        label="submit -> start p99",
-        value=float(start["p99_ms"] or 0),
-        unit="ms",
-        target=15,
-        higher_is_better=False,
-    )
+    _submit_to_start(report, "pg_", start, target_ms=15)
     report.figure("pg_submit_to_done_p99_ms", done["p99_ms"], "ms", "submit -> done p99")
-    report.check(
-        "nothing_left",
-        label="every job succeeded",
-        ok=set(status_counts(scratch)) == {"succeeded"},
-        detail=str(status_counts(scratch)),
-    )
+    _nothing_left(report, scratch)
 
 
 def main() -> int:

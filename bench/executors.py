@@ -57,6 +57,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _common as common
+from bench._jobflow import job_to_clone
 
 NAME = "executors"
 # `make bench` takes about 20 min on 2 busy cores with these; --quick about 3 min.
@@ -182,6 +183,20 @@ class Arm:
         )
 
 
+def _plain_celery_worker(env: dict[str, str], app: Any, *, role: str) -> Any:
+    """A worker of one of the plain Celery apps (bench._raw_celery, bench._celery_results)
+    on its queue, with the concurrency and prefetch every arm gets."""
+    return common.start_worker(
+        bench=NAME,
+        env=env,
+        queues=app.QUEUE,
+        app=app.__name__,
+        concurrency=CONCURRENCY,
+        prefetch=PREFETCH,
+        role=role,
+    )
+
+
 class RawArm(Arm):
     def __init__(self, scratch: common.Scratch) -> None:
         import redis
@@ -217,15 +232,7 @@ class RawArm(Arm):
         return self._send(kind, True)
 
     def start_workers(self, kind: str) -> Any:
-        return common.start_worker(
-            bench=NAME,
-            env=self.env,
-            queues=self.raw.QUEUE,
-            app="bench._raw_celery",
-            concurrency=CONCURRENCY,
-            prefetch=PREFETCH,
-            role="raw-worker",
-        )
+        return _plain_celery_worker(self.env, self.raw, role="raw-worker")
 
     def done_count(self, ids: list[str]) -> int:
         return int(self.redis.get(f"{self.key}:done") or 0)
@@ -354,15 +361,7 @@ class ResultsArm(Arm):
         return self.publisher.submit(kind)
 
     def start_workers(self, kind: str) -> Any:
-        return common.start_worker(
-            bench=NAME,
-            env=self.env,
-            queues=self.mod.QUEUE,
-            app="bench._celery_results",
-            concurrency=CONCURRENCY,
-            prefetch=PREFETCH,
-            role="results-worker",
-        )
+        return _plain_celery_worker(self.env, self.mod, role="results-worker")
 
     def _rows(self, ids: list[str]) -> list[tuple[str, float, float]]:
         with self.scratch.connect() as conn:
@@ -610,25 +609,13 @@ def arm_env(arm: str) -> dict[str, str]:
 def seed_finished_jobs(scratch: common.Scratch, count: int) -> dict[str, Any]:
     """`count` finished jobs in one INSERT ... SELECT over generate_series."""
     with scratch.connect(autocommit=False) as conn:
-        template = conn.execute(
-            "SELECT id FROM jobs WHERE status = 'succeeded' ORDER BY created_at LIMIT 1"
-        ).fetchone()
-        if template is None:
-            raise common.BenchError("no finished job to clone (the empty-table rounds made none)")
-        columns = [
-            row[0]
-            for row in conn.execute(
-                "SELECT column_name FROM information_schema.columns "
-                "WHERE table_name = 'jobs' AND table_schema = current_schema() "
-                "ORDER BY ordinal_position"
-            )
-        ]
+        template, columns = job_to_clone(conn, none_because="the empty-table rounds made none")
         select = ", ".join(SEED_OVERRIDES.get(c, f"t.{c}") for c in columns)
         began = time.monotonic()
         conn.execute(
             f"INSERT INTO jobs ({', '.join(columns)}) SELECT {select} "  # type: ignore[arg-type]
             "FROM generate_series(1, %s) AS s(n), jobs t WHERE t.id = %s",
-            [count, template[0]],
+            [count, template],
         )
         conn.commit()
         inserted = time.monotonic() - began

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _common as common
 from bench._chains import EVENTS, check_payload_form, copy_chains
-from bench._jobflow import bench_user, create_and_drain, create_jobs
+from bench._jobflow import bench_user, create_and_drain, create_jobs, job_to_clone
 
 NAME = "scale"
 # Sizes of `make bench`, and of --quick (seconds, for development).
@@ -253,19 +253,7 @@ def clone_jobs(
 ) -> list[str]:
     """Insert one job per id, cloned from a finished job; the columns cloned as-is."""
     with scratch.connect(autocommit=False) as conn:
-        template = conn.execute(
-            "SELECT id FROM jobs WHERE status = 'succeeded' ORDER BY created_at LIMIT 1"
-        ).fetchone()
-        if template is None:
-            raise common.BenchError("no finished job to clone (the empty phase made none)")
-        columns = [
-            row[0]
-            for row in conn.execute(
-                "SELECT column_name FROM information_schema.columns "
-                "WHERE table_name = 'jobs' AND table_schema = current_schema() "
-                "ORDER BY ordinal_position"
-            )
-        ]
+        template, columns = job_to_clone(conn, none_because="the empty phase made none")
         conn.execute("CREATE TEMP TABLE ids (id uuid, n bigint, seq int, head text) ON COMMIT DROP")
         with conn.cursor().copy("COPY ids (id, n, seq, head) FROM STDIN") as copy:
             for n, job_id in enumerate(ids):
@@ -274,7 +262,7 @@ def clone_jobs(
         conn.execute(
             f"INSERT INTO jobs ({', '.join(columns)}) "  # type: ignore[arg-type]
             f"SELECT {select} FROM ids, jobs t WHERE t.id = %s",
-            [template[0]],
+            [template],
         )
         conn.commit()
     return [c for c in columns if c not in CLONE_OVERRIDES]

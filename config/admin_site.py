@@ -10,6 +10,7 @@ devices) are made read-only here, after every app has registered its admin.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -28,12 +29,9 @@ from config.dashboard import dashboard_overview
 from core.admin_base import ReadOnlyAdmin
 from core.errors import ApplicationError
 from core.otp_devices import verification_wait
+from jobs.controls import CONNECTOR_CONTROL, QUEUE_CONTROL, OperatorControl
 from jobs.models import Job
 from jobs.selectors import ConnectorState, connectors_state, queue_pauses
-from jobs.services.connectors import REASON_MAX_CHARS as CONNECTOR_REASON_MAX_CHARS
-from jobs.services.connectors import connector_close, connector_open
-from jobs.services.queues import REASON_MAX_CHARS, queue_pause, queue_resume
-from jobs.types import primary_queue_names
 from tenants.selectors import operator_org_ids, operator_organisations
 
 
@@ -92,75 +90,80 @@ class JobopsAdminSite(OTPAdminSite):
         return TemplateResponse(request, "admin/jobops/dashboard_panel.html", context)
 
     def queue_control(self, request: HttpRequest, queue: str, action: str) -> HttpResponse:
-        """Pause or resume a queue (docs/operator-controls.md#pausing-a-queue): GET asks
-        for the justification, POST acts (audited on the ops chain) and goes back to
-        the dashboard. Only an operator with jobs.pause_queue who is not limited to
-        some organisations: a pause holds every tenant's jobs of the queue."""
-        if action not in ("pause", "resume") or queue not in primary_queue_names():
-            raise Http404("no such queue control")
-        if not can_pause_queues(request.user):
-            raise PermissionDenied("pausing a queue needs an unrestricted operator")
-        error = None
-        reason = ""
-        if request.method == "POST":
-            reason = request.POST.get("reason", "")
-            control = queue_pause if action == "pause" else queue_resume
-            try:
-                kwargs = {"user": request.user} if action == "pause" else {}
-                control(queue=queue, reason=reason, actor=Actor.operator(request.user), **kwargs)
-            except ApplicationError as exc:
-                error = exc.message
-            else:
-                done = "paused" if action == "pause" else "resumed"
-                messages.success(request, f"Queue {queue} {done}.")
-                return HttpResponseRedirect(reverse("admin:index"))
-        context = {
-            **self.each_context(request),
-            "title": f"{action.capitalize()} queue {queue}",
-            "queue": queue,
-            "action": action,
-            "pause": queue_pauses().get(queue),
-            "reason": reason,
-            "error": error,
-            "reason_max": REASON_MAX_CHARS,
-        }
-        return TemplateResponse(request, "admin/jobops/queue_control.html", context)
+        """Pause or resume a queue (docs/operator-controls.md#pausing-a-queue). Only an
+        operator with jobs.pause_queue who is not limited to some organisations: a pause
+        holds every tenant's jobs of the queue."""
+        return self._operator_control(
+            request,
+            QUEUE_CONTROL,
+            name=queue,
+            verb=action,
+            refusal="pausing a queue needs an unrestricted operator",
+            done="Queue {name} {done}.",
+            page=lambda: {"queue": queue, "pause": queue_pauses().get(queue)},
+        )
 
     def connector_control(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
-        """Open or close a connector's breaker (docs/connectors.md): GET asks for the
-        justification, POST acts (audited on the ops chain) and goes back to the
-        dashboard. Only an operator with jobs.control_connector who is not limited to
-        some organisations: a breaker holds every tenant's jobs of its connector."""
-        states = {s.name: s for s in connectors_state()}
-        if action not in ("open", "close") or name not in states:
-            raise Http404("no such connector control")
-        if not can_control_connectors(request.user):
-            raise PermissionDenied("opening a breaker needs an unrestricted operator")
+        """Open or close a connector's breaker (docs/connectors.md). Only an operator with
+        jobs.control_connector who is not limited to some organisations: a breaker holds
+        every tenant's jobs of its connector."""
+        return self._operator_control(
+            request,
+            CONNECTOR_CONTROL,
+            name=name,
+            verb=action,
+            refusal="opening a breaker needs an unrestricted operator",
+            done="Connector {name}'s breaker {done}.",
+            page=lambda: {"connector": next(s for s in connectors_state() if s.name == name)},
+        )
+
+    def _operator_control(
+        self,
+        request: HttpRequest,
+        control: OperatorControl,
+        *,
+        name: str,
+        verb: str,
+        refusal: str,
+        done: str,
+        page: Callable[[], dict[str, Any]],
+    ) -> HttpResponse:
+        """One action of a control (jobs.controls): GET asks for the justification, POST
+        acts (audited on the ops chain by the service) and goes back to the dashboard
+        with `done` said; a refused justification shows the form again with the error.
+        `page` is what the control's own template shows of the thing."""
+        if verb not in control.verbs or name not in control.names():
+            raise Http404(f"no such {control.thing} control")
+        if not control.allows(request.user):
+            raise PermissionDenied(refusal)
         error = None
         reason = ""
         if request.method == "POST":
             reason = request.POST.get("reason", "")
-            control = connector_open if action == "open" else connector_close
+            action = control.action(verb)
             try:
-                control(
+                action.run(
                     name=name, reason=reason, actor=Actor.operator(request.user), user=request.user
                 )
             except ApplicationError as exc:
                 error = exc.message
             else:
-                done = "opened" if action == "open" else "closed"
-                messages.success(request, f"Connector {name}'s breaker {done}.")
+                messages.success(request, done.format(name=name, done=action.done))
                 return HttpResponseRedirect(reverse("admin:index"))
         context = {
             **self.each_context(request),
-            "title": f"{action.capitalize()} connector {name}",
-            "connector": states[name],
-            "action": action,
+            "title": f"{verb.capitalize()} {control.thing} {name}",
+            "thing": control.thing,
+            "name": name,
+            "action": verb,
+            # The first action holds jobs (pause, open): its button says so.
+            "holds": verb == control.verbs[0],
             "reason": reason,
             "error": error,
-            "reason_max": CONNECTOR_REASON_MAX_CHARS,
+            "reason_max": control.reason_max,
+            **page(),
         }
-        return TemplateResponse(request, "admin/jobops/connector_control.html", context)
+        return TemplateResponse(request, f"admin/jobops/{control.thing}_control.html", context)
 
     def _dashboard_context(self, request: HttpRequest) -> dict[str, Any]:
         """The figures of the organisation chosen with ?org=<slug> among those the
@@ -194,13 +197,13 @@ class JobopsAdminSite(OTPAdminSite):
             "overview": overview,
             "problems": paused + breakers + overview["problems"],
             "connectors": connectors,
-            "can_control_connectors": can_control_connectors(request.user),
+            "can_control_connectors": CONNECTOR_CONTROL.allows(request.user),
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
             "organisations": orgs,
             "chosen_org": chosen,
             "limited": limited is not None,
             "pauses": pauses,
-            "can_pause": can_pause_queues(request.user),
+            "can_pause": QUEUE_CONTROL.allows(request.user),
         }
 
 
@@ -212,16 +215,6 @@ def _breaker_cause(c: ConnectorState) -> str:
         return f"(by {c.changed_by or 'cli'}: {c.reason})"
     error = f", last {c.last_error_code}" if c.last_error_code else ""
     return f"after {c.failures} failure{'s' if c.failures != 1 else ''} in a row{error}"
-
-
-def can_pause_queues(user: Any) -> bool:
-    """An operator with jobs.pause_queue who is not limited to some organisations."""
-    return bool(user.has_perm("jobs.pause_queue")) and operator_org_ids(user) is None
-
-
-def can_control_connectors(user: Any) -> bool:
-    """An operator with jobs.control_connector who is not limited to some organisations."""
-    return bool(user.has_perm("jobs.control_connector")) and operator_org_ids(user) is None
 
 
 def login_locked_out(

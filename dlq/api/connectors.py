@@ -1,31 +1,25 @@
 """The admin API's breaker controls (docs/connectors.md#opening-and-closing-by-hand):
 `POST /api/v1/admin/connectors/{name}/open|close`. Thin views over
-jobs.services.connectors.
+jobs.services.connectors, through the shared control view (dlq.api.controls: who may,
+and the refusals).
 
-As the queue controls: active staff with a verified OTP (401 ERR-DLQ-401), a token's
-`admin:dlq` scope, the operator's `jobs.control_connector` (403 ERR-DLQ-403 for a
-viewer), 30 calls a minute. A breaker holds every tenant's jobs of its connector at
-once, so staff limited to some organisations are refused too (403 ERR-DLQ-403).
+The permission is the operator's `jobs.control_connector`. A breaker holds every
+tenant's jobs of its connector at once, so staff limited to some organisations are
+refused (403 ERR-DLQ-403).
 """
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import serializers
-from rest_framework.request import Request
-from rest_framework.response import Response
+from typing import Any
 
-from audit.services import Actor
-from core.api.docs import REQUEST_ID
-from core.api.parsers import json_body
-from dlq.api.docs import RETRY_AFTER, error_responses
-from dlq.api.views import TAGS, DlqApiView
-from dlq.errors import DeadLetterPermissionError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework import serializers
+
+from dlq.api.controls import OperatorControlApi, control_schema, reason_field
+from jobs.controls import CONNECTOR_CONTROL
 from jobs.selectors import connectors_state
-from jobs.services.connectors import REASON_MAX_CHARS, connector_close, connector_open
 from jobs.types import all_connectors
-from tenants.selectors import operator_org_ids
 
 CONNECTOR = OpenApiParameter(
     "name",
@@ -36,21 +30,8 @@ CONNECTOR = OpenApiParameter(
 )
 
 
-class ConnectorWholeTenantsError(DeadLetterPermissionError):
-    """A staff member limited to some organisations asked to open or close a breaker:
-    that acts on every tenant's jobs at once, which stays with unrestricted operators."""
-
-    default_message = (
-        "You are limited to some organisations: opening or closing a connector's breaker "
-        "acts on every organisation's jobs and needs an unrestricted operator."
-    )
-
-
 class ConnectorControlInputSerializer(serializers.Serializer):
-    reason = serializers.CharField(
-        max_length=REASON_MAX_CHARS,
-        help_text="The justification, kept in the ops audit chain (required, at most 500).",
-    )
+    reason = reason_field(CONNECTOR_CONTROL.reason_max)
 
 
 class ConnectorControlOutputSerializer(serializers.Serializer):
@@ -66,20 +47,19 @@ class ConnectorControlOutputSerializer(serializers.Serializer):
     reason = serializers.CharField(help_text="The operator's justification ('' if none).")
 
 
-class _ConnectorControlApi(DlqApiView):
-    required_permissions = ("jobs.control_connector",)
-    opens = True
+class _ConnectorControlApi(OperatorControlApi):
+    control = CONNECTOR_CONTROL
+    required_permissions = (CONNECTOR_CONTROL.permission,)
+    whole_tenants_refusal = (
+        "You are limited to some organisations: opening or closing a connector's breaker "
+        "acts on every organisation's jobs and needs an unrestricted operator."
+    )
+    input_serializer = ConnectorControlInputSerializer
+    output_serializer = ConnectorControlOutputSerializer
 
-    def post(self, request: Request, name: str) -> Response:
-        if operator_org_ids(request.user) is not None:
-            raise ConnectorWholeTenantsError()
-        body = ConnectorControlInputSerializer(data=json_body(request))
-        body.is_valid(raise_exception=True)
-        reason, actor = body.validated_data["reason"], Actor.operator(request.user)
-        control = connector_open if self.opens else connector_close
-        changed = control(name=name, reason=reason, actor=actor, user=request.user)
+    def answer(self, name: str, *, changed: bool) -> dict[str, Any]:
         state = next(s for s in connectors_state() if s.name == name)
-        data = {
+        return {
             "name": name,
             "state": state.state,
             "changed": changed,
@@ -89,54 +69,34 @@ class _ConnectorControlApi(DlqApiView):
             "changed_by": state.changed_by,
             "reason": state.reason,
         }
-        return Response(ConnectorControlOutputSerializer(data).data)
 
 
-_RESPONSES = {**error_responses(400, 401, 403, 404, 415, 422, 429)}
-
-
+@control_schema(
+    operation_id="admin_connector_open",
+    summary="Open a connector's breaker (audited connector_opened)",
+    thing=CONNECTOR,
+    request=ConnectorControlInputSerializer,
+    response=ConnectorControlOutputSerializer,
+    answer="Opened (or already open: `changed` false). Its jobs wait `retrying` for "
+    "the probe after the connector's cool-down, no attempt spent; creation "
+    "still answers 201 (409 for a type that opted in).",
+)
 class ConnectorOpenApi(_ConnectorControlApi):
     """POST /api/v1/admin/connectors/{name}/open: its jobs stop starting."""
 
-    @extend_schema(
-        operation_id="admin_connector_open",
-        summary="Open a connector's breaker (audited connector_opened)",
-        tags=TAGS,
-        request=ConnectorControlInputSerializer,
-        parameters=[CONNECTOR, REQUEST_ID, RETRY_AFTER],
-        responses={
-            200: OpenApiResponse(
-                ConnectorControlOutputSerializer,
-                "Opened (or already open: `changed` false). Its jobs wait `retrying` for "
-                "the probe after the connector's cool-down, no attempt spent; creation "
-                "still answers 201 (409 for a type that opted in).",
-            ),
-            **_RESPONSES,
-        },
-    )
-    def post(self, request: Request, name: str) -> Response:
-        return super().post(request, name)
+    verb = "open"
 
 
+@control_schema(
+    operation_id="admin_connector_close",
+    summary="Close a connector's breaker (audited connector_closed)",
+    thing=CONNECTOR,
+    request=ConnectorControlInputSerializer,
+    response=ConnectorControlOutputSerializer,
+    answer="Closed (or was closed: `changed` false); the jobs it held come due "
+    "within the connector's jitter.",
+)
 class ConnectorCloseApi(_ConnectorControlApi):
     """POST /api/v1/admin/connectors/{name}/close: its jobs start again."""
 
-    opens = False
-
-    @extend_schema(
-        operation_id="admin_connector_close",
-        summary="Close a connector's breaker (audited connector_closed)",
-        tags=TAGS,
-        request=ConnectorControlInputSerializer,
-        parameters=[CONNECTOR, REQUEST_ID, RETRY_AFTER],
-        responses={
-            200: OpenApiResponse(
-                ConnectorControlOutputSerializer,
-                "Closed (or was closed: `changed` false); the jobs it held come due "
-                "within the connector's jitter.",
-            ),
-            **_RESPONSES,
-        },
-    )
-    def post(self, request: Request, name: str) -> Response:
-        return super().post(request, name)
+    verb = "close"

@@ -13,44 +13,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError
 
-from core.errors import ApplicationError
-from jobs.management.acting import operator_acting
+from jobs.controls import CONNECTOR_CONTROL
+from jobs.management.acting import OperatorControlCommand
 from jobs.selectors import connectors_state
-from jobs.services.connectors import connector_close, connector_open
 
 
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-class Command(BaseCommand):
+class Command(OperatorControlCommand):
     help = "Show, open or close connector breakers (docs/connectors.md)."
-
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["open", "close", "status"])
-        parser.add_argument("name", nargs="?", help="the connector (status: all when omitted)")
-        parser.add_argument("--reason", default="", help="the justification (open, close)")
-        parser.add_argument("--as", dest="username", help="the operator acting")
-        parser.add_argument("--json", action="store_true", help="status as JSON")
-
-    def handle(self, *args: Any, **options: Any) -> None:
-        action, name = options["action"], options["name"]
-        if action == "status":
-            self._status(name, as_json=options["json"])
-            return
-        if not name:
-            raise CommandError(f"connector {action} needs a NAME")
-        user, actor = operator_acting(options["username"])
-        control = connector_open if action == "open" else connector_close
-        try:
-            changed = control(name=name, reason=options["reason"], actor=actor, user=user)
-        except ApplicationError as exc:
-            raise CommandError(exc.one_line()) from exc
-        done = "opened" if action == "open" else "closed"
-        was = "open" if action == "open" else "closed"
-        self.stdout.write(f"{name} {done}" if changed else f"{name} was already {was}")
+    control = CONNECTOR_CONTROL
+    argument = "name"
 
     def _status(self, name: str | None, *, as_json: bool) -> None:
         states = [s for s in connectors_state() if name is None or s.name == name]

@@ -11,43 +11,18 @@ by `--as` (else as the system actor `cli`: whoever holds the host).
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError
 
-from core.errors import ApplicationError
-from jobs.management.acting import operator_acting
+from jobs.controls import QUEUE_CONTROL
+from jobs.management.acting import OperatorControlCommand
 from jobs.selectors import queues_state
-from jobs.services.queues import queue_pause, queue_resume
 
 
-class Command(BaseCommand):
+class Command(OperatorControlCommand):
     help = "Pause, resume or show queues (docs/operator-controls.md#pausing-a-queue)."
-
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["pause", "resume", "status"])
-        parser.add_argument("queue", nargs="?", help="the queue (status: all when omitted)")
-        parser.add_argument("--reason", default="", help="the justification (pause, resume)")
-        parser.add_argument("--as", dest="username", help="the operator acting")
-        parser.add_argument("--json", action="store_true", help="status as JSON")
-
-    def handle(self, *args: Any, **options: Any) -> None:
-        action, queue = options["action"], options["queue"]
-        if action == "status":
-            self._status(queue, as_json=options["json"])
-            return
-        if not queue:
-            raise CommandError(f"queue {action} needs a QUEUE")
-        user, actor = operator_acting(options["username"])
-        try:
-            if action == "pause":
-                changed = queue_pause(queue=queue, reason=options["reason"], actor=actor, user=user)
-            else:
-                changed = queue_resume(queue=queue, reason=options["reason"], actor=actor)
-        except ApplicationError as exc:
-            raise CommandError(exc.one_line()) from exc
-        done = "paused" if action == "pause" else "resumed"
-        self.stdout.write(f"{queue} {done}" if changed else f"{queue} was already {done}")
+    control = QUEUE_CONTROL
+    argument = "queue"
 
     def _status(self, queue: str | None, *, as_json: bool) -> None:
         states = [s for s in queues_state() if queue is None or s.name == queue]
