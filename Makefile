@@ -67,7 +67,8 @@ docs-check: install
 # test ran and fails naming any under 90 %. Budget: 5 minutes on 2 cores, this whole
 # target (docs/development.md#the-test-budget). The tracer slows the schemathesis and
 # hypothesis tests about 1.7 times, hence the doubled per-test hang guard.
-# `.venv/bin/coverage report --show-missing` prints the last run's report again.
+# `.venv/bin/coverage report --show-missing` prints the last run's report again; the 20
+# slowest tests are listed before it, the places to look when the budget is tight.
 # 4 by measurement on the shared 2-core machine (the tests mostly wait on processes and
 # the network): pytest took 222-279 s with 4 workers, 436 s with 2, 499 s with 6 (each
 # worker collects the suite and migrates its own database).
@@ -75,7 +76,7 @@ PYTEST_WORKERS ?= 4
 test: lint typecheck docs-check
 	rm -f .coverage .coverage.*
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout=240 \
-	  --cov --cov-report=term:skip-covered
+	  --durations=20 --cov --cov-report=term:skip-covered
 	$(BIN)/python tools/coverage_gate.py
 
 # Its former name, from when coverage was not yet part of `make test`.
