@@ -11,6 +11,9 @@ touches a development or test database, vhost or Redis key:
 - Redis db 3 of REDIS_URL's server (BENCH_REDIS_URL overrides), every key under the
   prefix `jobops_bench_<name>`, removed at the end.
 
+BENCH_SCRATCH_PREFIX replaces `jobops_bench_` in all three names, so that benchmarks of
+two checkouts (a paired comparison) on one server never meet.
+
 Subprocesses (gunicorn, celery workers, the dispatcher) get `Scratch.env()`: the
 scratch places, `bench.settings_bench` (the app's settings plus the bench endpoint and
 the profiling hooks), DEBUG off with throwaway secrets, and rate limits out of the way
@@ -175,7 +178,9 @@ class Scratch:
     _vhost_made: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
-        self.database = self.vhost = self.redis_prefix = f"jobops_bench_{self.name}"
+        # BENCH_SCRATCH_PREFIX: several checkouts benchmarking on one server, apart.
+        prefix = os.environ.get("BENCH_SCRATCH_PREFIX", "jobops_bench_")
+        self.database = self.vhost = self.redis_prefix = f"{prefix}{self.name}"
         self.database_url = server_database_url(self.database)
         self.broker_url = vhost_broker_url(self.vhost)
         self.redis_url = bench_redis_url()

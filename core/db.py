@@ -22,17 +22,17 @@ exactly as from `connection.cursor()`, and the statement joins the caller's tran
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from django.db import OperationalError, connection, connections, transaction
 from django.db.models import Field, Model
 from django_prometheus.db import metrics as db_metrics
-from django_prometheus.db.common import DatabaseWrapperMixin, ExceptionCounterByType
+from django_prometheus.db.common import DatabaseWrapperMixin
+from psycopg._queries import PostgresQuery, _query2pg_nocache
 
 from core.queries import QUERIES
 
@@ -64,14 +64,28 @@ def execute_prepared(statement: str, params: dict[str, Any]) -> Rows:
         # client and never prepare); `prepare=True` below prepares only these
         # statements, and no other statement is prepared by count.
         raw.prepare_threshold = NEVER_BY_COUNT
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+    exported = _exported(connection.alias)
+    with connection.wrap_database_errors, _NamedStatementCursor(raw) as cursor:
 
         def run(sql: str, values: Any, many: bool, context: dict[str, Any]) -> Any:
-            with _exported(connections[connection.alias]):
-                cursor.execute(sql, values, prepare=True)  # type: ignore[call-overload]
-            # Every statement run here returns rows (RETURNING or SELECT).
-            columns = tuple(column.name for column in cursor.description or ())
-            return Rows(cursor.fetchall(), columns)
+            if exported is None:
+                cursor.execute(sql, values, prepare=True)
+            else:
+                exported.execute_total.inc()
+                started = time.perf_counter()
+                try:
+                    cursor.execute(sql, values, prepare=True)
+                except BaseException as exc:
+                    exported.error(type(exc))
+                    raise
+                finally:
+                    exported.duration.observe(time.perf_counter() - started)
+            # Every statement run here returns rows (RETURNING or SELECT). The names
+            # straight from the result: `cursor.description` builds a Column object per
+            # column, 40 of them for a job row.
+            result = cursor.pgresult
+            names = () if result is None else _column_names(result, raw.info.encoding)
+            return Rows(cursor.fetchall(), names)
 
         executor: Callable[..., Any] = run
         for wrapper in reversed(connection.execute_wrappers):
@@ -89,22 +103,73 @@ def execute_prepared(statement: str, params: dict[str, Any]) -> Rows:
         return rows
 
 
-@contextlib.contextmanager
-def _exported(wrapper: Any) -> Iterator[None]:
-    """Count a statement as django-prometheus' database backend counts those of Django's
-    cursors (django_db_execute_total, django_db_query_duration_seconds,
-    django_db_errors_total): these run on a psycopg cursor of their own, which its
-    cursor factory never sees. Nothing when another backend is configured."""
-    if not isinstance(wrapper, DatabaseWrapperMixin):
-        yield
-        return
-    labels = {"alias": wrapper.alias, "vendor": wrapper.vendor}
-    db_metrics.execute_total.labels(**labels).inc()
-    with (
-        db_metrics.query_duration_seconds.labels(**labels).time(),
-        ExceptionCounterByType(db_metrics.errors_total, extra_labels=labels),
-    ):
-        yield
+class _Exported(NamedTuple):
+    """One database alias's children of django-prometheus' database metrics."""
+
+    execute_total: Any
+    duration: Any
+    labels: tuple[str, str]
+
+    def error(self, kind: type[BaseException]) -> None:
+        db_metrics.errors_total.labels(*self.labels, kind.__name__).inc()
+
+
+_exported_by_alias: dict[str, _Exported | None] = {}
+
+
+def _exported(alias: str) -> _Exported | None:
+    """The metric children to count a statement as django-prometheus' database backend
+    counts those of Django's cursors (django_db_execute_total,
+    django_db_query_duration_seconds, django_db_errors_total): these run on a psycopg
+    cursor of their own, which its cursor factory never sees. None when another backend
+    is configured. Looked up once per alias: `labels()` takes a lock and checks its
+    arguments each time, and this runs for every claim and every end of a job."""
+    try:
+        return _exported_by_alias[alias]
+    except KeyError:
+        pass
+    wrapper = connections[alias]
+    found = None
+    if isinstance(wrapper, DatabaseWrapperMixin):
+        labels = (wrapper.alias, wrapper.vendor)
+        found = _Exported(
+            db_metrics.execute_total.labels(*labels),
+            db_metrics.query_duration_seconds.labels(*labels),
+            labels,
+        )
+    _exported_by_alias[alias] = found
+    return found
+
+
+def _column_names(result: Any, encoding: str) -> tuple[str, ...]:
+    return tuple((result.fname(n) or b"").decode(encoding) for n in range(result.nfields))
+
+
+@functools.lru_cache(maxsize=128)
+def _converted(query: str, encoding: str) -> Any:
+    return _query2pg_nocache(query.encode(encoding), encoding)
+
+
+class _NamedStatementQuery(PostgresQuery):
+    """psycopg's conversion of `%(name)s` placeholders to `$n`, kept per statement.
+
+    psycopg keeps it only for statements under 4 KB (MAX_CACHED_STATEMENT_LENGTH), so
+    that an ORM's endless generated texts cannot fill its cache; job_append is 7 KB
+    with 76 placeholders, and splitting it again took ~0.15 ms of CPU at every claim,
+    end and publish batch. The statements run here are the named ones of queries.sql, a
+    fixed set, so keeping each is bounded. (psycopg's own parts, pinned in
+    constraints.txt: tests/core/test_db.py checks the behaviour.)"""
+
+    def convert(self, query: Any, vars: Any) -> None:
+        if vars is None or not isinstance(query, str):
+            super().convert(query, vars)
+            return
+        self.query, self._want_formats, self._order, self._parts = _converted(query, self._encoding)
+        self.dump(vars)
+
+
+class _NamedStatementCursor(psycopg.Cursor[Any]):
+    _query_cls = _NamedStatementQuery
 
 
 def read_within(seconds: float, read: Callable[[], T]) -> T | None:

@@ -1,11 +1,11 @@
-"""core/db.py: reads bounded in time."""
+"""core/db.py: reads bounded in time; prepared statements longer than psycopg caches."""
 
 from __future__ import annotations
 
 import pytest
 from django.db import connection
 
-from core.db import read_within
+from core.db import _converted, execute_prepared, read_within
 from jobs.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -39,3 +39,17 @@ def test_read_within_passes_other_database_errors_on():
     with pytest.raises(ProgrammingError):
         read_within(1, broken)
     assert Job.objects.count() == 0
+
+
+def test_a_long_statement_is_converted_once_and_binds_each_executions_values():
+    # Over psycopg's own 4 KB cache bound, as job_append is: a placeholder repeated, the
+    # values given in another order the second time.
+    padding = " " * 5000
+    statement = f"SELECT %(a)s::int AS a, %(b)s::text AS b{padding}, %(a)s::int + 1 AS c"
+    _converted.cache_clear()
+    first = execute_prepared(statement, {"a": 1, "b": "x"})
+    second = execute_prepared(statement, {"b": "y", "a": 2})
+    assert (list(first), first.columns) == ([(1, "x", 2)], ("a", "b", "c"))
+    assert list(second) == [(2, "y", 3)]
+    info = _converted.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
