@@ -75,14 +75,22 @@ def outbox_park(*, refusals: list[Refusal]) -> int:
             },
         )
         parked = cursor.fetchall()
-    for _, event_id, job_id, seq, status in sorted(parked):
-        audit_append(
-            chain=OPS_CHAIN,
-            event_type=PARKED_EVENT,
-            actor=BRIDGE_ACTOR,
-            data={"event_id": event_id, "job_id": job_id, "seq": seq, "status": status},
-        )
-    return len(parked)
+    return len(_audited(parked, event_type=PARKED_EVENT, actor=BRIDGE_ACTOR))
+
+
+def _audited(
+    rows: list[tuple[Any, ...]], *, event_type: str, actor: Actor, reason: str = ""
+) -> set[str]:
+    """Audit each changed row (id, event_id, job_id, seq[, refusal status]) on the ops
+    chain in id order, with the justification if any; returns their event ids."""
+    for _, event_id, job_id, seq, *status in sorted(rows):
+        data: dict[str, Any] = {"event_id": event_id, "job_id": job_id, "seq": seq}
+        if status:
+            data["status"] = status[0]
+        if reason:
+            data["reason"] = reason
+        audit_append(chain=OPS_CHAIN, event_type=event_type, actor=actor, data=data)
+    return {row[1] for row in rows}
 
 
 def _event_ids(event_ids: Iterable[str]) -> list[str]:
@@ -139,12 +147,7 @@ def erp_parked_redrive(
         with connection.cursor() as cursor:
             cursor.execute(QUERIES["outbox_redrive"], {"event_ids": ids})
             changed = cursor.fetchall()
-        for _, event_id, job_id, seq in sorted(changed):
-            data: dict[str, Any] = {"event_id": event_id, "job_id": job_id, "seq": seq}
-            if reason:
-                data["reason"] = reason
-            audit_append(chain=OPS_CHAIN, event_type=REDRIVEN_EVENT, actor=actor, data=data)
-    done = {row[1] for row in changed}
+        done = _audited(changed, event_type=REDRIVEN_EVENT, actor=actor, reason=reason)
     return {e: REDRIVEN if e in done else NOT_PARKED for e in ids}
 
 
@@ -182,18 +185,5 @@ def erp_parked_discard(*, event_ids: Iterable[str], reason: str, actor: Actor) -
         with connection.cursor() as cursor:
             cursor.execute(QUERIES["outbox_discard"], {"event_ids": ids})
             changed = cursor.fetchall()
-        for _, event_id, job_id, seq, status in sorted(changed):
-            audit_append(
-                chain=OPS_CHAIN,
-                event_type=DISCARDED_EVENT,
-                actor=actor,
-                data={
-                    "event_id": event_id,
-                    "job_id": job_id,
-                    "seq": seq,
-                    "status": status,
-                    "reason": reason,
-                },
-            )
-    done = {row[1] for row in changed}
+        done = _audited(changed, event_type=DISCARDED_EVENT, actor=actor, reason=reason)
     return {e: DISCARDED if e in done else NOT_PARKED for e in ids}
