@@ -36,11 +36,21 @@ def test_one_request_id_runs_through_api_worker_and_erp_bridge(erp_queues, json_
         job_id = response.json()["id"]
         publish_due_once()  # the dispatcher's step: the request never publishes
         wait_for(lambda: Job.objects.get(id=job_id).status == "succeeded", timeout=30)
-        worker_log = worker.log_text()
+
+        def lines_of_the_job() -> list[str] | None:
+            # The pool child's lines reach the file on their own schedule, not with the
+            # commit that the status poll sees.
+            lines = [line for line in worker.log_text().splitlines() if job_id in line]
+            wanted = ("job_started", "job_succeeded")
+            return lines if all(any(e in line for line in lines) for e in wanted) else None
+
+        try:
+            worker_lines = wait_for(lines_of_the_job, timeout=10, what="the worker's lines")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{worker.log_text()[-3000:]}") from None
     api_line = next(line for line in json_log_lines() if line["event"] == "job_created")
     assert api_line["request_id"] == REQUEST_ID and api_line["job_id"] == job_id
 
-    worker_lines = [line for line in worker_log.splitlines() if job_id in line]
     for event in ("job_started", "job_succeeded"):
         line = next(line for line in worker_lines if event in line)
         assert f"request_id={REQUEST_ID}" in line and "attempt=1" in line and "queue=sim" in line

@@ -82,7 +82,11 @@ def test_a_running_job_is_cancelled_at_its_next_check():
     done = finished(job.id, timeout=20)
     assert done.status == "cancelled"
     assert int(handlers.redis_client().get(step)) < 40
-    assert events(job.id)[-2:] == ["cancel_requested", "cancelled"]
+    # The handler writes progress until its next cancel check sees the request (at most
+    # JOBOPS_CANCEL_CHECK_SECONDS later): a progress entry may land after the request.
+    trail = events(job.id)
+    after_request = trail[trail.index("cancel_requested") + 1 :]
+    assert after_request[-1] == "cancelled" and set(after_request[:-1]) <= {"progress"}, trail
     assert_chain_valid(job.id)
 
 
