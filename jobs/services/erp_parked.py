@@ -36,6 +36,7 @@ from django.db import connection, transaction
 from audit.services import OPS_CHAIN, Actor, audit_append
 from jobs.exceptions import ErpEventNotFoundError, ErpParkedInputError
 from jobs.queries import QUERIES
+from jobs.selectors import erp_parked_events
 
 PARKED_EVENT = "erp_event_parked"
 REDRIVEN_EVENT = "erp_event_redriven"
@@ -142,13 +143,14 @@ def erp_parked_redrive(
        audit `erp_event_redriven` for each, with the optional justification.
     """
     reason = _reason(reason, required=False)
-    ids = _event_ids(event_ids)
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(QUERIES["outbox_redrive"], {"event_ids": ids})
-            changed = cursor.fetchall()
-        done = _audited(changed, event_type=REDRIVEN_EVENT, actor=actor, reason=reason)
-    return {e: REDRIVEN if e in done else NOT_PARKED for e in ids}
+    return _settle(
+        "outbox_redrive",
+        event_ids=_event_ids(event_ids),
+        reason=reason,
+        actor=actor,
+        event_type=REDRIVEN_EVENT,
+        outcome=REDRIVEN,
+    )
 
 
 def erp_parked_redrive_all(*, actor: Actor, reason: str = "") -> dict[str, str]:
@@ -159,14 +161,12 @@ def erp_parked_redrive_all(*, actor: Actor, reason: str = "") -> dict[str, str]:
     results: dict[str, str] = {}
     after = 0
     while True:
-        with connection.cursor() as cursor:
-            cursor.execute(QUERIES["outbox_parked_list"], {"after": after, "limit": REDRIVE_CHUNK})
-            page = cursor.fetchall()
+        page = erp_parked_events(after=after, limit=REDRIVE_CHUNK)
         if not page:
             return results
-        after = page[-1][0]  # a re-driven row leaves the parked rows: page on by id
+        after = page[-1].id  # a re-driven row leaves the parked rows: page on by id
         results |= erp_parked_redrive(
-            event_ids=[row[1] for row in page], actor=actor, reason=reason
+            event_ids=[event.event_id for event in page], actor=actor, reason=reason
         )
 
 
@@ -180,10 +180,30 @@ def erp_parked_discard(*, event_ids: Iterable[str], reason: str, actor: Actor) -
        justification.
     """
     reason = _reason(reason, required=True)
-    ids = _event_ids(event_ids)
+    return _settle(
+        "outbox_discard",
+        event_ids=_event_ids(event_ids),
+        reason=reason,
+        actor=actor,
+        event_type=DISCARDED_EVENT,
+        outcome=DISCARDED,
+    )
+
+
+def _settle(
+    statement: str,
+    *,
+    event_ids: list[str],
+    reason: str,
+    actor: Actor,
+    event_type: str,
+    outcome: str,
+) -> dict[str, str]:
+    """Run the compare-and-set `statement` on the checked `event_ids` and audit each row
+    it changed, in one transaction; per event id `outcome`, or `not parked`."""
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(QUERIES["outbox_discard"], {"event_ids": ids})
+            cursor.execute(QUERIES[statement], {"event_ids": event_ids})
             changed = cursor.fetchall()
-        done = _audited(changed, event_type=DISCARDED_EVENT, actor=actor, reason=reason)
-    return {e: DISCARDED if e in done else NOT_PARKED for e in ids}
+        done = _audited(changed, event_type=event_type, actor=actor, reason=reason)
+    return {e: outcome if e in done else NOT_PARKED for e in event_ids}
