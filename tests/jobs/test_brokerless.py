@@ -193,6 +193,14 @@ def test_a_replay_says_nothing_of_a_broker_there_is_none_of(caplog):
     assert Job.objects.get(id=job.id).status == "pending"
 
 
+def test_dlq_list_says_there_is_no_broker_dlq_rather_than_an_unknown_depth():
+    job_in_state("failed", reason="worker_lost")
+    out, err = io.StringIO(), io.StringIO()
+    call_command("dlq", "list", stdout=out, stderr=err)
+    assert "sim_dlq             no broker          1" in out.getvalue()
+    assert " ? " not in out.getvalue() and err.getvalue() == ""
+
+
 def test_a_replay_in_the_portal_says_nothing_of_a_broker():
     job = job_in_state("failed", reason="worker_lost")
     portal = otp_login(Client(), role_user("operator"))

@@ -86,6 +86,8 @@ class Command(BaseCommand):
         self.stdout.write(f"{'queue':<16} {'broker depth':>12} {'open rows':>10}")
         for item in overview:
             depth = "?" if item["depth"] is None else str(item["depth"])
+            if not item["broker_dlq"]:  # a postgres queue's: no broker DLQ to have a depth
+                depth = "no broker"
             self.stdout.write(f"{item['queue']:<16} {depth:>12} {item['open']:>10}")
         self.stdout.write("")
         self.stdout.write(f"{state or 'all'} dead letters by error code:")
