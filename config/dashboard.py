@@ -43,7 +43,7 @@ from jobs.liveness import live_processes, missing_processes, workers_of
 from jobs.models import DeadLetter
 from jobs.selectors import job_counts_by_queue, job_health_gauges, purge_last
 from jobs.topology import dlq_name
-from jobs.types import primary_queue_names
+from jobs.types import POSTGRES, primary_queue_names, queue_executor
 
 # The name it logged under in dlq/: log queries and alerts keep matching its lines.
 log = structlog.get_logger("dlq.dashboard")
@@ -200,6 +200,9 @@ def _compute(*, org_ids: tuple[int, ...] | None = None) -> tuple[dict[str, Any],
                 "retries_due": row.get("retries_due", 0),
                 "open_dead_letters": open_rows.get(dlq_name(name), 0),
                 "workers": _workers_for(name, processes),
+                # Its jobs never go through the broker (docs/postgres-executor.md): no
+                # broker depths to show, rather than unknown ones.
+                "on_postgres": queue_executor(name) == POSTGRES,
             }
         )
     if org_ids is not None:
@@ -209,6 +212,7 @@ def _compute(*, org_ids: tuple[int, ...] | None = None) -> tuple[dict[str, Any],
     overview: dict[str, Any] = {
         "generated_at": timezone.now(),
         "org_ids": org_ids,
+        "broker": settings.JOBOPS_BROKER,  # off: the page has no broker columns at all
         "queues": queues,
         # The same for every node that reads the same broker; None when not read (or
         # filtered by organisation).

@@ -865,6 +865,9 @@ AXES_CLIENT_IP_CALLABLE = "core.client_ip.client_ip"
 # Masked in axes' log lines and in the form data it keeps of each failure (passwords
 # always are): the typed name, the address, the one-time code and the CSRF token.
 AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "otp_token", "csrfmiddlewaretoken"]
+# Not its "AXES: BEGIN version ..." banner at every start of every process (each
+# manage.py command printed it on stderr); its lines name only the lockout parameters.
+AXES_VERBOSE = False
 
 OTP_TOTP_ISSUER = "jobops"
 # No device secret (TOTP key, QR code) is ever shown in the portal, not even to

@@ -531,7 +531,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             request,
             "admin/jobs/deadletter/action_done.html",
             title,
-            {"action": action, "result": outcome},
+            # Without a broker (JOBOPS_BROKER off) there are no copies to speak of.
+            {"action": action, "result": outcome, "broker": settings.JOBOPS_BROKER},
         )
 
 

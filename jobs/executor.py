@@ -35,6 +35,9 @@ commit, a window of completions' commit and the runners overlap instead of takin
 5. SIGTERM: stop claiming, let the runners finish what they hold (buffered jobs too: they
    are claimed) for JOBOPS_WORKER_GRACE_SECONDS, write their ends, then exit; jobs not
    finished then are left to the reaper, as are all of a host killed outright.
+6. A host killed outright (`kill -9` of its main process alone) takes its child
+   processes with it: each child watches its host (`_watch_host`) and ends within
+   about a second of its death, its handler interrupted; its job is the reaper's.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ import functools
 import gc
 import math
 import multiprocessing
+import os
 import queue
+import select
 import signal
 import threading
 import time
@@ -163,14 +168,70 @@ def job_message(job: Job, locked_by: str) -> tuple[tuple[Any, ...], str]:
     return tuple(getattr(job, name) for name in _job_columns()), locked_by
 
 
-def runner_process(conn: Connection) -> None:
+# A child looks whether its host is alive at least this often, and once its host is
+# gone gives its handler this long to unwind before it exits regardless (a handler stuck
+# in C code does not see the exception).
+HOST_WATCH_SECONDS = 0.25
+HOST_GONE_GRACE_SECONDS = 1.0
+
+
+class HostGone(BaseException):
+    """Raised in a child's main thread once its host is gone. A BaseException: a
+    handler's `except Exception` does not take it for one of its own errors."""
+
+
+def _host_gone(_signum: int, _frame: Any) -> None:
+    raise HostGone("run_worker host gone")
+
+
+# A pipe nobody writes to, made by the host before its first fork: each child closes its
+# copy of the write end at once, so the read end reaches EOF when the host's copy closes,
+# that is when the host dies, however it dies (docs/postgres-executor.md).
+_HOST_PIPE: tuple[int, int, int] | None = None  # (the host's pid, read end, write end)
+
+
+def _host_pipe() -> tuple[int, int]:
+    global _HOST_PIPE
+    if _HOST_PIPE is None or _HOST_PIPE[0] != os.getpid():
+        _HOST_PIPE = (os.getpid(), *os.pipe())
+    return _HOST_PIPE[1], _HOST_PIPE[2]
+
+
+def _watch_host(host: int, alive: int) -> None:
+    """A child's watcher thread: once its host is gone (the pipe at EOF, or the child
+    adopted by another parent), interrupt the handler (`HostGone` in the main thread,
+    so that its `finally` blocks run) and exit after HOST_GONE_GRACE_SECONDS at the
+    latest. The job's end could never be written: the host writes ends, not the child.
+    What the handler still writes meanwhile (progress, artefacts) is fenced by the
+    host's lock holder and the attempt, refused once the reaper has reclaimed the job.
+
+    Not PR_SET_PDEATHSIG: it fires when the forking *thread* ends, and a child is
+    forked by a runner thread that a replacement may take the place of. The pipe alone
+    is not enough either: a child forked meanwhile holds the write end until it closes
+    its copy, hence the parent's pid as well."""
+    while True:
+        readable, _, _ = select.select([alive], [], [], HOST_WATCH_SECONDS)
+        if readable or os.getppid() != host:
+            break
+    log.warning("runner_host_gone", host_pid=host, grace_seconds=HOST_GONE_GRACE_SECONDS)
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+    time.sleep(HOST_GONE_GRACE_SECONDS)
+    os._exit(1)
+
+
+def runner_process(conn: Connection, host: int, alive: tuple[int, int]) -> None:
     """A child process's life: receive a job (`job_message`), run it, send back its
-    Finish (or None); until it receives None or its host is gone."""
+    Finish (or None); until it receives None or its host is gone (`_watch_host`)."""
     # The host decides when its runners stop (after the grace period): a SIGTERM to the
     # process group must not end a job half-way.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, _soft_time_limit)
+    signal.signal(signal.SIGUSR1, _host_gone)
+    os.close(alive[1])
+    threading.Thread(
+        target=_watch_host, args=(host, alive[0]), name="host-watch", daemon=True
+    ).start()
     gc.freeze()  # as the host does (Host.run): short full collections
     try:
         while True:
@@ -183,7 +244,13 @@ def runner_process(conn: Connection) -> None:
             values, locked_by = message
             job = Job.from_db(None, _job_columns(), values)
             close_old_connections()
-            conn.send(run_claimed(job, locked_by, process=True))
+            finish = run_claimed(job, locked_by, process=True)
+            try:
+                conn.send(finish)
+            except OSError:  # the host is gone: nobody would write this end
+                return
+    except HostGone:
+        return
     finally:
         connection.close()
 
@@ -195,7 +262,7 @@ def _fork_runner() -> tuple[Any, Connection]:
     ours, theirs = multiprocessing.Pipe()
     connections.close_all()
     process = multiprocessing.get_context("fork").Process(
-        target=runner_process, args=(theirs,), daemon=True
+        target=runner_process, args=(theirs, os.getpid(), _host_pipe()), daemon=True
     )
     process.start()
     theirs.close()

@@ -61,6 +61,22 @@ def test_the_panel_alone_is_what_the_page_refreshes(viewer, broker):
     assert b'id="queues"' in panel.content and b"<html" not in panel.content
 
 
+def _queue_row(panel: str, queue: str) -> str:
+    start = panel.index(f'data-queue="{queue}"')
+    return panel[start : panel.index("</tr>", start)]
+
+
+def test_a_queue_on_postgresql_shows_no_broker_rather_than_unknown_depths(viewer, broker, settings):
+    settings.JOBOPS_QUEUE_EXECUTORS = {**settings.JOBOPS_QUEUE_EXECUTORS, "sim": "postgres"}
+    panel = viewer.get("/admin/dashboard/panel/").content.decode()
+    sim, erp = _queue_row(panel, "sim"), _queue_row(panel, "erp")
+    assert "—, no broker" in sim and "runs on PostgreSQL (run_worker)" in sim
+    assert ">?<" not in sim and "/admin/jobs/deadletter/peek/sim_dlq/" not in sim
+    # A queue on the broker keeps its depths (read from this run's vhost).
+    assert "no broker" not in erp and "/admin/jobs/deadletter/peek/erp_dlq/" in erp
+    assert ">Broker</th>" in panel
+
+
 @pytest.mark.parametrize(
     "unsafe_next", ["https://evil.example", "//evil.example/admin/", "javascript:alert(1)"]
 )

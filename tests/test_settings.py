@@ -10,7 +10,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from tests.processes import PRODUCTION_SAFE as SAFE
-from tests.processes import ROOT
+from tests.processes import ROOT, operator_env
 
 
 def _start(**overrides: str) -> subprocess.CompletedProcess[str]:
@@ -32,6 +32,22 @@ def test_it_starts_in_production_mode_with_safe_settings():
     result = _start()
     assert result.returncode == 0, result.stderr
     assert "started" in result.stdout
+
+
+def test_a_manage_py_command_prints_no_banner_of_django_axes():
+    """django-axes logged "AXES: BEGIN version ..." at every start: on stderr of every
+    manage.py command an operator runs."""
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=operator_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "System check identified no issues" in result.stdout
+    assert "AXES" not in result.stdout + result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from typing import Any, Unpack
 
 import structlog
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
@@ -24,6 +25,7 @@ from dlq.services.copies import broker_copies_ack_stale
 from dlq.services.locks import Locked, lock_jobs_then_open_rows
 from dlq.services.selection import (
     Selection,
+    dead_letter_selection_check,
     dead_letters_checked_selection,
     dead_letters_sample,
     dead_letters_selected,
@@ -32,7 +34,7 @@ from jobs import metrics
 from jobs.models import DeadLetter, DeadLetterState
 from jobs.services import job_publish, jobs_audit, transition_many
 from jobs.states import Status
-from jobs.topology import dlq_names
+from jobs.topology import dlq_has_broker_copy, dlq_names
 from jobs.types import get_type
 from tenants.selectors import operator_org_ids
 
@@ -155,13 +157,13 @@ def _resolve_selection(
     limit = selection.get("limit")
     result = ResolveResult(action=action, dry_run=dry_run)
     limited = rows[:limit] if limit is not None else rows
-    result.matched = limited.count()
-    # From the limited rows, so that the sample is what the run takes, in its order.
-    result.sample = dead_letters_sample(limited)
-    if action == "replay":
-        result.without_job = _count_without_job(selection, filters=filters, actor_user=actor_user)
-        if result.without_job:
-            result.notes.append(without_job_note(result.without_job))
+    _preview(
+        result,
+        limited,
+        selection,
+        filters=filters,
+        scoped=operator_org_ids(actor_user) is not None,
+    )
     if dry_run:
         return result
     clock = time.perf_counter()
@@ -181,13 +183,53 @@ def _resolve_selection(
     return result
 
 
-def _count_without_job(selection: Selection, *, filters: dict[str, Any], actor_user: Any) -> int:
+def dead_letters_preview(*, action: str, **selection: Unpack[Selection]) -> ResolveResult:
+    """A dry run for the operator's shell (`manage.py dlq replay|discard --dry-run`
+    without `--as`): what a replay or discard of `selection` would take, by an operator
+    limited to no organisation. It writes nothing, so it needs neither an operator nor
+    a justification; the shell that runs it reaches the whole database anyway. The
+    selection is checked as for a run (queue, filters, limit)."""
+    filters = dead_letter_selection_check(
+        queue=selection.get("queue"), filters=selection.get("filters"), limit=selection.get("limit")
+    )
+    rows = dead_letters_selected(
+        action=action,
+        queue=selection.get("queue"),
+        job_ids=selection.get("job_ids"),
+        dead_letter_ids=selection.get("dead_letter_ids"),
+        filters=filters,
+    )
+    limit = selection.get("limit")
+    result = ResolveResult(action=action, dry_run=True)
+    _preview(result, rows[:limit] if limit is not None else rows, selection, filters=filters)
+    return result
+
+
+def _preview(
+    result: ResolveResult,
+    limited: QuerySet[DeadLetter],
+    selection: Selection,
+    *,
+    filters: dict[str, Any],
+    scoped: bool = False,
+) -> None:
+    """What a dry run answers, into `result`: how many rows the action takes, a sample
+    of them and, for a replay, how many it leaves out for naming no job."""
+    result.matched = limited.count()
+    # From the limited rows, so that the sample is what the run takes, in its order.
+    result.sample = dead_letters_sample(limited)
+    if result.action == "replay" and not scoped:
+        # A row without a job is in no organisation: never a limited operator's.
+        result.without_job = _count_without_job(selection, filters=filters)
+        if result.without_job:
+            result.notes.append(without_job_note(result.without_job))
+
+
+def _count_without_job(selection: Selection, *, filters: dict[str, Any]) -> int:
     """Open rows of a replay's selection that name no job: the replay leaves them out
     (`dead_letters_selected`), and the operator is told how many and why."""
     if selection.get("job_ids") is not None:
         return 0  # rows chosen by job name a job
-    if operator_org_ids(actor_user) is not None:
-        return 0  # a row without a job is in no organisation: not a limited operator's
     rows = dead_letters_selected(
         action="discard",
         queue=selection.get("queue"),
@@ -403,7 +445,9 @@ def _discard_chunk(
 def broker_copies_ack_resolved(*, result: ResolveResult, queues: Iterable[str]) -> None:
     """Ack away the broker copies of resolved rows in `queues` (one pass per DLQ), into
     `result`; a broker that cannot be reached leaves them for a later pass."""
-    for name in sorted(q for q in queues if q in dlq_names()):
+    # A queue the postgres executor runs has no broker DLQ (with JOBOPS_BROKER off, none
+    # has): nothing to ack, and no broker to fail to reach.
+    for name in sorted(q for q in queues if q in dlq_names() and dlq_has_broker_copy(q)):
         try:
             result.broker_acked += broker_copies_ack_stale(queue=name).acked
         except Exception as exc:  # broker down: the copies stay for a later pass

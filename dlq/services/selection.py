@@ -84,6 +84,15 @@ def dead_letter_action_check(
         raise DeadLetterInputError(
             details={"justification": [f"At most {MAX_JUSTIFICATION_CHARS} characters."]}
         )
+    return cleaned, dead_letter_selection_check(queue=queue, filters=filters, limit=limit)
+
+
+def dead_letter_selection_check(
+    *, queue: str | None = None, filters: dict[str, Any] | None = None, limit: int | None = None
+) -> dict[str, Any]:
+    """Refuse a selection no replay or discard may take, whoever asks; returns the
+    filters cleaned. The queue must be a DLQ (404), the limit positive and the filters
+    known (422)."""
     if queue is not None and queue not in dlq_names():
         raise UnknownQueueError(
             f"{queue!r} is not a dead-letter queue.",
@@ -91,7 +100,7 @@ def dead_letter_action_check(
         )
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise DeadLetterInputError(details={"limit": ["A positive integer."]})
-    return cleaned, _clean_filters(filters)
+    return _clean_filters(filters)
 
 
 def _clean_filters(filters: dict[str, Any] | None) -> dict[str, Any]:

@@ -94,3 +94,41 @@ def test_a_replay_dry_run_says_which_dead_letters_it_cannot_take(broker):
     out = _run("replay", "sim", "--as", operator.username, "--justification", "x", "--dry-run")
     assert "1 dead letter names no job: it can only be discarded." in out
     assert "dry run: 1 dead letter(s) would replay" in out
+
+
+@pytest.mark.parametrize("action", ["replay", "discard"])
+def test_a_dry_run_needs_neither_an_operator_nor_a_justification(broker, action):
+    """A dry run writes nothing: nobody to name, nothing to justify."""
+    job = job_in_state("failed", reason="worker_lost")
+    out = _run(action, "sim", "--dry-run")
+    assert f"dry run: 1 dead letter(s) would {action}" in out and str(job.id) in out
+    assert Job.objects.get(id=job.id).status == Status.FAILED
+    assert DeadLetter.objects.get(job=job).state == "open"
+    # Named, the operator's own scope and permission apply, as for the run.
+    UserFactory(username="erin")
+    with pytest.raises(CommandError, match="ERR-DLQ-403"):
+        _run(action, "sim", "--as", "erin", "--dry-run")
+
+
+@pytest.mark.parametrize(
+    ("given", "missing"),
+    [
+        ([], "--as and --justification needed"),
+        (["--as", "frank"], "--justification needed"),
+        (["--justification", "fixed"], "--as needed"),
+    ],
+)
+def test_a_real_run_still_needs_an_operator_and_a_justification(broker, given, missing):
+    job = job_in_state("failed", reason="worker_lost")
+    OperatorFactory(username="frank")
+    for action in ("replay", "discard"):
+        with pytest.raises(CommandError, match=missing):
+            _run(action, "sim", *given)
+    assert DeadLetter.objects.get(job=job).state == "open"
+
+
+def test_a_dry_run_without_an_operator_checks_the_selection(broker):
+    with pytest.raises(CommandError, match="unknown queue"):
+        _run("replay", "nope", "--dry-run")
+    with pytest.raises(CommandError, match="Not job"):
+        _run("replay", "sim", "--dry-run", "--job", "42")

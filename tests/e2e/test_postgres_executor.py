@@ -6,7 +6,10 @@ reaper and run once more."""
 
 from __future__ import annotations
 
+import os
 import signal
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -125,4 +128,51 @@ def test_the_job_of_a_killed_run_worker_is_reclaimed_and_runs_once_more():
     assert trail.count("succeeded") == 1 and trail.index("reclaimed") < trail.index("succeeded")
     assert handlers.overlaps(job.id) == 0
     assert [r["attempt"] for r in handlers.runs(job.id)] == [1, 2]
+    assert_chain_valid(job.id)
+
+
+def _group_alive(pgid: int) -> set[int]:
+    """The processes of process group `pgid` that are alive (not zombies): read from
+    /proc, as a run_worker's pool children stay in its group after it dies."""
+    alive = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # Field 3 is the state, field 5 the process group; the name in field 2 may
+            # hold spaces.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # a process that ended meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            alive.add(int(stat.parent.name))
+    return alive
+
+
+def test_the_pool_children_of_a_killed_run_worker_end_and_its_job_runs_once():
+    """kill -9 of run_worker's main process alone (not its group): its pool children, one
+    of them blocked in a handler, end within seconds; the job is reclaimed and its
+    handler's effect happens once."""
+    counter = f"jobops-test:orphans:{uuid.uuid4().hex}"
+    with run_worker_process(queues=["cam"], env=_env(), name="pg-orphaned") as doomed:
+        job = make_job(
+            job_type="cam", params={"do": "wait_then", "then": "count", "counter": counter}
+        )
+        wait_for(lambda: handlers.runs(job.id), timeout=20)  # its handler blocks
+        children = _group_alive(doomed.pid) - {doomed.pid}
+        assert len(children) == 2, children  # --concurrency 2, the processes pool
+        os.kill(doomed.pid, signal.SIGKILL)  # the main process only
+        doomed.proc.wait(timeout=10)
+        wait_for(
+            lambda: not (_group_alive(doomed.pid) & children),
+            timeout=5,
+            what="the killed run_worker's pool children to end",
+        )
+    assert Job.objects.get(id=job.id).status == "running"
+    handlers.redis_client().set(handlers.key(job.id, "go"), 1)  # a survivor would count too
+    with run_worker_process(queues=["cam"], env=_env(), name="pg-adopter"):
+        done = finished(job.id, timeout=40)
+    assert (done.status, done.attempts) == ("succeeded", 2)
+    assert handlers.redis_client().hgetall(counter) == {str(job.id): "1"}
+    assert [r["attempt"] for r in handlers.runs(job.id)] == [1, 2]
+    trail = events(job.id)
+    assert trail.count("succeeded") == 1 and trail.index("reclaimed") < trail.index("succeeded")
     assert_chain_valid(job.id)

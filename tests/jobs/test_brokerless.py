@@ -4,6 +4,7 @@ would fail loudly), and each of their jobs has a database form."""
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
 from datetime import timedelta
@@ -11,6 +12,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import Client
 from django.utils import timezone
 
 from audit.models import AuditLog
@@ -29,11 +31,13 @@ from jobs.models import EventOutbox, Job
 from jobs.services.purge import purge_run
 from tests.erp_receiver import Receiver
 from tests.factories import (
+    OperatorFactory,
     UserFactory,
     backdate,
     client_for,
     client_with_grant,
     job_in_state,
+    otp_login,
     role_user,
 )
 from tests.processes import free_port
@@ -164,6 +168,59 @@ def test_the_dashboard_shows_the_database_and_no_broker_trouble():
     sim = next(q for q in overview["queues"] if q["queue"] == "sim")
     assert sim["unfinished"]["pending"] == 1
     assert sim["depth"] is None
+
+
+def test_a_replay_says_nothing_of_a_broker_there_is_none_of(caplog):
+    """No broker DLQ to ack copies from: no warning that they were not acked, and no
+    count of them."""
+    job = job_in_state("failed", reason="worker_lost")
+    operator = OperatorFactory()
+    out, err = io.StringIO(), io.StringIO()
+    call_command(
+        "dlq",
+        "replay",
+        "sim",
+        "--as",
+        operator.username,
+        "--justification",
+        "fixed",
+        stdout=out,
+        stderr=err,
+    )
+    assert "replayed 1 dead letter(s)" in out.getvalue()
+    assert "broker" not in (out.getvalue() + err.getvalue()).lower()
+    assert "dlq_ack_away_failed" not in caplog.text
+    assert Job.objects.get(id=job.id).status == "pending"
+
+
+def test_dlq_list_says_there_is_no_broker_dlq_rather_than_an_unknown_depth():
+    job_in_state("failed", reason="worker_lost")
+    out, err = io.StringIO(), io.StringIO()
+    call_command("dlq", "list", stdout=out, stderr=err)
+    assert "sim_dlq             no broker          1" in out.getvalue()
+    assert " ? " not in out.getvalue() and err.getvalue() == ""
+
+
+def test_a_replay_in_the_portal_says_nothing_of_a_broker():
+    job = job_in_state("failed", reason="worker_lost")
+    portal = otp_login(Client(), role_user("operator"))
+    url = "/admin/jobs/deadletter/replay/run/"
+    dry = portal.get(url, {"queue": "sim_dlq"})
+    done = portal.post(url, {**dict(dry.context["hidden"]), "justification": "fixed"})
+    text = done.content.decode().split('id="content-main"', 1)[1]  # the page's own part
+    assert 'id="action-result"' in text and "run_worker takes them" in text
+    assert "Broker" not in text and "broker" not in text
+    assert Job.objects.get(id=job.id).status == "pending"
+
+
+def test_the_dashboard_says_there_is_no_broker_instead_of_unknown_depths():
+    job_in_state("pending", job_type="sim")
+    panel = otp_login(Client(), role_user("viewer")).get("/admin/dashboard/panel/")
+    text = panel.content.decode()
+    assert 'id="no-broker"' in text and "No broker (JOBOPS_BROKER off)" in text
+    table = text[text.index('id="queues"') : text.index("</table>", text.index('id="queues"'))]
+    assert ">Broker</th>" not in table and ">DLQ</th>" not in table
+    assert ">?<" not in table  # no unknown figure
 
 
 def test_readyz_checks_postgres_only_and_says_what_is_off(client, settings):

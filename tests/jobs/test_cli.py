@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
 
@@ -12,6 +13,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from audit.services import Actor
+from jobs.management.commands.job_status import RATE_MIN_SECONDS, progress_rate
 from jobs.models import Job
 from jobs.services import (
     job_cancel,
@@ -188,3 +190,51 @@ def test_follow_gives_up_after_its_timeout_with_exit_3_naming_the_state():
     assert 0.3 <= time.monotonic() - started < 5
     assert raised.value.returncode == 3
     assert f"job {job.id} still running after 0.3s (--timeout)" in str(raised.value)
+
+
+@pytest.mark.django_db
+def test_follow_shows_no_rate_it_cannot_know():
+    """Progress made before the follow started is no rate: a job found at 100 % drew
+    "4883778%/s" (100 points over the microseconds since the bar was created)."""
+    job = job_in_state("succeeded")
+    err = io.StringIO()
+    follow(job.id, err=err)
+    assert "100%" in err.getvalue() and "succeeded" in err.getvalue()
+    assert "/s" not in err.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "rate"),
+    [
+        ((10.0, 20), (14.0, 60), 10.0),  # 40 points in 4 s
+        ((10.0, 20), (11.0, 60), None),  # too short a time base
+        ((10.0, 20), (20.0, 20), None),  # no progress: no rate, not 0 %/s forever
+        ((10.0, 60), (20.0, 0), None),  # a retry started again from 0
+    ],
+)
+def test_the_rate_is_points_per_second_between_two_samples_of_the_attempt(first, last, rate):
+    assert progress_rate(first, last) == rate
+
+
+@pytest.mark.django_db(transaction=True)
+def test_follow_shows_the_rate_of_the_progress_it_saw():
+    job = job_in_state("running")
+    fence = fence_of(job)
+    job_progress_write(job_id=job.id, fence=fence, percent=20, step="s", message=None)
+    err = io.StringIO()
+
+    def advance() -> None:
+        try:
+            wait_for(lambda: "20/100%" in err.getvalue(), timeout=10)
+            job_progress_write(job_id=job.id, fence=fence, percent=60, step="s", message=None)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=advance)
+    thread.start()
+    with pytest.raises(CommandError):  # --timeout: the job goes on
+        follow(job.id, err=err, timeout=RATE_MIN_SECONDS + 1)
+    thread.join()
+    rates = [float(r) for r in re.findall(r"([0-9.]+)%/s", err.getvalue())]
+    # 40 points over the follow's 2-3 s, never a figure beyond what was seen.
+    assert rates and all(40 / (RATE_MIN_SECONDS + 1.5) <= r <= 40 / RATE_MIN_SECONDS for r in rates)

@@ -6,8 +6,11 @@ postgres queue."""
 from __future__ import annotations
 
 import json
+import signal
+import sys
 import threading
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -31,7 +34,14 @@ from jobs.services.queues import queue_pause, queue_resume
 from jobs.states import Status
 from tenants.services import organisation_suspend
 from tests.factories import OrganisationFactory, UserFactory, backdate, fence_of, make_job
-from tests.processes import assert_chain_valid, database_url, job_events
+from tests.polling import wait_for
+from tests.processes import (
+    Process,
+    assert_chain_valid,
+    database_url,
+    job_events,
+    subprocess_env,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -229,6 +239,35 @@ def test_two_claimers_never_take_the_same_job():
 def test_run_worker_refuses_a_queue_that_is_not_configured_postgres(queues, message):
     with pytest.raises(CommandError, match=message):
         call_command("run_worker", "--queues", queues)
+
+
+def test_run_worker_with_no_queue_configured_postgres_refuses_to_start_unless_idle_ok(settings):
+    """By hand, a run_worker with nothing to run says so and exits; the Procfile's
+    (`--idle-ok`) stays up without a word at the usual log level: every queue on Celery
+    is the usual case with a broker."""
+    settings.JOBOPS_QUEUE_EXECUTORS = dict.fromkeys(settings.JOBOPS_QUEUE_EXECUTORS, "celery")
+    with pytest.raises(CommandError, match="no queue is configured postgres"):
+        call_command("run_worker")
+    idle = Process(
+        [sys.executable, "manage.py", "run_worker", "--idle-ok"], subprocess_env(), "rw-idle"
+    )
+    try:
+        # Evidence it reached its wait: it catches SIGTERM (installed just before).
+        wait_for(lambda: _catches(idle.pid, signal.SIGTERM) or not idle.alive(), timeout=30)
+        assert idle.alive(), idle.log_text()
+        idle.proc.send_signal(signal.SIGTERM)
+        assert idle.proc.wait(timeout=10) == 0, idle.log_text()
+    finally:
+        idle.stop()
+    assert "run_worker_idle" not in idle.log_text() and "warning" not in idle.log_text()
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (SigCgt in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (sig - 1)))
+    return False
 
 
 def test_run_worker_refuses_a_concurrency_out_of_bounds():

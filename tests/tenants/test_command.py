@@ -48,7 +48,7 @@ def test_add_member_adds_and_changes_roles():
     acme = OrganisationFactory(slug="acme")
     user = UserFactory(username="alice")
     assert "alice is a member of acme" in org("add-member", "acme", "alice")
-    org("add-member", "acme", "alice", "--role", "admin")
+    assert "alice is an admin of acme" in org("add-member", "acme", "alice", "--role", "admin")
     assert Membership.objects.get(user=user, organisation=acme).role == "admin"
     assert [e["event_type"] for e in ops("org_member_added")] == ["org_member_added"]
     assert len(ops("org_member_role_set")) == 1

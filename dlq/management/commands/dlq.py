@@ -3,11 +3,14 @@
     manage.py dlq list [--state open|replayed|discarded|all] [--queue sim_dlq]
     manage.py dlq peek sim_dlq [--limit 20] [--json]
     manage.py dlq replay sim_dlq --as alice --justification "..." [--job ID ...]
-                                 [--reason R] [--error-code C] [--limit N] [--dry-run]
+                                 [--reason R] [--error-code C] [--limit N]
+    manage.py dlq replay sim_dlq --dry-run [--as alice] [same selection]
     manage.py dlq discard sim_dlq --as alice --justification "..." [same selection]
     manage.py dlq watch [--limit 500]
 
-QUEUE names the DLQ (`sim_dlq`); the primary queue's name (`sim`) is accepted too.
+QUEUE names the DLQ (`sim_dlq`); the primary queue's name (`sim`) is accepted too. A dry
+run writes nothing, so it needs no `--as` nor `--justification`: without `--as` it shows
+what an operator limited to no organisation would take.
 """
 
 from __future__ import annotations
@@ -15,13 +18,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import ApplicationError
 from dlq.broker import dlq_peek
 from dlq.selectors import dead_letters_by_error_code, dead_letters_for_messages, dlq_overview
-from dlq.services.replay import ResolveResult, dead_letters_discard, dead_letters_replay
+from dlq.services.replay import (
+    ResolveResult,
+    dead_letters_discard,
+    dead_letters_preview,
+    dead_letters_replay,
+)
 from jobs.topology import dlq_name, dlq_names
 
 
@@ -43,8 +52,9 @@ class Command(BaseCommand):
         for name in ("replay", "discard"):
             act = sub.add_parser(name, help=f"{name} open dead letters (dry run first!)")
             act.add_argument("queue")
-            act.add_argument("--as", dest="username", required=True, help="the operator")
-            act.add_argument("--justification", required=True)
+            # Required unless --dry-run (checked in _resolve: argparse cannot say so).
+            act.add_argument("--as", dest="username", help="the operator (not for --dry-run)")
+            act.add_argument("--justification", help="why (not for --dry-run)")
             act.add_argument("--job", dest="job_ids", action="append", metavar="JOB_ID")
             act.add_argument("--reason")
             act.add_argument("--error-code")
@@ -76,6 +86,8 @@ class Command(BaseCommand):
         self.stdout.write(f"{'queue':<16} {'broker depth':>12} {'open rows':>10}")
         for item in overview:
             depth = "?" if item["depth"] is None else str(item["depth"])
+            if not item["broker_dlq"]:  # a postgres queue's: no broker DLQ to have a depth
+                depth = "no broker"
             self.stdout.write(f"{item['queue']:<16} {depth:>12} {item['open']:>10}")
         self.stdout.write("")
         self.stdout.write(f"{state or 'all'} dead letters by error code:")
@@ -139,21 +151,42 @@ class Command(BaseCommand):
         raise CommandError(f"unknown queue {name!r}; dead-letter queues: {', '.join(dlq_names())}")
 
     def _resolve(self, service: Any, options: dict[str, Any]) -> None:
-        user = get_user_model().objects.filter(username=options["username"]).first()
-        if user is None:
-            raise CommandError(f"no user {options['username']!r}")
+        dry_run, username = options["dry_run"], options["username"]
+        if not dry_run:
+            missing = [
+                flag
+                for flag, value in (
+                    ("--as", username),
+                    ("--justification", options["justification"]),
+                )
+                if value is None
+            ]
+            if missing:
+                raise CommandError(f"{' and '.join(missing)} needed (not with --dry-run)")
+        user = None
+        if username is not None:
+            user = get_user_model().objects.filter(username=username).first()
+            if user is None:
+                raise CommandError(f"no user {username!r}")
         if options["limit"] is not None and options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
         filters = {"reason": options["reason"], "error_code": options["error_code"]}
-        result: ResolveResult = service(
-            actor_user=user,
-            justification=options["justification"],
-            queue=self._queue(options["queue"]),
-            job_ids=options["job_ids"],
-            filters={k: v for k, v in filters.items() if v},
-            limit=options["limit"],
-            dry_run=options["dry_run"],
-        )
+        selection: dict[str, Any] = {
+            "queue": self._queue(options["queue"]),
+            "job_ids": options["job_ids"],
+            "filters": {k: v for k, v in filters.items() if v},
+            "limit": options["limit"],
+        }
+        result: ResolveResult
+        if user is None:  # a dry run for the shell: nothing written, nobody to name
+            result = dead_letters_preview(action=options["action"], **selection)
+        else:
+            result = service(
+                actor_user=user,
+                justification=options["justification"] or "",
+                dry_run=dry_run,
+                **selection,
+            )
         if options["json"]:
             self.stdout.write(json.dumps(result.as_dict(), default=str))
             return
@@ -170,8 +203,10 @@ class Command(BaseCommand):
         done = "replayed" if verb == "replay" else "discarded"
         self.stdout.write(self.style.SUCCESS(f"{done} {len(result.resolved)} dead letter(s)"))
         if result.action == "replay":
-            self.stdout.write("the jobs are pending again: the dispatcher publishes them")
-        self.stdout.write(f"broker copies acked: {result.broker_acked}")
+            taker = "the dispatcher publishes" if settings.JOBOPS_BROKER else "run_worker takes"
+            self.stdout.write(f"the jobs are pending again: {taker} them")
+        if settings.JOBOPS_BROKER:  # without a broker there are no copies to speak of
+            self.stdout.write(f"broker copies acked: {result.broker_acked}")
         for s in result.skipped:
             self.stdout.write(f"  skipped #{s['dead_letter_id']}: {s['skipped']}")
         if result.broker_error:

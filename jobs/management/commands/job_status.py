@@ -17,6 +17,23 @@ from jobs.selectors import job_get
 from jobs.states import TERMINAL, Status
 
 TIMED_OUT = 3  # exit status of --follow when --timeout passed before the job ended
+# The bar shows a rate once the progress followed has moved over at least this long: over
+# a shorter time base a coalesced progress write (one every few seconds) reads as an
+# absurd rate. Not tqdm's own rate: it divides the whole percentage, progress made before
+# the follow started included, by the seconds since the bar was drawn ("4883778%/s" for a
+# job found at 100 %), and its time left is derived from that.
+RATE_MIN_SECONDS = 2.0
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt}% [{elapsed}{postfix}]"
+
+
+def progress_rate(first: tuple[float, int], last: tuple[float, int]) -> float | None:
+    """Percentage points per second between two samples (monotonic seconds, percent) of
+    one attempt's progress; None while it is undefined: less than RATE_MIN_SECONDS apart,
+    or no progress between them."""
+    seconds, points = last[0] - first[0], last[1] - first[1]
+    if seconds < RATE_MIN_SECONDS or points <= 0:
+        return None
+    return points / seconds
 
 
 class Command(BaseCommand):
@@ -65,18 +82,27 @@ class Command(BaseCommand):
         """Redraw the bar from the job row until it reaches a terminal state, or until
         `timeout` seconds have passed (then the job as last read, not yet ended)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        first: tuple[float, int] | None = None  # the attempt's first sample seen
+        seen_attempt = None
         # tqdm redraws with \r: give it the raw stream, not Django's line-ending wrapper.
         with tqdm(
-            total=100, unit="%", desc=f"{job.type} {str(job.id)[:8]}", file=self.stderr._out
+            total=100,
+            desc=f"{job.type} {str(job.id)[:8]}",
+            file=self.stderr._out,
+            bar_format=BAR_FORMAT,
         ) as bar:
             while True:
                 bar.n = job.progress_percent
                 # The bar is the attempt's: it starts again from 0 when a retry runs.
                 attempt = _attempt_of(job, short=True)
-                bar.set_postfix_str(
-                    " ".join(s for s in (job.status, attempt, job.progress_step or "") if s),
-                    refresh=False,
-                )
+                sample = (time.monotonic(), job.progress_percent)
+                if first is None or job.progress_attempt != seen_attempt:
+                    first, seen_attempt = sample, job.progress_attempt
+                rate = progress_rate(first, sample) if job.status == Status.RUNNING else None
+                shown = [job.status, attempt, job.progress_step or ""]
+                if rate is not None:
+                    shown.append(f"{rate:.1f}%/s")
+                bar.set_postfix_str(" ".join(s for s in shown if s), refresh=False)
                 bar.refresh()
                 if job.status in TERMINAL:
                     return job

@@ -41,22 +41,33 @@ class Command(BaseCommand):
             help="runners: processes (CPU-bound work, time limits enforced) or threads "
             "(I/O-bound types); default JOBOPS_WORKER_POOL",
         )
+        parser.add_argument(
+            "--idle-ok",
+            action="store_true",
+            help="with no queue configured postgres, stay up doing nothing until SIGTERM "
+            "instead of refusing to start (the Procfile's line: every queue on Celery is "
+            "the usual case there, not a mistake)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         queues = self._queues(options["queues"])
         concurrency = options["concurrency"]
         if not 1 <= concurrency <= 256:
             raise CommandError(f"--concurrency {concurrency}: must be 1-256")
+        if not queues and not options["idle_ok"]:
+            raise CommandError(
+                "no queue is configured postgres (JOBOPS_EXECUTOR_<QUEUE>=postgres): "
+                "nothing to run (--idle-ok stays up anyway)"
+            )
         refuse_privileged_database_role()
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         if not queues:
-            # A Procfile line stays up (honcho ends every process when one exits).
-            log.warning(
-                "run_worker_idle",
-                why="no queue is configured postgres (JOBOPS_EXECUTOR_<QUEUE>=postgres)",
-            )
+            # The Procfile's line stays up (honcho ends every process when one exits) and
+            # says nothing at the usual log level: every queue on Celery, with the broker,
+            # is the usual case there, not something to warn about.
+            log.debug("run_worker_idle", why="no queue is configured postgres")
             stop.wait()
             return
         configure_tracing("worker")

@@ -162,7 +162,8 @@ class Command(BaseCommand):
         org = self._org(options["slug"])
         user = self._user(options["username"])
         member_add(org=org, user=user, role=options["role"])
-        self.stdout.write(f"{user.get_username()} is a {options['role']} of {org.slug}")
+        article = "an" if options["role"][0] in "aeiou" else "a"
+        self.stdout.write(f"{user.get_username()} is {article} {options['role']} of {org.slug}")
 
     def _suspend(self, options: dict[str, Any]) -> None:
         org = self._org(options["slug"])
