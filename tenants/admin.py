@@ -272,7 +272,7 @@ class ApiTokenCreateForm(forms.ModelForm):
         fields = ["name", "user", "scopes", "expires_at"]
 
     def clean(self) -> dict[str, Any]:
-        cleaned: dict[str, Any] = super().clean()
+        cleaned: dict[str, Any] = super().clean() or {}
         user, scopes = cleaned.get("user"), cleaned.get("scopes")
         if user is not None and scopes:
             # The service's rule (admin:dlq for staff only), shown on the form, not a 500.
