@@ -328,6 +328,16 @@ class JobCursorPagination(CursorPagination):
                 raise serializers.ValidationError({"cursor": ["Invalid cursor position."]})
         return cursor
 
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        # The schema states the bounds the checks above enforce.
+        parameters: list[dict[str, Any]] = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.cursor_query_param:
+                parameter["schema"]["maxLength"] = MAX_CURSOR_CHARS
+            elif parameter["name"] == self.page_size_query_param:
+                parameter["schema"]["minimum"] = 1
+        return parameters
+
     @staticmethod
     def _cursor_check(encoded: str) -> None:
         """Refuse what no answer of ours ever sent as a cursor before DRF reads it: DRF
