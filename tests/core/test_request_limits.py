@@ -99,30 +99,34 @@ def test_a_chunked_body_is_411_in_the_envelope_never_read_as_empty(client):
     assert portal.status_code == 411 and portal["Content-Type"].startswith("text/plain")
 
 
+@pytest.fixture(scope="module")
+def live(django_db_setup, django_db_blocker):
+    """One gunicorn for the module's live tests (each boot costs seconds)."""
+    with django_db_blocker.unblock(), gunicorn_server(workers=1, threads=2) as base:
+        yield base
+
+
 @pytest.mark.django_db(transaction=True)
-def test_live_gunicorn_answers_a_chunked_create_411_and_a_sized_one_201():
+def test_live_gunicorn_answers_a_chunked_create_411_and_a_sized_one_201(live):
     """Under gunicorn a chunked body reaches Django de-chunked but without a
     Content-Length; before the 411 it was read as empty ("type" required, a 400)."""
     token = Token.objects.create(user=UserFactory()).key
     headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
     body = b'{"type": "sim", "params": {"steps": 1, "step_seconds": 0}}'
-    with gunicorn_server(workers=1, threads=2) as base:
-        chunked = requests.post(f"{base}{JOBS}", data=iter([body]), headers=headers, timeout=10)
-        assert chunked.request.headers["Transfer-Encoding"] == "chunked"
-        assert chunked.status_code == 411, chunked.text
-        assert chunked.json()["error"]["code"] == "ERR-HTTP-411"
-        # A negative Content-Length never reaches Django: gunicorn's parser refuses it
-        # with its own HTML page, which gunicorn has no setting to change.
-        host, port = base.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(
-                f"POST {JOBS} HTTP/1.1\r\nHost: {host}\r\nContent-Length: -1\r\n\r\n".encode()
-            )
-            answer = sock.recv(4096)
-        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
-        assert b"Content-Type: text/html" in answer
-        sized = requests.post(f"{base}{JOBS}", data=body, headers=headers, timeout=10)
-        assert sized.status_code == 201, sized.text
+    chunked = requests.post(f"{live}{JOBS}", data=iter([body]), headers=headers, timeout=10)
+    assert chunked.request.headers["Transfer-Encoding"] == "chunked"
+    assert chunked.status_code == 411, chunked.text
+    assert chunked.json()["error"]["code"] == "ERR-HTTP-411"
+    # A negative Content-Length never reaches Django: gunicorn's parser refuses it
+    # with its own HTML page, which gunicorn has no setting to change.
+    host, port = live.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST {JOBS} HTTP/1.1\r\nHost: {host}\r\nContent-Length: -1\r\n\r\n".encode())
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"Content-Type: text/html" in answer
+    sized = requests.post(f"{live}{JOBS}", data=body, headers=headers, timeout=10)
+    assert sized.status_code == 201, sized.text
 
 
 def test_gunicorn_runs_with_limits_above_djangos_from_the_procfile_config(monkeypatch):
@@ -145,22 +149,21 @@ def test_gunicorn_runs_with_limits_above_djangos_from_the_procfile_config(monkey
 
 
 @pytest.mark.django_db(transaction=True)
-def test_live_gunicorn_answers_a_long_cursor_and_big_headers_in_the_envelope():
-    with gunicorn_server(workers=1, threads=2) as base:
-        cursor = requests.get(f"{base}{JOBS}?cursor={'a' * 5000}", timeout=10)
-        assert cursor.status_code == 414
-        assert cursor.json()["error"]["code"] == "ERR-HTTP-414"
-        assert cursor.headers["X-Request-ID"]
+def test_live_gunicorn_answers_a_long_cursor_and_big_headers_in_the_envelope(live):
+    cursor = requests.get(f"{live}{JOBS}?cursor={'a' * 5000}", timeout=10)
+    assert cursor.status_code == 414
+    assert cursor.json()["error"]["code"] == "ERR-HTTP-414"
+    assert cursor.headers["X-Request-ID"]
 
-        ten_kb = requests.get(f"{base}{JOBS}", headers={"X-Padding": "x" * 10_240}, timeout=10)
-        assert ten_kb.status_code == 401  # served as usual: no credentials
-        assert ten_kb.json()["error"]["code"] == "ERR-AUTH-401"
+    ten_kb = requests.get(f"{live}{JOBS}", headers={"X-Padding": "x" * 10_240}, timeout=10)
+    assert ten_kb.status_code == 401  # served as usual: no credentials
+    assert ten_kb.json()["error"]["code"] == "ERR-AUTH-401"
 
-        twenty_kb = requests.get(f"{base}{JOBS}", headers={"X-Padding": "x" * 20_000}, timeout=10)
-        assert twenty_kb.status_code == 431
-        assert twenty_kb.json()["error"]["code"] == "ERR-HTTP-431"
+    twenty_kb = requests.get(f"{live}{JOBS}", headers={"X-Padding": "x" * 20_000}, timeout=10)
+    assert twenty_kb.status_code == 431
+    assert twenty_kb.json()["error"]["code"] == "ERR-HTTP-431"
 
-        # Past gunicorn's own limit (twice Django's) gunicorn answers, as documented.
-        huge = requests.get(f"{base}{JOBS}", headers={"X-Padding": "x" * 40_000}, timeout=10)
-        assert huge.status_code in (400, 431)
-        assert "application/json" not in huge.headers.get("Content-Type", "")
+    # Past gunicorn's own limit (twice Django's) gunicorn answers, as documented.
+    huge = requests.get(f"{live}{JOBS}", headers={"X-Padding": "x" * 40_000}, timeout=10)
+    assert huge.status_code in (400, 431)
+    assert "application/json" not in huge.headers.get("Content-Type", "")
