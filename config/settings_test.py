@@ -13,12 +13,15 @@ from config import settings as _base
 from config.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast user factories
+# No limit binds unless a test asks: in this process with the `settings` fixture, in a
+# server it starts with JOBOPS_TEST_RATE_LIMITS (tests/jobs/test_create_burst.py runs
+# gunicorn under the real limits). Not JOBOPS_RATE_LIMITS: a developer's own stays out.
 JOBOPS_RATE_LIMITS = {
     "create_per_user": 100_000,
     "create_per_org": 1_000_000,
     "create_global": 1_000_000,
     "admin_dlq": 100_000,
-}
+} | _base.env_json("JOBOPS_TEST_RATE_LIMITS", {})
 MEDIA_ROOT = BASE_DIR / "var" / "test-media"  # noqa: F405
 STORAGES = {  # no manifest needed for tests
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

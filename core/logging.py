@@ -107,6 +107,19 @@ except ImportError:  # pragma: no cover - exercised where the extra is not insta
     _otel_trace = None  # type: ignore[assignment]
 
 
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (NUL, newline, ESC, a bidi
+    override) written as its Python escape, and a backslash doubled, so that what a
+    client put in a URL can neither split a console log line, nor drive a terminal,
+    nor pass for an escape."""
+    if text.isprintable() and "\\" not in text:
+        return text  # nearly every path: no copy
+    return "".join(
+        "\\\\" if c == "\\" else c if c.isprintable() else c.encode("unicode_escape").decode()
+        for c in text
+    )
+
+
 def one_line_client_errors(
     _logger: WrappedLogger, _method: str, event_dict: EventDict
 ) -> EventDict:
@@ -115,18 +128,27 @@ def one_line_client_errors(
     Django logs its 403s (PermissionDenied in the portal) and 400s (BadRequest,
     SuspiciousOperation) with the exception attached, so every refusal printed a full
     traceback that buried the real errors. Those are expected answers; a 5xx keeps its
-    traceback.
+    traceback. The path is the client's (a NUL, a newline in the URL): it is logged
+    through `printable`, in the `path` field and in Django's message ("Not Found: ...").
     """
     status = event_dict.get("status_code")
-    if not isinstance(status, int) or status >= 500:
+    if not isinstance(status, int):
         return event_dict
     path = getattr(event_dict.get("request"), "path", None)
-    if path is not None:
-        event_dict.setdefault("path", path)
+    if isinstance(path, str):
+        shown = printable(path)
+        event = event_dict.get("event")
+        if shown != path and isinstance(event, str):
+            event_dict["event"] = event.replace(path, shown)
+        if status < 500:
+            event_dict.setdefault("path", shown)
+    if status >= 500:
+        return event_dict
     exc_info = event_dict.pop("exc_info", None)
     exc = exc_info[1] if isinstance(exc_info, tuple) else exc_info
     if isinstance(exc, BaseException):
-        event_dict["error"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        event_dict["error"] = printable(error)
     return event_dict
 
 

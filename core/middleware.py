@@ -8,6 +8,10 @@ cursor with its own HTML 400/431 page. Its limits (config/gunicorn_conf.py) now 
 above these, so an oversized request reaches Django and is told in the envelope: 414
 ERR-HTTP-414 for a URI longer than JOBOPS_MAX_URI_CHARS, 431 ERR-HTTP-431 for a header
 line longer than JOBOPS_MAX_HEADER_BYTES or more than JOBOPS_MAX_HEADERS headers.
+A body sent with `Transfer-Encoding` (chunked) is 411 ERR-HTTP-411: Django reads a body
+by its Content-Length, so under gunicorn (which de-chunks it and sets
+`wsgi.input_terminated`, which Django ignores) it was read as empty and a create was
+answered as if nothing had been sent.
 
 `RejectNulMiddleware`: PostgreSQL text cannot hold NUL, so `?status=%00` on an admin
 list (whose filters are not form-validated) reached the database and answered 500.
@@ -42,7 +46,7 @@ class RequestLimitsMiddleware:
 
 
 def request_limits_refusal(request: HttpRequest) -> HttpResponse | None:
-    """The 414 or 431 answer for a request past the limits, or None."""
+    """The 414, 431 or 411 answer for a request past the limits, or None."""
     uri_limit = settings.JOBOPS_MAX_URI_CHARS
     # gunicorn passes the request target as sent; elsewhere rebuild it.
     uri = request.META.get("RAW_URI") or request.get_full_path()
@@ -75,6 +79,13 @@ def request_limits_refusal(request: HttpRequest) -> HttpResponse | None:
         name = _UNPREFIXED_HEADERS.get(key) or key[5:].replace("_", "-").title()
         message = f"The {name} header is {size} bytes long; at most {size_limit} are accepted."
         return _refuse(request, 431, message, {"header": name, "limit": size_limit, "size": size})
+    if "HTTP_TRANSFER_ENCODING" in request.META:
+        # Refused rather than read: Django's body reading, its upload limits and every
+        # parser go by Content-Length; a proxy that buffers bodies (nginx does by
+        # default) sends one, so only a client talking to gunicorn directly sees this.
+        message = "A body sent with Transfer-Encoding is not read: send it with a Content-Length."
+        encoding = request.META["HTTP_TRANSFER_ENCODING"][:100]
+        return _refuse(request, 411, message, {"transfer_encoding": encoding})
     return None
 
 

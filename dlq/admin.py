@@ -570,9 +570,15 @@ def _selection_from(params: Any) -> tuple[dict[str, Any], list[str]]:
     if params.get("job"):
         selection["job_ids"] = [params["job"]]
         describe.append(f"job {params['job']}")
-    if str(params.get("limit") or "").isdigit():
-        selection["limit"] = int(params["limit"])
-        describe.append(f"at most {params['limit']}")
+    raw_limit = str(params.get("limit") or "").strip()
+    if raw_limit:
+        # Whatever was given goes to the service, which refuses anything but a positive
+        # integer: a limit dropped here ("-5", "two") would select every matching row.
+        try:
+            selection["limit"] = int(raw_limit)
+        except ValueError:
+            selection["limit"] = raw_limit[:100]
+        describe.append(f"at most {raw_limit[:100]}")
     return selection, describe or ["every open dead letter"]
 
 
@@ -585,7 +591,7 @@ def _hidden_fields(selection: dict[str, Any]) -> list[tuple[str, Any]]:
         hidden.append(("ids", ",".join(map(str, selection["dead_letter_ids"]))))
     if selection.get("job_ids"):
         hidden.append(("job", selection["job_ids"][0]))
-    if selection.get("limit"):
+    if selection.get("limit") is not None:  # 0 too: refused, never dropped
         hidden.append(("limit", selection["limit"]))
     return hidden
 

@@ -6,8 +6,8 @@ services' (`jobs.services.publishing`). The wire payload (the task's one argumen
 org_id}` (`v`: the payload version, `jobs.wire`); the message headers
 (`message_headers`) carry `job_id`, `org_id`, `request_id`, `correlation_id` and the
 attempt too, and on a retry or a replay the previous attempt's error code and exception
-class, so that a message read in a DLQ peek or in Flower explains itself without
-decoding the body. Never the error's text: it may hold what a handler saw.
+class, so that a message read in a DLQ peek (or RabbitMQ's management UI) explains itself
+without decoding the body. Never the error's text: it may hold what a handler saw.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
                     # Topology belongs to setup_topology; an undeclared queue must fail
                     # loudly (unroutable) rather than be created here with other arguments.
                     declare=[],
-                    # What Flower and the worker's log show of the arguments: the job,
+                    # What Celery's events and the worker's log show of the arguments: the job,
                     # never its params (they may hold what a user would not have
                     # logged), and no repr walk of the payload per message.
                     argsrepr=args_repr(job),

@@ -35,6 +35,7 @@ from tenants.models import (
     ServiceAccount,
 )
 from tenants.services import (
+    TenancyInputError,
     member_add,
     member_remove,
     organisation_create,
@@ -44,6 +45,7 @@ from tenants.services import (
     service_account_create,
     token_create,
     token_revoke,
+    token_scopes_check,
 )
 
 
@@ -268,6 +270,17 @@ class ApiTokenCreateForm(forms.ModelForm):
     class Meta:
         model = ApiToken
         fields = ["name", "user", "scopes", "expires_at"]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        user, scopes = cleaned.get("user"), cleaned.get("scopes")
+        if user is not None and scopes:
+            # The service's rule (admin:dlq for staff only), shown on the form, not a 500.
+            try:
+                token_scopes_check(user=user, scopes=scopes)
+            except TenancyInputError as exc:
+                self.add_error("scopes", exc.message)
+        return cleaned
 
 
 CREATE_FIELDS = ["name", "user", "scopes", "expires_at"]

@@ -31,6 +31,7 @@ from tenants.models import (
     Organisation,
     Project,
     Role,
+    Scope,
     ServiceAccount,
 )
 
@@ -189,9 +190,19 @@ class IssuedToken:
     key: str
 
 
-def _checked_scopes(scopes: list[str] | tuple[str, ...] | None) -> list[str]:
+def scopes_allowed(user: Any) -> list[str]:
+    """The scopes a token of `user` may hold, and what it gets when none are named:
+    `admin:dlq` opens the operators' API, so only staff get it. The DLQ views check staff
+    too, but a member's token must not become an operator's the day they are made staff."""
+    return [s for s in ALL_SCOPES if s != Scope.ADMIN_DLQ or user.is_staff]
+
+
+def token_scopes_check(*, user: Any, scopes: list[str] | tuple[str, ...] | None) -> list[str]:
+    """`scopes` checked for a token of `user` (None: every scope `user` may hold), in the
+    order of Scope, once each; TenancyInputError names what is wrong."""
+    allowed = scopes_allowed(user)
     if scopes is None:
-        return list(ALL_SCOPES)
+        return allowed
     unknown = sorted(set(scopes) - set(ALL_SCOPES))
     if unknown:
         raise TenancyInputError(
@@ -199,6 +210,11 @@ def _checked_scopes(scopes: list[str] | tuple[str, ...] | None) -> list[str]:
         )
     if not scopes:
         raise TenancyInputError("A token needs at least one scope.")
+    refused = [s for s in ALL_SCOPES if s in scopes and s not in allowed]
+    if refused:
+        raise TenancyInputError(
+            f"{', '.join(refused)} is for staff tokens: {user.get_username()} is not staff."
+        )
     # In the order of Scope, once each: lists and the audit read the same.
     return [s for s in ALL_SCOPES if s in scopes]
 
@@ -216,9 +232,10 @@ def token_create(
     expires_at: datetime | None = None,
     actor: Actor = SYSTEM,
 ) -> IssuedToken:
-    """A token for `user` (a person, or a service account's user) with `scopes` (all by
-    default) until `expires_at` (None: no expiry). Returns the key, which is not stored."""
-    checked = _checked_scopes(scopes)
+    """A token for `user` (a person, or a service account's user) with `scopes` (by
+    default every scope `user` may hold: `scopes_allowed`) until `expires_at` (None: no
+    expiry). Returns the key, which is not stored."""
+    checked = token_scopes_check(user=user, scopes=scopes)
     if expires_at is not None and expires_at <= timezone.now():
         raise TenancyInputError("The expiry is in the past.")
     key, prefix, digest = _new_key()
@@ -260,8 +277,9 @@ def legacy_token_rotate(
     *, user: Any, name: str = "rotated", expires_at: datetime | None = None, actor: Actor = SYSTEM
 ) -> IssuedToken:
     """Replace `user`'s legacy DRF token (every scope, no expiry) with an ApiToken of
-    every scope expiring at `expires_at`; the old key stops working in the same
-    transaction, so there is no moment with neither or both."""
+    every scope `user` may hold (`scopes_allowed`: `admin:dlq` for staff only) expiring at
+    `expires_at`; the old key stops working in the same transaction, so there is no
+    moment with neither or both."""
     with transaction.atomic():
         deleted, _ = Token.objects.filter(user=user).delete()
         if not deleted:
@@ -269,6 +287,28 @@ def legacy_token_rotate(
         issued = token_create(user=user, name=name, scopes=None, expires_at=expires_at, actor=actor)
         _audit("legacy_token_rotated", actor, user_id=user.pk, token_id=issued.token.pk)
     return issued
+
+
+def person_token_issue(
+    *, user: Any, expires_at: datetime | None = None, actor: Actor = SYSTEM
+) -> tuple[IssuedToken, bool]:
+    """A person's token (`manage.py org rotate`), with every scope they may hold.
+
+    1. A user with a legacy token has it rotated (`legacy_token_rotate`); True.
+    2. Otherwise a new token named `personal`; their other tokens keep working. False.
+       A user who is not staff and belongs to no organisation is refused: every job call
+       of the token would be 403, so the answer says what to do first.
+    """
+    with transaction.atomic():
+        if Token.objects.filter(user=user).exists():
+            return legacy_token_rotate(user=user, expires_at=expires_at, actor=actor), True
+        if not user.is_staff and not Membership.objects.filter(user=user).exists():
+            raise TenancyInputError(
+                f"{user.get_username()} belongs to no organisation: add them first "
+                f"(manage.py org add-member SLUG {user.get_username()})."
+            )
+        issued = token_create(user=user, name="personal", expires_at=expires_at, actor=actor)
+    return issued, False
 
 
 def last_used_touch(*, token_id: int, now: datetime, older_than: datetime) -> None:

@@ -6,6 +6,8 @@
 3. Every alert rule of deploy/prometheus/alerts.yml has a runbook section.
 4. Every `docs/<page>.md#<anchor>` cited anywhere in the repository names a page and a
    heading that exist, so that a comment's pointer never dangles.
+5. docs/architecture.md's dispatcher table names every step the dispatcher runs, in
+   order, with its module; its actor table every `actor_type` the audit column holds.
 
 `make test` also builds the site with `mkdocs build --strict`, which checks the links
 between the pages themselves.
@@ -27,6 +29,7 @@ SETTINGS = ROOT / "config" / "settings.py"
 REFERENCE = ROOT / "docs" / "configuration.md"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RUNBOOKS = ROOT / "docs" / "operations" / "alerts.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 ENV_HELPERS = frozenset(
     {"env_str", "env_int", "env_bool", "env_float", "env_json", "env_list", "env_durations"}
 )
@@ -131,6 +134,34 @@ def test_it_gives_every_alert_rule_a_runbook_section():
     sections = {line[3:].strip() for line in RUNBOOKS.read_text().splitlines() if line[:3] == "## "}
     assert alerts, "no alert rules found"
     assert alerts - sections == set(), "add a section to docs/operations/alerts.md"
+
+
+def table_rows(text: str, header: str) -> list[list[str]]:
+    """The cells of each row of the table whose header line starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def test_the_dispatcher_table_names_every_step_in_order_with_its_module():
+    from django.conf import settings
+
+    rows = table_rows(ARCHITECTURE.read_text(), "| step | what it does | module |")
+    documented = [(row[0].strip("`"), row[-1].strip("`")) for row in rows]
+    steps = [(name, path.rsplit(".", 1)[0]) for name, path in settings.JOBOPS_DISPATCHER_STEPS]
+    assert documented == steps
+
+
+def test_the_actor_table_names_every_actor_type():
+    from audit.models import ActorType
+
+    rows = table_rows(ARCHITECTURE.read_text(), "| `actor_type` | written when |")
+    assert [row[0].strip("`") for row in rows] == list(ActorType.values)
 
 
 def test_every_docs_citation_in_the_repository_names_a_page_and_heading_that_exist():

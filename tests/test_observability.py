@@ -196,6 +196,30 @@ def test_a_refused_portal_request_is_logged_as_one_line_without_a_traceback(
     assert "exception" not in line and "Traceback" not in json.dumps(line)
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("rendering", ["json", "console"])
+def test_control_characters_of_a_path_are_escaped_in_the_log_line(client, rendering):
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter(json=rendering == "json"))
+    logger = logging.getLogger("django.request")
+    logger.addHandler(handler)
+    try:
+        response = client.get("/nowhere/a%00b%0Dforged%0A%1B[31mred%5Cx00")
+    finally:
+        logger.removeHandler(handler)
+    assert response.status_code == 404
+    written = stream.getvalue()
+    shown = "/nowhere/a\\x00b\\rforged\\n\\x1b[31mred\\\\x00"
+    assert written.count("\n") == 1, written  # one line, whatever the URL held
+    assert not any(c in written[:-1] for c in "\x00\r\n\x1b")
+    if rendering == "json":
+        line = json.loads(written)
+        assert line["path"] == shown and line["event"] == f"Not Found: {shown}"
+    else:
+        assert f"path={shown}" in written and f"Not Found: {shown}" in written
+
+
 def test_a_server_error_keeps_its_traceback(django_request_log):
     try:
         raise RuntimeError("boom")

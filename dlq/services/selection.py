@@ -99,7 +99,10 @@ def dead_letter_selection_check(
             details={"queue": [f"One of: {', '.join(dlq_names())}."]},
         )
     if limit is not None and (not isinstance(limit, int) or limit < 1):
-        raise DeadLetterInputError(details={"limit": ["A positive integer."]})
+        raise DeadLetterInputError(
+            "The limit must be a whole number of at least 1 (none: every matching row).",
+            details={"limit": ["A positive integer."]},
+        )
     return _clean_filters(filters)
 
 

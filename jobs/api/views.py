@@ -6,7 +6,9 @@ Writes go only through `jobs.services`; reads only through `jobs.selectors`.
 from __future__ import annotations
 
 import uuid
+from base64 import b64decode
 from typing import Any
+from urllib.parse import parse_qs
 
 from django.conf import settings
 from django.http import (
@@ -279,6 +281,12 @@ def _idempotency_key(request: Request, body_key: str | None) -> str | None:
     return body_key if body_key is not None else header_key
 
 
+# A cursor our answers make is base64 of "o=N&r=1&p=<created_at>", under 100 characters.
+MAX_CURSOR_CHARS = 200
+# What DRF puts in a cursor: the offset, the direction and the position.
+CURSOR_KEYS = frozenset({"o", "r", "p"})
+
+
 class JobCursorPagination(CursorPagination):
     ordering = "-created_at"
     page_size = 50
@@ -286,18 +294,25 @@ class JobCursorPagination(CursorPagination):
     max_page_size = 200
 
     def get_page_size(self, request: Request) -> int | None:
-        # DRF answers a page_size that is not a number with the default page; like any
-        # other bad query value (and as the schema says: an integer), it is a 400.
-        # Whole numbers keep DRF's reading: below 1 the default, above 200 the maximum.
+        # DRF answers a page_size that is not a number, or below 1, with the default
+        # page; like any other bad query value (and as the schema says: an integer of at
+        # least 1) it is a 400. Above max_page_size DRF's reading stays: the maximum.
         raw = request.query_params.get(self.page_size_query_param)
         if raw is not None:
             try:
-                int(raw)
+                size = int(raw)
             except ValueError as exc:
                 raise serializers.ValidationError({"page_size": ["A whole number."]}) from exc
+            if size < 1:
+                raise serializers.ValidationError(
+                    {"page_size": [f"At least 1 (at most {self.max_page_size} are sent)."]}
+                )
         return super().get_page_size(request)
 
     def decode_cursor(self, request: Request) -> Any:
+        encoded = request.query_params.get(self.cursor_query_param)
+        if encoded is not None:
+            self._cursor_check(encoded)
         try:
             cursor = super().decode_cursor(request)
         except Exception as exc:  # DRF answers a bad cursor with 404; it is a bad request
@@ -312,6 +327,32 @@ class JobCursorPagination(CursorPagination):
             if not valid or "\x00" in cursor.position:
                 raise serializers.ValidationError({"cursor": ["Invalid cursor position."]})
         return cursor
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        # The schema states the bounds the checks above enforce.
+        parameters: list[dict[str, Any]] = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.cursor_query_param:
+                parameter["schema"]["maxLength"] = MAX_CURSOR_CHARS
+            elif parameter["name"] == self.page_size_query_param:
+                parameter["schema"]["minimum"] = 1
+        return parameters
+
+    @staticmethod
+    def _cursor_check(encoded: str) -> None:
+        """Refuse what no answer of ours ever sent as a cursor before DRF reads it: DRF
+        decodes any base64 (3,000 'A's are NUL bytes, read as "the first page")."""
+        if len(encoded) > MAX_CURSOR_CHARS:
+            raise serializers.ValidationError(
+                {"cursor": [f"Invalid cursor: longer than {MAX_CURSOR_CHARS} characters."]}
+            )
+        try:
+            decoded = b64decode(encoded.encode("ascii")).decode("ascii")
+            tokens = parse_qs(decoded, keep_blank_values=True)
+        except (TypeError, ValueError):
+            return  # DRF's own decode refuses it below, with the same answer
+        if not tokens or set(tokens) - CURSOR_KEYS or any(len(v) > 1 for v in tokens.values()):
+            raise serializers.ValidationError({"cursor": ["Invalid cursor."]})
 
 
 class JobListApi(APIView):

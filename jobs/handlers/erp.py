@@ -1,9 +1,13 @@
 """`erp`: POST the job's event to the ERP webhook (JOBOPS_ERP_WEBHOOK_URL).
 
-The job's idempotency key travels as `Idempotency-Key`, so a rerun after a crash is
-recognised by the ERP. 4xx is non-retryable (429 is rate limiting: retryable),
-5xx and timeouts are retryable and count toward the `erp` connector's breaker
-(docs/connectors.md); a 429's or 503's Retry-After delays the next attempt.
+`ctx.idempotency_key`, which is the job's id (not the idempotency key a client gave
+the job when creating it), travels as `Idempotency-Key` and as the body's `job_id`: it
+is the same on every attempt of the job, so a retry after a crash is recognised by the
+ERP (docs/architecture.md, the handler context). A re-run is a new job with a new id.
+
+4xx is non-retryable (429 is rate limiting: retryable), 5xx and timeouts are
+retryable and count toward the `erp` connector's breaker (docs/connectors.md); a
+429's or 503's Retry-After delays the next attempt.
 """
 
 from __future__ import annotations

@@ -125,6 +125,26 @@ def test_a_limited_dry_run_lists_exactly_the_rows_the_action_then_takes(operator
     )
 
 
+@pytest.mark.parametrize("limit", ["-5", "0", "two", "1.5"])
+@pytest.mark.parametrize("action", ["replay", "discard"])
+def test_a_limit_that_is_no_positive_integer_is_refused_never_read_as_all(
+    operator, broker, action, limit
+):
+    rows = [DeadLetter.objects.get(job=worker_lost()).id for _ in range(3)]
+    url = RUN.format(action=action)
+    dry = operator.get(url, {"queue": "sim_dlq", "limit": limit})
+    assert dry.status_code == 200 and "dry_run" not in dry.context
+    assert "The limit must be a whole number of at least 1" in dry.context["error"]
+    hidden = [(k, str(v)) for k, v in dry.context["hidden"]]
+    assert ("limit", limit) in hidden  # carried to the confirm, never dropped
+    done = operator.post(url, {"queue": "sim_dlq", "limit": limit, "justification": "INC-9"})
+    assert done.status_code == 200
+    assert "The limit must be a whole number of at least 1" in done.context["error"]
+    assert b"The limit must be a whole number of at least 1" in done.content
+    assert set(DeadLetter.objects.filter(state="open").values_list("id", flat=True)) == set(rows)
+    assert not AuditLog.objects.filter(event_type__startswith="dlq_").exists()
+
+
 def test_the_selected_rows_go_to_a_discard_dry_run(operator, broker):
     keep, drop = worker_lost(), worker_lost()
     row = DeadLetter.objects.get(job=drop)

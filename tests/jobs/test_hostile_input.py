@@ -81,12 +81,48 @@ def test_a_well_formed_cursor_with_a_bad_position_is_a_400(api, position):
     assert response.json()["error"]["details"]["cursor"] == ["Invalid cursor position."]
 
 
+@pytest.mark.parametrize(
+    ("cursor", "message"),
+    [
+        ("A" * 3000, "Invalid cursor: longer than 200 characters."),
+        ("A" * 200, "Invalid cursor."),  # NUL bytes: DRF read them as the first page
+        (base64.b64encode(b"o=0&x=1").decode(), "Invalid cursor."),
+        (base64.b64encode(b"o=1&o=2").decode(), "Invalid cursor."),
+    ],
+    ids=["3000-chars", "nul-bytes", "unknown-key", "repeated-key"],
+)
+def test_a_cursor_no_answer_ever_sent_is_a_400_in_the_envelope(api, cursor, message):
+    make_job(owner=api.user)
+    response = api.get(JOBS, {"cursor": cursor})
+    assert response.status_code == 400, response.content[:300]
+    body = response.json()["error"]
+    assert body["code"] == "ERR-JOB-400" and body["details"]["cursor"] == [message]
+
+
+@pytest.mark.parametrize("size", ["-1", "0", "-5000"])
+def test_a_page_size_below_one_is_a_400_not_the_default_page(api, size):
+    make_job(owner=api.user)
+    response = api.get(JOBS, {"page_size": size})
+    assert response.status_code == 400, response.content[:300]
+    body = response.json()["error"]
+    assert body["code"] == "ERR-JOB-400"
+    assert body["details"]["page_size"] == ["At least 1 (at most 200 are sent)."]
+
+
+def test_a_page_size_above_the_maximum_is_read_as_the_maximum(api):
+    make_job(owner=api.user)
+    response = api.get(JOBS, {"page_size": "100000"})
+    assert response.status_code == 200 and len(response.json()["results"]) == 1
+
+
 def test_a_real_cursor_still_pages(api):
     for _ in range(3):
         make_job(owner=api.user)
     first = api.get(JOBS, {"page_size": 2}).json()
     second = api.get(first["next"])
     assert second.status_code == 200 and len(second.json()["results"]) == 1
+    back = api.get(second.json()["previous"])  # a reverse cursor passes the checks too
+    assert back.status_code == 200 and len(back.json()["results"]) == 2
 
 
 # --- params that imply more work than a worker can do (point 4) ----------------------

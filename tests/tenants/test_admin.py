@@ -96,6 +96,17 @@ def test_a_token_made_in_the_admin_shows_its_key_once_and_works(otp_admin_client
     assert key.encode() not in otp_admin_client.get(f"{BASE}/apitoken/").content
 
 
+def test_the_admin_refuses_admin_dlq_for_a_token_of_a_non_staff_user(otp_admin_client):
+    user = UserFactory()
+    response = otp_admin_client.post(
+        f"{BASE}/apitoken/add/",
+        {"name": "laptop", "user": user.pk, "scopes": ["jobs:read", "admin:dlq"]},
+    )
+    assert response.status_code == 200  # the form again, with the reason
+    assert b"admin:dlq is for staff tokens" in response.content
+    assert not ApiToken.objects.filter(user=user).exists()
+
+
 def test_revoke_asks_then_revokes(otp_admin_client, fixtures):
     token = fixtures["apitoken"]
     asked = {"action": "revoke", "_selected_action": [token.pk]}

@@ -65,7 +65,7 @@ def test_add_member_adds_and_changes_roles():
         (("token", "acme", "ci", "--scopes", "jobs:fly"), "Unknown scope"),
         (("token", "acme", "ci", "--expires-in", "soon"), "--expires-in"),
         (("token-revoke", "jo_zzzz"), "No token"),
-        (("rotate", "alice"), "no legacy token"),
+        (("rotate", "nobody"), "No user 'nobody'"),
         (("tokens", "nope"), "No organisation 'nope'"),
     ],
 )
@@ -139,6 +139,35 @@ def test_rotate_swaps_a_legacy_token_for_an_expiring_one():
     key = org("rotate", "alice", "--quiet").strip()
     assert key.startswith("jo_") and not Token.objects.filter(user=user).exists()
     assert ApiToken.objects.get(user=user).expires_at is not None
+
+
+def test_rotate_without_a_legacy_token_makes_a_person_s_token_without_operator_scopes(broker):
+    alice = UserFactory(username="alice")  # a plain member of the default organisation
+    out = org("rotate", "alice")
+    assert "alice had no legacy token: this is a new one" in out
+    key = next(line.split()[-1] for line in out.splitlines() if "key:" in line)
+    token = ApiToken.objects.get(user=alice)
+    assert token.scopes == ["jobs:read", "jobs:write", "jobs:cancel"]  # never admin:dlq
+    assert token.expires_at is not None
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    created = client.post(
+        "/api/v1/jobs", {"type": "sim", "params": {"steps": 1, "step_seconds": 0}}, format="json"
+    )
+    assert created.status_code == 201, created.content
+    assert [e["data"]["user_id"] for e in ops("token_created")] == [alice.pk]
+    # A member with a legacy token: rotated, still without the operators' scope.
+    Token.objects.create(user=alice)
+    org("rotate", "alice", "--quiet")
+    assert not Token.objects.filter(user=alice).exists()
+    assert "admin:dlq" not in ApiToken.objects.filter(user=alice).first().scopes
+
+
+def test_rotate_tells_what_to_do_for_a_user_in_no_organisation():
+    UserFactory(username="bob", org=False)
+    with pytest.raises(CommandError, match=r"belongs to no organisation: add them first"):
+        org("rotate", "bob")
+    assert not ApiToken.objects.exists()
 
 
 def test_list_and_tokens_show_organisations_and_tokens():

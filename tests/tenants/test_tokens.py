@@ -21,12 +21,14 @@ from tenants.models import ALL_SCOPES, ApiToken, Scope
 from tenants.services import (
     TenancyInputError,
     legacy_token_rotate,
+    scopes_allowed,
     service_account_create,
     token_create,
     token_revoke,
 )
 from tests.factories import (
     OrganisationFactory,
+    StaffFactory,
     UserFactory,
     client_for,
     make_job,
@@ -66,7 +68,7 @@ def test_the_key_is_stored_only_as_its_digest_and_a_short_prefix():
     assert issued.key.startswith(row.prefix) and len(row.prefix) == 11
     stored = [str(v) for v in ApiToken.objects.filter(pk=row.pk).values_list().get()]
     assert issued.key not in stored
-    assert row.scopes == list(ALL_SCOPES)
+    assert row.scopes == ["jobs:read", "jobs:write", "jobs:cancel"]  # a member's
     logged = AuditLog.objects.get(chain="ops", event_type="token_created")
     assert issued.key not in logged.payload and row.prefix in logged.payload
 
@@ -144,7 +146,7 @@ def test_a_legacy_token_keeps_every_scope(broker):
 
 
 def test_rotating_a_legacy_token_replaces_it_with_a_full_scope_api_token():
-    user = UserFactory()
+    user = StaffFactory()
     old = Token.objects.create(user=user).key
     issued = legacy_token_rotate(user=user, expires_at=timezone.now() + timedelta(days=1))
     assert not Token.objects.filter(user=user).exists()
@@ -153,6 +155,25 @@ def test_rotating_a_legacy_token_replaces_it_with_a_full_scope_api_token():
     assert issued.token.scopes == list(ALL_SCOPES)
     with pytest.raises(TenancyInputError):
         legacy_token_rotate(user=user)  # nothing left to rotate
+
+
+def test_a_member_s_token_never_gets_the_operators_scope_a_staff_token_does():
+    member = UserFactory()
+    staff = StaffFactory()
+    assert token_create(user=member, name="ci").token.scopes == [
+        "jobs:read",
+        "jobs:write",
+        "jobs:cancel",
+    ]
+    assert token_create(user=staff, name="ops").token.scopes == list(ALL_SCOPES)
+    with pytest.raises(TenancyInputError, match="admin:dlq is for staff tokens"):
+        token_create(user=member, name="x", scopes=[Scope.JOBS_READ, Scope.ADMIN_DLQ])
+    Token.objects.create(user=member)
+    Token.objects.create(user=staff)
+    rotated = legacy_token_rotate(user=member, expires_at=timezone.now() + timedelta(days=1))
+    assert Scope.ADMIN_DLQ not in rotated.token.scopes
+    rotated = legacy_token_rotate(user=staff, expires_at=timezone.now() + timedelta(days=1))
+    assert rotated.token.scopes == list(ALL_SCOPES)
 
 
 def test_unknown_or_no_scopes_are_refused():
@@ -166,7 +187,7 @@ def test_unknown_or_no_scopes_are_refused():
 
 
 def _client_without(user, missing: str) -> APIClient:
-    scopes = [s for s in ALL_SCOPES if s != missing]
+    scopes = [s for s in scopes_allowed(user) if s != missing]
     return keyed(token_create(user=user, name="scoped", scopes=scopes).key)
 
 

@@ -7,7 +7,7 @@
     manage.py org token SLUG NAME [--scopes jobs:read,jobs:write] [--expires-in 90d|never]
                                   [--quiet]
     manage.py org token-revoke PREFIX
-    manage.py org rotate USERNAME [--expires-in 90d|never] [--quiet]
+    manage.py org rotate USERNAME [--expires-in 90d|never] [--quiet]   (a person's token)
     manage.py org list
     manage.py org tokens [SLUG]
     manage.py org bootstrap
@@ -36,11 +36,11 @@ from tenants.models import ApiToken, Organisation, Role, Scope
 from tenants.services import (
     IssuedToken,
     default_organisation_ensure,
-    legacy_token_rotate,
     member_add,
     organisation_create,
     organisation_resume,
     organisation_suspend,
+    person_token_issue,
     service_account_get_or_create,
     token_create,
     token_revoke,
@@ -80,7 +80,9 @@ class Command(BaseCommand):
         revoke = sub.add_parser("token-revoke", help="revoke a token by its prefix")
         revoke.add_argument("prefix")
         rotate = sub.add_parser(
-            "rotate", help="replace a user's legacy token with an expiring one (all scopes)"
+            "rotate",
+            help="a person's token: replaces their legacy token, or makes one if they have "
+            "none (every scope they may hold: admin:dlq for staff only)",
         )
         rotate.add_argument("username")
         self._expiry_argument(rotate)
@@ -203,7 +205,14 @@ class Command(BaseCommand):
 
     def _rotate(self, options: dict[str, Any]) -> None:
         user = self._user(options["username"])
-        issued = legacy_token_rotate(user=user, expires_at=self._expires_at(options["expires_in"]))
+        issued, rotated = person_token_issue(
+            user=user, expires_at=self._expires_at(options["expires_in"])
+        )
+        if not rotated and not options["quiet"]:
+            self.stdout.write(
+                f"{user.get_username()} had no legacy token: this is a new one "
+                "(their other tokens keep working; `org tokens` lists them)."
+            )
         self._print_key(issued, options)
 
     def _list(self, options: dict[str, Any]) -> None:
