@@ -80,10 +80,12 @@ def job_actor_for_user(
     forbidden: type[ApplicationError],
 ) -> Actor:
     """Who acts when `user` changes a job through the API (a cancel, a retry), with one
-    visibility read: its owner as themselves (or their service account); an admin of
-    the job's organisation, or staff powers with `permission`, as an operator. A job
-    the user may not see is JobNotFoundError (404, never 403: ids cannot be probed);
-    one they see but may not change, `forbidden`."""
+    visibility read: its owner, and an admin of the job's organisation, as themselves
+    (`user`, or `service` for a service account); staff powers with `permission` as an
+    operator. `operator` is staff acting on others' work; an organisation's admin who
+    is not acting with staff powers is a member of that organisation doing what its
+    role allows, as a person. A job the user may not see is JobNotFoundError (404,
+    never 403: ids cannot be probed); one they see but may not change, `forbidden`."""
     found = (
         job_visible_queryset(user=user, staff=staff)
         .filter(id=job_id)
@@ -95,8 +97,10 @@ def job_actor_for_user(
     owner_id, org_id = found
     if owner_id == user.pk:
         return actor_for(user)
-    if (staff and user.has_perm(permission)) or administers(user, org_id):
+    if staff and user.has_perm(permission):
         return Actor.operator(user)
+    if administers(user, org_id):
+        return actor_for(user)
     raise forbidden()
 
 
