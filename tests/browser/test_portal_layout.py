@@ -73,7 +73,7 @@ def test_the_job_list_fits_a_laptop_and_replay_and_discard_fit_a_phone(
 
     browser.get(f"{live_server.url}/admin/jobs/job/")
     wait(browser, "#result_list")
-    at(browser, WIDE, "60-job-list-1440")
+    at(browser, WIDE, "23-job-list-1440")
     [results] = box(browser, "#changelist .results")
     [run_at] = box(browser, "#result_list th.column-run_at_utc")
     assert "RUN AT" in run_at["text"].upper()
@@ -83,7 +83,7 @@ def test_the_job_list_fits_a_laptop_and_replay_and_discard_fit_a_phone(
 
     browser.get(f"{live_server.url}/admin/jobs/deadletter/?state=open")
     wait(browser, "#groups")
-    at(browser, PHONE, "61-dead-letters-phone", mobile=True)
+    at(browser, PHONE, "55-dead-letters-by-cause-phone", mobile=True)
     buttons = box(browser, "#groups td.actions a.button")
     assert {b["text"].split()[0] for b in buttons} == {"Replay", "Discard…"}
     width = browser.execute_script("return document.documentElement.clientWidth")
@@ -93,7 +93,7 @@ def test_the_job_list_fits_a_laptop_and_replay_and_discard_fit_a_phone(
 
     browser.get(f"{live_server.url}/admin/jobs/deadletter/queues/")
     wait(browser, "#dlq-queues")
-    at(browser, PHONE, "62-dlq-overview-phone", mobile=True)
+    at(browser, PHONE, "42-dlq-overview-phone", mobile=True)
     buttons = box(browser, "#dlq-queues a.button")
     assert {"Replay…", "Discard…"} <= {b["text"] for b in buttons}
     for button in buttons:
