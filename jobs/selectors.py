@@ -21,12 +21,11 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Exists, Model, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
-from audit.models import ActorType, AuditLog
+from audit.models import AuditLog
 from audit.services import Actor, job_chain
 from core.db import Rows, execute_prepared, model_from_row, read_within
 from core.errors import ApplicationError
@@ -46,7 +45,7 @@ from jobs.models import (
 from jobs.queries import QUERIES
 from jobs.states import Status
 from jobs.types import all_connectors, primary_queue_names
-from tenants.selectors import Viewer, actor_for, administers, viewer_for
+from tenants.selectors import Viewer, actor_for, actor_labels, administers, viewer_for
 
 M = TypeVar("M", bound=Model)
 
@@ -80,10 +79,12 @@ def job_actor_for_user(
     forbidden: type[ApplicationError],
 ) -> Actor:
     """Who acts when `user` changes a job through the API (a cancel, a retry), with one
-    visibility read: its owner as themselves (or their service account); an admin of
-    the job's organisation, or staff powers with `permission`, as an operator. A job
-    the user may not see is JobNotFoundError (404, never 403: ids cannot be probed);
-    one they see but may not change, `forbidden`."""
+    visibility read: its owner, and an admin of the job's organisation, as themselves
+    (`user`, or `service` for a service account); staff powers with `permission` as an
+    operator. `operator` is staff acting on others' work; an organisation's admin who
+    is not acting with staff powers is a member of that organisation doing what its
+    role allows, as a person. A job the user may not see is JobNotFoundError (404,
+    never 403: ids cannot be probed); one they see but may not change, `forbidden`."""
     found = (
         job_visible_queryset(user=user, staff=staff)
         .filter(id=job_id)
@@ -95,8 +96,10 @@ def job_actor_for_user(
     owner_id, org_id = found
     if owner_id == user.pk:
         return actor_for(user)
-    if (staff and user.has_perm(permission)) or administers(user, org_id):
+    if staff and user.has_perm(permission):
         return Actor.operator(user)
+    if administers(user, org_id):
+        return actor_for(user)
     raise forbidden()
 
 
@@ -409,15 +412,19 @@ JUSTIFICATION_MISMATCH = (
 )
 
 
-def job_timeline(*, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
+def job_timeline(*, job: Job) -> list[dict[str, Any]]:
     """The job's audit trail for a person: each entry with its time, event, who did it
-    (a username, or the system part) and what it said. Runs of `progress` entries
-    collapse into one (with their count and last value). Three queries: the chain,
-    the users it names, the dead letters it names (for the justifications)."""
-    rows = list(AuditLog.objects.filter(chain=job_chain(job_id)).order_by("seq"))
+    (tenants.selectors.actor_labels: a username, an operator's or a service account's
+    name, or the system part) and what it said. Runs of `progress` entries collapse into
+    one (with their count and last value). Only the entries up to the head `job` (the
+    row the page shows) knows of: an entry appended since belongs with a newer row, and
+    would contradict the status shown beside it. Three queries: the chain, the actors
+    it names, the dead letters it names (for the justifications)."""
+    rows = list(
+        AuditLog.objects.filter(chain=job_chain(job.id), seq__lte=job.audit_seq).order_by("seq")
+    )
     data = {row.seq: _payload_data(row) for row in rows}
-    user_ids = {r.actor_id for r in rows if r.actor_type == ActorType.USER and r.actor_id.isdigit()}
-    names = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "username"))
+    names = actor_labels((r.actor_type, r.actor_id) for r in rows)
     letters = {
         data[r.seq].get("dead_letter_id") for r in rows if r.event_type in RESOLVING_EVENTS
     } - {None}
@@ -430,26 +437,37 @@ def job_timeline(*, job_id: uuid.UUID | str) -> list[dict[str, Any]]:
         if row.event_type == "progress" and entries and entries[-1]["event"] == "progress":
             entries[-1].update(count=entries[-1]["count"] + 1, data=details, last_ts=row.ts)
             continue
-        if row.actor_type == ActorType.USER:
-            actor = names.get(int(row.actor_id)) if row.actor_id.isdigit() else None
-            actor = actor or f"user #{row.actor_id}"
-        else:
-            actor = f"{row.actor_type}: {row.actor_id}"
         entries.append(
             {
                 "seq": row.seq,
                 "ts": row.ts,
                 "last_ts": row.ts,
                 "event": row.event_type,
-                "actor": actor,
+                "actor": names[(row.actor_type, row.actor_id)],
                 "count": 1,
                 "data": details,
                 "justification": _justification(row.event_type, details, justifications),
+                "link": _linked_job(row.event_type, details),
             }
         )
     for entry in entries:
         entry["summary"] = _summary(entry["event"], entry["data"])
     return entries
+
+
+# Entries that name another job: a re-run's entry on the original names the new job,
+# the new job's `created` entry the original.
+LINKED_JOBS = {"rerun": ("rerun_job_id", "re-run as"), "created": ("rerun_of", "re-run of")}
+
+
+def _linked_job(event: str, data: dict[str, Any]) -> dict[str, Any] | None:
+    """The job an entry names ({"id", "label"}), or None."""
+    key, label = LINKED_JOBS.get(event, (None, ""))
+    value = data.get(key) if key else None
+    try:
+        return {"id": uuid.UUID(str(value)), "label": label} if value else None
+    except ValueError:
+        return None
 
 
 def _justification(
@@ -459,6 +477,9 @@ def _justification(
     (the text stays on the dead letter, as it may name people): the row's text is shown
     under the entry that resolved the row and whose digest it matches, never under the
     row's earlier `failed` or `dead_lettered` entries."""
+    if event == "rerun":
+        # A re-run's justification is in its entry itself (jobs.services.retry.job_rerun).
+        return str(data["justification"]) if data.get("justification") else None
     if event not in RESOLVING_EVENTS:
         return None
     text = justifications.get(data.get("dead_letter_id") or 0)
@@ -529,7 +550,11 @@ ATTEMPTS_SHOWN = 50
 ATTEMPT_OUTCOMES = {"reclaimed": "lost"}
 # What the job page calls an outcome where its name alone misleads: an attempt that ended
 # `retrying` failed (the job is the one retrying), and a `lost` one lost its worker.
-ATTEMPT_LABELS = {"retrying": "failed, retried", "lost": "worker lost"}
+ATTEMPT_LABELS = {
+    "retrying": "failed, retried",
+    "lost": "worker lost",
+    "unknown": "end not recorded",
+}
 
 
 @dataclass(frozen=True)
@@ -540,7 +565,9 @@ class Attempt:
     number: int
     started: datetime
     ended: datetime | None
-    outcome: str  # succeeded, retrying, failed, cancelled, lost; `running` while it runs
+    # succeeded, retrying, failed, cancelled, lost; `running` while it runs; `unknown`
+    # when the chain lacks its end
+    outcome: str
     error_code: str | None
 
     @property
@@ -567,19 +594,25 @@ class Attempts:
     more: bool
 
 
-def job_attempts(*, job_id: uuid.UUID | str, limit: int = ATTEMPTS_SHOWN) -> Attempts:
-    """The job's attempts (number, start, end, outcome, error code) from its audit chain.
+def job_attempts(*, job: Job, limit: int = ATTEMPTS_SHOWN) -> Attempts:
+    """The job's attempts (number, start, end, outcome, error code) from its audit chain,
+    as the row `job` (the one its page shows) knows them: only the entries up to its
+    chain head `audit_seq`, each written in the statement that changed the row, so the
+    attempts agree with the status beside them even if a worker claimed the job since.
 
     1. The latest `limit` `started` entries (one per claim), newest first, through the
        chain's (chain, seq) index; one more says that earlier attempts exist.
     2. The entries after the earliest of them, except progress: each attempt ends at the
        first entry after its start that left `running` (succeeded, retrying, failed,
        cancelled; `reclaimed` when the reaper took it from a lost worker).
+    3. An attempt without such an end is `running` only when it is the latest and the
+       job is running; otherwise its end is missing from the chain (`unknown`).
     Two queries, bounded by `limit` attempts whatever the job's history.
     """
-    chain = job_chain(job_id)
+    chain = job_chain(job.id)
+    entries = AuditLog.objects.filter(chain=chain, seq__lte=job.audit_seq)
     starts = list(
-        AuditLog.objects.filter(chain=chain, event_type="started")
+        entries.filter(event_type="started")
         .only("seq", "ts", "payload")
         .order_by("-seq")[: limit + 1]
     )
@@ -588,7 +621,7 @@ def job_attempts(*, job_id: uuid.UUID | str, limit: int = ATTEMPTS_SHOWN) -> Att
     if not starts:
         return Attempts(rows=[], more=False)
     later = (
-        AuditLog.objects.filter(chain=chain, seq__gt=starts[0].seq)
+        entries.filter(seq__gt=starts[0].seq)
         .exclude(event_type="progress")
         .only("seq", "ts", "event_type", "payload")
         .order_by("seq")
@@ -601,19 +634,20 @@ def job_attempts(*, job_id: uuid.UUID | str, limit: int = ATTEMPTS_SHOWN) -> Att
     for n, start in enumerate(starts):
         while end is not None and end[0].seq < start.seq:
             end = next(ends, None)
-        until = starts[n + 1].seq if n + 1 < len(starts) else None
+        latest = n + 1 == len(starts)
+        until = None if latest else starts[n + 1].seq
         mine = end if end is not None and (until is None or end[0].seq < until) else None
         number = _payload_data(start).get("attempt")
+        if mine:
+            outcome = ATTEMPT_OUTCOMES.get(mine[0].event_type, mine[0].event_type)
+        else:
+            outcome = "running" if latest and job.status == Status.RUNNING else "unknown"
         rows.append(
             Attempt(
                 number=number if isinstance(number, int) else n + 1,
                 started=start.ts,
                 ended=mine[0].ts if mine else None,
-                outcome=(
-                    ATTEMPT_OUTCOMES.get(mine[0].event_type, mine[0].event_type)
-                    if mine
-                    else "running"
-                ),
+                outcome=outcome,
                 error_code=_attempt_error(mine[1]) if mine else None,
             )
         )

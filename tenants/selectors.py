@@ -6,8 +6,11 @@ with staff powers, their operator scope); every job read filters by it, in SQL.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.contrib.auth import get_user_model
 
 from audit.models import ActorType
 from audit.services import Actor
@@ -202,3 +205,58 @@ def actor_for(user: Any) -> Actor:
     if is_service_account(user):
         return Actor(ActorType.SERVICE, str(user.pk))
     return Actor.user(user)
+
+
+# How the portal names an actor type; a type not named here (system, api_key) is shown
+# as "type: id", its id being a component's name.
+_ACTOR_NOUNS: dict[str, str] = {
+    ActorType.USER: "user",
+    ActorType.OPERATOR: "operator",
+    ActorType.SERVICE: "service account",
+}
+
+
+def actor_labels(actors: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Each (actor_type, actor_id) of audit entries named for a person, in one query
+    whatever their number: a user by username, an operator "operator <username>", a
+    service account "service account <name>" (a full name, when the user has one, in
+    brackets); the system's parts as "system: <name>". An id whose user is gone reads
+    "<noun> #<id> (deleted)".
+
+    The chain keeps only ids (personal data stays out of what is hashed); names are
+    resolved here, at display time."""
+    wanted = set(actors)
+    ids = {pk for t, i in wanted if t in _ACTOR_NOUNS and (pk := _user_pk(i)) is not None}
+    found = {
+        pk: (username, f"{first} {last}".strip(), service)
+        for pk, username, first, last, service in get_user_model()
+        .objects.filter(pk__in=ids)
+        .values_list("pk", "username", "first_name", "last_name", "service_account__name")
+    }
+    labels = {}
+    for kind, actor_id in wanted:
+        noun = _ACTOR_NOUNS.get(kind)
+        if noun is None:
+            labels[(kind, actor_id)] = f"{kind}: {actor_id}"
+            continue
+        pk = _user_pk(actor_id)
+        user = found.get(pk) if pk is not None else None
+        if user is None:
+            labels[(kind, actor_id)] = f"{noun} #{actor_id} (deleted)"
+            continue
+        username, full_name, service = user
+        if kind == ActorType.SERVICE:
+            name = f"{noun} {service or username}"
+        else:
+            name = username + (f" ({full_name})" if full_name else "")
+            name = name if kind == ActorType.USER else f"{noun} {name}"
+        labels[(kind, actor_id)] = name
+    return labels
+
+
+def _user_pk(actor_id: str) -> int | None:
+    """The user's primary key an actor id names; None for one no key can be (a bigint has
+    at most 19 digits: a longer "id" would fail the query, not just find nobody)."""
+    return (
+        int(actor_id) if actor_id.isascii() and actor_id.isdigit() and len(actor_id) < 19 else None
+    )

@@ -12,6 +12,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from core import ids
+from core.times import utc_text
 
 register = template.Library()
 
@@ -49,6 +50,14 @@ def duration(seconds: Any) -> str:
     if total < 86400:
         return f"{total // 3600} h {total % 3600 // 60} min"
     return f"{total // 86400} d {total % 86400 // 3600} h"
+
+
+@register.filter
+def when(moment: datetime | None, part: str = "") -> str:
+    """`{{ job.created_at|when }}`: "2026-11-29 08:09:16 UTC"; `|when:"time"`: "08:09:16
+    UTC" (where the date is plain from what stands beside it); "" for None. Every time
+    the portal writes goes through here or config/formats: seconds and the zone, always."""
+    return utc_text(moment, time_only=part == "time")
 
 
 @register.filter

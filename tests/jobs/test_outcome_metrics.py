@@ -212,7 +212,7 @@ def test_the_attempts_of_a_job_that_retried_then_succeeded(settings, otp_admin_c
     job = run(settings, fails_on_the_first_attempt, job)
     assert (job.status, job.attempts) == ("succeeded", 2)
 
-    attempts = job_attempts(job_id=job.id)
+    attempts = job_attempts(job=Job.objects.get(id=job.id))
     assert not attempts.more
     first, second = attempts.rows
     assert (first.number, first.outcome, first.error_code) == (1, "retrying", "FLAKY")
@@ -237,7 +237,7 @@ def test_a_lost_attempt_ends_reclaimed_and_a_running_one_has_no_end(settings):
     assert reap_once()["reclaimed"] == 1
     due_now(job, seconds_ago=0)
     assert job_claim(job_id=job.id, locked_by="w2") is not None
-    lost, running = job_attempts(job_id=job.id).rows
+    lost, running = job_attempts(job=Job.objects.get(id=job.id)).rows
     assert (lost.number, lost.outcome, lost.error_code) == (1, "lost", "WORKER_LOST")
     assert (running.number, running.outcome, running.ended, running.seconds) == (
         2,
@@ -251,9 +251,9 @@ def test_the_attempts_shown_are_capped_to_the_latest(settings):
     job = run(settings, fails_on_the_first_attempt)
     due_now(job, seconds_ago=1)
     run(settings, fails_on_the_first_attempt, job)
-    capped = job_attempts(job_id=job.id, limit=1)
+    capped = job_attempts(job=Job.objects.get(id=job.id), limit=1)
     assert capped.more and [a.number for a in capped.rows] == [2]
-    assert job_attempts(job_id=job_in_state("queued").id).rows == []
+    assert job_attempts(job=job_in_state("queued")).rows == []
 
 
 # --- the postgres executor ends its attempts the same way ----------------------------------
