@@ -103,7 +103,13 @@ def test_every_ended_kind_goes_with_its_file_and_the_rest_stays(
         removed, more = purge_run(older_than=MINUTE)
 
     assert not more
-    assert removed == {"jobs": {"planning": 3}, "artefacts": 1, "dead_letters": 1, "outbox": 0}
+    assert removed == {
+        "jobs": {"planning": 3},
+        "artefacts": 1,
+        "dead_letters": 1,
+        "outbox": 0,
+        "params_edits": 0,
+    }
     assert purged_count("planning") == before + 3
     assert not Job.objects.filter(id__in=[j.id for j in gone]).exists()
     assert not Artefact.objects.filter(id=artefact.id).exists() and not os.path.exists(path)
