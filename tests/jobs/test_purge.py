@@ -10,7 +10,7 @@ import os
 from datetime import timedelta
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 from prometheus_client import REGISTRY
@@ -350,8 +350,10 @@ def test_an_undecided_edit_keeps_its_job_and_the_purge_says_why(settings):
     assert result["kept"]["edit_waiting"]["jobs"] == 1
     assert Job.objects.filter(id=job.id).exists() and not Job.objects.filter(id=other.id).exists()
     assert ParamsEdit.objects.get(id=edit.id).state == "requested"
-    # The dashboard's tile says so too.
-    assert dashboard_overview(use_cache=False)["purge"]["kept"]["edit_waiting"]["jobs"] == 1
+    # The dashboard says so too: on the Last purge tile and in Needs attention.
+    overview = dashboard_overview(use_cache=False)
+    assert overview["purge"]["kept"]["edit_waiting"]["jobs"] == 1
+    assert [p for p in overview["problems"] if p.startswith("Purge kept 1 jobs")], overview
 
     # Once an operator decides it, the job goes.
     fix_forward_reject(edit_id=edit.id, actor_user=OperatorFactory())
@@ -441,3 +443,18 @@ def test_the_guard_names_a_new_table_that_references_a_job():
     assert len(problems) == 1 and problems[0].startswith(
         "probe_invoices.job_id references jobs, which purge deletes from"
     ), problems
+
+
+def test_a_database_error_is_one_line_not_a_traceback():
+    job = ended_long_ago(job_in_state("succeeded"))
+    with connection.cursor() as cursor:  # a row purge does not know (rolled back with the test)
+        cursor.execute(
+            "CREATE TABLE probe_invoices (id serial PRIMARY KEY, job_id uuid REFERENCES jobs(id))"
+        )
+        cursor.execute("INSERT INTO probe_invoices (job_id) VALUES (%s)", [job.id])
+    with pytest.raises(CommandError) as stopped:
+        call_command("purge", "--older-than", "1m", stdout=io.StringIO())
+    message = str(stopped.value)
+    assert message.startswith("purge stopped: IntegrityError: ") and "\n" not in message
+    assert "probe_invoices" in message and "removed nothing" in message
+    assert Job.objects.filter(id=job.id).exists()
