@@ -696,8 +696,9 @@ GROUP BY j.type;
 --   job): a purged job's edits go with it; the rule let it through only with every
 --   edit applied or rejected, a decision its chain holds (hashes and paths).
 -- - jobs.rerun_of_id: a re-run that stays forgets its purged original; the link stays
---   in the re-run's `created` entry, which is hashed. A re-run purged in the same
---   batch is not updated (one row is changed at most once per statement).
+--   in the re-run's `created` entry, which is hashed. Its body changes, so its version
+--   moves (a new ETag); not updated_at, which says when it ended (its own retention).
+--   A re-run purged in the same batch is not updated (a statement changes a row once).
 WITH art AS (
     DELETE FROM artefacts WHERE job_id = ANY(%(ids)s::uuid[]) RETURNING file
 ),
@@ -714,7 +715,7 @@ outbox AS (
     RETURNING id
 ),
 unlinked AS (
-    UPDATE jobs SET rerun_of_id = NULL
+    UPDATE jobs SET rerun_of_id = NULL, version = jobs.version + 1
     WHERE rerun_of_id = ANY(%(ids)s::uuid[]) AND id <> ALL(%(ids)s::uuid[])
     RETURNING id
 ),

@@ -279,6 +279,8 @@ def test_a_rerun_original_goes_and_the_running_rerun_stays_without_the_link():
     assert not Job.objects.filter(id__in=[original.id, both.id, both_rerun.id]).exists()
     kept = Job.objects.get(id=rerun.id)
     assert kept.status == "running" and kept.rerun_of_id is None
+    # Its body changed: a new ETag; not a new end (updated_at), which its retention counts from.
+    assert kept.version == rerun.version + 1 and kept.updated_at == rerun.updated_at
     # The link stays where it is hashed: the re-run's `created` entry names the original.
     assert created_data(kept)["rerun_of"] == str(original.id)
     assert verify()[0] == 0
