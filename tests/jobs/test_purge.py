@@ -24,7 +24,14 @@ from dlq.services.replay import dead_letters_discard, dead_letters_replay
 from jobs.artefact_storage import artefact_storage
 from jobs.dispatcher import dispatch_once
 from jobs.models import Artefact, DeadLetter, EventOutbox, Job, ParamsEdit
-from jobs.services import artefact_save, job_cancel, job_claim, job_rerun, job_succeed
+from jobs.services import (
+    artefact_save,
+    job_cancel,
+    job_claim,
+    job_rerun,
+    job_retry_failed,
+    job_succeed,
+)
 from jobs.services.purge import (
     artefact_orphans_sweep,
     purge_forget_clock,
@@ -366,7 +373,7 @@ def test_an_undecided_edit_keeps_its_job_and_the_purge_says_why(settings):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("resolve", ["discard", "replay"])
+@pytest.mark.parametrize("resolve", ["discard", "replay", "retry"])
 def test_closing_a_dead_letter_settles_the_edit_that_waited_on_it(settings, resolve):
     settings.JOBOPS_REPLAY_APPROVAL = True
     job = job_failed(code="BAD_INPUT")
@@ -378,9 +385,14 @@ def test_closing_a_dead_letter_settles_the_edit_that_waited_on_it(settings, reso
         params={"steps": 3, "step_seconds": 0},
         reason="waits",
     )
-    service = dead_letters_discard if resolve == "discard" else dead_letters_replay
-    result = service(actor_user=operator, justification="handled", job_ids=[job.id])
-    assert result.resolved == [row.id]
+    if resolve == "retry":  # the job page's retry closes the row too
+        job_retry_failed(
+            job_id=job.id, actor=Actor.operator(operator), user=operator, justification="x"
+        )
+    else:
+        service = dead_letters_discard if resolve == "discard" else dead_letters_replay
+        result = service(actor_user=operator, justification="handled", job_ids=[job.id])
+        assert result.resolved == [row.id]
 
     edit.refresh_from_db()
     assert edit.state == "rejected" and edit.rejected_by_id == operator.pk
