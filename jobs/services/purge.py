@@ -96,8 +96,9 @@ PURGE_FOREIGN_KEYS: tuple[PurgeForeignKey, ...] = (
 )
 # Why purge_kept keeps a job, in an operator's words (the key is the reason's name).
 KEPT_REASONS = {
-    "edit_waiting": "a fix-forward edit waits for a decision: approve or reject it on its "
-    "dead letter's page",
+    # Its dead letter is closed (else the job would not be due): it can only be rejected.
+    "edit_waiting": "a fix-forward edit waits for a decision although its dead letter is "
+    "closed: reject it on the dead letter's page",
 }
 # Jobs purge_kept names per reason (the count covers all of them).
 KEPT_SAMPLE = 10

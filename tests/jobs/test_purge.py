@@ -372,7 +372,6 @@ def test_an_undecided_edit_keeps_its_job_and_the_purge_says_why(settings):
     assert verify()[0] == 0
 
 
-@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("resolve", ["discard", "replay", "retry"])
 def test_closing_a_dead_letter_settles_the_edit_that_waited_on_it(settings, resolve):
     settings.JOBOPS_REPLAY_APPROVAL = True
