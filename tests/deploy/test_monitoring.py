@@ -114,6 +114,7 @@ def test_the_dashboard_panels_query_real_metrics():
         "rate_limited_total",
         "external_call_duration_seconds_bucket",
         "connector_state",  # breaker state
+        "dispatcher_step_failures_total",  # a dispatcher step that raises
         "django_db_execute_total",  # the database backend's
     ):
         assert metric in used, metric
