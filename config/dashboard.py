@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -42,6 +42,8 @@ from dlq.selectors import dead_letters_in_orgs, open_counts_by_queue
 from jobs.liveness import live_processes, missing_processes, workers_of
 from jobs.models import DeadLetter
 from jobs.selectors import job_counts_by_queue, job_health_gauges, purge_last
+from jobs.services.purge import kept_lines
+from jobs.step_failures import step_failures
 from jobs.topology import dlq_name
 from jobs.types import POSTGRES, primary_queue_names, queue_executor
 
@@ -184,6 +186,7 @@ def _compute(*, org_ids: tuple[int, ...] | None = None) -> tuple[dict[str, Any],
     open_rows = open_counts_by_queue(org_ids=org_ids)
     seen = _read_broker()
     processes, liveness_error = _liveness()
+    failing = _failing_steps()
     queues = []
     for name in primary_queue_names():
         row = counts.get(name, {})
@@ -227,9 +230,31 @@ def _compute(*, org_ids: tuple[int, ...] | None = None) -> tuple[dict[str, Any],
         # When the purge last looked, and what its last run removed (one row; its
         # counts are every tenant's, so a filtered view leaves it out).
         "purge": purge_last() if org_ids is None else None,
+        # Dispatcher steps failing now (jobs/step_failures.py): the system's own, shown
+        # in every view; the purge's also on its tile.
+        "failing_steps": failing,
+        "purge_failure": next((f for f in failing if f["step"] == "purge"), None),
     }
     overview["problems"] = _problems(overview, processes)
     return overview, seen
+
+
+def _failing_steps() -> list[dict[str, Any]]:
+    """The failing dispatcher steps, their times as datetimes; [] when the key-value
+    store does not answer (the liveness line already says so)."""
+    try:
+        found = step_failures()
+    except Exception as exc:
+        log.warning("dashboard_step_failures_unavailable", error=repr(exc))
+        return []
+    return [
+        f
+        | {
+            "since": datetime.fromtimestamp(f["since"], tz=UTC),
+            "at": datetime.fromtimestamp(f["at"], tz=UTC),
+        }
+        for f in found
+    ]
 
 
 def failures_by_cause(
@@ -287,6 +312,16 @@ def _problems(overview: dict[str, Any], processes: Processes | None) -> list[str
             problems.append(
                 f"No live worker for queue{'s' if len(queues) > 1 else ''} {', '.join(queues)}."
             )
+    for f in overview["failing_steps"]:
+        times = "once" if f["count"] == 1 else f"{f['count']} times"
+        problems.append(
+            f"Dispatcher step {f['step']} is failing: {f['error']}: {f['message']} "
+            f"({times} since {f['since']:%H:%M:%S} UTC, last {f['at']:%H:%M:%S} UTC, "
+            f"on {', '.join(f['hosts'])})."
+        )
+    kept = (overview["purge"] or {}).get("kept") or {}
+    for line in kept_lines(kept):
+        problems.append(f"Purge {line}.")
     stale = sum(q["stale_locks"] for q in overview["queues"])
     if stale:
         problems.append(f"{stale} running job(s) with a stale lock (their worker stopped).")

@@ -1,8 +1,9 @@
 """The dispatcher loop (docs/architecture.md): one process, safe to run on several hosts.
 
 Each loop runs the steps of `settings.JOBOPS_DISPATCHER_STEPS` in order; a step that
-fails (broker down, a missing module, a bug) is logged and the loop goes on with the
-next one:
+fails (broker down, a missing module, a bug) is logged, counted and shown on the
+dashboard until it succeeds again (jobs/step_failures.py), and the loop goes on with
+the next one:
 
 1. publish (`jobs.services.publishing`): `pending` jobs older than
    JOBOPS_DISPATCH_PENDING_AFTER_SECONDS and due `retrying` jobs, each claimed with
@@ -43,6 +44,7 @@ from django.utils.module_loading import import_string
 from core.broker import thread_broker_node
 from jobs.liveness import beat, beat_end
 from jobs.queries import PENDING_CHANNEL, QUERIES
+from jobs.step_failures import step_failed, step_succeeded
 
 log = structlog.get_logger("jobs.dispatcher")
 
@@ -71,6 +73,10 @@ def _run_step(report: dict[str, Any], name: str, path: str) -> None:
     except Exception as exc:
         log.error("dispatcher_step_failed", step=name, error=repr(exc))
         report[name] = {"error": repr(exc)}
+        # Counted, and named on the dashboard until the step succeeds again.
+        step_failed(name, exc)
+    else:
+        step_succeeded(name)
 
 
 def dispatch_forever(

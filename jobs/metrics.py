@@ -167,6 +167,23 @@ OUTBOX_RELAYED = Counter("outbox_relayed", "Outbox events published to events.jo
 JOBS_PURGED = Counter(
     "jobs_purged", "Jobs the purge removed past their retention, by category", ["category"]
 )
+# A dispatcher step that raised (jobs/step_failures.py). Labels: the step's name (from
+# JOBOPS_DISPATCHER_STEPS) and the exception's class (bounded there), never its message.
+DISPATCHER_STEP_FAILURES = Counter(
+    "dispatcher_step_failures", "Dispatcher steps that raised, by step", ["step"]
+)
+DISPATCHER_STEP_LAST_FAILURE = Gauge(
+    "dispatcher_step_last_failure_timestamp_seconds",
+    "When the step last raised (Unix time)",
+    ["step"],
+    multiprocess_mode="mostrecent",
+)
+DISPATCHER_STEP_FAILING = Gauge(
+    "dispatcher_step_failing",
+    "1 while the step's last run raised this class of exception, else 0",
+    ["step", "error"],
+    multiprocess_mode="mostrecent",
+)
 ERP_BRIDGE_DELIVERIES = Counter(
     "erp_bridge_deliveries", "ERP bridge outcomes (delivered, retried, parked)", ["outcome"]
 )

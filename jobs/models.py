@@ -323,6 +323,9 @@ class PurgeState(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # {"jobs": {category: n}, "artefacts": n, "dead_letters": n, "outbox": n, ...}
     removed = models.JSONField(default=dict)
+    # What the last finished run kept although its retention had passed, by reason:
+    # {reason: {"jobs": n, "sample": [...]}} (jobs.services.purge.purge_kept).
+    kept = models.JSONField(default=dict)
 
     class Meta:
         db_table = "purge_state"

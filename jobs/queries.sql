@@ -648,9 +648,10 @@ LIMIT %(limit)s;
 -- A purge batch (jobs/services/purge.py): ended jobs past their type's retention,
 -- oldest first, locked for the batch's transaction, rows another purger holds skipped.
 -- `types` and `keep` pair each job type with its retention in seconds; a type not
--- named is never purged. jobs_purge_due (jobs/migrations/0011) is the rule: never an
--- unfinished job, a job with an open dead letter, or one whose idempotency key is
--- still live. A job ended when its row last changed (updated_at; every transition
+-- named is never purged. jobs_purge_due (jobs/migrations/0011, 0023) is the rule: never
+-- an unfinished job, a job with an open dead letter, one whose idempotency key is
+-- still live, or one with a fix-forward edit still undecided (purge_kept says which).
+-- A job ended when its row last changed (updated_at; every transition
 -- moves it), never before it was created, so `min_keep` (the shortest retention)
 -- bounds the scan to the oldest part of jobs_created_idx; the jobs that stay there
 -- (an open dead letter, a live key) are walked past again by each batch.
@@ -666,12 +667,14 @@ FOR UPDATE OF j SKIP LOCKED;
 -- name: purge_due_counts
 -- What a purge would remove now, per job type (manage.py purge --dry-run): the jobs
 -- purge_claim would take (same parameters, no limit, nothing locked), with their
--- artefacts, closed dead letters and published outbox rows.
+-- artefacts, closed dead letters, published outbox rows and (decided) fix-forward edits:
+-- each counted once, through its own job.
 SELECT j.type, count(*),
        coalesce(sum((SELECT count(*) FROM artefacts a WHERE a.job_id = j.id)), 0),
        coalesce(sum((SELECT count(*) FROM dead_letters d WHERE d.job_id = j.id)), 0),
        coalesce(sum((SELECT count(*) FROM event_outbox o
-                     WHERE o.job_id = j.id AND o.published_at IS NOT NULL)), 0)
+                     WHERE o.job_id = j.id AND o.published_at IS NOT NULL)), 0),
+       coalesce(sum((SELECT count(*) FROM params_edits e WHERE e.job_id = j.id)), 0)
 FROM jobs j
 JOIN unnest(%(types)s::text[], %(keep)s::float8[]) AS r(type, secs) ON r.type = j.type
 WHERE j.created_at < now() - make_interval(secs => %(min_keep)s::float8)
@@ -686,8 +689,21 @@ GROUP BY j.type;
 -- does a parked one, for the operator who re-drives or discards it. The
 -- audit tables are not touched. Returns the counts and the artefacts' storage keys
 -- (their files go after commit).
+-- Every foreign key into these tables is handled here (jobs/services/purge.py
+-- PURGE_FOREIGN_KEYS, which a test holds against pg_constraint): the keys are
+-- DEFERRABLE INITIALLY DEFERRED, so one forgotten fails the whole batch at its commit.
+-- - params_edits (job_id, and dead_letter_id: an edit names a dead letter of its own
+--   job): a purged job's edits go with it; the rule let it through only with every
+--   edit applied or rejected, a decision its chain holds (hashes and paths).
+-- - jobs.rerun_of_id: a re-run that stays forgets its purged original; the link stays
+--   in the re-run's `created` entry, which is hashed. Its body changes, so its version
+--   moves (a new ETag); not updated_at, which says when it ended (its own retention).
+--   A re-run purged in the same batch is not updated (a statement changes a row once).
 WITH art AS (
     DELETE FROM artefacts WHERE job_id = ANY(%(ids)s::uuid[]) RETURNING file
+),
+edits AS (
+    DELETE FROM params_edits WHERE job_id = ANY(%(ids)s::uuid[]) RETURNING id
 ),
 dl AS (
     DELETE FROM dead_letters WHERE job_id = ANY(%(ids)s::uuid[]) AND state <> 'open'
@@ -698,11 +714,34 @@ outbox AS (
     WHERE job_id = ANY(%(ids)s::uuid[]) AND published_at IS NOT NULL
     RETURNING id
 ),
+unlinked AS (
+    UPDATE jobs SET rerun_of_id = NULL, version = jobs.version + 1
+    WHERE rerun_of_id = ANY(%(ids)s::uuid[]) AND id <> ALL(%(ids)s::uuid[])
+    RETURNING id
+),
 gone AS (
     DELETE FROM jobs WHERE id = ANY(%(ids)s::uuid[]) RETURNING id
 )
 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM dl), (SELECT count(*) FROM outbox),
+       (SELECT count(*) FROM edits), (SELECT count(*) FROM unlinked),
        (SELECT coalesce(array_agg(file), '{}') FROM art);
+
+
+-- name: purge_kept
+-- The jobs purge keeps although their retention has passed and nothing else holds them
+-- (jobs_purge_ended): a fix-forward edit of theirs waits for a decision
+-- (jobs_purge_held), e.g. one whose dead letter was closed before closing a dead letter
+-- settled its edit. Same parameters as purge_due_counts; the total (before the limit),
+-- then the oldest `limit` with the dead letters of their waiting edits.
+SELECT count(*) OVER (), j.id::text,
+       (SELECT array_agg(e.dead_letter_id ORDER BY e.id) FROM params_edits e
+        WHERE e.job_id = j.id AND e.state NOT IN ('applied', 'rejected'))
+FROM jobs j
+JOIN unnest(%(types)s::text[], %(keep)s::float8[]) AS r(type, secs) ON r.type = j.type
+WHERE j.created_at < now() - make_interval(secs => %(min_keep)s::float8)
+  AND jobs_purge_ended(j, r.secs) AND jobs_purge_held(j)
+ORDER BY j.created_at
+LIMIT %(limit)s;
 
 
 -- name: chains_without_job

@@ -390,8 +390,8 @@ def erp_parked_events(*, after: int = 0, limit: int = 100) -> list[ParkedEvent]:
 
 def purge_last() -> dict[str, Any] | None:
     """When the purge last looked and what its last run removed (jobs/services/purge.py):
-    {"checked_at", "started_at", "finished_at", "jobs": total, "removed": {...}}; None
-    before the first purge."""
+    {"checked_at", "started_at", "finished_at", "jobs": total, "removed": {...},
+    "kept": {reason: {"jobs": n, ...}}}; None before the first purge."""
     state = PurgeState.objects.filter(id=1).first()
     if state is None:
         return None
@@ -402,6 +402,7 @@ def purge_last() -> dict[str, Any] | None:
         "finished_at": state.finished_at,
         "jobs": sum(removed.get("jobs", {}).values()),
         "removed": removed,
+        "kept": dict(state.kept),
     }
 
 

@@ -177,6 +177,13 @@ def fix_forward_request(
         )
     approval = settings.JOBOPS_REPLAY_APPROVAL
     with transaction.atomic():
+        # The row must still be open once locked: a discard that closed it meanwhile
+        # settled the edits it saw, and would never see this one.
+        if not lock_jobs_then_open_rows(job_ids=[job.id], dead_letter_ids=[row.id]).open_rows:
+            raise FixForwardConflictError(
+                "Only an open dead letter of a failed job can be fixed forward.",
+                details={"state": "closed", "status": job.status},
+            )
         if ParamsEdit.objects.filter(dead_letter=row, state=ParamsEditState.REQUESTED).exists():
             raise FixForwardConflictError(
                 "An edit of this dead letter is waiting for approval: decide it first."
@@ -238,6 +245,10 @@ def fix_forward_reject(*, edit_id: int, actor_user: Any) -> ParamsEdit:
     way): nothing runs, the dead letter stays open."""
     _check_operator(actor_user)
     with transaction.atomic():
+        # The job first, then the edit: the order of a replay or discard, which rejects
+        # the edits waiting on the rows it closes (jobs.services.params_edits_settle).
+        job_id = _visible_edits(actor_user).filter(id=edit_id).values_list("job_id", flat=True)
+        lock_jobs_then_open_rows(job_ids=list(job_id))
         edit = _visible_edits(actor_user).select_for_update(of=("self",)).filter(id=edit_id).first()
         if edit is None:
             raise DeadLetterNotFoundError("No such params edit.")

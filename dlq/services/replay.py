@@ -32,7 +32,7 @@ from dlq.services.selection import (
 )
 from jobs import metrics
 from jobs.models import DeadLetter, DeadLetterState
-from jobs.services import job_publish, jobs_audit, transition_many
+from jobs.services import job_publish, jobs_audit, params_edits_settle, transition_many
 from jobs.states import Status
 from jobs.topology import dlq_has_broker_copy, dlq_names
 from jobs.types import get_type
@@ -346,6 +346,13 @@ class _Resolver:
                 justification=self.justification,
             )
 
+    def settle_edits(self, ids: list[int], *, state: str) -> None:
+        """After the rows' own entries: a fix-forward edit that waited on one of the
+        closed rows is rejected by this operator (it could never be applied now)."""
+        params_edits_settle(
+            dead_letter_ids=ids, closed_as=state, actor=self.actor, actor_user=self.actor_user
+        )
+
 
 # Rows resolved per transaction: one lock statement, one audited transition per job
 # type, one update of the rows. A large replay commits in chunks, so a failure half way
@@ -407,6 +414,7 @@ def _replay_chunk(
                 else:
                     outcome[row.id] = {"skipped": "job is no longer failed"}
         by.close(replayed, state=DeadLetterState.REPLAYED)
+        by.settle_edits(replayed, state=DeadLetterState.REPLAYED)
     _count_replays(len(replayed))
     return outcome
 
@@ -436,6 +444,7 @@ def _discard_chunk(
                     actor=by.actor,
                     data=entries[row.id],
                 )
+        by.settle_edits([row.id for row in rows], state=DeadLetterState.DISCARDED)
     discarded = {row.id: row.message_id or "" for row in rows}
     return {
         row_id: discarded.get(row_id, {"skipped": "already resolved"}) for row_id, _, _ in chunk

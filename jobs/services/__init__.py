@@ -33,6 +33,7 @@ from jobs.services.dead_letters import (
     dead_letters_create,
     job_fail_with_dead_letter,
     jobs_fail_with_dead_letters,
+    params_edits_settle,
 )
 from jobs.services.holds import HoldReason, job_hold
 from jobs.services.keys import job_key_repeat, job_release_idempotency_keys, release_keys_once
@@ -105,6 +106,7 @@ __all__ = [
     "jobs_fail_with_dead_letters",
     "jobs_finish",
     "jobs_heartbeat",
+    "params_edits_settle",
     "params_hash",
     "publish_due_once",
     "reap_once",

@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from audit.services import Actor
 from jobs import metrics
-from jobs.models import DeadLetter, DeadLetterState, Job
-from jobs.services.transitions import Fence, transition, transition_many
+from jobs.models import DeadLetter, DeadLetterState, Job, ParamsEdit, ParamsEditState
+from jobs.services.transitions import Fence, jobs_audit, transition, transition_many
 from jobs.states import Status
 from jobs.topology import dlq_name
 
@@ -173,3 +173,47 @@ def _failed_fields(queue: str, error_code: str | None, error_message: str | None
 def _failed_entry(reason: str, error_code: str | None) -> dict[str, Any]:
     """What the `failed` audit entry says of why."""
     return {"reason": reason, "error_code": error_code}
+
+
+def params_edits_settle(
+    *, dead_letter_ids: Iterable[int], closed_as: str, actor: Actor, actor_user: Any
+) -> int:
+    """Reject the fix-forward edits still waiting on these dead letters, which the caller
+    has just closed (`closed_as`: replayed, discarded) in its transaction, after locking
+    their jobs and rows. Returns how many it rejected.
+
+    Such an edit can never be applied (applying needs its row open), and left
+    `requested` it would keep its job from the purge for ever, its decision in no chain
+    (docs/operations/retention.md). Each is rejected by the operator who closed the row,
+    audited `fix_forward_rejected` on its job's chain with the row's new state."""
+    ids = list(dead_letter_ids)
+    if not ids:
+        return 0
+    edits = list(
+        ParamsEdit.objects.select_for_update()
+        .filter(dead_letter_id__in=ids, state=ParamsEditState.REQUESTED)
+        .order_by("id")
+        .only("id", "job_id", "dead_letter_id")
+    )
+    if not edits:
+        return 0
+    user = actor_user if getattr(actor_user, "pk", None) is not None else None
+    ParamsEdit.objects.filter(id__in=[e.id for e in edits]).update(
+        state=ParamsEditState.REJECTED, decided_at=timezone.now(), rejected_by=user
+    )
+    # One entry per job and statement: a job with two such edits (two closed rows) takes
+    # a second statement for its second.
+    rounds: list[dict[Any, dict[str, Any]]] = []
+    for edit in edits:
+        entry = {
+            "params_edit_id": edit.id,
+            "dead_letter_id": edit.dead_letter_id,
+            "dead_letter_closed": closed_as,
+        }
+        free = next((r for r in rounds if edit.job_id not in r), None)
+        if free is None:
+            rounds.append(free := {})
+        free[edit.job_id] = entry
+    for entries in rounds:
+        jobs_audit(entries=entries, event_type="fix_forward_rejected", actor=actor)
+    return len(edits)

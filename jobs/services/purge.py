@@ -11,6 +11,12 @@ leaves an orphan that `artefact_orphans_sweep` removes later.
 
 The audit tables are never touched but for the append: verify_audit_chain treats a
 chain ending in `purged` as complete without its job row (jobs/audit_checks.py).
+
+Every foreign key into a table purge deletes from is handled in its SQL and declared
+in PURGE_FOREIGN_KEYS; a test holds that list against pg_constraint, so a new table
+that names a job cannot stop the purge unnoticed (the keys are deferred: one forgotten
+fails every batch at commit). A job whose fix-forward edit is still undecided is kept,
+and `purge_kept` says which and why.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 from django.conf import settings
@@ -42,7 +48,60 @@ PURGER = Actor.system("purge")
 # The audit event that closes a purged job's chain (docs/architecture.md#audit-events).
 PURGED = "purged"
 # What a purge counts besides jobs (per category), in the order it reports them.
-ROW_KINDS = ("artefacts", "dead_letters", "outbox")
+ROW_KINDS = ("artefacts", "dead_letters", "outbox", "params_edits")
+# The tables purge deletes from.
+PURGED_TABLES = ("jobs", "dead_letters", "artefacts", "event_outbox")
+
+
+class PurgeForeignKey(NamedTuple):
+    """A foreign key into one of PURGED_TABLES, and what purge does with its rows."""
+
+    table: str
+    column: str
+    target: str
+    how: str
+
+
+# Every foreign key into PURGED_TABLES (tests/jobs/test_purge.py compares this with
+# pg_constraint, every app's tables included): purge_delete and the rule
+# (jobs_purge_due) handle each. A new one must be handled there and named here.
+PURGE_FOREIGN_KEYS: tuple[PurgeForeignKey, ...] = (
+    PurgeForeignKey("artefacts", "job_id", "jobs", "deleted with their job; files after commit"),
+    PurgeForeignKey(
+        "dead_letters",
+        "job_id",
+        "jobs",
+        "closed ones deleted with their job; an open one keeps the job (jobs_purge_ended)",
+    ),
+    PurgeForeignKey(
+        "params_edits",
+        "job_id",
+        "jobs",
+        "deleted with their job once applied or rejected (the decision is in the job's "
+        "chain); an undecided one keeps the job (jobs_purge_held) and is reported",
+    ),
+    PurgeForeignKey(
+        "params_edits",
+        "dead_letter_id",
+        "dead_letters",
+        "an edit names a dead letter of its own job: it goes with that job",
+    ),
+    PurgeForeignKey(
+        "jobs",
+        "rerun_of_id",
+        "jobs",
+        "set NULL on a re-run that stays when its original goes; the link stays in the "
+        "re-run's hashed `created` entry",
+    ),
+)
+# Why purge_kept keeps a job, in an operator's words (the key is the reason's name).
+KEPT_REASONS = {
+    # Its dead letter is closed (else the job would not be due): it can only be rejected.
+    "edit_waiting": "a fix-forward edit waits for a decision although its dead letter is "
+    "closed: reject it on the dead letter's page",
+}
+# Jobs purge_kept names per reason (the count covers all of them).
+KEPT_SAMPLE = 10
 
 # This process's clock for the step: when it may look for due jobs again, and when it
 # sweeps orphans next (monotonic seconds).
@@ -87,14 +146,17 @@ def purge_batch(*, older_than: timedelta | None = None) -> dict[str, Any]:
         )
         with connection.cursor() as cursor:
             cursor.execute(QUERIES["purge_delete"], {"ids": [job_id for job_id, _, _ in due]})
-            _jobs, dead_letters, outbox, files = cursor.fetchone()
+            _jobs, dead_letters, outbox, edits, unlinked, files = cursor.fetchone()
         per_category = Counter(categories.values())
         transaction.on_commit(lambda: _after_commit(files, per_category))
+    if unlinked:
+        log.info("purge_reruns_unlinked", count=unlinked)
     return {
         "jobs": dict(per_category),
         "artefacts": len(files),
         "dead_letters": dead_letters,
         "outbox": outbox,
+        "params_edits": edits,
     }
 
 
@@ -184,13 +246,15 @@ def purge_once() -> dict[str, Any]:
     removed, more = purge_run(
         budget=settings.JOBOPS_PURGE_STEP_SECONDS, pause=settings.JOBOPS_PURGE_PAUSE_SECONDS
     )
+    kept = None
     if not more:
         removed.update(purge_extras())
         if now >= _next_sweep:
             _next_sweep = now + settings.JOBOPS_ARTEFACT_ORPHAN_GRACE.total_seconds()
             removed["orphans"] = artefact_orphans_sweep()
+        kept = purge_kept()
         _next_look = time.monotonic() + settings.JOBOPS_PURGE_INTERVAL_SECONDS
-    purge_record(removed, finished=not more)
+    purge_record(removed, finished=not more, kept=kept)
     return removed
 
 
@@ -206,13 +270,18 @@ def _removed_anything(removed: dict[str, Any]) -> bool:
     )
 
 
-def purge_record(removed: dict[str, Any], *, finished: bool) -> None:
+def purge_record(
+    removed: dict[str, Any], *, finished: bool, kept: dict[str, Any] | None = None
+) -> None:
     """Add a pass to purge_state: a pass that removed something after a finished run
-    starts a new run; `finished` (nothing left due) ends the run."""
+    starts a new run; `finished` (nothing left due) ends the run. `kept` (purge_kept, as
+    of a finished pass) replaces what the dashboard says is kept."""
     now = timezone.now()
     with transaction.atomic():
         state, _ = PurgeState.objects.select_for_update().get_or_create(id=1)
         state.checked_at = now
+        if kept is not None:
+            state.kept = kept
         if _removed_anything(removed):
             if state.started_at is None or state.finished_at is not None:
                 state.started_at, state.finished_at, state.removed = now, None, {}
@@ -229,7 +298,7 @@ def purge_preview(*, older_than: timedelta | None = None) -> dict[str, Any]:
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["purge_due_counts"], _retention_params(older_than))
         rows = cursor.fetchall()
-    for job_type, jobs, artefacts, dead_letters, outbox in rows:
+    for job_type, jobs, artefacts, dead_letters, outbox, edits in rows:
         _add(
             preview,
             {
@@ -237,10 +306,50 @@ def purge_preview(*, older_than: timedelta | None = None) -> dict[str, Any]:
                 "artefacts": artefacts,
                 "dead_letters": dead_letters,
                 "outbox": outbox,
+                "params_edits": edits,
             },
         )
     preview.update(purge_extras(older_than=older_than, dry_run=True))
     return preview
+
+
+def purge_kept(*, older_than: timedelta | None = None) -> dict[str, Any]:
+    """The jobs past their retention that purge keeps, by reason (KEPT_REASONS):
+    {reason: {"jobs": n, "sample": [{"job_id", "dead_letter_ids"}, ...]}}; {} when none.
+    A job kept for an open dead letter or a live key is not listed: those are
+    documented rules, each with its own signal (the open dead letters, the key's TTL)."""
+    params = _retention_params(older_than) | {"limit": KEPT_SAMPLE}
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["purge_kept"], params)
+        rows = cursor.fetchall()
+    if not rows:
+        return {}
+    return {
+        "edit_waiting": {
+            "jobs": rows[0][0],
+            "sample": [
+                {"job_id": job_id, "dead_letter_ids": list(letters or [])}
+                for _total, job_id, letters in rows
+            ],
+        }
+    }
+
+
+def kept_lines(kept: dict[str, Any]) -> list[str]:
+    """What purge_kept found, one line per reason, for an operator (manage.py purge, the
+    dashboard): how many jobs, why, and the first of them."""
+    lines = []
+    for reason, found in kept.items():
+        named = ", ".join(
+            f"job {s['job_id']} (dead letter {', '.join(map(str, s['dead_letter_ids']))})"
+            for s in found.get("sample", [])
+        )
+        more = found["jobs"] - len(found.get("sample", []))
+        lines.append(
+            f"kept {found['jobs']} jobs: {KEPT_REASONS.get(reason, reason)}: {named}"
+            + (f" and {more} more" if more > 0 else "")
+        )
+    return lines
 
 
 def artefact_orphans_sweep(*, grace: timedelta | None = None) -> int:

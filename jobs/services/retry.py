@@ -30,6 +30,7 @@ from jobs.exceptions import (
 from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.selectors import job_actor_for_user
 from jobs.services.creation import job_create
+from jobs.services.dead_letters import params_edits_settle
 from jobs.services.transitions import job_audit, transition
 from jobs.states import Status
 from jobs.types import get_type
@@ -138,6 +139,12 @@ def job_retry_failed(
                 resolved_by=user,
                 resolved_at=timezone.now(),
                 justification=justification,
+            )
+            params_edits_settle(
+                dead_letter_ids=[r.id for r in rows],
+                closed_as=DeadLetterState.REPLAYED,
+                actor=actor,
+                actor_user=user,
             )
             transaction.on_commit(lambda: metrics.DLQ_REPLAY.inc(len(rows)))
     return moved

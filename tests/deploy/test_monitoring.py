@@ -82,6 +82,8 @@ def test_alerts_cover_what_on_call_must_hear_about():
         "audit_checkpoint_age_seconds",  # checkpoint too old
         "jobs_failed_total",  # jobs failing for good
         "erp_events_parked",  # refused ERP events waiting (PostgreSQL alone)
+        "dispatcher_step_failing",  # a dispatcher step that keeps raising
+        "dispatcher_step_failures_total",
     ):
         assert metric in used, metric
     assert len({r["alert"] for r in RULE_LIST}) == len(RULE_LIST)
@@ -112,6 +114,7 @@ def test_the_dashboard_panels_query_real_metrics():
         "rate_limited_total",
         "external_call_duration_seconds_bucket",
         "connector_state",  # breaker state
+        "dispatcher_step_failures_total",  # a dispatcher step that raises
         "django_db_execute_total",  # the database backend's
     ):
         assert metric in used, metric
@@ -122,3 +125,16 @@ def test_a_misspelt_metric_is_caught():
         _check_expr("rate(job_create_totl[5m])")
     with pytest.raises(ValueError):
         promql_parser.parse("sum by (queue (dlq_depth)")
+
+
+def test_a_failing_dispatcher_step_alerts_by_step_for_any_step():
+    rule = next(r for r in RULE_LIST if r["alert"] == "JobopsDispatcherStepFailing")
+    parsed = promql_parser.parse(rule["expr"])
+    # Both sides keep the `step` label (the summary names it) and nothing else: one
+    # alert per failing step, whatever its error class.
+    for side in (parsed.lhs, parsed.rhs):
+        aggregate = side.lhs if hasattr(side, "lhs") else side
+        assert list(aggregate.modifier.labels) == ["step"], rule["expr"]
+    assert "{{ $labels.step }}" in rule["annotations"]["summary"]
+    # No step is named: a new step is covered without a new rule.
+    assert "step=" not in rule["expr"]

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections import Counter
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -467,3 +468,141 @@ def test_a_listener_whose_connection_is_cut_listens_again(json_log_lines):
             listener.close()
     failed = [line for line in json_log_lines() if line["event"] == "dispatcher_listen_failed"]
     assert len(failed) == 2
+
+
+def _metric(client, name: str, **labels: str) -> float:
+    """A sample of the page Prometheus scrapes (0 when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    page = client.get("/metrics")
+    assert page.status_code == 200
+    for family in text_string_to_metric_families(page.content.decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+@pytest.fixture
+def clean_step_failures():
+    from jobs.step_failures import step_failures_forget
+
+    step_failures_forget()
+    yield
+    step_failures_forget()
+
+
+def test_a_failing_step_moves_its_counter_and_shows_on_the_dashboard(
+    client, settings, clean_step_failures
+):
+    """The next table that names a job without purge knowing of it (issue 37, H1): the
+    purge step fails on every pass. The failure is counted, shown at the top of the
+    dashboard and on its Last purge tile, and forgotten once the step succeeds again."""
+    from django.test import Client
+
+    from config.dashboard import dashboard_overview
+    from jobs.services.purge import purge_forget_clock
+    from tests.factories import otp_login, role_user
+
+    settings.METRICS_TOKEN = ""
+    settings.JOB_TYPES = {
+        name: {**spec, "retention": timedelta(minutes=1)}
+        for name, spec in settings.JOB_TYPES.items()
+    }
+    job = job_in_state("succeeded")
+    backdate(job, created_at=120, updated_at=120)
+    # A foreign key purge does not name (not deferred: it fails at the DELETE, inside
+    # this test's transaction, which rolls the table back).
+    sql("CREATE TABLE probe_invoices (id serial PRIMARY KEY, job_id uuid REFERENCES jobs(id))")
+    sql("INSERT INTO probe_invoices (job_id) VALUES (%s)", job.id)
+    purge = [("purge", "jobs.services.purge.purge_once")]
+    labels = {"step": "purge"}
+    before = _metric(client, "dispatcher_step_failures_total", **labels)
+
+    for _ in range(2):
+        purge_forget_clock()
+        report = dispatch_once(steps=purge)
+        assert "IntegrityError" in report["purge"]["error"], report
+
+    assert _metric(client, "dispatcher_step_failures_total", **labels) == before + 2
+    assert _metric(client, "dispatcher_step_failing", step="purge", error="IntegrityError") == 1
+    assert _metric(client, "dispatcher_step_last_failure_timestamp_seconds", **labels) > (
+        time.time() - 60
+    )
+    overview = dashboard_overview(use_cache=False)
+    named = [p for p in overview["problems"] if "Dispatcher step purge" in p]
+    assert len(named) == 1 and "IntegrityError" in named[0] and "probe_invoices" in named[0]
+    assert "2 times" in named[0], named
+    page = otp_login(Client(), role_user("operator")).get("/admin/")
+    html = page.content.decode()
+    assert "Dispatcher step purge" in html and "IntegrityError" in html
+    # The Last purge tile does not say "never" as if all were well.
+    failing = html[html.index('id="purge-failing"') :]
+    assert failing[: failing.index("</div>")].count("IntegrityError") == 1
+
+    sql("DELETE FROM probe_invoices")
+    purge_forget_clock()
+    assert dispatch_once(steps=purge)["purge"]["jobs"] == {"planning": 1}
+    assert _metric(client, "dispatcher_step_failures_total", **labels) == before + 2
+    assert _metric(client, "dispatcher_step_failing", step="purge", error="IntegrityError") == 0
+    overview = dashboard_overview(use_cache=False)
+    assert not [p for p in overview["problems"] if "Dispatcher step" in p]
+
+
+def _scraped(port: int, name: str, **labels: str) -> float:
+    """A sample of a process's own exporter (JOBOPS_METRICS_PORT), 0 when absent."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dispatcher_process_exports_its_failing_step_and_the_web_names_it(
+    clean_step_failures,
+):
+    """Across processes, as deployed: the dispatcher's exporter counts the failure, the
+    dashboard (this process) reads the dispatcher's entry, and both clear once the step
+    succeeds again."""
+    from config.dashboard import dashboard_overview
+    from tests.processes import dispatcher_process
+
+    # An erp job (notification: kept 7 days) that ended 8 days ago, named by a row of a
+    # table purge does not know.
+    job = job_in_state("cancelled", job_type="erp", params={"event": "order.created"})
+    backdate(job, created_at=8 * 86400, updated_at=8 * 86400)
+    sql("CREATE TABLE probe_invoices (id serial PRIMARY KEY, job_id uuid REFERENCES jobs(id))")
+    sql("INSERT INTO probe_invoices (job_id) VALUES (%s)", job.id)
+    port = free_port()
+
+    def purge_named() -> list[str]:
+        problems = dashboard_overview(use_cache=False)["problems"]
+        return [p for p in problems if p.startswith("Dispatcher step purge ")]
+
+    try:
+        with dispatcher_process(interval=0.2, env={"JOBOPS_METRICS_PORT": str(port)}):
+            wait_for(
+                lambda: _scraped(port, "dispatcher_step_failures_total", step="purge") >= 2,
+                timeout=20,
+            )
+            assert (
+                _scraped(port, "dispatcher_step_failing", step="purge", error="IntegrityError") == 1
+            )
+            named = wait_for(purge_named, timeout=10)
+            assert "IntegrityError" in named[0] and "probe_invoices" in named[0], named
+
+            sql("DELETE FROM probe_invoices")
+            wait_for(lambda: not Job.objects.filter(id=job.id).exists(), timeout=20)
+            wait_for(lambda: not purge_named(), timeout=10)
+            assert (
+                _scraped(port, "dispatcher_step_failing", step="purge", error="IntegrityError") == 0
+            )
+    finally:
+        sql("DROP TABLE IF EXISTS probe_invoices")

@@ -7,9 +7,17 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
 from core.durations import parse_duration
-from jobs.services.purge import purge_extras, purge_preview, purge_record, purge_run
+from jobs.services.purge import (
+    kept_lines,
+    purge_extras,
+    purge_kept,
+    purge_preview,
+    purge_record,
+    purge_run,
+)
 
 
 class Command(BaseCommand):
@@ -36,14 +44,26 @@ class Command(BaseCommand):
                 older_than = parse_duration(options["older_than"])
             except ValueError as exc:
                 raise CommandError(f"--older-than: {exc}") from exc
-        if options["dry_run"]:
-            summary = purge_preview(older_than=older_than)
-        else:
-            summary, _more = purge_run(older_than=older_than)
-            summary.update(purge_extras(older_than=older_than))
-            purge_record(summary, finished=True)
+        try:
+            if options["dry_run"]:
+                summary = purge_preview(older_than=older_than)
+            else:
+                summary, _more = purge_run(older_than=older_than)
+                summary.update(purge_extras(older_than=older_than))
+            kept = purge_kept(older_than=older_than)
+            if not options["dry_run"]:
+                purge_record(summary, finished=True, kept=kept)
+        except DatabaseError as exc:
+            # The database refused a batch (unreachable, or a row purge does not know
+            # names a purged one): say so in words; --traceback shows the rest.
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise CommandError(
+                f"purge stopped: {type(exc).__name__}: {first}. The failing batch removed "
+                "nothing; batches before it stay removed."
+            ) from exc
         if options["json"]:
-            self.stdout.write(json.dumps({"dry_run": options["dry_run"], **summary}, indent=2))
+            document = {"dry_run": options["dry_run"], **summary, "kept": kept}
+            self.stdout.write(json.dumps(document, indent=2))
             return
         verb = "would remove" if options["dry_run"] else "removed"
         jobs = summary.pop("jobs")
@@ -52,3 +72,5 @@ class Command(BaseCommand):
             self.stdout.write(f"  {category}: {count}")
         for kind, count in summary.items():
             self.stdout.write(f"{verb} {count} {kind.replace('_', ' ')}")
+        for line in kept_lines(kept):
+            self.stdout.write(line)
