@@ -134,3 +134,32 @@ def test_what_axes_keeps_of_a_failure_holds_no_password_code_or_csrf_token(carol
     (attempt,) = AccessAttempt.objects.all()
     for secret in ("secret-guess", "424242", "csrf-value"):
         assert secret not in attempt.post_data
+
+
+@pytest.mark.parametrize("length", [151, 256, 300_000])
+def test_an_oversize_name_gets_the_form_with_its_bound_and_checks_no_password(carol, length):
+    """Issue 37, M1: a name longer than any user's (150 characters) answered 500 when
+    axes stored it in its varchar(255). The form refuses it before any password is
+    checked, so it is no attempt to count and no way around a lockout."""
+    from axes.models import AccessAttempt
+
+    answer = Client(REMOTE_ADDR="10.3.3.3", raise_request_exception=False).post(
+        LOGIN, {"username": "c" * length, "password": "wrong", "otp_token": "000000"}
+    )
+    assert answer.status_code == 200
+    assert "at most 150 characters" in answer.content.decode()
+    assert not AccessAttempt.objects.exists()
+
+
+def test_an_oversize_password_or_code_gets_the_form_and_counts_as_a_failure(carol, settings):
+    """A 300,000-character password or code is refused by its bound in words; with a
+    real name it still counts towards that name's lockout."""
+    for field in ("password", "otp_token"):
+        fields = {"username": "carol", "password": "wrong", "otp_token": "000000"}
+        fields[field] = "p" * 300_000
+        answer = Client(REMOTE_ADDR="10.3.3.4", raise_request_exception=False).post(LOGIN, fields)
+        assert answer.status_code == 200
+        assert "at most" in answer.content.decode()
+    for _ in range(settings.AXES_FAILURE_LIMIT - 2):
+        assert _login("carol", "wrong", ip="10.3.3.5").status_code == 200
+    assert _login("carol", "wrong", ip="10.3.3.6").status_code == 429
