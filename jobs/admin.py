@@ -23,6 +23,7 @@ from audit.services import Actor
 from core.admin_base import ReadOnlyAdmin
 from core.admin_filters import ChoicesFilter, DateRangeFilter, InputFilter
 from core.errors import ApplicationError
+from core.forms import BoundedJSONField
 from core.ids import id_cell
 from jobs.exceptions import ScheduleInvalidError
 from jobs.models import Artefact, DeadLetter, Job, Schedule
@@ -497,6 +498,8 @@ class ScheduleForm(forms.ModelForm):
             "timezone",
             "enabled",
         ]
+        # Read within the API's bounds: Django's own recursed on 5,000-deep JSON (a 500).
+        field_classes = {"params": BoundedJSONField}
 
     def clean(self) -> dict[str, Any]:
         super().clean()
