@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from core.ids import uuid_or_none
+from core.json import text_problem
 from dlq.errors import (
     DeadLetterInputError,
     DeadLetterNotFoundError,
@@ -84,6 +85,8 @@ def dead_letter_action_check(
         raise DeadLetterInputError(
             details={"justification": [f"At most {MAX_JUSTIFICATION_CHARS} characters."]}
         )
+    if text_problem(cleaned):
+        raise DeadLetterInputError(details={"justification": [f"It {text_problem(cleaned)}."]})
     if queue is not None and queue not in dlq_names():
         raise UnknownQueueError(
             f"{queue!r} is not a dead-letter queue.",
@@ -104,6 +107,9 @@ def _clean_filters(filters: dict[str, Any] | None) -> dict[str, Any]:
     for name, value in (filters or {}).items():
         if value in (None, "", False):
             continue
+        if isinstance(value, str) and text_problem(value):
+            # PostgreSQL text holds no NUL: refused here, not by the query (a 500).
+            raise DeadLetterInputError(details={name: [f"It {text_problem(value)}."]})
         if name.startswith("created_") and isinstance(value, str):
             parsed = _datetime_or_none(value)
             if parsed is None:
