@@ -53,6 +53,8 @@ HOSTILE: dict[str, str | bytes] = {
 }
 # What a page without a form of its own is sent (a POST-only view, a button elsewhere).
 KNOWN_FIELDS = ["justification", "reason", "params", "confirm", "dead_letter", "post"]
+# Views that take a POST but show no form of their own (its button is on another page).
+POST_ONLY = {"jobs_deadletter_params_edit_decide", "dlq_bulkoperation_stop"}
 SKIP = {"logout"}  # it ends the session the crawl runs in: crawled last, on its own
 BOUNDARY = "hostile-crawl-boundary"
 
@@ -174,6 +176,11 @@ def hostile_bodies(
             for name in shapes.values():
                 pairs = [(n, value if n == name else v) for n, v in baseline]
                 yield f"{kind} in {name}", pairs, False
+
+
+def mixed_body() -> list[tuple[str, str | bytes]]:
+    values = list(HOSTILE.values())
+    return [(name, values[i % len(values)]) for i, name in enumerate(KNOWN_FIELDS)]
 
 
 # --- the portal's URLs ------------------------------------------------------------------------
@@ -319,35 +326,42 @@ def crawl(client: Client, rows: dict[str, Any], *, each_field: bool) -> None:
         own = bool(fields)
         if not own:
             fields = [{"name": n, "value": "", "kind": "text"} for n in KNOWN_FIELDS]
-        for what, pairs, multi in hostile_bodies(fields, each_field=each_field and own):
+        if own or each_field or name in POST_ONLY:
+            bodies = hostile_bodies(fields, each_field=each_field and own)
+        else:  # a page that shows no form: one POST, each hostile value in some field
+            bodies = iter([("a mix in the usual fields", mixed_body(), False)])
+        for what, pairs, multi in bodies:
             answer = post(client, url, pairs, multi=multi)
             posts += 1
             if answer.status_code >= 500:
                 encoding = "multipart" if multi else "urlencoded"
                 failures.append(f"{answer.status_code} POST {url} ({name}): {what}, {encoding}")
     assert client.get("/admin/").status_code == 200, "the crawl ended logged out"
-    assert posts > 800, posts  # it reached the pages
+    assert posts > 300, posts  # it reached the pages
     assert not failures, f"{len(failures)} of {posts} POSTs answered 5xx:\n" + "\n".join(
         failures[:60]
     )
 
 
 def test_no_admin_post_answers_500_to_hostile_values(otp_admin_client, rows):
-    """Every admin URL, each hostile value in every field of its forms at once."""
+    """Every admin URL with a form: each hostile value in every field of its forms at
+    once; every other admin URL: one POST of hostile values (the heavy test below sends
+    them all to every URL, and each field alone)."""
     crawl(otp_admin_client, rows, each_field=False)
 
 
 @pytest.mark.heavy  # about 1,700 POSTs, 50 s: `make test-heavy`
 def test_no_admin_form_field_answers_500_to_hostile_values(otp_admin_client, rows):
-    """Each field of every admin form alone hostile, the others at the page's values (so
-    that a form's other checks pass and the value reaches what reads it)."""
+    """Every admin URL with every hostile value, in every field at once and in each field
+    of its forms alone, the others at the page's values (so that a form's other checks
+    pass and the value reaches what reads it)."""
     crawl(otp_admin_client, rows, each_field=True)
 
 
 LOGIN_FIELDS = ["username", "password", "otp_token", "otp_device", "otp_challenge", "next"]
 
 
-def test_no_login_post_answers_500_to_hostile_values(rows):
+def test_no_login_post_answers_500_to_hostile_values():
     """The login (and logout) with each hostile value in each field; each attempt from its
     own address and name, so that a lockout does not hide what comes after it."""
     failures = []
