@@ -53,8 +53,15 @@ HOSTILE: dict[str, str | bytes] = {
 }
 # What a page without a form of its own is sent (a POST-only view, a button elsewhere).
 KNOWN_FIELDS = ["justification", "reason", "params", "confirm", "dead_letter", "post"]
-# Views that take a POST but show no form of their own (its button is on another page).
-POST_ONLY = {"jobs_deadletter_params_edit_decide", "dlq_bulkoperation_stop"}
+# Views that read a POST whether or not their GET shows a form: its button is on another
+# page, or the form is gone once an earlier POST of the crawl resolved the row.
+POST_ONLY = {
+    "jobs_deadletter_params_edit_decide",
+    "dlq_bulkoperation_stop",
+    "jobs_deadletter_fix_forward",
+    "jobs_job_rerun",
+    "jobs_job_cancel",
+}
 SKIP = {"logout"}  # it ends the session the crawl runs in: crawled last, on its own
 BOUNDARY = "hostile-crawl-boundary"
 
