@@ -37,6 +37,26 @@ def _user_id(username: str | None) -> int | None:
     )
 
 
+# django-axes keeps the typed name in a varchar(255) (AccessAttempt, AccessFailureLog).
+AXES_USERNAME_MAX_CHARS = 255
+
+
+def login_username(request: Any, credentials: dict[str, Any] | None = None) -> str | None:
+    """The name django-axes counts a login under (AXES_USERNAME_CALLABLE): what it would
+    take itself (the credentials, else the POST), cut to what it can store. The portal's
+    login form refuses a longer name before authenticating; this covers any other
+    caller of authenticate(), so that a long name is counted, cut, never a 500."""
+    field = getattr(settings, "AXES_USERNAME_FORM_FIELD", "username")
+    if credentials:
+        name = credentials.get(field)
+    else:
+        name = getattr(request, "data", None) or getattr(request, "POST", {})
+        name = name.get(field) if hasattr(name, "get") else None
+    if not isinstance(name, str):
+        return name
+    return name[:AXES_USERNAME_MAX_CHARS]
+
+
 @receiver(user_locked_out)
 def login_lockout_audit(
     sender: Any, request: Any, username: str | None, ip_address: str | None, **kwargs: Any

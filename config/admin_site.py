@@ -17,6 +17,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import MaxLengthValidator
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -34,10 +35,37 @@ from jobs.models import Job
 from jobs.selectors import ConnectorState, connectors_state, queue_pauses
 from tenants.selectors import operator_org_ids, operator_organisations
 
+# The login's bounds (the name's is the user model's: 150). Django's AuthenticationForm
+# passes any name to authenticate(), and django-axes stored a failure's name in its
+# varchar(255): a longer one answered 500. A value past its bound is a form error before
+# any password is checked, so it is no attempt to count and no way around a lockout.
+PASSWORD_MAX_CHARS = 4096
+OTP_TOKEN_MAX_CHARS = 64
+
 
 class LoginForm(OTPAdminAuthenticationForm):
     """Password + OTP, as django-otp asks; while every device of the user is throttled
-    after wrong codes, the form says how long to wait instead of "invalid token"."""
+    after wrong codes, the form says how long to wait instead of "invalid token".
+
+    No device choice and no "challenge" button: jobops enrols TOTP devices and static
+    backup codes, neither of which sends a challenge, and a code is tried against
+    every device of the user (docs/operations/portal.md#signing-in)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        del self.fields["otp_device"], self.fields["otp_challenge"]
+        bounds = {
+            "username": self.username_field.max_length or 150,
+            "password": PASSWORD_MAX_CHARS,
+            "otp_token": OTP_TOKEN_MAX_CHARS,
+        }
+        for name, limit in bounds.items():
+            # AuthenticationForm sets the name's max_length after the field is built,
+            # which adds no validator: add one to each.
+            field = self.fields[name]
+            field.max_length = limit
+            field.validators.append(MaxLengthValidator(limit))
+            field.widget.attrs["maxlength"] = str(limit)
 
     def clean_otp(self, user: Any) -> None:
         if user is not None and self.cleaned_data.get("otp_token"):
@@ -53,6 +81,7 @@ class LoginForm(OTPAdminAuthenticationForm):
 
 class JobopsAdminSite(OTPAdminSite):
     login_form = LoginForm
+    login_template = "admin/jobops/login.html"
     site_header = "jobops operations"
     site_title = "jobops"
     index_title = "Dashboard"
@@ -114,6 +143,7 @@ class JobopsAdminSite(OTPAdminSite):
             verb=action,
             refusal="opening a breaker needs an unrestricted operator",
             done="Connector {name}'s breaker {done}.",
+            title=f"{action.capitalize()} the breaker of connector {name}",
             page=lambda: {"connector": next(s for s in connectors_state() if s.name == name)},
         )
 
@@ -127,6 +157,7 @@ class JobopsAdminSite(OTPAdminSite):
         refusal: str,
         done: str,
         page: Callable[[], dict[str, Any]],
+        title: str | None = None,
     ) -> HttpResponse:
         """One action of a control (jobs.controls): GET asks for the justification, POST
         acts (audited on the ops chain by the service) and goes back to the dashboard
@@ -152,7 +183,7 @@ class JobopsAdminSite(OTPAdminSite):
                 return HttpResponseRedirect(reverse("admin:index"))
         context = {
             **self.each_context(request),
-            "title": f"{verb.capitalize()} {control.thing} {name}",
+            "title": title or f"{verb.capitalize()} {control.thing} {name}",
             "thing": control.thing,
             "name": name,
             "action": verb,

@@ -864,6 +864,8 @@ AXES_LOCKOUT_CALLABLE = "config.admin_site.login_locked_out"
 # HTTP_X_REAL_IP, or HTTP_X_FORWARDED_FOR whose last entry the proxy appended).
 JOBOPS_CLIENT_IP_HEADER = env_str("JOBOPS_CLIENT_IP_HEADER", "")
 AXES_CLIENT_IP_CALLABLE = "core.client_ip.client_ip"
+# The typed name, cut to the 255 characters axes stores (a longer one was a 500).
+AXES_USERNAME_CALLABLE = "audit.logins.login_username"
 # Masked in axes' log lines and in the form data it keeps of each failure (passwords
 # always are): the typed name, the address, the one-time code and the CSRF token.
 AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "otp_token", "csrfmiddlewaretoken"]

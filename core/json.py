@@ -56,14 +56,14 @@ def json_problem(value: Any, *, max_depth: int) -> str | None:
                 for key, child in item.items():
                     if not isinstance(key, str):
                         return "has an object key that is not a string"
-                    problem = _string_problem(key)
+                    problem = text_problem(key)
                     if problem:
                         return f"has an object key that {problem}"
                     stack.append((child, depth + 1))
             else:
                 stack.extend((child, depth + 1) for child in item)
         elif isinstance(item, str):
-            problem = _string_problem(item)
+            problem = text_problem(item)
             if problem:
                 return f"has a string that {problem}"
         elif isinstance(item, float):
@@ -74,7 +74,9 @@ def json_problem(value: Any, *, max_depth: int) -> str | None:
     return None
 
 
-def _string_problem(text: str) -> str | None:
+def text_problem(text: str) -> str | None:
+    """What PostgreSQL cannot store of a text from outside (a form field, a reason), in
+    words that follow "it", or None."""
     if "\x00" in text:
         return "contains a NUL character (\\u0000)"
     try:

@@ -33,6 +33,7 @@ from django.utils.safestring import SafeString
 from core.admin_base import ReadOnlyAdmin
 from core.admin_filters import ChoicesFilter, InputFilter
 from core.errors import ApplicationError
+from core.forms import FormJSONError, error_lines, json_from_form
 from core.ids import id_cell
 from dlq.broker import BROKER_ERRORS, dlq_depths, dlq_peek
 from dlq.bulk import bulk_operation_stop, dead_letters_act
@@ -445,12 +446,14 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             "can_edit": row.state == DeadLetterState.OPEN and job.status == "failed",
         }
         if request.method == "POST":
-            context["params_text"] = request.POST.get("params", "")[:200_000]
+            text = request.POST.get("params", "")
+            # Shown again to be corrected; a text past the bound is refused, not cut.
+            context["params_text"] = text[: settings.JOBOPS_MAX_PAYLOAD_BYTES]
             context["reason"] = request.POST.get("reason", "")
             try:
-                params = json.loads(context["params_text"])
-            except ValueError as exc:
-                context["error"] = f"The params are not JSON: {exc}"
+                params = json_from_form(text, what="The params JSON")
+            except FormJSONError as exc:
+                context["error"] = str(exc)
             else:
                 try:
                     if "confirm" in request.POST:
@@ -475,7 +478,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                         dead_letter_id=row.pk, actor_user=request.user, params=params
                     )
                 except ApplicationError as exc:
-                    context["error"], context["error_details"] = exc.message, exc.details
+                    context["error"] = exc.message
+                    context["error_details"] = error_lines(exc.details)
                 else:
                     context["diff"] = diff_rows(
                         job.params, preview["new_params"], preview["changed_paths"]

@@ -24,6 +24,7 @@ from audit.services import Actor
 from core.admin_base import ReadOnlyAdmin
 from core.admin_filters import ChoicesFilter, DateRangeFilter, InputFilter
 from core.errors import ApplicationError
+from core.forms import BoundedJSONField
 from core.ids import id_cell
 from core.times import utc_text
 from jobs.exceptions import ScheduleInvalidError
@@ -518,6 +519,8 @@ class ScheduleForm(forms.ModelForm):
             "timezone",
             "enabled",
         ]
+        # Read within the API's bounds: Django's own recursed on 5,000-deep JSON (a 500).
+        field_classes = {"params": BoundedJSONField}
 
     def clean(self) -> dict[str, Any]:
         super().clean()

@@ -19,6 +19,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
+from core.json import text_problem
 from dlq.errors import DeadLetterInputError, DeadLetterPermissionError, JustificationRequiredError
 from dlq.models import BulkAction, BulkOperation
 from dlq.services.selection import MAX_JUSTIFICATION_CHARS
@@ -87,6 +88,8 @@ def _check(actor_user: Any, justification: str, *, dry_run: bool) -> str:
         raise DeadLetterInputError(
             details={"justification": [f"At most {MAX_JUSTIFICATION_CHARS} characters."]}
         )
+    if text_problem(cleaned):
+        raise DeadLetterInputError(details={"justification": [f"It {text_problem(cleaned)}."]})
     return cleaned
 
 

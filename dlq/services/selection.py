@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from core.ids import uuid_or_none
+from core.json import text_problem
 from dlq.errors import (
     DeadLetterInputError,
     DeadLetterNotFoundError,
@@ -84,6 +85,8 @@ def dead_letter_action_check(
         raise DeadLetterInputError(
             details={"justification": [f"At most {MAX_JUSTIFICATION_CHARS} characters."]}
         )
+    if text_problem(cleaned):
+        raise DeadLetterInputError(details={"justification": [f"It {text_problem(cleaned)}."]})
     return cleaned, dead_letter_selection_check(queue=queue, filters=filters, limit=limit)
 
 
@@ -116,6 +119,9 @@ def _clean_filters(filters: dict[str, Any] | None) -> dict[str, Any]:
     for name, value in (filters or {}).items():
         if value in (None, "", False):
             continue
+        if isinstance(value, str) and text_problem(value):
+            # PostgreSQL text holds no NUL: refused here, not by the query (a 500).
+            raise DeadLetterInputError(details={name: [f"It {text_problem(value)}."]})
         if name.startswith("created_") and isinstance(value, str):
             parsed = _datetime_or_none(value)
             if parsed is None:

@@ -41,6 +41,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
+from core.json import text_problem
 from jobs.exceptions import (
     ConnectorControlInputError,
     ConnectorNotFoundError,
@@ -371,6 +372,10 @@ def _checked(name: str, reason: str) -> tuple[ConnectorSpec, str]:
         raise ConnectorControlInputError(
             f"The justification is longer than {REASON_MAX_CHARS} characters.",
             details={"reason": f"at most {REASON_MAX_CHARS} characters"},
+        )
+    if text_problem(reason):
+        raise ConnectorControlInputError(
+            f"The justification {text_problem(reason)}.", details={"reason": text_problem(reason)}
         )
     return spec, reason
 

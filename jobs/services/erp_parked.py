@@ -34,6 +34,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from audit.services import OPS_CHAIN, Actor, audit_append
+from core.json import text_problem
 from jobs.exceptions import ErpEventNotFoundError, ErpParkedInputError
 from jobs.queries import QUERIES
 from jobs.selectors import erp_parked_events
@@ -128,6 +129,10 @@ def _reason(reason: str, *, required: bool) -> str:
         raise ErpParkedInputError(
             f"The justification is longer than {REASON_MAX_CHARS} characters.",
             details={"reason": f"at most {REASON_MAX_CHARS} characters"},
+        )
+    if text_problem(reason):
+        raise ErpParkedInputError(
+            f"The justification {text_problem(reason)}.", details={"reason": text_problem(reason)}
         )
     return reason
 

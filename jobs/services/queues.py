@@ -24,6 +24,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
+from core.json import text_problem
 from jobs.exceptions import QueueControlInputError, QueueNotFoundError
 from jobs.models import QueuePause
 from jobs.queries import QUERIES
@@ -46,6 +47,10 @@ def _checked(queue: str, reason: str) -> str:
         raise QueueControlInputError(
             f"The justification is longer than {REASON_MAX_CHARS} characters.",
             details={"reason": f"at most {REASON_MAX_CHARS} characters"},
+        )
+    if text_problem(reason):
+        raise QueueControlInputError(
+            f"The justification {text_problem(reason)}.", details={"reason": text_problem(reason)}
         )
     return reason
 

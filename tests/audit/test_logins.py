@@ -134,3 +134,67 @@ def test_what_axes_keeps_of_a_failure_holds_no_password_code_or_csrf_token(carol
     (attempt,) = AccessAttempt.objects.all()
     for secret in ("secret-guess", "424242", "csrf-value"):
         assert secret not in attempt.post_data
+
+
+@pytest.mark.parametrize("length", [151, 256, 300_000])
+def test_an_oversize_name_gets_the_form_with_its_bound_and_checks_no_password(carol, length):
+    """Issue 37, M1: a name longer than any user's (150 characters) answered 500 when
+    axes stored it in its varchar(255). The form refuses it before any password is
+    checked, so it is no attempt to count and no way around a lockout."""
+    from axes.models import AccessAttempt
+
+    answer = Client(REMOTE_ADDR="10.3.3.3", raise_request_exception=False).post(
+        LOGIN, {"username": "c" * length, "password": "wrong", "otp_token": "000000"}
+    )
+    assert answer.status_code == 200
+    assert "at most 150 characters" in answer.content.decode()
+    assert not AccessAttempt.objects.exists()
+
+
+def test_an_oversize_password_checks_nothing_and_an_oversize_code_counts_the_password(
+    carol, settings
+):
+    """A 300,000-character password is refused by its bound, in words, before it is
+    checked (nothing to count). A 300,000-character code is refused too, but the
+    password beside it was checked: a wrong one counts towards the name's lockout."""
+    from axes.models import AccessAttempt
+
+    def post(**fields: str):
+        form = {"username": "carol", "password": "wrong", "otp_token": "000000", **fields}
+        return Client(REMOTE_ADDR="10.3.3.4", raise_request_exception=False).post(LOGIN, form)
+
+    answer = post(password="p" * 300_000)
+    assert answer.status_code == 200
+    assert "at most 4096 characters" in answer.content.decode()
+    assert not AccessAttempt.objects.exists()
+    answer = post(otp_token="1" * 300_000)
+    assert answer.status_code == 200
+    assert "at most 64 characters" in answer.content.decode()
+    assert AccessAttempt.objects.get(username="carol").failures_since_start == 1
+    for _ in range(settings.AXES_FAILURE_LIMIT - 2):
+        assert _login("carol", "wrong", ip="10.3.3.5").status_code == 200
+    assert _login("carol", "wrong", ip="10.3.3.6").status_code == 429
+
+
+def test_a_name_longer_than_axes_stores_is_counted_cut_when_authenticate_is_called_directly():
+    """Any other caller of authenticate() than the portal's form: axes counts the failure
+    under the first 255 characters (AXES_USERNAME_CALLABLE), never a 500."""
+    from axes.models import AccessAttempt
+    from django.contrib.auth import authenticate
+    from django.test import RequestFactory
+
+    request = RequestFactory().post(LOGIN, REMOTE_ADDR="10.3.3.7")
+    assert authenticate(request, username="n" * 300, password="wrong") is None
+    (attempt,) = AccessAttempt.objects.all()
+    assert attempt.username == "n" * 255 and attempt.failures_since_start == 1
+
+
+def test_after_a_wrong_code_the_login_offers_no_device_choice_or_challenge(carol):
+    """Issue 37, L15: "OTP Device" and "Get OTP Challenge" did nothing for TOTP devices
+    and backup codes (the only kinds jobops enrols): the form has neither."""
+    answer = _login("carol", PASSWORD, "000000")
+    page = answer.content.decode()
+    assert answer.status_code == 200 and "Invalid token" in page  # the password was right
+    assert "OTP Device" not in page and "otp_device" not in page
+    assert "Get OTP Challenge" not in page and "otp_challenge" not in page
+    assert 'name="otp_token"' in page and "One-time code" in page

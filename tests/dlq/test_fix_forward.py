@@ -238,3 +238,40 @@ def test_the_portal_previews_the_diff_then_requests_and_a_second_operator_approv
     assert Job.objects.get(id=job.id).status == Status.PENDING
     viewer = otp_login(Client(), role_user("viewer"))
     assert viewer.get(page).status_code == 403
+
+
+def _preview(params_text: str):
+    """The portal's "Show the changes" for a failed job's dead letter, as an operator."""
+    row = DeadLetter.objects.get(job=job_failed())
+    page = reverse("admin:jobs_deadletter_fix_forward", args=[row.id])
+    client = otp_login(Client(raise_request_exception=False), role_user("operator"))
+    return client.post(page, {"params": params_text, "reason": "r", "preview": "1"})
+
+
+@pytest.mark.parametrize(
+    ("params_text", "said"),
+    [
+        ('{"a":' * 5000 + "1" + "}" * 5000, "nested deeper than 32 levels"),
+        ("[" * 5000 + "]" * 5000, "nested deeper than 32 levels"),
+        ('{"steps": 2, "label": "a\\u0000b"}', "NUL character"),
+        ('{"steps": 2, "label": "' + "a" * 300_000 + '"}', "at most 262144 are accepted"),
+        ('{"steps": ' + "9" * 5000 + "}", "more than 4300 digits"),
+    ],
+    ids=["5000-deep-object", "5000-deep-list", "nul", "oversize", "long-number"],
+)
+def test_show_the_changes_refuses_what_the_api_refuses_in_words(params_text, said):
+    """The API's JSON bounds (core/api/parsers.py) hold on the portal's form too: a 200
+    page that says what is wrong, never a 500 (issue 37, M2)."""
+    answer = _preview(params_text)
+    assert answer.status_code == 200
+    error = answer.content.decode()
+    assert 'id="fix-forward-error"' in error and said in error
+
+
+def test_a_schema_error_is_shown_as_field_and_message_not_a_python_repr():
+    """Issue 37, M3: `steps: A valid integer is required.`, not `{'steps': [ErrorDetail(...)]}`."""
+    answer = _preview(json.dumps({"steps": "many", "step_seconds": 0}))
+    text = answer.content.decode()
+    assert answer.status_code == 200 and 'id="fix-forward-error"' in text
+    assert "ErrorDetail" not in text and "{&#x27;" not in text
+    assert "steps: A valid integer is required." in text

@@ -433,6 +433,7 @@ def test_the_dashboard_shows_breakers_and_offers_open_and_close_to_operators_onl
     operator = otp_login(Client(), role_user("operator"))
     page = operator.get("/admin/dashboard/panel/").content.decode()
     assert 'data-connector="erp"' in page and "connector-close" in page
+    assert ">Close breaker (resume calls)</a>" in page
     assert "Connector erp is open" in page
     viewer = otp_login(Client(), role_user("viewer"))
     page = viewer.get("/admin/dashboard/panel/").content.decode()
@@ -440,6 +441,8 @@ def test_the_dashboard_shows_breakers_and_offers_open_and_close_to_operators_onl
     assert viewer.post("/admin/connectors/erp/close/", {"reason": "x"}).status_code == 403
     form = operator.get("/admin/connectors/erp/close/")
     assert form.status_code == 200 and "id_reason" in form.content.decode()
+    # Issue 37, L15: "Close" read like closing a dialog; the buttons say what they do.
+    assert "Close erp's breaker (resume its calls)" in form.content.decode()
     refused = operator.post("/admin/connectors/erp/close/", {"reason": " "})
     assert "control-error" in refused.content.decode() and breaker().state == "open"
     assert operator.post("/admin/connectors/erp/close/", {"reason": "ok"}).status_code == 302

@@ -234,6 +234,32 @@ def test_the_admin_refuses_a_bad_cron_on_its_field_and_audits_a_good_edit(otp_ad
     assert len(ops("schedule_changed")) == 1
 
 
+@pytest.mark.parametrize(
+    ("params", "said"),
+    [
+        ("[" * 5000 + "]" * 5000, "nested deeper than 32 levels"),
+        ('{"steps": 1, "label": "a\\u0000b"}', "NUL character"),
+        ('{"label": "' + "a" * 300_000 + '"}', "at most 262144 are accepted"),
+    ],
+    ids=["5000-deep", "nul", "oversize"],
+)
+def test_the_admin_refuses_params_past_the_api_bounds_on_their_field(
+    otp_admin_client, params, said
+):
+    """Django's JSONField recursed on 5,000-deep params (a 500): the form reads them
+    within the API's bounds and says what is wrong, also on the form shown again."""
+    schedule = make_schedule()
+    form = {
+        "name": schedule.name, "org": schedule.org_id, "owner": schedule.owner_id,
+        "project": "", "job_type": "sim", "params": params,
+        "cron": "0 3 * * *", "timezone": "UTC", "enabled": "on",
+    }  # fmt: skip
+    otp_admin_client.raise_request_exception = False
+    page = otp_admin_client.post(f"/admin/jobs/schedule/{schedule.pk}/change/", form)
+    assert page.status_code == 200 and said in page.content.decode()
+    assert Schedule.objects.get().params == schedule.params
+
+
 def test_staff_limited_to_organisations_see_only_their_schedules():
     mine, theirs = OrganisationFactory(slug="mine"), OrganisationFactory(slug="theirs")
     make_schedule(org=mine, name="a")
