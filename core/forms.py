@@ -18,7 +18,7 @@ from django import forms
 from django.conf import settings
 from django.forms.fields import InvalidJSONInput, JSONString
 
-from core.json import MAX_INT_DIGITS, NumberTooLongError, json_loads, json_problem
+from core.json import JSONRefusedError, json_read
 
 
 class FormJSONError(ValueError):
@@ -34,19 +34,9 @@ def json_from_form(text: str, *, what: str = "The JSON") -> Any:
     if size > size_limit:
         raise FormJSONError(f"{what} is {size} bytes; at most {size_limit} are accepted.")
     try:
-        value = json_loads(text)
-    except RecursionError as exc:
-        raise FormJSONError(f"{what} is nested deeper than {depth_limit} levels.") from exc
-    except NumberTooLongError as exc:
-        raise FormJSONError(
-            f"{what} holds a number with more than {MAX_INT_DIGITS} digits."
-        ) from exc
-    except ValueError as exc:
-        raise FormJSONError(f"{what} is not JSON: {exc}.") from exc
-    problem = json_problem(value, max_depth=depth_limit)
-    if problem:
-        raise FormJSONError(f"{what} {problem}.")
-    return value
+        return json_read(text, what=what, max_depth=depth_limit)
+    except JSONRefusedError as exc:
+        raise FormJSONError(str(exc)) from exc
 
 
 class BoundedJSONField(forms.JSONField):

@@ -41,6 +41,33 @@ def json_loads(text: str | bytes, **options: Any) -> Any:
     return json.loads(text, parse_int=_bounded_int, **options)
 
 
+class JSONRefusedError(ValueError):
+    """JSON text from outside refused by its bounds; the message is a sentence that
+    begins with the `what` the reader was given ("The JSON body is nested ...")."""
+
+
+def json_read(text: str, *, what: str, max_depth: int, **options: Any) -> Any:
+    """The value of JSON `text` from outside (an API body, a form field), within the
+    bounds: no deeper than `max_depth`, nothing `json_problem` refuses, no integer past
+    MAX_INT_DIGITS digits; else JSONRefusedError in words. Python's json module
+    recurses, so a few thousand levels raise RecursionError before any depth check
+    could run: that is caught here too."""
+    try:
+        value = json_loads(text, **options)
+    except RecursionError as exc:
+        raise JSONRefusedError(f"{what} is nested deeper than {max_depth} levels.") from exc
+    except NumberTooLongError as exc:
+        raise JSONRefusedError(
+            f"{what} holds a number with more than {MAX_INT_DIGITS} digits."
+        ) from exc
+    except ValueError as exc:
+        raise JSONRefusedError(f"{what} is not JSON: {exc}.") from exc
+    problem = json_problem(value, max_depth=max_depth)
+    if problem:
+        raise JSONRefusedError(f"{what} {problem}.")
+    return value
+
+
 def json_problem(value: Any, *, max_depth: int) -> str | None:
     """The first reason `value` cannot be stored and passed on as JSON, or None.
 

@@ -23,31 +23,24 @@ from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.utils.json import strict_constant
 
-from core.json import MAX_INT_DIGITS, NumberTooLongError, json_loads, json_problem
+from core.json import JSONRefusedError, json_read
 
 
 class BoundedJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        """DRF's JSONParser.parse, reading through core.json.json_loads (which DRF's
+        """DRF's JSONParser.parse, reading through core.json.json_read (which DRF's
         own cannot be told to use)."""
         limit = settings.JOBOPS_MAX_JSON_DEPTH
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
-        parse_constant = strict_constant if self.strict else None
+        options = {"parse_constant": strict_constant} if self.strict else {}
         try:
             text = codecs.getreader(encoding)(stream).read()
-            data = json_loads(text, parse_constant=parse_constant)
-        except RecursionError as exc:
-            raise ParseError(f"The JSON body is nested deeper than {limit} levels.") from exc
-        except NumberTooLongError as exc:
-            raise ParseError(
-                f"The JSON body holds a number with more than {MAX_INT_DIGITS} digits."
-            ) from exc
-        except ValueError as exc:
+        except ValueError as exc:  # not in its charset
             raise ParseError(f"JSON parse error - {exc}") from exc
-        problem = json_problem(data, max_depth=limit)
-        if problem:
-            raise ParseError(f"The JSON body {problem}.")
-        return data
+        try:
+            return json_read(text, what="The JSON body", max_depth=limit, **options)
+        except JSONRefusedError as exc:
+            raise ParseError(str(exc)) from exc
 
 
 def json_body(request: Request) -> Any:
