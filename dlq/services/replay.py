@@ -27,6 +27,7 @@ from dlq.services.selection import (
     Selection,
     dead_letter_selection_check,
     dead_letters_checked_selection,
+    dead_letters_of,
     dead_letters_sample,
     dead_letters_selected,
 )
@@ -192,13 +193,7 @@ def dead_letters_preview(*, action: str, **selection: Unpack[Selection]) -> Reso
     filters = dead_letter_selection_check(
         queue=selection.get("queue"), filters=selection.get("filters"), limit=selection.get("limit")
     )
-    rows = dead_letters_selected(
-        action=action,
-        queue=selection.get("queue"),
-        job_ids=selection.get("job_ids"),
-        dead_letter_ids=selection.get("dead_letter_ids"),
-        filters=filters,
-    )
+    rows = dead_letters_of(action=action, selection=selection, filters=filters)
     limit = selection.get("limit")
     result = ResolveResult(action=action, dry_run=True)
     _preview(result, rows[:limit] if limit is not None else rows, selection, filters=filters)

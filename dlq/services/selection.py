@@ -274,7 +274,20 @@ def dead_letters_checked_selection(
     org_ids = operator_org_ids(actor_user)
     if org_ids is not None and not names_rows(selection):
         raise DeadLetterWholeQueueError()
-    rows = dead_letters_selected(
+    rows = dead_letters_of(action=action, selection=selection, filters=filters, org_ids=org_ids)
+    return justification, filters, rows
+
+
+def dead_letters_of(
+    *,
+    action: str,
+    selection: Selection,
+    filters: dict[str, Any],
+    org_ids: Iterable[int] | None = None,
+) -> QuerySet[DeadLetter]:
+    """The open dead letters `selection` takes with its `filters` already cleaned, in
+    `org_ids` (None: every organisation), oldest first (not yet limited)."""
+    return dead_letters_selected(
         action=action,
         queue=selection.get("queue"),
         job_ids=selection.get("job_ids"),
@@ -282,7 +295,6 @@ def dead_letters_checked_selection(
         filters=filters,
         org_ids=org_ids,
     )
-    return justification, filters, rows
 
 
 def names_rows(selection: Selection | dict[str, Any]) -> bool:
