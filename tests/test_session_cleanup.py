@@ -10,6 +10,7 @@ import sys
 import uuid
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import pytest
 from amqp.exceptions import NotAllowed
 from django.conf import settings
 from kombu import Connection
@@ -55,6 +56,9 @@ def _vhost_exists(url: str) -> bool:
     return True
 
 
+# Two pytest start-ups (the xdist controller and its worker, about 5 s each here) and
+# three rabbitmqctl runs: over the 15 s of `make test` on a loaded machine.
+@pytest.mark.heavy
 def test_an_xdist_session_removes_its_vhost_and_the_redis_keys_it_made():
     base = f"jobops_probe_{uuid.uuid4().hex[:8]}"
     broker = urlunsplit(urlsplit(settings.BROKER_URL)._replace(path=f"/{base}"))
