@@ -64,7 +64,12 @@ def xdist_worker_urls(worker: str, broker_url: str, redis_url: str) -> tuple[str
 
 
 _xdist_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-if _xdist_worker and os.environ.get("JOBOPS_TEST_XDIST_WORKER") != _xdist_worker:
+# Whether this process derived its own vhost and Redis db (an xdist worker's pytest): only
+# such a session removes its vhost at its end (tests/conftest.py), never one it inherited.
+TEST_XDIST_DERIVED = bool(
+    _xdist_worker and os.environ.get("JOBOPS_TEST_XDIST_WORKER") != _xdist_worker
+)
+if TEST_XDIST_DERIVED:
     BROKER_URL, REDIS_URL = xdist_worker_urls(_xdist_worker, _base.BROKER_URL, _base.REDIS_URL)
     CACHES["default"]["LOCATION"] = REDIS_URL  # noqa: F405
     os.environ.update(

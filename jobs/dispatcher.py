@@ -42,6 +42,7 @@ from django.db import close_old_connections, connection
 from django.utils.module_loading import import_string
 
 from core.broker import thread_broker_node
+from jobs import metrics
 from jobs.liveness import beat, beat_end
 from jobs.queries import PENDING_CHANNEL, QUERIES
 from jobs.step_failures import step_failed, step_succeeded
@@ -77,6 +78,8 @@ def _run_step(report: dict[str, Any], name: str, path: str) -> None:
         step_failed(name, exc)
     else:
         step_succeeded(name)
+    finally:
+        metrics.DISPATCHER_STEP_RUNS.labels(step=name).inc()
 
 
 def dispatch_forever(
@@ -106,6 +109,7 @@ def dispatch_forever(
         if ready:
             between = on_notify.between if on_notify is not None else None
             report = dispatch_once(steps=ready, between=between)
+            metrics.DISPATCHER_PASSES.inc()
             for name, result in report.items():
                 gap = min(BUSY_GAP_SECONDS, interval) if found_work(result) else interval
                 due[name] = time.monotonic() + min(gap, wake_in(result, default=gap))

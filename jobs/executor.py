@@ -573,6 +573,7 @@ class Host:
             log.error("claim_failed", error=repr(exc))
             connection.close()
             return None
+        metrics.WORKER_CLAIMS.inc()
         if jobs:
             with self.lock:
                 for job in jobs:

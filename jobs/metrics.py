@@ -184,6 +184,18 @@ DISPATCHER_STEP_FAILING = Gauge(
     ["step", "error"],
     multiprocess_mode="mostrecent",
 )
+# The loop turning (jobs/dispatcher.py): a run of a step, raised or not, counts once it
+# has ended, so that a reader (an operator, a test) knows that what the step does was
+# done by then; a pass is one turn of the loop over the steps that were due.
+DISPATCHER_STEP_RUNS = Counter(
+    "dispatcher_step_runs", "Dispatcher step runs that ended (raised or not), by step", ["step"]
+)
+DISPATCHER_PASSES = Counter(
+    "dispatcher_passes", "Passes of the dispatcher loop over the steps that were due"
+)
+# run_worker's claimer (jobs/executor.py): a claim that took no job counts too, once it
+# has committed; a flat line is a claimer that stopped looking.
+WORKER_CLAIMS = Counter("worker_claims", "Claims run_worker's claimer ran, with or without jobs")
 ERP_BRIDGE_DELIVERIES = Counter(
     "erp_bridge_deliveries", "ERP bridge outcomes (delivered, retried, parked)", ["outcome"]
 )

@@ -58,11 +58,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: not item.nodeid.startswith(LONG_MODULES_FIRST))
 
 
+# What a session leaves behind is removed when it ends: the Redis keys it made, and an
+# xdist worker's own vhost (docs/development.md#parallel-test-workers). A broker that
+# had collected thirty leftover vhosts stopped answering handshakes.
+REDIS_KEYS_BEFORE = pytest.StashKey[set[bytes]]()
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """An xdist worker's vhost (config/settings_test.py names it) is created the first
-    time that worker runs on this broker; an existing one is left as it is."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    time that worker runs on this broker; an existing one (left by a run that was
+    killed) is used as it is. The keys already in the session's Redis db are noted."""
+    if _derives_its_own_services(session):
         _vhost_ensure(django_settings.BROKER_URL)
+    if not _xdist_controller(session):
+        keys = _redis_keys()
+        if keys is not None:
+            session.config.stash[REDIS_KEYS_BEFORE] = keys
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After every fixture's teardown (the workers, dispatchers and servers the tests
+    started are stopped): delete the Redis keys this session made (not the ones that
+    were there before it) and, in an xdist worker, the vhost its settings derived for it
+    (`<vhost>_gwN`). A plain `pytest` runs on the environment's vhost: never deleted."""
+    before = session.config.stash.get(REDIS_KEYS_BEFORE, None)
+    if before is not None:
+        _redis_delete_keys_made_since(before)
+    if _derives_its_own_services(session):
+        _vhost_delete(django_settings.BROKER_URL)
+
+
+def _derives_its_own_services(session: pytest.Session) -> bool:
+    """An xdist worker whose settings derived its vhost and Redis db in this process
+    (not a pytest a test started, which inherits its parent's)."""
+    return hasattr(session.config, "workerinput") and bool(
+        getattr(django_settings, "TEST_XDIST_DERIVED", False)
+    )
+
+
+def _xdist_controller(session: pytest.Session) -> bool:
+    """The process that hands modules to xdist workers: it runs no test of its own."""
+    workers = getattr(session.config.option, "numprocesses", None)
+    return bool(workers) and not hasattr(session.config, "workerinput")
 
 
 def _vhost_ensure(url: str) -> None:
@@ -72,10 +109,46 @@ def _vhost_ensure(url: str) -> None:
         return
     except NotAllowed:  # "vhost ... not found"
         pass
-    parts = urlsplit(url)
-    vhost, user = unquote(parts.path[1:]), unquote(parts.username or "guest")
+    vhost, user = _vhost_and_user(url)
     for args in (["add_vhost", vhost], ["set_permissions", "-p", vhost, user, ".*", ".*", ".*"]):
         subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=120)
+
+
+def _vhost_delete(url: str) -> None:
+    vhost, _user = _vhost_and_user(url)
+    done = subprocess.run(
+        ["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0 and "does not exist" not in done.stdout + done.stderr:
+        raise RuntimeError(f"rabbitmqctl delete_vhost {vhost}: {done.stdout}{done.stderr}")
+
+
+def _vhost_and_user(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return unquote(parts.path[1:]), unquote(parts.username or "guest")
+
+
+def _redis_keys() -> set[bytes] | None:
+    """Every key in the session's Redis db; None without Redis (JOBOPS_REDIS off, or
+    none answering: a session that needs it fails in its tests, not here)."""
+    if not django_settings.JOBOPS_REDIS:
+        return None
+    from redis import RedisError
+
+    from core.kv import redis_client
+
+    try:
+        return set(redis_client().scan_iter(count=1000))
+    except RedisError:
+        return None
+
+
+def _redis_delete_keys_made_since(before: set[bytes]) -> None:
+    from core.kv import redis_client
+
+    made = sorted((_redis_keys() or set()) - before)
+    for start in range(0, len(made), 500):
+        redis_client().delete(*made[start : start + 500])
 
 
 @pytest.fixture(autouse=True, scope="session")

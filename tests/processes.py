@@ -17,6 +17,12 @@ subprocess only sees committed rows):
 - `database_url(**overrides)`, `subprocess_env(**overrides)`: what a process gets.
 - `job_finished(job_id)`, `job_events(job_id)`, `assert_chain_valid(job_id)`: the
   usual assertions' building blocks.
+
+A test that asserts that something did *not* happen first waits for evidence that the
+process did the work that would have made it happen: a dispatcher serves its own
+metrics (`dispatcher.metric("dispatcher_step_runs_total", step="publish")`, or
+`wait_for_passes`), never a fixed sleep, which on a loaded machine passes without the
+process having looked at all.
 """
 
 from __future__ import annotations
@@ -167,6 +173,8 @@ class Process:
         self, args: list[str], env: dict[str, str], name: str, *, cwd: Path = ROOT
     ) -> None:
         self.name = name
+        port = env.get("JOBOPS_METRICS_PORT", "0")
+        self.metrics_port = int(port) if port.isdigit() and int(port) else None
         self.log_path = Path(tempfile.gettempdir()) / f"jobops-{name}-{uuid.uuid4().hex[:8]}.log"
         self._log = open(self.log_path, "wb")  # closed in stop()
         self.proc = subprocess.Popen(
@@ -208,6 +216,41 @@ class Process:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of this process's own exporter (JOBOPS_METRICS_PORT), by its full name
+        and exact labels; 0 when absent (a counter that never moved)."""
+        import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        assert self.metrics_port, f"{self.name} serves no metrics (JOBOPS_METRICS_PORT)"
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return sample.value
+        return 0.0
+
+    def wait_for_runs(self, step: str, at_least: int, *, timeout: float = 20) -> float:
+        """Wait until this dispatcher has ended `at_least` runs of `step` in all (its
+        `dispatcher_step_runs_total`): what the step does was done by then."""
+        return wait_for(
+            lambda: (n := self.metric("dispatcher_step_runs_total", step=step)) >= at_least and n,
+            timeout=timeout,
+            what=f"{self.name} to end {at_least} run(s) of its {step} step",
+        )
+
+    def wait_for_passes(self, at_least: int, *, timeout: float = 20) -> float:
+        """Wait until this dispatcher has ended `at_least` passes of its loop (every step
+        of its role ran in the first)."""
+        return wait_for(
+            lambda: (n := self.metric("dispatcher_passes_total")) >= at_least and n,
+            timeout=timeout,
+            what=f"{self.name} to end {at_least} pass(es) of its loop",
+        )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group (a Celery worker and its pool children)."""
@@ -308,11 +351,13 @@ def dispatcher_process(
     extra_args: Iterable[str] = (),
 ) -> Iterator[Process]:
     """Start `manage.py run_dispatcher --interval ... --role ... *extra_args` and wait
-    until it loops."""
+    until it loops. It serves its metrics on a free port (`Process.metric`) unless `env`
+    names one."""
     name = name or f"d{uuid.uuid4().hex[:6]}"
     args = [sys.executable, "manage.py", "run_dispatcher", "--interval", str(interval)]
     args += ["--role", role, *extra_args]
-    process = Process(args, subprocess_env(**(env or {})), name)
+    env = {"JOBOPS_METRICS_PORT": str(free_port()), **(env or {})}
+    process = Process(args, subprocess_env(**env), name)
     with _started(process, "dispatcher_started", 30) as dispatcher:
         yield dispatcher
 

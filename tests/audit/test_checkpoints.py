@@ -22,6 +22,7 @@ from audit.verification import audit_verify
 from jobs.services import job_claim
 from tests.audit.tampering import tamper
 from tests.factories import job_in_state, make_job
+from tests.polling import wait_for
 
 GENESIS = "0" * 64
 
@@ -179,6 +180,16 @@ def _append_in_flight(job_id) -> Iterator[None]:
         holder.join(timeout=10)
 
 
+def _a_session_waits_for_a_lock() -> bool:
+    """Whether a session of this database waits for an advisory lock (the barrier)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+            " WHERE NOT l.granted AND l.locktype = 'advisory' AND d.datname = current_database())"
+        )
+        return cursor.fetchone()[0]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_checkpoint_waits_for_in_flight_appends_so_none_is_skipped():
     """An append whose id is below the checkpoint's last_audit_id but which commits
@@ -198,7 +209,8 @@ def test_checkpoint_waits_for_in_flight_appends_so_none_is_skipped():
 
     writer = threading.Thread(target=write)
     writer.start()
-    writer.join(timeout=0.5)
+    # Evidence that it reached the barrier and waits there (not merely slow to start).
+    wait_for(_a_session_waits_for_a_lock, timeout=4, what="the checkpoint to wait for a lock")
     assert writer.is_alive()  # blocked behind the uncommitted append
     release.set()
     holder.join(timeout=10)

@@ -6,8 +6,6 @@ var/screenshots/ (names 1xx-)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.test import override_settings
 from selenium.webdriver.common.by import By
@@ -29,7 +27,7 @@ from tests.factories import (
     make_job,
 )
 from tests.polling import wait_for
-from tests.processes import celery_worker, dispatcher_process
+from tests.processes import celery_worker, dispatcher_process, job_events
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -43,7 +41,7 @@ def switch_user(browser, live_server, role: str, username: str) -> None:
 def test_pause_sim_jobs_wait_then_resume_and_they_run(browser, live_server, broker):
     owner = UserFactory()
     with (
-        dispatcher_process(interval=0.2, name="browser-pause-dispatcher"),
+        dispatcher_process(interval=0.2, name="browser-pause-dispatcher") as dispatcher,
         celery_worker(queues=["sim"], concurrency=2, name="browser-pause"),
     ):
         log_in(browser, live_server, "operator", "olga")
@@ -63,9 +61,12 @@ def test_pause_sim_jobs_wait_then_resume_and_they_run(browser, live_server, brok
         assert created.status_code == 201, created.content
         jobs.append(Job.objects.get(id=created.json()["id"]))
         wait_for(lambda: AuditLog.objects.filter(event_type="queue_paused").exists(), timeout=5)
-        # Several dispatcher loops (0.2 s each) later they still wait in PostgreSQL.
-        time.sleep(1.5)
+        # Publish runs of the dispatcher later (the second begun after both were made)
+        # they still wait in PostgreSQL, never published.
+        runs = dispatcher.metric("dispatcher_step_runs_total", step="publish")
+        dispatcher.wait_for_runs("publish", runs + 2)
         assert {Job.objects.get(id=j.id).status for j in jobs} == {"pending"}
+        assert all(job_events(j.id) == ["created"] for j in jobs)
         browser.refresh()
         wait(browser, 'tr[data-queue="sim"] .queue-paused')
         shoot(browser, "101-dashboard-sim-paused")

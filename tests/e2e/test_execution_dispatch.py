@@ -206,8 +206,11 @@ def test_a_publisher_publishes_at_once_and_leaves_the_rest_to_the_maintaining_lo
         beating = {kind: [p["pid"] for p in found] for kind, found in live_processes().items()}
         assert publisher.pid in beating["publisher"]
         assert publisher.pid not in beating.get("dispatcher", [])
-        time.sleep(0.5)
-        assert "reclaimed" not in job_events(stale.id)  # the reaper is not its work
+        # A whole pass of its loop has ended (every step of its role ran in it), and no
+        # run of the reap step: the reaper is not its work.
+        publisher.wait_for_passes(1)
+        assert publisher.metric("dispatcher_step_runs_total", step="reap") == 0
+        assert "reclaimed" not in job_events(stale.id)
     with dispatcher_process(interval=0.2, role="maintain", name="maintainer") as maintainer:
         later = make_job(job_type="sim", params={"steps": 1, "step_seconds": 0})
         wait_for(lambda: Job.objects.get(id=later.id).status == "queued", timeout=5)

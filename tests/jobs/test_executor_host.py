@@ -20,6 +20,7 @@ from jobs.models import Job
 from jobs.services import Finish
 from jobs.states import Status
 from tests.factories import backdate, make_job
+from tests.metric_samples import Moved
 from tests.polling import wait_for
 from tests.processes import assert_chain_valid, job_events
 
@@ -150,8 +151,11 @@ def test_a_host_claims_no_job_of_an_open_connector_and_claims_it_once_the_breake
     connector_open(name="erp", reason="INC-7: ERP maintenance", actor=operator)
     breakers_forget()
     job = make_job(job_type="erp", params={"event": "order.created"})
+    claims = Moved()
     with running(Host(queues=["erp"], concurrency=1, pool="threads", prefetch=4)):
-        time.sleep(1.5)  # several claims (each polls at least every second) pass it by
+        # Several claims, all begun after the job was made (a claim counts once it has
+        # committed), passed it by.
+        wait_for(lambda: claims("worker_claims_total") >= 2, timeout=15, what="two claims")
         assert Job.objects.get(id=job.id).status == Status.PENDING
         assert "started" not in job_events(job.id)
         connector_close(name="erp", reason="INC-7: ERP back", actor=operator)

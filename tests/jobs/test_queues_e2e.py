@@ -5,8 +5,6 @@ backlog of priority 3 starts before the backlog drains (the broker window)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from audit.services import Actor
@@ -28,11 +26,15 @@ def test_a_paused_queue_waits_holds_a_stray_message_and_runs_its_backlog_on_resu
     owner = UserFactory()
     with (
         celery_worker(queues=["sim"], name="pause-e2e") as worker,
-        dispatcher_process(interval=0.2, name="pause-e2e-dispatcher"),
+        dispatcher_process(interval=0.2, name="pause-e2e-dispatcher") as dispatcher,
     ):
         backlog = [make_job(owner=owner, params=SIM) for _ in range(3)]
-        time.sleep(1.5)  # several dispatcher passes, each woken by a creation
+        # Two more runs than now: the second began after the creations, and passed them by.
+        runs = dispatcher.metric("dispatcher_step_runs_total", step="publish")
+        dispatcher.wait_for_runs("publish", runs + 2)
         assert {Job.objects.get(id=j.id).status for j in backlog} == {"pending"}
+        # Never published (a worker would hold a published one: pending again).
+        assert all(job_events(j.id) == ["created"] for j in backlog)
         # A message published before the pause (here: an operator's publish) reaches
         # the worker: it holds the job and acks, no attempt spent.
         assert job_publish(job_id=backlog[0].id)

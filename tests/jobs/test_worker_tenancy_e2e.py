@@ -5,8 +5,6 @@ org_id fails the job with TENANT_MISMATCH."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.utils import timezone
 
@@ -32,18 +30,25 @@ def test_a_suspended_organisations_job_waits_is_held_and_runs_after_resume():
     Organisation.objects.filter(id=acme.id).update(suspended_at=timezone.now())
     with (
         celery_worker(queues=["sim"], name="tenancy-e2e") as worker,
-        dispatcher_process(interval=0.2, name="tenancy-e2e-dispatcher"),
+        dispatcher_process(interval=0.2, name="tenancy-e2e-dispatcher") as dispatcher,
     ):
-        time.sleep(1.5)  # several dispatcher passes
+        # Several passes of its publish step, all begun after the job was made.
+        dispatcher.wait_for_runs("publish", 2)
         assert Job.objects.get(id=job.id).status == "pending"
+        # Never published (a worker would hold a published one: pending again).
+        assert job_events(job.id) == ["created"]
         # An operator's publish (or a message already in the queue at `suspend`) reaches
         # the worker anyway: it holds the job, no attempt spent, and acks the message.
         assert job_publish(job_id=job.id)
         wait_for(lambda: "held" in job_events(job.id), timeout=30, what="the hold")
         held = Job.objects.get(id=job.id)
         assert (held.status, held.attempts) == ("pending", 0), worker.log_text()[-3000:]
-        time.sleep(1.0)
-        assert Job.objects.get(id=job.id).status == "pending"  # still held
+        trail = job_events(job.id)
+        # Still held: two more publish runs (one begun after the hold) left it alone.
+        runs = dispatcher.metric("dispatcher_step_runs_total", step="publish")
+        dispatcher.wait_for_runs("publish", runs + 2)
+        assert Job.objects.get(id=job.id).status == "pending"
+        assert job_events(job.id) == trail
         Organisation.objects.filter(id=acme.id).update(suspended_at=None)
         done = job_finished(job.id, timeout=30)
     assert (done.status, done.attempts) == ("succeeded", 1), worker.log_text()[-3000:]
