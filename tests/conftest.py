@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -115,12 +116,24 @@ def _vhost_ensure(url: str) -> None:
 
 
 def _vhost_delete(url: str) -> None:
+    """Best effort: a vhost left behind costs the broker, not this run's verdict, so a
+    failure to delete it is said on stderr rather than failing a green session."""
     vhost, _user = _vhost_and_user(url)
-    done = subprocess.run(
-        ["rabbitmqctl", "-q", "delete_vhost", vhost], capture_output=True, text=True, timeout=120
-    )
+    try:
+        done = subprocess.run(
+            ["rabbitmqctl", "-q", "delete_vhost", vhost],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"\ntest session: vhost {vhost} not deleted: {exc!r}", file=sys.stderr)
+        return
     if done.returncode != 0 and "does not exist" not in done.stdout + done.stderr:
-        raise RuntimeError(f"rabbitmqctl delete_vhost {vhost}: {done.stdout}{done.stderr}")
+        print(
+            f"\ntest session: rabbitmqctl delete_vhost {vhost}: {done.stdout}{done.stderr}",
+            file=sys.stderr,
+        )
 
 
 def _vhost_and_user(url: str) -> tuple[str, str]:
