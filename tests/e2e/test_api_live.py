@@ -90,26 +90,40 @@ def test_schema_validates_without_warnings(tmp_path):
 schema = schemathesis.pytest.from_fixture("api_schema")
 
 
-@schema.parametrize()
-# Bounded: 25 generated cases (valid and invalid) per operation, ~125 requests in all.
-# Only Phase.generate: the explicit phase carries schemathesis' coverage cases, ~500
-# boundary requests that would take most of a minute on their own.
-# derandomize: the same cases every run, so a red CI run can be reproduced locally.
-@settings(
-    max_examples=25,
-    phases=[Phase.generate],
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-)
-@pytest.mark.django_db(transaction=True)
-def test_api_honours_its_openapi_contract(case, token):
-    """No 500 and no response outside the schema, for generated valid and invalid input."""
-    case.call_and_validate(
-        headers={"Authorization": f"Token {token}"},
-        checks=CHECKS,
-        excluded_checks=[positive_data_acceptance] if _rightly_400(case) else [],
+def _contract_test(name: str, max_examples: int):
+    """The contract test with `max_examples` generated cases (valid and invalid) per
+    operation. Only Phase.generate: the explicit phase carries schemathesis' coverage
+    cases, ~500 boundary requests that would take most of a minute on their own.
+    derandomize: the same cases every run, so a red CI run can be reproduced locally."""
+
+    @schema.parametrize()
+    @settings(
+        max_examples=max_examples,
+        phases=[Phase.generate],
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
     )
+    @pytest.mark.django_db(transaction=True)
+    def test(case, token):
+        """No 500 and no response outside the schema, for generated valid and invalid
+        input."""
+        case.call_and_validate(
+            headers={"Authorization": f"Token {token}"},
+            checks=CHECKS,
+            excluded_checks=[positive_data_acceptance] if _rightly_400(case) else [],
+        )
+
+    test.__name__ = test.__qualname__ = name
+    return test
+
+
+# A bounded sample in `make test` (its budget: docs/development.md#the-test-budget), the
+# whole of it (25 cases an operation) in `make test-heavy`, which CI runs too.
+test_api_honours_its_openapi_contract = _contract_test("test_api_honours_its_openapi_contract", 6)
+test_api_honours_its_openapi_contract_fully = pytest.mark.heavy(
+    _contract_test("test_api_honours_its_openapi_contract_fully", 25)
+)
 
 
 def _rightly_400(case) -> bool:
