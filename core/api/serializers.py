@@ -13,11 +13,19 @@ import re
 import uuid
 from typing import Any
 
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 # Request components (as drf-spectacular names them) whose serializer refuses unknown
 # fields; core.api.schema.close_request_bodies marks them additionalProperties: false.
 CLOSED_REQUEST_COMPONENTS: set[str] = set()
+
+
+# What Python's str.strip() (and so a CharField's trim) takes away: a text of only these
+# is blank. As a validator its pattern lands in the OpenAPI schema, so that a client (and
+# the contract test) knows that "\u0085" is no justification, which minLength cannot say.
+WHITESPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+NOT_BLANK = RegexValidator(f"[^{WHITESPACE}]", "This field may not be blank.")
 
 
 class StrictCharField(serializers.CharField):

@@ -25,6 +25,7 @@ from rest_framework.response import Response
 from audit.services import Actor
 from core.api.docs import REQUEST_ID
 from core.api.parsers import json_body
+from core.api.serializers import NOT_BLANK
 from dlq.api.docs import RETRY_AFTER, error_responses
 from dlq.api.views import TAGS, DlqApiView
 from dlq.errors import DeadLetterPermissionError
@@ -36,6 +37,7 @@ def reason_field(max_chars: int) -> serializers.CharField:
     """The body's one field, the same for every control."""
     return serializers.CharField(
         max_length=max_chars,
+        validators=[NOT_BLANK],
         help_text=(
             f"The justification, kept in the ops audit chain (required, at most {max_chars})."
         ),
