@@ -549,21 +549,6 @@ def test_a_failing_step_moves_its_counter_and_shows_on_the_dashboard(
     assert not [p for p in overview["problems"] if "Dispatcher step" in p]
 
 
-def _scraped(port: int, name: str, **labels: str) -> float:
-    """A sample of a process's own exporter (JOBOPS_METRICS_PORT), 0 when absent."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    return 0.0
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_dispatcher_process_exports_its_failing_step_and_the_web_names_it(
     clean_step_failures,
@@ -580,29 +565,25 @@ def test_a_dispatcher_process_exports_its_failing_step_and_the_web_names_it(
     backdate(job, created_at=8 * 86400, updated_at=8 * 86400)
     sql("CREATE TABLE probe_invoices (id serial PRIMARY KEY, job_id uuid REFERENCES jobs(id))")
     sql("INSERT INTO probe_invoices (job_id) VALUES (%s)", job.id)
-    port = free_port()
 
     def purge_named() -> list[str]:
         problems = dashboard_overview(use_cache=False)["problems"]
         return [p for p in problems if p.startswith("Dispatcher step purge ")]
 
     try:
-        with dispatcher_process(interval=0.2, env={"JOBOPS_METRICS_PORT": str(port)}):
+        with dispatcher_process(interval=0.2) as dispatcher:
             wait_for(
-                lambda: _scraped(port, "dispatcher_step_failures_total", step="purge") >= 2,
+                lambda: dispatcher.metric("dispatcher_step_failures_total", step="purge") >= 2,
                 timeout=20,
             )
-            assert (
-                _scraped(port, "dispatcher_step_failing", step="purge", error="IntegrityError") == 1
-            )
+            failing = {"step": "purge", "error": "IntegrityError"}
+            assert dispatcher.metric("dispatcher_step_failing", **failing) == 1
             named = wait_for(purge_named, timeout=10)
             assert "IntegrityError" in named[0] and "probe_invoices" in named[0], named
 
             sql("DELETE FROM probe_invoices")
             wait_for(lambda: not Job.objects.filter(id=job.id).exists(), timeout=20)
             wait_for(lambda: not purge_named(), timeout=10)
-            assert (
-                _scraped(port, "dispatcher_step_failing", step="purge", error="IntegrityError") == 0
-            )
+            assert dispatcher.metric("dispatcher_step_failing", **failing) == 0
     finally:
         sql("DROP TABLE IF EXISTS probe_invoices")
