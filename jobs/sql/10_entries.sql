@@ -1,0 +1,57 @@
+-- What every transition function (jobs/sql/20_transitions.sql) writes besides the row:
+-- the audit entry of each changed job and, for a change of status, its event. Installed
+-- after migrations by core/sqlfiles.py; each statement is idempotent.
+
+-- jobs_entry_payload: an entry's canonical payload (audit.canonical.entry_payload) from
+-- the caller's template (jobs.services.transitions.entry_template: RFC 8785 text with a
+-- marker \x01name\x01 where only the locked row knows the value; RFC 8785 escapes every
+-- control character, so no value can pose as a marker) and the row before the change:
+-- its next seq, the status it leaves, the attempt the entry belongs to, the percent it
+-- holds after a progress write and its `context` (jobs_audit_context). A marker the
+-- template lacks is simply not there to replace.
+CREATE OR REPLACE FUNCTION jobs_entry_payload(
+    p_template text, p_job jobs, p_attempt int, p_percent int, p_request_id text
+) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT replace(replace(replace(replace(replace(p_template,
+        E'\x01seq\x01', (p_job.audit_seq + 1)::text),
+        E'\x01from\x01', p_job.status),
+        E'\x01attempt\x01', p_attempt::text),
+        E'\x01percent\x01', coalesce(p_percent::text, '')),
+        E'\x01context\x01', jobs_audit_context(p_job, p_request_id))
+$$;
+
+-- jobs_entries_append: each changed job's entry (`p_jobs`: the rows after the change,
+-- their audit_seq the entry's), continuing its chain from `p_prev_hashes`, through the
+-- audit app's audit_append. Returns how many were appended (the caller reads it, so
+-- that the call is never optimised away).
+CREATE OR REPLACE FUNCTION jobs_entries_append(
+    p_jobs jobs[], p_payloads text[], p_prev_hashes text[], p_event_type text,
+    p_actor_type text, p_actor_id text, p_ts text
+) RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT count(*)
+    FROM generate_subscripts(p_jobs, 1) AS n
+    CROSS JOIN LATERAL audit_append(
+        audit_job_chain(p_jobs[n].id), p_jobs[n].id, p_jobs[n].audit_seq, p_event_type,
+        p_actor_type, p_actor_id, p_ts::timestamptz, p_payloads[n], p_prev_hashes[n]
+    ) AS entry
+$$;
+
+-- jobs_changes_record: jobs_entries_append, and each job's job.status.changed event
+-- in the outbox (jobs_status_event; `p_from`: the status each left). A volatile call
+-- in a subquery's select list runs once per row: one event id each. (Subscripts, not
+-- unnest: unnest spreads an array of rows into their columns.)
+CREATE OR REPLACE FUNCTION jobs_changes_record(
+    p_jobs jobs[], p_from text[], p_payloads text[], p_prev_hashes text[],
+    p_event_type text, p_actor_type text, p_actor_id text, p_ts text
+) RETURNS bigint
+LANGUAGE sql AS $$
+    INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
+    SELECT e.eid, p_jobs[e.n].id, p_jobs[e.n].audit_seq,
+           jobs_status_event(p_jobs[e.n], e.eid, p_from[e.n], p_ts), now()
+    FROM (SELECT n, gen_random_uuid() AS eid FROM generate_subscripts(p_jobs, 1) AS n) AS e;
+    SELECT jobs_entries_append(
+        p_jobs, p_payloads, p_prev_hashes, p_event_type, p_actor_type, p_actor_id, p_ts
+    );
+$$;
