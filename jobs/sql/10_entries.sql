@@ -22,19 +22,29 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
 $$;
 
 -- jobs_entries_append: each changed job's entry (`p_jobs`: the rows after the change,
--- their audit_seq the entry's), continuing its chain from `p_prev_hashes`, through the
--- audit app's audit_append. Returns how many were appended (the caller reads it, so
--- that the call is never optimised away).
+-- their audit_seq the entry's), continuing its chain from `p_prev_hashes`, in one
+-- statement for the whole batch (the audit app's audit_append_entries: the checkpoint
+-- barrier once, one INSERT, continuity checked by its statement trigger). Returns how
+-- many were appended (the caller reads it, so that the call is never optimised away).
 CREATE OR REPLACE FUNCTION jobs_entries_append(
     p_jobs jobs[], p_payloads text[], p_prev_hashes text[], p_event_type text,
     p_actor_type text, p_actor_id text, p_ts text
 ) RETURNS bigint
 LANGUAGE sql AS $$
     SELECT count(*)
-    FROM generate_subscripts(p_jobs, 1) AS n
-    CROSS JOIN LATERAL audit_append(
-        audit_job_chain(p_jobs[n].id), p_jobs[n].id, p_jobs[n].audit_seq, p_event_type,
-        p_actor_type, p_actor_id, p_ts::timestamptz, p_payloads[n], p_prev_hashes[n]
+    FROM (
+        SELECT array_agg(audit_job_chain(p_jobs[n].id) ORDER BY n) AS chains,
+               array_agg(p_jobs[n].id ORDER BY n) AS ids,
+               array_agg(p_jobs[n].audit_seq::bigint ORDER BY n) AS seqs,
+               array_agg(p_event_type ORDER BY n) AS event_types,
+               array_agg(p_actor_type ORDER BY n) AS actor_types,
+               array_agg(p_actor_id ORDER BY n) AS actor_ids,
+               array_agg(p_ts::timestamptz ORDER BY n) AS ts
+        FROM generate_subscripts(p_jobs, 1) AS n
+    ) AS e
+    CROSS JOIN LATERAL audit_append_entries(
+        e.chains, e.ids, e.seqs, e.event_types, e.actor_types, e.actor_ids, e.ts,
+        p_payloads, p_prev_hashes
     ) AS entry
 $$;
 
