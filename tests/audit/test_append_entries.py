@@ -10,9 +10,9 @@ import psycopg
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
+from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash, entry_payload
 from audit.models import AuditLog
-from audit.services import Actor, audit_payload
+from audit.services import OPS_CHAIN, Actor, audit_append, audit_payload, format_ts
 from audit.verification import audit_verify
 from tests.processes import database_url
 
@@ -168,3 +168,25 @@ def test_a_race_the_trigger_cannot_see_is_refused_at_commit_by_the_unique_constr
         with pytest.raises(psycopg.errors.UniqueViolation, match="audit_chain_"):
             second.commit()
     assert AuditLog.objects.filter(chain=chain).count() == 1
+
+
+def test_audit_append_composes_its_payload_in_sql_as_the_verifier_recomputes_it():
+    data = {"\U0001f600": ["\x01\x7f\u00e9", 2**53 - 1, -3, None, True], "\ue000": {}, "a": []}
+    with transaction.atomic():
+        entry = audit_append(
+            chain=OPS_CHAIN, event_type="queue_paused", actor=Actor.system(), data=data
+        )
+    expected = entry_payload(
+        chain=OPS_CHAIN,
+        seq=entry.seq,
+        ts=format_ts(entry.ts),
+        event_type="queue_paused",
+        actor_type="system",
+        actor_id="jobops",
+        job_id=None,
+        data=data,
+    )
+    assert entry.payload.encode() == canonical_bytes(expected)
+    assert entry.chain_hash == chain_hash(entry.prev_hash, entry.payload.encode())
+    report = audit_verify(chains=[OPS_CHAIN])
+    assert report.ok, report.problems
