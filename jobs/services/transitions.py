@@ -12,7 +12,6 @@ batch. `KINDS` names them; `change` runs one; the named functions of the service
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,7 +21,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from audit.canonical import GENESIS_HASH, Hole, canonical_bytes, canonical_template, chain_hash
+from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
 from audit.services import Actor, audit_payload, format_ts, job_chain
 from core.db import Rows, execute_prepared, model_from_row
 from core.request_id import current_request_id
@@ -30,10 +29,6 @@ from jobs import metrics
 from jobs.models import Job
 from jobs.queries import QUERIES
 from jobs.states import ALLOWED, DUE_EVENT, TERMINAL, Status
-
-# Distinct entry data a batch keeps a template of (`entry_templates`): a batch of one
-# outcome has one or a few (retries each carry their own error code and delay).
-SHARED_TEMPLATES = 8
 
 
 @dataclass(frozen=True)
@@ -189,7 +184,7 @@ KINDS: dict[str, Kind] = {
 }
 # The arguments every kind takes after its own (jobs/sql/20_transitions.sql).
 COMMON_ARGS = (
-    ("templates", "text[]"),
+    ("data", "jsonb[]"),
     ("actor_type", "text"),
     ("actor_id", "text"),
     ("ts", "text"),
@@ -216,8 +211,6 @@ def _statement(kind: Kind) -> str:
 # Built once, from the literal names above: the SQL a reader finds here is what runs.
 STATEMENTS = {name: _statement(kind) for name, kind in KINDS.items()}
 
-_TRANSITION_ENTRY: dict[str, Any] = {"from": Hole("from", "text"), "attempt": Hole("attempt")}
-
 
 def change(
     name: str,
@@ -226,27 +219,23 @@ def change(
     actor: Actor,
     data: dict[str, dict[str, Any]] | None = None,
     event_type: str | None = None,
-    entry: dict[str, Any] | None = None,
     **args: Any,
 ) -> Rows:
-    """Run the kind of change `name` (KINDS) for `job_ids` in one statement, each job with
-    its entry (`data`: job id -> the entry's own data; `entry`: the entry's default
-    shape, a status change's `from`/`to`/`attempt` unless given). Returns the changed
-    jobs' rows (old_status, old_next_run_at, then the job's columns)."""
+    """Run the kind of change `name` (KINDS) for `job_ids` in one statement, each job's
+    entry with its own `data` (job id -> the entry's data beside what the function adds
+    from the row: a change of status's `from`, `to` and `attempt`, and every entry's
+    `context`). Returns the changed jobs' rows (old_status, old_next_run_at, then the
+    job's columns)."""
     kind = KINDS[name]
-    if entry is None:
-        entry = {**_TRANSITION_ENTRY, "to": kind.target} if kind.target else {}
-    event = kind.event or event_type
-    if event is None or (kind.event is not None and event_type is not None):
+    if (kind.event is None) == (event_type is None):
         raise TypeError(f"{name}: the event is {kind.event or 'given by its caller'}")
     if kind.event is None:
-        args["event_type"] = event
-    entries = {job_id: entry | ((data or {}).get(str(job_id)) or {}) for job_id in job_ids}
+        args["event_type"] = event_type
     ts = timezone.now()
     params = {
         **{key: _value(value) for key, value in args.items()},
         "ids": [str(job_id) for job_id in job_ids],
-        "templates": entry_templates(entries, event_type=event, actor=actor, ts=ts),
+        "data": [Jsonb((data or {}).get(str(job_id)) or {}) for job_id in job_ids],
         "actor_type": str(actor.type),
         "actor_id": actor.id,
         "ts": format_ts(ts),
@@ -290,48 +279,6 @@ def moved(
                 retried=retried,
             )
     return jobs
-
-
-def entry_templates(
-    entries: dict[Any, dict[str, Any]], *, event_type: str, actor: Actor, ts: datetime
-) -> list[str]:
-    """Each job's entry (job id -> the entry's data, with its Holes) as a canonical
-    template for jobs_entry_payload (jobs/sql/10_entries.sql): RFC 8785 text with a
-    marker \\x01name\\x01 where the locked row fills in.
-
-    Every entry of a job says which attempt it belongs to and carries the job's
-    `context` (docs/tenancy.md#audit: organisation, project, type, correlation id and
-    the request that made the change), both filled from the locked row."""
-    entries = {
-        job_id: {"attempt": Hole("attempt"), **data, "context": Hole("context", "json")}
-        for job_id, data in entries.items()
-    }
-    # The entries of a batch (a claim, a window of ends) mostly differ in their job's id
-    # alone: one canonical template per distinct `data`, made for a stand-in id (a
-    # random nonce, so no value can contain it) that each job's id then replaces. The
-    # same bytes as a template per job, without encoding each entry again.
-    stand_in = f"<job:{secrets.token_hex(8)}>"
-    made: list[tuple[dict[str, Any], str]] = []
-    templates: list[str] = []
-    for job_id, data in entries.items():
-        text = next((t for known, t in made if known == data), None)
-        if text is None:
-            template = canonical_template(
-                audit_payload(
-                    chain=job_chain(stand_in),
-                    seq=Hole("seq"),
-                    ts=ts,
-                    event_type=event_type,
-                    actor=actor,
-                    job_id=stand_in,
-                    data=data,
-                )
-            )
-            text = template.fill({h.name: f"\x01{h.name}\x01" for h in template.holes})
-            if len(made) < SHARED_TEMPLATES:
-                made.append((data, text))
-        templates.append(text.replace(stand_in, str(job_id)))
-    return templates
 
 
 def _claim_due(job: Job, old_next_run_at: datetime | None) -> datetime | None:
@@ -426,7 +373,6 @@ def job_progress_audit(
         "jobs_progress",
         job_ids=[job_id],
         actor=actor,
-        entry={"percent": Hole("percent"), "step": progress.step, "attempt": fence.attempt},
         attempts=[fence.attempt],
         locked_by=fence.locked_by,
         percents=[progress.percent],

@@ -2,23 +2,30 @@
 -- the audit entry of each changed job and, for a change of status, its event. Installed
 -- after migrations by core/sqlfiles.py; each statement is idempotent.
 
--- jobs_entry_payload: an entry's canonical payload (audit.canonical.entry_payload) from
--- the caller's template (jobs.services.transitions.entry_template: RFC 8785 text with a
--- marker \x01name\x01 where only the locked row knows the value; RFC 8785 escapes every
--- control character, so no value can pose as a marker) and the row before the change:
--- its next seq, the status it leaves, the attempt the entry belongs to, the percent it
--- holds after a progress write and its `context` (jobs_audit_context). A marker the
--- template lacks is simply not there to replace.
+-- jobs_entry_context: the `context` of a job's audit entry (docs/tenancy.md#audit): its
+-- tenant and identity, and the request that made the change.
+CREATE OR REPLACE FUNCTION jobs_entry_context(p_job jobs, p_request_id text) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT jsonb_build_object(
+        'correlation_id', p_job.correlation_id, 'job_type', p_job.type,
+        'org_id', p_job.org_id, 'project_id', p_job.project_id, 'request_id', p_request_id
+    )
+$$;
+
+-- jobs_entry_payload: the canonical payload (the audit app's audit_entry_payload, the
+-- one builder of what an entry hashes) of the entry a change appends to `p_job`'s chain,
+-- from the row before the change (its next seq, its context) and the entry's data
+-- (`p_data`: what the transition says, e.g. from, to, attempt, and the caller's).
 CREATE OR REPLACE FUNCTION jobs_entry_payload(
-    p_template text, p_job jobs, p_attempt int, p_percent int, p_request_id text
+    p_job jobs, p_data jsonb, p_event_type text, p_actor_type text, p_actor_id text,
+    p_ts text, p_request_id text
 ) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT replace(replace(replace(replace(replace(p_template,
-        E'\x01seq\x01', (p_job.audit_seq + 1)::text),
-        E'\x01from\x01', p_job.status),
-        E'\x01attempt\x01', p_attempt::text),
-        E'\x01percent\x01', coalesce(p_percent::text, '')),
-        E'\x01context\x01', jobs_audit_context(p_job, p_request_id))
+    SELECT audit_entry_payload(
+        audit_job_chain(p_job.id), p_job.audit_seq + 1, p_ts, p_event_type, p_actor_type,
+        p_actor_id, p_job.id,
+        p_data || jsonb_build_object('context', jobs_entry_context(p_job, p_request_id))
+    )
 $$;
 
 -- jobs_entries_append: each changed job's entry (`p_jobs`: the rows after the change,

@@ -5,14 +5,15 @@
 -- its conditions are locked in id order, so batches never deadlock; under READ
 -- COMMITTED a row changed meanwhile is locked in its newest version and checked
 -- again), the change, each job's audit entry continuing its chain (its payload from
--- the caller's template and the locked row: jobs_entry_payload) and, for a change of
+-- the caller's data and the locked row: jobs_entry_payload) and, for a change of
 -- status, its job.status.changed event (jobs_changes_record). Returns each changed
 -- job's previous status and next_run_at, then its row; a job the compare-and-set
 -- refused is simply not returned. A fenced write (`p_locked_by`, `p_attempts`) applies
 -- only while that worker still holds that attempt of the job. Leaving `running`
--- releases the lock. The common arguments: `p_templates` (each job's entry,
--- jobs_entry_payload), the actor, `p_ts` (the entry's and event's timestamp, RFC 3339
--- text as the payload holds it) and `p_request_id` (the entry's context).
+-- releases the lock. The common arguments: `p_data` (each job's entry data beside what
+-- the row says: from, to, attempt, context), the actor, `p_ts` (the entry's and event's
+-- timestamp, RFC 3339 text as the payload holds it) and `p_request_id` (the entry's
+-- context).
 -- Installed after migrations (core/sqlfiles.py); tests/jobs/test_transition_functions.py
 -- holds every function to at most 12 arguments and none that switches behaviour.
 
@@ -22,7 +23,7 @@
 -- its progress from zero. NOTIFY jobs_pending: a claim frees a place in its queue's
 -- broker window, which the dispatcher refills from the backlog at once.
 CREATE OR REPLACE FUNCTION jobs_claim_delivered(
-    p_ids uuid[], p_locked_by text, p_org_id bigint, p_templates text[], p_actor_type text,
+    p_ids uuid[], p_locked_by text, p_org_id bigint, p_data jsonb[], p_actor_type text,
     p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
@@ -30,9 +31,16 @@ BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               jobs_entry_payload(i.template, jobs, jobs.attempts + 1, NULL, p_request_id) AS payload
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'running', 'attempt', jobs.attempts + 1
+                   ) || i.data,
+                   'started', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_templates) AS i(id, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_data)
+            AS i(id, data) ON i.id = jobs.id
         WHERE (jobs.status IN ('pending', 'queued')
                OR (jobs.status = 'retrying' AND jobs.next_run_at <= now()))
           AND jobs.org_id = p_org_id
@@ -65,8 +73,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'started',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'started', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
         PERFORM pg_notify('jobs_pending', '');
     END IF;
@@ -78,7 +86,7 @@ $$;
 -- `pending` or a due `retrying`, of an organisation not suspended, in a queue not
 -- paused; as jobs_claim_delivered, without a broker window to refill.
 CREATE OR REPLACE FUNCTION jobs_claim_polled(
-    p_ids uuid[], p_locked_by text, p_templates text[], p_actor_type text, p_actor_id text,
+    p_ids uuid[], p_locked_by text, p_data jsonb[], p_actor_type text, p_actor_id text,
     p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
@@ -86,9 +94,16 @@ BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               jobs_entry_payload(i.template, jobs, jobs.attempts + 1, NULL, p_request_id) AS payload
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'running', 'attempt', jobs.attempts + 1
+                   ) || i.data,
+                   'started', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_templates) AS i(id, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_data)
+            AS i(id, data) ON i.id = jobs.id
         WHERE (jobs.status = 'pending'
                OR (jobs.status = 'retrying' AND jobs.next_run_at <= now()))
           AND NOT EXISTS (SELECT FROM organisations o
@@ -120,8 +135,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'started',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'started', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -131,17 +146,26 @@ $$;
 -- percent the row holds after the write. No event (progress events are the worker's).
 CREATE OR REPLACE FUNCTION jobs_progress(
     p_ids uuid[], p_attempts int[], p_locked_by text, p_percents int[], p_steps text[],
-    p_messages text[], p_templates text[], p_actor_type text, p_actor_id text, p_ts text,
+    p_messages text[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head, i.percent, i.step, i.message,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, GREATEST(jobs.progress_percent, i.percent), p_request_id) AS payload
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.percent, i.step, i.message,
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'percent', GREATEST(jobs.progress_percent, i.percent), 'step', i.step,
+                       'attempt', jobs.attempts
+                   ) || i.data,
+                   'progress', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_percents, p_steps, p_messages, p_templates) AS i(id, attempt, percent, step, message, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_attempts, p_percents, p_steps, p_messages, p_data)
+            AS i(id, attempt, percent, step, message, data) ON i.id = jobs.id
         WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
           AND jobs.attempts = i.attempt
         ORDER BY jobs.id
@@ -165,8 +189,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_entries_append(
-               array_agg(job), array_agg(payload), array_agg(prev_hash), 'progress',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(payload), array_agg(prev_hash),
+               'progress', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -174,17 +198,26 @@ $$;
 -- `running` -> `succeeded` by the lock holder, with its result; progress 100 % (with the
 -- last progress value's step and message, `p_progress`, when there is one).
 CREATE OR REPLACE FUNCTION jobs_succeed(
-    p_ids uuid[], p_attempts int[], p_locked_by text, p_results jsonb[], p_progress jsonb[],
-    p_templates text[], p_actor_type text, p_actor_id text, p_ts text, p_request_id text
+    p_ids uuid[], p_attempts int[], p_locked_by text, p_results jsonb[],
+    p_progress jsonb[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
+    p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head, i.result, i.progress,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.result, i.progress,
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'succeeded', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'succeeded', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_results, p_progress, p_templates) AS i(id, attempt, result, progress, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_attempts, p_results, p_progress, p_data)
+            AS i(id, attempt, result, progress, data) ON i.id = jobs.id
         WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
           AND jobs.attempts = i.attempt
         ORDER BY jobs.id
@@ -216,8 +249,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'succeeded',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'succeeded', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -227,17 +260,25 @@ $$;
 -- (`p_progress`: percent, step, message, or none) is flushed.
 CREATE OR REPLACE FUNCTION jobs_retry(
     p_ids uuid[], p_attempts int[], p_locked_by text, p_run_in float8[], p_codes text[],
-    p_messages text[], p_progress jsonb[], p_templates text[], p_actor_type text, p_actor_id
-    text, p_ts text, p_request_id text
+    p_messages text[], p_progress jsonb[], p_data jsonb[], p_actor_type text,
+    p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head, i.run_in, i.code, i.message, i.progress,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.run_in, i.code, i.message, i.progress,
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'retrying', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'retrying', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_progress, p_templates) AS i(id, attempt, run_in, code, message, progress, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_progress, p_data)
+            AS i(id, attempt, run_in, code, message, progress, data) ON i.id = jobs.id
         WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
           AND jobs.attempts = i.attempt
         ORDER BY jobs.id
@@ -271,28 +312,37 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'retrying',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'retrying', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
 
 -- jobs_retry for a job whose connector's breaker is not closed (docs/connectors.md): it
--- waits for the probe, and a job on its last attempt gets one more (max_attempts grows
--- to attempts + 1) instead of dead-lettering.
+-- waits for the probe, its budget grown by the attempts its entry says it is granted
+-- (`attempts_extended` of `p_data`: one on its last attempt, so that it does not
+-- dead-letter).
 CREATE OR REPLACE FUNCTION jobs_retry_held(
     p_ids uuid[], p_attempts int[], p_locked_by text, p_run_in float8[], p_codes text[],
-    p_messages text[], p_progress jsonb[], p_templates text[], p_actor_type text, p_actor_id
-    text, p_ts text, p_request_id text
+    p_messages text[], p_progress jsonb[], p_data jsonb[], p_actor_type text,
+    p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head, i.run_in, i.code, i.message, i.progress,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.run_in, i.code, i.message, i.progress, i.data,
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'retrying', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'retrying', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_progress, p_templates) AS i(id, attempt, run_in, code, message, progress, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_progress, p_data)
+            AS i(id, attempt, run_in, code, message, progress, data) ON i.id = jobs.id
         WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
           AND jobs.attempts = i.attempt
         ORDER BY jobs.id
@@ -316,7 +366,7 @@ BEGIN
                 ELSE locked.progress->>'message' END,
             progress_updated_at = CASE WHEN locked.progress IS NULL THEN jobs.progress_updated_at
                 ELSE now() END,
-            max_attempts = GREATEST(jobs.max_attempts, jobs.attempts + 1),
+            max_attempts = jobs.max_attempts + (locked.data->>'attempts_extended')::int,
             audit_seq = jobs.audit_seq + 1,
             audit_head = audit_chain_hash(locked.audit_head, locked.payload)
         FROM locked
@@ -327,8 +377,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'retrying',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'retrying', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -336,17 +386,25 @@ $$;
 -- `running` -> `cancelled` by the lock holder after its handler saw the flag; the last
 -- progress value is flushed.
 CREATE OR REPLACE FUNCTION jobs_cancel_confirm(
-    p_ids uuid[], p_attempts int[], p_locked_by text, p_progress jsonb[], p_templates
-    text[], p_actor_type text, p_actor_id text, p_ts text, p_request_id text
+    p_ids uuid[], p_attempts int[], p_locked_by text, p_progress jsonb[], p_data jsonb[],
+    p_actor_type text, p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head, i.progress,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.progress,
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'cancelled', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'cancelled', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_progress, p_templates) AS i(id, attempt, progress, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_attempts, p_progress, p_data)
+            AS i(id, attempt, progress, data) ON i.id = jobs.id
         WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
           AND jobs.attempts = i.attempt
         ORDER BY jobs.id
@@ -377,8 +435,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'cancelled',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'cancelled', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -388,17 +446,25 @@ $$;
 -- the next one `p_run_in` seconds from now.
 CREATE OR REPLACE FUNCTION jobs_defer(
     p_ids uuid[], p_attempts int[], p_locked_by text, p_run_in float8[], p_codes text[],
-    p_messages text[], p_templates text[], p_actor_type text, p_actor_id text, p_ts text,
+    p_messages text[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head, i.run_in, i.code, i.message,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.run_in, i.code, i.message,
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'retrying', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'deferred', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_templates) AS i(id, attempt, run_in, code, message, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_data)
+            AS i(id, attempt, run_in, code, message, data) ON i.id = jobs.id
         WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
           AND jobs.attempts = i.attempt
         ORDER BY jobs.id
@@ -425,8 +491,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'deferred',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'deferred', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -435,17 +501,25 @@ $$;
 -- the error (the caller opens the dead letter in the same transaction).
 CREATE OR REPLACE FUNCTION jobs_fail_fenced(
     p_ids uuid[], p_attempts int[], p_locked_by text, p_queues text[], p_codes text[],
-    p_messages text[], p_templates text[], p_actor_type text, p_actor_id text, p_ts text,
+    p_messages text[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head, i.queue, i.code, i.message,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.queue, i.code, i.message,
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'failed', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'failed', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_queues, p_codes, p_messages, p_templates) AS i(id, attempt, queue, code, message, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_attempts, p_queues, p_codes, p_messages, p_data)
+            AS i(id, attempt, queue, code, message, data) ON i.id = jobs.id
         WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
           AND jobs.attempts = i.attempt
         ORDER BY jobs.id
@@ -471,8 +545,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'failed',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'failed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -482,17 +556,25 @@ $$;
 -- dead-letter queue with the error.
 CREATE OR REPLACE FUNCTION jobs_fail_stale(
     p_ids uuid[], p_sources text[], p_stale_after float8, p_queues text[], p_codes text[],
-    p_messages text[], p_templates text[], p_actor_type text, p_actor_id text, p_ts text,
+    p_messages text[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head, i.queue, i.code, i.message,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.queue, i.code, i.message,
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'failed', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'failed', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_queues, p_codes, p_messages, p_templates) AS i(id, queue, code, message, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_queues, p_codes, p_messages, p_data)
+            AS i(id, queue, code, message, data) ON i.id = jobs.id
         WHERE jobs.status = ANY(p_sources)
           AND jobs.locked_at < now() - make_interval(secs => p_stale_after)
         ORDER BY jobs.id
@@ -518,8 +600,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'failed',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'failed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -528,16 +610,24 @@ $$;
 -- dead-lettered), into its dead-letter queue with the error.
 CREATE OR REPLACE FUNCTION jobs_fail(
     p_ids uuid[], p_sources text[], p_queues text[], p_codes text[], p_messages text[],
-    p_templates text[], p_actor_type text, p_actor_id text, p_ts text, p_request_id text
+    p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head, i.queue, i.code, i.message,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.queue, i.code, i.message,
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'failed', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'failed', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_queues, p_codes, p_messages, p_templates) AS i(id, queue, code, message, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_queues, p_codes, p_messages, p_data)
+            AS i(id, queue, code, message, data) ON i.id = jobs.id
         WHERE jobs.status = ANY(p_sources)
         ORDER BY jobs.id
         FOR UPDATE OF jobs
@@ -562,8 +652,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'failed',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'failed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -571,7 +661,7 @@ $$;
 -- Raise the cancel flag of a job that has not ended and was not flagged yet, moving
 -- the version; its `cancel_requested` entry. No status change, no event.
 CREATE OR REPLACE FUNCTION jobs_cancel_request(
-    p_ids uuid[], p_templates text[], p_actor_type text, p_actor_id text, p_ts text,
+    p_ids uuid[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
@@ -579,9 +669,14 @@ BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object('attempt', jobs.attempts) || i.data,
+                   'cancel_requested', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_templates) AS i(id, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_data)
+            AS i(id, data) ON i.id = jobs.id
         WHERE NOT jobs.cancel_requested AND jobs.status NOT IN ('succeeded', 'failed', 'cancelled')
         ORDER BY jobs.id
         FOR UPDATE OF jobs
@@ -601,8 +696,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_entries_append(
-               array_agg(job), array_agg(payload), array_agg(prev_hash), 'cancel_requested',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(payload), array_agg(prev_hash),
+               'cancel_requested', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -610,7 +705,7 @@ $$;
 -- A job that has not started (`scheduled`, `pending`, `queued`, `retrying`) ->
 -- `cancelled` (a running one stops at its handler's next check).
 CREATE OR REPLACE FUNCTION jobs_cancel(
-    p_ids uuid[], p_templates text[], p_actor_type text, p_actor_id text, p_ts text,
+    p_ids uuid[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
@@ -618,9 +713,16 @@ BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'cancelled', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'cancelled', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_templates) AS i(id, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_data)
+            AS i(id, data) ON i.id = jobs.id
         WHERE jobs.status IN ('scheduled', 'pending', 'queued', 'retrying')
         ORDER BY jobs.id
         FOR UPDATE OF jobs
@@ -642,8 +744,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'cancelled',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'cancelled', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -652,7 +754,7 @@ $$;
 -- clock) -> `retrying`, due now, with the error `p_code`/`p_message`; audited
 -- `reclaimed`.
 CREATE OR REPLACE FUNCTION jobs_reclaim(
-    p_ids uuid[], p_stale_after float8, p_code text, p_message text, p_templates text[],
+    p_ids uuid[], p_stale_after float8, p_code text, p_message text, p_data jsonb[],
     p_actor_type text, p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
@@ -660,9 +762,16 @@ BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'retrying', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'reclaimed', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_templates) AS i(id, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_data)
+            AS i(id, data) ON i.id = jobs.id
         WHERE jobs.status = 'running'
           AND jobs.locked_at < now() - make_interval(secs => p_stale_after)
         ORDER BY jobs.id
@@ -688,8 +797,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'reclaimed',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'reclaimed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -698,7 +807,7 @@ $$;
 -- suspended) -> `pending`, without spending an attempt, audited `held`; the
 -- dispatcher publishes it again once it may run (NOTIFY jobs_pending).
 CREATE OR REPLACE FUNCTION jobs_hold(
-    p_ids uuid[], p_templates text[], p_actor_type text, p_actor_id text, p_ts text,
+    p_ids uuid[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
@@ -706,9 +815,16 @@ BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'pending', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'held', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_templates) AS i(id, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_data)
+            AS i(id, data) ON i.id = jobs.id
         WHERE jobs.status = 'queued'
         ORDER BY jobs.id
         FOR UPDATE OF jobs
@@ -730,8 +846,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'held',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'held', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
         PERFORM pg_notify('jobs_pending', '');
     END IF;
@@ -742,7 +858,7 @@ $$;
 -- The publisher, on the broker's confirm: `p_source` (`pending`, or a due `retrying`
 -- the dispatcher republished) -> `queued`. A job that moved on meanwhile is left.
 CREATE OR REPLACE FUNCTION jobs_mark_queued(
-    p_ids uuid[], p_source text, p_templates text[], p_actor_type text, p_actor_id text,
+    p_ids uuid[], p_source text, p_data jsonb[], p_actor_type text, p_actor_id text,
     p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
@@ -750,9 +866,16 @@ BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'queued', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'queued', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_templates) AS i(id, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_data)
+            AS i(id, data) ON i.id = jobs.id
         WHERE jobs.status = p_source
         ORDER BY jobs.id
         FOR UPDATE OF jobs
@@ -774,8 +897,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'queued',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'queued', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 
@@ -783,7 +906,7 @@ $$;
 -- The dispatcher's schedule step: a `scheduled` job whose run_at came -> `pending`,
 -- audited `due`; NOTIFY jobs_pending wakes the publisher.
 CREATE OR REPLACE FUNCTION jobs_promote_due(
-    p_ids uuid[], p_templates text[], p_actor_type text, p_actor_id text, p_ts text,
+    p_ids uuid[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
@@ -791,9 +914,16 @@ BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'pending', 'attempt', jobs.attempts
+                   ) || i.data,
+                   'due', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_templates) AS i(id, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_data)
+            AS i(id, data) ON i.id = jobs.id
         WHERE jobs.status = 'scheduled'
         ORDER BY jobs.id
         FOR UPDATE OF jobs
@@ -815,8 +945,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), 'due',
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               'due', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
         PERFORM pg_notify('jobs_pending', '');
     END IF;
@@ -828,7 +958,7 @@ $$;
 -- its dead-letter queue, result and progress cleared, audited `p_event_type` (an
 -- operator's replay, an owner's retry); NOTIFY jobs_pending wakes the publisher.
 CREATE OR REPLACE FUNCTION jobs_requeue(
-    p_ids uuid[], p_extend int, p_event_type text, p_templates text[], p_actor_type text,
+    p_ids uuid[], p_extend int, p_event_type text, p_data jsonb[], p_actor_type text,
     p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
@@ -836,9 +966,16 @@ BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'pending', 'attempt', jobs.attempts
+                   ) || i.data,
+                   p_event_type, p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_templates) AS i(id, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_data)
+            AS i(id, data) ON i.id = jobs.id
         WHERE jobs.status = 'failed'
         ORDER BY jobs.id
         FOR UPDATE OF jobs
@@ -867,8 +1004,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), p_event_type,
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               p_event_type, p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
         PERFORM pg_notify('jobs_pending', '');
     END IF;
@@ -879,17 +1016,26 @@ $$;
 -- jobs_requeue with each job's params replaced (`p_params`, their hash
 -- `p_params_hashes`): an operator's fix-forward.
 CREATE OR REPLACE FUNCTION jobs_requeue_with_params(
-    p_ids uuid[], p_params jsonb[], p_params_hashes text[], p_extend int, p_event_type text,
-    p_templates text[], p_actor_type text, p_actor_id text, p_ts text, p_request_id text
+    p_ids uuid[], p_params jsonb[], p_params_hashes text[], p_extend int,
+    p_event_type text, p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
+    p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head, i.params, i.params_hash,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.params, i.params_hash,
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object(
+                       'from', jobs.status, 'to', 'pending', 'attempt', jobs.attempts
+                   ) || i.data,
+                   p_event_type, p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_params, p_params_hashes, p_templates) AS i(id, params, params_hash, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_params, p_params_hashes, p_data)
+            AS i(id, params, params_hash, data) ON i.id = jobs.id
         WHERE jobs.status = 'failed'
         ORDER BY jobs.id
         FOR UPDATE OF jobs
@@ -920,8 +1066,8 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash), p_event_type,
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               p_event_type, p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
         PERFORM pg_notify('jobs_pending', '');
     END IF;
@@ -933,7 +1079,7 @@ $$;
 -- purged, fix-forward decisions: `p_event_type`) on each job's chain; no version, no
 -- event.
 CREATE OR REPLACE FUNCTION jobs_note(
-    p_ids uuid[], p_event_type text, p_templates text[], p_actor_type text, p_actor_id text,
+    p_ids uuid[], p_event_type text, p_data jsonb[], p_actor_type text, p_actor_id text,
     p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql AS $$
@@ -941,9 +1087,14 @@ BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               jobs_entry_payload(i.template, jobs, jobs.attempts, NULL, p_request_id) AS payload
+               jobs_entry_payload(
+                   jobs,
+                   jsonb_build_object('attempt', jobs.attempts) || i.data,
+                   p_event_type, p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
         FROM jobs
-        JOIN unnest(p_ids, p_templates) AS i(id, template) ON i.id = jobs.id
+        JOIN unnest(p_ids, p_data)
+            AS i(id, data) ON i.id = jobs.id
         WHERE true
         ORDER BY jobs.id
         FOR UPDATE OF jobs
@@ -961,7 +1112,7 @@ BEGIN
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_entries_append(
-               array_agg(job), array_agg(payload), array_agg(prev_hash), p_event_type,
-               p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               array_agg(job), array_agg(payload), array_agg(prev_hash),
+               p_event_type, p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
