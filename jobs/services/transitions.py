@@ -21,8 +21,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
-from audit.services import Actor, audit_payload, format_ts, job_chain
+from audit.canonical import GENESIS_HASH
+from audit.services import Actor, format_ts
 from core.db import Rows, execute_prepared, model_from_row
 from core.request_id import current_request_id
 from jobs import metrics
@@ -436,44 +436,13 @@ def job_requeue_with_params(
     return requeued[0] if requeued else None
 
 
-def audit_context(job: Job, *, request_id: str | None) -> dict[str, Any]:
-    """The `context` of a job's audit entry, as jobs_audit_context (jobs/migrations/0014)
-    writes it in SQL for every entry after the first."""
-    return {
-        "correlation_id": job.correlation_id,
-        "job_type": job.type,
-        "org_id": job.org_id,
-        "project_id": job.project_id,
-        "request_id": request_id,
-    }
-
-
 def job_insert(job: Job, *, actor: Actor) -> bool:
     """Insert a new `pending` (or `scheduled`) job with its `created` entry and event, and wake the
     dispatcher, in one statement (job_insert, jobs/queries.sql). Creation counts as the
     transition into `pending` (docs/architecture.md). Returns False when the job's
     idempotency key was taken (nothing was written)."""
     ts = timezone.now()
-    payload = canonical_bytes(
-        audit_payload(
-            chain=job_chain(job.id),
-            seq=1,
-            ts=ts,
-            event_type="created",
-            actor=actor,
-            job_id=job.id,
-            data={
-                "from": None,
-                "to": job.status,
-                "attempt": job.attempts,
-                "context": audit_context(job, request_id=current_request_id()),
-                # A re-run's first entry names the job it re-runs (only then: the
-                # entries of every other job stay as they were).
-                **({"rerun_of": str(job.rerun_of_id)} if job.rerun_of_id else {}),
-            },
-        )
-    )
-    job.audit_seq, job.audit_head = 1, chain_hash(GENESIS_HASH, payload)
+    job.audit_seq = 1
     params: dict[str, Any] = {
         f.column: f.get_db_prep_save(f.pre_save(job, True), connection)
         for f in Job._meta.concrete_fields
@@ -483,8 +452,15 @@ def job_insert(job: Job, *, actor: Actor) -> bool:
         actor_id=actor.id,
         ts=ts,
         ts_text=format_ts(ts),
-        payload=payload.decode("utf-8"),
         prev_hash=GENESIS_HASH,
         event_id=uuid.uuid4(),
+        entry_request_id=current_request_id(),
+        # A re-run's first entry names the job it re-runs (only then: the entries of
+        # every other job stay as they were).
+        entry=Jsonb({"rerun_of": str(job.rerun_of_id)} if job.rerun_of_id else {}),
     )
-    return bool(execute_prepared(QUERIES["job_insert"], params))
+    rows = execute_prepared(QUERIES["job_insert"], params)
+    if not rows:
+        return False
+    job.audit_seq, job.audit_head = 1, rows[0][1]
+    return True

@@ -3,12 +3,16 @@
 -- after migrations by core/sqlfiles.py; each statement is idempotent.
 
 -- jobs_entry_context: the `context` of a job's audit entry (docs/tenancy.md#audit): its
--- tenant and identity, and the request that made the change.
-CREATE OR REPLACE FUNCTION jobs_entry_context(p_job jobs, p_request_id text) RETURNS jsonb
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
+-- tenant and identity, and the request that made the change (job_insert writes the
+-- first entry's from the values it inserts, jobs_entry_payload every other's).
+CREATE OR REPLACE FUNCTION jobs_entry_context(
+    p_correlation_id text, p_job_type text, p_org_id bigint, p_project_id bigint,
+    p_request_id text
+) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT jsonb_build_object(
-        'correlation_id', p_job.correlation_id, 'job_type', p_job.type,
-        'org_id', p_job.org_id, 'project_id', p_job.project_id, 'request_id', p_request_id
+        'correlation_id', p_correlation_id, 'job_type', p_job_type, 'org_id', p_org_id,
+        'project_id', p_project_id, 'request_id', p_request_id
     )
 $$;
 
@@ -24,7 +28,9 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT audit_entry_payload(
         audit_job_chain(p_job.id), p_job.audit_seq + 1, p_ts, p_event_type, p_actor_type,
         p_actor_id, p_job.id,
-        p_data || jsonb_build_object('context', jobs_entry_context(p_job, p_request_id))
+        p_data || jsonb_build_object('context', jobs_entry_context(
+            p_job.correlation_id, p_job.type, p_job.org_id, p_job.project_id, p_request_id
+        ))
     )
 $$;
 
