@@ -4,8 +4,7 @@ Every entry is written by the SQL functions of audit/sql/append.sql, the only
 statements that insert into audit_logs: here for the ops chain and every chain that is
 not a job's, and inside each job transition's statement for a job's chain. What an
 entry hashes is composed in SQL too (`audit_entry_payload`, audit/sql/canonical.sql);
-`audit_payload` is its Python layout for the job transitions that still fill canonical
-templates (audit.canonical.canonical_template) until they call the SQL builder.
+`audit_payload` is its Python layout, which verification and tests compare with.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from audit.canonical import GENESIS_HASH, Hole, entry_payload
+from audit.canonical import GENESIS_HASH, entry_payload
 from audit.models import ActorType, AuditLog
 from audit.queries import QUERIES
 
@@ -60,17 +59,16 @@ def format_ts(ts: datetime) -> str:
 def audit_payload(
     *,
     chain: str,
-    seq: int | Hole,
+    seq: int,
     ts: datetime,
     event_type: str,
     actor: Actor,
     job_id: uuid.UUID | str | None,
     data: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """What an entry hashes (audit.canonical.entry_payload), for the job chains that
-    `jobs` appends with canonical templates (with `seq` as a Hole the database fills;
-    see audit.canonical.canonical_template). `audit_append` composes its payload in
-    SQL (audit_entry_payload) instead; this goes when the transitions do too.
+    """What an entry hashes (audit.canonical.entry_payload), as a Python value: what
+    the verifier and the tests compare with. Every writer composes it in SQL
+    (audit_entry_payload): `audit_append` and the job transitions alike.
     """
     return entry_payload(
         chain=chain,
