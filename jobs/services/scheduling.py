@@ -18,7 +18,7 @@ from jobs.queries import QUERIES
 from jobs.services.transitions import change, moved
 
 SCHEDULER = Actor.system("scheduler")
-# Jobs moved per transaction: one job_append statement each batch.
+# Jobs moved per transaction: one jobs_promote_due statement each batch.
 PROMOTE_BATCH = 500
 # The longest the dispatcher sleeps before it looks again, whatever the next run_at: a
 # job scheduled meanwhile by another host is seen within this (its creation's NOTIFY

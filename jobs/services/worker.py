@@ -113,7 +113,7 @@ def jobs_claim(
     (docs/postgres-executor.md): highest priority first, then oldest, skipping paused
     queues, suspended organisations, the types of `skip_types` and rows another
     claimer holds; in one transaction, the locking select (claimable_jobs) and one
-    job_append claiming them all (the compare-and-set of `job_claim`: each job's lock,
+    jobs_claim_polled claiming them all (the compare-and-set of `job_claim`: each job's lock,
     attempt and `started` entry and event). Returns the claimed jobs, highest priority
     first."""
     if limit < 1 or not queues:
@@ -417,10 +417,11 @@ def _fail(finish: Finish, fence: Fence) -> None:
 
 def jobs_finish(*, finishes: list[Finish], locked_by: str) -> list[Finish]:
     """Write a window of finished runs of one lock holder (a run_worker host) in batches
-    (docs/postgres-executor.md): one job_append per outcome (succeeded, retrying,
-    cancelled) for all of that outcome's jobs, each fenced by `locked_by` and its own
-    attempt, each with its own entry and event; a failure one at a time, with its
-    dead letter (no broker copy: the database row is the dead letter). Returns the
+    (docs/postgres-executor.md): one transition function per outcome (jobs_succeed,
+    jobs_retry, jobs_cancel_confirm) for all of that outcome's jobs, each fenced by
+    `locked_by` and its own attempt, each with its own entry and event; a failure one
+    at a time, with its dead letter (no broker copy: the database row is the dead
+    letter). Returns the
     finishes whose fence failed (their jobs were reclaimed: nothing of theirs is
     written); the others are unaffected."""
     written: set[uuid.UUID] = set()

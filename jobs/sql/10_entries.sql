@@ -43,8 +43,13 @@ CREATE OR REPLACE FUNCTION jobs_entries_append(
     p_jobs jobs[], p_payloads text[], p_prev_hashes text[], p_event_type text,
     p_actor_type text, p_actor_id text, p_ts text
 ) RETURNS bigint
-LANGUAGE sql AS $$
-    SELECT count(*)
+LANGUAGE plpgsql AS $$
+DECLARE
+    appended bigint;
+BEGIN
+    -- PL/pgSQL, not SQL: its statements' plans are kept for the session, where a SQL
+    -- function that is not inlined is planned again at every call.
+    SELECT count(*) INTO appended
     FROM (
         SELECT array_agg(audit_job_chain(p_jobs[n].id) ORDER BY n) AS chains,
                array_agg(p_jobs[n].id ORDER BY n) AS ids,
@@ -58,7 +63,9 @@ LANGUAGE sql AS $$
     CROSS JOIN LATERAL audit_append_entries(
         e.chains, e.ids, e.seqs, e.event_types, e.actor_types, e.actor_ids, e.ts,
         p_payloads, p_prev_hashes
-    ) AS entry
+    ) AS entry;
+    RETURN appended;
+END;
 $$;
 
 -- jobs_changes_record: jobs_entries_append, and each job's job.status.changed event
@@ -69,12 +76,14 @@ CREATE OR REPLACE FUNCTION jobs_changes_record(
     p_jobs jobs[], p_from text[], p_payloads text[], p_prev_hashes text[],
     p_event_type text, p_actor_type text, p_actor_id text, p_ts text
 ) RETURNS bigint
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
     SELECT e.eid, p_jobs[e.n].id, p_jobs[e.n].audit_seq,
            jobs_status_event(p_jobs[e.n], e.eid, p_from[e.n], p_ts), now()
     FROM (SELECT n, gen_random_uuid() AS eid FROM generate_subscripts(p_jobs, 1) AS n) AS e;
-    SELECT jobs_entries_append(
+    RETURN jobs_entries_append(
         p_jobs, p_payloads, p_prev_hashes, p_event_type, p_actor_type, p_actor_id, p_ts
     );
+END;
 $$;
