@@ -88,37 +88,59 @@ $$;
 
 
 -- RFC 8785 text of `v`: one query per non-empty object or array (its members sorted
--- and joined), a nested call only for a member that is one itself; numbers through
--- audit_jcs_number; strings, true, false, null and empty containers as jsonb writes
--- them (the same bytes).
+-- and joined, each through audit_jcs_member), the rest without a query. Keys sort by
+-- code point (collation "C", UTF-8 byte order) unless the object's text holds a
+-- character of U+E000..U+FFFF, the only case where UTF-16 order differs (see
+-- audit_jcs_key_order): the common case without a sort key per key.
 CREATE OR REPLACE FUNCTION audit_canonical(v jsonb) RETURNS text
 LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE AS $$
 DECLARE
     out text;
 BEGIN
-    IF jsonb_typeof(v) = 'number' THEN
-        RETURN audit_jcs_number(v::numeric);
-    ELSIF jsonb_typeof(v) NOT IN ('object', 'array') OR v = '{}' OR v = '[]' THEN
-        RETURN v::text;
-    ELSIF jsonb_typeof(v) = 'object' THEN
-        SELECT '{' || string_agg(to_jsonb(e.key)::text || ':' || CASE
-                    WHEN jsonb_typeof(e.value) = 'number' THEN audit_jcs_number(e.value::numeric)
-                    WHEN jsonb_typeof(e.value) NOT IN ('object', 'array')
-                         OR e.value = '{}' OR e.value = '[]' THEN e.value::text
-                    ELSE audit_canonical(e.value) END,
-                ',' ORDER BY audit_jcs_key_order(e.key)) || '}'
-        INTO out FROM jsonb_each(v) AS e;
-    ELSE
-        SELECT '[' || string_agg(CASE
-                    WHEN jsonb_typeof(e.value) = 'number' THEN audit_jcs_number(e.value::numeric)
-                    WHEN jsonb_typeof(e.value) NOT IN ('object', 'array')
-                         OR e.value = '{}' OR e.value = '[]' THEN e.value::text
-                    ELSE audit_canonical(e.value) END,
-                ',' ORDER BY e.i) || ']'
+    CASE jsonb_typeof(v)
+    WHEN 'object' THEN
+        IF v = '{}' THEN
+            RETURN '{}';
+        ELSIF v::text !~ '[\uE000-\uFFFF]' THEN
+            SELECT '{' || string_agg(to_json(e.key)::text || ':' || audit_jcs_member(e.value),
+                                     ',' ORDER BY e.key COLLATE "C") || '}'
+            INTO out FROM jsonb_each(v) AS e;
+        ELSE
+            SELECT '{' || string_agg(to_json(e.key)::text || ':' || audit_jcs_member(e.value),
+                                     ',' ORDER BY audit_jcs_key_order(e.key)) || '}'
+            INTO out FROM jsonb_each(v) AS e;
+        END IF;
+    WHEN 'array' THEN
+        IF v = '[]' THEN
+            RETURN '[]';
+        END IF;
+        SELECT '[' || string_agg(audit_jcs_member(e.value), ',' ORDER BY e.i) || ']'
         INTO out FROM jsonb_array_elements(v) WITH ORDINALITY AS e(value, i);
-    END IF;
+    WHEN 'number' THEN
+        RETURN audit_jcs_number(v::numeric);
+    ELSE
+        RETURN v::text;  -- a string (JCS's escapes, see above), true, false or null
+    END CASE;
     RETURN out;
 END;
+$$;
+
+
+-- One member of an object or array, inlined into audit_canonical's queries (one
+-- expression): a nested object or array by a call, strings, true, false and null as
+-- jsonb writes them, numbers by audit_jcs_number.
+CREATE OR REPLACE FUNCTION audit_jcs_member(v jsonb) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE jsonb_typeof(v)
+        WHEN 'string' THEN v::text
+        -- up to 15 characters without a point: an integer within 2**53 - 1 (jsonb
+        -- writes numbers without an exponent), as it is
+        WHEN 'number' THEN CASE WHEN length(v::text) <= 15 AND strpos(v::text, '.') = 0
+                                THEN v::text ELSE audit_jcs_number(v::numeric) END
+        WHEN 'object' THEN audit_canonical(v)
+        WHEN 'array' THEN audit_canonical(v)
+        ELSE v::text
+    END
 $$;
 
 
@@ -143,6 +165,7 @@ $$;
 
 REVERSE = """
 DROP FUNCTION IF EXISTS audit_entry_payload(text, bigint, text, text, text, text, uuid, jsonb);
+DROP FUNCTION IF EXISTS audit_jcs_member(jsonb);
 DROP FUNCTION IF EXISTS audit_canonical(jsonb);
 DROP FUNCTION IF EXISTS audit_jcs_key_order(text);
 DROP FUNCTION IF EXISTS audit_jcs_key_order_moved(text);

@@ -49,7 +49,7 @@ VALUES = st.recursive(
 )
 BATCH = st.lists(VALUES, min_size=1, max_size=25)
 FAST = settings(
-    max_examples=40,
+    max_examples=30,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -130,7 +130,7 @@ ENTRIES = st.lists(
 )
 
 
-@settings(FAST, max_examples=25)
+@settings(FAST, max_examples=15)
 @given(ENTRIES)
 def test_audit_entry_payload_is_the_canonical_entry_payload(entries):
     columns = ["chain", "seq", "ts", "event_type", "actor_type", "actor_id", "job_id", "data"]
