@@ -47,6 +47,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from audit.models import AuditLog
+from audit.services import format_ts
 from jobs.models import DeadLetter, EventOutbox, Job, ParamsEdit
 from tenants.models import Organisation
 
@@ -255,6 +256,9 @@ def render(case: str, taken: Capture) -> str:
         f"== audit entries: {len(entries)}",
     ]
     for entry in entries:
+        # The one timestamp format an entry hashes, which the placeholders hide: the
+        # payload's `ts` is its row's, to the microsecond, as audit.services writes it.
+        assert json.loads(entry.payload)["ts"] == format_ts(entry.ts), entry.payload
         seq = (
             str(entry.seq)
             if entry.chain.startswith("job:")
