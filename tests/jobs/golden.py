@@ -48,7 +48,7 @@ from django.db import connection
 
 from audit.models import AuditLog
 from audit.services import format_ts
-from jobs.models import DeadLetter, EventOutbox, Job, ParamsEdit
+from jobs.models import ConnectorBreaker, DeadLetter, EventOutbox, Job, ParamsEdit
 from tenants.models import Organisation
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
@@ -79,6 +79,7 @@ ID_KINDS = {
     "approved_by_id": "user",
     "actor_user_id": "user",
     "user_id": "user",
+    "changed_by_id": "user",
     "org_id": "org",
     "organisation_id": "org",
     "dead_letter_id": "dl",
@@ -163,6 +164,7 @@ class Snapshot:
     outbox_id: int
     jobs: dict[Any, dict[str, Any]]
     dead_letters: dict[Any, dict[str, Any]]
+    breakers: dict[Any, dict[str, Any]]
     ops_heads: dict[str, int]
 
     @classmethod
@@ -172,6 +174,10 @@ class Snapshot:
         for row in jobs.values():
             when = row["next_run_at"]
             row["next_run_in"] = None if when is None else round((when - now).total_seconds())
+        breakers = {row["name"]: row for row in ConnectorBreaker.objects.values()}
+        for row in breakers.values():
+            when = row["probe_at"]
+            row["probe_in"] = None if when is None else round((when - now).total_seconds())
         heads: dict[str, int] = {}
         for chain, seq in AuditLog.objects.exclude(chain__startswith="job:").values_list(
             "chain", "seq"
@@ -182,6 +188,7 @@ class Snapshot:
             outbox_id=_max_id(EventOutbox),
             jobs=jobs,
             dead_letters=_rows(DeadLetter),
+            breakers=breakers,
             ops_heads=heads,
         )
 
@@ -289,6 +296,15 @@ def render(case: str, taken: Capture) -> str:
         lines += _row_lines(
             norm, norm.name("dl", row["id"]), before.dead_letters, after.dead_letters, row["id"]
         )
+    # Only when a change touched a connector's breaker (most do not: their files end
+    # above); `probe_in` is its probe time in seconds after now().
+    breaker_lines = [
+        line
+        for name in sorted(before.breakers.keys() | after.breakers.keys())
+        for line in _row_lines(norm, name, before.breakers, after.breakers, name)
+    ]
+    if breaker_lines:
+        lines += ["== connector breakers", *breaker_lines]
     return "\n".join(lines) + "\n"
 
 
@@ -315,7 +331,11 @@ def _value(norm: Normaliser, column: str, value: Any) -> Any:
 
 
 def _shown(norm: Normaliser, row: dict[str, Any]) -> dict[str, Any]:
-    return {column: _value(norm, column, value) for column, value in row.items() if column != "id"}
+    return {
+        column: _value(norm, column, value)
+        for column, value in row.items()
+        if column not in ("id", "name")
+    }
 
 
 def _changed(norm: Normaliser, old: dict[str, Any], new: dict[str, Any]) -> dict[str, list[Any]]:
