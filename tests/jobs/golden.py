@@ -1,8 +1,10 @@
-"""The recorder and comparer of the transition golden tests (tests/jobs/test_transition_golden.py).
+"""The recorder and comparer of the golden tests (tests/jobs/test_transition_golden.py,
+tests/jobs/test_execution_golden.py).
 
 A golden file (tests/golden/<case>.txt) says, for one kind of change driven through the
 public services, what that change wrote: its audit entries (the payload text byte for
-byte), its outbox events, and the columns of the job and dead-letter rows it changed.
+byte), its outbox events, and the columns of the job, dead-letter and (when it touched
+one) connector-breaker rows it changed.
 They were recorded from the start commit of issue 38 (c940624) with `RECORD_GOLDEN=1`;
 the normal run compares what the code writes now with them.
 
@@ -21,10 +23,11 @@ order of appearance (so equal values stay equal and the links between them are k
   dead letters `<dl-N>`, organisations `<org-N>`, params edits `<edit-N>`.
 
 An entry's seq is its job chain's; on a shared chain (ops) it is `head+N`, after the
-head the chain had before the change. The test runs inside one transaction
-(pytest-django), where the database's now() does not move: a timestamp column is listed
-as changed only when it went from or to NULL, and `next_run_at` is given as seconds
-after now() (`next_run_in`), which shows a retry's delay whichever clock computes it.
+head the chain had before the change (in its payload too, as `"<head+N>"`). The test
+runs inside one transaction (pytest-django), where the database's now() does not move:
+a timestamp column is listed as changed only when it went from or to NULL, and
+`next_run_at` is given as seconds after now() (`next_run_in`), which shows a retry's
+delay whichever clock computes it.
 """
 
 from __future__ import annotations
@@ -266,11 +269,12 @@ def render(case: str, taken: Capture) -> str:
         # The one timestamp format an entry hashes, which the placeholders hide: the
         # payload's `ts` is its row's, to the microsecond, as audit.services writes it.
         assert json.loads(entry.payload)["ts"] == format_ts(entry.ts), entry.payload
-        seq = (
-            str(entry.seq)
-            if entry.chain.startswith("job:")
-            else f"head+{entry.seq - before.ops_heads.get(entry.chain, 0)}"
-        )
+        payload = entry.payload
+        seq = str(entry.seq)
+        if not entry.chain.startswith("job:"):
+            # A shared chain's seq depends on what the database held before the test.
+            seq = f"head+{entry.seq - before.ops_heads.get(entry.chain, 0)}"
+            payload = payload.replace(f'"seq":{entry.seq},', f'"seq":"<{seq}>",', 1)
         actor_id = norm.name("user", entry.actor_id) if entry.actor_id.isdigit() else entry.actor_id
         lines += [
             f"- chain={norm.text(entry.chain)} seq={seq} event={entry.event_type}"
@@ -278,7 +282,7 @@ def render(case: str, taken: Capture) -> str:
             f" job={norm.text(str(entry.job_id)) if entry.job_id else None}"
             f" ts={norm.text(entry.ts.isoformat())}",
             f"  prev={norm.text(entry.prev_hash)} hash={norm.text(entry.chain_hash)}",
-            f"  payload: {norm.text(entry.payload)}",
+            f"  payload: {norm.text(payload)}",
         ]
     lines.append(f"== outbox events: {len(events)}")
     for event in events:
