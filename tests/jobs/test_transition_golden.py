@@ -10,6 +10,7 @@ that the cases outlive the statement; what is normalised is said in tests/jobs/g
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -19,10 +20,12 @@ from django.utils import timezone
 from audit.services import Actor
 from audit.verification import audit_verify
 from dlq.broker import DecodedMessage
-from dlq.services.fix_forward import fix_forward_request
-from dlq.services.reconcile import dead_letter_reconcile
+from dlq.services.cancel import jobs_cancel_by_filter
+from dlq.services.fix_forward import fix_forward_approve, fix_forward_request
+from dlq.services.reconcile import dead_letter_reconcile, dead_letters_reconcile
 from dlq.services.replay import dead_letters_discard, dead_letters_replay
 from jobs.models import DeadLetter, Job
+from jobs.selectors import JobFilter
 from jobs.services import (
     WORKER,
     Finish,
@@ -46,6 +49,7 @@ from jobs.services import (
     reap_once,
 )
 from jobs.services.connectors import breakers_forget, connector_gate, connector_open
+from jobs.services.publishing import publish_due_once
 from jobs.services.purge import purge_run
 from jobs.services.queues import queue_pause
 from jobs.services.scheduling import promote_due_jobs
@@ -55,6 +59,7 @@ from tests.factories import (
     OperatorFactory,
     UserFactory,
     backdate,
+    dead_letter_without_job,
     default_org,
     fence_of,
     job_in_state,
@@ -130,6 +135,17 @@ def test_publish_pending_to_queued(owner, broker):
     verified(job)
 
 
+def test_dispatcher_publishes_a_batch(owner, broker):
+    pending = [state(Status.PENDING, owner) for _ in range(2)]
+    for job in pending:
+        backdate(job, created_at=60)
+    retrying = state(Status.RETRYING, owner, retry_in=0)
+    with capture() as taken:
+        assert publish_due_once(pending_after=0) == 3
+    check("publish_batch", taken)
+    verified(*pending, retrying)
+
+
 # --- a worker's run -------------------------------------------------------------------------
 
 
@@ -163,6 +179,15 @@ def test_hold_org_suspended(owner):
     with capture() as taken:
         assert job_hold(job_id=job.id, reason=HoldReason.ORG_SUSPENDED, actor=WORKER) is not None
     check("hold_org_suspended", taken)
+    verified(job)
+
+
+def test_hold_queue_paused(owner):
+    job = state(Status.QUEUED, owner)
+    queue_pause(queue="sim", reason="golden pause", actor=OPERATOR)
+    with capture() as taken:
+        assert job_hold(job_id=job.id, reason=HoldReason.QUEUE_PAUSED, actor=WORKER) is not None
+    check("hold_queue_paused", taken)
     verified(job)
 
 
@@ -402,6 +427,60 @@ def test_fix_forward_applied(owner, operator):
     assert edit.state == "applied"
     check("fix_forward", taken)
     verified(job)
+
+
+def test_fix_forward_with_approval(owner, operator, settings):
+    settings.JOBOPS_REPLAY_APPROVAL = True
+    approver = OperatorFactory(username="golden-approver")
+    job = state(Status.FAILED, owner, error_code="BAD_INPUT", error_message="bad input")
+    row = DeadLetter.objects.get(job=job)
+    with capture() as requested:
+        edit = fix_forward_request(
+            dead_letter_id=row.id,
+            actor_user=operator,
+            params={"steps": 7, "step_seconds": 0},
+            reason="golden typo",
+        )
+    assert edit.state == "requested"
+    check("fix_forward_requested", requested)
+    with capture() as approved:
+        assert fix_forward_approve(edit_id=edit.id, actor_user=approver).state == "applied"
+    check("fix_forward_approved", approved)
+    verified(job)
+
+
+def test_operator_cancels_by_filter(owner, operator):
+    jobs = [state(status, owner) for status in (Status.PENDING, Status.RUNNING, Status.RETRYING)]
+    with capture() as taken:
+        done = jobs_cancel_by_filter(
+            actor_user=operator, filters=JobFilter(type="sim"), justification="golden incident"
+        )
+    assert (done.cancelled, done.cancel_requested) == (2, 1)  # the running one: asked
+    check("cancel_by_filter", taken)
+    verified(*jobs)
+
+
+def test_dlq_discard_of_a_row_without_a_job(operator, broker):
+    dead_letter_without_job()
+    with capture() as taken:
+        result = dead_letters_discard(
+            actor_user=operator, justification="golden discard", queue="sim_dlq"
+        )
+    assert len(result.resolved) == 1
+    check("dlq_discard_without_job", taken)
+
+
+def test_watcher_batch(owner):
+    """A burst of broker-made dead letters, reconciled in a few statements."""
+    jobs = [state(status, owner) for status in (Status.PENDING, Status.QUEUED, Status.RETRYING)]
+    messages = [
+        dataclasses.replace(broker_message(job, job.attempts + 1), message_id=f"golden-batch-{n}")
+        for n, job in enumerate(jobs)
+    ]
+    with capture() as taken:
+        assert dead_letters_reconcile(messages=messages) == ["failed"] * 3
+    check("watcher_batch", taken)
+    verified(*jobs)
 
 
 def test_dlq_discard(owner, operator, broker):
