@@ -10,7 +10,7 @@ MANAGE := $(BIN)/python manage.py
 # production: DEBUG off refuses the development secrets). Override on the command line.
 export DEBUG ?= true
 
-.PHONY: install run test coverage test-heavy lint fmt typecheck docs docs-check migrate topology worker dispatcher bench lock clean
+.PHONY: install run test coverage test-heavy upgrade-check openapi-check lint fmt typecheck docs docs-check migrate topology worker dispatcher bench lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -88,6 +88,18 @@ coverage: test
 # Exit 5 is pytest's "no test selected".
 test-heavy: install
 	$(BIN)/pytest -m heavy --timeout=600 || [ $$? -eq 5 ]
+
+# Issue 38's checks against an older release (START, default the start commit c940624;
+# docs/development.md#checks-against-an-older-release). upgrade-check: chains that
+# release wrote migrate, verify, take this checkout's appends and verify again, in a
+# scratch database beside DATABASE_URL's (1.5-2.5 min, mostly the migrate of an empty
+# database; test-heavy runs it too). openapi-check: `manage.py spectacular` of both, byte for byte (cmp).
+START ?= c940624
+upgrade-check: install
+	tools/upgrade_check.sh $(START)
+
+openapi-check: install
+	tools/openapi_check.sh $(START)
 
 worker: install
 	$(BIN)/honcho start -f Procfile worker_long worker_light

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
-from dataclasses import dataclass
 from typing import Any
 
 import rfc8785
@@ -81,76 +79,3 @@ def entry_payload(
 
 def chain_hash(prev_hash: str, payload: bytes) -> str:
     return hashlib.sha256(bytes.fromhex(prev_hash) + payload).hexdigest()
-
-
-@dataclass(frozen=True)
-class Hole:
-    """A value of a canonical payload that only the database knows when it appends the
-    entry (the next seq, the status a transition replaces). `kind` says how it is
-    written: "int" (a JSON number), "json" (any JSON value, already canonical text) or
-    "text" (inside a JSON string: the value must need
-    no escaping, e.g. a status name)."""
-
-    name: str
-    kind: str = "int"
-
-
-@dataclass(frozen=True)
-class Template:
-    """Canonical JSON with holes: `pieces[0] + hole[0] + pieces[1] + ... + pieces[-1]`."""
-
-    pieces: list[str]
-    holes: list[Hole]
-
-    def fill(self, values: dict[str, Any]) -> str:
-        """The payload text with `values` in the holes (as the database fills them)."""
-        out = [self.pieces[0]]
-        for hole, piece in zip(self.holes, self.pieces[1:], strict=True):
-            out += [str(values[hole.name]), piece]
-        return "".join(out)
-
-    def replace(self, old: str, new: str) -> Template:
-        """This template with the text `old` replaced by `new` (an id swapped for a
-        stand-in: both must be JSON text that needs no escaping)."""
-        return Template(pieces=[p.replace(old, new) for p in self.pieces], holes=self.holes)
-
-
-def canonical_template(value: Any) -> Template:
-    """RFC 8785 text of `value` split around its `Hole`s, in the order they occur.
-
-    Each hole is encoded as a unique sentinel string (a random nonce, so no string in
-    the value can pose as one), found in the canonical text and cut out: an "int" hole
-    with the quotes around it, a "text" hole inside them. Key order is JCS's, so the
-    pieces are exactly the bytes the filled payload will hash as.
-    """
-    nonce = secrets.token_hex(8)
-    by_sentinel: dict[str, Hole] = {}
-
-    def mark(node: Any) -> Any:
-        if isinstance(node, Hole):
-            # ASCII that JSON writes unescaped (keeps the fast path of canonical_bytes);
-            # the random nonce keeps any string of the value from posing as a hole.
-            sentinel = f"<hole:{nonce}:{node.name}>"
-            by_sentinel[sentinel] = node
-            return sentinel
-        if isinstance(node, dict):
-            return {k: mark(v) for k, v in node.items()}
-        if isinstance(node, list | tuple):
-            return [mark(v) for v in node]
-        return node
-
-    text = canonical_bytes(mark(value)).decode("utf-8")
-    found = sorted((text.index(s), s) for s in by_sentinel)
-    pieces, holes, cursor = [], [], 0
-    for position, sentinel in found:
-        if text.count(sentinel) != 1:
-            raise ValueError(f"hole {by_sentinel[sentinel].name} occurs more than once")
-        hole = by_sentinel[sentinel]
-        start, end = position, position + len(sentinel)
-        if hole.kind in ("int", "json"):  # the value replaces the whole JSON string
-            start, end = start - 1, end + 1
-        pieces.append(text[cursor:start])
-        holes.append(hole)
-        cursor = end
-    pieces.append(text[cursor:])
-    return Template(pieces=pieces, holes=holes)

@@ -63,9 +63,19 @@ class AuditLog(AppendOnlyModel):
     class Meta:
         db_table = "audit_logs"
         constraints = [
-            # Together these make a fork impossible even if two appenders race.
-            models.UniqueConstraint(fields=["chain", "seq"], name="audit_chain_seq_uniq"),
-            models.UniqueConstraint(fields=["chain", "prev_hash"], name="audit_chain_prev_uniq"),
+            # Together these make a fork impossible even if two appenders race. Checked
+            # at commit: the statement trigger of audit/sql/append.sql refuses a row
+            # that does not continue its chain first, naming it (migration 0007).
+            models.UniqueConstraint(
+                fields=["chain", "seq"],
+                name="audit_chain_seq_uniq",
+                deferrable=models.Deferrable.DEFERRED,
+            ),
+            models.UniqueConstraint(
+                fields=["chain", "prev_hash"],
+                name="audit_chain_prev_uniq",
+                deferrable=models.Deferrable.DEFERRED,
+            ),
             models.CheckConstraint(condition=models.Q(seq__gte=1), name="audit_seq_positive"),
         ]
         indexes = [models.Index(fields=["ts"], name="audit_ts_idx")]

@@ -1,7 +1,7 @@
 -- Every SQL statement of the audit app, named and described (core/queries.py).
 -- The chain rule itself (the hash, a job's chain name, the checkpoint barrier, the
--- insert into audit_logs) is the SQL functions of audit/migrations/0004: these
--- statements, and the jobs app's transitions, call them.
+-- insert into audit_logs, the canonical payload) is the SQL functions of audit/sql/:
+-- these statements, and the jobs app's transitions, call them.
 
 
 -- name: chain_lock
@@ -18,11 +18,20 @@ SELECT seq, chain_hash FROM audit_logs WHERE chain = %(chain)s ORDER BY seq DESC
 
 
 -- name: append
--- Appends one entry through audit_append (its hash, the barrier, the insert), returning
--- the row as audit_logs holds it.
-SELECT * FROM audit_append(
-    %(chain)s, %(job_id)s, %(seq)s, %(event_type)s, %(actor_type)s, %(actor_id)s, %(ts)s,
-    %(payload)s, %(prev_hash)s
+-- Appends one entry through audit_append_entries (the barrier, the hash, the insert),
+-- its payload composed by audit_entry_payload from the same values (the one builder of
+-- what is hashed, audit/sql/canonical.sql), returning the row as audit_logs holds it.
+-- The payload's ts is the column's instant as verification writes it.
+SELECT * FROM audit_append_entries(
+    ARRAY[%(chain)s::text], ARRAY[%(job_id)s::uuid], ARRAY[%(seq)s::bigint],
+    ARRAY[%(event_type)s::text], ARRAY[%(actor_type)s::text], ARRAY[%(actor_id)s::text],
+    ARRAY[%(ts)s::timestamptz],
+    ARRAY[audit_entry_payload(
+        %(chain)s, %(seq)s,
+        to_char(%(ts)s::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        %(event_type)s, %(actor_type)s, %(actor_id)s, %(job_id)s::uuid, %(data)s::jsonb
+    )],
+    ARRAY[%(prev_hash)s::text]
 );
 
 

@@ -1,14 +1,15 @@
 """Appending to the audit chains (docs/architecture.md#the-audit-chain).
 
-Every entry is written by the SQL function `audit_append` (audit/migrations/0004), the
-only statement that inserts into audit_logs: here for the ops chain and every chain
-that is not a job's, and inside each job transition's statement (jobs/queries.sql) for a
-job's chain. This module holds the Python half of the rule: the entry's payload
-(`audit_payload`, hashed as audit.canonical writes it) and a job's chain name.
+Every entry is written by the SQL functions of audit/sql/append.sql, the only
+statements that insert into audit_logs: here for the ops chain and every chain that is
+not a job's, and inside each job transition's statement for a job's chain. What an
+entry hashes is composed in SQL too (`audit_entry_payload`, audit/sql/canonical.sql);
+`audit_payload` is its Python layout, which verification and tests compare with.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from audit.canonical import GENESIS_HASH, Hole, canonical_bytes, entry_payload
+from audit.canonical import GENESIS_HASH, entry_payload
 from audit.models import ActorType, AuditLog
 from audit.queries import QUERIES
 
@@ -58,16 +59,16 @@ def format_ts(ts: datetime) -> str:
 def audit_payload(
     *,
     chain: str,
-    seq: int | Hole,
+    seq: int,
     ts: datetime,
     event_type: str,
     actor: Actor,
     job_id: uuid.UUID | str | None,
     data: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """What an entry hashes (audit.canonical.entry_payload), for `audit_append` and for
-    the job chains that `jobs` appends in the statement of each transition (with `seq`
-    as a Hole the database fills; see audit.canonical.canonical_template).
+    """What an entry hashes (audit.canonical.entry_payload), as a Python value: what
+    the verifier and the tests compare with. Every writer composes it in SQL
+    (audit_entry_payload): `audit_append` and the job transitions alike.
     """
     return entry_payload(
         chain=chain,
@@ -100,9 +101,13 @@ def audit_append(
        (including two first entries) queue up instead of forking it.
     2. Read the head in a statement that starts after the lock (READ COMMITTED gives
        it a fresh snapshot that includes whatever the previous holder committed).
-    3. The canonical payload, appended by `audit_append`, which takes the checkpoint
-       barrier, hashes prev_hash + payload and inserts; the unique constraints on
-       (chain, seq) and (chain, prev_hash) back the lock up.
+    3. Append in one statement: `audit_entry_payload` composes the canonical payload
+       from the same values, `audit_append_entries` takes the checkpoint barrier,
+       hashes prev_hash + payload and inserts; the statement trigger and the unique
+       constraints on (chain, seq) and (chain, prev_hash) back the lock up.
+
+    `data` holds JSON values only; a float of magnitude 1e16 or more, or an integer
+    past 2**53 - 1, is refused (audit/sql/canonical.sql).
     """
     if not connection.in_atomic_block:
         raise RuntimeError("audit_append must run inside transaction.atomic()")
@@ -111,18 +116,6 @@ def audit_append(
         cursor.execute(QUERIES["chain_head"], {"chain": chain})
         head = cursor.fetchone()
     seq, prev_hash = (head[0] + 1, head[1]) if head else (1, GENESIS_HASH)
-    ts = timezone.now()
-    payload = canonical_bytes(
-        audit_payload(
-            chain=chain,
-            seq=seq,
-            ts=ts,
-            event_type=event_type,
-            actor=actor,
-            job_id=job_id,
-            data=data,
-        )
-    )
     params = {
         "chain": chain,
         "job_id": job_id,
@@ -130,8 +123,9 @@ def audit_append(
         "event_type": event_type,
         "actor_type": str(actor.type),
         "actor_id": actor.id,
-        "ts": ts,
-        "payload": payload.decode("utf-8"),
+        "ts": timezone.now(),
+        # JSON text for jsonb; the SQL builder writes it canonical (audit/sql/canonical.sql).
+        "data": json.dumps(data or {}),
         "prev_hash": prev_hash,
     }
     return AuditLog.objects.raw(QUERIES["append"], params)[0]

@@ -104,7 +104,7 @@ class Job(models.Model):
     version = models.PositiveIntegerField(default=1)
     # The head (seq, chain_hash) of the job's audit chain. The statement that changes
     # the job appends its audit entry from here under the row lock it already holds, so
-    # a transition is one round trip (job_append, jobs/queries.sql); the insert-at-head
+    # a transition is one round trip (jobs/sql/20_transitions.sql); the continuity
     # trigger on audit_logs still refuses any entry that does not continue the chain.
     audit_seq = models.PositiveIntegerField(default=0, db_default=0)
     audit_head = models.CharField(max_length=64, default="0" * 64, db_default="0" * 64)
@@ -227,8 +227,8 @@ class Job(models.Model):
     def progress_attempt(self) -> int | None:
         """The attempt the progress fields belong to; None before the first attempt.
 
-        Always the job's latest attempt: each claim resets progress (job_append, in
-        jobs/queries.sql) and every progress write is fenced to the attempt that holds
+        Always the job's latest attempt: each claim resets progress (jobs_claim_*, in
+        jobs/sql/20_transitions.sql) and every progress write is fenced to the attempt that holds
         the lock, so no column of its own is needed to say which attempt wrote it."""
         return self.attempts or None
 

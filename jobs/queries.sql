@@ -6,198 +6,34 @@
 -- nothing) or a statement of its own, never text assembled at run time. Parameters are
 -- always named and passed as values: nothing a caller or client sends becomes SQL.
 -- A job's audit entry is appended by the audit app's audit_append
--- (audit/migrations/0004), in the same statement as the change it records.
-
-
--- name: job_append
--- Changes jobs and appends each one's audit entry (and, with `emit`, its event) in one
--- statement: every status transition, and the events that change no status (progress,
--- cancel_requested, dead_lettered, dlq_discarded). Returns each changed job's previous
--- status and next_run_at (when a retry became due: the claim's queue latency), then its
--- row.
---
--- i: the jobs (`ids`) with their entry's canonical payload in pieces (`p0`..`p4`, one
--- array element per job; audit.canonical.Template; jobs_entries, jobs/migrations/0010,
--- says why a function unnests them), cut around up to four holes that
--- only the locked row can fill; `h0`..`h3` say which (jobs.queries.HOLE: 1 seq,
--- 2 the status left, 3 the attempt, 4 the percent the row holds after a progress
--- write, 5 the entry's `context`: the job's tenant and identity with `request_id`,
--- jobs_audit_context in jobs/migrations/0014; NULL: no hole), and `each`, each job's own
--- values of a batch transition as JSON text (NULL: none; jobs/migrations/0021): its
--- fence's `attempt`, `percent`, `run_in`, and `result`, `last_error_code`,
--- `last_error_message`, `progress_step`, `progress_message`, each in place of the
--- statement's one value of the same name. Arrays travel in binary: psycopg's text format escapes every
--- element in Python, 16 ms for a publish batch's 500 pieces against 0.7 ms in binary.
---
--- locked: the compare-and-set. Each condition is off when its parameter is NULL (false):
--- `sources` (the states the job may leave), `locked_by` and `attempt` (the worker that
--- claimed this attempt still holds the job), `claim_for` (a retrying job only once it
--- is due), `stale_after` (the lock is older than this many seconds, by the database
--- clock, for the reaper), `cancel_request` (the job has not ended and was not flagged
--- yet), `org_id` (the job is in this organisation: the worker's claim checks the
--- message's tenant against the row), `org_active` (the job's organisation is not
--- suspended: the claim of a held organisation's job; one primary-key probe of
--- organisations per locked row), `queue_active` (the job's queue is not paused: the
--- claim of a paused queue's job; one primary-key probe of queue_pauses). Zero rows: nothing is written. The jobs that meet them are locked in id order
--- (batches never deadlock; under READ COMMITTED a row changed meanwhile is locked in
--- its newest version and checked again), and each entry's payload is built from the
--- row as it is before the change.
---
--- upd: the change, by primary key (the conditions stay out of it: with them the
--- planner may scan a partial index, the running jobs' one with every dead entry,
--- instead of the one-row lookup). `target` is the new status (NULL: unchanged);
--- leaving running releases the lock; `claim_for` takes it, counts an attempt and
--- starts the attempt's progress from zero; `bump` moves version and updated_at (what
--- a client sees as a change); `run_in` sets next_run_at that many seconds ahead;
--- `percent` writes progress monotonically (never back within an attempt, even when
--- two writes cross; a write of an earlier attempt is fenced out);
--- `extend_attempts` grows max_attempts (a replay's fresh budget); `give_back` takes
--- back the attempt this run's claim counted (a job deferred by its connector's open
--- breaker before its handler ran: docs/connectors.md); each
--- `set_<column>` sets that column to the value of the same name. The chain's head on
--- the row (audit_seq, audit_head) moves with the entry.
---
--- The entry goes through audit_append once per changed row, from the outer query:
--- a data-modifying CTE could not call it (a SELECT CTE the outer query does not read
--- never runs). With `emit`, the job.status.changed event (jobs_status_event; a
--- volatile call in a subquery's select list runs once per row: one event id each);
--- with `notify`, NOTIFY jobs_pending (the jobs wait to be published; delivered on
--- commit, once per transaction).
-WITH i AS (
-    SELECT * FROM jobs_entries(
-        %(ids)b::text[], %(p0)b::text[], %(p1)b::text[], %(p2)b::text[], %(p3)b::text[],
-        %(p4)b::text[], %(each)b::text[]
-    )
-),
-locked AS (
-    SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_seq + 1 AS seq,
-           jobs.audit_head AS prev_hash, i.v AS each,
-           i.p0 || coalesce(h.v[%(h0)s::int], '') || i.p1 || coalesce(h.v[%(h1)s::int], '')
-           || i.p2 || coalesce(h.v[%(h2)s::int], '') || i.p3 || coalesce(h.v[%(h3)s::int], '')
-           || i.p4 AS payload
-    FROM jobs
-    JOIN i ON i.id = jobs.id
-    CROSS JOIN LATERAL (SELECT ARRAY[
-        (jobs.audit_seq + 1)::text,
-        jobs.status::text,
-        (jobs.attempts + (%(claim_for)s::text IS NOT NULL)::int)::text,
-        GREATEST(jobs.progress_percent, coalesce((i.v->>'percent')::int, %(percent)s::int))::text,
-        jobs_audit_context(jobs, %(request_id)s::text)
-    ] AS v) AS h
-    WHERE (%(sources)s::text[] IS NULL OR jobs.status = ANY(%(sources)s::text[]))
-      AND (%(locked_by)s::text IS NULL OR (jobs.status = 'running'
-           AND jobs.locked_by = %(locked_by)s::text
-           AND jobs.attempts = coalesce((i.v->>'attempt')::int, %(attempt)s::int)))
-      AND (%(claim_for)s::text IS NULL OR jobs.status <> 'retrying'
-           OR jobs.next_run_at <= now())
-      AND (%(stale_after)s::float8 IS NULL
-           OR jobs.locked_at < now() - make_interval(secs => %(stale_after)s::float8))
-      AND (%(org_id)s::bigint IS NULL OR jobs.org_id = %(org_id)s::bigint)
-      AND (NOT %(org_active)s::boolean OR NOT EXISTS (
-           SELECT FROM organisations o WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL))
-      AND (NOT %(queue_active)s::boolean OR NOT EXISTS (
-           SELECT FROM queue_pauses p WHERE p.queue = jobs.queue))
-      AND (NOT %(cancel_request)s::boolean OR (NOT jobs.cancel_requested
-           AND jobs.status NOT IN ('succeeded', 'failed', 'cancelled')))
-    ORDER BY jobs.id
-    FOR UPDATE OF jobs
-),
-upd AS (
-    UPDATE jobs SET
-        status = coalesce(%(target)s::text, jobs.status),
-        version = jobs.version + %(bump)s::boolean::int,
-        updated_at = CASE WHEN %(bump)s::boolean THEN now() ELSE jobs.updated_at END,
-        cancel_requested = jobs.cancel_requested OR %(cancel_request)s::boolean,
-        locked_by = CASE WHEN %(claim_for)s::text IS NOT NULL THEN %(claim_for)s::text
-                         WHEN %(target)s::text <> 'running' THEN NULL
-                         ELSE jobs.locked_by END,
-        locked_at = CASE WHEN %(claim_for)s::text IS NOT NULL THEN now()
-                         WHEN %(target)s::text <> 'running' THEN NULL
-                         ELSE jobs.locked_at END,
-        attempts = jobs.attempts + (%(claim_for)s::text IS NOT NULL)::int
-                   - %(give_back)s::boolean::int,
-        max_attempts = jobs.max_attempts + %(extend_attempts)s::int,
-        next_run_at = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
-                           WHEN locked.each ? 'run_in' THEN now()
-                               + make_interval(secs => (locked.each->>'run_in')::float8)
-                           WHEN %(run_in)s::float8 IS NOT NULL
-                               THEN now() + make_interval(secs => %(run_in)s::float8)
-                           WHEN %(set_next_run_at)s::boolean THEN %(next_run_at)s::timestamptz
-                           ELSE jobs.next_run_at END,
-        progress_percent = CASE WHEN %(claim_for)s::text IS NOT NULL THEN 0
-                                WHEN coalesce((locked.each->>'percent')::int, %(percent)s::int)
-                                    IS NOT NULL THEN GREATEST(jobs.progress_percent,
-                                    coalesce((locked.each->>'percent')::int, %(percent)s::int))
-                                WHEN %(set_progress_percent)s::boolean
-                                    THEN %(progress_percent)s::int
-                                ELSE jobs.progress_percent END,
-        progress_step = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
-                             WHEN locked.each ? 'progress_step'
-                                 THEN locked.each->>'progress_step'
-                             WHEN %(set_progress_step)s::boolean THEN %(progress_step)s::text
-                             ELSE jobs.progress_step END,
-        progress_message = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
-                                WHEN locked.each ? 'progress_message'
-                                    THEN locked.each->>'progress_message'
-                                WHEN %(set_progress_message)s::boolean
-                                    THEN %(progress_message)s::text
-                                ELSE jobs.progress_message END,
-        progress_updated_at = CASE WHEN %(claim_for)s::text IS NOT NULL THEN NULL
-                                   WHEN coalesce((locked.each->>'percent')::int,
-                                                 %(percent)s::int) IS NOT NULL THEN now()
-                                   ELSE jobs.progress_updated_at END,
-        result = CASE WHEN locked.each ? 'result' THEN nullif(locked.each->'result', 'null')
-                      WHEN %(set_result)s::boolean THEN %(result)s::jsonb
-                      ELSE jobs.result END,
-        last_error_code = CASE WHEN locked.each ? 'last_error_code'
-                                   THEN locked.each->>'last_error_code'
-                               WHEN %(set_last_error_code)s::boolean
-                                   THEN %(last_error_code)s::text
-                               ELSE jobs.last_error_code END,
-        last_error_message = CASE WHEN locked.each ? 'last_error_message'
-                                      THEN locked.each->>'last_error_message'
-                                  WHEN %(set_last_error_message)s::boolean
-                                      THEN %(last_error_message)s::text
-                                  ELSE jobs.last_error_message END,
-        dead_letter_queue = CASE WHEN %(set_dead_letter_queue)s::boolean
-                                     THEN %(dead_letter_queue)s::text
-                                 ELSE jobs.dead_letter_queue END,
-        params = CASE WHEN %(set_params)s::boolean THEN %(params)s::jsonb ELSE jobs.params END,
-        params_hash = CASE WHEN %(set_params_hash)s::boolean THEN %(params_hash)s::text
-                           ELSE jobs.params_hash END,
-        audit_seq = locked.seq,
-        audit_head = audit_chain_hash(locked.prev_hash, locked.payload)
-    FROM locked
-    WHERE jobs.id = locked.id
-    RETURNING locked.status AS old_status, locked.next_run_at AS old_next_run_at,
-              locked.prev_hash, locked.payload, jobs AS job
-),
-outbox AS (
-    INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
-    SELECT u.eid, (u.job).id, (u.job).audit_seq,
-           jobs_status_event(u.job, u.eid, u.old_status, %(ts_text)s::text), now()
-    FROM (SELECT upd.*, gen_random_uuid() AS eid FROM upd WHERE %(emit)s::boolean) AS u
-)
-SELECT upd.old_status, upd.old_next_run_at, (upd.job).*
-FROM upd
-CROSS JOIN LATERAL audit_append(
-    audit_job_chain((upd.job).id), (upd.job).id, (upd.job).audit_seq, %(event_type)s::text,
-    %(actor_type)s::text, %(actor_id)s::text, %(ts)s::timestamptz, upd.payload, upd.prev_hash
-) AS entry
-LEFT JOIN LATERAL (
-    SELECT pg_notify('jobs_pending', '') WHERE %(notify)s::boolean
-) AS wake ON true;
+-- (audit/sql/append.sql), in the same statement as the change it records. A job's
+-- changes are the functions of jobs/sql/20_transitions.sql, one per kind.
 
 
 -- name: job_insert
 -- Creates a job (docs/architecture.md#creation-and-idempotency) in one statement,
 -- atomic by itself: the INSERT (ON CONFLICT DO NOTHING: an idempotency key already
 -- taken inserts nothing, and the caller reads the existing job), its `created` entry
--- (seq 1, its payload built by the caller) through audit_append, the outbox event,
--- and NOTIFY jobs_pending, which wakes the dispatcher to publish it (delivered on
--- commit). Returns the id when the job was inserted. Every column of the job is
--- named (tests/jobs/test_queries.py pins the list against the model).
-WITH ins AS (
+-- (seq 1, its payload composed by the audit app's audit_entry_payload from the job's
+-- values and `entry`, the caller's data; the row's audit_head is its hash) through
+-- audit_append, the outbox event, and NOTIFY jobs_pending, which wakes the dispatcher
+-- to publish it (delivered on commit). Returns the id and audit_head when the job was
+-- inserted. Every column of the job is named (tests/jobs/test_queries.py pins the
+-- list against the model).
+WITH entry AS (
+    SELECT audit_entry_payload(
+        audit_job_chain(%(id)s::uuid), 1, %(ts_text)s::text, 'created', %(actor_type)s::text,
+        %(actor_id)s::text, %(id)s::uuid,
+        jsonb_build_object(
+            'from', NULL, 'to', %(status)s::text, 'attempt', %(attempts)s::int,
+            'context', jobs_entry_context(
+                %(correlation_id)s::text, %(type)s::text, %(org_id)s::bigint,
+                %(project_id)s::bigint, %(entry_request_id)s::text
+            )
+        ) || %(entry)s::jsonb
+    ) AS payload
+),
+ins AS (
     INSERT INTO jobs (
         id, type, category, queue, params, params_hash, status, idempotency_key,
         idempotency_expires_at, idempotency_last_seen_at, cancel_requested, attempts,
@@ -215,7 +51,7 @@ WITH ins AS (
         %(last_error_message)s, %(result)s, %(locked_by)s, %(locked_at)s,
         %(next_run_at)s, %(dead_letter_queue)s, %(request_id)s, %(correlation_id)s,
         %(version)s, %(created_at)s, %(updated_at)s, %(owner_id)s, %(traceparent)s,
-        %(audit_head)s, %(audit_seq)s, %(org_id)s, %(project_id)s, %(run_at)s,
+        (SELECT audit_chain_hash(%(prev_hash)s::text, entry.payload) FROM entry), %(audit_seq)s, %(org_id)s, %(project_id)s, %(run_at)s,
         %(rerun_of_id)s, %(priority)s
     )
     ON CONFLICT DO NOTHING
@@ -227,12 +63,13 @@ outbox AS (
            jobs_status_event(ins.job, %(event_id)s::uuid, NULL, %(ts_text)s::text), now()
     FROM ins
 )
-SELECT (ins.job).id
+SELECT (ins.job).id, (ins.job).audit_head
 FROM ins
+CROSS JOIN entry
 CROSS JOIN LATERAL audit_append(
     audit_job_chain((ins.job).id), (ins.job).id, 1, 'created', %(actor_type)s::text,
-    %(actor_id)s::text, %(ts)s::timestamptz, %(payload)s::text, %(prev_hash)s::text
-) AS entry
+    %(actor_id)s::text, %(ts)s::timestamptz, entry.payload, %(prev_hash)s::text
+) AS appended
 CROSS JOIN LATERAL (SELECT pg_notify('jobs_pending', '')) AS wake;
 
 
@@ -332,7 +169,7 @@ RETURNING jobs.id, jobs.cancel_requested;
 -- name: claimable_jobs
 -- The postgres executor's claim (docs/postgres-executor.md): up to `limit` jobs of the
 -- `queues` that may run now, locked for the caller's transaction, which then claims
--- them with job_append (`claim_for`: its compare-and-set, the `started` entries and
+-- them with jobs_claim_polled (jobs/sql/20_transitions.sql: its compare-and-set, the `started` entries and
 -- events). Highest priority first, then oldest, over each queue's `pending` jobs
 -- (jobs_pending_priority_idx, one ordered probe per queue, stopping at the LIMIT) and
 -- its due `retrying` jobs (jobs_retry_due_idx; retries are few); rows another claimer
@@ -387,7 +224,7 @@ FOR UPDATE;
 
 -- name: lock_is_stale
 -- Whether a running job's lock is older than `stale_after` seconds now, by the database
--- clock, so that hosts with skewed clocks agree (as job_append's `stale_after`).
+-- clock, so that hosts with skewed clocks agree (as jobs_reclaim's `p_stale_after`).
 SELECT jobs.locked_at < now() - make_interval(secs => %(stale_after)s)
 FROM jobs WHERE id = %(job_id)s;
 

@@ -28,8 +28,8 @@ from jobs.services import (
     job_fail_with_dead_letter,
     job_retry,
     job_succeed,
-    transition,
 )
+from jobs.services.transitions import change
 from jobs.states import Status
 from tenants.models import DEFAULT_ORG_SLUG, Membership, Organisation, Project
 
@@ -187,7 +187,7 @@ def job_in_state(
     # transaction in the shared vhost. So this is the one direct transition the tests
     # make (in a transactional test the publisher may have done it already, on commit).
     if _stored(job).status == Status.PENDING:
-        transition(job_id=job.id, target=Status.QUEUED, sources=[Status.PENDING], actor=PUBLISHER)
+        change("jobs_mark_queued", job_ids=[job.id], actor=PUBLISHER, source=Status.PENDING)
     if status == Status.QUEUED:
         return _stored(job)
     if status == Status.CANCELLED:

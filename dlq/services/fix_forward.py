@@ -34,8 +34,8 @@ from dlq.services.replay import ResolveResult, broker_copies_ack_resolved
 from dlq.services.selection import PERMISSIONS
 from jobs import metrics
 from jobs.models import DeadLetter, DeadLetterState, Job, ParamsEdit, ParamsEditState
-from jobs.services import job_audit, params_hash, transition, validate_params
-from jobs.services.retry import REPLAY_FIELDS, clean_reason
+from jobs.services import job_audit, job_requeue_with_params, params_hash, validate_params
+from jobs.services.retry import clean_reason
 from jobs.states import Status
 from jobs.types import get_type
 from tenants.selectors import operator_org_ids
@@ -296,19 +296,14 @@ def fix_forward_apply(*, edit: ParamsEdit, actor_user: Any) -> ParamsEdit:
         edit.state = ParamsEditState.APPLIED
         edit.decided_at = edit.decided_at or now
         edit.applied_at = now
-        transition(
+        job_requeue_with_params(
             job_id=job.id,
-            target=Status.PENDING,
-            sources=[Status.FAILED],
-            actor=Actor.operator(actor_user),
+            params=edit.new_params,
+            params_hash=edit.new_params_sha256,
+            extend=spec.max_attempts if spec is not None else 1,
             event_type="dlq_fixed_forward",
-            extend_attempts=spec.max_attempts if spec is not None else 1,
-            fields={
-                **REPLAY_FIELDS,
-                "params": edit.new_params,
-                "params_hash": edit.new_params_sha256,
-            },
-            audit_data=_audit_data(edit) | {"queue": row.queue, "message_id": row.message_id},
+            actor=Actor.operator(actor_user),
+            data=_audit_data(edit) | {"queue": row.queue, "message_id": row.message_id},
         )
         DeadLetter.objects.filter(id=row.id).update(
             state=DeadLetterState.REPLAYED,

@@ -33,7 +33,7 @@ from dlq.services.selection import (
 )
 from jobs import metrics
 from jobs.models import DeadLetter, DeadLetterState
-from jobs.services import job_publish, jobs_audit, params_edits_settle, transition_many
+from jobs.services import job_publish, jobs_audit, jobs_requeue, params_edits_settle
 from jobs.states import Status
 from jobs.topology import dlq_has_broker_copy, dlq_names
 from jobs.types import get_type
@@ -384,22 +384,12 @@ def _replay_chunk(
         replayed: list[int] = []
         for job_type, type_rows in by_type.items():
             spec = get_type(job_type)
-            moved = transition_many(
+            moved = jobs_requeue(
                 job_ids=[row.job_id for row in type_rows if row.job_id is not None],
-                target=Status.PENDING,
-                sources=[Status.FAILED],
-                actor=by.actor,
+                extend=spec.max_attempts if spec is not None else 1,
                 event_type="dlq_replayed",
-                extend_attempts=spec.max_attempts if spec is not None else 1,
-                fields={
-                    "dead_letter_queue": None,
-                    "next_run_at": None,
-                    "result": None,
-                    "progress_percent": 0,
-                    "progress_step": None,
-                    "progress_message": None,
-                },
-                audit_data={str(row.job_id): by.audit_data(row) for row in type_rows},
+                actor=by.actor,
+                data={str(row.job_id): by.audit_data(row) for row in type_rows},
             )
             moved_ids = {job.id for job in moved}
             for row in type_rows:

@@ -2,8 +2,9 @@
 
 Split by concern, re-exported here so that callers say `from jobs.services import ...`:
 
-- `transitions`: the one compare-and-set of docs/architecture.md with its audit entry and
-  event (`transition`, `Fence`), and `job_audit` for events that change no status;
+- `transitions`: the kinds of change of docs/architecture.md, each one SQL function
+  with its audit entry and event (`change`, `Fence`), `jobs_requeue` (an ended job back
+  in line), and `job_audit` for events that change no status;
 - `creation`: `job_create`, the API's `job_submit`, validation, idempotency keys;
 - `keys`: idempotency keys after creation: a repeat reads the job and marks its key
   seen, the dispatcher's release_keys step releases those past their TTL;
@@ -44,9 +45,9 @@ from jobs.services.transitions import (
     Fence,
     Progress,
     job_audit,
+    job_requeue_with_params,
     jobs_audit,
-    transition,
-    transition_many,
+    jobs_requeue,
 )
 from jobs.services.worker import (
     WORKER,
@@ -95,6 +96,7 @@ __all__ = [
     "job_publish",
     "job_reclaim",
     "job_release_idempotency_keys",
+    "job_requeue_with_params",
     "job_rerun",
     "job_retry",
     "job_retry_failed",
@@ -106,6 +108,7 @@ __all__ = [
     "jobs_fail_with_dead_letters",
     "jobs_finish",
     "jobs_heartbeat",
+    "jobs_requeue",
     "params_edits_settle",
     "params_hash",
     "publish_due_once",
@@ -113,8 +116,6 @@ __all__ = [
     "release_keys_once",
     "republish_queued",
     "retry_delay",
-    "transition",
-    "transition_many",
     "validate_idempotency_key",
     "validate_params",
     "validate_result",

@@ -8,11 +8,10 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import Actor
-from jobs.exceptions import JobCancelForbiddenError, JobNotFoundError, TransitionRefusedError
+from jobs.exceptions import JobCancelForbiddenError, JobNotFoundError
 from jobs.models import Job
 from jobs.selectors import job_actor_for_user
-from jobs.services.transitions import job_cancel_request, transition
-from jobs.states import Status
+from jobs.services.transitions import change, job_cancel_request, moved
 
 
 def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
@@ -26,17 +25,13 @@ def job_cancel(*, job_id: uuid.UUID | str, actor: Actor) -> Job:
     with transaction.atomic():
         # The flag and its entry in one statement; nothing when already raised or ended.
         job_cancel_request(job_id=job_id, actor=actor)
-        try:
-            return transition(
-                job_id=job_id,
-                target=Status.CANCELLED,
-                sources=[Status.SCHEDULED, Status.PENDING, Status.QUEUED, Status.RETRYING],
-                actor=actor,
-            )
-        except TransitionRefusedError as refused:
-            if refused.current is None:
-                raise JobNotFoundError() from refused
-            return Job.objects.get(id=job_id)
+        cancelled = moved("jobs_cancel", change("jobs_cancel", job_ids=[job_id], actor=actor))
+        if cancelled:
+            return cancelled[0]
+        job = Job.objects.filter(id=job_id).first()
+        if job is None:
+            raise JobNotFoundError()
+        return job
 
 
 def job_cancel_for_user(*, job_id: uuid.UUID | str, user: Any, staff: bool = False) -> Job:

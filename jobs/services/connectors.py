@@ -46,12 +46,12 @@ from jobs.exceptions import (
     ConnectorControlInputError,
     ConnectorNotFoundError,
     ConnectorOpenError,
+    JobLost,
 )
 from jobs.models import BreakerState, ConnectorBreaker, Job
 from jobs.queries import QUERIES
-from jobs.services.transitions import Fence, transition
+from jobs.services.transitions import Fence, change, moved
 from jobs.services.worker import WORKER
-from jobs.states import Status
 from jobs.types import ConnectorSpec, JobType, all_connectors, all_types, get_connector
 
 log = structlog.get_logger("jobs.connectors")
@@ -217,30 +217,33 @@ def job_defer(
     `connector_open`, the connector, the breaker's state), the claim's attempt given
     back, `next_run_at = now + delay`; fenced as every worker write (JobLost)."""
     waits_for = "its probe time" if state == BreakerState.OPEN else "another job's probe"
-    return transition(
-        job_id=job_id,
-        target=Status.RETRYING,
-        sources=[Status.RUNNING],
+    rows = change(
+        "jobs_defer",
+        job_ids=[job_id],
         actor=WORKER,
-        fence=fence,
-        event_type=DEFERRED_EVENT,
-        run_in=delay,
-        give_back=True,
-        fields={
-            "last_error_code": CONNECTOR_OPEN_CODE,
-            "last_error_message": (
-                f"connector {connector} is {state.replace('_', '-')}: the job waits for "
-                f"{waits_for} ({round(delay)} s) without spending an attempt"
-            ),
-        },
-        audit_data={
-            "reason": "connector_open",
-            "connector": connector,
-            "breaker": state,
-            "delay_ms": round(delay * 1000),
-            "attempt_given_back": True,
+        attempts=[fence.attempt],
+        locked_by=fence.locked_by,
+        run_in=[float(delay)],
+        codes=[CONNECTOR_OPEN_CODE],
+        messages=[
+            f"connector {connector} is {state.replace('_', '-')}: the job waits for "
+            f"{waits_for} ({round(delay)} s) without spending an attempt"
+        ],
+        data={
+            str(job_id): {
+                "reason": "connector_open",
+                "connector": connector,
+                "breaker": state,
+                "delay_ms": round(delay * 1000),
+                "attempt_given_back": True,
+            }
         },
     )
+    # a deferral is no retry: the handler did not run
+    deferred = moved("jobs_defer", rows, retried=False)
+    if not deferred:
+        raise JobLost(f"job {job_id}: lock {fence.locked_by} attempt {fence.attempt} lost")
+    return deferred[0]
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from django.utils import timezone
 
 from audit.services import Actor
 from jobs import metrics
+from jobs.exceptions import JobLost, TransitionRefusedError
 from jobs.models import DeadLetter, DeadLetterState, Job, ParamsEdit, ParamsEditState
-from jobs.services.transitions import Fence, jobs_audit, transition, transition_many
-from jobs.states import Status
+from jobs.services.transitions import Fence, change, jobs_audit, moved
+from jobs.states import ALLOWED, Status
 from jobs.topology import dlq_name
 
 
@@ -106,16 +107,22 @@ def job_fail_with_dead_letter(
     with transaction.atomic():
         # The queue is needed before the UPDATE to set dead_letter_queue in the same write.
         queue = dlq_name(Job.objects.values_list("queue", flat=True).get(id=job_id))
-        job = transition(
-            job_id=job_id,
-            target=Status.FAILED,
-            sources=sources or [Status.RUNNING],
+        failed = _fail(
+            job_ids=[job_id],
             actor=actor,
+            entry=_failed_entry(reason, error_code),
+            queue=queue,
+            error=(error_code, error_message),
             fence=fence,
+            sources=list(sources or [Status.RUNNING]),
             stale_after=stale_after,
-            fields=_failed_fields(queue, error_code, error_message),
-            audit_data=_failed_entry(reason, error_code),
         )
+        if not failed:
+            if fence is not None:
+                raise JobLost(f"job {job_id}: lock {fence.locked_by} attempt {fence.attempt} lost")
+            current = Job.objects.filter(id=job_id).values_list("status", flat=True).first()
+            raise TransitionRefusedError(job_id=job_id, current=current, target=Status.FAILED)
+        job = failed[0]
         record = NewDeadLetter(job.id, queue, reason, error_code, error_message, broker_copy)
         [dead_letter] = dead_letters_create([record])
         _count_dead_lettered([job], reason)
@@ -139,35 +146,81 @@ def jobs_fail_with_dead_letters(
     each job's broker copy. A job no longer in `source` is left as it is; returns the
     rows opened. The caller holds the transaction.
     """
-    moved = transition_many(
+    failed = _fail(
         job_ids=list(job_ids),
-        target=Status.FAILED,
-        sources=[source],
         actor=actor,
-        fields=_failed_fields(queue, error_code, error_message),
-        audit_data={str(job_id): _failed_entry(reason, error_code) for job_id in job_ids},
+        entry=_failed_entry(reason, error_code),
+        queue=queue,
+        error=(error_code, error_message),
+        sources=[source],
     )
     rows = dead_letters_create(
         NewDeadLetter(job.id, queue, reason, error_code, error_message, broker_copies[job.id])
-        for job in moved
+        for job in failed
     )
-    _count_dead_lettered(moved, reason)
+    _count_dead_lettered(failed, reason)
     return rows
+
+
+def _fail(
+    *,
+    job_ids: list[uuid.UUID | str],
+    actor: Actor,
+    entry: dict[str, Any],
+    queue: str,
+    error: tuple[str | None, str | None],
+    sources: list[str],
+    fence: Fence | None = None,
+    stale_after: float | None = None,
+) -> list[Job]:
+    """Fail `job_ids` into the dead-letter queue `queue` with `error` (code, message):
+    fenced by a worker's `fence` (jobs_fail_fenced), only while the lock is older than
+    `stale_after` seconds (jobs_fail_stale), or from `sources` (jobs_fail)."""
+    illegal = set(sources) - ALLOWED[Status.FAILED]
+    if illegal:
+        raise TransitionRefusedError(
+            job_id=",".join(str(j) for j in job_ids),
+            current=",".join(sorted(illegal)),
+            target=Status.FAILED,
+            reason="not an allowed transition",
+        )
+    n = len(job_ids)
+    common: dict[str, Any] = {
+        "queues": [queue] * n,
+        "codes": [error[0]] * n,
+        "messages": [error[1]] * n,
+        "data": {str(job_id): entry for job_id in job_ids},
+    }
+    if fence is not None:
+        name = "jobs_fail_fenced"
+        rows = change(
+            name,
+            job_ids=job_ids,
+            actor=actor,
+            attempts=[fence.attempt] * n,
+            locked_by=fence.locked_by,
+            **common,
+        )
+    elif stale_after is not None:
+        name = "jobs_fail_stale"
+        rows = change(
+            name,
+            job_ids=job_ids,
+            actor=actor,
+            sources=sources,
+            stale_after=float(stale_after),
+            **common,
+        )
+    else:
+        name = "jobs_fail"
+        rows = change(name, job_ids=job_ids, actor=actor, sources=sources, **common)
+    return moved(name, rows)
 
 
 def _count_dead_lettered(jobs: list[Job], reason: str) -> None:
     """jobs_dead_lettered_total, once the transaction that opened their rows commits."""
     for job in jobs:
         transaction.on_commit(metrics.JOBS_DEAD_LETTERED.labels(type=job.type, reason=reason).inc)
-
-
-def _failed_fields(queue: str, error_code: str | None, error_message: str | None) -> dict[str, Any]:
-    """What failing sets on the job row besides its status."""
-    return {
-        "dead_letter_queue": queue,
-        "last_error_code": error_code,
-        "last_error_message": error_message,
-    }
 
 
 def _failed_entry(reason: str, error_code: str | None) -> dict[str, Any]:

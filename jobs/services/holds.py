@@ -17,10 +17,8 @@ import uuid
 from django.db import models
 
 from audit.services import Actor
-from jobs.exceptions import TransitionRefusedError
 from jobs.models import Job
-from jobs.services.transitions import transition
-from jobs.states import Status
+from jobs.services.transitions import change, moved
 
 HELD_EVENT = "held"
 
@@ -43,14 +41,8 @@ def job_hold(*, job_id: uuid.UUID | str, reason: str, actor: Actor) -> Job | Non
     """
     if reason not in HoldReason.values:
         raise ValueError(f"no hold reason {reason!r}; one of {', '.join(HoldReason.values)}")
-    try:
-        return transition(
-            job_id=job_id,
-            target=Status.PENDING,
-            sources=[Status.QUEUED],
-            actor=actor,
-            event_type=HELD_EVENT,
-            audit_data={"reason": reason},
-        )
-    except TransitionRefusedError:
-        return None
+    rows = change(
+        "jobs_hold", job_ids=[job_id], actor=actor, data={str(job_id): {"reason": reason}}
+    )
+    held = moved("jobs_hold", rows)
+    return held[0] if held else None

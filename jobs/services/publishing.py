@@ -26,7 +26,7 @@ from jobs.models import Job
 from jobs.publisher import MessageTooLarge, message_publish, messages_publish
 from jobs.queries import QUERIES
 from jobs.services.dead_letters import job_fail_with_dead_letter
-from jobs.services.transitions import transition_many
+from jobs.services.transitions import change, moved
 from jobs.states import Status
 from jobs.types import POSTGRES, get_type, postgres_queues, queue_executor
 
@@ -63,12 +63,13 @@ def _mark_queued(jobs: list[Job]) -> None:
     A job that moved on meanwhile (a worker claimed it, a cancel) is left as it is: its
     publish still succeeded."""
     for status in {job.status for job in jobs}:
-        transition_many(
+        rows = change(
+            "jobs_mark_queued",
             job_ids=[job.id for job in jobs if job.status == status],
-            target=Status.QUEUED,
-            sources=[status],
             actor=PUBLISHER,
+            source=status,
         )
+        moved("jobs_mark_queued", rows)
 
 
 # --- the dispatcher's publish pass (docs/architecture.md) -----------------------------------------

@@ -4,7 +4,7 @@ audit chains stay, each closed by a `purged` entry.
 
 A batch is one transaction: lock up to JOBOPS_PURGE_BATCH due jobs (`purge_claim`,
 `FOR UPDATE SKIP LOCKED`: two dispatchers purge different jobs), append each one's
-`purged` entry through job_append (the audit app's audit_append, as every job entry),
+`purged` entry through jobs_note (jobs/sql/20_transitions.sql, as every job entry),
 then delete the rows (`purge_delete`). The artefacts' files and objects are deleted
 after commit: a rollback never leaves a row without its file, and a delete that fails
 leaves an orphan that `artefact_orphans_sweep` removes later.

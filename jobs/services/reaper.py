@@ -19,8 +19,7 @@ from jobs.exceptions import TransitionRefusedError
 from jobs.models import Job
 from jobs.queries import QUERIES
 from jobs.services.dead_letters import job_fail_with_dead_letter
-from jobs.services.transitions import transition
-from jobs.states import Status
+from jobs.services.transitions import change, moved
 
 log = structlog.get_logger("jobs.reaper")
 REAPER = Actor.system("reaper")
@@ -29,23 +28,17 @@ REAPER = Actor.system("reaper")
 def job_reclaim(*, job_id: uuid.UUID | str, lock_timeout: float) -> Job | None:
     """`running` (stale lock) -> `retrying` now, audited `reclaimed`; None if the lock
     turned out live (a heartbeat landed first) or the job moved on."""
-    try:
-        return transition(
-            job_id=job_id,
-            target=Status.RETRYING,
-            sources=[Status.RUNNING],
-            actor=REAPER,
-            stale_after=lock_timeout,
-            run_in=0,
-            fields={
-                "last_error_code": "WORKER_LOST",
-                "last_error_message": "the worker stopped heartbeating; reclaimed",
-            },
-            event_type="reclaimed",
-            audit_data={"reason": "worker_lost"},
-        )
-    except TransitionRefusedError:
-        return None
+    rows = change(
+        "jobs_reclaim",
+        job_ids=[job_id],
+        actor=REAPER,
+        data={str(job_id): {"reason": "worker_lost"}},
+        stale_after=float(lock_timeout),
+        code="WORKER_LOST",
+        message="the worker stopped heartbeating; reclaimed",
+    )
+    reclaimed = moved("jobs_reclaim", rows)
+    return reclaimed[0] if reclaimed else None
 
 
 def job_lock_is_stale(*, job_id: uuid.UUID | str) -> bool:

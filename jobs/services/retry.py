@@ -31,7 +31,7 @@ from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.selectors import job_actor_for_user
 from jobs.services.creation import job_create
 from jobs.services.dead_letters import params_edits_settle
-from jobs.services.transitions import job_audit, transition
+from jobs.services.transitions import job_audit, jobs_requeue
 from jobs.states import Status
 from jobs.types import get_type
 from tenants.selectors import Placement, operator_org_ids
@@ -42,15 +42,6 @@ DEFAULT_RETRY_REASON = "retried by owner"
 REPLAY_PERMISSION = "jobs.replay_deadletter"
 # What a re-run may start again: a job that has ended.
 RERUN_SOURCES = (Status.SUCCEEDED, Status.CANCELLED, Status.FAILED)
-# What a replay (and so a retry) resets besides the status: the previous run's leftovers.
-REPLAY_FIELDS: dict[str, Any] = {
-    "dead_letter_queue": None,
-    "next_run_at": None,
-    "result": None,
-    "progress_percent": 0,
-    "progress_step": None,
-    "progress_message": None,
-}
 
 
 def clean_reason(value: Any, *, field: str, required: bool) -> str:
@@ -117,20 +108,19 @@ def job_retry_failed(
             raise TransitionRefusedError(job_id=job.id, current=job.status, target=Status.PENDING)
         spec = get_type(job.type)
         row = rows[0] if rows else None
-        moved = transition(
-            job_id=job.id,
-            target=Status.PENDING,
-            sources=[Status.FAILED],
-            actor=actor,
+        [moved] = jobs_requeue(
+            job_ids=[job.id],
+            extend=spec.max_attempts if spec is not None else 1,
             event_type="retried",
-            extend_attempts=spec.max_attempts if spec is not None else 1,
-            fields=REPLAY_FIELDS,
-            audit_data={
-                "dead_letter_id": row.id if row else None,
-                "reason": row.reason if row else None,
-                "queue": row.queue if row else None,
-                "message_id": row.message_id if row else None,
-                "justification_sha256": _digest(justification),
+            actor=actor,
+            data={
+                str(job.id): {
+                    "dead_letter_id": row.id if row else None,
+                    "reason": row.reason if row else None,
+                    "queue": row.queue if row else None,
+                    "message_id": row.message_id if row else None,
+                    "justification_sha256": _digest(justification),
+                }
             },
         )
         if rows:

@@ -15,11 +15,10 @@ from django.utils import timezone
 
 from audit.services import Actor
 from jobs.queries import QUERIES
-from jobs.services.transitions import transition_many
-from jobs.states import DUE_EVENT, Status
+from jobs.services.transitions import change, moved
 
 SCHEDULER = Actor.system("scheduler")
-# Jobs moved per transaction: one job_append statement each batch.
+# Jobs moved per transaction: one jobs_promote_due statement each batch.
 PROMOTE_BATCH = 500
 # The longest the dispatcher sleeps before it looks again, whatever the next run_at: a
 # job scheduled meanwhile by another host is seen within this (its creation's NOTIFY
@@ -39,14 +38,9 @@ def promote_due_jobs(*, now: datetime | None = None, limit: int = PROMOTE_BATCH)
             ids = [row[0] for row in cursor.fetchall()]
         if not ids:
             return 0
-        moved = transition_many(
-            job_ids=ids,
-            target=Status.PENDING,
-            sources=[Status.SCHEDULED],
-            actor=SCHEDULER,
-            event_type=DUE_EVENT,
-        )
-    return len(moved)
+        rows = change("jobs_promote_due", job_ids=ids, actor=SCHEDULER)
+        promoted = moved("jobs_promote_due", rows)
+    return len(promoted)
 
 
 def next_scheduled_run() -> datetime | None:

@@ -21,19 +21,11 @@ from core.db import execute_prepared
 from core.json import json_problem
 from jobs import metrics
 from jobs.errors import ResultInvalidError
-from jobs.exceptions import JobLost, TransitionRefusedError
+from jobs.exceptions import JobLost
 from jobs.models import Job
 from jobs.queries import QUERIES
 from jobs.services.dead_letters import job_fail_with_dead_letter
-from jobs.services.transitions import (
-    Each,
-    Fence,
-    Progress,
-    job_progress_audit,
-    transition,
-    transition_each,
-    transition_many,
-)
+from jobs.services.transitions import Fence, Progress, change, job_progress_audit, moved
 from jobs.states import Status
 
 WORKER = Actor.system("worker")
@@ -68,19 +60,15 @@ def job_claim(*, job_id: uuid.UUID | str, locked_by: str, org_id: int | None = N
     (jobs.selectors.job_claim_state) and acks, holds or fails it.
     No attempt is counted for a job not claimed.
     """
-    try:
-        return transition(
-            job_id=job_id,
-            target=Status.RUNNING,
-            sources=[Status.PENDING, Status.QUEUED, Status.RETRYING],
-            actor=WORKER,
-            claim_for=locked_by,
-            org_id=org_id,
-            org_active=True,
-            queue_active=True,
-        )
-    except TransitionRefusedError:
-        return None
+    if org_id is None:  # a message that names no organisation: the job's own
+        org_id = Job.objects.filter(id=job_id).values_list("org_id", flat=True).first()
+        if org_id is None:
+            return None
+    rows = change(
+        "jobs_claim_delivered", job_ids=[job_id], actor=WORKER, locked_by=locked_by, org_id=org_id
+    )
+    claimed = moved("jobs_claim_delivered", rows, claim=True)
+    return claimed[0] if claimed else None
 
 
 def _lost(job_id: uuid.UUID | str, fence: Fence) -> JobLost:
@@ -125,7 +113,7 @@ def jobs_claim(
     (docs/postgres-executor.md): highest priority first, then oldest, skipping paused
     queues, suspended organisations, the types of `skip_types` and rows another
     claimer holds; in one transaction, the locking select (claimable_jobs) and one
-    job_append claiming them all (the compare-and-set of `job_claim`: each job's lock,
+    jobs_claim_polled claiming them all (the compare-and-set of `job_claim`: each job's lock,
     attempt and `started` entry and event). Returns the claimed jobs, highest priority
     first."""
     if limit < 1 or not queues:
@@ -140,17 +128,8 @@ def jobs_claim(
         ids = [row[0] for row in rows]
         if not ids:
             return []
-        claimed = transition_many(
-            job_ids=ids,
-            target=Status.RUNNING,
-            sources=[Status.PENDING, Status.RETRYING],
-            actor=WORKER,
-            claim_for=locked_by,
-            org_active=True,
-            queue_active=True,
-            # No broker window to refill, and run_worker's own LISTEN would wake it.
-            notify=False,
-        )
+        rows = change("jobs_claim_polled", job_ids=ids, actor=WORKER, locked_by=locked_by)
+        claimed = moved("jobs_claim_polled", rows, claim=True)
     order = {job_id: n for n, job_id in enumerate(ids)}
     return sorted(claimed, key=lambda job: order[job.id])
 
@@ -215,14 +194,13 @@ def job_succeed(
     progress: dict[str, Any] | None = None,
 ) -> Job:
     """`running` -> `succeeded` by the lock holder; the last progress value is flushed."""
-    return _leave_running(
-        job_id=job_id,
-        fence=fence,
-        target=Status.SUCCEEDED,
-        progress=progress,
-        complete=True,
-        fields={"result": result, "last_error_code": None, "last_error_message": None},
+    written = jobs_succeed(
+        locked_by=fence.locked_by,
+        ends=[(job_id, fence.attempt)],
+        results=[result],
+        progress=[progress],
     )
+    return _one(job_id, fence, written)
 
 
 def job_retry(
@@ -241,52 +219,136 @@ def job_retry(
     No Celery countdown/ETA: the wait lives in the database, survives a worker restart
     and holds no prefetch slot (docs/architecture.md#outcomes-of-a-run).
     `breaker`: the state of the job's connector's breaker when it is not closed (the
-    job waits for its probe, docs/connectors.md); `extend_attempts`: its budget grows
-    (`max_attempts`) by this many, as a replay's: a job on its last attempt whose
-    failure the breaker saw waits for the probe instead of dead-lettering.
+    job waits for its probe, docs/connectors.md; jobs_retry_held); `extend_attempts`:
+    the attempts its budget grows by, as the entry says (1 on its last attempt, which
+    jobs_retry_held grants, 0 otherwise).
     """
-    return _leave_running(
-        job_id=job_id,
-        fence=fence,
-        target=Status.RETRYING,
-        progress=progress,
-        run_in=delay,
-        extend_attempts=extend_attempts,
-        fields={"last_error_code": error_code, "last_error_message": error_message[:2000]},
-        audit_data={
-            "error_code": error_code,
-            "delay_ms": round(delay * 1000),
-            **({"breaker": breaker, "attempts_extended": extend_attempts} if breaker else {}),
-        },
-    )
+    retry = Retry(job_id, fence.attempt, delay, error_code, error_message, progress)
+    data = {"breaker": breaker, "attempts_extended": extend_attempts} if breaker else None
+    written = jobs_retry(locked_by=fence.locked_by, retries=[retry], held=data)
+    return _one(job_id, fence, written)
 
 
 def job_cancel_confirm(
     *, job_id: uuid.UUID | str, fence: Fence, progress: dict[str, Any] | None = None
 ) -> Job:
     """`running` -> `cancelled` by the lock holder after its handler saw the flag."""
-    return _leave_running(job_id=job_id, fence=fence, target=Status.CANCELLED, progress=progress)
-
-
-def _leave_running(
-    *,
-    job_id: uuid.UUID | str,
-    fence: Fence,
-    target: str,
-    progress: dict[str, Any] | None,
-    **options: Any,
-) -> Job:
-    """A final transition by the lock holder, carrying the last coalesced progress value
-    (docs/architecture.md: it is always flushed on a state transition)."""
-    return transition(
-        job_id=job_id,
-        target=target,
-        sources=[Status.RUNNING],
-        actor=WORKER,
-        fence=fence,
-        progress=Progress.from_value(progress),
-        **options,
+    return _one(
+        job_id,
+        fence,
+        jobs_cancel_confirm(
+            locked_by=fence.locked_by, ends=[(job_id, fence.attempt)], progress=[progress]
+        ),
     )
+
+
+def _one(job_id: uuid.UUID | str, fence: Fence, written: list[Job]) -> Job:
+    if not written:
+        raise _lost(job_id, fence)
+    return written[0]
+
+
+def _progress(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A last progress value as the functions take it (percent, step, message), or None."""
+    progress = Progress.from_value(value)
+    if progress is None:
+        return None
+    return {"percent": progress.percent, "step": progress.step, "message": progress.message}
+
+
+def _flushed(
+    ends: list[tuple[uuid.UUID | str, int]], progress: list[dict[str, Any] | None]
+) -> frozenset[str]:
+    """The ids of the jobs that carry a last progress value (counted as a progress write)."""
+    return frozenset(str(job_id) for (job_id, _), p in zip(ends, progress, strict=True) if p)
+
+
+def jobs_succeed(
+    *,
+    locked_by: str,
+    ends: list[tuple[uuid.UUID | str, int]],
+    results: list[dict[str, Any] | None],
+    progress: list[dict[str, Any] | None],
+) -> list[Job]:
+    """jobs_succeed (jobs/sql/20_transitions.sql): `ends` (job id, attempt) of the lock
+    holder `locked_by` -> `succeeded`, each with its result and last progress value;
+    returns the jobs written (a job whose fence failed is not among them)."""
+    flushed = [_progress(p) for p in progress]
+    rows = change(
+        "jobs_succeed",
+        job_ids=[job_id for job_id, _ in ends],
+        actor=WORKER,
+        attempts=[attempt for _, attempt in ends],
+        locked_by=locked_by,
+        results=results,
+        progress=flushed,
+    )
+    return moved("jobs_succeed", rows, flushed=_flushed(ends, progress))
+
+
+@dataclass(frozen=True)
+class Retry:
+    """One run that ends in a retry: its job and attempt, the wait, the error and the
+    last progress value."""
+
+    job_id: uuid.UUID | str
+    attempt: int
+    delay: float
+    error_code: str
+    error_message: str
+    progress: dict[str, Any] | None = None
+
+
+def jobs_retry(
+    *, locked_by: str, retries: list[Retry], held: dict[str, Any] | None = None
+) -> list[Job]:
+    """jobs_retry (jobs/sql/20_transitions.sql) of `retries` by `locked_by`, each entry
+    with its error code and delay; with `held` (the breaker's state and the attempts
+    granted, for the entry), jobs_retry_held: the job waits for its connector's probe.
+    Returns the jobs written."""
+    name = "jobs_retry_held" if held else "jobs_retry"
+    flushed = [_progress(r.progress) for r in retries]
+    rows = change(
+        name,
+        job_ids=[r.job_id for r in retries],
+        actor=WORKER,
+        data={
+            str(r.job_id): {
+                "error_code": r.error_code,
+                "delay_ms": round(r.delay * 1000),
+                **(held or {}),
+            }
+            for r in retries
+        },
+        attempts=[r.attempt for r in retries],
+        locked_by=locked_by,
+        run_in=[float(r.delay) for r in retries],
+        codes=[r.error_code for r in retries],
+        messages=[r.error_message[:2000] for r in retries],
+        progress=flushed,
+    )
+    ends = [(r.job_id, r.attempt) for r in retries]
+    return moved(name, rows, flushed=_flushed(ends, [r.progress for r in retries]))
+
+
+def jobs_cancel_confirm(
+    *,
+    locked_by: str,
+    ends: list[tuple[uuid.UUID | str, int]],
+    progress: list[dict[str, Any] | None],
+) -> list[Job]:
+    """jobs_cancel_confirm (jobs/sql/20_transitions.sql): `ends` (job id, attempt) of
+    `locked_by` -> `cancelled`, each with its last progress value."""
+    flushed = [_progress(p) for p in progress]
+    rows = change(
+        "jobs_cancel_confirm",
+        job_ids=[job_id for job_id, _ in ends],
+        actor=WORKER,
+        attempts=[attempt for _, attempt in ends],
+        locked_by=locked_by,
+        progress=flushed,
+    )
+    return moved("jobs_cancel_confirm", rows, flushed=_flushed(ends, progress))
 
 
 @dataclass(frozen=True)
@@ -355,33 +417,52 @@ def _fail(finish: Finish, fence: Fence) -> None:
 
 def jobs_finish(*, finishes: list[Finish], locked_by: str) -> list[Finish]:
     """Write a window of finished runs of one lock holder (a run_worker host) in batches
-    (docs/postgres-executor.md): one job_append per outcome (succeeded, retrying,
-    cancelled) for all of that outcome's jobs, each fenced by `locked_by` and its own
-    attempt, each with its own entry and event; a failure one at a time, with its
-    dead letter (no broker copy: the database row is the dead letter). Returns the
+    (docs/postgres-executor.md): one transition function per outcome (jobs_succeed,
+    jobs_retry, jobs_cancel_confirm) for all of that outcome's jobs, each fenced by
+    `locked_by` and its own attempt, each with its own entry and event; a failure one
+    at a time, with its dead letter (no broker copy: the database row is the dead
+    letter). Returns the
     finishes whose fence failed (their jobs were reclaimed: nothing of theirs is
     written); the others are unaffected."""
     written: set[uuid.UUID] = set()
     # A retry its connector's breaker holds is written alone (job_retry: its own audit
     # data and attempt budget); such retries are few, at an outage's start.
     alone = [f for f in finishes if f.target == Status.FAILED or f.breaker is not None]
-    for target in (Status.SUCCEEDED, Status.RETRYING, Status.CANCELLED):
-        group = [f for f in finishes if f.target == target and f not in alone]
-        if group:
-            moved = transition_each(
-                each=[_each(f) for f in group],
-                target=target,
-                actor=WORKER,
-                locked_by=locked_by,
-                sources=[Status.RUNNING],
-                complete=target == Status.SUCCEEDED,
-                fields=(
-                    {"last_error_code": None, "last_error_message": None}
-                    if target == Status.SUCCEEDED
-                    else None
-                ),
+    batch = [f for f in finishes if f not in alone]
+    ends = {
+        target: [f for f in batch if f.target == target]
+        for target in (Status.SUCCEEDED, Status.RETRYING, Status.CANCELLED)
+    }
+    if ends[Status.SUCCEEDED]:
+        group = ends[Status.SUCCEEDED]
+        done = jobs_succeed(
+            locked_by=locked_by,
+            ends=[(f.job_id, f.attempt) for f in group],
+            results=[f.result for f in group],
+            progress=[f.progress for f in group],
+        )
+        written.update(job.id for job in done)
+    if ends[Status.RETRYING]:
+        retries = [
+            Retry(
+                f.job_id,
+                f.attempt,
+                float(f.delay or 0),
+                f.error_code or "",
+                f.error_message or "",
+                f.progress,
             )
-            written.update(job.id for job in moved)
+            for f in ends[Status.RETRYING]
+        ]
+        written.update(job.id for job in jobs_retry(locked_by=locked_by, retries=retries))
+    if ends[Status.CANCELLED]:
+        group = ends[Status.CANCELLED]
+        done = jobs_cancel_confirm(
+            locked_by=locked_by,
+            ends=[(f.job_id, f.attempt) for f in group],
+            progress=[f.progress for f in group],
+        )
+        written.update(job.id for job in done)
     for finish in alone:
         try:
             job_finish(finish=finish, fence=Fence(locked_by, finish.attempt))
@@ -389,29 +470,3 @@ def jobs_finish(*, finishes: list[Finish], locked_by: str) -> list[Finish]:
             continue
         written.add(finish.job_id)
     return [f for f in finishes if f.job_id not in written]
-
-
-def _each(finish: Finish) -> Each:
-    """A finish as the per-job values of its outcome's batch transition (as job_succeed,
-    job_retry and job_cancel_confirm write one)."""
-    progress = Progress.from_value(finish.progress)
-    if finish.target == Status.SUCCEEDED:
-        if progress is not None:  # success writes 100 % with the last step and message
-            progress = Progress(100, progress.step, progress.message)
-        return Each(
-            finish.job_id, finish.attempt, progress=progress, fields={"result": finish.result}
-        )
-    if finish.target == Status.RETRYING:
-        code, delay = finish.error_code, float(finish.delay or 0)
-        return Each(
-            finish.job_id,
-            finish.attempt,
-            run_in=delay,
-            progress=progress,
-            fields={
-                "last_error_code": code,
-                "last_error_message": (finish.error_message or "")[:2000],
-            },
-            audit_data={"error_code": code, "delay_ms": round(delay * 1000)},
-        )
-    return Each(finish.job_id, finish.attempt, progress=progress)

@@ -7,7 +7,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.canonical import Hole, canonical_bytes, canonical_template
+from audit.canonical import canonical_bytes
 from jobs.states import Status
 
 ASCII = st.text(alphabet=st.characters(max_codepoint=127), max_size=12)
@@ -53,26 +53,3 @@ def test_a_typical_payload_and_every_ascii_character():
         "ok": [True, False],
     }
     assert canonical_bytes(payload) == rfc8785.dumps(payload)
-
-
-def test_a_template_filled_is_the_canonical_payload():
-    value = {"seq": Hole("seq"), "from": Hole("from", "text"), "to": "queued", "x": "é"}
-    template = canonical_template(value)
-    filled = template.fill({"seq": 7, "from": "pending"})
-    assert filled.encode() == rfc8785.dumps({"seq": 7, "from": "pending", "to": "queued", "x": "é"})
-
-
-def test_a_template_made_for_a_stand_in_id_is_the_template_of_each_real_id():
-    # jobs.services.transitions makes one template per batch for a stand-in job id and
-    # swaps each job's id in: the bytes must be those of a template made per job.
-    def payload(job_id: str) -> dict[str, object]:
-        return {
-            "chain": f"job:{job_id}",
-            "job_id": job_id,
-            "seq": Hole("seq"),
-            "data": {"from": Hole("from", "text"), "to": "running", "note": "ü"},
-        }
-
-    shared = canonical_template(payload("<job:0123abcd>"))
-    for job_id in ("0190a1b2-0000-7000-8000-000000000001", "ffffffff-ffff-7fff-bfff-ffffffffffff"):
-        assert shared.replace("<job:0123abcd>", job_id) == canonical_template(payload(job_id))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from audit.queries import QUERIES as AUDIT_QUERIES
+from core.sqlfiles import ROOT
 from jobs.models import Job
 from jobs.queries import PENDING_CHANNEL, QUERIES
 
@@ -20,8 +21,9 @@ def test_the_job_insert_statement_names_every_column_of_the_job():
 
 def test_the_dispatcher_listens_on_the_channel_the_statements_notify():
     assert QUERIES["listen_pending"] == f"LISTEN {PENDING_CHANNEL}"
-    for name in ("job_append", "job_insert"):
-        assert f"pg_notify('{PENDING_CHANNEL}', '')" in QUERIES[name]
+    assert f"pg_notify('{PENDING_CHANNEL}', '')" in QUERIES["job_insert"]
+    transitions = (ROOT / "jobs" / "sql" / "20_transitions.sql").read_text(encoding="utf-8")
+    assert f"pg_notify('{PENDING_CHANNEL}', '')" in transitions
 
 
 def test_only_the_audit_app_writes_audit_logs():
@@ -29,5 +31,9 @@ def test_only_the_audit_app_writes_audit_logs():
     inserts into audit_logs or computes a chain hash of its own."""
     for sql in QUERIES.values():
         assert "INSERT INTO audit_logs" not in sql and "sha256(" not in sql
-    assert "audit_append(" in QUERIES["job_append"] and "audit_append(" in QUERIES["job_insert"]
+    for path in (ROOT / "jobs" / "sql").glob("*.sql"):
+        text = path.read_text(encoding="utf-8")
+        assert "INSERT INTO audit_logs" not in text and "sha256(" not in text
+    entries = (ROOT / "jobs" / "sql" / "10_entries.sql").read_text(encoding="utf-8")
+    assert "audit_append_entries(" in entries and "audit_append(" in QUERIES["job_insert"]
     assert "audit_append(" in AUDIT_QUERIES["append"]

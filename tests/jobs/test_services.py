@@ -15,7 +15,16 @@ from jobs.exceptions import (
     TransitionRefusedError,
 )
 from jobs.models import EventOutbox, Job
-from jobs.services import Fence, job_cancel, job_claim, job_create, job_succeed, transition
+from jobs.services import (
+    Fence,
+    job_cancel,
+    job_claim,
+    job_create,
+    job_fail_with_dead_letter,
+    job_succeed,
+    transitions,
+)
+from jobs.services.transitions import change
 from jobs.states import ALLOWED, Status
 from tests.factories import UserFactory, fence_of, job_in_state, make_job
 from tests.processes import job_events
@@ -74,7 +83,7 @@ def test_a_key_released_between_the_insert_and_the_read_makes_a_new_job():
 
     def release_after_the_refused_insert(execute, sql, params, many, context):
         rows = execute(sql, params, many, context)
-        if sql.startswith("WITH ins AS") and not rows and not released:
+        if "INSERT INTO jobs (" in sql and not rows and not released:
             # What the expired-key sweep does, landing between the two statements.
             released.append(Job.objects.filter(id=old.id).update(idempotency_key=None))
         return rows
@@ -145,7 +154,8 @@ def test_oversized_params_are_refused(settings):
 
 def test_transition_applies_and_audits_once():
     job = make_job()
-    moved = transition(job_id=job.id, target=Status.QUEUED, sources=[Status.PENDING], actor=SYSTEM)
+    rows = change("jobs_mark_queued", job_ids=[job.id], actor=SYSTEM, source=Status.PENDING)
+    [moved] = transitions.moved("jobs_mark_queued", rows)
     assert moved.status == Status.QUEUED
     assert moved.version == job.version + 1
     assert job_events(job.id) == ["created", "queued"]
@@ -157,20 +167,29 @@ def test_transition_applies_and_audits_once():
     )
 
 
-def test_refused_transition_names_job_and_states_and_changes_nothing():
+def test_refused_transition_changes_nothing():
     job = make_job()
-    with pytest.raises(TransitionRefusedError) as exc:
-        transition(job_id=job.id, target=Status.SUCCEEDED, sources=[Status.RUNNING], actor=SYSTEM)
-    assert str(job.id) in str(exc.value)
-    assert exc.value.current == "pending" and exc.value.target == "succeeded"
+    rows = change(
+        "jobs_succeed",
+        job_ids=[job.id],
+        actor=SYSTEM,
+        attempts=[0],
+        locked_by="w1",
+        results=[None],
+        progress=[None],
+    )
+    assert rows == []
     assert job_events(job.id) == ["created"]
     assert Job.objects.get(id=job.id).version == job.version
 
 
-def test_transition_not_in_the_table_is_refused_before_any_sql():
+def test_a_failure_from_a_state_not_in_the_table_is_refused_before_any_sql():
     job = make_job()
-    with pytest.raises(TransitionRefusedError):
-        transition(job_id=job.id, target=Status.SUCCEEDED, sources=[Status.PENDING], actor=SYSTEM)
+    with pytest.raises(TransitionRefusedError) as exc:
+        job_fail_with_dead_letter(
+            job_id=job.id, reason="rejected", actor=SYSTEM, sources=[Status.SUCCEEDED]
+        )
+    assert exc.value.target == "failed" and exc.value.current == "succeeded"
     assert Job.objects.get(id=job.id).status == Status.PENDING
 
 
@@ -185,7 +204,7 @@ def test_fenced_write_after_reclaim_raises_job_lost():
     # someone else reclaims the job behind the worker's back
     Job.objects.filter(id=job.id).update(locked_by="w2", attempts=2)
     with pytest.raises(JobLost):
-        transition(job_id=job.id, target=Status.SUCCEEDED, actor=SYSTEM, fence=Fence("w1", 1))
+        job_succeed(job_id=job.id, fence=Fence("w1", 1), result=None)
     assert Job.objects.get(id=job.id).status == Status.RUNNING
     assert job_events(job.id) == ["created", "queued", "started"]
 
@@ -242,11 +261,13 @@ def test_artefact_save_is_an_upsert_that_replaces_the_file():
 
 
 def _plans_of_one_job_transitions() -> tuple[int, int]:
-    """(generic, custom) plans of this connection's prepared job_append statements."""
+    """(generic, custom) plans of this connection's prepared statements that call a
+    transition function (jobs.services.transitions.STATEMENTS; the statements inside
+    the PL/pgSQL function are planned by its own plan cache, as prepared ones)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0) "
-            "FROM pg_prepared_statements WHERE statement LIKE '%%FROM jobs_entries(%%'"
+            "FROM pg_prepared_statements WHERE statement LIKE '%%(m.moved).*%%'"
         )
         generic, custom = cursor.fetchone()
     return int(generic), int(custom)
