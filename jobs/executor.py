@@ -75,7 +75,14 @@ from jobs.execution.complete import (
 from jobs.execution.context import worker_identity
 from jobs.execution.heartbeat import HeartbeatLoop
 from jobs.execution.run import DB_DOWN_ERRORS
-from jobs.executor_runners import DEFERRED, fork_runner, job_message, run_claimed
+from jobs.executor_runners import (
+    DEFERRED,
+    HostGone,
+    fork_runner,
+    job_message,
+    run_claimed,
+    runner_process,
+)
 from jobs.liveness import beat, beat_end
 from jobs.models import Job
 from jobs.queries import QUERIES
@@ -83,7 +90,18 @@ from jobs.services import Fence, Finish, jobs_claim
 from jobs.services.connectors import blocked_types
 from jobs.types import get_type
 
-__all__ = ["COMPLETE_BATCH", "COMPLETE_WINDOW_SECONDS", "Host", "run_claimed", "run_worker"]
+# The names this module held before the runners moved to jobs.executor_runners.
+__all__ = [
+    "COMPLETE_BATCH",
+    "COMPLETE_WINDOW_SECONDS",
+    "DEFERRED",
+    "Host",
+    "HostGone",
+    "job_message",
+    "run_claimed",
+    "run_worker",
+    "runner_process",
+]
 
 log = structlog.get_logger("jobs.executor")
 
