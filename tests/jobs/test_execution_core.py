@@ -12,7 +12,8 @@ import structlog
 from celery.exceptions import SoftTimeLimitExceeded
 
 from jobs import runtime
-from jobs.execution import complete
+from jobs.execution import complete, heartbeat
+from jobs.execution.context import JobContext
 from jobs.execution.heartbeat import HeartbeatLoop
 from jobs.execution.limits import SoftLimit
 from jobs.execution.run import ENDED, run_claimed
@@ -21,6 +22,7 @@ from jobs.models import Job
 from jobs.runtime import job_execute
 from jobs.services import Fence, job_claim
 from tests.factories import job_in_state
+from tests.polling import wait_for
 from tests.processes import scripted_table
 
 pytestmark = pytest.mark.django_db
@@ -131,3 +133,33 @@ def test_both_executors_beat_through_the_one_heartbeat_loop():
     assert isinstance(runtime.HEARTBEATS, HeartbeatLoop)
     host = Host(queues=["sim"], concurrency=1, pool="threads", prefetch=1)
     assert isinstance(host.heartbeats, HeartbeatLoop)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_members_due_within_half_a_heartbeat_are_beaten_by_one_statement(settings, monkeypatch):
+    """A host's jobs claimed a moment apart share a beat: one statement, not one each."""
+    settings.JOBOPS_HEARTBEAT_SECONDS = 0.5
+    beats: list[set[str]] = []
+    jobs_heartbeat = heartbeat.jobs_heartbeat
+
+    def recorded(*, held):
+        beats.append({str(job_id) for job_id in held})
+        return jobs_heartbeat(held=held)
+
+    monkeypatch.setattr(heartbeat, "jobs_heartbeat", recorded)
+    loop = HeartbeatLoop(autostart=False)
+    members = []
+    for _ in range(2):
+        job = job_claim(job_id=job_in_state("queued").id, locked_by="core-test")
+        assert job is not None
+        fence = Fence("core-test", job.attempts)
+        members.append(JobContext(job=job, fence=fence, log=structlog.get_logger("test")))
+    loop.add(members[0])
+    time.sleep(0.1)  # the second claimed later, within half a heartbeat of the first
+    loop.add(members[1])
+    loop.start()
+    try:
+        wait_for(lambda: beats, timeout=10, what="the first beat")
+    finally:
+        loop.stop(timeout=5)  # its thread closes its own connection
+    assert beats[0] == {str(m.job_id) for m in members}
