@@ -9,19 +9,22 @@ import time
 
 import pytest
 import structlog
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject, SoftTimeLimitExceeded
+from django.db import OperationalError
 
 from jobs import runtime
 from jobs.execution import complete, heartbeat
+from jobs.execution import run as core
 from jobs.execution.context import JobContext
 from jobs.execution.heartbeat import HeartbeatLoop
 from jobs.execution.limits import SoftLimit
-from jobs.execution.run import ENDED, run_claimed
+from jobs.execution.run import DB_DOWN, ENDED, LOST, LOST_DECIDING, run_claimed
 from jobs.executor import Host
 from jobs.models import Job
 from jobs.runtime import job_execute
 from jobs.services import Fence, job_claim
 from tests.factories import job_in_state
+from tests.metric_samples import Moved
 from tests.polling import wait_for
 from tests.processes import scripted_table
 
@@ -163,3 +166,89 @@ def test_members_due_within_half_a_heartbeat_are_beaten_by_one_statement(setting
     finally:
         loop.stop(timeout=5)  # its thread closes its own connection
     assert beats[0] == {str(m.job_id) for m in members}
+
+
+# --- every way a run ends comes back to the adapter, never raised ------------------------
+
+
+def fails_after_a_takeover(ctx, params):
+    """The reaper reclaimed the job and another worker claimed it while this one ran."""
+    Job.objects.filter(id=ctx.job_id).update(locked_by="w2", attempts=ctx.attempt + 1)
+    raise RuntimeError("too late")
+
+
+def loses_its_lock(ctx, params):
+    Job.objects.filter(id=ctx.job_id).update(locked_by="w2", attempts=ctx.attempt + 1)
+    ctx.progress(50)  # refused: JobLost in the handler
+
+
+def ended(job: Job, fence: Fence, write_end=lambda finish, _run: finish):
+    return run_claimed(
+        job=job,
+        fence=fence,
+        log=structlog.get_logger("test"),
+        soft_limit=SoftLimit(AdapterLimit),
+        heartbeats=None,
+        write_end=write_end,
+    )
+
+
+def test_the_database_away_at_the_gate_ends_before_the_run(settings, monkeypatch):
+    job, fence = claimed(settings, succeeds)
+
+    def down(**_):
+        raise OperationalError("the database is away")
+
+    monkeypatch.setattr(core, "connector_gate", down)
+    result = ended(job, fence)
+    assert (result.outcome, result.run) == (DB_DOWN, None)
+    assert isinstance(result.error, OperationalError)
+
+
+def test_a_lock_lost_in_the_handler_ends_lost_and_writes_nothing(settings):
+    job, fence = claimed(settings, loses_its_lock)
+    written = []
+    result = ended(job, fence, write_end=lambda finish, _run: written.append(finish))
+    assert result.outcome == LOST and result.run is not None and written == []
+
+
+def test_a_lock_lost_while_deciding_ends_lost_deciding(settings):
+    job, fence = claimed(settings, fails_after_a_takeover)
+    result = ended(job, fence)
+    assert (result.outcome, result.finish) == (LOST_DECIDING, None)
+
+
+def test_the_database_away_at_the_write_ends_undecided(settings):
+    job, fence = claimed(settings, succeeds)
+
+    def down(finish, run):
+        raise OperationalError("the database is away")
+
+    result = ended(job, fence, write_end=down)
+    assert result.outcome == DB_DOWN and result.run is not None
+    assert Job.objects.get(id=job.id).status == "running"  # the reaper's, once stale
+
+
+def test_a_celery_delivery_lost_while_deciding_is_acked_and_counted_lost(settings):
+    scripted_table(settings, cam={"handler": f"{__name__}.fails_after_a_takeover"})
+    job = job_in_state("queued", job_type="cam", params={"do": "fails_after_a_takeover"})
+    moved = Moved()
+    summary = job_execute(payload={"job_id": str(job.id)}, hostname="core-test")
+    assert summary == {"job_id": str(job.id), "outcome": "lost"}
+    assert moved("jobs_lost_total", type="cam") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_celery_delivery_that_cannot_write_its_end_hands_the_message_back(settings, monkeypatch):
+    settings.JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS = 0
+    scripted_table(settings, cam={"handler": f"{__name__}.succeeds"})
+    job = job_in_state("queued", job_type="cam", params={"do": "succeeds"})
+
+    def down(**_):
+        raise OperationalError("the database is away")
+
+    monkeypatch.setattr(complete, "jobs_finish", down)
+    with pytest.raises(Reject) as rejected:
+        job_execute(payload={"job_id": str(job.id)}, hostname="core-test")
+    assert rejected.value.requeue is True
+    assert Job.objects.get(id=job.id).status == "running"  # nothing decided
