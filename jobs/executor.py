@@ -18,38 +18,38 @@ commit, a window of completions' commit and the runners overlap instead of takin
    replayed, resumed) wakes it, or JOBOPS_WORKER_POLL_SECONDS pass, or a retry comes due.
 2. Run (one thread per runner): takes the next buffered job and runs it in a child
    process (the default) or in the thread itself (JOBOPS_WORKER_POOL=threads, for
-   I/O-bound and short types), through the same `jobs.runtime.run_handler` and
-   `finish_decide` as a Celery worker: the handler contract, JobContext, the error
-   taxonomy and backoff are shared. A process runner's soft time limit raises
-   SoftTimeLimitExceeded in the handler; past the hard limit the host kills it (a thread
+   I/O-bound and short types), through the execution core's `run_claimed`
+   (jobs.execution), as a Celery worker does: the handler contract, JobContext, the
+   error taxonomy and backoff are shared. A process runner's soft time limit raises
+   SoftTimeLimitExceeded in the handler (the core's timer, with the class this adapter
+   gives it: jobs.execution.limits); past the hard limit the host kills it (a thread
    cannot be killed: it is left behind and a new one takes its place) and stops beating
    for the job, whose lock goes stale: the reaper reclaims it, as for a worker lost.
 3. Complete (the completer thread): the runs' ends are written in windows, when
-   COMPLETE_BATCH have come or COMPLETE_WINDOW_SECONDS after the window's first, by
-   `jobs.services.jobs_finish`: one statement per outcome, each job fenced by the
-   host's lock holder and its own attempt. A job whose fence failed is reported lost
-   (logged, jobs_lost_total); the others are unaffected.
-4. Heartbeat (the heartbeat thread): one statement for every job the host holds, buffered
-   ones included, every JOBOPS_HEARTBEAT_SECONDS; a job no longer held (reclaimed) is
-   lost: the host stops beating for it and its runner's writes are refused by their fence.
+   COMPLETE_BATCH have come or COMPLETE_WINDOW_SECONDS after the window's first, by the
+   core's completer (`jobs.execution.complete`, a Celery worker's too): one statement
+   per outcome, each job fenced by the host's lock holder and its own attempt. A job
+   whose fence failed is reported lost (logged, jobs_lost_total); the others are
+   unaffected.
+4. Heartbeat (the core's heartbeat loop, `jobs.execution.heartbeat`): one statement for
+   the jobs the host holds, buffered ones included, each JOBOPS_HEARTBEAT_SECONDS after
+   its claim (those due within half a heartbeat together); a job no longer held
+   (reclaimed) is lost: the host stops beating for it and its runner's writes are
+   refused by their fence.
 5. SIGTERM: stop claiming, let the runners finish what they hold (buffered jobs too: they
    are claimed) for JOBOPS_WORKER_GRACE_SECONDS, write their ends, then exit; jobs not
    finished then are left to the reaper, as are all of a host killed outright.
 6. A host killed outright (`kill -9` of its main process alone) takes its child
-   processes with it: each child watches its host (`_watch_host`) and ends within
-   about a second of its death, its handler interrupted; its job is the reaper's.
+   processes with it: each child watches its host (`_watch_host`, jobs.executor_runners)
+   and ends within about a second of its death, its handler interrupted; its job is the
+   reaper's.
 """
 
 from __future__ import annotations
 
-import functools
 import gc
 import math
-import multiprocessing
-import os
 import queue
-import select
-import signal
 import threading
 import time
 import uuid
@@ -59,37 +59,52 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import structlog
-from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import close_old_connections, connection, connections
+from django.db import close_old_connections, connection
 
-from core.logging import log_context
 from jobs import metrics
 from jobs.dispatcher import PendingListener
-from jobs.exceptions import JobLost
+from jobs.execution.complete import (
+    COMPLETE_BATCH,
+    COMPLETE_WINDOW_SECONDS,
+    End,
+    attempt_fields,
+    complete_windows,
+    write_ends,
+)
+from jobs.execution.context import worker_identity
+from jobs.execution.heartbeat import HeartbeatLoop
+from jobs.execution.run import DB_DOWN_ERRORS
+from jobs.executor_runners import (
+    DEFERRED,
+    HostGone,
+    fork_runner,
+    job_message,
+    run_claimed,
+    runner_process,
+)
 from jobs.liveness import beat, beat_end
 from jobs.models import Job
 from jobs.queries import QUERIES
-from jobs.runtime import (
-    DB_DOWN_ERRORS,
-    attempt_fields,
-    finish_decide,
-    finish_log,
-    probe_release,
-    run_handler,
-    worker_identity,
-)
-from jobs.services import Fence, Finish, jobs_claim, jobs_finish, jobs_heartbeat
+from jobs.services import Fence, Finish, jobs_claim
 from jobs.services.connectors import blocked_types
 from jobs.types import get_type
 
+# The names this module held before the runners moved to jobs.executor_runners.
+__all__ = [
+    "COMPLETE_BATCH",
+    "COMPLETE_WINDOW_SECONDS",
+    "DEFERRED",
+    "Host",
+    "HostGone",
+    "job_message",
+    "run_claimed",
+    "run_worker",
+    "runner_process",
+]
+
 log = structlog.get_logger("jobs.executor")
 
-# A window of finished runs is written when it holds this many, or this long after its
-# first: a drain writes up to 100 ends per statement and commit, a lone job waits at
-# most 5 ms.
-COMPLETE_BATCH = 100
-COMPLETE_WINDOW_SECONDS = 0.005
 # A claimed job waits in the buffer at most about this long at the recent run time: it
 # is `running`, with its `started` entry, while it waits (docs/postgres-executor.md).
 BUFFER_HORIZON_SECONDS = 0.05
@@ -100,173 +115,6 @@ RUN_TIME_WEIGHT = 0.2
 SUPERVISE_SECONDS = 0.1
 # The liveness kind run_worker hosts beat as (jobs.liveness, `manage.py liveness`).
 LIVENESS_KIND = "run_worker"
-
-
-# --- running one job, in a child process or a runner thread ----------------------------
-
-
-def _soft_time_limit(_signum: int, _frame: Any) -> None:
-    raise SoftTimeLimitExceeded("soft time limit exceeded")
-
-
-# What a runner reports for a job its connector's breaker deferred (docs/connectors.md:
-# the deferral is written already; the handler did not run).
-DEFERRED = "deferred"
-
-
-def run_claimed(job: Job, locked_by: str, *, process: bool) -> Finish | str | None:
-    """Run one claimed job and decide how it ended; DEFERRED when its connector's breaker
-    deferred it; None when it was lost (reclaimed meanwhile) or the database could not
-    be reached to decide (the lock then goes stale and the reaper reclaims it: nothing
-    is decided without it)."""
-    fence = Fence(locked_by, job.attempts)
-    bound = log.bind(
-        job_id=str(job.id), request_id=job.request_id, correlation_id=job.correlation_id
-    )
-    spec = get_type(job.type)
-    limit = spec.soft_time_limit if spec is not None and process else 0
-    with log_context(job_id=str(job.id), org_id=job.org_id, project_id=job.project_id):
-        try:
-            if limit:
-                signal.setitimer(signal.ITIMER_REAL, limit)
-            try:
-                run = run_handler(job=job, fence=fence, log=bound, heartbeats=None)
-            finally:
-                if limit:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-            try:
-                if run.outcome == "deferred":
-                    return DEFERRED
-                if run.outcome == "lost" or run.ctx._lost.is_set():
-                    return None
-                return finish_decide(
-                    ctx=run.ctx,
-                    job=job,
-                    spec=run.spec,
-                    outcome=run.outcome,
-                    error=run.error,
-                    result=run.result,
-                )
-            finally:
-                probe_release(run.gate, job_id=job.id, log=bound)
-        except JobLost:
-            return None
-        except DB_DOWN_ERRORS as exc:
-            bound.error("database_unavailable_job_left_to_reaper", error=repr(exc))
-            connection.close()
-            return None
-
-
-@functools.cache
-def _job_columns() -> tuple[str, ...]:
-    return tuple(f.attname for f in Job._meta.concrete_fields)
-
-
-def job_message(job: Job, locked_by: str) -> tuple[tuple[Any, ...], str]:
-    """What goes down a child's pipe for a job: its column values and the lock holder.
-    A model instance pickles at about twice the cost (its state, its field cache)."""
-    return tuple(getattr(job, name) for name in _job_columns()), locked_by
-
-
-# A child looks whether its host is alive at least this often, and once its host is
-# gone gives its handler this long to unwind before it exits regardless (a handler stuck
-# in C code does not see the exception).
-HOST_WATCH_SECONDS = 0.25
-HOST_GONE_GRACE_SECONDS = 1.0
-
-
-class HostGone(BaseException):
-    """Raised in a child's main thread once its host is gone. A BaseException: a
-    handler's `except Exception` does not take it for one of its own errors."""
-
-
-def _host_gone(_signum: int, _frame: Any) -> None:
-    raise HostGone("run_worker host gone")
-
-
-# A pipe nobody writes to, made by the host before its first fork: each child closes its
-# copy of the write end at once, so the read end reaches EOF when the host's copy closes,
-# that is when the host dies, however it dies (docs/postgres-executor.md).
-_HOST_PIPE: tuple[int, int, int] | None = None  # (the host's pid, read end, write end)
-
-
-def _host_pipe() -> tuple[int, int]:
-    global _HOST_PIPE
-    if _HOST_PIPE is None or _HOST_PIPE[0] != os.getpid():
-        _HOST_PIPE = (os.getpid(), *os.pipe())
-    return _HOST_PIPE[1], _HOST_PIPE[2]
-
-
-def _watch_host(host: int, alive: int) -> None:
-    """A child's watcher thread: once its host is gone (the pipe at EOF, or the child
-    adopted by another parent), interrupt the handler (`HostGone` in the main thread,
-    so that its `finally` blocks run) and exit after HOST_GONE_GRACE_SECONDS at the
-    latest. The job's end could never be written: the host writes ends, not the child.
-    What the handler still writes meanwhile (progress, artefacts) is fenced by the
-    host's lock holder and the attempt, refused once the reaper has reclaimed the job.
-
-    Not PR_SET_PDEATHSIG: it fires when the forking *thread* ends, and a child is
-    forked by a runner thread that a replacement may take the place of. The pipe alone
-    is not enough either: a child forked meanwhile holds the write end until it closes
-    its copy, hence the parent's pid as well."""
-    while True:
-        readable, _, _ = select.select([alive], [], [], HOST_WATCH_SECONDS)
-        if readable or os.getppid() != host:
-            break
-    log.warning("runner_host_gone", host_pid=host, grace_seconds=HOST_GONE_GRACE_SECONDS)
-    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
-    time.sleep(HOST_GONE_GRACE_SECONDS)
-    os._exit(1)
-
-
-def runner_process(conn: Connection, host: int, alive: tuple[int, int]) -> None:
-    """A child process's life: receive a job (`job_message`), run it, send back its
-    Finish (or None); until it receives None or its host is gone (`_watch_host`)."""
-    # The host decides when its runners stop (after the grace period): a SIGTERM to the
-    # process group must not end a job half-way.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGALRM, _soft_time_limit)
-    signal.signal(signal.SIGUSR1, _host_gone)
-    os.close(alive[1])
-    threading.Thread(
-        target=_watch_host, args=(host, alive[0]), name="host-watch", daemon=True
-    ).start()
-    gc.freeze()  # as the host does (Host.run): short full collections
-    try:
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                return
-            if message is None:
-                return
-            values, locked_by = message
-            job = Job.from_db(None, _job_columns(), values)
-            close_old_connections()
-            finish = run_claimed(job, locked_by, process=True)
-            try:
-                conn.send(finish)
-            except OSError:  # the host is gone: nobody would write this end
-                return
-    except HostGone:
-        return
-    finally:
-        connection.close()
-
-
-def _fork_runner() -> tuple[Any, Connection]:
-    """A child process running `runner_process`, and the host's end of its pipe. Forked
-    without the forking thread's database connection (each child opens its own); the
-    other threads' connections are theirs alone and the child never touches them."""
-    ours, theirs = multiprocessing.Pipe()
-    connections.close_all()
-    process = multiprocessing.get_context("fork").Process(
-        target=runner_process, args=(theirs, os.getpid(), _host_pipe()), daemon=True
-    )
-    process.start()
-    theirs.close()
-    return process, ours
 
 
 # --- what the host holds ---------------------------------------------------------------
@@ -282,6 +130,23 @@ class Held:
     lost: bool = False  # reclaimed from under the host: its end is not written
     left: bool = False  # left to the reaper (hard time limit, runner died, shutdown)
     ending: bool = False  # its end is on its way to the completer
+    host: Host | None = None  # whose heartbeat loop beats for it
+
+    # -- a member of the host's heartbeat loop (jobs.execution.heartbeat.Beating)
+    @property
+    def job_id(self) -> uuid.UUID:
+        return self.job.id
+
+    @property
+    def log(self) -> Any:
+        return log.bind(job_id=str(self.job.id))
+
+    def beat_held(self, cancel_requested: bool) -> None:
+        """Nothing to pass on: the runner's JobContext reads the cancel flag itself."""
+
+    def beat_lost(self) -> None:
+        if self.host is not None:
+            self.host.lost(self)
 
 
 @dataclass(eq=False)
@@ -299,7 +164,7 @@ class Slot:
 
     def __post_init__(self) -> None:
         if self.host.process:
-            self.process, self.conn = _fork_runner()
+            self.process, self.conn = fork_runner()
         self.thread = threading.Thread(target=self.run, name=f"runner-{self.number}", daemon=True)
 
     def run(self) -> None:
@@ -363,7 +228,7 @@ class Slot:
             exitcode=self.process.exitcode,
             left_to_reaper=True,
         )
-        self.process, self.conn = _fork_runner()
+        self.process, self.conn = fork_runner()
         return None
 
     def stop(self, *, kill: bool) -> None:
@@ -406,6 +271,7 @@ class Host:
         self.in_hand = 0  # buffered or running (not counting ends being written)
         self.run_time: float | None = None  # mean seconds per run, recent runs weigh most
         self.ends: queue.SimpleQueue[tuple[float, Held, Finish] | None] = queue.SimpleQueue()
+        self.heartbeats = HeartbeatLoop(autostart=False, log=log)
         self.ready = threading.Event()  # the claimer has connected and looked once
         self.stopping = threading.Event()  # no more claims
         self.closing = threading.Event()  # runners take no more jobs
@@ -416,7 +282,6 @@ class Host:
         self.threads = [
             self.claimer,
             threading.Thread(target=self._complete_loop, name="completer", daemon=True),
-            threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True),
         ]
 
     # -- the host's own thread
@@ -433,6 +298,7 @@ class Host:
             slot.thread.start()
         for thread in self.threads:
             thread.start()
+        self.heartbeats.start()
         # Live once the claimer has its connection and has looked once (the first jobs
         # then pay no connection set-up): `manage.py liveness` and the benchmark see it.
         self.ready.wait(timeout=10)
@@ -471,6 +337,7 @@ class Host:
             self._enforce_hard_limits()
             time.sleep(SUPERVISE_SECONDS)
         self.closing.set()
+        self.heartbeats.stop(timeout=0)  # what is left goes stale for the reaper
         with self.lock:
             self.has_work.notify_all()
             left = [h for h in self.held.values() if not h.ending]
@@ -486,6 +353,7 @@ class Host:
         self.ends.put(None)  # the completer writes what came before it, then ends
         for thread in self.threads:
             thread.join(timeout=10)
+        self.heartbeats.stop(timeout=10)
         self.listener.close()
         beat_end(LIVENESS_KIND)
         log.info("run_worker_stopped")
@@ -511,6 +379,7 @@ class Host:
             with self.lock:
                 held.left = slot.abandoned = True
                 self.held.pop(held.job.id, None)
+                self.heartbeats.remove(held)
                 self.in_hand -= 1
                 self.has_room.notify_all()
             replacement = Slot(self, slot.number)
@@ -577,9 +446,10 @@ class Host:
         if jobs:
             with self.lock:
                 for job in jobs:
-                    held = Held(job, Fence(self.locked_by, job.attempts))
+                    held = Held(job, Fence(self.locked_by, job.attempts), host=self)
                     self.held[job.id] = held
                     self.buffer.append(held)
+                    self.heartbeats.add(held)
                 self.in_hand += len(jobs)
                 self.has_work.notify(len(jobs))
         return len(jobs)
@@ -623,6 +493,7 @@ class Host:
             weight = RUN_TIME_WEIGHT if self.run_time is not None else 1.0
             self.run_time = (1 - weight) * (self.run_time or 0.0) + weight * seconds
             self.has_room.notify_all()
+            self.heartbeats.remove(held)  # ending or lost: no more beats
             lost = not isinstance(finish, Finish) or held.lost or held.left
             if finish == DEFERRED:
                 lost = False
@@ -647,88 +518,46 @@ class Host:
 
     # -- 3. complete
     def _complete_loop(self) -> None:
-        """Write the ends in windows: COMPLETE_BATCH of them, or what came within
-        COMPLETE_WINDOW_SECONDS of the window's first; until the None of `_stop`."""
+        """Write the ends in windows (jobs.execution.complete.complete_windows) until the
+        None of `_stop`."""
         try:
             try:
                 connection.ensure_connection()  # before the first window, not during it
             except DB_DOWN_ERRORS:
                 connection.close()
-            closed = False
-            while not closed:
-                item = self.ends.get()
-                if item is None:
-                    return
-                window = [item]
-                due = item[0] + COMPLETE_WINDOW_SECONDS
-                while len(window) < COMPLETE_BATCH:
-                    try:
-                        more = self.ends.get(timeout=max(0.0, due - time.monotonic()))
-                    except queue.Empty:
-                        break
-                    if more is None:
-                        closed = True
-                        break
-                    window.append(more)
-                self._write(window)
+            complete_windows(self.ends, self._write)
         finally:
             connection.close()
 
     def _write(self, window: list[tuple[float, Held, Finish]]) -> None:
+        """One window's ends, through the completer both executors share."""
+        ends = [
+            End(finish, log.bind(job_id=str(finish.job_id), attempt=finish.attempt), h.job.type)
+            for _, h, finish in window
+        ]
         try:
-            lost = jobs_finish(finishes=[f for _, _, f in window], locked_by=self.locked_by)
+            write_ends(ends, locked_by=self.locked_by)
         except DB_DOWN_ERRORS as exc:
             # Nothing written: the locks go stale and the reaper reclaims the jobs.
             log.error("completions_failed", jobs=len(window), error=repr(exc))
             connection.close()
-            lost = None
-        with self.lock:
-            for _, h, _ in window:
-                self.held.pop(h.job.id, None)
-        if lost is None:
-            return
-        lost_ids = {f.job_id for f in lost}
-        for _, h, finish in window:
-            bound = log.bind(job_id=str(finish.job_id), attempt=finish.attempt)
-            if finish.job_id in lost_ids:
-                bound.warning(
-                    "job_lost_stopping", **attempt_fields(finish.job_type, "lost", finish.seconds)
-                )
-                metrics.JOBS_LOST.labels(type=h.job.type).inc()
-            else:
-                finish_log(bound, finish)
-
-    # -- 4. heartbeat
-    def _beat_loop(self) -> None:
-        try:
-            while not self.closing.wait(settings.JOBOPS_HEARTBEAT_SECONDS):
-                self._beat()
         finally:
-            connection.close()
+            with self.lock:
+                for _, h, _ in window:
+                    self.held.pop(h.job.id, None)
 
+    # -- 4. heartbeat: the core's loop (self.heartbeats), each held job a member
     def _beat(self) -> None:
+        """Beat every job the host holds now (the loop does so on its own schedule)."""
+        self.heartbeats.beat_now()
+
+    def lost(self, held: Held) -> None:
+        """The heartbeat found `held`'s lock gone (reclaimed): its end is not written."""
         with self.lock:
-            beating = {
-                job_id: h.fence for job_id, h in self.held.items() if not (h.lost or h.ending)
-            }
-        if not beating:
-            return
-        try:
-            alive = jobs_heartbeat(held=beating)
-        except DB_DOWN_ERRORS as exc:
-            log.warning("heartbeat_failed", error=repr(exc))
-            connection.close()
-            return
-        with self.lock:
-            gone = [
-                h
-                for job_id in beating.keys() - alive.keys()
-                if (h := self.held.get(job_id)) is not None and not (h.lost or h.ending)
-            ]
-            for h in gone:
-                h.lost = True
-        for h in gone:
-            log.warning("job_lock_lost", job_id=str(h.job.id))
+            if held.lost or held.ending:
+                return
+            held.lost = True
+        log.warning("job_lock_lost", job_id=str(held.job.id))
 
 
 def run_worker(

@@ -55,7 +55,7 @@ def args_repr(job: Job) -> str:
     return f"[{{'job_id': '{job.id}', 'type': {job.type!r}, 'attempt': {job.attempts + 1}}}]"
 
 
-# "ValueError: ..." -> "ValueError": the class name runtime._finish puts first.
+# "ValueError: ..." -> "ValueError": the class name finish_decide (jobs.execution) puts first.
 _ERROR_CLASS = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]{0,99}):")
 
 

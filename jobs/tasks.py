@@ -1,8 +1,9 @@
 """Thin Celery entry points: one task `jobs.<type>` per row of the types table.
 
 Each takes the wire payload (docs/architecture.md) and hands it to `jobs.runtime.job_execute`,
-which holds all the logic. Time limits come from the table (config/celery.py
-annotations); acks are late and failures are rejected, never acked.
+the Celery adapter of the execution core (jobs.execution), which holds all the logic.
+Time limits come from the table (config/celery.py annotations); acks are late and
+failures are rejected, never acked.
 """
 
 from __future__ import annotations

@@ -47,6 +47,11 @@ def runs(job_id: Any) -> list[dict[str, Any]]:
     return [json.loads(r) for r in redis_client().lrange(key(job_id, "runs"), 0, -1)]
 
 
+def soft_limit_caught(job_id: Any) -> str | None:
+    """The class name of the soft time limit a `catch_soft_limit` run caught, if any."""
+    return redis_client().get(key(job_id, "soft_limit_caught"))
+
+
 def overlaps(job_id: Any) -> int:
     return int(redis_client().get(key(job_id, "overlaps")) or 0)
 
@@ -108,6 +113,13 @@ def _act(ctx: Any, params: dict[str, Any], r: redis.Redis) -> dict[str, Any] | N
             except SoftTimeLimitExceeded:
                 continue
         return {"slept": True}
+    if do == "catch_soft_limit":  # catches its soft time limit, records it, succeeds
+        try:
+            time.sleep(float(params.get("seconds", 60)))
+        except SoftTimeLimitExceeded as exc:  # celery.exceptions', under both executors
+            r.set(key(ctx.job_id, "soft_limit_caught"), type(exc).__name__)
+            return {"caught": True}
+        return {"caught": False}
     if do == "sleep":  # a soft time limit interrupts this
         time.sleep(float(params.get("seconds", 60)))
         return {"slept": True}

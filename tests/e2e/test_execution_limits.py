@@ -77,6 +77,17 @@ def test_soft_time_limit_is_retried_once_then_dead_lettered(cam_worker):
     assert (row.reason, row.error_code) == ("nonretryable", "TIME_LIMIT")
 
 
+def test_a_handler_that_catches_its_soft_time_limit_ends_as_it_chooses(cam_worker):
+    """The handler catches celery.exceptions.SoftTimeLimitExceeded (the class the Celery
+    adapter hands the execution core) and succeeds; the postgres executor's twin is in
+    tests/e2e/test_postgres_executor.py."""
+    job = make_job(job_type="cam", params={"do": "catch_soft_limit", "seconds": 30})
+    done = job_finished(job.id)
+    assert (done.status, done.attempts, done.result) == ("succeeded", 1, {"caught": True})
+    assert handlers.soft_limit_caught(job.id) == "SoftTimeLimitExceeded"
+    assert_chain_valid(job.id)
+
+
 def test_a_job_that_overruns_its_time_limit_twice_fails_after_two_of_five_attempts(
     cam_worker,
 ):

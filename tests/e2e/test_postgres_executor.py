@@ -131,6 +131,20 @@ def test_the_job_of_a_killed_run_worker_is_reclaimed_and_runs_once_more():
     assert_chain_valid(job.id)
 
 
+def test_a_handler_catches_its_soft_time_limit_as_it_does_under_celery():
+    """A run_worker child raises the class the adapter hands the execution core,
+    celery.exceptions.SoftTimeLimitExceeded, at the type's soft limit: the handler that
+    catches it under Celery (tests/e2e/test_execution_limits.py) catches it here too."""
+    cam = {**TABLE["cam"], "soft_time_limit": 1, "time_limit": 6}
+    env = {**scripted_env(model=TABLE["model"], cam=cam), **EXECUTORS}
+    with run_worker_process(queues=["cam"], env=env, name="pg-soft-limit"):
+        job = make_job(job_type="cam", params={"do": "catch_soft_limit", "seconds": 30})
+        done = finished(job.id, timeout=30)
+    assert (done.status, done.attempts, done.result) == ("succeeded", 1, {"caught": True})
+    assert handlers.soft_limit_caught(job.id) == "SoftTimeLimitExceeded"
+    assert_chain_valid(job.id)
+
+
 def _group_alive(pgid: int) -> set[int]:
     """The processes of process group `pgid` that are alive (not zombies): read from
     /proc, as a run_worker's pool children stay in its group after it dies."""

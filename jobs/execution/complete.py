@@ -1,0 +1,107 @@
+"""The completer: the one writer of every run's end, under both executors
+(docs/architecture.md#outcomes-of-a-run, docs/postgres-executor.md).
+
+`write_ends` writes the decided ends (`Finish`) of one lock holder through
+`jobs.services.jobs_finish`: one statement per outcome for a batch, each job fenced by
+the holder and its own attempt. A Celery worker writes its one end as a batch of one; a
+run_worker host writes windows of them (`complete_windows`: COMPLETE_BATCH ends, or what
+came within COMPLETE_WINDOW_SECONDS of the window's first). Each end's attempt line is
+logged here once it is written (`finish_log`); an end whose fence failed is lost (its
+job was reclaimed: logged `job_lost_stopping`, jobs_lost_total) and the others are
+unaffected.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from jobs import metrics
+from jobs.services import Finish, jobs_finish
+from jobs.states import Status
+
+# A window of finished runs is written when it holds this many, or this long after its
+# first: a drain writes up to 100 ends per statement and commit, a lone job waits at
+# most 5 ms.
+COMPLETE_BATCH = 100
+COMPLETE_WINDOW_SECONDS = 0.005
+
+
+class End(NamedTuple):
+    """A decided end on its way to the completer: the finish, the log its attempt's line
+    goes to (bound to the job) and the job's type (jobs_lost_total's label)."""
+
+    finish: Finish
+    log: Any
+    job_type: str
+
+
+def write_ends(ends: Sequence[End], *, locked_by: str) -> set[uuid.UUID]:
+    """Write `ends` (of jobs held by `locked_by`) and log each attempt's final line;
+    returns the ids of the jobs found lost. The database unreachable raises (nothing is
+    written: the locks go stale and the reaper reclaims the jobs)."""
+    lost = jobs_finish(finishes=[end.finish for end in ends], locked_by=locked_by)
+    lost_ids = {finish.job_id for finish in lost}
+    for finish, log, job_type in ends:
+        if finish.job_id in lost_ids:
+            seconds = finish.seconds
+            log.warning("job_lost_stopping", **attempt_fields(finish.job_type, "lost", seconds))
+            metrics.JOBS_LOST.labels(type=job_type).inc()
+        else:
+            finish_log(log, finish)
+    return lost_ids
+
+
+def complete_windows(ends: queue.SimpleQueue[Any], write: Callable[[list[Any]], None]) -> None:
+    """Hand the items of `ends` (each a tuple whose first value is its monotonic arrival
+    time) to `write` in windows: COMPLETE_BATCH of them, or what came within
+    COMPLETE_WINDOW_SECONDS of the window's first; until a None, after what came before
+    it is written."""
+    closed = False
+    while not closed:
+        item = ends.get()
+        if item is None:
+            return
+        window = [item]
+        due = item[0] + COMPLETE_WINDOW_SECONDS
+        while len(window) < COMPLETE_BATCH:
+            try:
+                more = ends.get(timeout=max(0.0, due - time.monotonic()))
+            except queue.Empty:
+                break
+            if more is None:
+                closed = True
+                break
+            window.append(more)
+        write(window)
+
+
+def finish_log(log: Any, finish: Finish) -> None:
+    """The attempt's final log line once its end is written (the same for both
+    executors): besides its bound `attempt`, its outcome, error code and duration
+    (attempt_fields, which also observes job_duration_seconds)."""
+    attempt = attempt_fields(finish.job_type, str(finish.target), finish.seconds, finish.error_code)
+    if finish.target == Status.SUCCEEDED:
+        log.info("job_succeeded", **attempt)
+    elif finish.target == Status.CANCELLED:
+        log.info("job_cancelled", **attempt)
+    elif finish.target == Status.RETRYING:
+        log.warning(
+            "job_retrying", delay=round(finish.delay or 0, 3), error=finish.error_message, **attempt
+        )
+    else:
+        log.error("job_dead_lettered", reason=finish.reason, error=finish.error_message, **attempt)
+
+
+def attempt_fields(
+    job_type: str, outcome: str, seconds: float, error_code: str | None = None
+) -> dict[str, Any]:
+    """What an attempt's final log line says of how it ended: `outcome` (succeeded,
+    retrying, failed, cancelled, lost), `error_code` (None without an error) and
+    `duration_ms` (from its claim); observes the run time in
+    job_duration_seconds{type,status=outcome}."""
+    metrics.JOB_DURATION.labels(type=job_type, status=outcome).observe(seconds)
+    return {"outcome": outcome, "error_code": error_code, "duration_ms": round(seconds * 1000)}
