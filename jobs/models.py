@@ -9,6 +9,10 @@ from django.db import models
 from django.db.models import F, Q
 
 from jobs.artefact_storage import get_artefact_storage
+from jobs.choices import BreakerState as BreakerState
+from jobs.choices import DeadLetterReason as DeadLetterReason
+from jobs.choices import DeadLetterState as DeadLetterState
+from jobs.choices import ParamsEditState as ParamsEditState
 from jobs.states import Status
 
 
@@ -335,23 +339,6 @@ class PurgeState(models.Model):
         return f"purge checked {self.checked_at}"
 
 
-class DeadLetterReason(models.TextChoices):
-    NONRETRYABLE = "nonretryable"
-    FATAL = "fatal"
-    EXHAUSTED = "exhausted"
-    WORKER_LOST = "worker_lost"
-    DELIVERY_LIMIT = "delivery_limit"
-    REJECTED = "rejected"
-    EXPIRED = "expired"
-    MAXLEN = "maxlen"
-
-
-class DeadLetterState(models.TextChoices):
-    OPEN = "open"
-    REPLAYED = "replayed"
-    DISCARDED = "discarded"
-
-
 class DeadLetter(models.Model):
     """The authoritative record of a dead letter (docs/architecture.md); the broker DLQ is a copy.
 
@@ -476,13 +463,6 @@ class Schedule(models.Model):
         return f"{self.name} ({self.cron} {self.timezone})"
 
 
-class ParamsEditState(models.TextChoices):
-    REQUESTED = "requested"
-    APPROVED = "approved"
-    REJECTED = "rejected"
-    APPLIED = "applied"
-
-
 class ParamsEdit(models.Model):
     """A fix-forward: an operator's edit of a dead job's params, replayed with them
     (docs/operator-controls.md#fix-forward).
@@ -563,15 +543,6 @@ class QueuePause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} paused"
-
-
-class BreakerState(models.TextChoices):
-    """A connector breaker's state (docs/connectors.md); the gauge connector_state says
-    0, 1, 2 in this order."""
-
-    CLOSED = "closed"
-    HALF_OPEN = "half_open"
-    OPEN = "open"
 
 
 class ConnectorBreaker(models.Model):

@@ -1,7 +1,7 @@
 """No 500 from the login or any portal form (issue 37, M1-M3).
 
 The crawl takes every admin URL from the URL resolver (the model admins, the custom
-pages of dlq/admin.py, jobs/admin.py, tenants, the audit pages, the operator controls),
+pages of dlq/admin/, jobs/admin/, tenants, the audit pages, the operator controls),
 fills its path parameters with real rows, reads the forms its GET shows and POSTs each
 of the API's hostile values (core/json.py, core/api/parsers.py): a value past the
 payload bound, JSON nested 5,000 deep, a NUL, and bytes that are not UTF-8 (raw, in a

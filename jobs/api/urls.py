@@ -10,7 +10,7 @@ from drf_spectacular.views import (
 )
 
 from core.api.routing import with_slash_alias
-from jobs.api import views
+from jobs.api import state, views
 
 app_name = "api"
 
@@ -25,11 +25,11 @@ urlpatterns = [
         views.JobArtefactApi.as_view(),
         "job-artefact",
     ),
-    *with_slash_alias("queues", views.QueueListApi.as_view(), "queues"),
+    *with_slash_alias("queues", state.QueueListApi.as_view(), "queues"),
     # The async spec's name for the same answer (docs/operator-controls.md#queue-state);
     # documented once, under /queues.
-    *with_slash_alias("jobs/queues/depth", views.QueueDepthAliasApi.as_view(), "queues-depth"),
-    *with_slash_alias("connectors", views.ConnectorListApi.as_view(), "connectors"),
+    *with_slash_alias("jobs/queues/depth", state.QueueDepthAliasApi.as_view(), "queues-depth"),
+    *with_slash_alias("connectors", state.ConnectorListApi.as_view(), "connectors"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),

@@ -52,11 +52,9 @@ from jobs.models import Job
 from jobs.representation import job_representation
 from jobs.selectors import (
     artefact_get_for_user,
-    connectors_state,
     job_get_for_user,
     job_list_for_user,
     job_version_for_user,
-    queues_for_consumers,
 )
 from jobs.services import job_cancel_for_user, job_retry_for_user, job_submit
 from jobs.services.creation import DEFAULT_PRIORITY
@@ -559,101 +557,3 @@ class JobArtefactApi(APIView):
         )
         response["ETag"] = f'"{artefact.sha256}"'
         return response
-
-
-class QueueStateOutputSerializer(serializers.Serializer):
-    name = serializers.CharField(help_text="The queue, e.g. `sim`.")
-    depth = serializers.IntegerField(
-        help_text=(
-            "Jobs waiting to start: its pending jobs plus the messages RabbitMQ holds for "
-            "it (the broker depth the dispatcher caches, or its queued jobs when unknown)."
-        )
-    )
-    paused = serializers.BooleanField(help_text="Paused by an operator: nothing of it runs.")
-    oldest_pending_age_seconds = serializers.FloatField(
-        allow_null=True, help_text="Age of its oldest pending job; null when none waits."
-    )
-    retry_after_seconds = serializers.IntegerField(
-        help_text=(
-            "A suggested wait before submitting more: 0 now; the backpressure TTL while "
-            "it is over its depth limit (a create would be 429); 60 while paused."
-        )
-    )
-
-
-class QueueListApi(APIView):
-    """GET /api/v1/queues: each queue's depth, pause and oldest pending age, for any
-    authenticated caller (no job contents); memoised a few seconds per process."""
-
-    required_scope: RequiredScope = Scope.JOBS_READ
-
-    @extend_schema(
-        operation_id="queues_list",
-        summary="Queue state for consumers",
-        parameters=[REQUEST_ID],
-        responses={
-            200: OpenApiResponse(
-                QueueStateOutputSerializer(many=True),
-                "Every queue, in the job types table's order; up to 2 seconds old "
-                "(docs/operator-controls.md#queue-state).",
-            ),
-            **error_responses(401, 403),
-        },
-    )
-    def get(self, request: Request) -> Response:
-        return Response(QueueStateOutputSerializer(queues_for_consumers(), many=True).data)
-
-
-@extend_schema(exclude=True)
-class QueueDepthAliasApi(QueueListApi):
-    """GET /api/v1/jobs/queues/depth: GET /api/v1/queues under the async spec's name."""
-
-
-class ConnectorStateOutputSerializer(serializers.Serializer):
-    name = serializers.CharField(help_text="The connector, e.g. `erp`.")
-    state = serializers.ChoiceField(
-        choices=["closed", "half_open", "open"],
-        help_text=(
-            "closed: its jobs run; open: they wait `retrying` for the probe (no attempt "
-            "spent); half_open: one job probes it now."
-        ),
-    )
-    failures = serializers.IntegerField(help_text="Connector failures in a row.")
-    failure_threshold = serializers.IntegerField(help_text="Failures in a row that open it.")
-    cooldown_seconds = serializers.FloatField(help_text="How long it stays open before a probe.")
-    last_error_code = serializers.CharField(
-        allow_null=True, help_text="The error code of its last connector failure."
-    )
-    opened_at = serializers.DateTimeField(allow_null=True, help_text="When it opened (open).")
-    next_probe_at = serializers.DateTimeField(
-        allow_null=True, help_text="When a job may probe it (open); null when closed."
-    )
-    probe_started_at = serializers.DateTimeField(
-        allow_null=True, help_text="When the running probe started (half_open)."
-    )
-    manual = serializers.BooleanField(help_text="An operator opened or closed it last.")
-    job_types = serializers.ListField(
-        child=serializers.CharField(), help_text="The job types that call it."
-    )
-
-
-class ConnectorListApi(APIView):
-    """GET /api/v1/connectors: each connector's breaker, for any authenticated caller
-    (no addresses, credentials or job contents)."""
-
-    required_scope: RequiredScope = Scope.JOBS_READ
-
-    @extend_schema(
-        operation_id="connectors_list",
-        summary="Connector breakers",
-        parameters=[REQUEST_ID],
-        responses={
-            200: OpenApiResponse(
-                ConnectorStateOutputSerializer(many=True),
-                "Every connector a job type calls, in name order (docs/connectors.md).",
-            ),
-            **error_responses(401, 403),
-        },
-    )
-    def get(self, request: Request) -> Response:
-        return Response(ConnectorStateOutputSerializer(connectors_state(), many=True).data)

@@ -158,17 +158,17 @@ def test_the_page_of_a_job_claimed_while_it_renders_agrees_with_itself(
 ):
     """A re-run's page opens as a worker claims the new job: the header read it pending,
     so the attempts (read after the claim) must not say running."""
-    import jobs.admin
+    from jobs.admin import job_pages
 
     original = job_in_state("cancelled")
     new = job_rerun(job_id=original.id, actor_user=OperatorFactory(), justification="again")
-    real = jobs.admin.job_timeline
+    real = job_pages.job_timeline
 
     def claimed_meanwhile(**kwargs):
         assert job_claim(job_id=new.id, locked_by="w1") is not None
         return real(**kwargs)
 
-    monkeypatch.setattr(jobs.admin, "job_timeline", claimed_meanwhile)
+    monkeypatch.setattr(job_pages, "job_timeline", claimed_meanwhile)
     text = page(otp_admin_client, new)
     assert 'class="badge badge-pending big"' in text and "not started yet" in text
     assert 'id="attempts-empty"' in text

@@ -1,21 +1,10 @@
-"""Dead-letter pages of the operator portal (docs/operations/portal.md#pages).
-
-- the DLQ overview: each DLQ's broker depth and open dead letters (refreshes itself);
-- the dead-letter list, from the database: filters, and the rows grouped by cause;
-- peek: a DLQ's broker messages, decoded, nothing consumed;
-- replay / discard of one, selected or all matching a filter: a dry-run count and a
-  sample first, a required justification, then the work (in the background when large);
-- background operations: progress that refreshes itself, and Stop.
-
-Rows and operations are read-only here; every change goes through `dlq.services` and
-`dlq.bulk`, which check the operator's permission again (403 if a page is bypassed).
-"""
+"""The dead-letter pages (docs/operations/portal.md#pages): the DLQ overview, the list
+and its groups, peek, and replay or discard of one, selected or all matching a filter
+(a dry-run count and a sample first, a required justification, then the work)."""
 
 from __future__ import annotations
 
-import datetime
 import json
-import uuid
 from typing import Any
 
 from django.conf import settings
@@ -23,7 +12,6 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -31,15 +19,22 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from core.admin_base import ReadOnlyAdmin
-from core.admin_filters import ChoicesFilter, InputFilter
 from core.errors import ApplicationError
 from core.forms import FormJSONError, error_lines, json_from_form
 from core.ids import id_cell
+from dlq.admin.filters import (
+    AgeFilter,
+    DlqFilter,
+    ErrorCodeFilter,
+    ReasonFilter,
+    RetryableFilter,
+    StateFilter,
+    age_bounds,
+)
 from dlq.broker import BROKER_ERRORS, dlq_depths, dlq_peek
-from dlq.bulk import bulk_operation_stop, dead_letters_act
-from dlq.models import BulkOperation, BulkState
+from dlq.bulk import dead_letters_act
+from dlq.models import BulkOperation
 from dlq.selectors import (
-    bulk_operation_get,
     dead_letter_groups,
     dead_letters_for_messages,
     dead_letters_in_orgs,
@@ -48,7 +43,6 @@ from dlq.selectors import (
     dlq_overview,
     messages_in_orgs,
 )
-from dlq.services.cancel import CANCEL_PERMISSION, jobs_cancel_by_filter
 from dlq.services.fix_forward import (
     diff_rows,
     fix_forward_approve,
@@ -56,9 +50,8 @@ from dlq.services.fix_forward import (
     fix_forward_reject,
     fix_forward_request,
 )
-from dlq.services.selection import PERMISSIONS, RETRYABLE_REASONS, names_rows
-from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState, ParamsEditState
-from jobs.selectors import JobFilterError, job_filter_from_list
+from dlq.services.selection import PERMISSIONS, names_rows
+from jobs.models import DeadLetter, DeadLetterState, ParamsEditState
 from jobs.topology import dlq_has_broker_copy, dlq_names
 from tenants.selectors import operator_org_ids
 
@@ -68,87 +61,8 @@ NO_BROKER_DLQ = (
     "No broker DLQ: this queue runs on the postgres executor, and its dead letters are the "
     "database rows (the dead letters page lists them; replay and discard work the same)."
 )
-# ?age= on the list and the action pages -> (created_after, created_before) offsets.
-AGES = {
-    "1h": ("last hour", datetime.timedelta(hours=1), None),
-    "24h": ("last 24 hours", datetime.timedelta(hours=24), None),
-    "7d": ("last 7 days", datetime.timedelta(days=7), None),
-    "older7d": ("older than 7 days", None, datetime.timedelta(days=7)),
-}
 # The list's filters that are also a replay/discard selection (same names both places).
 SELECTION_PARAMS = ("queue", "reason", "error_code", "retryable", "age", "state")
-
-
-# --- list filters ------------------------------------------------------------------------
-
-
-class StateFilter(ChoicesFilter):
-    title, parameter_name, field = "state", "state", "state"
-
-    def values(self) -> list[str]:
-        return list(DeadLetterState.values)
-
-
-class DlqFilter(ChoicesFilter):
-    title, parameter_name, field = "queue", "queue", "queue"
-
-    def values(self) -> list[str]:
-        return dlq_names()
-
-
-class ReasonFilter(ChoicesFilter):
-    title, parameter_name, field = "reason", "reason", "reason"
-
-    def values(self) -> list[str]:
-        return list(DeadLetterReason.values)
-
-
-class ErrorCodeFilter(InputFilter):
-    title = "error code"
-    parameter_name = "error_code"
-    placeholder = "e.g. ERP_500"
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
-        value = (self.value() or "").strip()
-        return queryset.filter(error_code=value) if value else queryset
-
-
-class AgeFilter(admin.SimpleListFilter):
-    title = "age"
-    parameter_name = "age"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(key, label) for key, (label, _, _) in AGES.items()]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
-        after, before = age_bounds(self.value())
-        if after:
-            queryset = queryset.filter(created_at__gte=after)
-        if before:
-            queryset = queryset.filter(created_at__lt=before)
-        return queryset
-
-
-class RetryableFilter(admin.SimpleListFilter):
-    title = "cause"
-    parameter_name = "retryable"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("1", "only retryable (replay can cure)")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
-        return queryset.filter(reason__in=RETRYABLE_REASONS) if self.value() else queryset
-
-
-def age_bounds(age: str | None) -> tuple[datetime.datetime | None, datetime.datetime | None]:
-    if age not in AGES:
-        return None, None
-    _, after, before = AGES[age]
-    now = timezone.now()
-    return (now - after if after else None), (now - before if before else None)
-
-
-# --- the dead-letter admin ----------------------------------------------------------------
 
 
 @admin.register(DeadLetter)
@@ -598,164 +512,3 @@ def _hidden_fields(selection: dict[str, Any]) -> list[tuple[str, Any]]:
     if selection.get("limit") is not None:  # 0 too: refused, never dropped
         hidden.append(("limit", selection["limit"]))
     return hidden
-
-
-# --- background operations ------------------------------------------------------------------
-
-
-@admin.register(BulkOperation)
-class BulkOperationAdmin(ReadOnlyAdmin):
-    list_display = [
-        "operation_link",
-        "state_badge",
-        "action",
-        "queue",
-        "progress",
-        "requested_by",
-        "created_at",
-    ]
-    list_display_links = None
-    list_filter = ["state", "action"]
-    list_select_related = ["requested_by"]
-    ordering = ["-created_at"]
-    show_facets = admin.ShowFacets.NEVER
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[BulkOperation]:
-        # A limited operator sees their own operations only (dlq.selectors.bulk_operation_visible).
-        operations = super().get_queryset(request)
-        if operator_org_ids(request.user) is None:
-            return operations
-        return operations.filter(requested_by=request.user)
-
-    @admin.display(description="operation")
-    def operation_link(self, op: BulkOperation) -> SafeString:
-        return id_cell(op.pk, reverse("admin:dlq_bulkoperation_change", args=[op.pk]))
-
-    @admin.display(description="state")
-    def state_badge(self, op: BulkOperation) -> SafeString:
-        return format_html('<span class="badge badge-{}">{}</span>', op.state, op.state)
-
-    @admin.display(description="progress")
-    def progress(self, op: BulkOperation) -> str:
-        return f"{op.processed}/{op.total} ({op.percent}%)"
-
-    def get_urls(self) -> list[URLPattern]:
-        wrap = self.admin_site.admin_view
-        return [
-            path(
-                "<uuid:operation_id>/panel/", wrap(self.panel_view), name="dlq_bulkoperation_panel"
-            ),
-            path("<uuid:operation_id>/stop/", wrap(self.stop_view), name="dlq_bulkoperation_stop"),
-            path("cancel-jobs/", wrap(self.cancel_matching_view), name="jobs_cancel_matching"),
-            *super().get_urls(),
-        ]
-
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        return self._page(request, object_id, "admin/dlq/bulkoperation/detail.html")
-
-    def panel_view(self, request: HttpRequest, operation_id: uuid.UUID) -> HttpResponse:
-        return self._page(request, str(operation_id), "admin/dlq/bulkoperation/panel.html")
-
-    def stop_view(self, request: HttpRequest, operation_id: uuid.UUID) -> HttpResponse:
-        if request.method != "POST":
-            return HttpResponseRedirect(
-                reverse("admin:dlq_bulkoperation_change", args=[operation_id])
-            )
-        try:
-            operation = bulk_operation_get(operation_id=operation_id, user=request.user)
-        except ApplicationError as exc:
-            raise Http404(exc.message) from exc
-        if not request.user.has_perm(PERMISSIONS[operation.action]):
-            raise PermissionDenied
-        was_active = operation.active
-        operation = bulk_operation_stop(operation_id=operation.id, actor_user=request.user)
-        done = f"{operation.processed} of {operation.total} {operation.subject}s handled"
-        if operation.state == BulkState.RUNNING:
-            messages.warning(
-                request, f"Stop requested; the {operation.action} ends before its next chunk."
-            )
-        elif was_active and operation.state == BulkState.STOPPED:
-            messages.warning(request, f"The {operation.action} is stopped ({done}).")
-        else:  # it had ended before the stop arrived: the stop changed nothing
-            messages.info(
-                request,
-                f"The {operation.action} had already finished ({operation.state}, {done}); "
-                "nothing was changed.",
-            )
-        return HttpResponseRedirect(reverse("admin:dlq_bulkoperation_change", args=[operation.pk]))
-
-    def cancel_matching_view(self, request: HttpRequest) -> HttpResponse:
-        """The job list's "cancel all matching": GET counts (a dry run) and asks for a
-        justification; POST cancels (now, or as a background operation when large)."""
-        if not request.user.has_perm(CANCEL_PERMISSION):
-            raise PermissionDenied
-        list_url = reverse("admin:jobs_job_changelist")
-        query = request.GET.urlencode()
-        try:
-            filters = job_filter_from_list(request.GET)
-        except JobFilterError as bad:
-            messages.error(request, f"Cannot cancel by this filter: {bad}")
-            return HttpResponseRedirect(f"{list_url}?{query}")
-        limited = operator_org_ids(request.user)
-        if filters.org_id is not None and limited is not None and filters.org_id not in limited:
-            raise Http404("No such organisation.")
-        error = None
-        if request.method == "POST":
-            try:
-                outcome = jobs_cancel_by_filter(
-                    actor_user=request.user,
-                    filters=filters,
-                    justification=request.POST.get("justification", ""),
-                )
-            except ApplicationError as exc:
-                error = exc.message
-            else:
-                if isinstance(outcome, BulkOperation):
-                    messages.success(request, f"Cancelling {outcome.total} jobs in the background.")
-                    return HttpResponseRedirect(
-                        reverse("admin:dlq_bulkoperation_change", args=[outcome.pk])
-                    )
-                messages.success(
-                    request,
-                    f"Cancelled {outcome.cancelled} jobs; cancel requested for "
-                    f"{outcome.cancel_requested} running; {outcome.already_ended} had ended.",
-                )
-                return HttpResponseRedirect(f"{list_url}?{query}")
-        dry = jobs_cancel_by_filter(actor_user=request.user, filters=filters, dry_run=True)
-        context = {
-            "filters": filters.describe(),
-            "limited": limited is not None,
-            "dry": dry,
-            "error": error,
-            "back_url": f"{list_url}?{query}",
-            "threshold": settings.JOBOPS_DLQ_BACKGROUND_THRESHOLD,
-        }
-        return self.render_page(
-            request,
-            "admin/dlq/bulkoperation/cancel_matching.html",
-            "Cancel all matching jobs",
-            context,
-        )
-
-    def _page(self, request: HttpRequest, object_id: str, template: str) -> HttpResponse:
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        try:
-            operation = bulk_operation_get(operation_id=object_id, user=request.user)
-        except ApplicationError as exc:
-            raise Http404(exc.message) from exc
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "title": f"Background {operation.action}",
-            "op": operation,
-            "can_stop": operation.active and request.user.has_perm(PERMISSIONS[operation.action]),
-            "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
-        }
-        return TemplateResponse(request, template, context)

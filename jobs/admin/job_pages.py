@@ -1,7 +1,7 @@
 """Job pages of the operator portal: a list with filters and search, and a
 detail page laid out for a person. Nothing here edits a job: cancel goes through
 `jobs.services` behind a confirmation and the operator's permission; replay is the
-dead-letter pages' (dlq/admin.py), linked from here."""
+dead-letter pages' (dlq/admin/), linked from here."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import QuerySet
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
@@ -22,26 +21,26 @@ from django.utils.safestring import SafeString
 
 from audit.services import Actor
 from core.admin_base import ReadOnlyAdmin
-from core.admin_filters import ChoicesFilter, DateRangeFilter, InputFilter
 from core.errors import ApplicationError
-from core.forms import BoundedJSONField
 from core.ids import id_cell
 from core.times import utc_text
-from jobs.exceptions import ScheduleInvalidError
-from jobs.models import Artefact, DeadLetter, Job, Schedule
+from jobs.admin.filters import (
+    CategoryFilter,
+    CreatedFilter,
+    ErrorCodeFilter,
+    HasDeadLetterFilter,
+    OrganisationFilter,
+    OwnerFilter,
+    ProjectFilter,
+    QueueFilter,
+    TypeFilter,
+)
+from jobs.models import Artefact, Job
 from jobs.selectors import job_attempts, job_timeline, jobs_search
 from jobs.services import job_cancel, job_rerun
 from jobs.services.retry import RERUN_SOURCES
-from jobs.services.schedules import (
-    schedule_remove,
-    schedule_save,
-    schedule_set_enabled,
-    schedule_validate,
-)
 from jobs.states import TERMINAL, Status
-from jobs.types import primary_queue_names
-from tenants.models import Organisation, Project
-from tenants.selectors import operator_org_ids, operator_organisations
+from tenants.selectors import operator_org_ids
 
 CANCEL_PERMISSION = "jobs.cancel_job"
 
@@ -98,102 +97,6 @@ def cancel_summary(outcomes: list[tuple[str, str]]) -> tuple[str, bool]:
         return "No job was selected.", False
     text = "; ".join(parts)
     return text[0].upper() + text[1:] + ".", bool(cancelled or stopping)
-
-
-class TypeFilter(ChoicesFilter):
-    title, parameter_name, field = "type", "type__exact", "type"
-
-    def values(self) -> list[str]:
-        return sorted(settings.JOB_TYPES)
-
-
-class CategoryFilter(ChoicesFilter):
-    title, parameter_name, field = "category", "category__exact", "category"
-
-    def values(self) -> list[str]:
-        return list(settings.JOB_CATEGORIES)
-
-
-class QueueFilter(ChoicesFilter):
-    title, parameter_name, field = "queue", "queue__exact", "queue"
-
-    def values(self) -> list[str]:
-        return primary_queue_names()
-
-
-class OrganisationFilter(admin.SimpleListFilter):
-    """Only the viewer's organisations are offered (their slugs are no one else's
-    business); the queryset is limited to them anyway (JobAdmin.get_queryset)."""
-
-    title = "organisation"
-    parameter_name = "org"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(str(o.pk), o.slug) for o in operator_organisations(request.user)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        value = self.value()
-        return queryset.filter(org_id=int(value)) if value and value.isdigit() else queryset
-
-
-class ProjectFilter(admin.SimpleListFilter):
-    title = "project"
-    parameter_name = "project"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        org_ids = [o.pk for o in operator_organisations(request.user)]
-        projects = Project.objects.filter(organisation_id__in=org_ids).select_related(
-            "organisation"
-        )
-        return [(str(p.pk), str(p)) for p in projects]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        value = self.value()
-        return queryset.filter(project_id=int(value)) if value and value.isdigit() else queryset
-
-
-class OwnerFilter(InputFilter):
-    title = "owner (username)"
-    parameter_name = "owner"
-    placeholder = "username"
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        value = (self.value() or "").strip()
-        return queryset.filter(owner__username=value) if value else queryset
-
-
-class ErrorCodeFilter(InputFilter):
-    title = "error code"
-    parameter_name = "error_code"
-    placeholder = "e.g. TIMEOUT"
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        # Bounded like the column: a longer value matches nothing (jobs_last_error_code_idx).
-        value = (self.value() or "").strip()[:65]
-        return queryset.filter(last_error_code=value) if value else queryset
-
-
-class CreatedFilter(DateRangeFilter):
-    title = "created"
-    field_name = "created_at"
-
-
-class HasDeadLetterFilter(admin.SimpleListFilter):
-    title = "dead letter"
-    parameter_name = "dead_letter"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("open", "open"), ("any", "any, ever"), ("none", "none")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        letters = DeadLetter.objects.filter(job_id=OuterRef("pk"))
-        if self.value() == "open":
-            return queryset.filter(Exists(letters.filter(state="open")))
-        if self.value() == "any":
-            return queryset.filter(Exists(letters))
-        if self.value() == "none":
-            return queryset.filter(~Exists(letters))
-        return queryset
 
 
 class ArtefactInline(admin.TabularInline):
@@ -300,7 +203,7 @@ class JobAdmin(ReadOnlyAdmin):
         context: dict[str, Any] = {"title": "Jobs", **(extra_context or {})}
         if self.has_cancel_permission(request):
             # "Cancel all matching": the same filters, on the cancel-by-filter page
-            # (dlq/admin.py), which counts first and asks for a justification.
+            # (dlq/admin/operations.py), which counts first and asks for a justification.
             query = request.GET.urlencode()
             context["cancel_matching_url"] = reverse("admin:jobs_cancel_matching") + (
                 f"?{query}" if query else ""
@@ -500,115 +403,3 @@ class JobAdmin(ReadOnlyAdmin):
         if job is None:
             raise Http404("No such job.")
         return job
-
-
-class ScheduleForm(forms.ModelForm):
-    """The schedule's fields, checked by the service's rules (cron, time zone, the
-    type's params schema, the owner a member of the organisation) field by field."""
-
-    class Meta:
-        model = Schedule
-        fields = [
-            "name",
-            "org",
-            "project",
-            "owner",
-            "job_type",
-            "params",
-            "cron",
-            "timezone",
-            "enabled",
-        ]
-        # Read within the API's bounds: Django's own recursed on 5,000-deep JSON (a 500).
-        field_classes = {"params": BoundedJSONField}
-
-    def clean(self) -> dict[str, Any]:
-        super().clean()
-        cleaned: dict[str, Any] = self.cleaned_data
-        if self.errors:
-            return cleaned
-        candidate = Schedule(**{name: cleaned.get(name) for name in self.Meta.fields})
-        try:
-            schedule_validate(candidate)
-        except ScheduleInvalidError as exc:
-            details = exc.details if isinstance(exc.details, dict) else {}
-            for name, problems in details.items():
-                field = name if name in self.fields else None
-                for problem in problems if isinstance(problems, list) else [problems]:
-                    self.add_error(field, str(problem))
-            if not details:
-                self.add_error(None, exc.message)
-        else:  # what is saved: the normalised cron, the schema's params
-            cleaned.update(cron=candidate.cron, params=candidate.params)
-        return cleaned
-
-
-@admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
-    """Recurring schedules (docs/operator-controls.md#recurring-schedules): created,
-    edited, enabled, disabled and removed through jobs.services.schedules, each audited
-    on the ops chain. A staff member limited to some organisations sees and makes only
-    theirs."""
-
-    form = ScheduleForm
-    list_display = [
-        "name",
-        "org",
-        "job_type",
-        "cron",
-        "timezone",
-        "enabled",
-        "next_fire",
-        "last_fired_at",
-        "owner",
-    ]
-    list_filter = ["enabled", OrganisationFilter]
-    search_fields = ["name"]
-    list_select_related = ["org", "owner"]
-    ordering = ["org__slug", "name"]
-    readonly_fields = ["next_fire_at", "last_fired_at"]
-    actions = ["enable_schedules", "disable_schedules"]
-
-    @admin.display(description="next fire (UTC)", ordering="next_fire_at")
-    def next_fire(self, schedule: Schedule) -> str:
-        if schedule.next_fire_at is None:
-            return "—"
-        return utc_text(schedule.next_fire_at, zone=False)
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
-        schedules = super().get_queryset(request)
-        org_ids = operator_org_ids(request.user)
-        return schedules if org_ids is None else schedules.filter(org_id__in=org_ids)
-
-    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        org_ids = operator_org_ids(request.user)
-        if org_ids is not None and db_field.name == "org":
-            kwargs["queryset"] = Organisation.objects.filter(id__in=org_ids)
-        if org_ids is not None and db_field.name == "project":
-            kwargs["queryset"] = Project.objects.filter(organisation_id__in=org_ids)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
-
-    def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
-        schedule_save(obj, actor=Actor.operator(request.user), created=not change)
-
-    def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
-        schedule_remove(schedule=obj, actor=Actor.operator(request.user))
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        for schedule in queryset:
-            schedule_remove(schedule=schedule, actor=Actor.operator(request.user))
-
-    def _set_enabled(self, request: HttpRequest, queryset: QuerySet[Schedule], on: bool) -> None:
-        for schedule in queryset:
-            schedule_set_enabled(schedule=schedule, enabled=on, actor=Actor.operator(request.user))
-        messages.success(
-            request, f"{'Enabled' if on else 'Disabled'} {queryset.count()} schedule(s)."
-        )
-
-    @admin.action(description="Enable the selected schedules", permissions=["change"])
-    def enable_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._set_enabled(request, queryset, True)
-
-    @admin.action(description="Disable the selected schedules", permissions=["change"])
-    def disable_schedules(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        self._set_enabled(request, queryset, False)
