@@ -9,3 +9,11 @@ class CoreConfig(AppConfig):
 
     name = "core"
     verbose_name = "jobops core"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+
+        from core.sqlfiles import install_after_migrate
+
+        # Once per migrate: post_migrate is sent for every app, this receiver only for core.
+        post_migrate.connect(install_after_migrate, sender=self, dispatch_uid="core.sqlfiles")
