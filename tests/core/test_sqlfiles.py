@@ -50,7 +50,9 @@ def test_files_run_in_app_order_then_file_name_order():
     labels = [config.name for config in apps.get_app_configs()]
     order = [(labels.index(path.parent.parent.name), path.name) for path in files]
     assert order == sorted(order)
-    assert [a for a in settings.INSTALLED_APPS if a in ("core", "audit", "tenants", "jobs", "dlq")] == [
+    assert [
+        a for a in settings.INSTALLED_APPS if a in ("core", "audit", "tenants", "jobs", "dlq")
+    ] == [
         "core",
         "audit",
         "tenants",
