@@ -35,6 +35,7 @@ from dlq.services.selection import PERMISSIONS
 from jobs.models import DeadLetter, DeadLetterState, Job, ParamsEdit, ParamsEditState
 from jobs.services import job_audit, params_hash, validate_params
 from jobs.services.requeue import (
+    NewParams,
     Resolution,
     clean_reason,
     jobs_requeue_locked,
@@ -305,7 +306,7 @@ def fix_forward_apply(*, edit: ParamsEdit, actor_user: Any) -> ParamsEdit:
                 job.id: _audit_data(edit) | {"queue": row.queue, "message_id": row.message_id}
             },
             rows={job.id: [row.id]},
-            fields={"params": edit.new_params, "params_hash": edit.new_params_sha256},
+            new_params=NewParams(edit.new_params, edit.new_params_sha256),
             now=now,
         )
         if job.id not in moved:  # it was failed under the lock: it moves

@@ -138,6 +138,14 @@ class Resolution:
         )
 
 
+@dataclass(frozen=True)
+class NewParams:
+    """A fix-forward's params for the one job it puts back in line, with their hash."""
+
+    params: dict[str, Any]
+    params_hash: str
+
+
 def jobs_requeue_locked(
     *,
     jobs: Iterable[Job],
@@ -145,7 +153,7 @@ def jobs_requeue_locked(
     event_type: str,
     audit_data: Mapping[uuid.UUID, dict[str, Any]],
     rows: Mapping[uuid.UUID, Sequence[int]],
-    fields: dict[str, Any] | None = None,
+    new_params: NewParams | None = None,
     now: datetime.datetime | None = None,
 ) -> dict[uuid.UUID, Job]:
     """Put `failed` jobs back in line; returns the jobs that moved, by id.
@@ -153,8 +161,8 @@ def jobs_requeue_locked(
     The caller holds the locks (`lock_jobs_then_open_rows`, the jobs' `type` loaded)
     and the transaction, and has checked that each job is `failed`; a job that is not
     is simply not moved. Per job type (its retry budget), one statement moves the jobs
-    to `pending` with their `event_type` entries (`audit_data` per job id; `fields`
-    beside REQUEUE_FIELDS, e.g. a fix-forward's params) and wakes the dispatcher. The
+    to `pending` with their `event_type` entries (`audit_data` per job id; a
+    fix-forward's one job with `new_params`) and wakes the dispatcher. The
     moved jobs' open dead letters (`rows`: per job id) -> `replayed`
     (`Resolution.close`), counted once the transaction commits.
     """
@@ -164,15 +172,13 @@ def jobs_requeue_locked(
     moved: dict[uuid.UUID, Job] = {}
     for job_type, job_ids in by_type.items():
         spec = get_type(job_type)
-        for job in transition_many(
-            job_ids=list(job_ids),
-            target=Status.PENDING,
-            sources=[Status.FAILED],
-            actor=by.actor,
+        for job in _put_back(
+            job_ids,
+            extend=spec.max_attempts if spec is not None else 1,
             event_type=event_type,
-            extend_attempts=spec.max_attempts if spec is not None else 1,
-            fields={**REQUEUE_FIELDS, **(fields or {})},
-            audit_data={str(job_id): audit_data[job_id] for job_id in job_ids},
+            actor=by.actor,
+            data={str(job_id): audit_data[job_id] for job_id in job_ids},
+            new_params=new_params,
         ):
             moved[job.id] = job
     closed = [row_id for job_id in moved for row_id in rows.get(job_id, ())]
@@ -180,6 +186,33 @@ def jobs_requeue_locked(
     if closed:
         transaction.on_commit(lambda: metrics.DLQ_REPLAY.inc(len(closed)))
     return moved
+
+
+def _put_back(
+    job_ids: list[uuid.UUID],
+    *,
+    extend: int,
+    event_type: str,
+    actor: Actor,
+    data: dict[str, dict[str, Any]],
+    new_params: NewParams | None,
+) -> list[Job]:
+    """The one write of this rule: `failed` -> `pending` in one statement, `extend`
+    more attempts, REQUEUE_FIELDS reset (and `new_params` set), each job's entry with
+    its `data`; returns the jobs moved (one no longer failed is not among them)."""
+    fields = dict(REQUEUE_FIELDS)
+    if new_params is not None:
+        fields.update(params=new_params.params, params_hash=new_params.params_hash)
+    return transition_many(
+        job_ids=list(job_ids),
+        target=Status.PENDING,
+        sources=[Status.FAILED],
+        actor=actor,
+        event_type=event_type,
+        extend_attempts=extend,
+        fields=fields,
+        audit_data=data,
+    )
 
 
 def job_requeue_one(*, job_id: uuid.UUID | str, by: Resolution, event_type: str) -> Job:
