@@ -39,6 +39,7 @@ from jobs.services.dead_letters import lock_jobs_then_open_rows, params_edits_se
 from jobs.services.transitions import transition_many
 from jobs.states import Status
 from jobs.types import get_type
+from tenants.selectors import operator_may
 
 # A retry's reason and a re-run's justification: a sentence, not a document.
 MAX_REASON_CHARS = 1000
@@ -82,12 +83,7 @@ def justification_digest(justification: str) -> str:
 def operator_may_requeue(user: Any, permission: str = REPLAY_PERMISSION) -> bool:
     """Whether `user` may put others' jobs back in line: active staff with
     `permission` (jobs.replay_deadletter)."""
-    return bool(
-        user is not None
-        and getattr(user, "is_active", False)
-        and getattr(user, "is_staff", False)
-        and user.has_perm(permission)
-    )
+    return operator_may(user, permission)
 
 
 @dataclass(frozen=True)
