@@ -48,7 +48,7 @@ from dlq.services.selection import (
 from jobs.models import DeadLetter
 from jobs.selectors import JobFilter
 from jobs.topology import dlq_names
-from tenants.selectors import operator_org_ids
+from tenants.selectors import operator_may, operator_org_ids
 
 log = structlog.get_logger("dlq.bulk")
 
@@ -151,8 +151,7 @@ def bulk_operation_stop(*, operation_id: uuid.UUID | str, actor_user: Any) -> Bu
     operation = BulkOperation.objects.filter(id=operation_id).first()
     if operation is None or not bulk_operation_visible(operation, user=actor_user):
         raise BulkOperationNotFoundError()
-    permission = PERMISSIONS[operation.action]
-    if not (actor_user.is_active and actor_user.is_staff and actor_user.has_perm(permission)):
+    if not operator_may(actor_user, PERMISSIONS[operation.action]):
         raise DeadLetterPermissionError()
     now = timezone.now()
     changed = BulkOperation.objects.filter(id=operation.id, state=BulkState.QUEUED).update(
@@ -196,7 +195,7 @@ def bulk_operations_run_once(*, chunk: int | None = None) -> dict[str, Any]:
     user = operation.requested_by
     if operation.stop_requested:
         return _finish(operation, owner, state=BulkState.STOPPED)
-    if not (user.is_active and user.is_staff and user.has_perm(PERMISSIONS[operation.action])):
+    if not operator_may(user, PERMISSIONS[operation.action]):
         lost = "the requester is no longer active staff with the permission"
         return _finish(operation, owner, state=BulkState.FAILED, error=lost)
     size = chunk or settings.JOBOPS_DLQ_BULK_CHUNK

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit.services import Actor
-from jobs.services.connectors import REASON_MAX_CHARS as CONNECTOR_REASON_MAX_CHARS
 from jobs.services.connectors import connector_close, connector_open
-from jobs.services.queues import REASON_MAX_CHARS as QUEUE_REASON_MAX_CHARS
 from jobs.services.queues import queue_pause, queue_resume
+from jobs.services.reasons import REASON_MAX_CHARS
 from jobs.types import all_connectors, primary_queue_names
 from tenants.selectors import operator_org_ids
 
@@ -70,7 +69,7 @@ def _resume(*, name: str, reason: str, actor: Actor, user: Any) -> bool:
 QUEUE_CONTROL = OperatorControl(
     thing="queue",
     permission="jobs.pause_queue",
-    reason_max=QUEUE_REASON_MAX_CHARS,
+    reason_max=REASON_MAX_CHARS,
     actions=(
         ControlAction(verb="pause", done="paused", already="paused", run=_pause),
         ControlAction(verb="resume", done="resumed", already="resumed", run=_resume),
@@ -81,7 +80,7 @@ QUEUE_CONTROL = OperatorControl(
 CONNECTOR_CONTROL = OperatorControl(
     thing="connector",
     permission="jobs.control_connector",
-    reason_max=CONNECTOR_REASON_MAX_CHARS,
+    reason_max=REASON_MAX_CHARS,
     actions=(
         ControlAction(verb="open", done="opened", already="open", run=connector_open),
         ControlAction(verb="close", done="closed", already="closed", run=connector_close),

@@ -88,11 +88,9 @@ WHERE jobs.id = %(job_id)s AND (%(everything)s OR jobs.org_id = ANY(%(orgs)s::bi
 
 -- name: job_read
 -- The job as the API shows it, if the caller may see it (as job_version): its row, then
--- its artefacts as one JSON array in the body's order (kind, name).
-SELECT jobs.*, (SELECT coalesce(json_agg(json_build_object(
-    'id', a.id, 'kind', a.kind, 'name', a.name, 'content_type', a.content_type,
-    'file', a.file, 'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]')
-    FROM artefacts a WHERE a.job_id = jobs.id) AS artefacts
+-- its artefacts as one JSON array in the body's order (jobs_artefacts_json,
+-- jobs/sql/artefacts.sql).
+SELECT jobs.*, jobs_artefacts_json(jobs.id) AS artefacts
 FROM jobs WHERE jobs.id = %(job_id)s AND (%(everything)s OR jobs.org_id = ANY(%(orgs)s::bigint[])
     OR EXISTS (SELECT FROM memberships m JOIN organisations o ON o.id = m.organisation_id
                WHERE m.user_id = %(owner)s AND m.organisation_id = jobs.org_id
@@ -117,10 +115,7 @@ WITH seen AS (
       AND (jobs.idempotency_last_seen_at IS NULL
            OR jobs.idempotency_last_seen_at <= %(now)s - interval '1 second')
 )
-SELECT jobs.*, (SELECT coalesce(json_agg(json_build_object(
-    'id', a.id, 'kind', a.kind, 'name', a.name, 'content_type', a.content_type,
-    'file', a.file, 'sha256', a.sha256, 'size', a.size) ORDER BY a.kind, a.name), '[]')
-    FROM artefacts a WHERE a.job_id = jobs.id) AS artefacts
+SELECT jobs.*, jobs_artefacts_json(jobs.id) AS artefacts
 FROM jobs
 WHERE jobs.org_id = %(org)s AND jobs.owner_id = %(owner)s AND jobs.idempotency_key = %(key)s;
 

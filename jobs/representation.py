@@ -54,20 +54,30 @@ def artefact_url(artefact: Artefact, request: Any = None) -> str:
     return request.build_absolute_uri(path) if request else path
 
 
+# An artefact's body (an element of the job body's `artefacts`), in order, each with how
+# it is read (artefact, request): the one place it is built. ArtefactOutputSerializer is
+# its schema (tests/jobs/test_representation.py holds the two to the same fields); the
+# stored fields it reads come with the job from jobs_artefacts_json (jobs/sql/artefacts.sql).
+ARTEFACT_BODY: dict[str, Callable[[Artefact, Any], Any]] = {
+    "id": lambda a, request: str(a.id),
+    "kind": lambda a, request: a.kind,
+    "name": lambda a, request: a.name,
+    "content_type": lambda a, request: a.content_type,
+    "s3_key": lambda a, request: a.file.name,
+    "sha256": lambda a, request: a.sha256,
+    "size": lambda a, request: a.size,
+    "url": artefact_url,
+}
+ARTEFACT_FIELDS = tuple(ARTEFACT_BODY)
+
+
+def artefact_body(artefact: Artefact, request: Any = None) -> dict[str, Any]:
+    """One artefact as the job body lists it."""
+    return {name: read(artefact, request) for name, read in ARTEFACT_BODY.items()}
+
+
 def _artefact_bodies(job: Job, request: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "id": str(a.id),
-            "kind": a.kind,
-            "name": a.name,
-            "content_type": a.content_type,
-            "s3_key": a.file.name,
-            "sha256": a.sha256,
-            "size": a.size,
-            "url": artefact_url(a, request),
-        }
-        for a in job_artefacts(job)
-    ]
+    return [artefact_body(a, request) for a in job_artefacts(job)]
 
 
 # The job body's fields in their order, each with how it is read (job, request).

@@ -94,6 +94,18 @@ _SCOPE_CACHE_ATTR = "_jobops_operator_org_ids"
 _UNREAD = object()
 
 
+def operator_may(user: Any, permission: str) -> bool:
+    """Whether `user` may act as an operator with `permission` (a replay, a discard, a
+    cancel by filter, a fix-forward, a re-run): active staff holding it. Which jobs it
+    may act on is `operator_org_ids`."""
+    return bool(
+        user is not None
+        and getattr(user, "is_active", False)
+        and getattr(user, "is_staff", False)
+        and user.has_perm(permission)
+    )
+
+
 def operator_org_ids(user: Any) -> tuple[int, ...] | None:
     """The organisations a staff member is limited to; None: not limited (superusers
     never are)."""

@@ -28,7 +28,7 @@ from jobs.models import Job
 from jobs.selectors import JobFilter, jobs_filtered
 from jobs.services import job_cancel
 from jobs.states import TERMINAL, Status
-from tenants.selectors import operator_org_ids
+from tenants.selectors import operator_may, operator_org_ids
 
 CANCEL_PERMISSION = "jobs.cancel_job"
 SAMPLE_SIZE = 10
@@ -73,11 +73,7 @@ def jobs_cancellable(*, filters: JobFilter, org_ids: tuple[int, ...] | None) -> 
 
 
 def _check(actor_user: Any, justification: str, *, dry_run: bool) -> str:
-    if not (
-        getattr(actor_user, "is_active", False)
-        and getattr(actor_user, "is_staff", False)
-        and actor_user.has_perm(CANCEL_PERMISSION)
-    ):
+    if not operator_may(actor_user, CANCEL_PERMISSION):
         raise CancelPermissionError()
     cleaned = (justification or "").strip()
     if not cleaned and not dry_run:

@@ -32,12 +32,16 @@ from dlq.errors import (
 from dlq.services.locks import lock_jobs_then_open_rows
 from dlq.services.replay import ResolveResult, broker_copies_ack_resolved
 from dlq.services.selection import PERMISSIONS
-from jobs import metrics
 from jobs.models import DeadLetter, DeadLetterState, Job, ParamsEdit, ParamsEditState
-from jobs.services import job_audit, job_requeue_with_params, params_hash, validate_params
-from jobs.services.retry import clean_reason
+from jobs.services import job_audit, params_hash, validate_params
+from jobs.services.requeue import (
+    NewParams,
+    Resolution,
+    clean_reason,
+    jobs_requeue_locked,
+    operator_may_requeue,
+)
 from jobs.states import Status
-from jobs.types import get_type
 from tenants.selectors import operator_org_ids
 
 # Changed paths listed per edit: a rewrite of a huge list is summarised by its parent.
@@ -99,13 +103,7 @@ def diff_rows(old: Any, new: Any, paths: list[str]) -> list[dict[str, Any]]:
 
 
 def _check_operator(actor_user: Any) -> None:
-    permission = PERMISSIONS["replay"]
-    if not (
-        actor_user is not None
-        and getattr(actor_user, "is_active", False)
-        and getattr(actor_user, "is_staff", False)
-        and actor_user.has_perm(permission)
-    ):
+    if not operator_may_requeue(actor_user, PERMISSIONS["replay"]):
         raise DeadLetterPermissionError()
 
 
@@ -291,28 +289,28 @@ def fix_forward_apply(*, edit: ParamsEdit, actor_user: Any) -> ParamsEdit:
         ):
             raise FixForwardConflictError()
         row = locked.open_rows[0]
-        spec = get_type(job.type)
         now = timezone.now()
         edit.state = ParamsEditState.APPLIED
         edit.decided_at = edit.decided_at or now
         edit.applied_at = now
-        job_requeue_with_params(
-            job_id=job.id,
-            params=edit.new_params,
-            params_hash=edit.new_params_sha256,
-            extend=spec.max_attempts if spec is not None else 1,
-            event_type="dlq_fixed_forward",
-            actor=Actor.operator(actor_user),
-            data=_audit_data(edit) | {"queue": row.queue, "message_id": row.message_id},
-        )
-        DeadLetter.objects.filter(id=row.id).update(
-            state=DeadLetterState.REPLAYED,
-            resolved_by=actor_user,
-            resolved_at=now,
-            justification=edit.reason,
-        )
+        # Applied before its row closes: closing a row rejects the edits still waiting
+        # on it, and this one is not waiting any more.
         edit.save(update_fields=["state", "decided_at", "applied_at", "approved_by"])
-        transaction.on_commit(metrics.DLQ_REPLAY.inc)
+        moved = jobs_requeue_locked(
+            jobs=[job],
+            by=Resolution(
+                actor=Actor.operator(actor_user), actor_user=actor_user, justification=edit.reason
+            ),
+            event_type="dlq_fixed_forward",
+            audit_data={
+                job.id: _audit_data(edit) | {"queue": row.queue, "message_id": row.message_id}
+            },
+            rows={job.id: [row.id]},
+            new_params=NewParams(edit.new_params, edit.new_params_sha256),
+            now=now,
+        )
+        if job.id not in moved:  # it was failed under the lock: it moves
+            raise FixForwardConflictError()
     broker_copies_ack_resolved(
         result=ResolveResult(action="replay", dry_run=False), queues=[row.queue]
     )

@@ -8,7 +8,6 @@ after their commits, ack the broker copies of what they resolved away
 
 from __future__ import annotations
 
-import hashlib
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -18,7 +17,6 @@ from typing import Any, Unpack
 import structlog
 from django.db import transaction
 from django.db.models import QuerySet
-from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
 from dlq.services.copies import broker_copies_ack_stale
@@ -31,12 +29,11 @@ from dlq.services.selection import (
     dead_letters_sample,
     dead_letters_selected,
 )
-from jobs import metrics
 from jobs.models import DeadLetter, DeadLetterState
-from jobs.services import job_publish, jobs_audit, jobs_requeue, params_edits_settle
+from jobs.services import job_publish, jobs_audit
+from jobs.services.requeue import Resolution, jobs_requeue_locked
 from jobs.states import Status
 from jobs.topology import dlq_has_broker_copy, dlq_names
-from jobs.types import get_type
 from tenants.selectors import operator_org_ids
 
 log = structlog.get_logger("dlq")
@@ -68,12 +65,6 @@ class ResolveResult:
 
 ReplayResult = ResolveResult
 DiscardResult = ResolveResult
-
-
-def _justification_digest(justification: str) -> str:
-    # The text stays on the row (it may name people); the chain holds its digest, so
-    # an edit of the stored justification is still detectable.
-    return hashlib.sha256(justification.encode("utf-8")).hexdigest()
 
 
 def dead_letters_replay(
@@ -256,12 +247,11 @@ def dead_letters_resolve_rows(
     The caller has checked actor and justification. Returns the DLQs touched (their
     broker copies are acked away afterwards, outside any transaction).
     """
-    by = _Resolver(
+    by = Resolution(
         # A replay or discard is an operator's act on others' jobs (docs/tenancy.md).
         actor=Actor.operator(actor_user),
         actor_user=actor_user,
         justification=justification,
-        digest=_justification_digest(justification),
         audit_extra=audit_extra or {},
     )
     selected = list(rows)
@@ -291,11 +281,6 @@ def _lap(result: ResolveResult, phase: str, since: float) -> float:
     return now
 
 
-def _count_replays(count: int) -> None:
-    if count:
-        metrics.DLQ_REPLAY.inc(count)
-
-
 def _lock_chunk(
     chunk: Sequence[tuple[int, uuid.UUID | None, str]], job_fields: Sequence[str] = ("id",)
 ) -> Locked:
@@ -307,48 +292,6 @@ def _lock_chunk(
     )
 
 
-@dataclass(frozen=True)
-class _Resolver:
-    """Who resolves the rows and why: the operator, the justification (and its digest,
-    what the chain holds), and what each audit entry adds (a bulk operation's id)."""
-
-    actor: Actor
-    actor_user: Any
-    justification: str
-    digest: str
-    audit_extra: dict[str, Any]
-
-    def audit_data(self, row: DeadLetter) -> dict[str, Any]:
-        """What a replay or discard audits about its row: which dead letter, why it
-        died, which broker message it was, and the justification's digest (the text
-        stays on the row: it may name people)."""
-        return {
-            "dead_letter_id": row.id,
-            "reason": row.reason,
-            "queue": row.queue,
-            "message_id": row.message_id,
-            "justification_sha256": self.digest,
-            **self.audit_extra,
-        }
-
-    def close(self, ids: list[int], *, state: str) -> None:
-        """Mark the rows `state` with the operator and the justification."""
-        if ids:
-            DeadLetter.objects.filter(id__in=ids).update(
-                state=state,
-                resolved_by=self.actor_user,
-                resolved_at=timezone.now(),
-                justification=self.justification,
-            )
-
-    def settle_edits(self, ids: list[int], *, state: str) -> None:
-        """After the rows' own entries: a fix-forward edit that waited on one of the
-        closed rows is rejected by this operator (it could never be applied now)."""
-        params_edits_settle(
-            dead_letter_ids=ids, closed_as=state, actor=self.actor, actor_user=self.actor_user
-        )
-
-
 # Rows resolved per transaction: one lock statement, one audited transition per job
 # type, one update of the rows. A large replay commits in chunks, so a failure half way
 # leaves whole chunks done and the rest open, both consistent and retry-safe.
@@ -356,23 +299,22 @@ RESOLVE_CHUNK = 500
 
 
 def _replay_chunk(
-    chunk: Sequence[tuple[int, uuid.UUID | None, str]], by: _Resolver
+    chunk: Sequence[tuple[int, uuid.UUID | None, str]], by: Resolution
 ) -> dict[int, dict[str, Any] | str]:
     """Replay one chunk in one transaction; returns, per dead letter id, why it was
     skipped (a dict) or, when its job was replayed, the row's message id ("" if none).
 
     1. Lock the jobs, then their rows still open (the order every writer uses).
-    2. Per job type (its retry budget), one statement moves the failed jobs to
-       `pending` with their `dlq_replayed` entries (and wakes the dispatcher); a job
-       that is no longer `failed` is not moved and its row is skipped.
-    3. One update marks the replayed rows with the actor and justification.
+    2. Put the failed jobs back in line (jobs.services.requeue, audited
+       `dlq_replayed`) and mark their rows replayed; a job that is no longer `failed`
+       is not moved and its row is skipped.
     """
     outcome: dict[int, dict[str, Any] | str] = {}
     with transaction.atomic():
         locked = _lock_chunk(chunk, job_fields=("id", "type", "status"))
         jobs = locked.jobs
         rows = {row.id: row for row in locked.open_rows}
-        by_type: dict[str, list[DeadLetter]] = {}
+        taken: list[DeadLetter] = []
         for row_id, job_id, _ in chunk:
             row = rows.get(row_id)
             if row is None or job_id not in jobs:
@@ -380,32 +322,24 @@ def _replay_chunk(
             elif jobs[job_id].status != Status.FAILED:
                 outcome[row_id] = {"skipped": f"job is {jobs[job_id].status}, not failed"}
             else:
-                by_type.setdefault(jobs[job_id].type, []).append(row)
-        replayed: list[int] = []
-        for job_type, type_rows in by_type.items():
-            spec = get_type(job_type)
-            moved = jobs_requeue(
-                job_ids=[row.job_id for row in type_rows if row.job_id is not None],
-                extend=spec.max_attempts if spec is not None else 1,
-                event_type="dlq_replayed",
-                actor=by.actor,
-                data={str(row.job_id): by.audit_data(row) for row in type_rows},
-            )
-            moved_ids = {job.id for job in moved}
-            for row in type_rows:
-                if row.job_id in moved_ids:
-                    outcome[row.id] = row.message_id or ""
-                    replayed.append(row.id)
-                else:
-                    outcome[row.id] = {"skipped": "job is no longer failed"}
-        by.close(replayed, state=DeadLetterState.REPLAYED)
-        by.settle_edits(replayed, state=DeadLetterState.REPLAYED)
-    _count_replays(len(replayed))
+                taken.append(row)
+        moved = jobs_requeue_locked(
+            jobs=[jobs[row.job_id] for row in taken if row.job_id is not None],
+            by=by,
+            event_type="dlq_replayed",
+            audit_data={row.job_id: by.audit_data(row) for row in taken if row.job_id},
+            rows={row.job_id: [row.id] for row in taken if row.job_id is not None},
+        )
+        for row in taken:
+            if row.job_id in moved:
+                outcome[row.id] = row.message_id or ""
+            else:
+                outcome[row.id] = {"skipped": "job is no longer failed"}
     return outcome
 
 
 def _discard_chunk(
-    chunk: Sequence[tuple[int, uuid.UUID | None, str]], by: _Resolver
+    chunk: Sequence[tuple[int, uuid.UUID | None, str]], by: Resolution
 ) -> dict[int, dict[str, Any] | str]:
     """Discard one chunk in one transaction; returns, per dead letter id, why it was
     skipped (a dict) or, when it was discarded, its broker message id ("" if none).
@@ -416,7 +350,6 @@ def _discard_chunk(
     """
     with transaction.atomic():
         rows = _lock_chunk(chunk).open_rows
-        by.close([row.id for row in rows], state=DeadLetterState.DISCARDED)
         entries = {row.id: by.audit_data(row) for row in rows}
         with_job = {row.job_id: entries[row.id] for row in rows if row.job_id is not None}
         if with_job:
@@ -429,7 +362,7 @@ def _discard_chunk(
                     actor=by.actor,
                     data=entries[row.id],
                 )
-        by.settle_edits([row.id for row in rows], state=DeadLetterState.DISCARDED)
+        by.close([row.id for row in rows], state=DeadLetterState.DISCARDED)
     discarded = {row.id: row.message_id or "" for row in rows}
     return {
         row_id: discarded.get(row_id, {"skipped": "already resolved"}) for row_id, _, _ in chunk

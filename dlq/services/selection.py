@@ -27,7 +27,7 @@ from dlq.errors import (
 )
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState
 from jobs.topology import dlq_names
-from tenants.selectors import operator_org_ids
+from tenants.selectors import operator_may, operator_org_ids
 
 SAMPLE_SIZE = 10
 MAX_JUSTIFICATION_CHARS = 2000
@@ -73,10 +73,7 @@ def dead_letter_action_check(
     justification non-blank unless this is a dry run, which writes nothing (422), the
     queue a DLQ (404), the limit positive and the filters known (422).
     """
-    permission = PERMISSIONS[action]
-    if actor_user is None or not getattr(actor_user, "is_active", False):
-        raise DeadLetterPermissionError()
-    if not (getattr(actor_user, "is_staff", False) and actor_user.has_perm(permission)):
+    if not operator_may(actor_user, PERMISSIONS[action]):
         raise DeadLetterPermissionError()
     cleaned = (justification or "").strip()
     if not cleaned and not dry_run:

@@ -17,6 +17,8 @@ Split by concern, re-exported here so that callers say `from jobs.services impor
 - `reaper`: reclaiming jobs whose worker was lost;
 - `artefacts`: files a job produces;
 - `retry`: the owner's retry of a failed job, an operator's re-run of a finished one.
+- `requeue`: the one rule that puts an ended job back in line (replay, retry,
+  fix-forward, re-run), with the lock order of every dead-letter writer.
 """
 
 from jobs.services.artefacts import artefact_save

@@ -41,7 +41,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
-from core.json import text_problem
 from jobs.exceptions import (
     ConnectorControlInputError,
     ConnectorNotFoundError,
@@ -50,6 +49,7 @@ from jobs.exceptions import (
 )
 from jobs.models import BreakerState, ConnectorBreaker, Job
 from jobs.queries import QUERIES
+from jobs.services.reasons import control_reason
 from jobs.services.transitions import Fence, change, moved
 from jobs.services.worker import WORKER
 from jobs.types import ConnectorSpec, JobType, all_connectors, all_types, get_connector
@@ -62,8 +62,6 @@ CONNECTOR_OPEN_CODE = "CONNECTOR_OPEN"
 OPENED_EVENT = "connector_opened"
 HALF_OPEN_EVENT = "connector_half_open"
 CLOSED_EVENT = "connector_closed"
-# An operator's justification: a sentence or two for the audit log.
-REASON_MAX_CHARS = 500
 
 
 # --- this process's copy of the breakers ---------------------------------------------
@@ -368,18 +366,7 @@ def _checked(name: str, reason: str) -> tuple[ConnectorSpec, str]:
     spec = get_connector(name) if isinstance(name, str) else None
     if spec is None:
         raise ConnectorNotFoundError(f"no connector {name!r}", details={"connector": str(name)})
-    reason = (reason or "").strip()
-    if not reason:
-        raise ConnectorControlInputError(details={"reason": "required"})
-    if len(reason) > REASON_MAX_CHARS:
-        raise ConnectorControlInputError(
-            f"The justification is longer than {REASON_MAX_CHARS} characters.",
-            details={"reason": f"at most {REASON_MAX_CHARS} characters"},
-        )
-    if text_problem(reason):
-        raise ConnectorControlInputError(
-            f"The justification {text_problem(reason)}.", details={"reason": text_problem(reason)}
-        )
+    reason = control_reason(reason, error=ConnectorControlInputError)
     return spec, reason
 
 

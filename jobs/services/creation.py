@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 import structlog
 from django.conf import settings
@@ -153,22 +153,33 @@ def validate_priority(priority: Any, *, staff: bool) -> int:
     return priority
 
 
+class JobRequest(TypedDict, total=False):
+    """What a new job is asked for, by whoever asks (`job_create`, the API's
+    `job_submit`): its owner, type and params; an idempotency key; the request and
+    correlation ids it answers to; the caller's staff powers (`staff`: the staff-only
+    params and the staff priority lane); when it runs (`run_at`, None: now) and its
+    priority (DEFAULT_PRIORITY when not given)."""
+
+    owner: Required[Any]
+    job_type: Required[str]
+    params: Required[Any]
+    idempotency_key: str | None
+    request_id: str | None
+    correlation_id: str | None
+    staff: bool
+    run_at: datetime | None
+    priority: int
+
+
 def job_create(
     *,
-    owner: Any,
-    job_type: str,
-    params: Any,
-    idempotency_key: str | None = None,
-    request_id: str | None = None,
-    correlation_id: str | None = None,
     actor: Actor | None = None,
-    staff: bool = False,
     placement: Placement | None = None,
-    run_at: datetime | None = None,
     rerun_of: Job | None = None,
-    priority: int = DEFAULT_PRIORITY,
+    **request: Unpack[JobRequest],
 ) -> tuple[Job, bool]:
-    """Create a job, or return the one this idempotency key already made.
+    """Create a job, or return the one this idempotency key already made (`request`:
+    JobRequest).
 
     `run_at` (validate_run_at): a future one creates the job `scheduled`, and the
     dispatcher's schedule step moves it to `pending` when due; one up to a minute past
@@ -198,6 +209,9 @@ def job_create(
        the TTL marks the key seen in that read (jobs.services.keys.job_key_repeat).
     Returns (job, created).
     """
+    owner, job_type = request["owner"], request["job_type"]
+    staff, run_at = request.get("staff", False), request.get("run_at")
+    request_id, correlation_id = request.get("request_id"), request.get("correlation_id")
     spec = get_type(job_type) if isinstance(job_type, str) else None
     # The organisation first: every outcome below counts under its `org` label (when
     # the deployment has one: jobs.metrics.org_label).
@@ -210,9 +224,9 @@ def job_create(
     )
     now = timezone.now()
     try:
-        params = validate_params(job_type, params, owner=owner, staff=staff)
-        priority = validate_priority(priority, staff=staff)
-        idempotency_key = validate_idempotency_key(idempotency_key)
+        params = validate_params(job_type, request["params"], owner=owner, staff=staff)
+        priority = validate_priority(request.get("priority", DEFAULT_PRIORITY), staff=staff)
+        idempotency_key = validate_idempotency_key(request.get("idempotency_key"))
         run_at = validate_run_at(run_at, now=now)
     except ApplicationError:
         counter(status="rejected").inc()
@@ -278,22 +292,14 @@ def job_create(
 
 def job_submit(
     *,
-    owner: Any,
-    job_type: str,
-    params: Any,
-    idempotency_key: str | None = None,
-    request_id: str | None = None,
-    correlation_id: str | None = None,
-    staff: bool = False,
     org: str | None = None,
     project: str | None = None,
     org_counted: int | None = None,
-    run_at: datetime | None = None,
-    priority: int = DEFAULT_PRIORITY,
+    **request: Unpack[JobRequest],
 ) -> tuple[Job, bool]:
-    """The API's create (docs/api.md#creating-a-job): `job_create` behind backpressure;
-    `staff` is the caller's staff powers (see `job_create`); `org` and `project` the
-    slugs the caller named (docs/tenancy.md).
+    """The API's create (docs/api.md#creating-a-job): `job_create` of the same
+    `request` (JobRequest) behind backpressure; `org` and `project` the slugs the
+    caller named (docs/tenancy.md).
 
     0. The organisation and project: the caller's only one, or the one it names; a
        suspended organisation takes no new jobs (403), a project of another
@@ -311,6 +317,8 @@ def job_submit(
        query.
     Returns (job, created).
     """
+    owner, job_type = request["owner"], request["job_type"]
+    idempotency_key = request.get("idempotency_key")
     placement = placement_for(owner, org=org, project=project)
     bind_request_context(org_id=placement.org_id, project_id=placement.project_id)
     if placement.org_id != org_counted:
@@ -326,18 +334,7 @@ def job_submit(
             ):
                 raise
     try:
-        job, created = job_create(
-            owner=owner,
-            job_type=job_type,
-            params=params,
-            idempotency_key=idempotency_key,
-            request_id=request_id,
-            correlation_id=correlation_id,
-            staff=staff,
-            placement=placement,
-            run_at=run_at,
-            priority=priority,
-        )
+        job, created = job_create(placement=placement, **request)
     except IntegrityError as exc:
         raise JobConflictError() from exc
     if created:

@@ -34,18 +34,16 @@ from typing import Any
 from django.db import connection, transaction
 
 from audit.services import OPS_CHAIN, Actor, audit_append
-from core.json import text_problem
 from jobs.exceptions import ErpEventNotFoundError, ErpParkedInputError
 from jobs.queries import QUERIES
 from jobs.selectors import erp_parked_events
+from jobs.services.reasons import control_reason
 
 PARKED_EVENT = "erp_event_parked"
 REDRIVEN_EVENT = "erp_event_redriven"
 DISCARDED_EVENT = "erp_event_discarded"
 # Who parks: the bridge, on no operator's behalf.
 BRIDGE_ACTOR = Actor.system("erp_bridge")
-# An operator's justification: a sentence or two for the audit log.
-REASON_MAX_CHARS = 500
 # Rows one transaction of `erp_parked_redrive_all` re-drives: its row locks and its
 # run of ops-chain appends stay short however many events wait.
 REDRIVE_CHUNK = 500
@@ -122,19 +120,7 @@ def _event_ids(event_ids: Iterable[str]) -> list[str]:
 
 
 def _reason(reason: str, *, required: bool) -> str:
-    reason = (reason or "").strip()
-    if required and not reason:
-        raise ErpParkedInputError(details={"reason": "required"})
-    if len(reason) > REASON_MAX_CHARS:
-        raise ErpParkedInputError(
-            f"The justification is longer than {REASON_MAX_CHARS} characters.",
-            details={"reason": f"at most {REASON_MAX_CHARS} characters"},
-        )
-    if text_problem(reason):
-        raise ErpParkedInputError(
-            f"The justification {text_problem(reason)}.", details={"reason": text_problem(reason)}
-        )
-    return reason
+    return control_reason(reason, error=ErpParkedInputError, required=required)
 
 
 def erp_parked_redrive(

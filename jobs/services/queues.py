@@ -24,35 +24,28 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
-from core.json import text_problem
 from jobs.exceptions import QueueControlInputError, QueueNotFoundError
 from jobs.models import QueuePause
 from jobs.queries import QUERIES
 from jobs.selectors import queues_for_consumers_forget
+from jobs.services.reasons import control_reason
 from jobs.types import primary_queue_names
 
 QUEUE_PAUSED_EVENT = "queue_paused"
 QUEUE_RESUMED_EVENT = "queue_resumed"
-# A justification is a sentence or two for the audit log, not a document.
-REASON_MAX_CHARS = 500
 
 
 def _checked(queue: str, reason: str) -> str:
     if queue not in primary_queue_names():
         raise QueueNotFoundError(f"no queue {queue!r}", details={"queue": queue})
-    reason = (reason or "").strip()
-    if not reason:
-        raise QueueControlInputError(details={"reason": "required"})
-    if len(reason) > REASON_MAX_CHARS:
-        raise QueueControlInputError(
-            f"The justification is longer than {REASON_MAX_CHARS} characters.",
-            details={"reason": f"at most {REASON_MAX_CHARS} characters"},
-        )
-    if text_problem(reason):
-        raise QueueControlInputError(
-            f"The justification {text_problem(reason)}.", details={"reason": text_problem(reason)}
-        )
-    return reason
+    return control_reason(reason, error=QueueControlInputError)
+
+
+def _audit(event_type: str, *, queue: str, reason: str, actor: Actor) -> None:
+    """A pause's or resume's ops entry: which queue, and the operator's justification."""
+    audit_append(
+        chain=OPS_CHAIN, event_type=event_type, actor=actor, data={"queue": queue, "reason": reason}
+    )
 
 
 def queue_pause(*, queue: str, reason: str, actor: Actor, user: Any = None) -> bool:
@@ -68,12 +61,7 @@ def queue_pause(*, queue: str, reason: str, actor: Actor, user: Any = None) -> b
             defaults={"paused_at": timezone.now(), "paused_by": user, "reason": reason},
         )
         if created:
-            audit_append(
-                chain=OPS_CHAIN,
-                event_type=QUEUE_PAUSED_EVENT,
-                actor=actor,
-                data={"queue": queue, "reason": reason},
-            )
+            _audit(QUEUE_PAUSED_EVENT, queue=queue, reason=reason, actor=actor)
     queues_for_consumers_forget()
     return created
 
@@ -87,12 +75,7 @@ def queue_resume(*, queue: str, reason: str, actor: Actor) -> bool:
     with transaction.atomic():
         deleted, _ = QueuePause.objects.filter(queue=queue).delete()
         if deleted:
-            audit_append(
-                chain=OPS_CHAIN,
-                event_type=QUEUE_RESUMED_EVENT,
-                actor=actor,
-                data={"queue": queue, "reason": reason},
-            )
+            _audit(QUEUE_RESUMED_EVENT, queue=queue, reason=reason, actor=actor)
             with connection.cursor() as cursor:
                 cursor.execute(QUERIES["notify_pending"])
     queues_for_consumers_forget()

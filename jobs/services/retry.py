@@ -11,58 +11,41 @@
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from audit.services import Actor
-from jobs import metrics
-from jobs.exceptions import (
-    JobInputError,
-    JobNotFoundError,
-    JobRerunForbiddenError,
-    JobRetryForbiddenError,
-    TransitionRefusedError,
-)
-from jobs.models import DeadLetter, DeadLetterState, Job
+from jobs.exceptions import JobNotFoundError, JobRerunForbiddenError, JobRetryForbiddenError
+from jobs.models import Job
 from jobs.selectors import job_actor_for_user
 from jobs.services.creation import job_create
-from jobs.services.dead_letters import params_edits_settle
-from jobs.services.transitions import job_audit, jobs_requeue
-from jobs.states import Status
-from jobs.types import get_type
+from jobs.services.requeue import (
+    MAX_REASON_CHARS,
+    REPLAY_PERMISSION,
+    RERUN_SOURCES,
+    Resolution,
+    clean_reason,
+    job_ended_locked,
+    job_requeue_one,
+    operator_may_requeue,
+)
+from jobs.services.transitions import job_audit
 from tenants.selectors import Placement, operator_org_ids
 
-# A retry's reason and a re-run's justification: a sentence, not a document.
-MAX_REASON_CHARS = 1000
 DEFAULT_RETRY_REASON = "retried by owner"
-REPLAY_PERMISSION = "jobs.replay_deadletter"
-# What a re-run may start again: a job that has ended.
-RERUN_SOURCES = (Status.SUCCEEDED, Status.CANCELLED, Status.FAILED)
-
-
-def clean_reason(value: Any, *, field: str, required: bool) -> str:
-    """A stripped, bounded free text (400 ERR-JOB-400 otherwise)."""
-    if value is None:
-        value = ""
-    if not isinstance(value, str):
-        raise JobInputError(details={field: ["A string."]})
-    cleaned = value.strip()
-    if required and not cleaned:
-        raise JobInputError(details={field: ["This field is required."]})
-    if len(cleaned) > MAX_REASON_CHARS:
-        raise JobInputError(details={field: [f"At most {MAX_REASON_CHARS} characters."]})
-    if "\x00" in cleaned:
-        raise JobInputError(details={field: ["No NUL characters."]})
-    return cleaned
-
-
-def _digest(text: str) -> str:
-    # As a replay's justification: the text stays on the dead letter, the chain its digest.
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+# The names this module gave the rules that now live in jobs.services.requeue.
+__all__ = [
+    "DEFAULT_RETRY_REASON",
+    "MAX_REASON_CHARS",
+    "REPLAY_PERMISSION",
+    "RERUN_SOURCES",
+    "clean_reason",
+    "job_rerun",
+    "job_retry_failed",
+    "job_retry_for_user",
+]
 
 
 def job_retry_for_user(
@@ -88,56 +71,13 @@ def job_retry_failed(
     *, job_id: uuid.UUID | str, actor: Actor, user: Any, justification: str
 ) -> Job:
     """`failed` -> `pending` audited `retried`, with a fresh retry budget, and the job's
-    open dead letter (if any) -> `replayed` by `user`, in one transaction.
-
-    Locks as every dead-letter writer does (dlq.services.locks): the job, then its open
-    rows. Any other status: TransitionRefusedError (409 ERR-JOB-409 naming it), so a
-    second retry of a job that is pending again changes nothing.
+    open dead letter (if any) -> `replayed` by `user`, in one transaction: the rule of
+    every way back in line (jobs.services.requeue.job_requeue_one). Any other status:
+    TransitionRefusedError (409 ERR-JOB-409 naming it), so a second retry of a job that
+    is pending again changes nothing.
     """
-    with transaction.atomic():
-        job = Job.objects.select_for_update().filter(id=job_id).only("id", "type", "status").first()
-        if job is None:
-            raise JobNotFoundError()
-        rows = list(
-            DeadLetter.objects.select_for_update()
-            .filter(job_id=job.id, state=DeadLetterState.OPEN)
-            .order_by("id")
-            .only("id", "reason", "queue", "message_id")
-        )
-        if job.status != Status.FAILED:
-            raise TransitionRefusedError(job_id=job.id, current=job.status, target=Status.PENDING)
-        spec = get_type(job.type)
-        row = rows[0] if rows else None
-        [moved] = jobs_requeue(
-            job_ids=[job.id],
-            extend=spec.max_attempts if spec is not None else 1,
-            event_type="retried",
-            actor=actor,
-            data={
-                str(job.id): {
-                    "dead_letter_id": row.id if row else None,
-                    "reason": row.reason if row else None,
-                    "queue": row.queue if row else None,
-                    "message_id": row.message_id if row else None,
-                    "justification_sha256": _digest(justification),
-                }
-            },
-        )
-        if rows:
-            DeadLetter.objects.filter(id__in=[r.id for r in rows]).update(
-                state=DeadLetterState.REPLAYED,
-                resolved_by=user,
-                resolved_at=timezone.now(),
-                justification=justification,
-            )
-            params_edits_settle(
-                dead_letter_ids=[r.id for r in rows],
-                closed_as=DeadLetterState.REPLAYED,
-                actor=actor,
-                actor_user=user,
-            )
-            transaction.on_commit(lambda: metrics.DLQ_REPLAY.inc(len(rows)))
-    return moved
+    by = Resolution(actor=actor, actor_user=user, justification=justification)
+    return job_requeue_one(job_id=job_id, by=by, event_type="retried")
 
 
 def job_rerun(*, job_id: uuid.UUID | str, actor_user: Any, justification: Any) -> Job:
@@ -151,12 +91,7 @@ def job_rerun(*, job_id: uuid.UUID | str, actor_user: Any, justification: Any) -
        original, and the original's `rerun` entry naming the new job and the
        justification. A job that has not ended: 409 ERR-JOB-409.
     """
-    if not (
-        actor_user is not None
-        and getattr(actor_user, "is_active", False)
-        and getattr(actor_user, "is_staff", False)
-        and actor_user.has_perm(REPLAY_PERMISSION)
-    ):
+    if not operator_may_requeue(actor_user):
         raise JobRerunForbiddenError()
     text = clean_reason(justification, field="justification", required=True)
     jobs = Job.objects.select_related("owner")
@@ -166,15 +101,11 @@ def job_rerun(*, job_id: uuid.UUID | str, actor_user: Any, justification: Any) -
     original = jobs.filter(id=job_id).first()
     if original is None:
         raise JobNotFoundError()
-    if original.status not in RERUN_SOURCES:
-        raise TransitionRefusedError(
-            job_id=original.id,
-            current=original.status,
-            target=Status.PENDING,
-            reason="only a finished job can be re-run",
-        )
     actor = Actor.operator(actor_user)
     with transaction.atomic():
+        # Under the lock every way back in line takes (the job first): a replay of the
+        # same failed job waits for this re-run, or this re-run for it.
+        job_ended_locked(job_id=original.id, reason="only a finished job can be re-run")
         new, _ = job_create(
             owner=original.owner,
             job_type=original.type,
