@@ -6,7 +6,7 @@ of its own with its own database connection (Django's are per thread), so that a
 commit, a window of completions' commit and the runners overlap instead of taking turns.
 
 1. Claim (the claimer thread): due jobs in one transaction (`jobs.services.jobs_claim`:
-   a SKIP LOCKED select, then one job_append claiming them all, each with its `started`
+   a SKIP LOCKED select, then one jobs_claim_polled call claiming them all, each with its `started`
    entry) into a short local buffer the runners take from, so that a runner never waits
    for a claim's round trip. At most `concurrency * JOBOPS_WORKER_PREFETCH` jobs are in
    hand (buffered or running), and only as many wait in the buffer as the runners will

@@ -42,7 +42,7 @@ def test_read_within_passes_other_database_errors_on():
 
 
 def test_a_long_statement_is_converted_once_and_binds_each_executions_values():
-    # Over psycopg's own 4 KB cache bound, as job_append is: a placeholder repeated, the
+    # Over psycopg's own 4 KB cache bound, as long statements are: a placeholder repeated, the
     # values given in another order the second time.
     padding = " " * 5000
     statement = f"SELECT %(a)s::int AS a, %(b)s::text AS b{padding}, %(a)s::int + 1 AS c"

@@ -46,7 +46,7 @@ def test_the_step_releases_the_keys_past_their_ttl_in_batches_and_no_live_one():
     for job in due:
         stored = Job.objects.get(id=job.id)
         assert (stored.idempotency_key, stored.idempotency_expires_at) == (None, None)
-        # Moved (to the transaction's now(), the clock job_append uses too).
+        # Moved (to the transaction's now(), the clock the transition functions use too).
         assert stored.version == job.version + 1 and stored.updated_at != job.updated_at
     stored = Job.objects.get(id=live.id)
     assert (stored.idempotency_key, stored.version) == ("live", live.version)

@@ -76,7 +76,7 @@ def test_the_api_the_command_and_the_outbox_show_exactly_those_fields():
     out = StringIO()
     call_command("job_status", str(job.id), "--json", stdout=out)
     assert tuple(json.loads(out.getvalue())) == BODY
-    # Every event of its life, from creation (job_insert) to the end (job_append).
+    # Every event of its life, from creation (job_insert) to the end (the transition functions).
     events = EventOutbox.objects.filter(job_id=job.id).order_by("seq")
     assert [e.payload["status"] for e in events] == ["pending", "queued", "running", "succeeded"]
     for event in events:

@@ -27,15 +27,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def writes(monkeypatch):
-    """Every statement the requeue service sends: (event type, job ids, fields)."""
-    seen: list[tuple[str, list, dict]] = []
-    real = requeue_module.transition_many
+    """Every statement the requeue service sends: (event type, job ids)."""
+    seen: list[tuple[str, list]] = []
+    many, one = requeue_module.jobs_requeue, requeue_module.job_requeue_with_params
 
-    def spy(**kwargs):
-        seen.append((kwargs["event_type"], list(kwargs["job_ids"]), kwargs["fields"]))
-        return real(**kwargs)
+    def spy_many(**kwargs):
+        seen.append((kwargs["event_type"], list(kwargs["job_ids"])))
+        return many(**kwargs)
 
-    monkeypatch.setattr(requeue_module, "transition_many", spy)
+    def spy_one(**kwargs):
+        seen.append((kwargs["event_type"], [kwargs["job_id"]]))
+        return one(**kwargs)
+
+    monkeypatch.setattr(requeue_module, "jobs_requeue", spy_many)
+    monkeypatch.setattr(requeue_module, "job_requeue_with_params", spy_one)
     return seen
 
 
@@ -85,7 +90,7 @@ def test_a_replay_a_retry_and_a_fix_forward_all_write_through_the_one_service(wr
         reason="a typo",
     )
 
-    assert [(event, ids) for event, ids, _ in writes] == [
+    assert [(event, ids) for event, ids in writes] == [
         ("dlq_replayed", [replayed.id]),
         ("retried", [retried.id]),
         ("dlq_fixed_forward", [fixed.id]),
@@ -109,7 +114,7 @@ def test_a_replay_of_jobs_of_two_types_takes_one_statement_per_type(writes):
         job_ids=[job.id for job in (*sims, other)],
     )
     assert sorted(result.job_ids) == sorted(str(job.id) for job in (*sims, other))
-    statements = sorted((event, sorted(map(str, ids))) for event, ids, _ in writes)
+    statements = sorted((event, sorted(map(str, ids))) for event, ids in writes)
     assert statements == sorted(
         [
             ("dlq_replayed", sorted(str(job.id) for job in sims)),
@@ -162,19 +167,17 @@ def test_dead_letters_are_locked_in_one_place_only():
 
 
 def test_only_the_requeue_service_moves_a_failed_job_back_to_pending():
-    """`failed` -> `pending` is written in one module: any other transition call with
-    that target from `failed` would be a second copy of the rule."""
-    writers = []
+    """`failed` -> `pending` is the SQL function jobs_requeue (and its fix-forward form);
+    any other caller of it would be a second copy of the rule."""
+    callers = []
     for path in [*ROOT.joinpath("jobs").rglob("*.py"), *ROOT.joinpath("dlq").rglob("*.py")]:
-        if "migrations" in path.parts:
+        if "migrations" in path.parts or path.name == "transitions.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) in _CALLS):
-                continue
-            words = {k.arg: ast.unparse(k.value) for k in node.keywords}
-            if words.get("target") == "Status.PENDING" and "FAILED" in words.get("sources", ""):
-                writers.append(path.relative_to(ROOT).as_posix())
-    assert writers == ["jobs/services/requeue.py"]
+            name = getattr(getattr(node, "func", None), "id", None)
+            if isinstance(node, ast.Call) and name in _REQUEUES:
+                callers.append(path.relative_to(ROOT).as_posix())
+    assert sorted(set(callers)) == ["jobs/services/requeue.py"]
 
 
-_CALLS = {"transition", "transition_many", "transition_each"}
+_REQUEUES = {"jobs_requeue", "job_requeue_with_params"}
