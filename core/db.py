@@ -156,9 +156,9 @@ class _NamedStatementQuery(PostgresQuery):
     psycopg keeps it only for statements under 4 KB (MAX_CACHED_STATEMENT_LENGTH), so
     that an ORM's endless generated texts cannot fill its cache; the old one-for-all
     transition statement was 7 KB with 76 placeholders, and splitting it again took
-    ~0.15 ms of CPU at every claim, end and publish batch. The statements run here are the named ones of queries.sql, a
-    fixed set, so keeping each is bounded. (psycopg's own parts, pinned in
-    constraints.txt: tests/core/test_db.py checks the behaviour.)"""
+    ~0.15 ms of CPU at every claim, end and publish batch. The statements run here are
+    the named ones of queries.sql, a fixed set, so keeping each is bounded. (psycopg's
+    own parts, pinned in constraints.txt: tests/core/test_db.py checks the behaviour.)"""
 
     def convert(self, query: Any, vars: Any) -> None:
         if vars is None or not isinstance(query, str):
