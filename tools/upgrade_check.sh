@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The upgrade check of issue 38 (docs/development.md#the-upgrade-check): a database
-# whose audit chains an older release (START, default the start commit c940624) wrote
-# migrates to this checkout, verify_audit_chain exits 0, this checkout appends to the
+# The upgrade check of issue 38 (docs/development.md#checks-against-an-older-release):
+# a database whose audit chains an older release (START, default the start commit
+# c940624) wrote migrates to this checkout, verify_audit_chain exits 0, this checkout appends to the
 # same chains (the old release's waiting jobs moved on, new jobs singly and in
 # batches), and verify_audit_chain exits 0 again, its old checkpoint still expected.
 # Between the two, the old release's code writes once more on the migrated database, as

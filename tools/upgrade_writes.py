@@ -1,5 +1,5 @@
 """The writes of tools/upgrade_check.sh: audit chains written by one version of jobops,
-continued by another (docs/development.md#the-upgrade-check).
+continued by another (docs/development.md#checks-against-an-older-release).
 
 Run inside `manage.py shell` of the code under test, so that every import resolves to
 that code (the old release's tree, then the current checkout):
