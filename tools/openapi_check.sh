@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The OpenAPI byte-identity check of issue 38 (docs/development.md#checks-against-an-older-release):
-# `manage.py spectacular` of an older release (START, default the start commit
-# c940624) and of this working tree, compared with cmp. Prints both files' sha256;
-# exits 0 when they are byte-identical, 1 (with a diff) when not.
+# The OpenAPI byte-identity check of issue 38
+# (docs/development.md#checks-against-an-older-release): `manage.py spectacular` of an
+# older release (START, default the start commit c940624) and of this working tree,
+# compared with cmp. Prints both files' sha256; exits 0 when they are byte-identical,
+# 1 (with a diff) when not.
 #   tools/openapi_check.sh [START]        or        make openapi-check [START=<commit>]
 # OUT=<dir> keeps both schema files there (default: a temporary directory, removed).
 set -euo pipefail

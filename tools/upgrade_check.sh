@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The upgrade check of issue 38 (docs/development.md#checks-against-an-older-release): a database
-# whose audit chains an older release (START, default the start commit c940624) wrote
-# migrates to this checkout, verify_audit_chain exits 0, this checkout appends to the
-# same chains (the old release's waiting jobs moved on, new jobs singly and in
-# batches), and verify_audit_chain exits 0 again, its old checkpoint still expected.
-# Between the two, the old release's code writes once more on the migrated database, as
-# a rolling upgrade's old processes do (ROLLING=0 leaves that step out).
+# The upgrade check of issue 38 (docs/development.md#checks-against-an-older-release):
+# a database whose audit chains an older release (START, default the start commit
+# c940624) wrote migrates to this checkout, verify_audit_chain exits 0, this checkout
+# appends to the same chains (the old release's waiting jobs moved on, new jobs singly
+# and in batches), and verify_audit_chain exits 0 again, its old checkpoint expected.
+# Between the two, the old release's code writes once more on the migrated database,
+# as a rolling upgrade's old processes do (ROLLING=0 leaves that step out).
 #
 # Runs in a scratch database beside DATABASE_URL's (<name>_upgrade, dropped before and
 # after) with this checkout's .venv for both trees (the old tree's packages are found
