@@ -5,6 +5,7 @@ session removes at its end can be checked from outside."""
 from __future__ import annotations
 
 import os
+from urllib.parse import quote, urlsplit
 
 from django.conf import settings
 from kombu import Connection
@@ -16,4 +17,5 @@ def test_makes_a_redis_key_on_its_own_vhost():
     redis_client().set(os.environ["PROBE_KEY"], "made by the probe session")
     with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
         conn.connect()  # the vhost exists while the session runs
-    assert settings.BROKER_URL.rsplit("/", 1)[1] == os.environ["PROBE_VHOST"]
+    # The vhost as the URL names it: "//" is the default vhost "/", quoted as "%2F".
+    assert quote(urlsplit(settings.BROKER_URL).path[1:], safe="") == os.environ["PROBE_VHOST"]
