@@ -50,11 +50,12 @@ def main(argv: list[str]) -> int:
         print("usage: python -m core.respawn -- CMD [ARGS...]", file=sys.stderr)
         return 2
     stopping = False
+    received: int | None = None
     child: subprocess.Popen[bytes] | None = None
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
+        nonlocal stopping, received
+        stopping, received = True, signum
         if child is not None and child.poll() is None:
             child.send_signal(signum)
 
@@ -65,6 +66,10 @@ def main(argv: list[str]) -> int:
     while True:
         started = time.monotonic()
         child = subprocess.Popen(argv, preexec_fn=functools.partial(_term_when_parent_dies, parent))
+        if received is not None and child.poll() is None:
+            # The signal came while Popen had not yet returned the child (it may already
+            # run, on a loaded machine): `forward` had none to pass it to.
+            child.send_signal(received)
         code = child.wait()
         if stopping:
             return code

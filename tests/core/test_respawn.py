@@ -104,3 +104,37 @@ def test_honcho_keeps_the_other_processes_when_a_respawned_one_exits(tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=15)
     assert "steady.1" in log.read_text()
+
+
+def test_a_sigterm_that_comes_while_the_command_starts_still_reaches_it(monkeypatch, tmp_path):
+    """On a loaded machine the command can be up before Popen returns it to the
+    supervisor: a SIGTERM then must not be lost (the supervisor would wait on a command
+    that never heard it). Here the signal comes inside Popen, every time."""
+    import core.respawn as respawn
+
+    term_file, ready_file = tmp_path / "term", tmp_path / "ready"
+    child = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(term_file)!r}, 'w').close(), "
+        "sys.exit(0)))\n"
+        f"open({str(ready_file)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    real_popen = subprocess.Popen
+
+    def popen_then_signalled(*args, **kwargs):
+        started = real_popen(*args, **kwargs)
+        wait_for(ready_file.exists, timeout=15)  # the command has set its handler
+        os.kill(os.getpid(), signal.SIGTERM)  # runs `forward` before Popen returns
+        return started
+
+    monkeypatch.setattr(respawn.subprocess, "Popen", popen_then_signalled)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    alarm = signal.alarm(20)  # a lost signal would leave main() waiting 60 s
+    try:
+        assert respawn.main([sys.executable, "-c", child]) == 0
+    finally:
+        signal.alarm(alarm)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert term_file.exists()
