@@ -62,8 +62,7 @@ import structlog
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from jobs import metrics
-from jobs.dispatcher import PendingListener
+from jobs.domain.types import get_type
 from jobs.execution.complete import (
     COMPLETE_BATCH,
     COMPLETE_WINDOW_SECONDS,
@@ -83,12 +82,13 @@ from jobs.executor_runners import (
     run_claimed,
     runner_process,
 )
-from jobs.liveness import beat, beat_end
+from jobs.integrations import metrics
+from jobs.integrations.liveness import beat, beat_end
 from jobs.models import Job
+from jobs.processes.dispatcher import PendingListener
 from jobs.queries import QUERIES
 from jobs.services import Fence, Finish, jobs_claim
 from jobs.services.connectors import blocked_types
-from jobs.types import get_type
 
 # The names this module held before the runners moved to jobs.executor_runners.
 __all__ = [
@@ -113,7 +113,7 @@ RUN_TIME_WEIGHT = 0.2
 # How often the host's own thread looks at the stop flag, the hard time limits and its
 # liveness beat.
 SUPERVISE_SECONDS = 0.1
-# The liveness kind run_worker hosts beat as (jobs.liveness, `manage.py liveness`).
+# The liveness kind run_worker hosts beat as (jobs.integrations.liveness, `manage.py liveness`).
 LIVENESS_KIND = "run_worker"
 
 

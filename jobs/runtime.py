@@ -7,7 +7,7 @@ run_worker (jobs.executor):
 
 1. Decode the wire payload; a message that names no job is rejected without requeue
    (the broker dead-letters it and the watcher records it with a null job). A payload
-   version this worker does not read (`jobs.wire`) fails a claimable job with an
+   version this worker does not read (`jobs.integrations.wire`) fails a claimable job with an
    `UNSUPPORTED_VERSION` dead letter before any claim, and the message is rejected
    without requeue: the handler never meets a payload it was not written for.
 2. Claim (one compare-and-set), only a job of the message's organisation
@@ -44,9 +44,10 @@ from django.conf import settings
 from django.db import connection
 
 from core.logging import log_context
-from jobs import metrics
-from jobs.errors import TenantMismatchError, UnsupportedVersionError
-from jobs.exceptions import TransitionRefusedError
+from jobs.domain.errors import TenantMismatchError, UnsupportedVersionError
+from jobs.domain.exceptions import TransitionRefusedError
+from jobs.domain.states import Status
+from jobs.domain.types import JobType
 
 # The core's names under their documented dotted paths (jobs.runtime.JobContext, ...).
 from jobs.execution import decide as _decide
@@ -64,6 +65,8 @@ from jobs.execution.run import (
     run_claimed,
     run_handler,
 )
+from jobs.integrations import metrics
+from jobs.integrations.wire import payload_version_problem
 from jobs.models import Job
 from jobs.selectors import ClaimState, job_claim_state
 from jobs.services import (
@@ -75,9 +78,6 @@ from jobs.services import (
     job_fail_with_dead_letter,
     job_hold,
 )
-from jobs.states import Status
-from jobs.types import JobType
-from jobs.wire import payload_version_problem
 
 __all__ = [
     "DB_DOWN_ERRORS",

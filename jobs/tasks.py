@@ -13,7 +13,7 @@ from typing import Any
 from celery import Task, shared_task
 
 from core.logging import log_context
-from jobs.types import all_types
+from jobs.domain.types import all_types
 
 
 def _make_task(name: str) -> Task:

@@ -41,18 +41,18 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
-from jobs.exceptions import (
+from jobs.domain.exceptions import (
     ConnectorControlInputError,
     ConnectorNotFoundError,
     ConnectorOpenError,
     JobLost,
 )
+from jobs.domain.types import ConnectorSpec, JobType, all_connectors, all_types, get_connector
 from jobs.models import BreakerState, ConnectorBreaker, Job
 from jobs.queries import QUERIES
 from jobs.services.reasons import control_reason
 from jobs.services.transitions import Fence, change, moved
 from jobs.services.worker import WORKER
-from jobs.types import ConnectorSpec, JobType, all_connectors, all_types, get_connector
 
 log = structlog.get_logger("jobs.connectors")
 

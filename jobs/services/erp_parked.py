@@ -34,7 +34,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from audit.services import OPS_CHAIN, Actor, audit_append
-from jobs.exceptions import ErpEventNotFoundError, ErpParkedInputError
+from jobs.domain.exceptions import ErpEventNotFoundError, ErpParkedInputError
 from jobs.queries import QUERIES
 from jobs.selectors import erp_parked_events
 from jobs.services.reasons import control_reason

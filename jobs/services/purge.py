@@ -36,12 +36,12 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from audit.services import Actor
-from jobs import metrics
 from jobs.artefact_storage import ARTEFACTS, STORAGE_ERRORS, artefact_storage
+from jobs.domain.types import all_types
+from jobs.integrations import metrics
 from jobs.models import Artefact, PurgeState
 from jobs.queries import QUERIES
 from jobs.services.transitions import jobs_audit
-from jobs.types import all_types
 
 log = structlog.get_logger("jobs.purge")
 PURGER = Actor.system("purge")

@@ -25,10 +25,10 @@ from audit.canonical import GENESIS_HASH
 from audit.services import Actor, format_ts
 from core.db import Rows, execute_prepared, model_from_row
 from core.request_id import current_request_id
-from jobs import metrics
+from jobs.domain.states import ALLOWED, DUE_EVENT, TERMINAL, Status
+from jobs.integrations import metrics
 from jobs.models import Job
 from jobs.queries import QUERIES
-from jobs.states import ALLOWED, DUE_EVENT, TERMINAL, Status
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,14 @@ from audit.canonical import canonical_bytes
 from audit.services import Actor
 from core.db import execute_prepared
 from core.json import json_problem
-from jobs import metrics
-from jobs.errors import ResultInvalidError
-from jobs.exceptions import JobLost
+from jobs.domain.errors import ResultInvalidError
+from jobs.domain.exceptions import JobLost
+from jobs.domain.states import Status
+from jobs.integrations import metrics
 from jobs.models import Job
 from jobs.queries import QUERIES
 from jobs.services.dead_letters import job_fail_with_dead_letter
 from jobs.services.transitions import Fence, Progress, change, job_progress_audit, moved
-from jobs.states import Status
 
 WORKER = Actor.system("worker")
 

@@ -15,10 +15,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from audit.models import AuditLog
+from jobs.domain.states import Status
 from jobs.executor import Host
 from jobs.models import Job
 from jobs.services import Finish
-from jobs.states import Status
 from tests.factories import backdate, make_job
 from tests.metric_samples import Moved
 from tests.polling import wait_for

@@ -16,9 +16,9 @@ from django.db.models import F
 
 from audit.services import Actor
 from core.db import execute_prepared
-from jobs import metrics
-from jobs.errors import TransientExternalError
+from jobs.domain.errors import TransientExternalError
 from jobs.executor import run_claimed
+from jobs.integrations import metrics
 from jobs.models import Job
 from jobs.runtime import finish_log, job_execute
 from jobs.selectors import job_attempts
