@@ -442,7 +442,7 @@ if JOBOPS_WORKER_POOL not in ("processes", "threads"):
     )
 # run_worker claims ahead: at most concurrency x this many jobs in hand (running, or
 # claimed and waiting in its buffer: `running` in the database, their `started` entry
-# written). Only short jobs are claimed ahead (jobs.executor.BUFFER_HORIZON_SECONDS), so
+# written). Only short jobs are claimed ahead (jobs.processes.executor.BUFFER_HORIZON_SECONDS), so
 # a long job never waits behind another; 1 claims only for free runners.
 JOBOPS_WORKER_PREFETCH = env_int("JOBOPS_WORKER_PREFETCH", 32)
 if not 1 <= JOBOPS_WORKER_PREFETCH <= 64:

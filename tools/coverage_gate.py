@@ -35,7 +35,7 @@ GATED = (
     "jobs/services/publishing.py",
     "jobs/integrations/publisher.py",
     "jobs/processes/dispatcher.py",
-    "jobs/runtime.py",
+    "jobs/processes/runtime.py",
     "jobs/execution/context.py",
     "jobs/execution/run.py",
     "jobs/execution/decide.py",

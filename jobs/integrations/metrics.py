@@ -193,7 +193,7 @@ DISPATCHER_STEP_RUNS = Counter(
 DISPATCHER_PASSES = Counter(
     "dispatcher_passes", "Passes of the dispatcher loop over the steps that were due"
 )
-# run_worker's claimer (jobs/executor.py): a claim that took no job counts too, once it
+# run_worker's claimer (jobs/processes/executor.py): a claim that took no job counts too, once it
 # has committed; a flat line is a claimer that stopped looking.
 WORKER_CLAIMS = Counter("worker_claims", "Claims run_worker's claimer ran, with or without jobs")
 ERP_BRIDGE_DELIVERIES = Counter(

@@ -26,7 +26,7 @@ from jobs.domain.types import get_type
 from jobs.handlers.http import retry_after_seconds
 from jobs.integrations.metrics import metrics_refresh_gauges
 from jobs.models import ConnectorBreaker, DeadLetter, Job
-from jobs.runtime import job_execute
+from jobs.processes.runtime import job_execute
 from jobs.services import retry_delay
 from jobs.services.connectors import (
     blocked_types,

@@ -19,9 +19,9 @@ from audit.services import Actor
 from audit.verification import audit_verify
 from jobs.domain.errors import FatalError, TransientExternalError
 from jobs.domain.states import Status
-from jobs.executor import run_claimed
 from jobs.models import Job
-from jobs.runtime import job_execute
+from jobs.processes.executor import run_claimed
+from jobs.processes.runtime import job_execute
 from jobs.services import Finish, job_cancel, jobs_claim, jobs_finish
 from jobs.services.connectors import breakers_forget
 from tests.factories import UserFactory, job_in_state

@@ -22,8 +22,8 @@ from jobs.integrations import metrics
 from jobs.integrations.metrics import metrics_refresh_gauges
 from jobs.integrations.publisher import wire_payload
 from jobs.models import Job, QueuePause
+from jobs.processes.runtime import job_execute
 from jobs.queries import QUERIES
-from jobs.runtime import job_execute
 from jobs.selectors import queues_for_consumers_forget
 from jobs.services import job_create, publish_due_once
 from jobs.services.queues import queue_pause, queue_resume

@@ -22,7 +22,7 @@ from jobs.domain.errors import (
 )
 from jobs.domain.exceptions import JobLost
 from jobs.models import Artefact, DeadLetter, Job
-from jobs.runtime import Heartbeats, JobContext, classify, job_execute
+from jobs.processes.runtime import Heartbeats, JobContext, classify, job_execute
 from jobs.selectors import job_time_limit_retries
 from jobs.services import (
     WORKER,

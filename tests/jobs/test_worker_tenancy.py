@@ -19,7 +19,7 @@ from audit.models import AuditLog
 from audit.verification import audit_verify
 from jobs.integrations.publisher import message_headers, wire_payload
 from jobs.models import DeadLetter, Job
-from jobs.runtime import JobContext, job_execute
+from jobs.processes.runtime import JobContext, job_execute
 from jobs.services import Fence, HoldReason, job_hold, publish_due_once
 from tenants.models import Organisation
 from tests.factories import (

@@ -29,7 +29,7 @@ from dlq.services.replay import dead_letters_discard, dead_letters_replay
 from jobs.domain.states import Status
 from jobs.integrations.publisher import wire_payload
 from jobs.models import Artefact, DeadLetter, Job
-from jobs.runtime import job_execute
+from jobs.processes.runtime import job_execute
 from jobs.services import artefact_save
 from tenants.models import Membership, OperatorScope, Organisation, Role
 from tests.factories import (

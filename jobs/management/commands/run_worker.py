@@ -13,7 +13,7 @@ from core.metrics import metrics_serve
 from core.metrics_dir import multiprocess_dir_prune
 from core.tracing import configure_tracing, flush_tracing
 from jobs.domain.types import POSTGRES, postgres_queues, queue_executor
-from jobs.executor import run_worker
+from jobs.processes.executor import run_worker
 
 log = structlog.get_logger("jobs.executor")
 
