@@ -5,7 +5,7 @@ types table). Its breaker is a `connector_breakers` row (jobs.models.ConnectorBr
 shared by every worker host, changed only by the compare-and-set statements
 `connector_*` of jobs/queries.sql:
 
-- closed: jobs run; each connector failure (jobs.errors: `connector_failure`, i.e. a
+- closed: jobs run; each connector failure (jobs.domain.errors: `connector_failure`, i.e. a
   timeout, a 5xx, a refused connection; not a 4xx) counts, a success resets the count;
   `failures` in a row open it;
 - open, for the connector's cool-down: a claimed job of the connector does not start.

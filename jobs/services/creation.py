@@ -214,7 +214,7 @@ def job_create(
     request_id, correlation_id = request.get("request_id"), request.get("correlation_id")
     spec = get_type(job_type) if isinstance(job_type, str) else None
     # The organisation first: every outcome below counts under its `org` label (when
-    # the deployment has one: jobs.metrics.org_label).
+    # the deployment has one: jobs.integrations.metrics.org_label).
     placement = placement or placement_for(owner)
     # A client-chosen type string never becomes a label: unknown types count as one.
     counter = partial(

@@ -5,7 +5,7 @@ Only a broker confirm moves a job `pending` -> `queued` (or a due `retrying` ->
 it was; the dispatcher publishes it later, so nothing accepted is lost. A message
 can reach a worker before the confirm is recorded: the claim accepts `pending` and
 `queued` alike, and a lost `-> queued` compare-and-set (zero rows) means the job
-was already claimed, which is success. The message itself is `jobs.publisher`'s.
+was already claimed, which is success. The message itself is `jobs.integrations.publisher`'s.
 """
 
 from __future__ import annotations

@@ -353,7 +353,7 @@ def jobs_cancel_confirm(
 
 @dataclass(frozen=True)
 class Finish:
-    """How one run of a job ended, as the runtime decided it (jobs.runtime.finish_decide):
+    """How one run of a job ended, as the runtime decided it (jobs.processes.runtime.finish_decide):
     `target` succeeded (with `result`), cancelled, retrying (with `delay` and the error)
     or failed (with the dead letter's `reason` and the error); `progress`, the last
     coalesced progress value, goes with it. Written by the lock holder at `attempt`.
