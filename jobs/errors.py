@@ -1,5 +1,5 @@
 """The error taxonomy a handler raises, under the path handler authors import
-(docs/architecture.md#handlers): it lives in `jobs.domain.errors`, with the rest of the
+(docs/architecture.md#the-handler-contract): it lives in `jobs.domain.errors`, with the rest of the
 job's rules; this module re-exports it so that `from jobs.errors import ...` keeps
 working.
 """
