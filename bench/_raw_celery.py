@@ -25,15 +25,15 @@ QUEUE = "bench_raw"
 KEY_ENV = "BENCH_RAW_KEY"
 
 # Not the current app: in the benchmark process jobops publishes through Celery's
-# current_app (jobs/publisher.py), which a second app would otherwise replace.
+# current_app (jobs/integrations/publisher.py), which a second app would otherwise replace.
 app = Celery("bench_raw", set_as_current=False)
 
 
 def celery_config(queue_name: str = QUEUE) -> dict[str, Any]:
     """The broker and worker settings of the baseline, for a queue of that shape
     (bench/_celery_results.py adds its result backend to the same)."""
-    # The queue arguments of jobs/topology.py (docs/architecture.md), written out: importing the
-    # app's topology module here would tie the baseline to its internals.
+    # The queue arguments of jobs/integrations/topology.py (docs/architecture.md), written
+    # out: importing the app's topology module here would tie the baseline to its internals.
     queue = Queue(
         queue_name,
         exchange=Exchange("bench.direct", type="direct", durable=True),

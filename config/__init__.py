@@ -5,7 +5,7 @@ from core.metrics_dir import multiprocess_dir_ready
 
 multiprocess_dir_ready()
 
-# The Celery app is loaded with Django so that publishing (jobs.publisher) and
+# The Celery app is loaded with Django so that publishing (jobs.integrations.publisher) and
 # `celery -A config worker` share one configuration.
 from config.celery import app as celery_app  # noqa: E402
 

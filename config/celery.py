@@ -4,7 +4,7 @@ Everything comes from settings, read lazily (this module is imported by
 `config/__init__.py`, before Django has loaded its settings):
 
 - `task_queues` are the very `Queue` objects `setup_topology` declares
-  (`jobs.topology.job_queues()`), and Celery may not invent others
+  (`jobs.integrations.topology.job_queues()`), and Celery may not invent others
   (`task_create_missing_queues=False`), so a worker never meets a queue whose
   arguments differ (RabbitMQ would answer 406 and the worker would die).
 - `task_routes` map `jobs.<type>` to the type's queue on `jobs.direct`, routing key =
@@ -12,7 +12,7 @@ Everything comes from settings, read lazily (this module is imported by
 - Late acks, reject on worker loss, and failures NOT acked: a task that fails is
   rejected without requeue so that the broker dead-letters its copy. Celery 5.7
   splits `task_acks_on_failure_or_timeout`; the version is pinned to 5.5.
-- Publisher confirms; our publisher adds `mandatory` (jobs/publisher.py).
+- Publisher confirms; our publisher adds `mandatory` (jobs/integrations/publisher.py).
 - Per-type soft/hard time limits as task annotations.
 
 Run the two worker groups of the Procfile: long queues (model, cam, sim, report)
@@ -41,15 +41,15 @@ from core.json import json_problem
 from core.metrics import metrics_serve
 from core.metrics_dir import multiprocess_dir_prune
 from core.tracing import configure_tracing, flush_tracing
-from jobs.topology import JOBS_EXCHANGE, job_queues
-from jobs.types import all_types
+from jobs.domain.types import all_types
+from jobs.integrations.topology import JOBS_EXCHANGE, job_queues
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("jobops", include=["jobs.tasks"])
 logger = get_logger("jobops.consumer")
-# Each worker refreshes a liveness key (jobs/liveness.py, `manage.py liveness`).
-app.steps["consumer"].add("jobs.liveness:HeartbeatStep")
+# Each worker refreshes a liveness key (jobs/integrations/liveness.py, `manage.py liveness`).
+app.steps["consumer"].add("jobs.integrations.liveness:HeartbeatStep")
 
 
 class JobopsConsumer(Consumer):

@@ -39,13 +39,13 @@ from django.utils import timezone
 from core.broker import queue_depths
 from dlq.broker import BROKER_ERRORS
 from dlq.selectors import dead_letters_in_orgs, open_counts_by_queue
-from jobs.liveness import live_processes, missing_processes, workers_of
+from jobs.domain.types import POSTGRES, primary_queue_names, queue_executor
+from jobs.integrations.liveness import live_processes, missing_processes, workers_of
+from jobs.integrations.topology import dlq_name
 from jobs.models import DeadLetter
+from jobs.processes.step_failures import step_failures
 from jobs.selectors import job_counts_by_queue, job_health_gauges, purge_last
 from jobs.services.purge import kept_lines
-from jobs.step_failures import step_failures
-from jobs.topology import dlq_name
-from jobs.types import POSTGRES, primary_queue_names, queue_executor
 
 # The name it logged under in dlq/: log queries and alerts keep matching its lines.
 log = structlog.get_logger("dlq.dashboard")
@@ -230,7 +230,7 @@ def _compute(*, org_ids: tuple[int, ...] | None = None) -> tuple[dict[str, Any],
         # When the purge last looked, and what its last run removed (one row; its
         # counts are every tenant's, so a filtered view leaves it out).
         "purge": purge_last() if org_ids is None else None,
-        # Dispatcher steps failing now (jobs/step_failures.py): the system's own, shown
+        # Dispatcher steps failing now (jobs/processes/step_failures.py): the system's own, shown
         # in every view; the purge's also on its tile.
         "failing_steps": failing,
         "purge_failure": next((f for f in failing if f["step"] == "purge"), None),

@@ -332,7 +332,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "backoff_cap": 20,
         "soft_time_limit": 240,
         "time_limit": 300,
-        "params_serializer": "jobs.params.AiParams",
+        "params_serializer": "jobs.domain.params.AiParams",
         "handler": "jobs.handlers.ai.run",
     },
     "model": {
@@ -340,7 +340,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "queue": "model",
         "soft_time_limit": 840,
         "time_limit": 900,
-        "params_serializer": "jobs.params.ModelParams",
+        "params_serializer": "jobs.domain.params.ModelParams",
         "handler": "jobs.handlers.model.run",
     },
     "cam": {
@@ -348,7 +348,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "queue": "cam",
         "soft_time_limit": 840,
         "time_limit": 900,
-        "params_serializer": "jobs.params.CamParams",
+        "params_serializer": "jobs.domain.params.CamParams",
         "handler": "jobs.handlers.cam.run",
     },
     "sim": {
@@ -356,7 +356,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "queue": "sim",
         "soft_time_limit": 840,
         "time_limit": 900,
-        "params_serializer": "jobs.params.SimParams",
+        "params_serializer": "jobs.domain.params.SimParams",
         "handler": "jobs.handlers.sim.run",
     },
     "report": {
@@ -364,7 +364,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "queue": "report",
         "soft_time_limit": 540,
         "time_limit": 600,
-        "params_serializer": "jobs.params.ReportParams",
+        "params_serializer": "jobs.domain.params.ReportParams",
         "handler": "jobs.handlers.report.run",
     },
     "erp": {
@@ -372,7 +372,7 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "queue": "erp",
         "soft_time_limit": 240,
         "time_limit": 300,
-        "params_serializer": "jobs.params.ErpParams",
+        "params_serializer": "jobs.domain.params.ErpParams",
         "handler": "jobs.handlers.erp.run",
         # The external system its handler calls: its breaker (docs/connectors.md).
         "connector": "erp",
@@ -442,7 +442,7 @@ if JOBOPS_WORKER_POOL not in ("processes", "threads"):
     )
 # run_worker claims ahead: at most concurrency x this many jobs in hand (running, or
 # claimed and waiting in its buffer: `running` in the database, their `started` entry
-# written). Only short jobs are claimed ahead (jobs.executor.BUFFER_HORIZON_SECONDS), so
+# written). Only short jobs are claimed ahead (jobs.processes.executor.BUFFER_HORIZON_SECONDS), so
 # a long job never waits behind another; 1 claims only for free runners.
 JOBOPS_WORKER_PREFETCH = env_int("JOBOPS_WORKER_PREFETCH", 32)
 if not 1 <= JOBOPS_WORKER_PREFETCH <= 64:
@@ -535,7 +535,7 @@ JOBOPS_CONNECTOR_CACHE_SECONDS = env_float("JOBOPS_CONNECTOR_CACHE_SECONDS", 1.0
 # The work a job's params plan (a schema's estimate, e.g. sim steps x step_seconds) may
 # fill at most this fraction of its type's soft time limit. The rest is headroom for a
 # slow host and the database: a job planned to the limit itself hits it near the end of
-# every attempt, so it is refused at creation instead (jobs.types.JobType.work_budget).
+# every attempt, so it is refused at creation instead (jobs.domain.types.JobType.work_budget).
 JOBOPS_WORK_BUDGET_FRACTION = env_float("JOBOPS_WORK_BUDGET_FRACTION", 0.8)
 if not 0 < JOBOPS_WORK_BUDGET_FRACTION <= 1:
     raise ImproperlyConfigured(
@@ -577,9 +577,9 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("reap", "jobs.services.reaper.reap_once"),
     # Idempotency keys past their category's TTL (jobs/services/keys.py), in batches.
     ("release_keys", "jobs.services.keys.release_keys_once"),
-    ("outbox", "jobs.events.outbox_relay_once"),
+    ("outbox", "jobs.processes.events.outbox_relay_once"),
     ("checkpoint", "audit.checkpoints.checkpoint_write_if_due"),
-    ("queue_depths", "jobs.backpressure.queue_depths_step"),
+    ("queue_depths", "jobs.integrations.backpressure.queue_depths_step"),
     ("dlq_watch", "dlq.watcher.watch_once"),
     # Background replays and discards (dlq/bulk.py): one chunk per loop.
     ("dlq_bulk", "dlq.bulk.bulk_operations_run_once"),
@@ -591,12 +591,12 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
 # With JOBOPS_BROKER off (docs/smallest-deployment.md) the steps that talk to RabbitMQ
 # are left out (None) or run in their database form: nothing is published (a postgres
 # queue's workers claim their jobs from the table), there is no dead-letter queue to
-# watch, and the outbox has no exchange to go to (jobs/events.py: outbox_settle_once;
-# the ERP bridge reads it directly). Applied by jobs.dispatcher.role_steps.
+# watch, and the outbox has no exchange to go to (jobs/processes/events.py: outbox_settle_once;
+# the ERP bridge reads it directly). Applied by jobs.processes.dispatcher.role_steps.
 JOBOPS_BROKERLESS_STEPS: dict[str, str | None] = {
     "publish": None,
     "dlq_watch": None,
-    "outbox": "jobs.events.outbox_settle_once",
+    "outbox": "jobs.processes.events.outbox_settle_once",
 }
 # Retention and purge (docs/operations/retention.md). Due jobs go in batches of
 # JOBOPS_PURGE_BATCH rows (one transaction each), with JOBOPS_PURGE_PAUSE_SECONDS
@@ -647,7 +647,7 @@ if JOBOPS_DLQ_QUEUE_TYPE not in ("quorum", "classic"):
 # outage does not burn through the queue's delivery limit in a tight loop.
 JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS = env_float("JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS", 1.0)
 JOBOPS_MAX_PAYLOAD_BYTES = env_int("JOBOPS_MAX_PAYLOAD_BYTES", 256 * 1024)
-# The largest job message the publisher hands to the broker (jobs/publisher.py); set
+# The largest job message the publisher hands to the broker (jobs/integrations/publisher.py); set
 # RabbitMQ's max_message_size to match (docs/operations/deploying.md). A job the API
 # accepted must fit in its message, so it may not be below JOBOPS_MAX_PAYLOAD_BYTES.
 JOBOPS_MAX_MESSAGE_BYTES = env_int("JOBOPS_MAX_MESSAGE_BYTES", 10 * 1024 * 1024)
@@ -701,7 +701,7 @@ if JOBOPS_BROKER_WINDOW < 1:
     raise ImproperlyConfigured(f"JOBOPS_BROKER_WINDOW={JOBOPS_BROKER_WINDOW} must be at least 1")
 JOBOPS_ERP_WEBHOOK_URL = env_str("JOBOPS_ERP_WEBHOOK_URL", "")
 JOBOPS_ERP_EVENTS_URL = env_str("JOBOPS_ERP_EVENTS_URL", "")
-# ERP outbound bridge (jobs/erp_bridge.py): per-POST timeout, and the backoff before a
+# ERP outbound bridge (jobs/processes/erp_bridge.py): per-POST timeout, and the backoff before a
 # failed delivery (5xx, timeout, connection error) goes back to the queue.
 JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS = env_float("JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS", 10.0)
 JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS", 1.0)
@@ -755,8 +755,8 @@ JOBOPS_DB_ALLOW_PRIVILEGED = env_bool("JOBOPS_DB_ALLOW_PRIVILEGED", False)
 # dotted paths of `check(report, chains)` (jobs: each job's status against its chain,
 # and a row for every job chain that does not end in `purged`).
 AUDIT_VERIFY_CHECKS: list[str] = [
-    "jobs.audit_checks.job_status_matches_chain",
-    "jobs.audit_checks.job_rows_present",
+    "jobs.selectors.audit_checks.job_status_matches_chain",
+    "jobs.selectors.audit_checks.job_rows_present",
 ]
 # A full verification of a table over AUDIT_VERIFY_PARALLEL_MIN_ROWS rows reads it in
 # this many chain ranges at once, each on its own connection (one more backend each)
@@ -812,12 +812,12 @@ SPECTACULAR_SETTINGS = {
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # Refreshed at each /metrics scrape: dotted paths of no-argument callables that set the
 # gauges derived from the database (core/metrics.py stays ignorant of the apps).
-JOBOPS_METRICS_REFRESH: list[str] = ["jobs.metrics.metrics_refresh_gauges"]
+JOBOPS_METRICS_REFRESH: list[str] = ["jobs.integrations.metrics.metrics_refresh_gauges"]
 # What /readyz adds to its detail beside the checks (core/health.py, which names no app):
 # each a no-argument callable returning a dict merged into the body (never a check).
 JOBOPS_READY_DETAIL: list[str] = [
     "jobs.selectors.paused_queues_detail",
-    "jobs.liveness.broker_nodes_detail",
+    "jobs.integrations.liveness.broker_nodes_detail",
 ]
 # Workers and dispatchers have no web server: each serves /metrics here (0: off).
 # Organisations (slugs) whose jobs the job_create and job_finished counters count under
@@ -834,7 +834,7 @@ JOBOPS_METRICS_ADDR = env_str("JOBOPS_METRICS_ADDR", "127.0.0.1")
 # /readyz: each dependency must answer within this; the answer is reused this long.
 JOBOPS_READY_TIMEOUT_SECONDS = env_float("JOBOPS_READY_TIMEOUT_SECONDS", 1.0)
 JOBOPS_READY_CACHE_SECONDS = env_float("JOBOPS_READY_CACHE_SECONDS", 2.0)
-# Workers and dispatchers refresh a Redis liveness key this often (jobs/liveness.py).
+# Workers and dispatchers refresh a Redis liveness key this often (jobs/integrations/liveness.py).
 JOBOPS_PROCESS_HEARTBEAT_SECONDS = env_float("JOBOPS_PROCESS_HEARTBEAT_SECONDS", 10.0)
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO")
 LOG_JSON = env_bool("LOG_JSON", not DEBUG)

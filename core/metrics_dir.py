@@ -3,7 +3,7 @@
 prometheus_client decides once, when `prometheus_client.values` is first imported,
 whether values live in memory or in per-process files in that directory; every metric
 created afterwards opens its file there. A directory that did not exist made the first
-metric of `jobs/metrics.py` raise FileNotFoundError halfway through the module, and
+metric of `jobs/integrations/metrics.py` raise FileNotFoundError halfway through the module, and
 Django's next import of it failed with "Duplicated timeseries in CollectorRegistry": a
 process started outside `make run` (a systemd unit, `honcho start`) crash-looped.
 

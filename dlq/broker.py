@@ -35,9 +35,9 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from core.broker import broker_channel, queue_depths
 from core.json import json_loads, json_problem
 from dlq.errors import UnknownQueueError
-from jobs import metrics
-from jobs.topology import dlq_name, dlq_names, is_dlq
-from jobs.types import primary_queue_names
+from jobs.domain.types import primary_queue_names
+from jobs.integrations import metrics
+from jobs.integrations.topology import dlq_name, dlq_names, is_dlq
 
 # What a caller sees when RabbitMQ cannot be reached (refused, timed out, closed).
 BROKER_ERRORS = (OSError, KombuOperationalError, AmqpConnectionError)

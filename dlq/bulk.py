@@ -45,9 +45,9 @@ from dlq.services.selection import (
     dead_letters_checked_selection,
     dead_letters_selected,
 )
+from jobs.integrations.topology import dlq_names
 from jobs.models import DeadLetter
 from jobs.selectors import JobFilter
-from jobs.topology import dlq_names
 from tenants.selectors import operator_may, operator_org_ids
 
 log = structlog.get_logger("dlq.bulk")

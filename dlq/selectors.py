@@ -13,9 +13,9 @@ from core.ids import id_fragment
 from dlq.broker import DecodedMessage, dlq_depths
 from dlq.errors import BulkOperationNotFoundError
 from dlq.models import BulkOperation
+from jobs.integrations.topology import dlq_has_broker_copy, dlq_names
 from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.selectors import SEARCH_MAX_CHARS, Search, id_fragment_q, too_long_note
-from jobs.topology import dlq_has_broker_copy, dlq_names
 from tenants.selectors import operator_org_ids
 
 log = structlog.get_logger("dlq")

@@ -19,7 +19,7 @@ from core.broker import broker_channel
 from dlq.broker import DecodedMessage, decode_amqp, queue_depth
 from dlq.services.copies import broker_copies_ack_stale
 from dlq.services.reconcile import Outcome, dead_letter_reconcile, dead_letters_reconcile
-from jobs.topology import WATCH_QUEUE_NAME
+from jobs.integrations.topology import WATCH_QUEUE_NAME
 
 log = structlog.get_logger("dlq.watcher")
 

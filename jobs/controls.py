@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit.services import Actor
+from jobs.domain.types import all_connectors, primary_queue_names
 from jobs.services.connectors import connector_close, connector_open
 from jobs.services.queues import queue_pause, queue_resume
 from jobs.services.reasons import REASON_MAX_CHARS
-from jobs.types import all_connectors, primary_queue_names
 from tenants.selectors import operator_org_ids
 
 

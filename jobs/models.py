@@ -9,11 +9,11 @@ from django.db import models
 from django.db.models import F, Q
 
 from jobs.artefact_storage import get_artefact_storage
-from jobs.choices import BreakerState as BreakerState
-from jobs.choices import DeadLetterReason as DeadLetterReason
-from jobs.choices import DeadLetterState as DeadLetterState
-from jobs.choices import ParamsEditState as ParamsEditState
-from jobs.states import Status
+from jobs.domain.choices import BreakerState as BreakerState
+from jobs.domain.choices import DeadLetterReason as DeadLetterReason
+from jobs.domain.choices import DeadLetterState as DeadLetterState
+from jobs.domain.choices import ParamsEditState as ParamsEditState
+from jobs.domain.states import Status
 
 
 def new_job_id() -> uuid.UUID:
@@ -274,7 +274,7 @@ class Artefact(models.Model):
 class EventOutbox(models.Model):
     """One row per transition, written in its transaction; the dispatcher relays it.
 
-    Without a broker the ERP bridge delivers the rows itself (jobs/erp_bridge.py), and a
+    Without a broker the ERP bridge delivers the rows itself (jobs/processes/erp_bridge.py), and a
     row the ERP refused for good is parked here (`parked_at`, the response's status and
     the start of its text) until an operator re-drives it (the park cleared: the bridge
     takes it again) or discards it (`published_at` set as well, so that it follows the

@@ -1,9 +1,9 @@
 """Thin Celery entry points: one task `jobs.<type>` per row of the types table.
 
-Each takes the wire payload (docs/architecture.md) and hands it to `jobs.runtime.job_execute`,
-the Celery adapter of the execution core (jobs.execution), which holds all the logic.
-Time limits come from the table (config/celery.py annotations); acks are late and
-failures are rejected, never acked.
+Each takes the wire payload (docs/architecture.md) and hands it to
+`jobs.processes.runtime.job_execute`, the Celery adapter of the execution core
+(jobs.execution), which holds all the logic. Time limits come from the table
+(config/celery.py annotations); acks are late and failures are rejected, never acked.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from celery import Task, shared_task
 
 from core.logging import log_context
-from jobs.types import all_types
+from jobs.domain.types import all_types
 
 
 def _make_task(name: str) -> Task:
@@ -21,7 +21,7 @@ def _make_task(name: str) -> Task:
     # write per job would double the database work of a short job.
     @shared_task(name=name, bind=True, ignore_result=True)
     def run(self: Task, payload: Any) -> dict[str, Any]:
-        from jobs.runtime import job_execute
+        from jobs.processes.runtime import job_execute
 
         # Every line of this delivery (ours, Celery's, a handler's, its libraries')
         # carries the ids that tie it to the request that made the job.

@@ -37,7 +37,7 @@ from kombu import Connection
 from psycopg.errors import DeadlockDetected
 
 from core.logging import formatter
-from jobs import topology
+from jobs.integrations import topology
 from tests.factories import UserFactory, otp_login
 from tests.queues import topology_declare_and_purge
 from tests.s3 import S3Server, s3_server

@@ -18,6 +18,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from audit.services import Actor
+from jobs.domain.states import Status
 from jobs.models import Job
 from jobs.services import (
     WORKER,
@@ -30,7 +31,6 @@ from jobs.services import (
     job_succeed,
 )
 from jobs.services.transitions import change
-from jobs.states import Status
 from tenants.models import DEFAULT_ORG_SLUG, Membership, Organisation, Project
 
 

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import connection
 from rest_framework import serializers
 
-from jobs.errors import FatalError, JobValidationError, TransientExternalError
+from jobs.domain.errors import FatalError, JobValidationError, TransientExternalError
 
 SCRIPTED = "tests.handlers.scripted"
 

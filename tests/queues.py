@@ -15,10 +15,10 @@ from kombu import Connection
 
 from audit.services import Actor
 from dlq.watcher import watch_once
+from jobs.integrations.publisher import message_publish
+from jobs.integrations.topology import WATCH_QUEUE_NAME, dlq_name, topology
 from jobs.models import Job
-from jobs.publisher import message_publish
 from jobs.services import job_claim, job_fail_with_dead_letter
-from jobs.topology import WATCH_QUEUE_NAME, dlq_name, topology
 from tests.factories import fence_of, job_in_state
 from tests.polling import wait_for
 

@@ -16,10 +16,10 @@ from django.utils import timezone
 from audit.models import AuditCheckpoint
 from core.logging import MASK, bind_request_context, clear_request_context, formatter, log_context
 from core.metrics import metrics_serve
-from jobs import metrics
-from jobs.events import outbox_relay_once
-from jobs.metrics import metrics_refresh_gauges
+from jobs.integrations import metrics
+from jobs.integrations.metrics import metrics_refresh_gauges
 from jobs.models import DeadLetter, EventOutbox, Job
+from jobs.processes.events import outbox_relay_once
 from tests.factories import backdate, job_in_state, make_job, otp_login, role_user
 
 TOKEN = "metrics-token-for-tests-0123456789"

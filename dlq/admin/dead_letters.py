@@ -51,8 +51,8 @@ from dlq.services.fix_forward import (
     fix_forward_request,
 )
 from dlq.services.selection import PERMISSIONS, names_rows
+from jobs.integrations.topology import dlq_has_broker_copy, dlq_names
 from jobs.models import DeadLetter, DeadLetterState, ParamsEditState
-from jobs.topology import dlq_has_broker_copy, dlq_names
 from tenants.selectors import operator_org_ids
 
 ACTIONS = ("replay", "discard")

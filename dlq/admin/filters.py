@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from core.admin_filters import ChoicesFilter, InputFilter
 from dlq.services.selection import RETRYABLE_REASONS
+from jobs.integrations.topology import dlq_names
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState
-from jobs.topology import dlq_names
 
 # ?age= on the list and the action pages -> (created_after, created_before) offsets.
 AGES = {

@@ -18,8 +18,8 @@ from rest_framework import serializers
 
 from dlq.api.controls import OperatorControlApi, control_schema, reason_field
 from jobs.controls import CONNECTOR_CONTROL
+from jobs.domain.types import all_connectors
 from jobs.selectors import connectors_state
-from jobs.types import all_connectors
 
 CONNECTOR = OpenApiParameter(
     "name",

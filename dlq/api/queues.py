@@ -17,8 +17,8 @@ from rest_framework import serializers
 
 from dlq.api.controls import OperatorControlApi, control_schema, reason_field
 from jobs.controls import QUEUE_CONTROL
+from jobs.domain.types import primary_queue_names
 from jobs.selectors import queues_state
-from jobs.types import primary_queue_names
 
 QUEUE = OpenApiParameter(
     "queue",

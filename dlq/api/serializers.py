@@ -19,9 +19,9 @@ from core.api.serializers import (
 )
 from dlq.models import BulkOperation
 from dlq.services.selection import MAX_JUSTIFICATION_CHARS
+from jobs.domain.states import Status
+from jobs.domain.types import primary_queue_names
 from jobs.models import DeadLetterReason, DeadLetterState
-from jobs.states import Status
-from jobs.types import primary_queue_names
 
 
 class DlqQueueOutputSerializer(serializers.Serializer):

@@ -51,8 +51,8 @@ from dlq.selectors import (
     messages_in_orgs,
 )
 from dlq.services.cancel import jobs_cancel_by_filter
+from jobs.integrations.topology import dlq_has_broker_copy, dlq_names
 from jobs.selectors import JobFilter, JobFilterError, job_filter_check
-from jobs.topology import dlq_has_broker_copy, dlq_names
 from tenants.models import Scope
 from tenants.permissions import HasRequiredScope
 from tenants.selectors import operator_org_ids, organisation_get

@@ -23,11 +23,11 @@ from core.json import text_problem
 from dlq.errors import DeadLetterInputError, DeadLetterPermissionError, JustificationRequiredError
 from dlq.models import BulkAction, BulkOperation
 from dlq.services.selection import MAX_JUSTIFICATION_CHARS
-from jobs.exceptions import JobNotFoundError
+from jobs.domain.exceptions import JobNotFoundError
+from jobs.domain.states import TERMINAL, Status
 from jobs.models import Job
 from jobs.selectors import JobFilter, jobs_filtered
 from jobs.services import job_cancel
-from jobs.states import TERMINAL, Status
 from tenants.selectors import operator_may, operator_org_ids
 
 CANCEL_PERMISSION = "jobs.cancel_job"

@@ -9,8 +9,8 @@ from typing import Any
 
 from core.ids import uuid_or_none
 from dlq.broker import DecodedMessage, DrainResult, dlq_drain
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, DeadLetterState, Job
-from jobs.states import Status
 
 
 def stale_message_ids(messages: list[DecodedMessage]) -> set[str]:

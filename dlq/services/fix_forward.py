@@ -32,6 +32,7 @@ from dlq.errors import (
 from dlq.services.locks import lock_jobs_then_open_rows
 from dlq.services.replay import ResolveResult, broker_copies_ack_resolved
 from dlq.services.selection import PERMISSIONS
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, DeadLetterState, Job, ParamsEdit, ParamsEditState
 from jobs.services import job_audit, params_hash, validate_params
 from jobs.services.requeue import (
@@ -41,7 +42,6 @@ from jobs.services.requeue import (
     jobs_requeue_locked,
     operator_may_requeue,
 )
-from jobs.states import Status
 from tenants.selectors import operator_org_ids
 
 # Changed paths listed per edit: a rewrite of a huge list is summarised by its parent.

@@ -16,6 +16,8 @@ from audit.services import OPS_CHAIN, Actor, audit_append
 from core.ids import uuid_or_none
 from dlq.broker import DecodedMessage
 from dlq.services.locks import lock_jobs_then_open_rows
+from jobs.domain.states import Status
+from jobs.integrations.topology import dlq_name
 from jobs.models import DeadLetter, DeadLetterReason, Job
 from jobs.services import (
     BrokerCopy,
@@ -27,8 +29,6 @@ from jobs.services import (
     jobs_audit,
     jobs_fail_with_dead_letters,
 )
-from jobs.states import Status
-from jobs.topology import dlq_name
 
 WATCHER = Actor.system("dlq-watcher")
 LIVE_LOCK_NOTE = (

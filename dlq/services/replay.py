@@ -29,11 +29,11 @@ from dlq.services.selection import (
     dead_letters_sample,
     dead_letters_selected,
 )
+from jobs.domain.states import Status
+from jobs.integrations.topology import dlq_has_broker_copy, dlq_names
 from jobs.models import DeadLetter, DeadLetterState
 from jobs.services import job_publish, jobs_audit
 from jobs.services.requeue import Resolution, jobs_requeue_locked
-from jobs.states import Status
-from jobs.topology import dlq_has_broker_copy, dlq_names
 from tenants.selectors import operator_org_ids
 
 log = structlog.get_logger("dlq")

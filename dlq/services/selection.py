@@ -25,8 +25,8 @@ from dlq.errors import (
     JustificationRequiredError,
     UnknownQueueError,
 )
+from jobs.integrations.topology import dlq_names
 from jobs.models import DeadLetter, DeadLetterReason, DeadLetterState
-from jobs.topology import dlq_names
 from tenants.selectors import operator_may, operator_org_ids
 
 SAMPLE_SIZE = 10

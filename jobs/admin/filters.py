@@ -11,8 +11,8 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 
 from core.admin_filters import ChoicesFilter, DateRangeFilter, InputFilter
+from jobs.domain.types import primary_queue_names
 from jobs.models import DeadLetter, Job
-from jobs.types import primary_queue_names
 from tenants.models import Project
 from tenants.selectors import operator_organisations
 

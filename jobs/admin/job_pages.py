@@ -35,11 +35,11 @@ from jobs.admin.filters import (
     QueueFilter,
     TypeFilter,
 )
+from jobs.domain.states import TERMINAL, Status
 from jobs.models import Artefact, Job
 from jobs.selectors import job_attempts, job_timeline, jobs_search
 from jobs.services import job_cancel, job_rerun
 from jobs.services.retry import RERUN_SOURCES
-from jobs.states import TERMINAL, Status
 from tenants.selectors import operator_org_ids
 
 CANCEL_PERMISSION = "jobs.cancel_job"

@@ -14,7 +14,7 @@ from audit.services import Actor
 from core.forms import BoundedJSONField
 from core.times import utc_text
 from jobs.admin.filters import OrganisationFilter
-from jobs.exceptions import ScheduleInvalidError
+from jobs.domain.exceptions import ScheduleInvalidError
 from jobs.models import Schedule
 from jobs.services.schedules import (
     schedule_remove,

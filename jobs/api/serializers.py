@@ -12,9 +12,9 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from jobs.domain.states import Status
 from jobs.models import Artefact, Job
-from jobs.representation import artefact_url, job_artefacts, job_last_error, job_progress
-from jobs.states import Status
+from jobs.selectors.representation import artefact_url, job_artefacts, job_last_error, job_progress
 
 
 class ProgressSerializer(serializers.Serializer):
@@ -60,7 +60,7 @@ class ArtefactOutputSerializer(serializers.Serializer):
 
 
 class JobOutputSerializer(serializers.Serializer):
-    """The job body of docs/api.md, as a schema: its fields are jobs.representation's
+    """The job body of docs/api.md, as a schema: its fields are jobs.selectors.representation's
     JOB_FIELDS, in that order (tests/jobs/test_representation.py). Read-only by
     construction: no view writes through it."""
 

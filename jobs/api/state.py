@@ -1,6 +1,6 @@
 """GET /api/v1/queues and GET /api/v1/connectors (docs/api.md): the state of the
 queues and of the connectors' breakers, as any authenticated caller may see it (no job
-contents, addresses or credentials). Thin views over jobs.queue_state."""
+contents, addresses or credentials). Thin views over jobs.selectors.queue_state."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from core.api.docs import REQUEST_ID
 from jobs.api.docs import error_responses
-from jobs.queue_state import connectors_state, queues_for_consumers
+from jobs.selectors.queue_state import connectors_state, queues_for_consumers
 from tenants.models import Scope
 from tenants.permissions import RequiredScope
 

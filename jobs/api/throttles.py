@@ -1,4 +1,4 @@
-"""DRF throttle for job creation: the atomic token buckets of jobs/ratelimit.py."""
+"""DRF throttle for job creation: the atomic token buckets of jobs/integrations/ratelimit.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from jobs.ratelimit import job_create_rate_limit
+from jobs.integrations.ratelimit import job_create_rate_limit
 from tenants.selectors import memberships_of
 
 
@@ -18,7 +18,7 @@ class JobCreateThrottle(BaseThrottle):
     the RateLimit-* headers); an allowed request leaves its decision on the request so
     that the view can send the RateLimit-* headers with its answer. Runs after
     authentication and before the body is parsed, so an oversized or malformed body
-    counts too. Store down: allowed (jobs/ratelimit.py fails open).
+    counts too. Store down: allowed (jobs/integrations/ratelimit.py fails open).
 
     A caller in one organisation has its organisation's bucket taken in the same call
     (its job can go nowhere else); `request.rate_limit_org` says which organisation

@@ -42,24 +42,24 @@ from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.serializers import JobOutputSerializer
 from jobs.api.throttles import JobCreateThrottle
 from jobs.artefact_storage import STORAGE_ERRORS, artefact_presigned_url
-from jobs.exceptions import (
+from jobs.domain.exceptions import (
     ArtefactStorageUnavailableError,
     BadRequestError,
     JobNotFoundError,
     PayloadTooLargeError,
 )
+from jobs.domain.states import Status
 from jobs.models import Job
-from jobs.representation import job_representation
 from jobs.selectors import (
     artefact_get_for_user,
     job_get_for_user,
     job_list_for_user,
     job_version_for_user,
 )
+from jobs.selectors.representation import job_representation
 from jobs.services import job_cancel_for_user, job_retry_for_user, job_submit
 from jobs.services.creation import DEFAULT_PRIORITY
 from jobs.services.retry import MAX_REASON_CHARS
-from jobs.states import Status
 from tenants.models import Scope
 from tenants.permissions import RequiredScope
 

@@ -9,7 +9,7 @@ heartbeat and the soft time limit, the same for both executors and knowing neith
 - `heartbeat`: `HeartbeatLoop`, the one loop that keeps the held jobs' locks alive.
 - `limits`: `SoftLimit`, the soft time limit its adapter hands the core.
 
-The adapters: `jobs.runtime` (the Celery task's delivery: message, claim, reject or
-requeue) and `jobs.executor` (run_worker's host, its runners and child processes).
+The adapters: `jobs.processes.runtime` (the Celery task's delivery: message, claim, reject or
+requeue) and `jobs.processes.executor` (run_worker's host, its runners and child processes).
 Nothing here imports Celery (an import-linter contract holds it).
 """

@@ -19,9 +19,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from jobs import metrics
+from jobs.domain.states import Status
+from jobs.integrations import metrics
 from jobs.services import Finish, jobs_finish
-from jobs.states import Status
 
 # A window of finished runs is written when it holds this many, or this long after its
 # first: a drain writes up to 100 ends per statement and commit, a lone job waits at

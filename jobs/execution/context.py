@@ -12,8 +12,8 @@ from typing import IO, Any
 
 from django.conf import settings
 
-from jobs.errors import JobCancelled
-from jobs.exceptions import JobLost
+from jobs.domain.errors import JobCancelled
+from jobs.domain.exceptions import JobLost
 from jobs.models import Artefact, Job
 from jobs.services import Fence, artefact_save, job_lock_state, job_progress_write
 

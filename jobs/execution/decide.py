@@ -9,14 +9,14 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError
 
-from jobs.errors import TIME_LIMIT, FatalError, JobError
+from jobs.domain.errors import TIME_LIMIT, FatalError, JobError
+from jobs.domain.states import Status
+from jobs.domain.types import JobType
 from jobs.execution.context import JobContext
 from jobs.models import Job
 from jobs.selectors import job_time_limit_retries
 from jobs.services import Finish, retry_delay
 from jobs.services.connectors import connector_failure_record, connector_success_record
-from jobs.states import Status
-from jobs.types import JobType
 
 
 def classify(exc: BaseException, *, time_limit_error: type[BaseException]) -> tuple[str, str]:

@@ -29,7 +29,7 @@ import structlog
 from django.conf import settings
 from django.db import connection
 
-from jobs.exceptions import JobLost
+from jobs.domain.exceptions import JobLost
 from jobs.services import Fence, jobs_heartbeat
 
 logger = structlog.get_logger("jobs.execution")

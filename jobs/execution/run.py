@@ -17,17 +17,17 @@ from typing import Any, NamedTuple
 
 from django.db import InterfaceError, OperationalError
 
-from jobs import metrics
-from jobs.errors import JobCancelled
-from jobs.exceptions import JobLost
+from jobs.domain.errors import JobCancelled
+from jobs.domain.exceptions import JobLost
+from jobs.domain.types import JobType, get_type
 from jobs.execution.context import JobContext
 from jobs.execution.decide import finish_decide
 from jobs.execution.heartbeat import HeartbeatLoop
 from jobs.execution.limits import SoftLimit
+from jobs.integrations import metrics
 from jobs.models import Job
 from jobs.services import Fence, Finish, validate_result
 from jobs.services.connectors import Gate, connector_gate, connector_probe_release
-from jobs.types import JobType, get_type
 
 # The database could not be reached: nothing may be decided without it.
 DB_DOWN_ERRORS = (OperationalError, InterfaceError)

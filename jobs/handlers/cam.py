@@ -3,15 +3,15 @@
 The tool centre stays tool_diameter/2 inside the walls; passes are stepover x
 tool_diameter apart; the result is the number of passes and the cutting length. The
 path is counted, not built: its size follows from the number of passes, which the
-params schema bounds (jobs.params.CamParams.MAX_PASSES).
+params schema bounds (jobs.domain.params.CamParams.MAX_PASSES).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from jobs.domain.params import cam_passes
 from jobs.errors import JobValidationError
-from jobs.params import cam_passes
 
 
 def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from django.conf import settings
 from core.redact import redact_urls_in
 from jobs.errors import FatalError, NetworkError
 from jobs.handlers.http import raise_for_answer
-from jobs.metrics import external_call
+from jobs.integrations.metrics import external_call
 
 
 def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """`report`: a CSV of the owner's jobs (optionally filtered by status and type), saved as
 an artefact. A handler sees only its owner's data, and never outside the job's own
 organisation (docs/tenancy.md#execution): every owner's jobs of that organisation only
-when a staff owner asked for `all_owners` (jobs.params.ReportParams checks who may).
+when a staff owner asked for `all_owners` (jobs.domain.params.ReportParams checks who may).
 Rows are streamed to a temporary file, so memory stays flat whatever the limit.
 """
 

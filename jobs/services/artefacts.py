@@ -10,7 +10,7 @@ from django.core.files import File
 from django.db import models, transaction
 
 from jobs.artefact_storage import STORAGE_ERRORS, DigestingReader
-from jobs.errors import RetryableError
+from jobs.domain.errors import RetryableError
 from jobs.models import Artefact, Job
 from jobs.services.transitions import Fence
 from jobs.services.worker import job_worker_lock

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import Actor
-from jobs.exceptions import JobCancelForbiddenError, JobNotFoundError
+from jobs.domain.exceptions import JobCancelForbiddenError, JobNotFoundError
 from jobs.models import Job
 from jobs.selectors import job_actor_for_user
 from jobs.services.transitions import change, job_cancel_request, moved

@@ -5,7 +5,7 @@ types table). Its breaker is a `connector_breakers` row (jobs.models.ConnectorBr
 shared by every worker host, changed only by the compare-and-set statements
 `connector_*` of jobs/queries.sql:
 
-- closed: jobs run; each connector failure (jobs.errors: `connector_failure`, i.e. a
+- closed: jobs run; each connector failure (jobs.domain.errors: `connector_failure`, i.e. a
   timeout, a 5xx, a refused connection; not a 4xx) counts, a success resets the count;
   `failures` in a row open it;
 - open, for the connector's cool-down: a claimed job of the connector does not start.
@@ -41,18 +41,18 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
-from jobs.exceptions import (
+from jobs.domain.exceptions import (
     ConnectorControlInputError,
     ConnectorNotFoundError,
     ConnectorOpenError,
     JobLost,
 )
+from jobs.domain.types import ConnectorSpec, JobType, all_connectors, all_types, get_connector
 from jobs.models import BreakerState, ConnectorBreaker, Job
 from jobs.queries import QUERIES
 from jobs.services.reasons import control_reason
 from jobs.services.transitions import Fence, change, moved
 from jobs.services.worker import WORKER
-from jobs.types import ConnectorSpec, JobType, all_connectors, all_types, get_connector
 
 log = structlog.get_logger("jobs.connectors")
 

@@ -23,9 +23,7 @@ from core.errors import ApplicationError
 from core.json import json_problem
 from core.logging import bind_request_context
 from core.tracing import current_traceparent
-from jobs import metrics
-from jobs.backpressure import BackpressureError, backpressure_check
-from jobs.exceptions import (
+from jobs.domain.exceptions import (
     ConnectorOpenError,
     IdempotencyKeyInvalidError,
     IdempotencyMismatchError,
@@ -36,14 +34,16 @@ from jobs.exceptions import (
     JobTypeUnknownError,
     PayloadTooLargeError,
 )
+from jobs.domain.states import Status
+from jobs.domain.types import get_type
+from jobs.integrations import metrics
+from jobs.integrations.backpressure import BackpressureError, backpressure_check
+from jobs.integrations.ratelimit import job_create_org_rate_limit
 from jobs.models import Job
-from jobs.ratelimit import job_create_org_rate_limit
 from jobs.selectors import job_key_exists
 from jobs.services.connectors import connector_create_check
 from jobs.services.keys import job_key_repeat, job_release_idempotency_keys
 from jobs.services.transitions import job_insert
-from jobs.states import Status
-from jobs.types import get_type
 from tenants.selectors import Placement, actor_for, placement_for
 
 log = structlog.get_logger("jobs.services")
@@ -214,7 +214,7 @@ def job_create(
     request_id, correlation_id = request.get("request_id"), request.get("correlation_id")
     spec = get_type(job_type) if isinstance(job_type, str) else None
     # The organisation first: every outcome below counts under its `org` label (when
-    # the deployment has one: jobs.metrics.org_label).
+    # the deployment has one: jobs.integrations.metrics.org_label).
     placement = placement or placement_for(owner)
     # A client-chosen type string never becomes a label: unknown types count as one.
     counter = partial(

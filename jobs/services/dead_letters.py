@@ -18,12 +18,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor
-from jobs import metrics
-from jobs.exceptions import JobLost, TransitionRefusedError
+from jobs.domain.exceptions import JobLost, TransitionRefusedError
+from jobs.domain.states import ALLOWED, Status
+from jobs.integrations import metrics
+from jobs.integrations.topology import dlq_name
 from jobs.models import DeadLetter, DeadLetterState, Job, ParamsEdit, ParamsEditState
 from jobs.services.transitions import Fence, change, jobs_audit, moved
-from jobs.states import ALLOWED, Status
-from jobs.topology import dlq_name
 
 # What a writer reads of a locked dead letter: never the stored headers and x-death,
 # which no decision needs and which can be large.

@@ -1,6 +1,6 @@
 """ERP events parked in the outbox (docs/smallest-deployment.md#parked-erp-events).
 
-Without a broker the ERP bridge delivers outbox rows itself (jobs/erp_bridge.py). A row
+Without a broker the ERP bridge delivers outbox rows itself (jobs/processes/erp_bridge.py). A row
 the receiver refused for good (a 4xx other than 408/425/429, a redirect) cannot go to
 the queue `erp.events.parked` as it does with a broker, so it is parked where it is:
 `parked_at`, the response's status and the start of its text on the row
@@ -34,7 +34,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from audit.services import OPS_CHAIN, Actor, audit_append
-from jobs.exceptions import ErpEventNotFoundError, ErpParkedInputError
+from jobs.domain.exceptions import ErpEventNotFoundError, ErpParkedInputError
 from jobs.queries import QUERIES
 from jobs.selectors import erp_parked_events
 from jobs.services.reasons import control_reason

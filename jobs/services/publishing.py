@@ -5,7 +5,7 @@ Only a broker confirm moves a job `pending` -> `queued` (or a due `retrying` ->
 it was; the dispatcher publishes it later, so nothing accepted is lost. A message
 can reach a worker before the confirm is recorded: the claim accepts `pending` and
 `queued` alike, and a lost `-> queued` compare-and-set (zero rows) means the job
-was already claimed, which is success. The message itself is `jobs.publisher`'s.
+was already claimed, which is success. The message itself is `jobs.integrations.publisher`'s.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from django.utils import timezone
 
 from audit.services import Actor
 from core.db import execute_prepared, model_from_row
+from jobs.domain.states import Status
+from jobs.domain.types import POSTGRES, get_type, postgres_queues, queue_executor
+from jobs.integrations.publisher import MessageTooLarge, message_publish, messages_publish
 from jobs.models import Job
-from jobs.publisher import MessageTooLarge, message_publish, messages_publish
 from jobs.queries import QUERIES
 from jobs.services.dead_letters import job_fail_with_dead_letter
 from jobs.services.transitions import change, moved
-from jobs.states import Status
-from jobs.types import POSTGRES, get_type, postgres_queues, queue_executor
 
 log = structlog.get_logger("jobs.publishing")
 PUBLISHER = Actor.system("publisher")

@@ -10,7 +10,7 @@ after commit: a rollback never leaves a row without its file, and a delete that 
 leaves an orphan that `artefact_orphans_sweep` removes later.
 
 The audit tables are never touched but for the append: verify_audit_chain treats a
-chain ending in `purged` as complete without its job row (jobs/audit_checks.py).
+chain ending in `purged` as complete without its job row (jobs/selectors/audit_checks.py).
 
 Every foreign key into a table purge deletes from is handled in its SQL and declared
 in PURGE_FOREIGN_KEYS; a test holds that list against pg_constraint, so a new table
@@ -36,12 +36,12 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from audit.services import Actor
-from jobs import metrics
 from jobs.artefact_storage import ARTEFACTS, STORAGE_ERRORS, artefact_storage
+from jobs.domain.types import all_types
+from jobs.integrations import metrics
 from jobs.models import Artefact, PurgeState
 from jobs.queries import QUERIES
 from jobs.services.transitions import jobs_audit
-from jobs.types import all_types
 
 log = structlog.get_logger("jobs.purge")
 PURGER = Actor.system("purge")

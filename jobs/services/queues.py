@@ -24,12 +24,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
-from jobs.exceptions import QueueControlInputError, QueueNotFoundError
+from jobs.domain.exceptions import QueueControlInputError, QueueNotFoundError
+from jobs.domain.types import primary_queue_names
 from jobs.models import QueuePause
 from jobs.queries import QUERIES
 from jobs.selectors import queues_for_consumers_forget
 from jobs.services.reasons import control_reason
-from jobs.types import primary_queue_names
 
 QUEUE_PAUSED_EVENT = "queue_paused"
 QUEUE_RESUMED_EVENT = "queue_resumed"

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection
 
 from audit.services import Actor
-from jobs.exceptions import TransitionRefusedError
+from jobs.domain.exceptions import TransitionRefusedError
 from jobs.models import Job
 from jobs.queries import QUERIES
 from jobs.services.dead_letters import job_fail_with_dead_letter

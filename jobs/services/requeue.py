@@ -32,13 +32,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor
-from jobs import metrics
-from jobs.exceptions import JobInputError, JobNotFoundError, TransitionRefusedError
+from jobs.domain.exceptions import JobInputError, JobNotFoundError, TransitionRefusedError
+from jobs.domain.states import Status
+from jobs.domain.types import get_type
+from jobs.integrations import metrics
 from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.services.dead_letters import lock_jobs_then_open_rows, params_edits_settle
 from jobs.services.transitions import job_requeue_with_params, jobs_requeue
-from jobs.states import Status
-from jobs.types import get_type
 from tenants.selectors import operator_may
 
 # A retry's reason and a re-run's justification: a sentence, not a document.

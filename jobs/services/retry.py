@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import Actor
-from jobs.exceptions import JobNotFoundError, JobRerunForbiddenError, JobRetryForbiddenError
+from jobs.domain.exceptions import JobNotFoundError, JobRerunForbiddenError, JobRetryForbiddenError
 from jobs.models import Job
 from jobs.selectors import job_actor_for_user
 from jobs.services.creation import job_create

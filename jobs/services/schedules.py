@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from audit.services import OPS_CHAIN, Actor, audit_append
 from core.errors import ApplicationError
-from jobs.exceptions import ScheduleInvalidError, ScheduleNotFoundError
+from jobs.domain.exceptions import ScheduleInvalidError, ScheduleNotFoundError
 from jobs.models import Schedule
 from jobs.services.creation import job_create, validate_params
 from tenants.selectors import Placement

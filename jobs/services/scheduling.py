@@ -54,7 +54,7 @@ def next_scheduled_run() -> datetime | None:
 def promote_due_once() -> dict[str, float | int]:
     """The dispatcher's `scheduled` step: every due batch, then when to look again.
 
-    `wake_in` (seconds, a float so that jobs.dispatcher.found_work does not count it as
+    `wake_in` (seconds, a float so that jobs.processes.dispatcher.found_work does not count it as
     work) tells the loop to run this step again no later than the next run_at, bounded
     by MAX_WAKE_SECONDS: a job due in two minutes starts on time, also after a restart
     (the time is read from the table, not remembered)."""

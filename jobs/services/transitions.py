@@ -3,7 +3,7 @@ SQL function, audited with its event.
 
 Every change of a job is one call of its kind's function (jobs/sql/20_transitions.sql:
 claim, progress, succeed, retry, fail, cancel, reclaim, hold, publish, requeue...),
-derived from the transition table (jobs.states.ALLOWED): in one statement the
+derived from the transition table (jobs.domain.states.ALLOWED): in one statement the
 compare-and-set, the change, each job's audit entry continuing its chain and, for a
 change of status, its outbox event. Each takes arrays: one call serves one job or a
 batch. `KINDS` names them; `change` runs one; the named functions of the services
@@ -25,10 +25,10 @@ from audit.canonical import GENESIS_HASH
 from audit.services import Actor, format_ts
 from core.db import Rows, execute_prepared, model_from_row
 from core.request_id import current_request_id
-from jobs import metrics
+from jobs.domain.states import ALLOWED, DUE_EVENT, TERMINAL, Status
+from jobs.integrations import metrics
 from jobs.models import Job
 from jobs.queries import QUERIES
-from jobs.states import ALLOWED, DUE_EVENT, TERMINAL, Status
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ _UNSTARTED = frozenset({Status.SCHEDULED, Status.PENDING, Status.QUEUED, Status.
 _REQUEUE = (("extend", "int"), ("event_type", "text"))
 _K = Kind
 # Every kind of change, by its function's name. tests/jobs/test_transition_functions.py
-# holds each to the transition table (jobs.states.ALLOWED) and to its function.
+# holds each to the transition table (jobs.domain.states.ALLOWED) and to its function.
 KINDS: dict[str, Kind] = {
     kind.function: kind
     for kind in (

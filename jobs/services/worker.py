@@ -19,14 +19,14 @@ from audit.canonical import canonical_bytes
 from audit.services import Actor
 from core.db import execute_prepared
 from core.json import json_problem
-from jobs import metrics
-from jobs.errors import ResultInvalidError
-from jobs.exceptions import JobLost
+from jobs.domain.errors import ResultInvalidError
+from jobs.domain.exceptions import JobLost
+from jobs.domain.states import Status
+from jobs.integrations import metrics
 from jobs.models import Job
 from jobs.queries import QUERIES
 from jobs.services.dead_letters import job_fail_with_dead_letter
 from jobs.services.transitions import Fence, Progress, change, job_progress_audit, moved
-from jobs.states import Status
 
 WORKER = Actor.system("worker")
 
@@ -353,7 +353,7 @@ def jobs_cancel_confirm(
 
 @dataclass(frozen=True)
 class Finish:
-    """How one run of a job ended, as the runtime decided it (jobs.runtime.finish_decide):
+    """How one run of a job ended, as the runtime decided it (jobs.processes.runtime.finish_decide):
     `target` succeeded (with `result`), cancelled, retrying (with `delay` and the error)
     or failed (with the dead letter's `reason` and the error); `progress`, the last
     coalesced progress value, goes with it. Written by the lock holder at `attempt`.

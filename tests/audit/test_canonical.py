@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.canonical import canonical_bytes
-from jobs.states import Status
+from jobs.domain.states import Status
 
 ASCII = st.text(alphabet=st.characters(max_codepoint=127), max_size=12)
 ANY_TEXT = st.text(max_size=12)  # non-ASCII, astral characters and lone surrogates too

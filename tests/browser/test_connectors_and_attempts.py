@@ -16,11 +16,11 @@ from selenium.webdriver.common.by import By
 
 from audit.models import AuditLog
 from audit.services import OPS_CHAIN
-from jobs.errors import TransientExternalError
+from jobs.domain.errors import TransientExternalError
+from jobs.domain.types import get_type
 from jobs.models import ConnectorBreaker
 from jobs.services.connectors import breakers_forget, connector_failure_record
 from jobs.services.worker import job_claim, job_retry, job_succeed
-from jobs.types import get_type
 from tests.browser.conftest import LAPTOP, PHONE, shoot, viewport
 from tests.browser.test_portal import click_and_wait, log_in, wait
 from tests.factories import fence_of, job_in_state, make_job

@@ -144,7 +144,7 @@ def test_readyz_fails_over_to_the_next_broker_node_and_names_it(client, settings
 
 @pytest.mark.django_db
 def test_readyz_names_the_broker_node_of_each_live_worker_and_dispatcher(client):
-    from jobs.liveness import beat, beat_end
+    from jobs.integrations.liveness import beat, beat_end
 
     before = client.get("/readyz", HTTP_HOST="10.9.8.7").json()["broker_nodes"]
     beat("worker", ("sim",), "10.0.0.2:5672")

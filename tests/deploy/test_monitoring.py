@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-import jobs.metrics  # noqa: F401  (registers the metrics of docs/operations/observability.md)
+import jobs.integrations.metrics  # noqa: F401  (registers the metrics of docs/operations/observability.md)
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())

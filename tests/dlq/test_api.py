@@ -8,8 +8,8 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditLog
 from dlq.models import BulkOperation
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, Job
-from jobs.states import Status
 from tests.factories import (
     OperatorFactory,
     StaffFactory,

@@ -14,9 +14,9 @@ from audit.models import AuditLog
 from dlq.bulk import bulk_operations_run_once
 from dlq.models import BulkOperation
 from dlq.services.cancel import jobs_cancel_by_filter
+from jobs.domain.states import Status
 from jobs.models import Job
 from jobs.selectors import JobFilter
-from jobs.states import Status
 from tenants.models import OperatorScope
 from tests.factories import OrganisationFactory, make_job, otp_login, role_user
 

@@ -8,8 +8,8 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, Job
-from jobs.states import Status
 from tests.factories import OperatorFactory, UserFactory, job_in_state
 from tests.polling import wait_for
 from tests.queues import depth, worker_dead_letter

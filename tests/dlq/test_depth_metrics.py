@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from jobs.backpressure import queue_depths_refresh
+from jobs.integrations.backpressure import queue_depths_refresh
 from jobs.models import Job
 from tests.factories import make_job
 from tests.queues import dead_letter_by_reject, publish_job_message

@@ -19,9 +19,9 @@ from dlq.services.fix_forward import (
     fix_forward_request,
     params_diff,
 )
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, DeadLetterState, Job, ParamsEdit
 from jobs.services import params_hash
-from jobs.states import Status
 from tenants.models import OperatorScope
 from tests.factories import (
     OperatorFactory,

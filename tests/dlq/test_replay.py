@@ -19,9 +19,9 @@ from dlq.errors import (
 from dlq.services.copies import broker_copies_ack_stale
 from dlq.services.replay import dead_letters_discard, dead_letters_replay
 from dlq.watcher import watch_once
+from jobs.domain.states import Status
+from jobs.integrations.topology import WATCH_QUEUE_NAME
 from jobs.models import DeadLetter, Job
-from jobs.states import Status
-from jobs.topology import WATCH_QUEUE_NAME
 from tests.factories import OperatorFactory, UserFactory, job_in_state
 from tests.queues import (
     depth,
@@ -193,7 +193,7 @@ def test_discard_closes_the_row_keeps_the_job_failed_and_drops_the_copy(amqp):
 def test_discard_of_a_row_without_a_job_audits_on_the_ops_chain(amqp):
     from kombu import Producer
 
-    from jobs.topology import JOBS_EXCHANGE
+    from jobs.integrations.topology import JOBS_EXCHANGE
 
     Producer(amqp, exchange=JOBS_EXCHANGE).publish(b"junk", routing_key="erp")
     message = get_one(amqp, "erp")

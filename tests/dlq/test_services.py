@@ -5,10 +5,10 @@ from django.db import IntegrityError, transaction
 
 from audit.models import AuditLog
 from audit.services import Actor
-from jobs.exceptions import JobLost
+from jobs.domain.exceptions import JobLost
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, Job
 from jobs.services import Fence, job_fail_with_dead_letter
-from jobs.states import Status
 from tests.factories import job_in_state, make_job
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,7 @@ from django.conf import settings
 from kombu import Connection, Producer
 
 from core.broker import queue_renamed
-from jobs.topology import (
+from jobs.integrations.topology import (
     DELIVERY_LIMIT,
     ERP_EVENTS_QUEUE_NAME,
     EVENT_ROUTING_KEY,

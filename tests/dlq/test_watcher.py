@@ -16,10 +16,10 @@ from audit.verification import audit_verify
 from dlq.broker import decode_amqp
 from dlq.services.reconcile import Outcome, dead_letter_reconcile, dead_letters_reconcile
 from dlq.watcher import watch_once
+from jobs.domain.states import Status
+from jobs.integrations.topology import DELIVERY_LIMIT, JOBS_EXCHANGE, WATCH_QUEUE_NAME
 from jobs.models import DeadLetter, Job
 from jobs.services import Fence, job_claim, job_fail_with_dead_letter
-from jobs.states import Status
-from jobs.topology import DELIVERY_LIMIT, JOBS_EXCHANGE, WATCH_QUEUE_NAME
 from tests.factories import job_in_state
 from tests.processes import job_events
 from tests.queues import dead_letter_by_reject, depth, get_one, publish_job_message, wait_depth

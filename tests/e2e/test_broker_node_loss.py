@@ -24,7 +24,7 @@ import pytest
 from django.db.models import Count
 
 from audit.models import AuditLog
-from jobs.liveness import live_processes
+from jobs.integrations.liveness import live_processes
 from jobs.models import Job
 from jobs.services import job_create
 from tests.factories import UserFactory

@@ -14,10 +14,10 @@ from kombu import Connection
 
 from audit.models import AuditLog
 from audit.services import Actor
+from jobs.integrations.publisher import message_publish
+from jobs.integrations.topology import dlq_name
 from jobs.models import DeadLetter, Job
-from jobs.publisher import message_publish
 from jobs.services import job_cancel
-from jobs.topology import dlq_name
 from tests import handlers
 from tests.factories import UserFactory, make_job
 from tests.polling import wait_for

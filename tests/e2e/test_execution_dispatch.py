@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from audit.services import Actor
-from jobs.liveness import live_processes
+from jobs.integrations.liveness import live_processes
 from jobs.models import DeadLetter, Job
 from jobs.services import job_cancel, publish_due_once, reap_once
 from tests import handlers

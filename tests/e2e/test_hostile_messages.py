@@ -10,11 +10,11 @@ from django.conf import settings
 from kombu import Connection, Exchange, Producer
 
 from audit.services import Actor
+from jobs.integrations.publisher import wire_payload
+from jobs.integrations.topology import dlq_name
+from jobs.integrations.wire import PAYLOAD_VERSION
 from jobs.models import DeadLetter, Job
-from jobs.publisher import wire_payload
 from jobs.services.queues import queue_pause, queue_resume
-from jobs.topology import dlq_name
-from jobs.wire import PAYLOAD_VERSION
 from tests.factories import UserFactory, make_job
 from tests.polling import wait_for
 from tests.processes import job_finished as finished

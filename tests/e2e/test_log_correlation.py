@@ -10,9 +10,9 @@ import pytest
 import structlog
 
 from core.logging import MASK, configure_masking
-from jobs.erp_bridge import erp_bridge_run
-from jobs.events import outbox_relay_once
 from jobs.models import Job
+from jobs.processes.erp_bridge import erp_bridge_run
+from jobs.processes.events import outbox_relay_once
 from jobs.services import publish_due_once
 from tests.erp_receiver import Receiver
 from tests.factories import UserFactory, client_for

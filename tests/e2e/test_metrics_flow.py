@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from audit.services import Actor
 from dlq.services.replay import dead_letters_replay
-from jobs.backpressure import queue_depths_forget
+from jobs.integrations.backpressure import queue_depths_forget
+from jobs.integrations.redis_client import redis_client, redis_key
 from jobs.models import DeadLetter, Job
-from jobs.redis_client import redis_client, redis_key
 from jobs.services import job_cancel
 from tests.factories import OperatorFactory, UserFactory, client_for, make_job
 from tests.polling import wait_for

@@ -20,8 +20,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from rest_framework.authtoken.models import Token
 
+from jobs.domain.states import Status
 from jobs.models import Job
-from jobs.states import Status
 from tests.e2e.live_api import gunicorn_server
 from tests.factories import UserFactory
 from tests.polling import wait_for

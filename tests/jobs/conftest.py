@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from jobs.backpressure import queue_depths_forget
-from jobs.redis_client import redis_client, redis_key
+from jobs.integrations.backpressure import queue_depths_forget
+from jobs.integrations.redis_client import redis_client, redis_key
 from tests.factories import StaffFactory, UserFactory, client_for, client_with_grant, role_user
 
 

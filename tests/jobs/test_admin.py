@@ -7,8 +7,8 @@ from datetime import UTC
 import pytest
 
 from audit.models import AuditLog
+from jobs.domain.states import Status
 from jobs.models import Job
-from jobs.states import Status
 from tests.factories import StaffFactory, job_in_state, make_job
 
 pytestmark = pytest.mark.django_db

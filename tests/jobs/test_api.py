@@ -9,9 +9,9 @@ from functools import partial
 import pytest
 
 from audit.models import AuditLog
+from jobs.domain.states import Status
 from jobs.models import Job
 from jobs.services import artefact_save, job_claim, job_progress_write, job_retry
-from jobs.states import Status
 from tests.factories import (
     OperatorFactory,
     UserFactory,
@@ -389,7 +389,7 @@ def test_the_job_body_is_what_its_serializer_answers(state, rf):
     """The answers build the body directly (job_representation); the serializer is the
     schema. They must agree for a job in every state, artefacts and errors included."""
     from jobs.api.serializers import JobOutputSerializer
-    from jobs.representation import job_representation
+    from jobs.selectors.representation import job_representation
 
     job = job_in_state(state)
     if state == "running":

@@ -14,7 +14,7 @@ from django.core.files import File
 from django.core.files.storage import storages
 
 from jobs.artefact_storage import DigestingReader
-from jobs.errors import RetryableError
+from jobs.domain.errors import RetryableError
 from jobs.models import Artefact, Job
 from jobs.services import artefact_save
 from jobs.services.artefacts import StorageUnavailableError

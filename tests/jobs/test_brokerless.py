@@ -20,14 +20,18 @@ from audit.services import OPS_CHAIN
 from config.dashboard import dashboard_overview
 from core import health
 from core.broker import BrokerOffError, broker_connection, queue_depths
-from jobs import metrics
-from jobs.backpressure import queue_depth_cached, queue_depths_forget, queue_depths_refresh
-from jobs.dispatcher import dispatch_once, role_steps
-from jobs.erp_bridge import erp_bridge_run
-from jobs.events import outbox_prune, outbox_settle_once
-from jobs.liveness import beat, live_processes
-from jobs.metrics import metrics_refresh_gauges
+from jobs.integrations import metrics
+from jobs.integrations.backpressure import (
+    queue_depth_cached,
+    queue_depths_forget,
+    queue_depths_refresh,
+)
+from jobs.integrations.liveness import beat, live_processes
+from jobs.integrations.metrics import metrics_refresh_gauges
 from jobs.models import EventOutbox, Job
+from jobs.processes.dispatcher import dispatch_once, role_steps
+from jobs.processes.erp_bridge import erp_bridge_run
+from jobs.processes.events import outbox_prune, outbox_settle_once
 from jobs.services.purge import purge_run
 from tests.erp_receiver import Receiver
 from tests.factories import (
@@ -80,7 +84,7 @@ def test_a_broker_connection_is_refused_before_any_network_call():
 def test_the_dispatcher_runs_no_broker_step_and_settles_the_outbox():
     steps = dict(role_steps("all"))
     assert "publish" not in steps and "dlq_watch" not in steps
-    assert steps["outbox"] == "jobs.events.outbox_settle_once"
+    assert steps["outbox"] == "jobs.processes.events.outbox_settle_once"
     assert role_steps("publish") == []
     job = job_in_state("pending")
 

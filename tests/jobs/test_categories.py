@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from core.durations import format_duration, parse_duration
-from jobs.types import all_types
+from jobs.domain.types import all_types
 from tests.factories import make_job
 from tests.processes import ROOT
 
@@ -69,7 +69,7 @@ def _retries(**env: str) -> subprocess.CompletedProcess[str]:
 
 def _types_with(value: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     program = (
-        "import django, json; django.setup(); from jobs.types import all_types; "
+        "import django, json; django.setup(); from jobs.domain.types import all_types; "
         f"print(json.dumps({{n: {value} for n, t in all_types().items()}}))"
     )
     return subprocess.run(

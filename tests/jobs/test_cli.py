@@ -13,6 +13,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from audit.services import Actor
+from jobs.domain.states import Status
 from jobs.management.commands.job_status import RATE_MIN_SECONDS, progress_rate
 from jobs.models import Job
 from jobs.services import (
@@ -23,7 +24,6 @@ from jobs.services import (
     job_progress_write,
     job_succeed,
 )
-from jobs.states import Status
 from tests.factories import UserFactory, fence_of, job_in_state, make_job
 from tests.polling import wait_for
 

@@ -20,12 +20,13 @@ from rest_framework.test import APIClient
 from audit.models import AuditLog
 from audit.services import OPS_CHAIN, Actor
 from audit.verification import audit_verify
-from jobs.errors import JobError, JobValidationError, RetryableError, TransientExternalError
-from jobs.exceptions import ConnectorControlInputError, ConnectorNotFoundError
+from jobs.domain.errors import JobError, JobValidationError, RetryableError, TransientExternalError
+from jobs.domain.exceptions import ConnectorControlInputError, ConnectorNotFoundError
+from jobs.domain.types import get_type
 from jobs.handlers.http import retry_after_seconds
-from jobs.metrics import metrics_refresh_gauges
+from jobs.integrations.metrics import metrics_refresh_gauges
 from jobs.models import ConnectorBreaker, DeadLetter, Job
-from jobs.runtime import job_execute
+from jobs.processes.runtime import job_execute
 from jobs.services import retry_delay
 from jobs.services.connectors import (
     blocked_types,
@@ -37,7 +38,6 @@ from jobs.services.connectors import (
     connector_probe_release,
     connector_success_record,
 )
-from jobs.types import get_type
 from tenants.models import OperatorScope
 from tests.erp_receiver import Receiver
 from tests.factories import (

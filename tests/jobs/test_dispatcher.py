@@ -15,9 +15,10 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from kombu import Connection
 
-from jobs.dispatcher import PendingListener, dispatch_forever, dispatch_once, found_work
-from jobs.liveness import live_processes
+from jobs.integrations.liveness import live_processes
+from jobs.integrations.topology import JOBS_EXCHANGE
 from jobs.models import DeadLetter, Job
+from jobs.processes.dispatcher import PendingListener, dispatch_forever, dispatch_once, found_work
 from jobs.queries import PENDING_CHANNEL
 from jobs.services import (
     job_heartbeat,
@@ -26,7 +27,6 @@ from jobs.services import (
     reap_once,
     republish_queued,
 )
-from jobs.topology import JOBS_EXCHANGE
 from tests.factories import backdate, fence_of, job_in_state, make_job
 from tests.polling import wait_for
 from tests.processes import free_port, job_events
@@ -125,7 +125,7 @@ def test_beside_a_publisher_the_dispatcher_takes_only_what_the_publisher_left(
 ):
     """`--role maintain` publishes pending jobs the publisher has not taken within
     OVERDUE_SECONDS, and due retries; a fresh job is the publisher's next batch."""
-    from jobs.dispatcher import OVERDUE_PUBLISH, role_steps
+    from jobs.processes.dispatcher import OVERDUE_PUBLISH, role_steps
     from jobs.services import publishing
 
     # A minute, not the real second: on a loaded machine the fresh job must not age past
@@ -232,7 +232,7 @@ def test_notified_publishing_answers_at_once_then_batches_for_the_gap(monkeypatc
     follow within PUBLISH_GAP_SECONDS wait for one pass at the gap's end."""
     import psycopg
 
-    from jobs import dispatcher
+    from jobs.processes import dispatcher
     from jobs.queries import PENDING_CHANNEL
 
     monkeypatch.setattr(dispatcher, "PUBLISH_STEPS", [("publish", f"{__name__}.counted_pass")])
@@ -485,7 +485,7 @@ def _metric(client, name: str, **labels: str) -> float:
 
 @pytest.fixture
 def clean_step_failures():
-    from jobs.step_failures import step_failures_forget
+    from jobs.processes.step_failures import step_failures_forget
 
     step_failures_forget()
     yield

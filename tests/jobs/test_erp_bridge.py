@@ -16,10 +16,10 @@ from django.core.management import call_command
 from kombu import Connection
 
 from core.broker import queue_depths
-from jobs.erp_bridge import erp_bridge_run
-from jobs.events import outbox_relay_once
+from jobs.integrations.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, parked_queue
 from jobs.models import EventOutbox
-from jobs.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, parked_queue
+from jobs.processes.erp_bridge import erp_bridge_run
+from jobs.processes.events import outbox_relay_once
 from tests.erp_receiver import Receiver
 from tests.factories import job_in_state
 from tests.metric_samples import Moved

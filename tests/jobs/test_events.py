@@ -17,13 +17,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 from kombu import Connection, Exchange, Queue
 
-import jobs.events
-from jobs.dispatcher import dispatch_once
-from jobs.events import outbox_prune, outbox_relay_once
+import jobs.processes.events
+from jobs.integrations.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
 from jobs.models import EventOutbox
+from jobs.processes.dispatcher import dispatch_once
+from jobs.processes.events import outbox_prune, outbox_relay_once
 from jobs.queries import QUERIES
 from jobs.services import Fence, job_claim, job_succeed
-from jobs.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE
 from tests.factories import job_in_state, make_job
 from tests.polling import wait_for
 from tests.processes import free_port
@@ -115,7 +115,7 @@ def test_a_crash_after_publish_before_marking_republishes_the_same_event_ids(
     def crash(ids):
         raise RuntimeError("relay died after the broker confirmed, before marking")
 
-    monkeypatch.setattr(jobs.events, "outbox_mark_published", crash)
+    monkeypatch.setattr(jobs.processes.events, "outbox_mark_published", crash)
     with pytest.raises(RuntimeError, match="relay died"):
         outbox_relay_once()
     first = event_queue(expect=4)
@@ -141,12 +141,14 @@ def test_events_committed_while_the_broker_is_down_wait_and_go_out_later(event_q
         outbox_relay_once()
     assert EventOutbox.objects.filter(job_id=job.id, published_at__isnull=False).count() == 0
     # The dispatcher survives it: the step reports an error and marks nothing.
-    report = dispatch_once(steps=[("outbox", "jobs.events.outbox_relay_once")])
+    report = dispatch_once(steps=[("outbox", "jobs.processes.events.outbox_relay_once")])
     assert "error" in report["outbox"]
 
     settings.BROKER_URL = reachable
     assert event_queue() == []
-    assert dispatch_once(steps=[("outbox", "jobs.events.outbox_relay_once")]) == {"outbox": 4}
+    assert dispatch_once(steps=[("outbox", "jobs.processes.events.outbox_relay_once")]) == {
+        "outbox": 4
+    }
     assert [m.decode()["status"] for m in event_queue(expect=4)] == LIFECYCLE
 
 
@@ -162,19 +164,19 @@ def test_concurrent_relays_keep_each_jobs_seq_order_and_lose_nothing(event_queue
     assert expected == 12 * 4
 
     # Slow each publish a little so that the relays' claims really overlap.
-    real_publish = jobs.events.event_publish
+    real_publish = jobs.processes.events.event_publish
 
     def slow_publish(**kwargs):
         time.sleep(0.003)
         real_publish(**kwargs)
 
-    monkeypatch.setattr(jobs.events, "event_publish", slow_publish)
+    monkeypatch.setattr(jobs.processes.events, "event_publish", slow_publish)
 
     def relay(_: int) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             # Small batches: many claims, each racing the other relays'.
-            jobs.events.outbox_relay_batch(limit=8)
+            jobs.processes.events.outbox_relay_batch(limit=8)
             if not EventOutbox.objects.filter(published_at__isnull=True).exists():
                 break
             time.sleep(0.001)
@@ -203,8 +205,8 @@ def test_a_job_row_waits_while_a_lower_seq_of_its_job_is_unpublished_elsewhere(e
     job = job_in_state("succeeded")
     first = EventOutbox.objects.filter(job_id=job.id).order_by("seq").first()
     rows = list(EventOutbox.objects.filter(job_id=job.id).exclude(id=first.id))
-    assert jobs.events._publishable(rows) == []
-    assert len(jobs.events._publishable([first, *rows])) == 4
+    assert jobs.processes.events._publishable(rows) == []
+    assert len(jobs.processes.events._publishable([first, *rows])) == 4
 
 
 def _claim_buffers() -> int:
@@ -221,7 +223,7 @@ def _claim_buffers() -> int:
         return execute(statement, params, many, context)
 
     with connection.execute_wrapper(explain):
-        assert jobs.events.outbox_relay_batch() == 0
+        assert jobs.processes.events.outbox_relay_batch() == 0
     assert len(read) == 1
     return read[0]
 
@@ -286,7 +288,7 @@ def unbound_exchange(broker, monkeypatch):
     nowhere = Exchange(f"test.nowhere.{uuid.uuid4().hex[:6]}", type="topic", durable=False)
     with Connection(settings.BROKER_URL, connect_timeout=10) as conn:
         nowhere(conn.channel()).declare()
-        monkeypatch.setattr(jobs.events, "EVENTS_EXCHANGE", nowhere)
+        monkeypatch.setattr(jobs.processes.events, "EVENTS_EXCHANGE", nowhere)
         yield
         nowhere(conn.channel()).delete()
 
@@ -300,7 +302,7 @@ def test_with_an_erp_an_unroutable_event_is_an_error_and_nothing_is_marked(
     (following) ack as a success."""
     settings.JOBOPS_ERP_EVENTS_URL = "http://erp.invalid/events"
     job = make_job()
-    with pytest.raises(jobs.events.EventPublishError, match="returned"):
+    with pytest.raises(jobs.processes.events.EventPublishError, match="returned"):
         outbox_relay_once()
     assert EventOutbox.objects.get(job_id=job.id).published_at is None
 

@@ -12,16 +12,16 @@ import structlog
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 from django.db import OperationalError
 
-from jobs import runtime
 from jobs.execution import complete, heartbeat
 from jobs.execution import run as core
 from jobs.execution.context import JobContext
 from jobs.execution.heartbeat import HeartbeatLoop
 from jobs.execution.limits import SoftLimit
 from jobs.execution.run import DB_DOWN, ENDED, LOST, LOST_DECIDING, run_claimed
-from jobs.executor import Host
 from jobs.models import Job
-from jobs.runtime import job_execute
+from jobs.processes import runtime
+from jobs.processes.executor import Host
+from jobs.processes.runtime import job_execute
 from jobs.services import Fence, job_claim
 from tests.factories import job_in_state
 from tests.metric_samples import Moved
@@ -82,7 +82,7 @@ def test_celerys_soft_limit_is_no_time_limit_to_a_core_given_another_class(setti
 
 
 def test_both_adapters_hand_the_core_celerys_soft_limit_class():
-    from jobs.executor_runners import SOFT_LIMIT_PROCESS, SOFT_LIMIT_THREAD
+    from jobs.processes.executor_runners import SOFT_LIMIT_PROCESS, SOFT_LIMIT_THREAD
 
     assert runtime.SOFT_LIMIT.error is SoftTimeLimitExceeded and not runtime.SOFT_LIMIT.timer
     assert SOFT_LIMIT_PROCESS.error is SoftTimeLimitExceeded and SOFT_LIMIT_PROCESS.timer

@@ -17,13 +17,13 @@ from celery.exceptions import Reject
 
 from audit.services import Actor
 from audit.verification import audit_verify
-from jobs.errors import FatalError, TransientExternalError
-from jobs.executor import run_claimed
+from jobs.domain.errors import FatalError, TransientExternalError
+from jobs.domain.states import Status
 from jobs.models import Job
-from jobs.runtime import job_execute
+from jobs.processes.executor import run_claimed
+from jobs.processes.runtime import job_execute
 from jobs.services import Finish, job_cancel, jobs_claim, jobs_finish
 from jobs.services.connectors import breakers_forget
-from jobs.states import Status
 from tests.factories import UserFactory, job_in_state
 from tests.jobs.golden import capture, check
 from tests.processes import scripted_table

@@ -18,6 +18,7 @@ from django.db import connection
 
 from audit.models import AuditLog
 from audit.services import Actor
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, Job
 from jobs.services import (
     Fence,
@@ -30,7 +31,6 @@ from jobs.services import (
 )
 from jobs.services.cancellation import job_cancel
 from jobs.services.queues import queue_pause, queue_resume
-from jobs.states import Status
 from tenants.services import organisation_suspend
 from tests.factories import OrganisationFactory, UserFactory, backdate, fence_of, make_job
 from tests.polling import wait_for

@@ -1,4 +1,4 @@
-"""run_worker's host (jobs.executor.Host) in this process, with thread runners: it claims
+"""run_worker's host (jobs.processes.executor.Host) in this process, with thread runners: it claims
 ahead of its runners in batches into a short buffer, runs every job once, stops with
 nothing lost, beats for the jobs it buffers and counts an end whose job was reclaimed as
 lost by its type, without a query per job (docs/postgres-executor.md)."""
@@ -15,10 +15,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from audit.models import AuditLog
-from jobs.executor import Host
+from jobs.domain.states import Status
 from jobs.models import Job
+from jobs.processes.executor import Host
 from jobs.services import Finish
-from jobs.states import Status
 from tests.factories import backdate, make_job
 from tests.metric_samples import Moved
 from tests.polling import wait_for

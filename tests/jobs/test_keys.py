@@ -11,8 +11,8 @@ import pytest
 from django.db import connection
 
 from audit.models import AuditLog
-from jobs.dispatcher import dispatch_once, role_steps
 from jobs.models import Job
+from jobs.processes.dispatcher import dispatch_once, role_steps
 from jobs.services import job_release_idempotency_keys
 from tests.factories import UserFactory, backdate, make_job
 

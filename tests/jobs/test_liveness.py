@@ -11,10 +11,10 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from jobs.liveness import missing_processes
-from jobs.metrics import metrics_refresh_liveness
-from jobs.redis_client import redis_client, redis_key
-from jobs.types import primary_queue_names
+from jobs.domain.types import primary_queue_names
+from jobs.integrations.liveness import missing_processes
+from jobs.integrations.metrics import metrics_refresh_liveness
+from jobs.integrations.redis_client import redis_client, redis_key
 from tests.polling import wait_for
 from tests.processes import Process, celery_worker, dispatcher_process
 

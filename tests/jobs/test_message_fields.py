@@ -10,15 +10,15 @@ import uuid
 
 import pytest
 
+from jobs.integrations.wire import PAYLOAD_VERSION
 from jobs.models import Job
 from jobs.services.publishing import publish_pending_once
-from jobs.wire import PAYLOAD_VERSION
 from tests.factories import OrganisationFactory, ProjectFactory, UserFactory, client_for
 from tests.queues import get_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# The payload, the task's one argument (jobs.publisher.wire_payload).
+# The payload, the task's one argument (jobs.integrations.publisher.wire_payload).
 PAYLOAD_FIELDS = {
     "v",
     "job_id",
@@ -31,7 +31,7 @@ PAYLOAD_FIELDS = {
     "correlation_id",
     "org_id",
 }
-# jobops' own headers on a first attempt (jobs.publisher.message_headers) ...
+# jobops' own headers on a first attempt (jobs.integrations.publisher.message_headers) ...
 JOBOPS_HEADERS = {"job_id", "org_id", "request_id", "correlation_id", "attempt"}
 # ... beside Celery's task-protocol-2 headers (Celery as pinned in constraints.txt) and
 # the delivery count RabbitMQ's quorum queue adds.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.topology import dlq_name
+from jobs.integrations.topology import dlq_name
 from tests.factories import job_in_state, make_job
 from tests.queues import dead_letter_by_reject, get_one
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_first_attempt_carries_its_ids_and_attempt(amqp):
-    from jobs.publisher import message_publish
+    from jobs.integrations.publisher import message_publish
 
     job = make_job(job_type="sim")
     amqp.queue_purge(job.queue)  # the creation's own publish
@@ -26,7 +26,7 @@ def test_a_first_attempt_carries_its_ids_and_attempt(amqp):
 
 
 def test_the_arguments_celery_shows_name_the_job_but_never_its_params(amqp):
-    from jobs.publisher import message_publish
+    from jobs.integrations.publisher import message_publish
 
     job = make_job(job_type="ai", params={"text": "patient 4711 s3cret diagnosis"})
     amqp.queue_purge(job.queue)  # the creation's own publish
@@ -59,7 +59,7 @@ def test_a_retry_names_the_last_error_code_and_class_but_not_its_text(amqp):
 
 
 def test_an_error_message_without_a_class_prefix_sends_only_the_code(amqp):
-    from jobs.publisher import message_headers
+    from jobs.integrations.publisher import message_headers
 
     job = make_job(job_type="sim")
     job.last_error_code = "WORKER_LOST"

@@ -11,14 +11,14 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from audit.models import AuditLog
-from jobs.models import DeadLetter, Job
-from jobs.publisher import (
+from jobs.integrations.publisher import (
     MessageTooLarge,
     MessageTooLargeError,
     message_body_size,
     messages_publish,
     wire_payload,
 )
+from jobs.models import DeadLetter, Job
 from jobs.services import job_publish, publish_due_once
 from tests.factories import backdate, make_job
 from tests.queues import depth, get_one

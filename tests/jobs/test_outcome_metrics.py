@@ -16,11 +16,11 @@ from django.db.models import F
 
 from audit.services import Actor
 from core.db import execute_prepared
-from jobs import metrics
-from jobs.errors import TransientExternalError
-from jobs.executor import run_claimed
+from jobs.domain.errors import TransientExternalError
+from jobs.integrations import metrics
 from jobs.models import Job
-from jobs.runtime import finish_log, job_execute
+from jobs.processes.executor import run_claimed
+from jobs.processes.runtime import finish_log, job_execute
 from jobs.selectors import job_attempts
 from jobs.services import job_cancel, job_claim, jobs_claim, jobs_finish, reap_once
 from tests.factories import backdate, job_in_state

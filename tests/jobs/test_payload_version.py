@@ -10,10 +10,10 @@ import uuid
 import pytest
 from celery.exceptions import Reject
 
+from jobs.integrations.publisher import wire_payload
+from jobs.integrations.wire import PAYLOAD_VERSION, payload_version_problem
 from jobs.models import DeadLetter, Job
-from jobs.publisher import wire_payload
-from jobs.runtime import job_execute
-from jobs.wire import PAYLOAD_VERSION, payload_version_problem
+from jobs.processes.runtime import job_execute
 from tests.factories import job_in_state
 from tests.processes import assert_chain_valid, job_events, scripted_table
 

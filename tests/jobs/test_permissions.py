@@ -11,9 +11,9 @@ from rest_framework.test import APIClient
 
 from dlq.errors import DeadLetterPermissionError
 from dlq.services.replay import dead_letters_discard, dead_letters_replay
+from jobs.domain.states import Status
 from jobs.models import Job
 from jobs.services import artefact_save
-from jobs.states import Status
 from tests.factories import (
     OperatorFactory,
     StaffFactory,

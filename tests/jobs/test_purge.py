@@ -22,8 +22,8 @@ from dlq.models import BulkOperation, BulkState
 from dlq.services.fix_forward import fix_forward_reject, fix_forward_request
 from dlq.services.replay import dead_letters_discard, dead_letters_replay
 from jobs.artefact_storage import artefact_storage
-from jobs.dispatcher import dispatch_once
 from jobs.models import Artefact, DeadLetter, EventOutbox, Job, ParamsEdit
+from jobs.processes.dispatcher import dispatch_once
 from jobs.services import (
     artefact_save,
     job_cancel,

@@ -17,13 +17,13 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditLog
 from audit.services import OPS_CHAIN, Actor
-from jobs import metrics
-from jobs.exceptions import QueueControlInputError, QueueNotFoundError
-from jobs.metrics import metrics_refresh_gauges
+from jobs.domain.exceptions import QueueControlInputError, QueueNotFoundError
+from jobs.integrations import metrics
+from jobs.integrations.metrics import metrics_refresh_gauges
+from jobs.integrations.publisher import wire_payload
 from jobs.models import Job, QueuePause
-from jobs.publisher import wire_payload
+from jobs.processes.runtime import job_execute
 from jobs.queries import QUERIES
-from jobs.runtime import job_execute
 from jobs.selectors import queues_for_consumers_forget
 from jobs.services import job_create, publish_due_once
 from jobs.services.queues import queue_pause, queue_resume
@@ -174,7 +174,7 @@ def test_a_priority_out_of_range_or_not_an_integer_is_refused(broker, priority):
 
 @pytest.mark.parametrize("priority", [-1, 10, "9", True, 5.0])
 def test_the_service_refuses_a_priority_that_is_no_integer_0_to_9(priority):
-    from jobs.exceptions import JobPriorityInvalidError
+    from jobs.domain.exceptions import JobPriorityInvalidError
 
     with pytest.raises(JobPriorityInvalidError) as refused:
         job_create(owner=StaffFactory(), job_type="sim", params={}, priority=priority, staff=True)

@@ -9,11 +9,11 @@ import pytest
 from django.conf import settings as django_settings
 from kombu import Connection, Producer
 
-from jobs import backpressure
-from jobs.backpressure import queue_depth_cached, queue_depths_refresh
-from jobs.ratelimit import rate_limit_take
-from jobs.redis_client import redis_client, redis_key
-from jobs.topology import JOBS_EXCHANGE
+from jobs.integrations import backpressure
+from jobs.integrations.backpressure import queue_depth_cached, queue_depths_refresh
+from jobs.integrations.ratelimit import rate_limit_take
+from jobs.integrations.redis_client import redis_client, redis_key
+from jobs.integrations.topology import JOBS_EXCHANGE
 from tests.factories import UserFactory, client_for
 from tests.metric_samples import Moved
 from tests.queues import wait_depth
@@ -230,8 +230,8 @@ def test_refresh_reads_the_broker_at_most_every_min_interval(broker, settings):
 def test_the_dispatcher_step_reports_its_broker_read_not_the_depths(broker, settings, monkeypatch):
     """A deep queue is a level, not work done: the loop must not rerun the step at
     once because a queue holds messages (found_work counts, a flag counts nothing)."""
-    from jobs import backpressure
-    from jobs.dispatcher import found_work
+    from jobs.integrations import backpressure
+    from jobs.processes.dispatcher import found_work
 
     monkeypatch.setattr(backpressure, "_last_read", {})
     with Connection(settings.BROKER_URL, transport_options={"confirm_publish": True}) as conn:

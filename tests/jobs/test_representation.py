@@ -1,4 +1,4 @@
-"""One representation of a job (jobs/representation.py): the body's fields and the
+"""One representation of a job (jobs/selectors/representation.py): the body's fields and the
 event's, pinned here once, and every place that shows a job held to them."""
 
 from __future__ import annotations
@@ -12,8 +12,13 @@ from django.utils import timezone
 
 from jobs.api.serializers import ArtefactOutputSerializer, JobOutputSerializer
 from jobs.models import EventOutbox, Job
-from jobs.representation import ARTEFACT_FIELDS, EVENT_FIELDS, JOB_FIELDS, job_representation
 from jobs.selectors import job_get_for_user
+from jobs.selectors.representation import (
+    ARTEFACT_FIELDS,
+    EVENT_FIELDS,
+    JOB_FIELDS,
+    job_representation,
+)
 from jobs.services import artefact_save, job_key_repeat
 from tests.factories import job_in_state
 

@@ -12,11 +12,11 @@ import pytest
 
 from dlq.services.fix_forward import fix_forward_request
 from dlq.services.replay import dead_letters_replay
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, DeadLetterState, Job, ParamsEdit, ParamsEditState
 from jobs.services import job_rerun, job_retry_failed
 from jobs.services import requeue as requeue_module
 from jobs.services.requeue import Resolution
-from jobs.states import Status
 from tenants.selectors import actor_for
 from tests.factories import OperatorFactory, job_failed, job_in_state
 

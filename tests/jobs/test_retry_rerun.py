@@ -12,9 +12,9 @@ from rest_framework.test import APIClient
 from audit.models import AuditLog
 from audit.services import job_chain
 from audit.verification import audit_verify
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, DeadLetterState, Job
 from jobs.services import job_rerun
-from jobs.states import Status
 from tenants.models import Scope
 from tenants.services import token_create
 from tests.factories import (

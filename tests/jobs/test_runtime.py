@@ -13,16 +13,16 @@ from django.db.models import F
 from audit.models import AuditLog
 from audit.services import Actor
 from dlq.services.replay import dead_letters_replay
-from jobs.errors import (
+from jobs.domain.errors import (
     FatalError,
     JobCancelled,
     JobValidationError,
     ResultInvalidError,
     TransientExternalError,
 )
-from jobs.exceptions import JobLost
+from jobs.domain.exceptions import JobLost
 from jobs.models import Artefact, DeadLetter, Job
-from jobs.runtime import Heartbeats, JobContext, classify, job_execute
+from jobs.processes.runtime import Heartbeats, JobContext, classify, job_execute
 from jobs.selectors import job_time_limit_retries
 from jobs.services import (
     WORKER,

@@ -9,7 +9,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from jobs.errors import JobValidationError, NetworkError, RateLimitedError, TransientExternalError
+from jobs.domain.errors import (
+    JobValidationError,
+    NetworkError,
+    RateLimitedError,
+    TransientExternalError,
+)
 from jobs.handlers import ai, cam, erp, model, sim
 from jobs.services import validate_params
 from tests.metric_samples import Moved
@@ -32,7 +37,7 @@ class Ctx:
         self.progress_calls.append((percent, step))
 
     def check_cancel(self):
-        from jobs.errors import JobCancelled
+        from jobs.domain.errors import JobCancelled
 
         if self.cancel_after is not None and len(self.progress_calls) >= self.cancel_after:
             raise JobCancelled()
@@ -71,7 +76,7 @@ def test_sim_reports_monotonic_progress_and_stops_at_a_cancellation_point():
     assert (
         sim.run(Ctx(), valid("sim", {"steps": 5, "step_seconds": 0, "seed": 3})) == out
     )  # deterministic
-    from jobs.errors import JobCancelled
+    from jobs.domain.errors import JobCancelled
 
     cancelled = Ctx()
     cancelled.cancel_after = 3

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 
 from audit.models import AuditLog
 from audit.services import Actor
-from jobs.exceptions import JobParamsInvalidError, ScheduleInvalidError
+from jobs.domain.exceptions import JobParamsInvalidError, ScheduleInvalidError
 from jobs.models import Job, Schedule
 from jobs.services.schedules import (
     next_fire,

@@ -11,9 +11,9 @@ from django.utils import timezone
 from audit.models import AuditLog
 from audit.services import Actor
 from audit.verification import audit_verify
-from jobs.dispatcher import wake_in
-from jobs.exceptions import JobRunAtInvalidError
+from jobs.domain.exceptions import JobRunAtInvalidError
 from jobs.models import Job
+from jobs.processes.dispatcher import wake_in
 from jobs.services import job_cancel
 from jobs.services.creation import job_create
 from jobs.services.scheduling import MAX_WAKE_SECONDS, promote_due_jobs, promote_due_once

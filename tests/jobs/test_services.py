@@ -5,7 +5,7 @@ from django.db import connection
 
 from audit.models import AuditLog
 from audit.services import Actor
-from jobs.exceptions import (
+from jobs.domain.exceptions import (
     IdempotencyKeyInvalidError,
     IdempotencyMismatchError,
     JobLost,
@@ -14,6 +14,7 @@ from jobs.exceptions import (
     PayloadTooLargeError,
     TransitionRefusedError,
 )
+from jobs.domain.states import ALLOWED, Status
 from jobs.models import EventOutbox, Job
 from jobs.services import (
     Fence,
@@ -25,7 +26,6 @@ from jobs.services import (
     transitions,
 )
 from jobs.services.transitions import change
-from jobs.states import ALLOWED, Status
 from tests.factories import UserFactory, fence_of, job_in_state, make_job
 from tests.processes import job_events
 from tests.threads import run_in_threads

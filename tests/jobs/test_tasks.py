@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from config.celery import app, prefetch_problems
+from jobs.domain.types import all_types
+from jobs.integrations.topology import job_queues
 from jobs.tasks import TASKS
-from jobs.topology import job_queues
-from jobs.types import all_types
 
 
 def test_every_type_has_a_task_routed_to_its_queue_on_jobs_direct():

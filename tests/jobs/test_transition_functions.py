@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 
 from core import sqlfiles
+from jobs.domain.states import ALLOWED
 from jobs.services.transitions import COMMON_ARGS, KINDS
-from jobs.states import ALLOWED
 
 pytestmark = pytest.mark.django_db
 

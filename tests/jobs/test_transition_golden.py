@@ -24,6 +24,7 @@ from dlq.services.cancel import jobs_cancel_by_filter
 from dlq.services.fix_forward import fix_forward_approve, fix_forward_request
 from dlq.services.reconcile import dead_letter_reconcile, dead_letters_reconcile
 from dlq.services.replay import dead_letters_discard, dead_letters_replay
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, Job
 from jobs.selectors import JobFilter
 from jobs.services import (
@@ -53,7 +54,6 @@ from jobs.services.publishing import publish_due_once
 from jobs.services.purge import purge_run
 from jobs.services.queues import queue_pause
 from jobs.services.scheduling import promote_due_jobs
-from jobs.states import Status
 from tenants.services import organisation_suspend
 from tests.factories import (
     OperatorFactory,

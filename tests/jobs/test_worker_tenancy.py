@@ -17,9 +17,9 @@ from django.utils import timezone
 
 from audit.models import AuditLog
 from audit.verification import audit_verify
+from jobs.integrations.publisher import message_headers, wire_payload
 from jobs.models import DeadLetter, Job
-from jobs.publisher import message_headers, wire_payload
-from jobs.runtime import JobContext, job_execute
+from jobs.processes.runtime import JobContext, job_execute
 from jobs.services import Fence, HoldReason, job_hold, publish_due_once
 from tenants.models import Organisation
 from tests.factories import (
@@ -368,7 +368,7 @@ def _sample(name, labels):
 
 
 def test_metrics_have_no_tenant_label_by_default(django_capture_on_commit_callbacks):
-    from jobs import metrics
+    from jobs.integrations import metrics
 
     assert metrics.TENANT_LABELS == () and metrics.org_label(1) == {}
     labels = {"type": "sim", "status": "created"}

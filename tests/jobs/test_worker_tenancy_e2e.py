@@ -9,8 +9,8 @@ import pytest
 from django.utils import timezone
 
 from audit.verification import audit_verify
+from jobs.integrations.publisher import messages_publish
 from jobs.models import DeadLetter, Job
-from jobs.publisher import messages_publish
 from jobs.services import job_publish
 from tenants.models import Organisation
 from tests.factories import OrganisationFactory, UserFactory, make_job

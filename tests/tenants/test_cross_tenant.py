@@ -26,11 +26,11 @@ from audit.models import AuditLog
 from dlq.bulk import bulk_operation_start
 from dlq.errors import DeadLetterNotFoundError, DeadLetterWholeQueueError
 from dlq.services.replay import dead_letters_discard, dead_letters_replay
+from jobs.domain.states import Status
+from jobs.integrations.publisher import wire_payload
 from jobs.models import Artefact, DeadLetter, Job
-from jobs.publisher import wire_payload
-from jobs.runtime import job_execute
+from jobs.processes.runtime import job_execute
 from jobs.services import artefact_save
-from jobs.states import Status
 from tenants.models import Membership, OperatorScope, Organisation, Role
 from tests.factories import (
     OrganisationFactory,

@@ -14,9 +14,9 @@ from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
 from audit.models import AuditLog
 from audit.services import Actor, audit_payload, job_chain
 from audit.verification import audit_verify
+from jobs.domain.states import Status
 from jobs.models import Job
 from jobs.services import job_claim, job_succeed
-from jobs.states import Status
 from tenants.models import Membership, Role
 from tests.factories import (
     OrganisationFactory,

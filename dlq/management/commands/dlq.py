@@ -31,7 +31,7 @@ from dlq.services.replay import (
     dead_letters_preview,
     dead_letters_replay,
 )
-from jobs.topology import dlq_name, dlq_names
+from jobs.integrations.topology import dlq_name, dlq_names
 
 
 class Command(BaseCommand):

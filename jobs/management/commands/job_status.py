@@ -10,11 +10,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from jobs.exceptions import JobNotFoundError
+from jobs.domain.exceptions import JobNotFoundError
+from jobs.domain.states import TERMINAL, Status
 from jobs.models import Job
-from jobs.representation import job_representation
 from jobs.selectors import job_get
-from jobs.states import TERMINAL, Status
+from jobs.selectors.representation import job_representation
 
 TIMED_OUT = 3  # exit status of --follow when --timeout passed before the job ended
 # The bar shows a rate once the progress followed has moved over at least this long: over

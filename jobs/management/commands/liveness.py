@@ -1,4 +1,5 @@
-"""manage.py liveness [--json]: which workers and dispatchers are alive (jobs/liveness.py)."""
+"""manage.py liveness [--json]: which workers and dispatchers are alive
+(jobs/integrations/liveness.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs.liveness import live_processes, missing_processes
+from jobs.integrations.liveness import live_processes, missing_processes
 
 
 class Command(BaseCommand):

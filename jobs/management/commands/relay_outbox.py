@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
-from jobs.events import outbox_prune, outbox_relay_once
+from jobs.processes.events import outbox_prune, outbox_relay_once
 
 
 class Command(BaseCommand):

@@ -12,7 +12,7 @@ from audit.db_roles import refuse_privileged_database_role
 from core.metrics import metrics_serve
 from core.metrics_dir import multiprocess_dir_prune
 from core.tracing import configure_tracing, flush_tracing
-from jobs.dispatcher import ROLES, dispatch_forever, dispatch_once, role_steps
+from jobs.processes.dispatcher import ROLES, dispatch_forever, dispatch_once, role_steps
 from jobs.services import republish_queued
 
 

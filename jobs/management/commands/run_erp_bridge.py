@@ -8,7 +8,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.erp_bridge import erp_bridge_run
+from jobs.processes.erp_bridge import erp_bridge_run
 
 
 class Command(BaseCommand):

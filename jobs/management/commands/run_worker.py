@@ -12,8 +12,8 @@ from audit.db_roles import refuse_privileged_database_role
 from core.metrics import metrics_serve
 from core.metrics_dir import multiprocess_dir_prune
 from core.tracing import configure_tracing, flush_tracing
-from jobs.executor import run_worker
-from jobs.types import POSTGRES, postgres_queues, queue_executor
+from jobs.domain.types import POSTGRES, postgres_queues, queue_executor
+from jobs.processes.executor import run_worker
 
 log = structlog.get_logger("jobs.executor")
 

@@ -8,7 +8,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from kombu import Connection
 
 from core.broker import broker_connect, broker_connect_now, queue_convert, queue_depths
-from jobs.topology import ERP_EVENTS_QUEUE_NAME, convertible_queues, erp_configured, topology
+from jobs.integrations.topology import (
+    ERP_EVENTS_QUEUE_NAME,
+    convertible_queues,
+    erp_configured,
+    topology,
+)
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@
 Transport only: which job to publish and what a confirm means for its status are the
 services' (`jobs.services.publishing`). The wire payload (the task's one argument) is
 `{v, job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id,
-org_id}` (`v`: the payload version, `jobs.wire`); the message headers
+org_id}` (`v`: the payload version, `jobs.integrations.wire`); the message headers
 (`message_headers`) carry `job_id`, `org_id`, `request_id`, `correlation_id` and the
 attempt too, and on a retry or a replay the previous attempt's error code and exception
 class, so that a message read in a DLQ peek (or RabbitMQ's management UI) explains itself
@@ -27,14 +27,14 @@ from core.broker import (
     confirm_channel,
 )
 from core.tracing import publish_span
+from jobs.domain.types import get_type
+from jobs.integrations.wire import PAYLOAD_VERSION
 from jobs.models import Job
-from jobs.types import get_type
-from jobs.wire import PAYLOAD_VERSION
 
 
 def wire_payload(job: Job) -> dict[str, Any]:
     return {
-        # The payload version (jobs.wire): workers of the next release still read it.
+        # The payload version (jobs.integrations.wire): workers of the next release still read it.
         "v": PAYLOAD_VERSION,
         "job_id": str(job.id),
         "type": job.type,

@@ -15,9 +15,9 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet
 
+from jobs.domain.states import Status
+from jobs.domain.types import primary_queue_names
 from jobs.models import Job
-from jobs.states import Status
-from jobs.types import primary_queue_names
 
 # The longest text a search can match exactly: an idempotency key (255 characters).
 SEARCH_MAX_CHARS = 255

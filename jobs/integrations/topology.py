@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from kombu import Exchange, Queue, binding
 
-from jobs.types import POSTGRES, primary_queue_names, queue_executor
+from jobs.domain.types import POSTGRES, primary_queue_names, queue_executor
 
 JOBS_EXCHANGE = Exchange("jobs.direct", type="direct", durable=True)
 EVENTS_EXCHANGE = Exchange("events.jobs", type="topic", durable=True)
@@ -132,7 +132,7 @@ def convertible_queues() -> list[Queue]:
 
 
 def parked_queue() -> Queue:
-    """Events the ERP refused for good wait here for an operator (jobs/erp_bridge.py):
+    """Events the ERP refused for good wait here for an operator (jobs/processes/erp_bridge.py):
     default exchange, routing key = the queue's name."""
     return Queue(PARKED_QUEUE_NAME, durable=True, queue_arguments={"x-queue-mode": "lazy"})
 

@@ -8,9 +8,9 @@ them only to staff with a verified second factor (core.api.permissions.staff_pow
 so a staff token without an OTP grant sees what its plain user would. Anyone else is
 answered as if the job did not exist (404, never 403), so that ids cannot be probed.
 
-The filter language (jobs.filters), a job's timeline and attempts (jobs.timeline) and
-the queue and connector state with its per-process memo (jobs.queue_state) are modules
-of their own; what they define is re-exported here (`import name as name`), so that
+The filter language (`filters.py`), a job's timeline and attempts (`timeline.py`) and the
+queue and connector state with its per-process memo (`queue_state.py`) are modules of this
+package of their own; what they define is re-exported here (`import name as name`), so that
 `jobs.selectors.<name>` keeps working for every caller and documented path.
 """
 
@@ -31,9 +31,12 @@ from audit.services import Actor, job_chain
 from core.db import Rows, execute_prepared, model_from_row, read_within
 from core.errors import ApplicationError
 from core.ids import IdFragment, id_fragment
-from jobs.errors import TIME_LIMIT
-from jobs.exceptions import JobNotFoundError
-from jobs.filters import (
+from jobs.domain.errors import TIME_LIMIT
+from jobs.domain.exceptions import JobNotFoundError
+from jobs.domain.states import Status
+from jobs.models import Artefact, Job, PurgeState, QueuePause
+from jobs.queries import QUERIES
+from jobs.selectors.filters import (
     PARAM_TERM_PREFIX,
     SEARCH_MAX_CHARS,
     JobFilter,
@@ -41,35 +44,32 @@ from jobs.filters import (
     jobs_filtered,
     param_term_parse,
 )
-from jobs.filters import PARAMS_FILTER_MAX_CHARS as PARAMS_FILTER_MAX_CHARS
-from jobs.filters import PARAMS_FILTER_MAX_DEPTH as PARAMS_FILTER_MAX_DEPTH
-from jobs.filters import job_filter_check as job_filter_check
-from jobs.filters import job_filter_from_list as job_filter_from_list
-from jobs.filters import params_filter_check as params_filter_check
-from jobs.models import Artefact, Job, PurgeState, QueuePause
-from jobs.queries import QUERIES
-from jobs.queue_state import PAUSED_RETRY_AFTER_SECONDS as PAUSED_RETRY_AFTER_SECONDS
-from jobs.queue_state import QUEUES_CACHE_SECONDS as QUEUES_CACHE_SECONDS
-from jobs.queue_state import ConnectorState as ConnectorState
-from jobs.queue_state import QueueState as QueueState
-from jobs.queue_state import connectors_state as connectors_state
-from jobs.queue_state import paused_queues_detail as paused_queues_detail
-from jobs.queue_state import queue_pauses as queue_pauses
-from jobs.queue_state import queues_for_consumers as queues_for_consumers
-from jobs.queue_state import queues_for_consumers_forget as queues_for_consumers_forget
-from jobs.queue_state import queues_state as queues_state
-from jobs.states import Status
-from jobs.timeline import ATTEMPT_LABELS as ATTEMPT_LABELS
-from jobs.timeline import ATTEMPT_OUTCOMES as ATTEMPT_OUTCOMES
-from jobs.timeline import ATTEMPTS_SHOWN as ATTEMPTS_SHOWN
-from jobs.timeline import JUSTIFICATION_MISMATCH as JUSTIFICATION_MISMATCH
-from jobs.timeline import LINKED_JOBS as LINKED_JOBS
-from jobs.timeline import RESOLVING_EVENTS as RESOLVING_EVENTS
-from jobs.timeline import Attempt as Attempt
-from jobs.timeline import Attempts as Attempts
-from jobs.timeline import entry_data
-from jobs.timeline import job_attempts as job_attempts
-from jobs.timeline import job_timeline as job_timeline
+from jobs.selectors.filters import PARAMS_FILTER_MAX_CHARS as PARAMS_FILTER_MAX_CHARS
+from jobs.selectors.filters import PARAMS_FILTER_MAX_DEPTH as PARAMS_FILTER_MAX_DEPTH
+from jobs.selectors.filters import job_filter_check as job_filter_check
+from jobs.selectors.filters import job_filter_from_list as job_filter_from_list
+from jobs.selectors.filters import params_filter_check as params_filter_check
+from jobs.selectors.queue_state import PAUSED_RETRY_AFTER_SECONDS as PAUSED_RETRY_AFTER_SECONDS
+from jobs.selectors.queue_state import QUEUES_CACHE_SECONDS as QUEUES_CACHE_SECONDS
+from jobs.selectors.queue_state import ConnectorState as ConnectorState
+from jobs.selectors.queue_state import QueueState as QueueState
+from jobs.selectors.queue_state import connectors_state as connectors_state
+from jobs.selectors.queue_state import paused_queues_detail as paused_queues_detail
+from jobs.selectors.queue_state import queue_pauses as queue_pauses
+from jobs.selectors.queue_state import queues_for_consumers as queues_for_consumers
+from jobs.selectors.queue_state import queues_for_consumers_forget as queues_for_consumers_forget
+from jobs.selectors.queue_state import queues_state as queues_state
+from jobs.selectors.timeline import ATTEMPT_LABELS as ATTEMPT_LABELS
+from jobs.selectors.timeline import ATTEMPT_OUTCOMES as ATTEMPT_OUTCOMES
+from jobs.selectors.timeline import ATTEMPTS_SHOWN as ATTEMPTS_SHOWN
+from jobs.selectors.timeline import JUSTIFICATION_MISMATCH as JUSTIFICATION_MISMATCH
+from jobs.selectors.timeline import LINKED_JOBS as LINKED_JOBS
+from jobs.selectors.timeline import RESOLVING_EVENTS as RESOLVING_EVENTS
+from jobs.selectors.timeline import Attempt as Attempt
+from jobs.selectors.timeline import Attempts as Attempts
+from jobs.selectors.timeline import entry_data
+from jobs.selectors.timeline import job_attempts as job_attempts
+from jobs.selectors.timeline import job_timeline as job_timeline
 from tenants.selectors import Viewer, actor_for, administers, viewer_for
 
 M = TypeVar("M", bound=Model)

@@ -12,10 +12,10 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from jobs.backpressure import queue_depth_cached
+from jobs.domain.types import all_connectors, primary_queue_names
+from jobs.integrations.backpressure import queue_depth_cached
 from jobs.models import BreakerState, ConnectorBreaker, QueuePause
 from jobs.queries import QUERIES
-from jobs.types import all_connectors, primary_queue_names
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def queues_for_consumers() -> list[dict[str, Any]]:
     for state in queues_state():
         cached = queue_depth_cached(state.name)
         # Without a broker the cached depth counts the pending and queued jobs themselves
-        # (jobs.backpressure.queue_depths_read_database), not messages beside them.
+        # (jobs.integrations.backpressure.queue_depths_read_database), not messages beside them.
         in_broker = cached if settings.JOBOPS_BROKER else None
         depth = state.pending + (state.queued if in_broker is None else in_broker)
         limit = settings.JOBOPS_QUEUE_DEPTH_LIMITS.get(state.name)

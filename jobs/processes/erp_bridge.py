@@ -55,10 +55,10 @@ from kombu.message import Message
 from core.broker import broker_connect
 from core.logging import log_context
 from core.redact import redact_url, redact_urls_in
-from jobs import metrics
-from jobs.events import OutboxRow, outbox_claim, outbox_mark_published
+from jobs.integrations import metrics
+from jobs.integrations.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, erp_events_queue
+from jobs.processes.events import OutboxRow, outbox_claim, outbox_mark_published
 from jobs.services.erp_parked import Refusal, outbox_park
-from jobs.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, erp_events_queue
 
 log = structlog.get_logger("jobs.erp_bridge")
 
@@ -261,7 +261,7 @@ def erp_outbox_deliver(
     temporary failure ended it).
 
     1. Claim up to `limit` unpublished rows that are not parked
-       (jobs.events.outbox_claim: id order, rows another bridge holds skipped, a job's
+       (jobs.processes.events.outbox_claim: id order, rows another bridge holds skipped, a job's
        events in seq order).
     2. POST each in order. Delivered: to be marked. Refused for good: to be parked. A
        temporary failure: stop, so that no later event of its job goes first.

@@ -2,7 +2,7 @@
 
 A chain whose tail was deleted (with the newest checkpoint, which named its head) still
 links and hashes correctly; but the job row says where the chain should end. Each job's
-status must be the status its chain's last transition leads to (jobs.states
+status must be the status its chain's last transition leads to (jobs.domain.states
 STATUS_AFTER_EVENT): every transition writes both in one transaction, so anything else
 is a chain that stops short, or a job row changed outside a transition.
 
@@ -20,8 +20,8 @@ from typing import Any
 from django.db import connection
 
 from audit.verification import MAX_PROBLEMS, Problem, VerificationReport
+from jobs.domain.states import STATUS_AFTER_EVENT
 from jobs.queries import QUERIES
-from jobs.states import STATUS_AFTER_EVENT
 
 
 def job_status_matches_chain(

@@ -14,8 +14,8 @@ from typing import Any
 
 from audit.models import AuditLog
 from audit.services import job_chain
+from jobs.domain.states import Status
 from jobs.models import DeadLetter, Job
-from jobs.states import Status
 from tenants.selectors import actor_labels
 
 # The entries that resolve a dead letter: each carries the digest of its justification.

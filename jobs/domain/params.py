@@ -4,7 +4,7 @@ Each schema bounds the work its params imply, not only each field: a handler mus
 able to finish within its type's soft time limit and in bounded memory, whatever a
 client sends. The bounds are the class attributes below (documented in
 docs/architecture.md#job-types-and-handlers); the serializer's `context["spec"]` is the
-job's type (jobs.types.JobType), for the bounds that depend on its time limit, and
+job's type (jobs.domain.types.JobType), for the bounds that depend on its time limit, and
 `context["staff"]` whether the caller holds staff powers (staff with a verified second
 factor). A schema that estimates its run time checks it against `spec.work_budget` (a
 fraction of the soft time limit, leaving headroom). Only `sim` plans a duration (the

@@ -28,7 +28,7 @@ from django.conf import settings
 
 from core.errors import ApplicationError
 from core.kv import Bucket, KvUnavailable, kv_key, kv_store
-from jobs import metrics
+from jobs.integrations import metrics
 
 logger = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from kombu.exceptions import OperationalError
 from core.broker import queue_depths as broker_queue_depths
 from core.errors import ApplicationError
 from core.kv import KvUnavailable, kv_key, kv_store
-from jobs import metrics
+from jobs.domain.types import primary_queue_names
+from jobs.integrations import metrics
+from jobs.integrations.topology import dlq_name
 from jobs.queries import QUERIES
-from jobs.topology import dlq_name
-from jobs.types import primary_queue_names
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""run_worker's runners (docs/postgres-executor.md, step 2 of jobs.executor): one job's run
-through the execution core (`run_claimed`, the postgres executor's adapter of
+"""run_worker's runners (docs/postgres-executor.md, step 2 of jobs.processes.executor): one
+job's run through the execution core (`run_claimed`, the postgres executor's adapter of
 jobs.execution.run) in a runner thread or a child process, and the child processes'
 life: fed jobs down a pipe, ending with their host however it ends (`_watch_host`)."""
 

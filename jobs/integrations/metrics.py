@@ -25,9 +25,9 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import Counter, Gauge, Histogram
 
-from jobs.liveness import live_processes, workers_of
+from jobs.domain.types import all_connectors, primary_queue_names
+from jobs.integrations.liveness import live_processes, workers_of
 from jobs.queries import QUERIES
-from jobs.types import all_connectors, primary_queue_names
 from tenants.models import Organisation
 
 log = structlog.get_logger("jobs.metrics")
@@ -59,7 +59,7 @@ def org_label(org_id: int | None) -> dict[str, str]:
 
 
 # --- the error_code label ------------------------------------------------------------
-# Error codes come from the taxonomy (jobs/errors.py) and the handlers' own codes (ERP_503,
+# Error codes come from the taxonomy (jobs/domain/errors.py) and the handlers' own codes (ERP_503,
 # ...), a small set; an unexpected exception's code names its class
 # (UNEXPECTED_KeyError), which any library could multiply. Those share one label, and
 # past MAX_ERROR_CODE_LABELS distinct codes in a process the rest count as OTHER: a label
@@ -167,7 +167,7 @@ OUTBOX_RELAYED = Counter("outbox_relayed", "Outbox events published to events.jo
 JOBS_PURGED = Counter(
     "jobs_purged", "Jobs the purge removed past their retention, by category", ["category"]
 )
-# A dispatcher step that raised (jobs/step_failures.py). Labels: the step's name (from
+# A dispatcher step that raised (jobs/processes/step_failures.py). Labels: the step's name (from
 # JOBOPS_DISPATCHER_STEPS) and the exception's class (bounded there), never its message.
 DISPATCHER_STEP_FAILURES = Counter(
     "dispatcher_step_failures", "Dispatcher steps that raised, by step", ["step"]
@@ -184,7 +184,7 @@ DISPATCHER_STEP_FAILING = Gauge(
     ["step", "error"],
     multiprocess_mode="mostrecent",
 )
-# The loop turning (jobs/dispatcher.py): a run of a step, raised or not, counts once it
+# The loop turning (jobs/processes/dispatcher.py): a run of a step, raised or not, counts once it
 # has ended, so that a reader (an operator, a test) knows that what the step does was
 # done by then; a pass is one turn of the loop over the steps that were due.
 DISPATCHER_STEP_RUNS = Counter(
@@ -193,7 +193,7 @@ DISPATCHER_STEP_RUNS = Counter(
 DISPATCHER_PASSES = Counter(
     "dispatcher_passes", "Passes of the dispatcher loop over the steps that were due"
 )
-# run_worker's claimer (jobs/executor.py): a claim that took no job counts too, once it
+# run_worker's claimer (jobs/processes/executor.py): a claim that took no job counts too, once it
 # has committed; a flat line is a claimer that stopped looking.
 WORKER_CLAIMS = Counter("worker_claims", "Claims run_worker's claimer ran, with or without jobs")
 ERP_BRIDGE_DELIVERIES = Counter(
@@ -348,7 +348,8 @@ def metrics_refresh_gauges() -> dict[str, float]:
 
 
 def metrics_refresh_liveness() -> dict[str, float]:
-    """Live workers per queue and live dispatchers, from their heartbeats (jobs/liveness.py)."""
+    """Live workers per queue and live dispatchers, from their heartbeats
+    (jobs/integrations/liveness.py)."""
     try:
         found = live_processes()
     except Exception as exc:  # store down: say nothing rather than "nobody is alive"

@@ -2,7 +2,7 @@
 
 Each class names its code and HTTP status; `core.api.exceptions` turns them into the
 error envelope and the commands print their messages. The handler-facing taxonomy of
-docs/architecture.md (what a handler raises to choose its job's outcome) is `jobs.errors`.
+docs/architecture.md (what a handler raises to choose its job's outcome) is `jobs.domain.errors`.
 """
 
 from __future__ import annotations

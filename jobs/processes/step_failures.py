@@ -1,6 +1,6 @@
 """Dispatcher steps that fail, made visible (docs/operations/observability.md).
 
-The loop (jobs/dispatcher.py) runs on when a step raises; before this, the failure was
+The loop (jobs/processes/dispatcher.py) runs on when a step raises; before this, the failure was
 a log line only, and a step could fail every second for weeks (a purge stopped by a
 foreign key, issue 37) while the dashboard said "All clear". Now each failure:
 
@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from core.kv import kv_key, kv_store
-from jobs import metrics
+from jobs.integrations import metrics
 
 log = structlog.get_logger("jobs.dispatcher")
 
