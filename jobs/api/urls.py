@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from django.urls import path
-from drf_spectacular.views import (
-    SpectacularAPIView,
-    SpectacularRedocView,
-    SpectacularSwaggerView,
-)
+from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from core.api.routing import with_slash_alias
-from jobs.api import state, views
+from jobs.api import schema, state, views
 
 app_name = "api"
 
@@ -30,7 +26,7 @@ urlpatterns = [
     # documented once, under /queues.
     *with_slash_alias("jobs/queues/depth", state.QueueDepthAliasApi.as_view(), "queues-depth"),
     *with_slash_alias("connectors", state.ConnectorListApi.as_view(), "connectors"),
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", schema.SchemaApi.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
 ]
