@@ -135,9 +135,9 @@ def run_claimed(
     """Run one claimed job, decide how it ended and hand its end to `write_end` (the
     completer, at once or through a window); then release its connector's probe unless
     its end tells the breaker something (a success, a connector failure: the completer
-    counts it, and closes the breaker or opens it again). `soft_limit`: the adapter's (the exception class the handler sees,
-    and whether a timer raises it here). JobLost and the database unreachable are
-    answered, never raised: see `Ended`."""
+    counts it, and closes the breaker or opens it again). `soft_limit`: the adapter's
+    (the exception class the handler sees, and whether a timer raises it here). JobLost
+    and the database unreachable are answered, never raised: see `Ended`."""
     spec = get_type(job.type)
     try:
         with soft_limit.armed(spec.soft_time_limit if spec is not None else 0):

@@ -304,7 +304,7 @@ def _count(
     closed: set[str] = set()
     if not ends:
         return seen, closed
-    params = {
+    params: dict[str, Any] = {
         "names": list(specs),
         "thresholds": [spec.failures for spec in specs.values()],
         "cooldowns": [float(spec.cooldown_seconds) for spec in specs.values()],

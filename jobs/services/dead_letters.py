@@ -238,8 +238,8 @@ def jobs_fail_fenced_with_dead_letters(
     if not failures:
         return []
     with transaction.atomic():
-        flushed = [(f, Progress.from_value(f.progress)) for f in failures]
-        flushed = [(f, p) for f, p in flushed if p is not None]
+        values = [(f, Progress.from_value(f.progress)) for f in failures]
+        flushed = [(f, p) for f, p in values if p is not None]
         if flushed:
             rows = change(
                 "jobs_progress",
