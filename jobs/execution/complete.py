@@ -48,10 +48,10 @@ def write_ends(ends: Sequence[End], *, locked_by: str) -> list[Finish | None]:
     lost. The database unreachable raises (nothing is written: the locks go stale and
     the reaper reclaims the jobs)."""
     completion = jobs_complete(finishes=[end.finish for end in ends], locked_by=locked_by)
-    written = {(f.job_id, f.attempt): f for f in completion.written}
+    written = {(str(f.job_id), f.attempt): f for f in completion.written}
     answers: list[Finish | None] = []
     for finish, log, job_type in ends:
-        done = written.get((finish.job_id, finish.attempt))
+        done = written.get((str(finish.job_id), finish.attempt))
         if done is None:
             seconds = finish.seconds
             log.warning("job_lost_stopping", **attempt_fields(finish.job_type, "lost", seconds))

@@ -97,8 +97,8 @@ def jobs_complete(*, finishes: list[Finish], locked_by: str) -> Completion:
         held = {id(f): s for f, s in zip(counted, seen, strict=True)}
         resolved = [_resolved(f, held.get(id(f))) for f in finishes]
         done = _write(resolved, locked_by)
-    written = [f for f in resolved if (f.job_id, f.attempt) in done]
-    return Completion(written, [f for f in finishes if (f.job_id, f.attempt) not in done])
+    written = [f for f in resolved if (str(f.job_id), f.attempt) in done]
+    return Completion(written, [f for f in finishes if (str(f.job_id), f.attempt) not in done])
 
 
 def jobs_finish(*, finishes: list[Finish], locked_by: str) -> list[Finish]:
@@ -124,7 +124,7 @@ def _resolved(finish: Finish, seen: FailureSeen | None) -> Finish:
     )
 
 
-def _write(finishes: list[Finish], locked_by: str) -> set[tuple[uuid.UUID, int]]:
+def _write(finishes: list[Finish], locked_by: str) -> set[tuple[str, int]]:
     """One transition statement per outcome; returns the (job id, attempt) written."""
     by = {
         target: [f for f in finishes if f.target == target]
@@ -167,7 +167,7 @@ def _write(finishes: list[Finish], locked_by: str) -> set[tuple[uuid.UUID, int]]
         done += jobs_fail_fenced_with_dead_letters(
             locked_by=locked_by, failures=failures, actor=WORKER
         )
-    return {(job.id, job.attempts) for job in done}
+    return {(str(job.id), job.attempts) for job in done}
 
 
 def _retry(finish: Finish) -> Retry:

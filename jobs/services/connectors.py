@@ -3,7 +3,9 @@
 A connector is the external system a job type's handler calls (`connector` in the job
 types table). Its breaker is a `connector_breakers` row (jobs.models.ConnectorBreaker),
 shared by every worker host, changed only by the compare-and-set statements
-`connector_*` of jobs/queries.sql:
+`connector_*` of jobs/queries.sql and, for the ends of runs, `breakers_count`
+(jobs/sql/30_breakers.sql), which the completer runs in the transaction that writes
+them (jobs.services.completion):
 
 - closed: jobs run; each connector failure (jobs.errors: `connector_failure`, i.e. a
   timeout, a 5xx, a refused connection; not a 4xx) counts, a success resets the count;
@@ -313,7 +315,7 @@ def _count(
         "outcomes": ["succeeded" if end.error_code is None else "failed" for end in ends],
         "codes": [end.error_code for end in ends],
     }
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # the completer's: no savepoint of its own
         with connection.cursor() as cursor:
             cursor.execute(QUERIES["breakers_count"], params)
             rows = cursor.fetchall()

@@ -237,7 +237,7 @@ def jobs_fail_fenced_with_dead_letters(
     it is; returns the jobs failed. In one transaction (the caller's, if it holds one)."""
     if not failures:
         return []
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         values = [(f, Progress.from_value(f.progress)) for f in failures]
         flushed = [(f, p) for f, p in values if p is not None]
         if flushed:
