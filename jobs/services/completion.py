@@ -89,7 +89,8 @@ class Completion(NamedTuple):
 def jobs_complete(*, finishes: list[Finish], locked_by: str) -> Completion:
     """Write a batch of ends of the lock holder `locked_by` (the module docstring), in
     one transaction."""
-    with transaction.atomic():
+    # No savepoint inside a caller's transaction: a window stays its statements alone.
+    with transaction.atomic(savepoint=False):
         counted = [f for f in finishes if f.connector is not None]
         seen = breakers_count(
             [BreakerEnd(f.connector or "", f.job_id, f.connector_error) for f in counted]
