@@ -36,7 +36,7 @@ PLAN: dict[Any, str] = {}
 
 
 def erp_planned(ctx: Any, params: Any) -> dict[str, Any]:
-    if PLAN[ctx.job_id] == "503":
+    if PLAN.get(ctx.job_id, PLAN.get("*")) == "503":
         raise TransientExternalError("the ERP answered 503", code="ERP_503")
     return {"posted": True}
 
@@ -51,7 +51,7 @@ def erp(settings: Any) -> Any:
             "erp": {
                 "failures": failures,
                 "cooldown_seconds": COOLDOWN,
-                "probe_wait_seconds": 5.0,
+                "probe_wait_seconds": 1.0,
                 "jitter_seconds": 0.0,
             }
         }
@@ -306,3 +306,55 @@ def test_breakers_count_takes_arrays_and_no_switch_and_writes_a_row_once():
         assert not re.search(rf"\b{arg}\s*(->>|->|\?)", source), arg
     assert source.count("UPDATE connector_breakers") == 1
     assert "FOR UPDATE" in source and "ORDER BY k.name" in source  # locked in name order
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_worker_host_counts_an_outage_and_its_probe_through_its_completer(erp, settings):
+    """A host (thread runners, committed rows): the ERP down, its first failure retries
+    on its backoff, the second opens the breaker (one entry) and every later one waits
+    for the probe; once the probe is due the ERP is back, one job probes, its success
+    closes the breaker when the completer writes it, and every job succeeds."""
+    from jobs.executor import Host
+    from tests.jobs.test_executor_host import running
+    from tests.polling import wait_for
+
+    erp(2)
+    settings.JOBOPS_QUEUE_EXECUTORS = {**settings.JOBOPS_QUEUE_EXECUTORS, "erp": "postgres"}
+    PLAN["*"] = "503"
+    jobs = erp_jobs(["503"] * 4)
+    ids = [job.id for job in jobs]
+
+    def retries() -> list[dict[str, Any]]:
+        rows = AuditLog.objects.filter(job_id__in=ids, event_type="retrying")
+        return [json.loads(row.payload)["data"] for row in rows]
+
+    with running(Host(queues=["erp"], concurrency=2, pool="threads", prefetch=4)):
+        wait_for(
+            lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
+            timeout=30,
+            what="every job to have run once or been held",
+        )
+        ran = retries()
+        row = ConnectorBreaker.objects.get(name="erp")
+        assert (row.state, row.failures) == ("open", len(ran))
+        [opened] = ops("connector_opened")
+        assert opened["failures"] == 2
+        # Counted one by one in the order they ended: only the first found it closed.
+        assert sorted(str(r.get("breaker")) for r in ran) == ["None"] + ["open"] * (len(ran) - 1)
+        for id_ in ids:  # PLAN["*"] decides from now on: the ERP is back
+            PLAN.pop(id_)
+        PLAN["*"] = "ok"
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE connector_breakers SET probe_at = now() WHERE name = 'erp'")
+            cursor.execute("UPDATE jobs SET next_run_at = now() WHERE id = ANY(%s)", [ids])
+        wait_for(
+            lambda: Job.objects.filter(id__in=ids, status="succeeded").count() == len(ids),
+            timeout=30,
+            what="every job to succeed after the probe",
+        )
+    row = ConnectorBreaker.objects.get(name="erp")
+    assert (row.state, row.failures, row.probe_job_id) == ("closed", 0, None)
+    [closed] = ops("connector_closed")
+    assert closed["cause"] == "probe_succeeded" and closed["job_id"] in {str(i) for i in ids}
+    assert len(ops("connector_opened")) == 1
+    assert audit_verify().ok
