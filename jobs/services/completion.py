@@ -89,14 +89,20 @@ class Completion(NamedTuple):
 def jobs_complete(*, finishes: list[Finish], locked_by: str) -> Completion:
     """Write a batch of ends of the lock holder `locked_by` (the module docstring), in
     one transaction."""
-    # No savepoint inside a caller's transaction: a window stays its statements alone.
+    # Inside a caller's transaction (a test's), no savepoint of its own: the write costs
+    # its statements and nothing more.
     with transaction.atomic(savepoint=False):
-        counted = [f for f in finishes if f.connector is not None]
+        counted = [n for n, f in enumerate(finishes) if f.connector is not None]
         seen = breakers_count(
-            [BreakerEnd(f.connector or "", f.job_id, f.connector_error) for f in counted]
+            [
+                BreakerEnd(
+                    finishes[n].connector or "", finishes[n].job_id, finishes[n].connector_error
+                )
+                for n in counted
+            ]
         )
-        held = {id(f): s for f, s in zip(counted, seen, strict=True)}
-        resolved = [_resolved(f, held.get(id(f))) for f in finishes]
+        verdicts: dict[int, FailureSeen | None] = dict(zip(counted, seen, strict=True))
+        resolved = [_resolved(f, verdicts.get(n)) for n, f in enumerate(finishes)]
         done = _write(resolved, locked_by)
     written = [f for f in resolved if (str(f.job_id), f.attempt) in done]
     return Completion(written, [f for f in finishes if (str(f.job_id), f.attempt) not in done])
