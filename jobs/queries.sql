@@ -633,7 +633,8 @@ CREATE DATABASE {name};
 
 
 -- Connector breakers (docs/connectors.md; jobs.services.connectors). A breaker row is
--- one per connector, made by its first failure (connector_ensure); no row is closed.
+-- one per connector, made by its first failure (breakers_count) or an operator's open
+-- (connector_ensure); no row is closed.
 -- Every change of state is a compare-and-set on the row, locked first in a CTE so that
 -- the statement returns the state it left (the caller audits a change on the ops chain
 -- in the same transaction). Times are the database's clock, shared by every host.
@@ -646,61 +647,13 @@ VALUES (%(name)s, 'closed', 0, now(), '')
 ON CONFLICT (name) DO NOTHING;
 
 
--- name: connector_failure
--- A connector failure of job `job_id`: one more failure in a row (and its error code).
--- A closed breaker whose failures reach `threshold` opens, and so does a half-open one
--- whose probe this job is; opening sets opened_at and probe_at = now + `cooldown`
--- seconds and forgets the probe and any operator's note. Failures seen while open (jobs
--- that started before it opened) or during another job's probe change no state.
--- Returns the state before, the state, failures and probe_at after, and the database's
--- now; zero rows: no row yet (connector_ensure, then again).
-WITH cur AS (
-    SELECT b.*,
-           (b.state = 'closed' AND b.failures + 1 >= %(threshold)s::int)
-           OR (b.state = 'half_open' AND b.probe_job_id = %(job_id)s::uuid) AS opening
-    FROM connector_breakers b WHERE b.name = %(name)s
-    FOR UPDATE
-)
-UPDATE connector_breakers b SET
-    failures = cur.failures + 1,
-    last_error_code = %(error_code)s::text,
-    state = CASE WHEN cur.opening THEN 'open' ELSE cur.state END,
-    opened_at = CASE WHEN cur.opening THEN now() ELSE cur.opened_at END,
-    probe_at = CASE WHEN cur.opening THEN now() + make_interval(secs => %(cooldown)s::float8)
-                    ELSE cur.probe_at END,
-    probe_job_id = CASE WHEN cur.opening THEN NULL ELSE cur.probe_job_id END,
-    probe_started_at = CASE WHEN cur.opening THEN NULL ELSE cur.probe_started_at END,
-    changed_at = CASE WHEN cur.opening THEN now() ELSE cur.changed_at END,
-    changed_by_id = CASE WHEN cur.opening THEN NULL ELSE cur.changed_by_id END,
-    reason = CASE WHEN cur.opening THEN '' ELSE cur.reason END
-FROM cur
-WHERE b.name = cur.name
-RETURNING cur.state AS old_state, b.state, b.failures, b.probe_at, now();
-
-
--- name: connector_success
--- A success of job `job_id` of the connector: a closed breaker's failures go back to 0,
--- and the half-open breaker whose probe this job is closes. Nothing else (a success
--- while open is a job that started before the outage was seen; it proves little), and
--- nothing at all, not even a lock, when the breaker is closed with no failures (the
--- condition is in the locking CTE: the common case costs one primary-key probe).
--- Returns the state it left; zero rows: nothing changed.
-WITH cur AS (
-    SELECT b.name, b.state FROM connector_breakers b
-    WHERE b.name = %(name)s
-      AND ((b.state = 'closed' AND b.failures > 0)
-           OR (b.state = 'half_open' AND b.probe_job_id = %(job_id)s::uuid))
-    FOR UPDATE
-)
-UPDATE connector_breakers b SET
-    state = 'closed', failures = 0, opened_at = NULL, probe_at = NULL, probe_job_id = NULL,
-    probe_started_at = NULL,
-    changed_at = CASE WHEN cur.state = 'closed' THEN b.changed_at ELSE now() END,
-    changed_by_id = CASE WHEN cur.state = 'closed' THEN b.changed_by_id END,
-    reason = CASE WHEN cur.state = 'closed' THEN b.reason ELSE '' END
-FROM cur
-WHERE b.name = cur.name
-RETURNING cur.state AS old_state;
+-- name: breakers_count
+-- The ends of a batch of runs counted by their connectors' breakers (breakers_count,
+-- jobs/sql/30_breakers.sql): each changed breaker row locked and written once.
+SELECT end_n, state_left, state_after, failures_after, probe_at_after, db_now
+FROM breakers_count(%(names)s::text[], %(thresholds)s::int[], %(cooldowns)s::float8[],
+                    %(connectors)s::text[], %(job_ids)s::uuid[], %(outcomes)s::text[],
+                    %(codes)s::text[]);
 
 
 -- name: connector_admit

@@ -2,26 +2,28 @@
 (docs/architecture.md#outcomes-of-a-run, docs/postgres-executor.md).
 
 `write_ends` writes the decided ends (`Finish`) of one lock holder through
-`jobs.services.jobs_finish`: one statement per outcome for a batch, each job fenced by
-the holder and its own attempt. A Celery worker writes its one end as a batch of one; a
-run_worker host writes windows of them (`complete_windows`: COMPLETE_BATCH ends, or what
-came within COMPLETE_WINDOW_SECONDS of the window's first). Each end's attempt line is
-logged here once it is written (`finish_log`); an end whose fence failed is lost (its
-job was reclaimed: logged `job_lost_stopping`, jobs_lost_total) and the others are
-unaffected.
+`jobs.services.jobs_complete`, in one transaction: the batch's ends of connectors
+counted by their breakers (each changed breaker row written once), what depends on the
+breaker resolved from that count (a connector failure held for the probe instead of its
+backoff or its dead letter), then one statement per outcome for the batch, each job
+fenced by the holder and its own attempt. A Celery worker writes its one end as a batch
+of one; a run_worker host writes windows of them (`complete_windows`: COMPLETE_BATCH
+ends, or what came within COMPLETE_WINDOW_SECONDS of the window's first). Each end's
+attempt line is logged here once it is written, as it was written (`finish_log`); an end
+whose fence failed is lost (its job was reclaimed: logged `job_lost_stopping`,
+jobs_lost_total) and the others are unaffected.
 """
 
 from __future__ import annotations
 
 import queue
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from jobs.domain.states import Status
 from jobs.integrations import metrics
-from jobs.services import Finish, jobs_finish
+from jobs.services import Finish, jobs_complete
 
 # A window of finished runs is written when it holds this many, or this long after its
 # first: a drain writes up to 100 ends per statement and commit, a lone job waits at
@@ -39,20 +41,25 @@ class End(NamedTuple):
     job_type: str
 
 
-def write_ends(ends: Sequence[End], *, locked_by: str) -> set[uuid.UUID]:
+def write_ends(ends: Sequence[End], *, locked_by: str) -> list[Finish | None]:
     """Write `ends` (of jobs held by `locked_by`) and log each attempt's final line;
-    returns the ids of the jobs found lost. The database unreachable raises (nothing is
-    written: the locks go stale and the reaper reclaims the jobs)."""
-    lost = jobs_finish(finishes=[end.finish for end in ends], locked_by=locked_by)
-    lost_ids = {finish.job_id for finish in lost}
+    returns, for each end, its finish as written (its breaker's part resolved: a
+    connector failure its breaker holds is `retrying`), or None when its job was found
+    lost. The database unreachable raises (nothing is written: the locks go stale and
+    the reaper reclaims the jobs)."""
+    completion = jobs_complete(finishes=[end.finish for end in ends], locked_by=locked_by)
+    written = {(str(f.job_id), f.attempt): f for f in completion.written}
+    answers: list[Finish | None] = []
     for finish, log, job_type in ends:
-        if finish.job_id in lost_ids:
+        done = written.get((str(finish.job_id), finish.attempt))
+        if done is None:
             seconds = finish.seconds
             log.warning("job_lost_stopping", **attempt_fields(finish.job_type, "lost", seconds))
             metrics.JOBS_LOST.labels(type=job_type).inc()
         else:
-            finish_log(log, finish)
-    return lost_ids
+            finish_log(log, done)
+        answers.append(done)
+    return answers
 
 
 def complete_windows(ends: queue.SimpleQueue[Any], write: Callable[[list[Any]], None]) -> None:

@@ -16,7 +16,7 @@ from jobs.execution.context import JobContext
 from jobs.models import Job
 from jobs.selectors import job_time_limit_retries
 from jobs.services import Finish, retry_delay
-from jobs.services.connectors import connector_failure_record, connector_success_record
+from jobs.services.connectors import connector_of, failure_code
 
 
 def classify(exc: BaseException, *, time_limit_error: type[BaseException]) -> tuple[str, str]:
@@ -46,15 +46,20 @@ def finish_decide(
     to stop); an error classified (`classify`) as a retry with a jittered backoff while
     attempts remain (a soft time limit only JOBOPS_TIME_LIMIT_RETRIES times per job),
     else failed with its dead letter's reason (`time_limit_error`: the soft limit's
-    exception class, jobs.execution.limits). The job's connector's breaker hears of
-    the outcome here (a success, a connector failure), as the run ends."""
+    exception class, jobs.execution.limits). The breaker is not read here: an end its
+    job's connector's breaker counts (a success, a connector failure) names the
+    connector, and the completer counts it and resolves what depends on the breaker (a
+    connector failure held for its probe instead of its backoff or its dead letter:
+    jobs.services.completion)."""
     attempt, progress = ctx._fence.attempt, ctx.take_pending_progress()
     # Every end says its type and how long the attempt ran (finish_log).
     own: dict[str, Any] = {"job_type": job.type, "seconds": time.monotonic() - ctx.started}
+    connector = connector_of(spec.name)
     if outcome == "succeeded":
-        # The connector answered (docs/connectors.md): its failure count goes back to
+        # The connector answered (docs/connectors.md): its breaker's count goes back to
         # 0, and the half-open breaker this job probed closes.
-        connector_success_record(spec=spec, job_id=job.id)
+        if connector is not None:
+            own["connector"] = connector.name
         return Finish(job.id, attempt, Status.SUCCEEDED, result=result, progress=progress, **own)
     if outcome == "cancelled":
         return Finish(job.id, attempt, Status.CANCELLED, progress=progress, **own)
@@ -67,31 +72,28 @@ def finish_decide(
         return Finish(job.id, attempt, Status.CANCELLED, error_code=code, progress=progress, **own)
     if isinstance(error, time_limit_error):
         kind, message = _time_limit_outcome(job=job, spec=spec, attempt=attempt)
-    # A connector failure counts toward its breaker (docs/connectors.md); once the
-    # breaker holds the connector's jobs, this one waits for the probe too, and is not
-    # dead-lettered for an outage the breaker saw.
-    seen = (
-        connector_failure_record(spec=spec, job_id=job.id, error=error) if kind == "retry" else None
-    )
-    held = seen is not None and seen.holds_jobs
-    if kind == "retry" and (attempt < job.max_attempts or held):
+    # A connector failure counts toward its breaker (docs/connectors.md): should the
+    # breaker hold its connector's jobs once it is counted, this one waits for the probe
+    # too, and is not dead-lettered for an outage the breaker saw.
+    breaker_code = failure_code(error) if kind == "retry" and connector is not None else None
+    if connector is not None and breaker_code is not None:
+        own |= {"connector": connector.name, "connector_error": breaker_code}
+    if kind == "retry" and (attempt < job.max_attempts or breaker_code is not None):
         delay = retry_delay(
             attempt=attempt, cap=spec.backoff_cap, retry_after=getattr(error, "retry_after", None)
         )
-        if seen is not None and held:
-            delay = max(delay, seen.wait)
-        return Finish(
-            job.id,
-            attempt,
-            Status.RETRYING,
-            error_code=code,
-            error_message=message,
-            delay=delay,
-            progress=progress,
-            breaker=seen.state if seen is not None and held else None,
-            extend_attempts=1 if held and attempt >= job.max_attempts else 0,
-            **own,
-        )
+        if attempt < job.max_attempts:
+            return Finish(
+                job.id,
+                attempt,
+                Status.RETRYING,
+                error_code=code,
+                error_message=message,
+                delay=delay,
+                progress=progress,
+                **own,
+            )
+        own["delay"] = delay  # its wait, should its breaker hold it (no dead letter then)
     reason = {"retry": "exhausted", "fatal": "fatal", "nonretryable": "nonretryable"}[kind]
     return Finish(
         job.id,

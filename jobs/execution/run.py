@@ -133,10 +133,11 @@ def run_claimed(
     write_end: Callable[[Finish, Run], Any],
 ) -> Ended:
     """Run one claimed job, decide how it ended and hand its end to `write_end` (the
-    completer, at once or through a window); then, whatever happened, release its
-    connector's probe. `soft_limit`: the adapter's (the exception class the handler sees,
-    and whether a timer raises it here). JobLost and the database unreachable are
-    answered, never raised: see `Ended`."""
+    completer, at once or through a window); then release its connector's probe unless
+    its end tells the breaker something (a success, a connector failure: the completer
+    counts it, and closes the breaker or opens it again). `soft_limit`: the adapter's
+    (the exception class the handler sees, and whether a timer raises it here). JobLost
+    and the database unreachable are answered, never raised: see `Ended`."""
     spec = get_type(job.type)
     try:
         with soft_limit.armed(spec.soft_time_limit if spec is not None else 0):
@@ -145,6 +146,7 @@ def run_claimed(
         return Ended(LOST, None)
     except DB_DOWN_ERRORS as exc:
         return Ended(DB_DOWN, None, error=exc)
+    finish: Finish | None = None
     try:
         if run.outcome == "deferred":
             return Ended(DEFERRED, run)
@@ -165,4 +167,5 @@ def run_claimed(
     except DB_DOWN_ERRORS as exc:
         return Ended(DB_DOWN, run, error=exc)
     finally:
-        probe_release(run.gate, job_id=job.id, log=run.ctx.log)
+        if finish is None or finish.connector is None:
+            probe_release(run.gate, job_id=job.id, log=run.ctx.log)

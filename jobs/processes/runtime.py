@@ -292,10 +292,10 @@ def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
     the delivery answers."""
     job_id = job.id
 
-    def write_end(finish: Finish, run: Run) -> bool:
-        """Whether the end was written (else its job was found lost, and logged so)."""
-        lost = write_ends([End(finish, run.ctx.log, job.type)], locked_by=locked_by)
-        return job_id not in lost
+    def write_end(finish: Finish, run: Run) -> Finish | None:
+        """The end as written (its breaker's part resolved), or None: its job was found
+        lost, and logged so."""
+        return write_ends([End(finish, run.ctx.log, job.type)], locked_by=locked_by)[0]
 
     ended = run_claimed(
         job=job,
@@ -317,9 +317,9 @@ def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
         raise _requeue_db_down(run.ctx.log, ended.error, **attempt) from ended.error
     if ended.outcome == DEFERRED:
         return {"job_id": str(job_id), "outcome": "deferred", "delay": run.gate.delay}
-    finish = ended.finish
-    if finish is None or not ended.written:
-        if finish is None:  # lost before its end was decided (the completer logs its own)
+    finish = ended.written  # as written: a failure its connector's breaker holds retries
+    if finish is None:
+        if ended.finish is None:  # lost before its end was decided (the completer logs its own)
             if ended.outcome == LOST_DECIDING:
                 metrics.JOBS_LOST.labels(type=job.type).inc()
             attempt = attempt_fields(job.type, "lost", seconds)

@@ -11,7 +11,9 @@ Split by concern, re-exported here so that callers say `from jobs.services impor
 - `cancellation`: `job_cancel`;
 - `publishing`: a confirmed publish moves a job to `queued`; the dispatcher's pass;
 - `worker`: claim, heartbeat, progress, succeed, retry, cancel confirm, and the
-  postgres executor's batches of them (`jobs_claim`, `jobs_heartbeat`, `jobs_finish`);
+  postgres executor's batches of them (`jobs_claim`, `jobs_heartbeat`);
+- `completion`: the completer's write of every run's end, in batches, with its
+  connectors' breakers counted in the same transaction (`jobs_complete`, `jobs_finish`);
 - `holds`: a worker hands back a queued job it may not run now (a suspended organisation);
 - `dead_letters`: failing a job with its dead letter, and the one insert of dead-letter rows;
 - `reaper`: reclaiming jobs whose worker was lost;
@@ -23,6 +25,7 @@ Split by concern, re-exported here so that callers say `from jobs.services impor
 
 from jobs.services.artefacts import artefact_save
 from jobs.services.cancellation import job_cancel, job_cancel_for_user
+from jobs.services.completion import Completion, Finish, jobs_complete, jobs_finish
 from jobs.services.creation import (
     job_create,
     job_submit,
@@ -53,18 +56,15 @@ from jobs.services.transitions import (
 )
 from jobs.services.worker import (
     WORKER,
-    Finish,
     backoff_delay,
     job_cancel_confirm,
     job_claim,
-    job_finish,
     job_heartbeat,
     job_lock_state,
     job_progress_write,
     job_retry,
     job_succeed,
     jobs_claim,
-    jobs_finish,
     jobs_heartbeat,
     retry_delay,
     validate_result,
@@ -73,6 +73,7 @@ from jobs.services.worker import (
 __all__ = [
     "WORKER",
     "BrokerCopy",
+    "Completion",
     "Fence",
     "Finish",
     "HoldReason",
@@ -88,7 +89,6 @@ __all__ = [
     "job_claim",
     "job_create",
     "job_fail_with_dead_letter",
-    "job_finish",
     "job_heartbeat",
     "job_hold",
     "job_key_repeat",
@@ -107,6 +107,7 @@ __all__ = [
     "job_succeed",
     "jobs_audit",
     "jobs_claim",
+    "jobs_complete",
     "jobs_fail_with_dead_letters",
     "jobs_finish",
     "jobs_heartbeat",

@@ -3,7 +3,9 @@
 A connector is the external system a job type's handler calls (`connector` in the job
 types table). Its breaker is a `connector_breakers` row (jobs.models.ConnectorBreaker),
 shared by every worker host, changed only by the compare-and-set statements
-`connector_*` of jobs/queries.sql:
+`connector_*` of jobs/queries.sql and, for the ends of runs, `breakers_count`
+(jobs/sql/30_breakers.sql), which the completer runs in the transaction that writes
+them (jobs.services.completion):
 
 - closed: jobs run; each connector failure (jobs.domain.errors: `connector_failure`, i.e. a
   timeout, a 5xx, a refused connection; not a 4xx) counts, a success resets the count;
@@ -137,7 +139,7 @@ def connector_create_check(*, spec: JobType) -> None:
     connector's breaker is open or probing: ConnectorOpenError (409, Retry-After: until
     its probe time, or the probe-wait). Every other type's create is accepted and its
     job waits (creation keeps its promise). From this process's copy of the breakers."""
-    connector = _connector_of(spec.name)
+    connector = connector_of(spec.name)
     if connector is None or spec.connector_open != "refuse":
         return
     copy = breakers_cached().get(connector.name)
@@ -176,7 +178,7 @@ def connector_gate(*, job: Job, fence: Fence) -> Gate:
     3. Else defer the job (`job_defer`) until the probe time (open) or for the
        probe-wait (another job probes), plus jitter.
     """
-    spec = _connector_of(job.type)
+    spec = connector_of(job.type)
     if spec is None:
         return Gate(connector=None)
     copy = breakers_cached().get(spec.name)
@@ -258,89 +260,149 @@ class FailureSeen:
         return self.state != BreakerState.CLOSED
 
 
+@dataclass(frozen=True)
+class BreakerEnd:
+    """One run's end as its connector's breaker hears it: a success (`error_code` None)
+    or a connector failure with the code the breaker records."""
+
+    connector: str
+    job_id: uuid.UUID | str
+    error_code: str | None = None
+
+
+def failure_code(error: BaseException) -> str | None:
+    """The code a connector failure is counted with (jobs.errors: `connector_failure`, a
+    timeout, a 5xx, a refused connection); None when `error` is none (a 4xx, a bug)."""
+    if not getattr(error, "connector_failure", False):
+        return None
+    return str(getattr(error, "code", "") or type(error).__name__)[:64]
+
+
+def breakers_count(ends: list[BreakerEnd]) -> list[FailureSeen | None]:
+    """Count the ends of a batch of runs (in their order) against their connectors'
+    breakers, in one statement (breakers_count, jobs/sql/30_breakers.sql) that locks and
+    writes each changed breaker row once, however many of its ends the batch holds; in
+    the caller's transaction (the completer's), with the entries it owes on the ops
+    chain: `connector_opened` when a failure opens a breaker (a closed one reaching its
+    connector's `failures`, or the half-open one whose probe failed), `connector_closed`
+    when a probe's success closes it (its deferred jobs then come due within the
+    jitter). Returns, for each end, None for a success, and for a failure what its
+    breaker was once it was counted: a breaker that holds jobs makes a failing job wait
+    for the probe instead of its usual backoff (docs/connectors.md)."""
+    specs: dict[str, ConnectorSpec] = {}
+    for end in ends:
+        spec = get_connector(end.connector)
+        if spec is None:
+            raise ValueError(f"no connector {end.connector!r}")
+        specs[end.connector] = spec
+    return _count(ends, specs)[0]
+
+
+def _count(
+    ends: list[BreakerEnd], specs: dict[str, ConnectorSpec]
+) -> tuple[list[FailureSeen | None], set[str]]:
+    """`breakers_count`'s statement and entries; also the connectors it closed."""
+    seen: list[FailureSeen | None] = [None] * len(ends)
+    closed: set[str] = set()
+    if not ends:
+        return seen, closed
+    params: dict[str, Any] = {
+        "names": list(specs),
+        "thresholds": [spec.failures for spec in specs.values()],
+        "cooldowns": [float(spec.cooldown_seconds) for spec in specs.values()],
+        "connectors": [end.connector for end in ends],
+        "job_ids": [str(end.job_id) for end in ends],
+        "outcomes": ["succeeded" if end.error_code is None else "failed" for end in ends],
+        "codes": [end.error_code for end in ends],
+    }
+    with transaction.atomic(savepoint=False):  # the completer's: no savepoint of its own
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["breakers_count"], params)
+            rows = cursor.fetchall()
+        for n, old_state, state, failures, probe_at, now in rows:
+            end = ends[n - 1]
+            spec = specs[end.connector]
+            if state == BreakerState.OPEN and old_state != BreakerState.OPEN:
+                _opened(spec, end, old_state=old_state, failures=failures, probe_at=probe_at)
+            elif state == BreakerState.CLOSED and old_state != BreakerState.CLOSED:
+                _closed(spec, end, old_state=old_state)
+                closed.add(spec.name)
+            if end.error_code is not None:
+                seen[n - 1] = _seen(spec, state, probe_at, now)
+    for n, end in enumerate(ends):
+        if end.error_code is not None and seen[n] is None:  # a row it did not change
+            seen[n] = FailureSeen(state=BreakerState.CLOSED, wait=0.0)
+    return seen, closed
+
+
+def _opened(
+    spec: ConnectorSpec, end: BreakerEnd, *, old_state: str, failures: int, probe_at: datetime
+) -> None:
+    _audit(
+        spec.name,
+        OPENED_EVENT,
+        WORKER,
+        {
+            "from": old_state,
+            "failures": failures,
+            "error_code": end.error_code,
+            "job_id": str(end.job_id),
+            "probe_at": probe_at.isoformat(),
+            "cause": "probe_failed" if old_state == BreakerState.HALF_OPEN else "failures",
+        },
+    )
+    transaction.on_commit(breakers_forget)
+    log.warning(
+        "connector_opened", connector=spec.name, failures=failures, error_code=end.error_code
+    )
+
+
+def _closed(spec: ConnectorSpec, end: BreakerEnd, *, old_state: str) -> None:
+    released = _release_jobs(spec)
+    _audit(
+        spec.name,
+        CLOSED_EVENT,
+        WORKER,
+        {
+            "from": old_state,
+            "cause": "probe_succeeded",
+            "job_id": str(end.job_id),
+            "released": released,
+        },
+    )
+    transaction.on_commit(breakers_forget)
+    log.info("connector_closed", connector=spec.name, released=released)
+
+
+def _seen(spec: ConnectorSpec, state: str, probe_at: datetime | None, now: datetime) -> FailureSeen:
+    if state == BreakerState.CLOSED:
+        return FailureSeen(state=state, wait=0.0)
+    wait = spec.probe_wait_seconds
+    if state == BreakerState.OPEN and probe_at is not None:
+        wait = max(0.0, (probe_at - now).total_seconds())
+    return FailureSeen(state=state, wait=wait + random.uniform(0, spec.jitter_seconds))
+
+
 def connector_failure_record(
     *, spec: JobType, job_id: uuid.UUID | str, error: BaseException
 ) -> FailureSeen | None:
-    """Count `error` against the job's connector when it is a connector failure; None
-    when the job has no connector or the error is none (a 4xx, a bug, a cancel).
-
-    A closed breaker that reaches its connector's `failures` opens, and so does the
-    half-open one this job probed: audited `connector_opened` in the same transaction.
-    The caller then defers the job to the probe time instead of its usual backoff."""
-    connector = _connector_of(spec.name)
-    if connector is None or not getattr(error, "connector_failure", False):
+    """`breakers_count` of one connector failure, in its own transaction; None when the
+    job has no connector or the error is no connector failure."""
+    connector, code = connector_of(spec.name), failure_code(error)
+    if connector is None or code is None:
         return None
-    code = str(getattr(error, "code", "") or type(error).__name__)[:64]
-    params = {
-        "name": connector.name,
-        "job_id": job_id,
-        "threshold": connector.failures,
-        "cooldown": connector.cooldown_seconds,
-        "error_code": code,
-    }
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(QUERIES["connector_failure"], params)
-            row = cursor.fetchone()
-            if row is None:  # its first failure ever: make its row, then count
-                cursor.execute(QUERIES["connector_ensure"], {"name": connector.name})
-                cursor.execute(QUERIES["connector_failure"], params)
-                row = cursor.fetchone()
-        old_state, state, failures, probe_at, now = row
-        if state == BreakerState.OPEN and old_state != BreakerState.OPEN:
-            _audit(
-                connector.name,
-                OPENED_EVENT,
-                WORKER,
-                {
-                    "from": old_state,
-                    "failures": failures,
-                    "error_code": code,
-                    "job_id": str(job_id),
-                    "probe_at": probe_at.isoformat(),
-                    "cause": "probe_failed" if old_state == BreakerState.HALF_OPEN else "failures",
-                },
-            )
-            transaction.on_commit(breakers_forget)
-            log.warning(
-                "connector_opened", connector=connector.name, failures=failures, error_code=code
-            )
-    if state == BreakerState.CLOSED:
-        return FailureSeen(state=state, wait=0.0)
-    wait = connector.probe_wait_seconds
-    if state == BreakerState.OPEN and probe_at is not None:
-        wait = max(0.0, (probe_at - now).total_seconds())
-    return FailureSeen(state=state, wait=wait + random.uniform(0, connector.jitter_seconds))
+    return breakers_count([BreakerEnd(connector.name, job_id, code)])[0]
 
 
 def connector_success_record(*, spec: JobType, job_id: uuid.UUID | str) -> bool:
-    """A job of the connector succeeded: a closed breaker's count goes back to 0, and
-    the half-open breaker this job probed closes (audited `connector_closed`; its
-    deferred jobs come due within the jitter). True when it closed."""
-    connector = _connector_of(spec.name)
+    """`breakers_count` of one success, in its own transaction: a closed breaker's count
+    goes back to 0, and the half-open breaker this job probed closes (audited
+    `connector_closed`). True when it closed."""
+    connector = connector_of(spec.name)
     if connector is None:
         return False
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(QUERIES["connector_success"], {"name": connector.name, "job_id": job_id})
-            row = cursor.fetchone()
-        if row is None or row[0] == BreakerState.CLOSED:
-            return False
-        released = _release_jobs(connector)
-        _audit(
-            connector.name,
-            CLOSED_EVENT,
-            WORKER,
-            {
-                "from": row[0],
-                "cause": "probe_succeeded",
-                "job_id": str(job_id),
-                "released": released,
-            },
-        )
-        transaction.on_commit(breakers_forget)
-    log.info("connector_closed", connector=connector.name, released=released)
-    return True
+    _, closed = _count([BreakerEnd(connector.name, job_id)], {connector.name: connector})
+    return connector.name in closed
 
 
 def connector_probe_release(*, gate: Gate, job_id: uuid.UUID | str) -> None:
@@ -424,7 +486,8 @@ def connector_close(*, name: str, reason: str, actor: Actor, user: Any = None) -
 # --- helpers --------------------------------------------------------------------------
 
 
-def _connector_of(job_type: str) -> ConnectorSpec | None:
+def connector_of(job_type: str) -> ConnectorSpec | None:
+    """The connector a job type names, or None."""
     spec = all_types().get(job_type)
     return get_connector(spec.connector) if spec is not None and spec.connector else None
 

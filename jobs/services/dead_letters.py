@@ -23,7 +23,7 @@ from jobs.domain.states import ALLOWED, Status
 from jobs.integrations import metrics
 from jobs.integrations.topology import dlq_name
 from jobs.models import DeadLetter, DeadLetterState, Job, ParamsEdit, ParamsEditState
-from jobs.services.transitions import Fence, change, jobs_audit, moved
+from jobs.services.transitions import Fence, Progress, change, jobs_audit, moved
 
 # What a writer reads of a locked dead letter: never the stored headers and x-death,
 # which no decision needs and which can be large.
@@ -209,6 +209,82 @@ def jobs_fail_with_dead_letters(
     )
     _count_dead_lettered(failed, reason)
     return rows
+
+
+@dataclass(frozen=True)
+class FencedFailure:
+    """A run that fails its job for good (the completer's): its job and attempt, why
+    (the dead letter's reason), the error, and the last progress value to write first."""
+
+    job_id: uuid.UUID | str
+    attempt: int
+    reason: str
+    error_code: str | None
+    error_message: str | None
+    progress: dict[str, Any] | None = None
+
+
+def jobs_fail_fenced_with_dead_letters(
+    *, locked_by: str, failures: list[FencedFailure], actor: Actor
+) -> list[Job]:
+    """`job_fail_with_dead_letter` of a batch of runs of the lock holder `locked_by`,
+    each fenced by its own attempt: each failure's last progress value is written first
+    (one jobs_progress for those that carry one: its `progress` entry), then one
+    jobs_fail_fenced fails them all into their queues' DLQs, each with its error and
+    entry, and one insert opens their dead letters (no broker copy: the database row
+    is the dead letter; a Celery delivery rejects its message after the commit, and the
+    watcher records the broker's copy on this row). A job whose fence failed is left as
+    it is; returns the jobs failed. In one transaction (the caller's, if it holds one)."""
+    if not failures:
+        return []
+    with transaction.atomic(savepoint=False):
+        values = [(f, Progress.from_value(f.progress)) for f in failures]
+        flushed = [(f, p) for f, p in values if p is not None]
+        if flushed:
+            rows = change(
+                "jobs_progress",
+                job_ids=[f.job_id for f, _ in flushed],
+                actor=actor,
+                attempts=[f.attempt for f, _ in flushed],
+                locked_by=locked_by,
+                percents=[p.percent for _, p in flushed],
+                steps=[p.step for _, p in flushed],
+                messages=[p.message for _, p in flushed],
+            )
+            for _ in rows:
+                transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
+        ids = [f.job_id for f in failures]
+        queues = {
+            job_id: dlq_name(queue)
+            for job_id, queue in Job.objects.filter(id__in=ids).values_list("id", "queue")
+        }
+        by_id = {str(f.job_id): f for f in failures}
+        rows = change(
+            "jobs_fail_fenced",
+            job_ids=ids,
+            actor=actor,
+            attempts=[f.attempt for f in failures],
+            locked_by=locked_by,
+            queues=[queues.get(uuid.UUID(str(job_id)), "") for job_id in ids],
+            codes=[f.error_code for f in failures],
+            messages=[f.error_message for f in failures],
+            data={key: _failed_entry(f.reason, f.error_code) for key, f in by_id.items()},
+        )
+        failed = {str(job.id): job for job in moved("jobs_fail_fenced", rows)}
+        done = [failed[str(f.job_id)] for f in failures if str(f.job_id) in failed]
+        dead_letters_create(
+            NewDeadLetter(
+                job.id,
+                queues[job.id],
+                by_id[str(job.id)].reason,
+                by_id[str(job.id)].error_code,
+                by_id[str(job.id)].error_message,
+            )
+            for job in done
+        )
+        for job in done:
+            _count_dead_lettered([job], by_id[str(job.id)].reason)
+    return done
 
 
 def _fail(

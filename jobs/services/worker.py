@@ -25,7 +25,6 @@ from jobs.domain.states import Status
 from jobs.integrations import metrics
 from jobs.models import Job
 from jobs.queries import QUERIES
-from jobs.services.dead_letters import job_fail_with_dead_letter
 from jobs.services.transitions import Fence, Progress, change, job_progress_audit, moved
 
 WORKER = Actor.system("worker")
@@ -223,10 +222,11 @@ def job_retry(
     the attempts its budget grows by, as the entry says (1 on its last attempt, which
     jobs_retry_held grants, 0 otherwise).
     """
-    retry = Retry(job_id, fence.attempt, delay, error_code, error_message, progress)
-    data = {"breaker": breaker, "attempts_extended": extend_attempts} if breaker else None
-    written = jobs_retry(locked_by=fence.locked_by, retries=[retry], held=data)
-    return _one(job_id, fence, written)
+    retry = Retry(
+        job_id, fence.attempt, delay, error_code, error_message, progress, breaker, extend_attempts
+    )
+    write = jobs_retry_held if breaker else jobs_retry
+    return _one(job_id, fence, write(locked_by=fence.locked_by, retries=[retry]))
 
 
 def job_cancel_confirm(
@@ -289,7 +289,8 @@ def jobs_succeed(
 @dataclass(frozen=True)
 class Retry:
     """One run that ends in a retry: its job and attempt, the wait, the error and the
-    last progress value."""
+    last progress value; for a retry its connector's breaker holds (jobs_retry_held),
+    the breaker's state and the attempts its budget grows by."""
 
     job_id: uuid.UUID | str
     attempt: int
@@ -297,16 +298,30 @@ class Retry:
     error_code: str
     error_message: str
     progress: dict[str, Any] | None = None
+    breaker: str | None = None
+    extend_attempts: int = 0
 
 
-def jobs_retry(
-    *, locked_by: str, retries: list[Retry], held: dict[str, Any] | None = None
-) -> list[Job]:
+def jobs_retry(*, locked_by: str, retries: list[Retry]) -> list[Job]:
     """jobs_retry (jobs/sql/20_transitions.sql) of `retries` by `locked_by`, each entry
-    with its error code and delay; with `held` (the breaker's state and the attempts
-    granted, for the entry), jobs_retry_held: the job waits for its connector's probe.
-    Returns the jobs written."""
-    name = "jobs_retry_held" if held else "jobs_retry"
+    with its error code and delay. Returns the jobs written."""
+    return _retries("jobs_retry", locked_by, retries, {})
+
+
+def jobs_retry_held(*, locked_by: str, retries: list[Retry]) -> list[Job]:
+    """jobs_retry_held (jobs/sql/20_transitions.sql) of `retries` by `locked_by`: each
+    job waits for its connector's probe, its entry saying the breaker's state and the
+    attempts its budget grows by (docs/connectors.md). Returns the jobs written."""
+    held = {
+        str(r.job_id): {"breaker": r.breaker, "attempts_extended": r.extend_attempts}
+        for r in retries
+    }
+    return _retries("jobs_retry_held", locked_by, retries, held)
+
+
+def _retries(
+    name: str, locked_by: str, retries: list[Retry], held: dict[str, dict[str, Any]]
+) -> list[Job]:
     flushed = [_progress(r.progress) for r in retries]
     rows = change(
         name,
@@ -316,7 +331,7 @@ def jobs_retry(
             str(r.job_id): {
                 "error_code": r.error_code,
                 "delay_ms": round(r.delay * 1000),
-                **(held or {}),
+                **held.get(str(r.job_id), {}),
             }
             for r in retries
         },
@@ -349,124 +364,3 @@ def jobs_cancel_confirm(
         progress=flushed,
     )
     return moved("jobs_cancel_confirm", rows, flushed=_flushed(ends, progress))
-
-
-@dataclass(frozen=True)
-class Finish:
-    """How one run of a job ended, as the runtime decided it (jobs.processes.runtime.finish_decide):
-    `target` succeeded (with `result`), cancelled, retrying (with `delay` and the error)
-    or failed (with the dead letter's `reason` and the error); `progress`, the last
-    coalesced progress value, goes with it. Written by the lock holder at `attempt`.
-    `job_type` and `seconds` (the run from its claim to this decision) are for its log
-    line and job_duration_seconds."""
-
-    job_id: uuid.UUID
-    attempt: int
-    target: str
-    result: dict[str, Any] | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    delay: float | None = None
-    reason: str | None = None
-    progress: dict[str, Any] | None = None
-    job_type: str = ""
-    seconds: float = 0.0
-    # A retry its connector's breaker holds (docs/connectors.md): the breaker's state,
-    # and how many attempts the job's budget grows by (1 on its last attempt).
-    breaker: str | None = None
-    extend_attempts: int = 0
-
-
-def job_finish(*, finish: Finish, fence: Fence) -> None:
-    """Write one run's end (a Celery worker's), fenced; JobLost when the job was
-    reclaimed. A failure flushes the last progress value, then fails the job with its
-    dead letter."""
-    job_id, progress = finish.job_id, finish.progress
-    if finish.target == Status.SUCCEEDED:
-        job_succeed(job_id=job_id, fence=fence, result=finish.result, progress=progress)
-    elif finish.target == Status.CANCELLED:
-        job_cancel_confirm(job_id=job_id, fence=fence, progress=progress)
-    elif finish.target == Status.RETRYING:
-        assert finish.delay is not None and finish.error_code is not None
-        job_retry(
-            job_id=job_id,
-            fence=fence,
-            delay=finish.delay,
-            error_code=finish.error_code,
-            error_message=finish.error_message or "",
-            progress=progress,
-            breaker=finish.breaker,
-            extend_attempts=finish.extend_attempts,
-        )
-    else:
-        _fail(finish, fence)
-
-
-def _fail(finish: Finish, fence: Fence) -> None:
-    if finish.progress:
-        job_progress_write(job_id=finish.job_id, fence=fence, **finish.progress)
-    job_fail_with_dead_letter(
-        job_id=finish.job_id,
-        reason=finish.reason or "exhausted",
-        actor=WORKER,
-        error_code=finish.error_code,
-        error_message=finish.error_message,
-        fence=fence,
-    )
-
-
-def jobs_finish(*, finishes: list[Finish], locked_by: str) -> list[Finish]:
-    """Write a window of finished runs of one lock holder (a run_worker host) in batches
-    (docs/postgres-executor.md): one transition function per outcome (jobs_succeed,
-    jobs_retry, jobs_cancel_confirm) for all of that outcome's jobs, each fenced by
-    `locked_by` and its own attempt, each with its own entry and event; a failure one
-    at a time, with its dead letter (no broker copy: the database row is the dead
-    letter). Returns the
-    finishes whose fence failed (their jobs were reclaimed: nothing of theirs is
-    written); the others are unaffected."""
-    written: set[uuid.UUID] = set()
-    # A retry its connector's breaker holds is written alone (job_retry: its own audit
-    # data and attempt budget); such retries are few, at an outage's start.
-    alone = [f for f in finishes if f.target == Status.FAILED or f.breaker is not None]
-    batch = [f for f in finishes if f not in alone]
-    ends = {
-        target: [f for f in batch if f.target == target]
-        for target in (Status.SUCCEEDED, Status.RETRYING, Status.CANCELLED)
-    }
-    if ends[Status.SUCCEEDED]:
-        group = ends[Status.SUCCEEDED]
-        done = jobs_succeed(
-            locked_by=locked_by,
-            ends=[(f.job_id, f.attempt) for f in group],
-            results=[f.result for f in group],
-            progress=[f.progress for f in group],
-        )
-        written.update(job.id for job in done)
-    if ends[Status.RETRYING]:
-        retries = [
-            Retry(
-                f.job_id,
-                f.attempt,
-                float(f.delay or 0),
-                f.error_code or "",
-                f.error_message or "",
-                f.progress,
-            )
-            for f in ends[Status.RETRYING]
-        ]
-        written.update(job.id for job in jobs_retry(locked_by=locked_by, retries=retries))
-    if ends[Status.CANCELLED]:
-        group = ends[Status.CANCELLED]
-        done = jobs_cancel_confirm(
-            locked_by=locked_by,
-            ends=[(f.job_id, f.attempt) for f in group],
-            progress=[f.progress for f in group],
-        )
-        written.update(job.id for job in done)
-    for finish in alone:
-        try:
-            job_finish(finish=finish, fence=Fence(locked_by, finish.attempt))
-        except JobLost:
-            continue
-        written.add(finish.job_id)
-    return [f for f in finishes if f.job_id not in written]

@@ -118,17 +118,17 @@ def test_a_celery_delivery_writes_its_end_through_the_one_completer(settings, mo
     scripted_table(settings, cam={"handler": f"{__name__}.succeeds"})
     job = job_in_state("queued", job_type="cam", params={"do": "succeeds"})
     batches = []
-    jobs_finish = complete.jobs_finish
+    jobs_complete = complete.jobs_complete
 
     def counted(*, finishes, locked_by):
         batches.append([f.job_id for f in finishes])
-        return jobs_finish(finishes=finishes, locked_by=locked_by)
+        return jobs_complete(finishes=finishes, locked_by=locked_by)
 
-    monkeypatch.setattr(complete, "jobs_finish", counted)
+    monkeypatch.setattr(complete, "jobs_complete", counted)
     assert job_execute(payload={"job_id": str(job.id)}, hostname="core-test")["outcome"] == (
         "succeeded"
     )
-    assert batches == [[job.id]]  # a batch of one, through jobs_finish
+    assert batches == [[job.id]]  # a batch of one, through jobs_complete
     assert Job.objects.get(id=job.id).status == "succeeded"
 
 
@@ -247,7 +247,7 @@ def test_a_celery_delivery_that_cannot_write_its_end_hands_the_message_back(sett
     def down(**_):
         raise OperationalError("the database is away")
 
-    monkeypatch.setattr(complete, "jobs_finish", down)
+    monkeypatch.setattr(complete, "jobs_complete", down)
     with pytest.raises(Reject) as rejected:
         job_execute(payload={"job_id": str(job.id)}, hostname="core-test")
     assert rejected.value.requeue is True

@@ -36,7 +36,6 @@ from jobs.services import (
     job_claim,
     job_create,
     job_fail_with_dead_letter,
-    job_finish,
     job_heartbeat,
     job_hold,
     job_progress_write,
@@ -261,8 +260,9 @@ def test_finish_failed_flushes_progress_then_dead_letters(owner):
         progress=PROGRESS,
         job_type="sim",
     )
-    with capture() as taken:
-        job_finish(finish=finish, fence=fence_of(job))
+    fence = fence_of(job)
+    with capture() as taken:  # the completer's batch of one, as a Celery delivery writes it
+        assert jobs_finish(finishes=[finish], locked_by=fence.locked_by) == []
     check("finish_failed", taken)
     verified(job)
 
