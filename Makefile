@@ -71,7 +71,8 @@ docs-check: install
 # slowest tests are listed before it, the places to look when the budget is tight.
 # 4 by measurement on the shared 2-core machine (the tests mostly wait on processes and
 # the network): pytest took 222-279 s with 4 workers, 436 s with 2, 499 s with 6 (each
-# worker collects the suite and migrates its own database).
+# worker collects the suite; its test database is a copy of a template migrated once,
+# docs/development.md#the-test-database).
 # Lint, the type check and the docs build run beside the suite (make -j), not before
 # it: about half a minute of one core in a fresh clone (mypy has no cache there) while
 # the suite mostly waits on the processes it starts. A failure of any fails the target

@@ -38,6 +38,7 @@ from psycopg.errors import DeadlockDetected
 
 from core.logging import formatter
 from jobs.integrations import topology
+from tests import testdb
 from tests.factories import UserFactory, otp_login
 from tests.queues import topology_declare_and_purge
 from tests.s3 import S3Server, s3_server
@@ -162,6 +163,35 @@ def _redis_delete_keys_made_since(before: set[bytes]) -> None:
     made = sorted((_redis_keys() or set()) - before)
     for start in range(0, len(made), 500):
         redis_client().delete(*made[start : start + 500])
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(
+    request: pytest.FixtureRequest,
+    django_test_environment: None,
+    django_db_blocker: Any,
+    django_db_keepdb: bool,
+    django_db_createdb: bool,
+    django_db_modify_db_settings: None,
+) -> Iterator[None]:
+    """pytest-django's, but the session's database is a copy of a template migrated
+    once (tests/testdb.py; docs/development.md#the-test-database), not migrated anew
+    by each xdist worker."""
+    from django.db import connection
+
+    keepdb = django_db_keepdb and not django_db_createdb
+    original = connection.settings_dict["NAME"]
+    name = connection.creation._get_test_db_name()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    base = name.removesuffix(f"_{worker}") if worker else name
+    verbosity = request.config.option.verbose
+    with django_db_blocker.unblock():
+        template = testdb.ensure_template(connection, base, verbosity=verbosity)
+        testdb.create_from_template(connection, name, template, keepdb=keepdb)
+    yield
+    if not keepdb:
+        with django_db_blocker.unblock():
+            testdb.destroy(connection, name, original)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -5,31 +5,37 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from tests.processes import PRODUCTION_SAFE as SAFE
 from tests.processes import ROOT, operator_env
+from tests.starter import Starter
 
 
-def _start(**overrides: str) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def starter() -> Iterator[Starter]:
+    """Fresh interpreters forked from one process (tests/starter.py): each start below
+    is a new process with its own environment, without spawning a Python for each."""
+    with Starter() as one:
+        yield one
+
+
+def _start(starter: Starter, **overrides: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in SAFE}
     env.update(SAFE)
     env.update(overrides)
     env["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    return subprocess.run(
-        [sys.executable, "-c", "import django; django.setup(); print('started')"],
-        cwd=ROOT,
-        env={k: v for k, v in env.items() if v is not None},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    return starter.run(
+        "import django; django.setup(); print('started')",
+        {k: v for k, v in env.items() if v is not None},
     )
 
 
-def test_it_starts_in_production_mode_with_safe_settings():
-    result = _start()
+def test_it_starts_in_production_mode_with_safe_settings(starter):
+    result = _start(starter)
     assert result.returncode == 0, result.stderr
     assert "started" in result.stdout
 
@@ -65,8 +71,8 @@ def test_a_manage_py_command_prints_no_banner_of_django_axes():
         ({"METRICS_TOKEN": ""}, "METRICS_TOKEN"),
     ],
 )
-def test_production_refuses_unsafe_value_and_names_it(overrides, named):
-    result = _start(**overrides)
+def test_production_refuses_unsafe_value_and_names_it(overrides, named, starter):
+    result = _start(starter, **overrides)
     assert result.returncode != 0
     assert "Refusing to start with DEBUG off" in result.stderr
     assert named in result.stderr
@@ -75,27 +81,27 @@ def test_production_refuses_unsafe_value_and_names_it(overrides, named):
 @pytest.mark.parametrize(
     "value", ["not base64!", "c2hvcnQ=", "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFB"]
 )
-def test_an_ed25519_key_that_is_not_32_bytes_of_base64_is_refused_and_named(value):
-    result = _start(DEBUG="true", AUDIT_SIGNING_ED25519_KEY=value)
+def test_an_ed25519_key_that_is_not_32_bytes_of_base64_is_refused_and_named(value, starter):
+    result = _start(starter, DEBUG="true", AUDIT_SIGNING_ED25519_KEY=value)
     assert result.returncode != 0
     assert "AUDIT_SIGNING_ED25519_KEY must be the base64 of 32 bytes" in result.stderr
 
 
-def test_bad_boolean_is_named():
-    result = _start(DEBUG="maybe")
+def test_bad_boolean_is_named(starter):
+    result = _start(starter, DEBUG="maybe")
     assert result.returncode != 0
     assert "DEBUG='maybe' is not a boolean" in result.stderr
 
 
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.2"])
-def test_a_work_budget_fraction_outside_zero_to_one_is_refused_and_named(value):
-    result = _start(JOBOPS_WORK_BUDGET_FRACTION=value)
+def test_a_work_budget_fraction_outside_zero_to_one_is_refused_and_named(value, starter):
+    result = _start(starter, JOBOPS_WORK_BUDGET_FRACTION=value)
     assert result.returncode != 0
     assert "JOBOPS_WORK_BUDGET_FRACTION" in result.stderr and "(0, 1]" in result.stderr
 
 
-def test_a_negative_time_limit_retries_is_refused_and_named():
-    result = _start(JOBOPS_TIME_LIMIT_RETRIES="-1")
+def test_a_negative_time_limit_retries_is_refused_and_named(starter):
+    result = _start(starter, JOBOPS_TIME_LIMIT_RETRIES="-1")
     assert result.returncode != 0
     assert "JOBOPS_TIME_LIMIT_RETRIES=-1 is negative" in result.stderr
 
@@ -118,19 +124,19 @@ def test_a_negative_time_limit_retries_is_refused_and_named():
         ),
     ],
 )
-def test_a_bad_artefact_or_message_setting_refuses_to_start_and_is_named(overrides, named):
-    result = _start(**overrides)
+def test_a_bad_artefact_or_message_setting_refuses_to_start_and_is_named(overrides, named, starter):
+    result = _start(starter, **overrides)
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and named in result.stderr
 
 
-def test_production_starts_with_s3_artefacts_and_a_bucket():
-    result = _start(ARTEFACT_STORAGE="s3", ARTEFACT_S3_BUCKET="jobops-artefacts")
+def test_production_starts_with_s3_artefacts_and_a_bucket(starter):
+    result = _start(starter, ARTEFACT_STORAGE="s3", ARTEFACT_S3_BUCKET="jobops-artefacts")
     assert result.returncode == 0, result.stderr
 
 
-def test_development_defaults_start_without_any_variable():
-    result = _start(**{k: "" for k in SAFE} | {"DEBUG": "true"})
+def test_development_defaults_start_without_any_variable(starter):
+    result = _start(starter, **{k: "" for k in SAFE} | {"DEBUG": "true"})
     assert result.returncode == 0, result.stderr
 
 
@@ -150,7 +156,7 @@ def test_check_deploy_is_clean_with_production_settings():
     assert "WARNINGS" not in result.stdout + result.stderr
 
 
-def test_debug_is_off_unless_asked_for():
+def test_debug_is_off_unless_asked_for(starter):
     env = {k: v for k, v in os.environ.items() if k != "DEBUG"}
     env.update({k: v for k, v in SAFE.items() if k != "DEBUG"})
     env["DJANGO_SETTINGS_MODULE"] = "config.settings"
@@ -158,20 +164,12 @@ def test_debug_is_off_unless_asked_for():
         "import django; django.setup(); from django.conf import settings as s; "
         "print(s.DEBUG, s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS, s.SESSION_COOKIE_SECURE)"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    result = starter.run(code, env)
     assert result.stdout.split() == ["False", "True", "31536000", "True"], result.stderr
     # And without production values, a forgotten DEBUG refuses to start.
     bare = {k: v for k, v in os.environ.items() if k not in SAFE}
     bare["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    refused = subprocess.run(
-        [sys.executable, "-c", "import django; django.setup()"],
-        cwd=ROOT,
-        env=bare,
-        capture_output=True,
-        text=True,
-    )
+    refused = starter.run("import django; django.setup()", bare)
     assert refused.returncode != 0 and "Refusing to start with DEBUG off" in refused.stderr
 
 
@@ -194,7 +192,7 @@ def test_each_xdist_worker_gets_its_own_vhost_and_redis_db(monkeypatch):
         xdist_worker_urls("gw3", "amqp://127.0.0.1//", "redis://127.0.0.1:6379/13")
 
 
-def test_a_process_started_by_an_xdist_worker_keeps_that_workers_vhost_and_redis_db():
+def test_a_process_started_by_an_xdist_worker_keeps_that_workers_vhost_and_redis_db(starter):
     """A worker or dispatcher started by a test inherits the worker's derived URLs and the
     marker, and loads config.settings_test again without deriving a second time."""
     env = {
@@ -206,9 +204,7 @@ def test_a_process_started_by_an_xdist_worker_keeps_that_workers_vhost_and_redis
         "REDIS_URL": "redis://127.0.0.1:6379/1",
     }
     code = "from django.conf import settings as s; print(s.BROKER_URL, s.REDIS_URL)"
-    started = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    started = starter.run(code, env)
     assert started.stdout.split() == [env["BROKER_URL"], env["REDIS_URL"]], started.stderr
 
 
@@ -232,21 +228,23 @@ POSTGRES_QUEUES = {
 }
 
 
-def test_without_a_broker_every_queue_must_be_a_postgres_queue_and_each_other_is_named():
-    result = _start(DEBUG="true", JOBOPS_BROKER="off", JOBOPS_EXECUTOR_SIM="postgres")
+def test_without_a_broker_every_queue_must_be_a_postgres_queue_and_each_other_is_named(starter):
+    result = _start(starter, DEBUG="true", JOBOPS_BROKER="off", JOBOPS_EXECUTOR_SIM="postgres")
     assert result.returncode != 0
     assert "JOBOPS_BROKER=off needs every queue on the PostgreSQL executor" in result.stderr
     assert "JOBOPS_EXECUTOR_DEFAULT=postgres" in result.stderr
     assert "JOBOPS_EXECUTOR_SIM" not in result.stderr
 
 
-def test_postgres_alone_starts_with_every_queue_on_postgres():
-    result = _start(DEBUG="true", JOBOPS_BROKER="off", JOBOPS_REDIS="off", **POSTGRES_QUEUES)
+def test_postgres_alone_starts_with_every_queue_on_postgres(starter):
+    result = _start(
+        starter, DEBUG="true", JOBOPS_BROKER="off", JOBOPS_REDIS="off", **POSTGRES_QUEUES
+    )
     assert result.returncode == 0, result.stderr
 
 
-def test_an_unknown_executor_is_named():
-    result = _start(DEBUG="true", JOBOPS_EXECUTOR_SIM="rq")
+def test_an_unknown_executor_is_named(starter):
+    result = _start(starter, DEBUG="true", JOBOPS_EXECUTOR_SIM="rq")
     assert result.returncode != 0
     assert "JOBOPS_EXECUTOR_SIM='rq' must be one of celery, postgres" in result.stderr
 
@@ -267,30 +265,22 @@ def test_an_unknown_executor_is_named():
         ({"JOBOPS_RETRY_AFTER_MAX_SECONDS": "-5"}, "JOBOPS_RETRY_AFTER_MAX_SECONDS=-5.0"),
     ],
 )
-def test_a_bad_connector_setting_refuses_to_start_and_is_named(overrides, named):
-    result = _start(**overrides)
+def test_a_bad_connector_setting_refuses_to_start_and_is_named(overrides, named, starter):
+    result = _start(starter, **overrides)
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and named in result.stderr, result.stderr[-500:]
 
 
-def test_a_connector_named_by_a_type_gets_its_own_breaker_settings():
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import django; django.setup(); from django.conf import settings as s; "
-            "c = s.JOBOPS_CONNECTORS; print(c['openai']['failures'], c['erp']['failures'])",
-        ],
-        cwd=ROOT,
-        env={
+def test_a_connector_named_by_a_type_gets_its_own_breaker_settings(starter):
+    result = starter.run(
+        "import django; django.setup(); from django.conf import settings as s; "
+        "c = s.JOBOPS_CONNECTORS; print(c['openai']['failures'], c['erp']['failures'])",
+        {
             **{k: v for k, v in os.environ.items() if k not in SAFE},
             "DEBUG": "true",
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "JOBOPS_JOB_TYPES": '{"ai": {"connector": "openai"}}',
             "JOBOPS_CONNECTORS": '{"openai": {"failures": 2}}',
         },
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert result.stdout.split()[-2:] == ["2", "5"], result.stderr[-500:]

@@ -6,8 +6,8 @@ import io
 import os
 import threading
 import time
-from collections import Counter
 from datetime import timedelta
+from itertools import pairwise
 
 import psycopg
 import pytest
@@ -182,39 +182,50 @@ def test_a_failing_step_is_reported_and_the_loop_goes_on():
     assert report["reap"] == {"reclaimed": 0, "worker_lost": 0}
 
 
-CALLS: Counter[str] = Counter()
+CALLS: dict[str, list[float]] = {"busy": [], "idle": []}
 
 
 def busy_step() -> int:
-    CALLS["busy"] += 1
+    CALLS["busy"].append(time.monotonic())
     return 3
 
 
 def idle_step() -> dict[str, int]:
-    CALLS["idle"] += 1
+    CALLS["idle"].append(time.monotonic())
     return {"reclaimed": 0}
 
 
 def test_each_step_keeps_its_own_clock(settings):
     """A step that found work runs again after the busy gap; one that found none waits
     for the interval, however busy the others are (a steady relay must not make the
-    reaper, checkpoints and watcher run twenty times a second)."""
+    reaper, checkpoints and watcher run twenty times a second).
+
+    Judged on the loop's own evidence (when each step ran), not on a sleep: the loop
+    runs until the idle step has run three times, then every idle gap is at least the
+    interval while the busy step ran many times within it."""
     settings.JOBOPS_DISPATCHER_STEPS = [
         ("busy", f"{__name__}.busy_step"),
         ("idle", f"{__name__}.idle_step"),
     ]
-    CALLS.clear()
+    for calls in CALLS.values():
+        calls.clear()
     stop = threading.Event()
     loop = threading.Thread(
         target=dispatch_forever, kwargs={"interval": 0.5, "stop": stop, "role": "maintain"}
     )
     loop.start()
-    time.sleep(1.2)
-    stop.set()
-    loop.join(timeout=5)
+    try:
+        wait_for(lambda: len(CALLS["idle"]) >= 3, what="the idle step's third pass")
+    finally:
+        stop.set()
+        loop.join(timeout=5)
     assert not loop.is_alive()
-    assert CALLS["busy"] >= 8  # every 0.05 s
-    assert CALLS["idle"] in (2, 3)  # at 0, 0.5 and (unless the machine lags) 1.0 s
+    idle = CALLS["idle"][:3]
+    assert all(later - earlier >= 0.5 for earlier, later in pairwise(idle)), idle
+    busy_within = [t for t in CALLS["busy"] if idle[0] <= t <= idle[2]]
+    # Every 0.05 s: about 20 passes in the (at least) 1 s between the idle step's first
+    # and third runs; at the interval's pace it would be 3.
+    assert len(busy_within) >= 8, len(busy_within)
     # Stopped cleanly, it no longer counts as a live dispatcher (other tests see none).
     assert os.getpid() not in [p["pid"] for p in live_processes().get("dispatcher", [])]
 
@@ -255,7 +266,10 @@ def test_notified_publishing_answers_at_once_then_batches_for_the_gap(monkeypatc
         try:
             assert notified_then_published() < 0.1  # at once
             assert 0.2 < notified_then_published() < 0.5  # at the end of the gap
-            time.sleep(0.4)
+            # A quiet spell: longer than the gap since the last pass (its end measured
+            # from that pass, the evidence, rather than slept for a guessed while).
+            quiet_until = PASSES[-1] + 0.4
+            wait_for(lambda: time.monotonic() >= quiet_until, what="a quiet spell", interval=0.01)
             assert notified_then_published() < 0.1  # a quiet spell: at once again
         finally:
             on_notify.listener.close()
@@ -394,22 +408,37 @@ def _waits_on_a_lock() -> bool:
 
 
 def test_one_wake_up_answers_a_burst_of_notifications():
+    """A burst (three notifications of one commit: PostgreSQL sends them to the
+    listener together) wakes the loop once. The negative half is checked on evidence,
+    not after a sleep: a marker notified afterwards must be the very next one the
+    listener reads, so none of the burst was left behind for a second wake-up."""
     listener, stop = PendingListener(), threading.Event()
     params = connection.get_connection_params()
+
+    def burst() -> None:
+        with sender.transaction():
+            for n in range(3):
+                sender.execute(f"NOTIFY {PENDING_CHANNEL}, 'burst-{n}'")
+
+    def next_is_the_marker() -> None:
+        sender.execute(f"NOTIFY {PENDING_CHANNEL}, 'marker'")
+        conn = listener._connect()
+        assert conn is not None
+        read = [n.payload for n in conn.notifies(timeout=5, stop_after=1)]
+        assert read == ["marker"]
+
     with psycopg.connect(**params, autocommit=True) as sender:
         try:
             assert not listener.notified()  # connects and LISTENs; nothing yet
-            for _ in range(3):
-                sender.execute(f"NOTIFY {PENDING_CHANNEL}")
-            time.sleep(0.2)  # all three reach the listener's socket
-            assert listener.wait(until=time.monotonic() + 2, stop=stop)
+            burst()
+            assert listener.wait(until=time.monotonic() + 5, stop=stop)
             assert not listener.notified()  # the one wake-up took all three
+            next_is_the_marker()
 
-            for _ in range(3):
-                sender.execute(f"NOTIFY {PENDING_CHANNEL}")
-            time.sleep(0.2)
-            assert listener.notified()
+            burst()
+            wait_for(listener.notified, what="the second burst")
             assert not listener.notified()
+            next_is_the_marker()
         finally:
             listener.close()
 
