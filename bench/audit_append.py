@@ -9,7 +9,11 @@ own transaction, by each of these variants, interleaved round by round:
 - `set`: `audit_append_entries(...)` once for the batch (payloads composed by the caller);
 - `set+builder`: the same, each payload composed in the statement by
   `audit_entry_payload` from a jsonb of its data (the one builder of what is hashed);
-- `builder`: `audit_entry_payload` of the batch alone, no insert.
+- `builder`: `audit_entry_payload` of the batch alone, no insert;
+- `set+jobs`: `audit_append_entries` with each payload composed as the job transitions
+  compose it, `jobs_entry_payload` (concatenation for the keys it knows, the context from
+  the job's columns), the chains being jobs' (`job:<id>`, the row a value);
+- `jobs`: `jobs_entry_payload` of the batch alone, no insert.
 
 Per variant: the CPU the serving backend spent per entry (utime + stime of its process,
 read from /proc: the server must run on this machine) and the wall time per entry, as
@@ -69,13 +73,38 @@ FROM unnest(%(chains)s::text[], %(seqs)s::bigint[], %(data)s::jsonb[]) WITH ORDI
 ORDER BY u.n
 """
 SET_BUILDER = SET.replace("%(payloads)s::text[]", f"ARRAY({PAYLOADS})")
-VARIANTS = {"per-row": PER_ROW, "set": SET, "set+builder": SET_BUILDER, "builder": PAYLOADS}
+# The job's row as a value (the columns jobs_entry_payload reads), its data without the
+# context, which jobs_entry_payload adds from the row.
+JOBS_PAYLOADS = """
+SELECT jobs_entry_payload(
+    jsonb_populate_record(NULL::jobs, jsonb_build_object(
+        'id', substr(u.chain, 5), 'audit_seq', u.seq - 1, 'type', 'ai', 'org_id', 1,
+        'project_id', 1)),
+    u.data - 'context', 'succeeded', 'system', 'bench', %(ts_text)s,
+    u.data #>> '{context,request_id}')
+FROM unnest(%(chains)s::text[], %(seqs)s::bigint[], %(data)s::jsonb[]) WITH ORDINALITY
+     AS u(chain, seq, data, n)
+ORDER BY u.n
+"""
+# (The rows' job_id stays NULL, as in the other variants: no jobs rows exist here.)
+SET_JOBS = SET.replace("%(payloads)s::text[]", f"ARRAY({JOBS_PAYLOADS})")
+VARIANTS = {
+    "per-row": PER_ROW,
+    "set": SET,
+    "set+builder": SET_BUILDER,
+    "builder": PAYLOADS,
+    "set+jobs": SET_JOBS,
+    "jobs": JOBS_PAYLOADS,
+}
 NEEDS = {
     "per-row": "audit_append",
     "set": "audit_append_entries",
     "set+builder": "audit_entry_payload",
     "builder": "audit_entry_payload",
+    "set+jobs": "jobs_entry_data",
+    "jobs": "jobs_entry_data",
 }
+JOB_VARIANTS = ("set+jobs", "jobs")
 
 
 def data_of(chain: str, seq: int) -> dict[str, Any]:
@@ -95,7 +124,8 @@ def data_of(chain: str, seq: int) -> dict[str, Any]:
 
 
 def payload_of(chain: str, seq: int) -> str:
-    """The canonical payload as the caller composed it (audit.canonical)."""
+    """The canonical payload as the caller composed it (audit.canonical); a job's chain
+    names its job."""
     from audit.canonical import canonical_bytes, entry_payload
 
     value = entry_payload(
@@ -105,7 +135,7 @@ def payload_of(chain: str, seq: int) -> str:
         event_type="succeeded",
         actor_type="system",
         actor_id="bench",
-        job_id=None,
+        job_id=chain[4:] if chain.startswith("job:") else None,
         data=data_of(chain, seq),
     )
     return canonical_bytes(value).decode("utf-8")
@@ -124,6 +154,8 @@ class Chains:
     def __init__(self, variant: str, batch: int) -> None:
         tag = uuid.uuid4().hex[:8]
         self.names = [f"bench:{variant}:{tag}:{i}" for i in range(batch)]
+        if variant in JOB_VARIANTS:
+            self.names = [f"job:{uuid.uuid4()}" for _ in range(batch)]
         self.heads = [(0, GENESIS)] * batch
 
     def next_params(self) -> dict[str, Any]:
@@ -171,7 +203,7 @@ def measure(url: str, batch: int, rounds: int, block: int) -> dict[str, Any]:
                 for p in params:
                     rows = conn.execute(VARIANTS[variant], p).fetchall()
                     conn.commit()
-                    want = p["payloads"] if variant == "builder" else p["expected"]
+                    want = p["payloads"] if variant in ("builder", "jobs") else p["expected"]
                     if [r[0] for r in rows] != want:
                         raise SystemExit(f"{variant}: not what audit.canonical computes")
                 entries = len(params) * batch
