@@ -1,8 +1,30 @@
-"""drf-spectacular hooks every API area shares."""
+"""drf-spectacular's schema view and the hooks every API area shares."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+# drf-spectacular's generator keeps per-view state on shared objects while it walks the
+# URLs (and loads its extensions on a process's first schema), so two schemas generated
+# at once in one process (gunicorn's threads) read each other's half-set state and
+# answer 500 (drf-spectacular issues 1122, 1123, 1368). One at a time per process: the
+# schema is read rarely and generated in well under a second.
+_GENERATING = threading.Lock()
+
+
+class SchemaApi(SpectacularAPIView):
+    """GET /api/v1/schema/: the OpenAPI document, generated one request at a time."""
+
+    @extend_schema(**SCHEMA_KWARGS)
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        with _GENERATING:
+            return super().get(request, *args, **kwargs)
 
 
 def drop_slash_aliases(endpoints: list[tuple[Any, ...]], **kwargs: Any) -> list[tuple[Any, ...]]:

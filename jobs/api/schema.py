@@ -1,30 +1,8 @@
-"""drf-spectacular for the jobs API: the schema view, and hooks saying what its request
-bodies refuse."""
+"""drf-spectacular hooks for the jobs API: what its request bodies refuse."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
-
-from drf_spectacular.views import SpectacularAPIView
-from rest_framework.request import Request
-from rest_framework.response import Response
-
-# drf-spectacular's generator keeps per-view state on shared objects while it walks the
-# URLs, so two schemas generated at once in one process (a threaded web worker) can
-# read each other's half-set state and answer 500 (drf-spectacular issues 1122, 1123,
-# 1368). One at a time per process: the schema is read rarely and generated in well
-# under a second.
-_GENERATING = threading.Lock()
-
-
-class SchemaApi(SpectacularAPIView):
-    """GET /api/v1/schema/: the OpenAPI document, generated one request at a time."""
-
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        with _GENERATING:
-            return super().get(request, *args, **kwargs)
-
 
 # Request bodies whose serializer refuses unknown fields (mass assignment): say so.
 CLOSED_REQUEST_COMPONENTS = ("JobCreateInputRequest",)

@@ -6,7 +6,8 @@ from django.urls import path
 from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from core.api.routing import with_slash_alias
-from jobs.api import schema, state, views
+from core.api.schema import SchemaApi
+from jobs.api import state, views
 
 app_name = "api"
 
@@ -26,7 +27,7 @@ urlpatterns = [
     # documented once, under /queues.
     *with_slash_alias("jobs/queues/depth", state.QueueDepthAliasApi.as_view(), "queues-depth"),
     *with_slash_alias("connectors", state.ConnectorListApi.as_view(), "connectors"),
-    path("schema/", schema.SchemaApi.as_view(), name="schema"),
+    path("schema/", SchemaApi.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
 ]

@@ -1,4 +1,4 @@
-"""The OpenAPI document under concurrent requests (jobs.api.schema.SchemaApi)."""
+"""The OpenAPI document under concurrent requests (core.api.schema.SchemaApi)."""
 
 from __future__ import annotations
 
