@@ -73,13 +73,11 @@ FROM unnest(%(chains)s::text[], %(seqs)s::bigint[], %(data)s::jsonb[]) WITH ORDI
 ORDER BY u.n
 """
 SET_BUILDER = SET.replace("%(payloads)s::text[]", f"ARRAY({PAYLOADS})")
-# The job's row as a value (the columns jobs_entry_payload reads), its data without the
-# context, which jobs_entry_payload adds from the row.
+# The job's identity (the columns jobs_entry_payload takes), its data without the
+# context, which jobs_entry_payload adds from them.
 JOBS_PAYLOADS = """
 SELECT jobs_entry_payload(
-    jsonb_populate_record(NULL::jobs, jsonb_build_object(
-        'id', substr(u.chain, 5), 'audit_seq', u.seq - 1, 'type', 'ai', 'org_id', 1,
-        'project_id', 1)),
+    substr(u.chain, 5)::uuid, u.seq, NULL, 'ai', 1, 1,
     u.data - 'context', 'succeeded', 'system', 'bench', %(ts_text)s,
     u.data #>> '{context,request_id}')
 FROM unnest(%(chains)s::text[], %(seqs)s::bigint[], %(data)s::jsonb[]) WITH ORDINALITY

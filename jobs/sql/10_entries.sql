@@ -76,31 +76,29 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
 $$;
 
 -- jobs_entry_payload: the canonical payload (the audit app's audit_entry_payload_jcs,
--- the layout of what an entry hashes) of the entry a change appends to `p_job`'s chain,
--- from the row before the change (its next seq, its context) and the entry's data
--- (`p_data`: what the transition says, e.g. from, to, attempt, and the caller's): the
--- data through jobs_entry_data, or audit_canonical when its keys are not all known
--- (no data: `{}`, as audit_entry_payload writes it).
+-- the layout of what an entry hashes) of the entry `p_seq` a change appends to job
+-- `p_id`'s chain, its context from the job's identity as the row holds it before the
+-- change, and the entry's data (`p_data`: what the transition says, e.g. from, to,
+-- attempt, and the caller's): the data through jobs_entry_data, or audit_canonical
+-- when its keys are not all known (no data: `{}`, as audit_entry_payload writes it).
 -- PL/pgSQL with one RETURN expression (run without a query, as a simple expression):
 -- `p_data` is then computed once, where an inlined SQL body would repeat the caller's
 -- expression for it at each of jobs_entry_data's references.
 CREATE OR REPLACE FUNCTION jobs_entry_payload(
-    p_job jobs, p_data jsonb, p_event_type text, p_actor_type text, p_actor_id text,
-    p_ts text, p_request_id text
+    p_id uuid, p_seq bigint, p_correlation_id text, p_job_type text, p_org_id bigint,
+    p_project_id bigint, p_data jsonb, p_event_type text, p_actor_type text,
+    p_actor_id text, p_ts text, p_request_id text
 ) RETURNS text
 LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
 BEGIN
     RETURN audit_entry_payload_jcs(
-        audit_job_chain(p_job.id), p_job.audit_seq + 1, p_ts, p_event_type, p_actor_type,
-        p_actor_id, p_job.id,
+        audit_job_chain(p_id), p_seq, p_ts, p_event_type, p_actor_type, p_actor_id, p_id,
         coalesce(
             jobs_entry_data(p_data, jobs_entry_context_jcs(
-                p_job.correlation_id, p_job.type, p_job.org_id, p_job.project_id,
-                p_request_id
+                p_correlation_id, p_job_type, p_org_id, p_project_id, p_request_id
             )),
             audit_canonical(p_data || jsonb_build_object('context', jobs_entry_context(
-                p_job.correlation_id, p_job.type, p_job.org_id, p_job.project_id,
-                p_request_id
+                p_correlation_id, p_job_type, p_org_id, p_project_id, p_request_id
             ))),
             '{}'
         )
@@ -108,56 +106,55 @@ BEGIN
 END;
 $$;
 
--- jobs_entries_append: each changed job's entry (`p_jobs`: the rows after the change,
--- their audit_seq the entry's), continuing its chain from `p_prev_hashes`, in one
--- statement for the whole batch (the audit app's audit_append_entries: the checkpoint
--- barrier once, one INSERT, continuity checked by its statement trigger). Returns how
--- many were appended (the caller reads it, so that the call is never optimised away).
+-- jobs_entries_append: each changed job's entry (`p_ids` with `p_seqs`, their rows'
+-- audit_seq after the change: the entries' seq), continuing its chain from
+-- `p_prev_hashes`, in one statement for the whole batch (the audit app's
+-- audit_append_entries: the checkpoint barrier once, one INSERT, continuity checked by
+-- its statement trigger). Returns how many were appended (the caller reads it, so that
+-- the call is never optimised away).
 CREATE OR REPLACE FUNCTION jobs_entries_append(
-    p_jobs jobs[], p_payloads text[], p_prev_hashes text[], p_event_type text,
-    p_actor_type text, p_actor_id text, p_ts text
+    p_ids uuid[], p_seqs bigint[], p_payloads text[], p_prev_hashes text[],
+    p_event_type text, p_actor_type text, p_actor_id text, p_ts text
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     appended bigint;
+    k int := cardinality(p_ids);
 BEGIN
+    IF k IS NULL THEN  -- no change: the caller's array_agg of no rows
+        RETURN 0;
+    END IF;
     -- PL/pgSQL, not SQL: its statements' plans are kept for the session, where a SQL
     -- function that is not inlined is planned again at every call.
     SELECT count(*) INTO appended
-    FROM (
-        SELECT array_agg(audit_job_chain(p_jobs[n].id) ORDER BY n) AS chains,
-               array_agg(p_jobs[n].id ORDER BY n) AS ids,
-               array_agg(p_jobs[n].audit_seq::bigint ORDER BY n) AS seqs,
-               array_agg(p_event_type ORDER BY n) AS event_types,
-               array_agg(p_actor_type ORDER BY n) AS actor_types,
-               array_agg(p_actor_id ORDER BY n) AS actor_ids,
-               array_agg(p_ts::timestamptz ORDER BY n) AS ts
-        FROM generate_subscripts(p_jobs, 1) AS n
-    ) AS e
-    CROSS JOIN LATERAL audit_append_entries(
-        e.chains, e.ids, e.seqs, e.event_types, e.actor_types, e.actor_ids, e.ts,
+    FROM audit_append_entries(
+        ARRAY(SELECT audit_job_chain(u.id) FROM unnest(p_ids) WITH ORDINALITY AS u(id, n)
+              ORDER BY u.n),
+        p_ids, p_seqs, array_fill(p_event_type, ARRAY[k]), array_fill(p_actor_type, ARRAY[k]),
+        array_fill(p_actor_id, ARRAY[k]), array_fill(p_ts::timestamptz, ARRAY[k]),
         p_payloads, p_prev_hashes
-    ) AS entry;
+    );
     RETURN appended;
 END;
 $$;
 
 -- jobs_changes_record: jobs_entries_append, and each job's job.status.changed event
--- in the outbox (jobs_status_event; `p_from`: the status each left). A volatile call
--- in a subquery's select list runs once per row: one event id each. (Subscripts, not
--- unnest: unnest spreads an array of rows into their columns.)
+-- (`p_events`: jobs_status_event of its row after the change, which this names) in the
+-- outbox. A volatile call in a subquery's select list runs once per row: one event id
+-- each.
 CREATE OR REPLACE FUNCTION jobs_changes_record(
-    p_jobs jobs[], p_from text[], p_payloads text[], p_prev_hashes text[],
-    p_event_type text, p_actor_type text, p_actor_id text, p_ts text
+    p_ids uuid[], p_seqs bigint[], p_events jsonb[], p_payloads text[],
+    p_prev_hashes text[], p_event_type text, p_actor_type text, p_actor_id text, p_ts text
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
-    SELECT e.eid, p_jobs[e.n].id, p_jobs[e.n].audit_seq,
-           jobs_status_event(p_jobs[e.n], e.eid, p_from[e.n], p_ts), now()
-    FROM (SELECT n, gen_random_uuid() AS eid FROM generate_subscripts(p_jobs, 1) AS n) AS e;
+    SELECT e.eid, e.id, e.seq, e.event || jsonb_build_object('event_id', e.eid::text), now()
+    FROM (SELECT u.*, gen_random_uuid() AS eid
+          FROM unnest(p_ids, p_seqs, p_events) AS u(id, seq, event)) AS e;
     RETURN jobs_entries_append(
-        p_jobs, p_payloads, p_prev_hashes, p_event_type, p_actor_type, p_actor_id, p_ts
+        p_ids, p_seqs, p_payloads, p_prev_hashes, p_event_type, p_actor_type, p_actor_id,
+        p_ts
     );
 END;
 $$;

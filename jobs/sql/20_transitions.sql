@@ -14,6 +14,14 @@
 -- the row says: from, to, attempt, context), the actor, `p_ts` (the entry's and event's
 -- timestamp, RFC 3339 text as the payload holds it) and `p_request_id` (the entry's
 -- context).
+-- How each is planned: the given ids, sorted, drive the lock, one primary-key probe per
+-- id in a LATERAL subquery with FOR UPDATE (which the planner cannot flatten into a join
+-- that scans the status or organisation indexes for every claim: with a backlog and
+-- stale statistics, that read the whole backlog per claim). So the generic plan is
+-- right whatever the statistics say, and each function keeps it (plan_cache_mode =
+-- force_generic_plan, for its nested statements too): a custom plan, which PL/pgSQL
+-- otherwise picks for array arguments whose length it cannot see, was planned again at
+-- every call, most of a one-job transition's cost in the database.
 -- Installed after migrations (core/sqlfiles.py); tests/jobs/test_transition_functions.py
 -- holds every function to at most 12 arguments and none that switches behaviour.
 
@@ -26,29 +34,32 @@ CREATE OR REPLACE FUNCTION jobs_claim_delivered(
     p_ids uuid[], p_locked_by text, p_org_id bigint, p_data jsonb[], p_actor_type text,
     p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'running', 'attempt', jobs.attempts + 1
                    ) || i.data,
                    'started', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_data)
-            AS i(id, data) ON i.id = jobs.id
-        WHERE (jobs.status IN ('pending', 'queued')
-               OR (jobs.status = 'retrying' AND jobs.next_run_at <= now()))
-          AND jobs.org_id = p_org_id
-          AND NOT EXISTS (SELECT FROM organisations o
-                         WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
-          AND NOT EXISTS (SELECT FROM queue_pauses q WHERE q.queue = jobs.queue)
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_data)
+              AS u(id, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND ((jobs.status IN ('pending', 'queued')
+                   OR (jobs.status = 'retrying' AND jobs.next_run_at <= now()))
+              AND jobs.org_id = p_org_id
+              AND NOT EXISTS (SELECT FROM organisations o
+                             WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
+              AND NOT EXISTS (SELECT FROM queue_pauses q WHERE q.queue = jobs.queue))
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -68,12 +79,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'started', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
         PERFORM pg_notify('jobs_pending', '');
@@ -89,28 +103,31 @@ CREATE OR REPLACE FUNCTION jobs_claim_polled(
     p_ids uuid[], p_locked_by text, p_data jsonb[], p_actor_type text, p_actor_id text,
     p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'running', 'attempt', jobs.attempts + 1
                    ) || i.data,
                    'started', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_data)
-            AS i(id, data) ON i.id = jobs.id
-        WHERE (jobs.status = 'pending'
-               OR (jobs.status = 'retrying' AND jobs.next_run_at <= now()))
-          AND NOT EXISTS (SELECT FROM organisations o
-                         WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
-          AND NOT EXISTS (SELECT FROM queue_pauses q WHERE q.queue = jobs.queue)
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_data)
+              AS u(id, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND ((jobs.status = 'pending'
+                   OR (jobs.status = 'retrying' AND jobs.next_run_at <= now()))
+              AND NOT EXISTS (SELECT FROM organisations o
+                             WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
+              AND NOT EXISTS (SELECT FROM queue_pauses q WHERE q.queue = jobs.queue))
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -130,12 +147,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'started', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -149,27 +169,30 @@ CREATE OR REPLACE FUNCTION jobs_progress(
     p_messages text[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                i.percent, i.step, i.message,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'percent', GREATEST(jobs.progress_percent, i.percent), 'step', i.step,
                        'attempt', jobs.attempts
                    ) || i.data,
                    'progress', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_percents, p_steps, p_messages, p_data)
-            AS i(id, attempt, percent, step, message, data) ON i.id = jobs.id
-        WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
-          AND jobs.attempts = i.attempt
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_attempts, p_percents, p_steps, p_messages, p_data)
+              AS u(id, attempt, percent, step, message, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt)
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -184,12 +207,13 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_entries_append(
-               array_agg(job), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
                'progress', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -202,26 +226,29 @@ CREATE OR REPLACE FUNCTION jobs_succeed(
     p_progress jsonb[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                i.result, i.progress,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'succeeded', 'attempt', jobs.attempts
                    ) || i.data,
                    'succeeded', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_results, p_progress, p_data)
-            AS i(id, attempt, result, progress, data) ON i.id = jobs.id
-        WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
-          AND jobs.attempts = i.attempt
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_attempts, p_results, p_progress, p_data)
+              AS u(id, attempt, result, progress, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt)
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -244,12 +271,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'succeeded', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -263,26 +293,29 @@ CREATE OR REPLACE FUNCTION jobs_retry(
     p_messages text[], p_progress jsonb[], p_data jsonb[], p_actor_type text,
     p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                i.run_in, i.code, i.message, i.progress,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'retrying', 'attempt', jobs.attempts
                    ) || i.data,
                    'retrying', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_progress, p_data)
-            AS i(id, attempt, run_in, code, message, progress, data) ON i.id = jobs.id
-        WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
-          AND jobs.attempts = i.attempt
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_progress, p_data)
+              AS u(id, attempt, run_in, code, message, progress, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt)
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -307,12 +340,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'retrying', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -327,26 +363,29 @@ CREATE OR REPLACE FUNCTION jobs_retry_held(
     p_messages text[], p_progress jsonb[], p_data jsonb[], p_actor_type text,
     p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                i.run_in, i.code, i.message, i.progress, i.data,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'retrying', 'attempt', jobs.attempts
                    ) || i.data,
                    'retrying', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_progress, p_data)
-            AS i(id, attempt, run_in, code, message, progress, data) ON i.id = jobs.id
-        WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
-          AND jobs.attempts = i.attempt
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_progress, p_data)
+              AS u(id, attempt, run_in, code, message, progress, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt)
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -372,12 +411,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'retrying', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -389,26 +431,29 @@ CREATE OR REPLACE FUNCTION jobs_cancel_confirm(
     p_ids uuid[], p_attempts int[], p_locked_by text, p_progress jsonb[], p_data jsonb[],
     p_actor_type text, p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                i.progress,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'cancelled', 'attempt', jobs.attempts
                    ) || i.data,
                    'cancelled', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_progress, p_data)
-            AS i(id, attempt, progress, data) ON i.id = jobs.id
-        WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
-          AND jobs.attempts = i.attempt
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_attempts, p_progress, p_data)
+              AS u(id, attempt, progress, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt)
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -430,12 +475,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'cancelled', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -449,26 +497,29 @@ CREATE OR REPLACE FUNCTION jobs_defer(
     p_messages text[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                i.run_in, i.code, i.message,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'retrying', 'attempt', jobs.attempts
                    ) || i.data,
                    'deferred', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_data)
-            AS i(id, attempt, run_in, code, message, data) ON i.id = jobs.id
-        WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
-          AND jobs.attempts = i.attempt
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_attempts, p_run_in, p_codes, p_messages, p_data)
+              AS u(id, attempt, run_in, code, message, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt)
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -486,12 +537,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'deferred', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -504,26 +558,29 @@ CREATE OR REPLACE FUNCTION jobs_fail_fenced(
     p_messages text[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                i.queue, i.code, i.message,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'failed', 'attempt', jobs.attempts
                    ) || i.data,
                    'failed', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_attempts, p_queues, p_codes, p_messages, p_data)
-            AS i(id, attempt, queue, code, message, data) ON i.id = jobs.id
-        WHERE jobs.status = 'running' AND jobs.locked_by = p_locked_by
-          AND jobs.attempts = i.attempt
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_attempts, p_queues, p_codes, p_messages, p_data)
+              AS u(id, attempt, queue, code, message, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt)
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -540,12 +597,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'failed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -559,26 +619,29 @@ CREATE OR REPLACE FUNCTION jobs_fail_stale(
     p_messages text[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                i.queue, i.code, i.message,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'failed', 'attempt', jobs.attempts
                    ) || i.data,
                    'failed', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_queues, p_codes, p_messages, p_data)
-            AS i(id, queue, code, message, data) ON i.id = jobs.id
-        WHERE jobs.status = ANY(p_sources)
-          AND jobs.locked_at < now() - make_interval(secs => p_stale_after)
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_queues, p_codes, p_messages, p_data)
+              AS u(id, queue, code, message, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = ANY(p_sources)
+              AND jobs.locked_at < now() - make_interval(secs => p_stale_after))
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -595,12 +658,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'failed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -612,25 +678,28 @@ CREATE OR REPLACE FUNCTION jobs_fail(
     p_ids uuid[], p_sources text[], p_queues text[], p_codes text[], p_messages text[],
     p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                i.queue, i.code, i.message,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'failed', 'attempt', jobs.attempts
                    ) || i.data,
                    'failed', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_queues, p_codes, p_messages, p_data)
-            AS i(id, queue, code, message, data) ON i.id = jobs.id
-        WHERE jobs.status = ANY(p_sources)
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_queues, p_codes, p_messages, p_data)
+              AS u(id, queue, code, message, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = ANY(p_sources))
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -647,12 +716,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'failed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -664,22 +736,25 @@ CREATE OR REPLACE FUNCTION jobs_cancel_request(
     p_ids uuid[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object('attempt', jobs.attempts) || i.data,
                    'cancel_requested', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_data)
-            AS i(id, data) ON i.id = jobs.id
-        WHERE NOT jobs.cancel_requested AND jobs.status NOT IN ('succeeded', 'failed', 'cancelled')
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_data)
+              AS u(id, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (NOT jobs.cancel_requested AND jobs.status NOT IN ('succeeded', 'failed', 'cancelled'))
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -691,12 +766,13 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_entries_append(
-               array_agg(job), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
                'cancel_requested', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -708,24 +784,27 @@ CREATE OR REPLACE FUNCTION jobs_cancel(
     p_ids uuid[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'cancelled', 'attempt', jobs.attempts
                    ) || i.data,
                    'cancelled', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_data)
-            AS i(id, data) ON i.id = jobs.id
-        WHERE jobs.status IN ('scheduled', 'pending', 'queued', 'retrying')
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_data)
+              AS u(id, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status IN ('scheduled', 'pending', 'queued', 'retrying'))
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -739,12 +818,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'cancelled', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -757,25 +839,28 @@ CREATE OR REPLACE FUNCTION jobs_reclaim(
     p_ids uuid[], p_stale_after float8, p_code text, p_message text, p_data jsonb[],
     p_actor_type text, p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'retrying', 'attempt', jobs.attempts
                    ) || i.data,
                    'reclaimed', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_data)
-            AS i(id, data) ON i.id = jobs.id
-        WHERE jobs.status = 'running'
-          AND jobs.locked_at < now() - make_interval(secs => p_stale_after)
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_data)
+              AS u(id, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'running'
+              AND jobs.locked_at < now() - make_interval(secs => p_stale_after))
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -792,12 +877,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'reclaimed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -810,24 +898,27 @@ CREATE OR REPLACE FUNCTION jobs_hold(
     p_ids uuid[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'pending', 'attempt', jobs.attempts
                    ) || i.data,
                    'held', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_data)
-            AS i(id, data) ON i.id = jobs.id
-        WHERE jobs.status = 'queued'
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_data)
+              AS u(id, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'queued')
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -841,12 +932,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'held', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
         PERFORM pg_notify('jobs_pending', '');
@@ -861,24 +955,27 @@ CREATE OR REPLACE FUNCTION jobs_mark_queued(
     p_ids uuid[], p_source text, p_data jsonb[], p_actor_type text, p_actor_id text,
     p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'queued', 'attempt', jobs.attempts
                    ) || i.data,
                    'queued', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_data)
-            AS i(id, data) ON i.id = jobs.id
-        WHERE jobs.status = p_source
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_data)
+              AS u(id, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = p_source)
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -892,12 +989,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'queued', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
@@ -909,24 +1009,27 @@ CREATE OR REPLACE FUNCTION jobs_promote_due(
     p_ids uuid[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'pending', 'attempt', jobs.attempts
                    ) || i.data,
                    'due', p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_data)
-            AS i(id, data) ON i.id = jobs.id
-        WHERE jobs.status = 'scheduled'
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_data)
+              AS u(id, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'scheduled')
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -940,12 +1043,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                'due', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
         PERFORM pg_notify('jobs_pending', '');
@@ -961,24 +1067,27 @@ CREATE OR REPLACE FUNCTION jobs_requeue(
     p_ids uuid[], p_extend int, p_event_type text, p_data jsonb[], p_actor_type text,
     p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'pending', 'attempt', jobs.attempts
                    ) || i.data,
                    p_event_type, p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_data)
-            AS i(id, data) ON i.id = jobs.id
-        WHERE jobs.status = 'failed'
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_data)
+              AS u(id, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'failed')
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -999,12 +1108,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                p_event_type, p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
         PERFORM pg_notify('jobs_pending', '');
@@ -1020,25 +1132,28 @@ CREATE OR REPLACE FUNCTION jobs_requeue_with_params(
     p_event_type text, p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                i.params, i.params_hash,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object(
                        'from', jobs.status, 'to', 'pending', 'attempt', jobs.attempts
                    ) || i.data,
                    p_event_type, p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_params, p_params_hashes, p_data)
-            AS i(id, params, params_hash, data) ON i.id = jobs.id
-        WHERE jobs.status = 'failed'
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_params, p_params_hashes, p_data)
+              AS u(id, params, params_hash, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (jobs.status = 'failed')
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -1061,12 +1176,15 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job), array_agg(status_from), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
                p_event_type, p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
         PERFORM pg_notify('jobs_pending', '');
@@ -1082,22 +1200,25 @@ CREATE OR REPLACE FUNCTION jobs_note(
     p_ids uuid[], p_event_type text, p_data jsonb[], p_actor_type text, p_actor_id text,
     p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY
     WITH locked AS (
         SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
                jobs_entry_payload(
-                   jobs,
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
                    jsonb_build_object('attempt', jobs.attempts) || i.data,
                    p_event_type, p_actor_type, p_actor_id, p_ts, p_request_id
                ) AS payload
-        FROM jobs
-        JOIN unnest(p_ids, p_data)
-            AS i(id, data) ON i.id = jobs.id
-        WHERE true
-        ORDER BY jobs.id
-        FOR UPDATE OF jobs
+        FROM (SELECT * FROM unnest(p_ids, p_data)
+              AS u(id, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND (true)
+            FOR UPDATE
+        ) AS jobs
     ),
     upd AS (
         UPDATE jobs SET
@@ -1107,12 +1228,13 @@ BEGIN
         FROM locked
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_entries_append(
-               array_agg(job), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
                p_event_type, p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;

@@ -57,7 +57,8 @@ def sql_payloads(entries: list[dict]) -> list[tuple[str, str | None]]:
     """(jobs_entry_payload, jobs_entry_data) of each entry, its job a row value."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT jobs_entry_payload(j, t.data, 'progress', 'system', 'worker', %s, "
+            "SELECT jobs_entry_payload(j.id, j.audit_seq + 1, j.correlation_id, j.type, "
+            "j.org_id, j.project_id, t.data, 'progress', 'system', 'worker', %s, "
             "t.ctx->>'request_id'), "
             "jobs_entry_data(t.data, '{}') "
             "FROM unnest(%s::jsonb[], %s::jsonb[], %s::jsonb[]) WITH ORDINALITY "
@@ -143,8 +144,9 @@ def test_no_data_is_an_empty_object_as_audit_entry_payload_writes_it():
     job = {"id": str(uuid.uuid4()), "audit_seq": 0, "type": "sim", "org_id": 1}
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT jobs_entry_payload(jsonb_populate_record(NULL::jobs, %s::jsonb), NULL, "
-            "'e', 'system', 'x', 't', NULL)",
+            "SELECT jobs_entry_payload(j.id, j.audit_seq + 1, j.correlation_id, j.type, "
+            "j.org_id, j.project_id, NULL, 'e', 'system', 'x', 't', NULL) "
+            "FROM jsonb_populate_record(NULL::jobs, %s::jsonb) AS j",
             [json.dumps(job)],
         )
         (payload,) = cursor.fetchone()

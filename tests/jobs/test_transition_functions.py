@@ -81,7 +81,11 @@ def test_a_kind_moves_only_along_the_transition_table(name):
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_rows_are_locked_in_id_order_and_fenced_writes_check_holder_and_attempt(name):
     _, names, _, source = _proc(name)
-    assert "ORDER BY jobs.id\n        FOR UPDATE OF jobs" in source
+    # The given ids in order drive the lock, one primary-key probe each (a LATERAL with
+    # FOR UPDATE, which the planner cannot turn into a scan of some other index).
+    assert "ORDER BY u.id) AS i\n        CROSS JOIN LATERAL (" in source
+    assert "WHERE jobs.id = i.id\n" in source
+    assert "FOR UPDATE\n        ) AS jobs" in source
     if "p_locked_by" in names and "p_attempts" in names:
         assert "jobs.locked_by = p_locked_by" in source
         assert "jobs.attempts = i.attempt" in source
