@@ -2,7 +2,8 @@
 (docs/architecture.md#outcomes-of-a-run, docs/postgres-executor.md).
 
 Both executors write every end here: a Celery delivery a batch of one, a run_worker host
-windows of them (jobs.execution.complete). In one transaction:
+windows of them (jobs.execution.complete). In one transaction (a statement alone, when
+it is the only one: the common end):
 
 1. The ends that tell a connector's breaker something (a success of a job of a
    connector, a connector failure) are counted by their breakers in one statement
@@ -26,6 +27,7 @@ the others are unaffected. Its breaker still heard of it: the run did call the c
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -89,10 +91,14 @@ class Completion(NamedTuple):
 def jobs_complete(*, finishes: list[Finish], locked_by: str) -> Completion:
     """Write a batch of ends of the lock holder `locked_by` (the module docstring), in
     one transaction."""
+    counted = [n for n, f in enumerate(finishes) if f.connector is not None]
     # Inside a caller's transaction (a test's), no savepoint of its own: the write costs
-    # its statements and nothing more.
-    with transaction.atomic(savepoint=False):
-        counted = [n for n, f in enumerate(finishes) if f.connector is not None]
+    # its statements and nothing more. The common end needs none of its own either: no
+    # breaker to count and one outcome, which one statement writes (a failure writes
+    # more: its progress, the failure, its dead letter).
+    alone = not counted and len({f.target for f in finishes}) == 1
+    one_statement = alone and finishes[0].target != Status.FAILED
+    with nullcontext() if one_statement else transaction.atomic(savepoint=False):
         seen = breakers_count(
             [
                 BreakerEnd(
