@@ -383,28 +383,6 @@ def _seen(spec: ConnectorSpec, state: str, probe_at: datetime | None, now: datet
     return FailureSeen(state=state, wait=wait + random.uniform(0, spec.jitter_seconds))
 
 
-def connector_failure_record(
-    *, spec: JobType, job_id: uuid.UUID | str, error: BaseException
-) -> FailureSeen | None:
-    """`breakers_count` of one connector failure, in its own transaction; None when the
-    job has no connector or the error is no connector failure."""
-    connector, code = connector_of(spec.name), failure_code(error)
-    if connector is None or code is None:
-        return None
-    return breakers_count([BreakerEnd(connector.name, job_id, code)])[0]
-
-
-def connector_success_record(*, spec: JobType, job_id: uuid.UUID | str) -> bool:
-    """`breakers_count` of one success, in its own transaction: a closed breaker's count
-    goes back to 0, and the half-open breaker this job probed closes (audited
-    `connector_closed`). True when it closed."""
-    connector = connector_of(spec.name)
-    if connector is None:
-        return False
-    _, closed = _count([BreakerEnd(connector.name, job_id)], {connector.name: connector})
-    return connector.name in closed
-
-
 def connector_probe_release(*, gate: Gate, job_id: uuid.UUID | str) -> None:
     """After a probe's run, whatever its end: if the breaker still names this job as its
     probe (it was cancelled, failed for another reason, lost its lock), forget it, so

@@ -16,10 +16,8 @@ from selenium.webdriver.common.by import By
 
 from audit.models import AuditLog
 from audit.services import OPS_CHAIN
-from jobs.domain.errors import TransientExternalError
-from jobs.domain.types import get_type
 from jobs.models import ConnectorBreaker
-from jobs.services.connectors import breakers_forget, connector_failure_record
+from jobs.services.connectors import BreakerEnd, breakers_count, breakers_forget
 from jobs.services.worker import job_claim, job_retry, job_succeed
 from tests.browser.conftest import LAPTOP, PHONE, shoot, viewport
 from tests.browser.test_portal import click_and_wait, log_in, wait
@@ -48,9 +46,7 @@ def open_by_failures(code: str = "ERP_503") -> None:
     """Three erp jobs meet a 5xx in a row, as workers record it: the third opens it."""
     for _ in range(ERP["failures"]):
         job = job_in_state("running", job_type="erp", params={"event": "invoice.paid"})
-        connector_failure_record(
-            spec=get_type("erp"), job_id=job.id, error=TransientExternalError("503", code=code)
-        )
+        breakers_count([BreakerEnd("erp", job.id, code)])
 
 
 def cells(browser, row_css: str) -> list[str]:

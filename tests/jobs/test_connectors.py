@@ -22,21 +22,20 @@ from audit.services import OPS_CHAIN, Actor
 from audit.verification import audit_verify
 from jobs.domain.errors import JobError, JobValidationError, RetryableError, TransientExternalError
 from jobs.domain.exceptions import ConnectorControlInputError, ConnectorNotFoundError
-from jobs.domain.types import get_type
 from jobs.handlers.http import retry_after_seconds
 from jobs.integrations.metrics import metrics_refresh_gauges
 from jobs.models import ConnectorBreaker, DeadLetter, Job
 from jobs.processes.runtime import job_execute
 from jobs.services import retry_delay
 from jobs.services.connectors import (
+    BreakerEnd,
     blocked_types,
+    breakers_count,
     breakers_forget,
     connector_close,
-    connector_failure_record,
     connector_gate,
     connector_open,
     connector_probe_release,
-    connector_success_record,
 )
 from tenants.models import OperatorScope
 from tests.erp_receiver import Receiver
@@ -112,9 +111,7 @@ def probe_due_now() -> None:
 def open_by_failures() -> None:
     for _ in range(ERP["failures"]):
         job = erp_job("running")
-        connector_failure_record(
-            spec=get_type("erp"), job_id=job.id, error=TransientExternalError("x", code="ERP_503")
-        )
+        breakers_count([BreakerEnd("erp", job.id, "ERP_503")])
 
 
 def seconds_until(when) -> float:
@@ -196,7 +193,7 @@ def test_after_the_cool_down_exactly_one_job_probes_and_its_success_closes_the_b
         <= ERP["probe_wait_seconds"] + ERP["jitter_seconds"]
     )
     assert blocked_types() == ["erp"]
-    assert connector_success_record(spec=get_type("erp"), job_id=first.id)
+    assert breakers_count([BreakerEnd("erp", first.id)]) == [None]
     assert (breaker().state, breaker().failures, breaker().probe_job_id) == ("closed", 0, None)
     assert ops_events() == ["connector_opened", "connector_half_open", "connector_closed"]
     assert ops_data("connector_closed")[0]["cause"] == "probe_succeeded"
@@ -209,9 +206,7 @@ def test_a_failed_probe_opens_the_breaker_again_for_a_whole_cool_down():
     probe_due_now()
     probe = erp_job("running")
     assert connector_gate(job=probe, fence=fence_of(probe)).probe
-    seen = connector_failure_record(
-        spec=get_type("erp"), job_id=probe.id, error=TransientExternalError("x", code="ERP_502")
-    )
+    (seen,) = breakers_count([BreakerEnd("erp", probe.id, "ERP_502")])
     assert seen is not None and seen.state == "open"
     assert (
         ERP["cooldown_seconds"] - 5 < seen.wait <= ERP["cooldown_seconds"] + ERP["jitter_seconds"]
