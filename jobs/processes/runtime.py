@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 import structlog
@@ -47,7 +48,6 @@ from core.logging import log_context
 from jobs.domain.errors import TenantMismatchError, UnsupportedVersionError
 from jobs.domain.exceptions import TransitionRefusedError
 from jobs.domain.states import Status
-from jobs.domain.types import JobType
 
 # The core's names this adapter runs a job with (jobs.runtime re-exports JobContext
 # for handler authors).
@@ -108,30 +108,10 @@ Heartbeats = HeartbeatLoop
 HEARTBEATS = HeartbeatLoop(log=logger)
 
 
-def classify(exc: BaseException) -> tuple[str, str]:
-    """(outcome, error_code) for a handler's exception under Celery (jobs.execution.decide)."""
-    return _decide.classify(exc, time_limit_error=SOFT_LIMIT.error)
-
-
-def finish_decide(
-    *,
-    ctx: JobContext,
-    job: Job,
-    spec: JobType,
-    outcome: str,
-    error: BaseException | None,
-    result: dict[str, Any] | None,
-) -> Finish:
-    """How a run ends (jobs.execution.decide.finish_decide), with Celery's soft limit."""
-    return _decide.finish_decide(
-        ctx=ctx,
-        job=job,
-        spec=spec,
-        outcome=outcome,
-        error=error,
-        result=result,
-        time_limit_error=SOFT_LIMIT.error,
-    )
+# The core's decision with Celery's soft limit (jobs.execution.decide): how a handler's
+# exception is classified, and how a run ends.
+classify = partial(_decide.classify, time_limit_error=SOFT_LIMIT.error)
+finish_decide = partial(_decide.finish_decide, time_limit_error=SOFT_LIMIT.error)
 
 
 def _payload_job_id(payload: Any) -> uuid.UUID | None:
