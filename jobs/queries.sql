@@ -14,23 +14,21 @@
 -- Creates a job (docs/architecture.md#creation-and-idempotency) in one statement,
 -- atomic by itself: the INSERT (ON CONFLICT DO NOTHING: an idempotency key already
 -- taken inserts nothing, and the caller reads the existing job), its `created` entry
--- (seq 1, its payload composed by the audit app's audit_entry_payload from the job's
--- values and `entry`, the caller's data; the row's audit_head is its hash) through
+-- (seq 1, its payload composed by jobs_entry_payload, as every other entry of a job's,
+-- from the job's values and `entry`, the caller's data; the row's audit_head is its
+-- hash) through
 -- audit_append, the outbox event, and NOTIFY jobs_pending, which wakes the dispatcher
 -- to publish it (delivered on commit). Returns the id and audit_head when the job was
 -- inserted. Every column of the job is named (tests/jobs/test_queries.py pins the
 -- list against the model).
 WITH entry AS (
-    SELECT audit_entry_payload(
-        audit_job_chain(%(id)s::uuid), 1, %(ts_text)s::text, 'created', %(actor_type)s::text,
-        %(actor_id)s::text, %(id)s::uuid,
-        jsonb_build_object(
-            'from', NULL, 'to', %(status)s::text, 'attempt', %(attempts)s::int,
-            'context', jobs_entry_context(
-                %(correlation_id)s::text, %(type)s::text, %(org_id)s::bigint,
-                %(project_id)s::bigint, %(entry_request_id)s::text
-            )
-        ) || %(entry)s::jsonb
+    SELECT jobs_entry_payload(
+        %(id)s::uuid, 1, %(correlation_id)s::text, %(type)s::text, %(org_id)s::bigint,
+        %(project_id)s::bigint,
+        jsonb_build_object('from', NULL, 'to', %(status)s::text, 'attempt', %(attempts)s::int)
+            || %(entry)s::jsonb,
+        'created', %(actor_type)s::text, %(actor_id)s::text, %(ts_text)s::text,
+        %(entry_request_id)s::text
     ) AS payload
 ),
 ins AS (
