@@ -13,6 +13,8 @@ subprocess only sees committed rows):
   postgres executor): context managers; they start the
   process with the fast test timings of `FAST_ENV`, wait (with a deadline) until it is
   ready, and stop it on exit (SIGTERM to the process, then SIGKILL of its group).
+- `together(celery_worker(...), dispatcher_process(...))`: several of them started
+  at once (each waits for its own readiness in a thread), stopped in reverse order.
 - `run_manage(...)`, `run_dispatcher_once(...)`: one command to its end.
 - `database_url(**overrides)`, `subprocess_env(**overrides)`: what a process gets.
 - `job_finished(job_id)`, `job_events(job_id)`, `assert_chain_valid(job_id)`: the
@@ -36,7 +38,8 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -379,6 +382,38 @@ def run_worker_process(
     process = Process(args, subprocess_env(**(env or {})), name)
     with _started(process, "run_worker_started", 30) as worker:
         yield worker
+
+
+@contextmanager
+def together(*managers: AbstractContextManager[Any]) -> Iterator[tuple[Any, ...]]:
+    """Enter the context managers that start processes (celery_worker,
+    dispatcher_process, tests.e2e.live_api.gunicorn_server, ...) at once, each in a
+    thread of its own, so that they start side by side instead of one after the other;
+    yield what each yields, in order; at the end stop them side by side too (after an
+    error in the block: one after the other, in reverse order, the error passed on). If
+    one fails to start, those that started are stopped and its error is raised."""
+    with ThreadPoolExecutor(max_workers=len(managers)) as pool:
+        futures = [pool.submit(manager.__enter__) for manager in managers]
+    started, values, error = [], [], None
+    for manager, future in zip(managers, futures, strict=True):
+        try:
+            values.append(future.result())
+        except BaseException as exc:  # raised once the others are stopped
+            error = error or exc
+        else:
+            started.append(manager)
+    try:
+        if error is not None:
+            raise error
+        yield tuple(values)
+    except BaseException as exc:
+        for manager in reversed(started):
+            manager.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    with ThreadPoolExecutor(max_workers=len(started)) as pool:
+        stops = [pool.submit(manager.__exit__, None, None, None) for manager in started]
+    for stop in stops:
+        stop.result()
 
 
 def run_dispatcher_once(*, env: dict[str, str] | None = None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from jobs.models import Job
 from tests.e2e.live_api import gunicorn_server
 from tests.factories import UserFactory
 from tests.polling import wait_for
-from tests.processes import celery_worker, dispatcher_process, free_port
+from tests.processes import celery_worker, dispatcher_process, free_port, together
 from tests.queues import topology_declare_and_purge
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,16 +89,15 @@ def _chain(spans: list[dict[str, Any]], leaf: dict[str, Any]) -> list[dict[str, 
     return chain
 
 
-def _submit_and_trace(collector: _Collector, web_env: dict[str, str]) -> list[dict[str, Any]]:
+def _submit_and_trace(collector: _Collector, base: str) -> list[dict[str, Any]]:
     token = Token.objects.create(user=UserFactory()).key
-    with gunicorn_server(workers=1, threads=2, env=web_env) as base:
-        response = requests.post(
-            f"{base}/api/v1/jobs",
-            json={"type": "sim", "params": {"steps": 1, "step_seconds": 0}},
-            headers={"Authorization": f"Token {token}"},
-            timeout=30,
-        )
-        assert response.status_code == 201, response.text
+    response = requests.post(
+        f"{base}/api/v1/jobs",
+        json={"type": "sim", "params": {"steps": 1, "step_seconds": 0}},
+        headers={"Authorization": f"Token {token}"},
+        timeout=30,
+    )
+    assert response.status_code == 201, response.text
     job_id = response.json()["id"]
     wait_for(lambda: Job.objects.get(id=job_id).status == Status.SUCCEEDED, timeout=30)
 
@@ -108,15 +107,25 @@ def _submit_and_trace(collector: _Collector, web_env: dict[str, str]) -> list[di
             None,
         )
 
+    def web_exported() -> bool:  # the request's span (the server still runs: its batch)
+        return any(
+            s["service"] == "jobops-web" and s["name"].startswith("POST") for s in collector.spans
+        )
+
     leaf = wait_for(worker_span, timeout=20)
+    wait_for(web_exported, timeout=20)
     return _chain(list(collector.spans), leaf)
 
 
 def test_the_worker_span_descends_from_the_api_request(collector):
     env = _otel_env(collector)
     topology_declare_and_purge()
-    with celery_worker(queues=("sim",), env=env) as worker, dispatcher_process(env=env):
-        chain = _submit_and_trace(collector, env)
+    with together(
+        celery_worker(queues=("sim",), env=env),
+        dispatcher_process(env=env),
+        gunicorn_server(workers=1, threads=2, env=env),
+    ) as (worker, _dispatcher, base):
+        chain = _submit_and_trace(collector, base)
         worker_log = worker.log_text()
     # The worker's log lines of this job carry the trace id (core/logging.py).
     assert f"trace_id={chain[0]['trace_id']}" in worker_log or (
@@ -136,8 +145,12 @@ def test_a_publish_left_to_the_dispatcher_still_joins_the_request_trace(collecto
     # The web process cannot reach the broker: the job waits `pending` for the dispatcher,
     # which publishes it in the trace the request started (traceparent on the job row).
     web_env = {**env, "BROKER_URL": f"amqp://guest:guest@127.0.0.1:{free_port()}//"}
-    with celery_worker(queues=("sim",), env=env), dispatcher_process(env=env):
-        chain = _submit_and_trace(collector, web_env)
+    with together(
+        celery_worker(queues=("sim",), env=env),
+        dispatcher_process(env=env),
+        gunicorn_server(workers=1, threads=2, env=web_env),
+    ) as (_worker, _dispatcher, base):
+        chain = _submit_and_trace(collector, base)
     publish = next(s for s in chain if s["name"] == "job publish")
     assert publish["service"] == "jobops-dispatcher", chain
     assert chain[0]["service"] == "jobops-worker" and chain[-1]["service"] == "jobops-web"
