@@ -27,7 +27,7 @@ from tests.factories import (
     make_job,
 )
 from tests.polling import wait_for
-from tests.processes import celery_worker, dispatcher_process, job_events
+from tests.processes import celery_worker, dispatcher_process, job_events, together
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -40,10 +40,10 @@ def switch_user(browser, live_server, role: str, username: str) -> None:
 
 def test_pause_sim_jobs_wait_then_resume_and_they_run(browser, live_server, broker):
     owner = UserFactory()
-    with (
-        dispatcher_process(interval=0.2, name="browser-pause-dispatcher") as dispatcher,
+    with together(
+        dispatcher_process(interval=0.2, name="browser-pause-dispatcher"),
         celery_worker(queues=["sim"], concurrency=2, name="browser-pause"),
-    ):
+    ) as (dispatcher, _worker):
         log_in(browser, live_server, "operator", "olga")
         wait(browser, 'tr[data-queue="sim"]')
         click_and_wait(browser, 'tr[data-queue="sim"] .queue-pause')
