@@ -107,7 +107,7 @@ def test_cancel_a_running_job(operator, live_server):
         together(
             dispatcher_process(interval=0.2, name="browser-cancel-dispatcher"),
             celery_worker(queues=["sim"], name="browser-cancel"),
-        ) as (_dispatcher, worker),
+        ) as (dispatcher, worker),
     ):
         # 30 s of steps: running long past the cancel, under way once it has made 1 %.
         job = make_job(params={"steps": 300, "step_seconds": 0.1})
@@ -125,11 +125,14 @@ def test_cancel_a_running_job(operator, live_server):
             timeout=20,
         )
         assert final.status == "cancelled", worker.log_text()[-2000:]
+        # What follows is the portal's: the processes shut down meanwhile.
+        worker.terminate()
+        dispatcher.terminate()
         # Back on the job's page, which follows the job and reloads once it has ended.
         wait_for(lambda: text_of(operator, ".job-head .badge") == "cancelled", timeout=15)
         wait(operator, "#timeline")
-    assert "cancelled" in operator.find_element(By.ID, "timeline").text
-    shoot(operator, "32-cancelled-job")
+        assert "cancelled" in operator.find_element(By.ID, "timeline").text
+        shoot(operator, "32-cancelled-job")
 
 
 def test_peek_a_dlq_without_consuming_it(operator, live_server, amqp):
