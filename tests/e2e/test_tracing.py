@@ -63,14 +63,35 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def collector() -> Iterator[_Collector]:
+@pytest.fixture(scope="module")
+def collector_server() -> Iterator[_Collector]:
     server = _Collector(("127.0.0.1", free_port()), _Handler)
     server.spans = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
     server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pipeline(collector_server, django_db_setup, django_db_blocker) -> Iterator[Any]:
+    """One worker and one dispatcher exporting to the collector, for both tests (each
+    starts its own gunicorn: their web processes differ)."""
+    env = _otel_env(collector_server)
+    with django_db_blocker.unblock():
+        topology_declare_and_purge()
+        with together(
+            celery_worker(queues=("sim",), env=env, name="tracing"),
+            dispatcher_process(env=env, name="tracing-dispatcher"),
+        ) as (worker, _dispatcher):
+            yield worker
+
+
+@pytest.fixture
+def collector(collector_server: _Collector, pipeline: Any) -> _Collector:
+    """The collector, its spans of earlier tests forgotten."""
+    collector_server.spans.clear()
+    return collector_server
 
 
 def _otel_env(collector: _Collector) -> dict[str, str]:
@@ -117,16 +138,11 @@ def _submit_and_trace(collector: _Collector, base: str) -> list[dict[str, Any]]:
     return _chain(list(collector.spans), leaf)
 
 
-def test_the_worker_span_descends_from_the_api_request(collector):
+def test_the_worker_span_descends_from_the_api_request(collector, pipeline):
     env = _otel_env(collector)
-    topology_declare_and_purge()
-    with together(
-        celery_worker(queues=("sim",), env=env),
-        dispatcher_process(env=env),
-        gunicorn_server(workers=1, threads=2, env=env),
-    ) as (worker, _dispatcher, base):
+    with gunicorn_server(workers=1, threads=2, env=env) as base:
         chain = _submit_and_trace(collector, base)
-        worker_log = worker.log_text()
+    worker_log = pipeline.log_text()
     # The worker's log lines of this job carry the trace id (core/logging.py).
     assert f"trace_id={chain[0]['trace_id']}" in worker_log or (
         f'"trace_id": "{chain[0]["trace_id"]}"' in worker_log
@@ -141,15 +157,10 @@ def test_the_worker_span_descends_from_the_api_request(collector):
 
 def test_a_publish_left_to_the_dispatcher_still_joins_the_request_trace(collector, settings):
     env = _otel_env(collector)
-    topology_declare_and_purge()
     # The web process cannot reach the broker: the job waits `pending` for the dispatcher,
     # which publishes it in the trace the request started (traceparent on the job row).
     web_env = {**env, "BROKER_URL": f"amqp://guest:guest@127.0.0.1:{free_port()}//"}
-    with together(
-        celery_worker(queues=("sim",), env=env),
-        dispatcher_process(env=env),
-        gunicorn_server(workers=1, threads=2, env=web_env),
-    ) as (_worker, _dispatcher, base):
+    with gunicorn_server(workers=1, threads=2, env=web_env) as base:
         chain = _submit_and_trace(collector, base)
     publish = next(s for s in chain if s["name"] == "job publish")
     assert publish["service"] == "jobops-dispatcher", chain
