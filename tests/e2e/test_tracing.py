@@ -128,14 +128,18 @@ def _submit_and_trace(collector: _Collector, base: str) -> list[dict[str, Any]]:
             None,
         )
 
-    def web_exported() -> bool:  # the request's span (the server still runs: its batch)
-        return any(
-            s["service"] == "jobops-web" and s["name"].startswith("POST") for s in collector.spans
-        )
-
     leaf = wait_for(worker_span, timeout=20)
-    wait_for(web_exported, timeout=20)
-    return _chain(list(collector.spans), leaf)
+
+    def whole() -> list[dict[str, Any]] | None:
+        # Each process exports its spans in its own batches: the request's and the
+        # publish's may come after the worker's.
+        chain = _chain(list(collector.spans), leaf)
+        return chain if chain[-1]["name"].startswith("POST") else None
+
+    try:
+        return wait_for(whole, timeout=10, what="the worker span's ancestors up to the request")
+    except AssertionError:  # a broken chain: the test's assertions say where
+        return _chain(list(collector.spans), leaf)
 
 
 def test_the_worker_span_descends_from_the_api_request(collector, pipeline):
