@@ -13,6 +13,9 @@ subprocess only sees committed rows):
   postgres executor): context managers; they start the
   process with the fast test timings of `FAST_ENV`, wait (with a deadline) until it is
   ready, and stop it on exit (SIGTERM to the process, then SIGKILL of its group).
+- `together(celery_worker(...), dispatcher_process(...))`: several of them started
+  at once (each waits for its own readiness in a thread) and stopped at once;
+  `starting(...)`: the same in the background, waited for when the test needs them.
 - `run_manage(...)`, `run_dispatcher_once(...)`: one command to its end.
 - `database_url(**overrides)`, `subprocess_env(**overrides)`: what a process gets.
 - `job_finished(job_id)`, `job_events(job_id)`, `assert_chain_valid(job_id)`: the
@@ -35,8 +38,9 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -177,6 +181,7 @@ class Process:
         self.metrics_port = int(port) if port.isdigit() and int(port) else None
         self.log_path = Path(tempfile.gettempdir()) / f"jobops-{name}-{uuid.uuid4().hex[:8]}.log"
         self._log = open(self.log_path, "wb")  # closed in stop()
+        self._terminated = False
         self.proc = subprocess.Popen(
             args,
             cwd=cwd,
@@ -252,6 +257,15 @@ class Process:
             what=f"{self.name} to end {at_least} pass(es) of its loop",
         )
 
+    def terminate(self) -> None:
+        """Begin `stop` now without waiting for it: SIGTERM to the main process, once.
+        The test goes on with what needs the process no more while it shuts down (a
+        Celery worker's warm shutdown takes seconds); `stop`, at the end of its block,
+        waits for it to end."""
+        if self.alive() and not self._terminated:
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group (a Celery worker and its pool children)."""
         try:
@@ -269,7 +283,7 @@ class Process:
         process only, the warm shutdown closes the pool and each child leaves through
         its own exit path."""
         if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -379,6 +393,56 @@ def run_worker_process(
     process = Process(args, subprocess_env(**(env or {})), name)
     with _started(process, "run_worker_started", 30) as worker:
         yield worker
+
+
+@contextmanager
+def together(*managers: AbstractContextManager[Any]) -> Iterator[tuple[Any, ...]]:
+    """Enter the context managers that start processes (celery_worker,
+    dispatcher_process, tests.e2e.live_api.gunicorn_server, ...) at once, each in a
+    thread of its own, so that they start side by side instead of one after the other;
+    yield what each yields, in order; at the end stop them side by side too (after an
+    error in the block: one after the other, in reverse order, the error passed on). If
+    one fails to start, those that started are stopped and its error is raised."""
+    with ThreadPoolExecutor(max_workers=len(managers)) as pool:
+        futures = [pool.submit(manager.__enter__) for manager in managers]
+    started, values, error = [], [], None
+    for manager, future in zip(managers, futures, strict=True):
+        try:
+            values.append(future.result())
+        except BaseException as exc:  # raised once the others are stopped
+            error = error or exc
+        else:
+            started.append(manager)
+    try:
+        if error is not None:
+            raise error
+        yield tuple(values)
+    except BaseException as exc:
+        for manager in reversed(started):
+            manager.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    with ThreadPoolExecutor(max_workers=len(started)) as pool:
+        stops = [pool.submit(manager.__exit__, None, None, None) for manager in started]
+    for stop in stops:
+        stop.result()
+
+
+@contextmanager
+def starting(*managers: AbstractContextManager[Any]) -> Iterator[Callable[[], tuple[Any, ...]]]:
+    """`together(*managers)` started in the background: yields at once a function that
+    waits until they are ready and returns what they yield, so that the test does what
+    needs none of them (a browser's login) while they start. Stopped at the block's end
+    as `together` stops them (after their start has ended, if it was never waited for)."""
+    group = together(*managers)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        entered = pool.submit(group.__enter__)
+        try:
+            yield entered.result
+        except BaseException as exc:
+            if entered.exception() is None:
+                group.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        group.__exit__(None, None, None)
 
 
 def run_dispatcher_once(*, env: dict[str, str] | None = None) -> dict[str, Any]:

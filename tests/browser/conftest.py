@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,6 +78,16 @@ def viewport(driver, width: int, height: int, *, mobile: bool = False) -> None:
     )
 
 
+def settled(driver) -> None:
+    """Wait until the page has laid out and painted at its present size: two animation
+    frames (the first lays out at the new size, the second begins after its paint), not
+    a fixed sleep."""
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "requestAnimationFrame(() => requestAnimationFrame(() => done(true)))"
+    )
+
+
 def shoot(driver, name: str, at: str | None = None) -> list[Path]:
     """Save what an operator sees now, at laptop and at phone width, under var/screenshots/;
     `at`: a CSS selector scrolled to the top first at each width (a panel below the fold)."""
@@ -86,7 +95,7 @@ def shoot(driver, name: str, at: str | None = None) -> list[Path]:
     saved = []
     for (width, height), tag, mobile in ((LAPTOP, "laptop", False), (PHONE, "phone", True)):
         viewport(driver, width, height, mobile=mobile)
-        time.sleep(0.3)  # let the layout settle at the new width
+        settled(driver)
         if at is not None:
             driver.execute_script(
                 "const e = document.querySelector(arguments[0]); if (e) e.scrollIntoView()", at

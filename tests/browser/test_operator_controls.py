@@ -27,7 +27,7 @@ from tests.factories import (
     make_job,
 )
 from tests.polling import wait_for
-from tests.processes import celery_worker, dispatcher_process, job_events
+from tests.processes import celery_worker, dispatcher_process, job_events, starting
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -40,10 +40,11 @@ def switch_user(browser, live_server, role: str, username: str) -> None:
 
 def test_pause_sim_jobs_wait_then_resume_and_they_run(browser, live_server, broker):
     owner = UserFactory()
-    with (
-        dispatcher_process(interval=0.2, name="browser-pause-dispatcher") as dispatcher,
+    with starting(
+        dispatcher_process(interval=0.2, name="browser-pause-dispatcher"),
         celery_worker(queues=["sim"], concurrency=2, name="browser-pause"),
-    ):
+    ) as ready:
+        # The operator logs in and pauses the queue while the processes start.
         log_in(browser, live_server, "operator", "olga")
         wait(browser, 'tr[data-queue="sim"]')
         click_and_wait(browser, 'tr[data-queue="sim"] .queue-pause')
@@ -61,6 +62,7 @@ def test_pause_sim_jobs_wait_then_resume_and_they_run(browser, live_server, brok
         assert created.status_code == 201, created.content
         jobs.append(Job.objects.get(id=created.json()["id"]))
         wait_for(lambda: AuditLog.objects.filter(event_type="queue_paused").exists(), timeout=5)
+        dispatcher, worker = ready()
         # Publish runs of the dispatcher later (the second begun after both were made)
         # they still wait in PostgreSQL, never published.
         runs = dispatcher.metric("dispatcher_step_runs_total", step="publish")
@@ -82,12 +84,14 @@ def test_pause_sim_jobs_wait_then_resume_and_they_run(browser, live_server, brok
             timeout=30,
             what="the held jobs run after resume",
         )
-
-    browser.get(f"{live_server.url}/admin/audit/auditlog/?chain=ops")
-    wait(browser, "#result_list")
-    listing = browser.find_element(By.ID, "result_list").text
-    assert "queue_paused" in listing and "queue_resumed" in listing
-    shoot(browser, "102-audit-log-ops-chain")
+        # What follows is the portal's: the processes shut down meanwhile.
+        worker.terminate()
+        dispatcher.terminate()
+        browser.get(f"{live_server.url}/admin/audit/auditlog/?chain=ops")
+        wait(browser, "#result_list")
+        listing = browser.find_element(By.ID, "result_list").text
+        assert "queue_paused" in listing and "queue_resumed" in listing
+        shoot(browser, "102-audit-log-ops-chain")
 
 
 def test_a_viewer_sees_the_pause_but_no_button_and_the_api_refuses(browser, live_server, broker):

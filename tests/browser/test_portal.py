@@ -17,7 +17,7 @@ from jobs.models import DeadLetter, Job
 from tests.browser.conftest import next_page, shoot
 from tests.factories import job_failed, make_job, role_user, totp_code, totp_device
 from tests.polling import wait_for
-from tests.processes import celery_worker, dispatcher_process
+from tests.processes import celery_worker, dispatcher_process, together
 from tests.queues import depth, worker_dead_letter
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -104,11 +104,14 @@ def test_filter_the_job_list_and_open_a_job(operator, live_server):
 def test_cancel_a_running_job(operator, live_server):
     with (
         override_settings(JOBOPS_PORTAL_REFRESH_SECONDS=1),
-        dispatcher_process(interval=0.2, name="browser-cancel-dispatcher"),
-        celery_worker(queues=["sim"], name="browser-cancel") as worker,
+        together(
+            dispatcher_process(interval=0.2, name="browser-cancel-dispatcher"),
+            celery_worker(queues=["sim"], name="browser-cancel"),
+        ) as (dispatcher, worker),
     ):
-        job = make_job(params={"steps": 600, "step_seconds": 0.1})
-        wait_for(lambda: Job.objects.get(id=job.id).progress_percent >= 2, timeout=30)
+        # 30 s of steps: running long past the cancel, under way once it has made 1 %.
+        job = make_job(params={"steps": 300, "step_seconds": 0.1})
+        wait_for(lambda: Job.objects.get(id=job.id).progress_percent >= 1, timeout=30)
         operator.get(f"{live_server.url}/admin/jobs/job/{job.id}/change/")
         assert operator.find_element(By.CSS_SELECTOR, ".job-head .badge").text == "running"
         shoot(operator, "30-running-job")
@@ -122,11 +125,14 @@ def test_cancel_a_running_job(operator, live_server):
             timeout=20,
         )
         assert final.status == "cancelled", worker.log_text()[-2000:]
+        # What follows is the portal's: the processes shut down meanwhile.
+        worker.terminate()
+        dispatcher.terminate()
         # Back on the job's page, which follows the job and reloads once it has ended.
         wait_for(lambda: text_of(operator, ".job-head .badge") == "cancelled", timeout=15)
         wait(operator, "#timeline")
-    assert "cancelled" in operator.find_element(By.ID, "timeline").text
-    shoot(operator, "32-cancelled-job")
+        assert "cancelled" in operator.find_element(By.ID, "timeline").text
+        shoot(operator, "32-cancelled-job")
 
 
 def test_peek_a_dlq_without_consuming_it(operator, live_server, amqp):

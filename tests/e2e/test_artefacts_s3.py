@@ -12,7 +12,7 @@ import pytest
 
 from tests.factories import UserFactory, client_for, make_job
 from tests.polling import wait_for
-from tests.processes import celery_worker, dispatcher_process, free_port, job_finished
+from tests.processes import celery_worker, dispatcher_process, free_port, job_finished, together
 from tests.s3 import s3_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
@@ -31,7 +31,9 @@ def test_a_worker_writes_a_report_to_the_bucket_and_the_api_serves_it(s3, tmp_pa
     worker_media = tmp_path / "worker-media"
     owner = UserFactory()
     env = s3.env(JOBOPS_MEDIA_ROOT=str(worker_media))
-    with celery_worker(queues=["report"], env=env, name="s3-report"), dispatcher_process(env=env):
+    with together(
+        celery_worker(queues=["report"], env=env, name="s3-report"), dispatcher_process(env=env)
+    ):
         report = make_job(owner, job_type="report", params={"limit": 10})
         done = job_finished(report.id)
     assert done.status == "succeeded", done.last_error_message
@@ -55,7 +57,9 @@ def test_a_storage_that_is_down_retries_the_job_until_it_is_back(s3, settings):
         JOBOPS_JOB_TYPES=json.dumps(types),
     )
     owner = UserFactory()
-    with celery_worker(queues=["report"], env=env, name="s3-down"), dispatcher_process(env=env):
+    with together(
+        celery_worker(queues=["report"], env=env, name="s3-down"), dispatcher_process(env=env)
+    ):
         report = make_job(owner, job_type="report", params={"limit": 5})
 
         def failed_on_storage():

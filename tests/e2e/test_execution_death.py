@@ -18,6 +18,7 @@ from tests.processes import (
     dispatcher_process,
     scripted_env,
     scripted_table,
+    together,
 )
 from tests.processes import job_events as events
 from tests.processes import job_finished as finished
@@ -29,13 +30,15 @@ def test_job_of_a_killed_worker_finishes_once_on_another_worker(settings):
     scripted_table(settings)
     env = scripted_env()
     with celery_worker(queues=["model"], env=env, name="doomed") as doomed:
-        job = make_job(job_type="model", params={"do": "steps", "steps": 10, "step_seconds": 0.3})
+        # Killed at its second step, six before its end: it cannot end first.
+        job = make_job(job_type="model", params={"do": "steps", "steps": 8, "step_seconds": 0.25})
         publish_due_once()  # the dispatcher's step
         wait_for(lambda: int(handlers.redis_client().get(handlers.key(job.id, "step")) or 0) >= 2)
         doomed.kill(signal.SIGKILL)  # the worker and its pool child, mid-job
         doomed.proc.wait(timeout=10)
     assert Job.objects.get(id=job.id).status == "running"
-    with celery_worker(queues=["model"], env=env, name="rescuer"), dispatcher_process():
+    rescuer = celery_worker(queues=["model"], env=env, name="rescuer")
+    with together(rescuer, dispatcher_process()):
         done = finished(job.id)
     assert done.status == "succeeded" and done.attempts == 2
     trail = events(job.id)

@@ -16,21 +16,24 @@ from jobs.models import DeadLetter, Job
 from tests.erp_receiver import Receiver
 from tests.factories import make_job, otp_login, role_user
 from tests.polling import wait_for
-from tests.processes import celery_worker, dispatcher_process, job_events
+from tests.processes import celery_worker, dispatcher_process, job_events, together
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
 
 def test_a_fatal_failure_fixed_and_replayed_from_the_portal_succeeds_and_verifies():
     portal = otp_login(Client(), role_user("operator"))
-    with dispatcher_process(interval=0.2, name="portal-e2e-dispatcher"):
+    with together(
+        dispatcher_process(interval=0.2, name="portal-e2e-dispatcher"),
+        celery_worker(queues=["erp"], env={"JOBOPS_ERP_WEBHOOK_URL": ""}, name="no-erp"),
+    ) as (dispatcher, no_erp):
         # 1. No ERP webhook is configured: the erp handler fails fatally, at once.
-        with celery_worker(queues=["erp"], env={"JOBOPS_ERP_WEBHOOK_URL": ""}, name="no-erp"):
-            job = make_job(job_type="erp", params={"event": "order.created", "data": {"n": 1}})
-            row = wait_for(
-                lambda: DeadLetter.objects.filter(job_id=job.id, broker_copy=True).first(),
-                timeout=30,
-            )
+        job = make_job(job_type="erp", params={"event": "order.created", "data": {"n": 1}})
+        row = wait_for(
+            lambda: DeadLetter.objects.filter(job_id=job.id, broker_copy=True).first(),
+            timeout=30,
+        )
+        no_erp.terminate()  # it shuts down while the operator looks
         assert (row.reason, row.error_code) == ("fatal", "ERP_NOT_CONFIGURED")
         assert Job.objects.get(id=job.id).status == "failed"
 
@@ -55,6 +58,7 @@ def test_a_fatal_failure_fixed_and_replayed_from_the_portal_succeeds_and_verifie
                 queues=["erp"], env={"JOBOPS_ERP_WEBHOOK_URL": erp_server.url}, name="with-erp"
             ) as worker,
         ):
+            no_erp.stop()  # gone before the replay: only the fixed worker can take the job
             # 4. Dry run, then the replay with a justification.
             url = "/admin/jobs/deadletter/replay/run/"
             dry = portal.get(url, {"queue": "erp_dlq", "error_code": "ERP_NOT_CONFIGURED"})
@@ -74,6 +78,8 @@ def test_a_fatal_failure_fixed_and_replayed_from_the_portal_succeeds_and_verifie
                 timeout=40,
             )
             assert final.status == "succeeded", worker.log_text()[-3000:]
+            worker.terminate()  # both shut down side by side
+            dispatcher.terminate()
         assert erp_server.requests[0]["headers"]["Idempotency-Key"] == str(job.id)
 
     # 6. Its chain verifies, with the replay in it; the portal's verify page agrees.

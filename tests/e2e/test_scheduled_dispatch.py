@@ -13,7 +13,13 @@ from audit.verification import audit_verify
 from jobs.models import Job
 from jobs.services.creation import job_create
 from tests.factories import UserFactory
-from tests.processes import celery_worker, dispatcher_process, job_events, job_finished
+from tests.processes import (
+    celery_worker,
+    dispatcher_process,
+    job_events,
+    job_finished,
+    together,
+)
 from tests.queues import topology_declare_and_purge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
@@ -25,22 +31,25 @@ INTERVAL = 30
 
 def test_a_scheduled_job_starts_on_time_across_a_dispatcher_restart():
     topology_declare_and_purge()
-    with celery_worker(queues=["sim"], name="sched-worker"):
-        # An hour ahead: however long the dispatchers take to start on a loaded machine,
-        # each looks at the job before it is due (evidence, not a race with the clock).
-        job, _ = job_create(
-            owner=UserFactory(),
-            job_type="sim",
-            params={"steps": 1, "step_seconds": 0},
-            run_at=timezone.now() + timedelta(hours=1),
-        )
-        assert job.status == "scheduled"
-        with dispatcher_process(interval=INTERVAL, name="sched-d1") as first:
-            # Its first pass, after the job was made, looked at it (a step's run counts
-            # once it has ended) and left it for later: no early start.
-            first.wait_for_runs("scheduled", 1)
-            assert Job.objects.get(id=job.id).status == "scheduled"
-            assert job_events(job.id) == ["created"]
+    # An hour ahead: however long the dispatchers take to start on a loaded machine,
+    # each looks at the job before it is due (evidence, not a race with the clock).
+    job, _ = job_create(
+        owner=UserFactory(),
+        job_type="sim",
+        params={"steps": 1, "step_seconds": 0},
+        run_at=timezone.now() + timedelta(hours=1),
+    )
+    assert job.status == "scheduled"
+    with together(
+        celery_worker(queues=["sim"], name="sched-worker"),
+        dispatcher_process(interval=INTERVAL, name="sched-d1"),
+    ) as (worker, first):
+        # Its first pass, after the job was made, looked at it (a step's run counts
+        # once it has ended) and left it for later: no early start.
+        first.wait_for_runs("scheduled", 1)
+        assert Job.objects.get(id=job.id).status == "scheduled"
+        assert job_events(job.id) == ["created"]
+        first.stop()  # the restart: the first dispatcher is gone before the second starts
         with dispatcher_process(interval=INTERVAL, name="sched-d2") as second:
             second.wait_for_runs("scheduled", 1)
             assert Job.objects.get(id=job.id).status == "scheduled"
@@ -49,6 +58,8 @@ def test_a_scheduled_job_starts_on_time_across_a_dispatcher_restart():
             run_at = timezone.now() + timedelta(seconds=2)
             Job.objects.filter(id=job.id).update(run_at=run_at)
             done = job_finished(job.id, timeout=40)
+            worker.terminate()  # both shut down side by side
+            second.terminate()
     assert done.status == "succeeded"
     started = AuditLog.objects.get(job_id=job.id, event_type="started").ts
     due = AuditLog.objects.get(job_id=job.id, event_type="due").ts
