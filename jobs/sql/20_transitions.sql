@@ -52,12 +52,12 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND ((jobs.status IN ('pending', 'queued')
+              AND (jobs.status IN ('pending', 'queued')
                    OR (jobs.status = 'retrying' AND jobs.next_run_at <= now()))
               AND jobs.org_id = p_org_id
               AND NOT EXISTS (SELECT FROM organisations o
                              WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
-              AND NOT EXISTS (SELECT FROM queue_pauses q WHERE q.queue = jobs.queue))
+              AND NOT EXISTS (SELECT FROM queue_pauses q WHERE q.queue = jobs.queue)
             FOR UPDATE
         ) AS jobs
     ),
@@ -121,11 +121,11 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND ((jobs.status = 'pending'
+              AND (jobs.status = 'pending'
                    OR (jobs.status = 'retrying' AND jobs.next_run_at <= now()))
               AND NOT EXISTS (SELECT FROM organisations o
                              WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
-              AND NOT EXISTS (SELECT FROM queue_pauses q WHERE q.queue = jobs.queue))
+              AND NOT EXISTS (SELECT FROM queue_pauses q WHERE q.queue = jobs.queue)
             FOR UPDATE
         ) AS jobs
     ),
@@ -189,8 +189,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
-              AND jobs.attempts = i.attempt)
+              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
     ),
@@ -245,8 +245,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
-              AND jobs.attempts = i.attempt)
+              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
     ),
@@ -312,8 +312,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
-              AND jobs.attempts = i.attempt)
+              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
     ),
@@ -382,8 +382,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
-              AND jobs.attempts = i.attempt)
+              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
     ),
@@ -450,8 +450,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
-              AND jobs.attempts = i.attempt)
+              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
     ),
@@ -516,8 +516,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
-              AND jobs.attempts = i.attempt)
+              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
     ),
@@ -577,8 +577,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'running' AND jobs.locked_by = p_locked_by
-              AND jobs.attempts = i.attempt)
+              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
     ),
@@ -638,8 +638,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = ANY(p_sources)
-              AND jobs.locked_at < now() - make_interval(secs => p_stale_after))
+              AND jobs.status = ANY(p_sources)
+              AND jobs.locked_at < now() - make_interval(secs => p_stale_after)
             FOR UPDATE
         ) AS jobs
     ),
@@ -697,7 +697,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = ANY(p_sources))
+              AND jobs.status = ANY(p_sources)
             FOR UPDATE
         ) AS jobs
     ),
@@ -752,7 +752,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (NOT jobs.cancel_requested AND jobs.status NOT IN ('succeeded', 'failed', 'cancelled'))
+              AND NOT jobs.cancel_requested
+              AND jobs.status NOT IN ('succeeded', 'failed', 'cancelled')
             FOR UPDATE
         ) AS jobs
     ),
@@ -802,7 +803,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status IN ('scheduled', 'pending', 'queued', 'retrying'))
+              AND jobs.status IN ('scheduled', 'pending', 'queued', 'retrying')
             FOR UPDATE
         ) AS jobs
     ),
@@ -857,8 +858,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'running'
-              AND jobs.locked_at < now() - make_interval(secs => p_stale_after))
+              AND jobs.status = 'running'
+              AND jobs.locked_at < now() - make_interval(secs => p_stale_after)
             FOR UPDATE
         ) AS jobs
     ),
@@ -916,7 +917,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'queued')
+              AND jobs.status = 'queued'
             FOR UPDATE
         ) AS jobs
     ),
@@ -973,7 +974,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = p_source)
+              AND jobs.status = p_source
             FOR UPDATE
         ) AS jobs
     ),
@@ -1027,7 +1028,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'scheduled')
+              AND jobs.status = 'scheduled'
             FOR UPDATE
         ) AS jobs
     ),
@@ -1085,7 +1086,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'failed')
+              AND jobs.status = 'failed'
             FOR UPDATE
         ) AS jobs
     ),
@@ -1151,7 +1152,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'failed')
+              AND jobs.status = 'failed'
             FOR UPDATE
         ) AS jobs
     ),
@@ -1216,7 +1217,6 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (true)
             FOR UPDATE
         ) AS jobs
     ),
