@@ -212,9 +212,9 @@ BEGIN
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
-    WHERE (SELECT jobs_entries_append(
+    WHERE (SELECT audit_append_job_entries(
                array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
-               'progress', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               'progress', p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
 END;
 $$;
 
@@ -772,9 +772,9 @@ BEGIN
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
-    WHERE (SELECT jobs_entries_append(
+    WHERE (SELECT audit_append_job_entries(
                array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
-               'cancel_requested', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               'cancel_requested', p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
 END;
 $$;
 
@@ -1233,8 +1233,8 @@ BEGIN
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
-    WHERE (SELECT jobs_entries_append(
+    WHERE (SELECT audit_append_job_entries(
                array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
-               p_event_type, p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
+               p_event_type, p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
 END;
 $$;

@@ -190,3 +190,74 @@ def test_audit_append_composes_its_payload_in_sql_as_the_verifier_recomputes_it(
     assert entry.chain_hash == chain_hash(entry.prev_hash, entry.payload.encode())
     report = audit_verify(chains=[OPS_CHAIN])
     assert report.ok, report.problems
+
+
+JOB_APPEND = (
+    "SELECT audit_append_job_entries(%s::uuid[], %s::bigint[], %s::text[], %s::text[], "
+    "'progress', 'system', 'test', %s::timestamptz)"
+)
+
+
+def job_entries(job_ids: list[uuid.UUID], seq: int, prevs: list[str]) -> list[str]:
+    """Each job's entry `seq` (its payload as a job's), continuing from its `prevs`."""
+    ts = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    return [
+        canonical_bytes(
+            audit_payload(
+                chain=f"job:{job_id}",
+                seq=seq,
+                ts=ts,
+                event_type="progress",
+                actor=Actor.system("test"),
+                job_id=job_id,
+                data={"n": seq},
+            )
+        ).decode()
+        for job_id in job_ids
+    ]
+
+
+def test_the_job_writer_appends_one_entry_per_job_chain_as_the_general_one_does():
+    jobs = [uuid.uuid4() for _ in range(3)]
+    ts = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    heads = [GENESIS_HASH] * 3
+    for seq in (1, 2):
+        payloads = job_entries(jobs, seq, heads)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(JOB_APPEND, [jobs, [seq] * 3, payloads, heads, ts])
+            assert cursor.fetchone() == (3,)
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = "
+                "'ShareLock' AND pid = pg_backend_pid() AND ((classid::bigint << 32) | "
+                "objid::bigint) = audit_barrier_key()"
+            )
+            assert cursor.fetchone() == (1,)
+        heads = [chain_hash(h, p.encode()) for h, p in zip(heads, payloads, strict=True)]
+    rows = list(AuditLog.objects.filter(job_id__in=jobs).order_by("id"))
+    assert [(r.chain, r.seq) for r in rows] == [
+        (f"job:{job}", seq) for seq in (1, 2) for job in jobs
+    ]
+    assert {(r.event_type, r.actor_type, r.actor_id, r.ts) for r in rows} == {
+        ("progress", "system", "test", ts)
+    }
+    assert [r.chain_hash for r in rows[3:]] == heads
+    # each hash over its own row (the verifier would also want the jobs' rows)
+    assert all(r.chain_hash == chain_hash(r.prev_hash, r.payload.encode()) for r in rows)
+    assert [r.prev_hash for r in rows[:3]] == [GENESIS_HASH] * 3
+
+
+def test_the_job_writer_is_held_to_the_heads_by_the_same_trigger():
+    job = uuid.uuid4()
+    ts = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    with (
+        pytest.raises(IntegrityError, match="does not continue its chain"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(
+            JOB_APPEND, [[job], [2], job_entries([job], 2, [GENESIS_HASH]), [GENESIS_HASH], ts]
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(JOB_APPEND, [[], [], [], [], ts])
+        assert cursor.fetchone() == (0,)
+    assert not AuditLog.objects.filter(job_id=job).exists()

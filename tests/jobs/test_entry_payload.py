@@ -117,6 +117,23 @@ def test_jobs_entry_payload_is_the_canonical_entry_payload(batch):
             assert concatenated == expected
 
 
+# What most transitions write (from, to, attempt), which jobs_entry_payload composes
+# itself; now and then with values of other types, which must take the general path.
+TRANSITION_DATA = st.fixed_dictionaries(
+    {"from": TEXT, "to": TEXT, "attempt": st.integers(0, SAFE)}
+) | st.fixed_dictionaries({"from": VALUES, "to": VALUES, "attempt": VALUES})
+
+
+@settings(FAST, max_examples=40)
+@given(
+    st.lists(st.tuples(TRANSITION_DATA, CONTEXTS, st.integers(0, 10**6)), min_size=1, max_size=12)
+)
+def test_from_to_and_attempt_alone_are_written_as_rfc8785_writes_them(batch):
+    entries = [entry_of(data, context, seq) for data, context, seq in batch]
+    written = sql_payloads(entries)
+    assert [payload for payload, _ in written] == [expected_payload(e) for e in entries]
+
+
 def test_what_the_transitions_write_takes_the_concatenated_path():
     """The shapes the executors write at every claim, progress and end: no
     audit_canonical call for their data (the cost this path exists to avoid)."""
