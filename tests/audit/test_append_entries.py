@@ -33,14 +33,14 @@ def entries(chain: str, seqs: list[int], prevs: list[str]) -> list[tuple]:
     ]
 
 
-def payload(chain: str, seq: int, ts: datetime) -> str:
+def payload(chain: str, seq: int, ts: datetime, job_id: uuid.UUID | None = None) -> str:
     value = audit_payload(
         chain=chain,
         seq=seq,
         ts=ts,
         event_type="progress",
         actor=Actor.system("test"),
-        job_id=None,
+        job_id=job_id,
         data={"n": seq},
     )
     return canonical_bytes(value).decode()
@@ -198,23 +198,10 @@ JOB_APPEND = (
 )
 
 
-def job_entries(job_ids: list[uuid.UUID], seq: int, prevs: list[str]) -> list[str]:
-    """Each job's entry `seq` (its payload as a job's), continuing from its `prevs`."""
+def job_entries(job_ids: list[uuid.UUID], seq: int) -> list[str]:
+    """Each job's entry `seq`, its payload as a job's."""
     ts = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-    return [
-        canonical_bytes(
-            audit_payload(
-                chain=f"job:{job_id}",
-                seq=seq,
-                ts=ts,
-                event_type="progress",
-                actor=Actor.system("test"),
-                job_id=job_id,
-                data={"n": seq},
-            )
-        ).decode()
-        for job_id in job_ids
-    ]
+    return [payload(f"job:{job_id}", seq, ts, job_id) for job_id in job_ids]
 
 
 def test_the_job_writer_appends_one_entry_per_job_chain_as_the_general_one_does():
@@ -222,7 +209,7 @@ def test_the_job_writer_appends_one_entry_per_job_chain_as_the_general_one_does(
     ts = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
     heads = [GENESIS_HASH] * 3
     for seq in (1, 2):
-        payloads = job_entries(jobs, seq, heads)
+        payloads = job_entries(jobs, seq)
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(JOB_APPEND, [jobs, [seq] * 3, payloads, heads, ts])
             assert cursor.fetchone() == (3,)
@@ -254,9 +241,7 @@ def test_the_job_writer_is_held_to_the_heads_by_the_same_trigger():
         transaction.atomic(),
         connection.cursor() as cursor,
     ):
-        cursor.execute(
-            JOB_APPEND, [[job], [2], job_entries([job], 2, [GENESIS_HASH]), [GENESIS_HASH], ts]
-        )
+        cursor.execute(JOB_APPEND, [[job], [2], job_entries([job], 2), [GENESIS_HASH], ts])
     with connection.cursor() as cursor:
         cursor.execute(JOB_APPEND, [[], [], [], [], ts])
         assert cursor.fetchone() == (0,)
