@@ -293,7 +293,7 @@ def create_and_drain(
         bench=bench, env=env, queues=queue, concurrency=concurrency, prefetch=prefetch
     )
     roles = {"worker": worker, **(dispatchers or {})}
-    with CpuSampler(roles) as cpu:
+    with CpuSampler(roles, database=scratch.database) as cpu:
         # At least a job a second, or something is stuck (a message routed elsewhere).
         wait_then_stop(
             scratch,

@@ -262,7 +262,7 @@ def main() -> int:
             ),
         ]
         figures: dict[str, dict[str, Any]] = {}
-        with common.CpuSampler(roles) as cpu:
+        with common.CpuSampler(roles, database=scratch.database) as cpu:
             for label, spec in plan:
                 load(**{**shared, **spec, "seconds": 1.0})  # every worker has its connections
                 began = time.time()

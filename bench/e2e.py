@@ -98,7 +98,7 @@ def run_raw(
         role="raw-worker",
     )
     try:
-        with common.CpuSampler({"worker": worker, **dispatchers}) as cpu:
+        with common.CpuSampler({"worker": worker, **dispatchers}, database=scratch.database) as cpu:
             common.wait_until(
                 lambda: worker.check_alive() or int(client.get(f"{key}:done") or 0) >= args.jobs,
                 timeout=900,
@@ -134,7 +134,9 @@ def run_capacity(
     production. The submitter's own CPU (an API worker's part) is counted too."""
     owner = bench_user("bench-e2e")
     worker = _job_worker(args, env)
-    with common.CpuSampler({"worker": worker, **dispatchers}, this_process="submitter") as cpu:
+    with common.CpuSampler(
+        {"worker": worker, **dispatchers}, this_process="submitter", database=scratch.database
+    ) as cpu:
         ids, _seconds = create_jobs(args.jobs, owner=owner)
         wait_then_stop(
             scratch,
@@ -184,7 +186,9 @@ def run_latency(
     saturation the rate was: a tail grows long as the two cores fill."""
     owner = bench_user("bench-e2e")
     worker = _job_worker(args, env)
-    with common.CpuSampler({"worker": worker, **dispatchers}, this_process="submitter") as cpu:
+    with common.CpuSampler(
+        {"worker": worker, **dispatchers}, this_process="submitter", database=scratch.database
+    ) as cpu:
         ids, first, last = _submit_at_rate(owner, args.latency_jobs, per_s)
         wait_then_stop(
             scratch, worker, job_ids=ids, status="succeeded", timeout=900, what="the latency jobs"
@@ -534,7 +538,7 @@ def measure_postgres(
     raw_before = run_raw(scratch, args, dispatchers)
     ids, create_seconds = create_jobs(args.jobs, owner=owner)
     worker = _run_worker(args, env)
-    with common.CpuSampler({"run_worker": worker, **dispatchers}) as cpu:
+    with common.CpuSampler({"run_worker": worker, **dispatchers}, database=scratch.database) as cpu:
         wait_then_stop(
             scratch,
             worker,
@@ -550,7 +554,9 @@ def measure_postgres(
     per_s = args.latency_rate or max(1.0, 0.5 * capacity["jobs_per_s"])
     worker = _run_worker(args, env)
     with common.CpuSampler(
-        {"run_worker": worker, **dispatchers}, this_process="submitter"
+        {"run_worker": worker, **dispatchers},
+        this_process="submitter",
+        database=scratch.database,
     ) as latency_cpu:
         latency_ids, first, last = _submit_at_rate(owner, args.latency_jobs, per_s)
         wait_then_stop(
