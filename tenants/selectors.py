@@ -14,17 +14,18 @@ from django.contrib.auth import get_user_model
 
 from audit.models import ActorType
 from audit.services import Actor
+from core.db import execute_prepared
 from tenants.exceptions import NoOrganisationError, TenantInvalidError, TenantSuspendedError
 from tenants.models import (
-    Membership,
     OperatorScope,
     Organisation,
     Project,
     Role,
-    ServiceAccount,
 )
+from tenants.queries import QUERIES
 
 _CACHE_ATTR = "_jobops_memberships"
+_SERVICE_CACHE_ATTR = "_jobops_service"
 
 
 @dataclass(frozen=True)
@@ -72,22 +73,22 @@ class MembershipRow:
 
 
 def memberships_of(user: Any) -> list[MembershipRow]:
-    """The user's organisations (cached on the user object for the request)."""
+    """The user's organisations (cached on the user object for the request, with
+    whether it is a service account: one statement answers both)."""
     cached = getattr(user, _CACHE_ATTR, None)
     if cached is not None:
         return cached
-    rows = [
+    rows = execute_prepared(QUERIES["caller_memberships"], {"user_id": user.pk})
+    memberships = [
         MembershipRow(
-            org_id=m.organisation_id,
-            slug=m.organisation.slug,
-            role=m.role,
-            shared_visibility=m.organisation.shared_visibility,
-            suspended=m.organisation.suspended_at is not None,
+            org_id=org_id, slug=slug, role=role, shared_visibility=shared, suspended=suspended
         )
-        for m in Membership.objects.filter(user_id=user.pk).select_related("organisation")
+        for _service, org_id, slug, role, shared, suspended in rows
+        if org_id is not None
     ]
-    setattr(user, _CACHE_ATTR, rows)
-    return rows
+    setattr(user, _CACHE_ATTR, memberships)
+    setattr(user, _SERVICE_CACHE_ATTR, bool(rows[0][0]))
+    return memberships
 
 
 _SCOPE_CACHE_ATTR = "_jobops_operator_org_ids"
@@ -203,12 +204,13 @@ def organisation_get(slug: str) -> Organisation | None:
 
 
 def is_service_account(user: Any) -> bool:
-    """Whether `user` is an organisation's service account (cached on the user)."""
-    cached = getattr(user, "_jobops_service", None)
+    """Whether `user` is an organisation's service account (cached on the user, read
+    with its memberships)."""
+    cached = getattr(user, _SERVICE_CACHE_ATTR, None)
     if cached is None:
-        cached = ServiceAccount.objects.filter(user_id=user.pk).exists()
-        user._jobops_service = cached
-    return cached
+        memberships_of(user)
+        cached = getattr(user, _SERVICE_CACHE_ATTR)
+    return bool(cached)
 
 
 def actor_for(user: Any) -> Actor:
