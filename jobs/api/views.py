@@ -36,7 +36,12 @@ from rest_framework.views import APIView
 from core.api.docs import REQUEST_ID, response_header
 from core.api.parsers import BoundedJSONParser, json_body
 from core.api.permissions import staff_powers
-from core.api.serializers import ClosedSerializer, QueryFilterSerializer, StrictCharField
+from core.api.serializers import (
+    ClosedSerializer,
+    FlatFieldsSerializer,
+    QueryFilterSerializer,
+    StrictCharField,
+)
 from core.request_id import correlation_id_of, request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.serializers import JobOutputSerializer
@@ -136,7 +141,7 @@ class JobCreateApi(RateLimitedApi):
     parser_classes = [BoundedJSONParser]
     throttle_classes = [JobCreateThrottle]
 
-    class JobCreateInputSerializer(serializers.Serializer):
+    class JobCreateInputSerializer(FlatFieldsSerializer):
         type = serializers.ChoiceField(
             choices=sorted(settings.JOB_TYPES), help_text="The job's type (docs/architecture.md)."
         )

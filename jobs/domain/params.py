@@ -20,6 +20,8 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from core.api.serializers import FlatFieldsSerializer
+
 
 class FiniteFloatField(serializers.FloatField):
     """A float that JSON can hold: no NaN or Infinity, and within +-max_magnitude so that
@@ -38,7 +40,7 @@ class FiniteFloatField(serializers.FloatField):
         return value
 
 
-class StrictParams(serializers.Serializer):
+class StrictParams(FlatFieldsSerializer):
     """Refuses unknown keys so that a typo is an error, not a silently ignored field."""
 
     def to_internal_value(self, data):  # type: ignore[no-untyped-def]
