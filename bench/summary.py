@@ -20,7 +20,17 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ORDER = ["audit", "api", "e2e", "executors", "events", "dlq_replay", "burst", "scale"]
+ORDER = [
+    "audit",
+    "api",
+    "create_profile",
+    "e2e",
+    "executors",
+    "events",
+    "dlq_replay",
+    "burst",
+    "scale",
+]
 
 
 def load(directory: Path) -> dict[str, dict[str, Any]]:
