@@ -222,7 +222,7 @@ class JobCreateApi(RateLimitedApi):
     def post(self, request: Request) -> Response:
         """The throttle has counted the request; 1. size check before parsing; 2. parse
         and validate; 3. submit through the service."""
-        _refuse_large_body(request)
+        refuse_large_body(request, limit=settings.JOBOPS_MAX_PAYLOAD_BYTES)
         serializer = self.JobCreateInputSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
@@ -230,7 +230,7 @@ class JobCreateApi(RateLimitedApi):
             owner=request.user,
             job_type=data["type"],
             params=data["params"],
-            idempotency_key=_idempotency_key(request, data.get("idempotency_key")),
+            idempotency_key=idempotency_key_of(request, data.get("idempotency_key")),
             request_id=request_id_of(request),
             correlation_id=correlation_id_of(request),
             staff=_staff_powers(request),
@@ -252,13 +252,13 @@ class JobCreateApi(RateLimitedApi):
         )
 
 
-def _refuse_large_body(request: Request) -> None:
+def refuse_large_body(request: Request, *, limit: int) -> None:
+    """413 ERR-JOB-413 for a body over `limit` bytes."""
     # Content-Length is read before the body: a 10 MB upload is refused unparsed.
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         length = 0
-    limit = settings.JOBOPS_MAX_PAYLOAD_BYTES
     if length > limit:
         raise PayloadTooLargeError(
             f"The request body is {length} bytes; at most {limit} are accepted. "
@@ -267,7 +267,9 @@ def _refuse_large_body(request: Request) -> None:
         )
 
 
-def _idempotency_key(request: Request, body_key: str | None) -> str | None:
+def idempotency_key_of(request: Request, body_key: str | None) -> str | None:
+    """The create's idempotency key: the body's, else the Idempotency-Key header's
+    (400 when both are sent and differ)."""
     header_key = request.headers.get("Idempotency-Key")
     if header_key is not None and len(header_key) >= 2 and header_key[0] == header_key[-1] == '"':
         header_key = header_key[1:-1]  # the IETF draft sends it as a quoted string

@@ -171,6 +171,52 @@ class JobRequest(TypedDict, total=False):
     priority: int
 
 
+def job_candidate(
+    *,
+    placement: Placement,
+    now: datetime,
+    rerun_of: Job | None = None,
+    **request: Unpack[JobRequest],
+) -> Job:
+    """The unsaved job `request` (JobRequest) asks for in `placement`, its input
+    validated (type, params, priority, key, run_at; nothing is written for bad input:
+    the ApplicationError of the first bad field): what `job_create` inserts, and each
+    item of a batch create (jobs.services.batch_creation)."""
+    owner, job_type, staff = request["owner"], request["job_type"], request.get("staff", False)
+    params = validate_params(job_type, request["params"], owner=owner, staff=staff)
+    priority = validate_priority(request.get("priority", DEFAULT_PRIORITY), staff=staff)
+    idempotency_key = validate_idempotency_key(request.get("idempotency_key"))
+    run_at = validate_run_at(request.get("run_at"), now=now)
+    spec = get_type(job_type)
+    assert spec is not None  # validate_params refuses an unknown type
+    request_id = request.get("request_id")
+    scheduled = run_at is not None and run_at > now
+    return Job(
+        type=job_type,
+        category=spec.category,
+        queue=spec.queue,
+        params=params,
+        params_hash=params_hash(job_type, params),
+        status=Status.SCHEDULED if scheduled else Status.PENDING,
+        run_at=run_at,
+        owner=owner,
+        org_id=placement.org_id,
+        project_id=placement.project_id,
+        idempotency_key=idempotency_key,
+        # The key's TTL counts from the later of creation and run_at: a key must outlive
+        # its job's run (a retried create of a job due in a month is still a repeat).
+        idempotency_expires_at=(
+            max(now, run_at or now) + spec.key_ttl if idempotency_key else None
+        ),
+        max_attempts=spec.max_attempts,
+        priority=priority,
+        request_id=request_id,
+        correlation_id=request.get("correlation_id") or request_id,
+        traceparent=current_traceparent(),
+        rerun_of=rerun_of,
+    )
+
+
 def job_create(
     *,
     actor: Actor | None = None,
@@ -210,8 +256,6 @@ def job_create(
     Returns (job, created).
     """
     owner, job_type = request["owner"], request["job_type"]
-    staff, run_at = request.get("staff", False), request.get("run_at")
-    request_id, correlation_id = request.get("request_id"), request.get("correlation_id")
     spec = get_type(job_type) if isinstance(job_type, str) else None
     # The organisation first: every outcome below counts under its `org` label (when
     # the deployment has one: jobs.integrations.metrics.org_label).
@@ -224,41 +268,13 @@ def job_create(
     )
     now = timezone.now()
     try:
-        params = validate_params(job_type, request["params"], owner=owner, staff=staff)
-        priority = validate_priority(request.get("priority", DEFAULT_PRIORITY), staff=staff)
-        idempotency_key = validate_idempotency_key(request.get("idempotency_key"))
-        run_at = validate_run_at(run_at, now=now)
+        candidate = job_candidate(placement=placement, now=now, rerun_of=rerun_of, **request)
     except ApplicationError:
         counter(status="rejected").inc()
         raise
     assert spec is not None
-    digest = params_hash(job_type, params)
+    digest, idempotency_key = candidate.params_hash, candidate.idempotency_key
     actor = actor or actor_for(owner)
-    scheduled = run_at is not None and run_at > now
-    candidate = Job(
-        type=job_type,
-        category=spec.category,
-        queue=spec.queue,
-        params=params,
-        params_hash=digest,
-        status=Status.SCHEDULED if scheduled else Status.PENDING,
-        run_at=run_at,
-        owner=owner,
-        org_id=placement.org_id,
-        project_id=placement.project_id,
-        idempotency_key=idempotency_key,
-        # The key's TTL counts from the later of creation and run_at: a key must outlive
-        # its job's run (a retried create of a job due in a month is still a repeat).
-        idempotency_expires_at=(
-            max(now, run_at or now) + spec.key_ttl if idempotency_key else None
-        ),
-        max_attempts=spec.max_attempts,
-        priority=priority,
-        request_id=request_id,
-        correlation_id=correlation_id or request_id,
-        traceparent=current_traceparent(),
-        rerun_of=rerun_of,
-    )
     for _ in range(2):
         # One statement: the row, its `created` entry and event, and the NOTIFY that
         # wakes a dispatcher to publish it. The request never waits on the broker.
