@@ -806,6 +806,12 @@ SPECTACULAR_SETTINGS = {
         "core.api.schema.document_correlation_id",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
+    # A batch result's status is not a job's: its own enum, named, and the job's keeps
+    # its name (a collision would rename both, breaking generated clients).
+    "ENUM_NAME_OVERRIDES": {
+        "StatusEnum": "jobs.domain.states.Status",
+        "BatchResultStatusEnum": "jobs.api.batch.BATCH_STATUSES",
+    },
     # The docs pages load their JavaScript and CSS from this server, not from a CDN: they
     # work without internet access (an operator's network often has none).
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -17,19 +17,21 @@ from rest_framework.response import Response
 from core.api.docs import REQUEST_ID
 from core.api.exceptions import error_body
 from core.api.parsers import BoundedJSONParser, json_body
+from core.api.serializers import ErrorSerializer
 from core.errors import ApplicationError
 from core.request_id import correlation_id_of, request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.throttles import JobCreateThrottle
-from jobs.api.views import JobCreateApi, RateLimitedApi, _staff_powers, refuse_large_body
+from jobs.api.views import RateLimitedApi, _staff_powers, refuse_large_body
+from jobs.domain.create_input import JobCreateInputSerializer
 from jobs.domain.exceptions import BadRequestError, PayloadTooLargeError
-from jobs.services.batch_creation import MAX_INDEX_DIGITS, BatchItem, job_batch_submit
-from jobs.services.creation import DEFAULT_PRIORITY, validate_idempotency_key
+from jobs.services.batch_creation import MAX_INDEX_DIGITS, batch_item_read, job_batch_submit
+from jobs.services.creation import validate_idempotency_key
 from tenants.models import Scope
 from tenants.permissions import RequiredScope
 
-# The single create's input: one item of a batch is read exactly as that body.
-ItemSerializer = JobCreateApi.JobCreateInputSerializer
+# What became of an item (BatchOutcome.status).
+BATCH_STATUSES = ["created", "existing", "error"]
 # The request's key leaves room for `:<index>` in a key's 255 characters.
 MAX_REQUEST_KEY = 255 - 1 - MAX_INDEX_DIGITS
 
@@ -39,7 +41,7 @@ class BatchCreateInputSerializer(serializers.Serializer):
     error, not the request's)."""
 
     jobs = serializers.ListField(
-        child=ItemSerializer(),
+        child=JobCreateInputSerializer(),
         min_length=1,
         help_text=(
             "1 to JOBOPS_BATCH_CREATE_MAX (1,000) jobs, each the body of a single create "
@@ -48,16 +50,10 @@ class BatchCreateInputSerializer(serializers.Serializer):
     )
 
 
-class ErrorSerializer(serializers.Serializer):
-    code = serializers.CharField()
-    message = serializers.CharField()
-    details = serializers.DictField()
-
-
 class BatchResultSerializer(serializers.Serializer):
     index = serializers.IntegerField(help_text="The item's position in `jobs`, from 0.")
     status = serializers.ChoiceField(
-        choices=["created", "existing", "error"],
+        choices=BATCH_STATUSES,
         help_text="created: a new job; existing: the job its key already made; error.",
     )
     id = serializers.UUIDField(required=False, help_text="The job (created or existing).")
@@ -82,6 +78,15 @@ class JobBatchCreateApi(RateLimitedApi):
     @extend_schema(
         operation_id="jobs_batch_create",
         summary="Create many jobs in one request",
+        description=(
+            "Up to JOBOPS_BATCH_CREATE_MAX (1,000) jobs in a body of at most "
+            "JOBOPS_BATCH_MAX_BYTES (4 MB), each the body of a single create. Each item is "
+            "answered on its own, in order: `created` or `existing` with its job's id, or "
+            "`error` with the error envelope's `error` a single create would have answered "
+            "(a wait in details.retry_after). The rate limit counts every item, all at "
+            "once: a batch larger than the allowance is refused whole (429, "
+            "details.allowance). A database error creates nothing (503)."
+        ),
         request=BatchCreateInputSerializer,
         parameters=[
             OpenApiParameter(
@@ -102,7 +107,7 @@ class JobBatchCreateApi(RateLimitedApi):
                 BatchCreateOutputSerializer,
                 "Each item's outcome, in order: created, existing, or its error.",
             ),
-            **error_responses(400, 401, 403, 409, 413, 415, 429),
+            **error_responses(400, 401, 403, 409, 413, 415, 429, 503),
         },
     )
     def post(self, request: Request) -> Response:
@@ -118,7 +123,7 @@ class JobBatchCreateApi(RateLimitedApi):
             raise
         outcomes, decision = job_batch_submit(
             owner=request.user,
-            items=[_item(raw) for raw in raw_items],
+            items=[batch_item_read(raw) for raw in raw_items],
             request_key=request_key,
             staff=_staff_powers(request),
             request_id=request_id_of(request),
@@ -180,26 +185,6 @@ def _request_key(request: Request) -> str | None:
     raise BadRequestError(
         f"The Idempotency-Key header is 1 to {MAX_REQUEST_KEY} printable ASCII characters.",
         details={"idempotency_key": [f"1 to {MAX_REQUEST_KEY} printable ASCII characters."]},
-    )
-
-
-def _item(raw: Any) -> BatchItem | ApplicationError:
-    """One item read as a single create's body: a BatchItem, or the 400 that body would
-    have had (a non-object, an unknown field, a mistyped one)."""
-    serializer = ItemSerializer(data=raw)
-    if not serializer.is_valid():
-        errors = serializer.errors
-        return BadRequestError("The item is invalid.", details=dict(errors))
-    data = serializer.validated_data
-    key = data.get("idempotency_key")
-    return BatchItem(
-        job_type=data["type"],
-        params=data["params"],
-        idempotency_key=key,
-        run_at=data.get("run_at"),
-        priority=data.get("priority", DEFAULT_PRIORITY),
-        org=data.get("org"),
-        project=data.get("project"),
     )
 
 

@@ -25,7 +25,13 @@ from audit.services import Actor, format_ts
 from core.db import execute_prepared
 from core.errors import ApplicationError
 from core.request_id import current_request_id
-from jobs.domain.exceptions import ConnectorOpenError, IdempotencyMismatchError, JobConflictError
+from jobs.domain.create_input import JobCreateInputSerializer
+from jobs.domain.exceptions import (
+    BadRequestError,
+    ConnectorOpenError,
+    IdempotencyMismatchError,
+    JobConflictError,
+)
 from jobs.domain.types import get_type
 from jobs.integrations import metrics
 from jobs.integrations.backpressure import BackpressureError, backpressure_check
@@ -75,6 +81,25 @@ class BatchOutcome:
         return "created" if self.created else "existing"
 
 
+def batch_item_read(raw: Any) -> BatchItem | ApplicationError:
+    """One job of a batch read as the body of a single create (its input serializer,
+    jobs.domain.create_input): a BatchItem, or the 400 that body would have had (not an
+    object, an unknown or mistyped field). The API and `submit_job --file` read alike."""
+    serializer = JobCreateInputSerializer(data=raw)
+    if not serializer.is_valid():
+        return BadRequestError("The job is invalid.", details=dict(serializer.errors))
+    data = serializer.validated_data
+    return BatchItem(
+        job_type=data["type"],
+        params=data["params"],
+        idempotency_key=data.get("idempotency_key"),
+        run_at=data.get("run_at"),
+        priority=data.get("priority", DEFAULT_PRIORITY),
+        org=data.get("org"),
+        project=data.get("project"),
+    )
+
+
 def batch_item_key(item_key: str | None, request_key: str | None, index: int) -> str | None:
     """An item's idempotency key: its own, else the request's with its index
     (`<key>:<index>`), so that a retried batch makes nothing twice; None without either."""
@@ -92,10 +117,14 @@ def job_batch_submit(
     request_id: str | None = None,
     correlation_id: str | None = None,
     actor: Actor | None = None,
+    limits: bool = True,
 ) -> tuple[list[BatchOutcome], RateDecision | None]:
     """Create the jobs of a batch (`items`: an item, or the error its input already
     had), each as `job_submit` would. Returns an outcome per item in order, and the
-    rate-limit decision (None: the store did not answer).
+    rate-limit decision (None: the store did not answer, or `limits` is off).
+
+    `limits` False (the command line, whose caller holds the host): no rate limit and
+    no backpressure or connector refusal, as its single create (`job_create`).
 
     1. Each item's organisation and project (tenants.selectors.placement_for: a
        suspended organisation, another's project: that item's error).
@@ -121,7 +150,11 @@ def job_batch_submit(
         if len(memberships) == 1
         else dict(Counter(placement.org_id for _, _, placement in placed))
     )
-    decision = job_batch_rate_limit(user_id=owner.pk, count=len(items), org_counts=org_counts)
+    decision = (
+        job_batch_rate_limit(user_id=owner.pk, count=len(items), org_counts=org_counts)
+        if limits
+        else None
+    )
     now = timezone.now()
     candidates: list[tuple[int, Job]] = []
     for index, item, placement in placed:
@@ -144,7 +177,8 @@ def job_batch_submit(
             outcomes[index].error = exc
             continue
         candidates.append((index, job))
-    candidates = _admitted(owner, candidates, outcomes)
+    if limits:
+        candidates = _admitted(owner, candidates, outcomes)
     primaries, repeats = _first_of_each_key(candidates)
     try:
         with transaction.atomic():
@@ -316,7 +350,7 @@ def _repeats_by_key(taken: list[tuple[int, Job]], *, now: datetime) -> dict[tupl
     if not keyed:
         return {}
     owner_id = keyed[0].owner_id
-    params = {
+    params: dict[str, Any] = {
         "owner": owner_id,
         "orgs": [job.org_id for job in keyed],
         "keys": [job.idempotency_key for job in keyed],
