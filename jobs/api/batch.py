@@ -25,7 +25,7 @@ from jobs.api.throttles import JobCreateThrottle
 from jobs.api.views import RateLimitedApi, _staff_powers, refuse_large_body
 from jobs.domain.create_input import JobCreateInputSerializer
 from jobs.domain.exceptions import BadRequestError, PayloadTooLargeError
-from jobs.services.batch_creation import MAX_INDEX_DIGITS, batch_item_read, job_batch_submit
+from jobs.services.batch_creation import MAX_INDEX_DIGITS, batch_items_read, job_batch_submit
 from jobs.services.creation import validate_idempotency_key
 from tenants.models import Scope
 from tenants.permissions import RequiredScope
@@ -123,7 +123,7 @@ class JobBatchCreateApi(RateLimitedApi):
             raise
         outcomes, decision = job_batch_submit(
             owner=request.user,
-            items=[batch_item_read(raw) for raw in raw_items],
+            items=batch_items_read(raw_items),
             request_key=request_key,
             staff=_staff_powers(request),
             request_id=request_id_of(request),

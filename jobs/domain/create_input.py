@@ -1,6 +1,6 @@
 """What a create's body may hold (docs/api.md#creating-a-job): the input serializer of
 `POST /api/v1/jobs`, and of each job of a batch create and of `submit_job --file`
-(jobs.services.batch_creation.batch_item_read). The type's params schema and every rule
+(jobs.services.batch_creation.batch_items_read). The type's params schema and every rule
 of a job's creation are the services'; this reads the shape."""
 
 from __future__ import annotations

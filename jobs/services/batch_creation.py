@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+from rest_framework.exceptions import ValidationError
 
 from audit.canonical import GENESIS_HASH
 from audit.services import Actor, format_ts
@@ -81,23 +82,36 @@ class BatchOutcome:
         return "created" if self.created else "existing"
 
 
-def batch_item_read(raw: Any) -> BatchItem | ApplicationError:
-    """One job of a batch read as the body of a single create (its input serializer,
+def batch_items_read(raws: Sequence[Any]) -> list[BatchItem | ApplicationError]:
+    """Each job of a batch read as the body of a single create (its input serializer,
     jobs.domain.create_input): a BatchItem, or the 400 that body would have had (not an
-    object, an unknown or mistyped field). The API and `submit_job --file` read alike."""
-    serializer = JobCreateInputSerializer(data=raw)
-    if not serializer.is_valid():
-        return BadRequestError("The job is invalid.", details=dict(serializer.errors))
-    data = serializer.validated_data
-    return BatchItem(
-        job_type=data["type"],
-        params=data["params"],
-        idempotency_key=data.get("idempotency_key"),
-        run_at=data.get("run_at"),
-        priority=data.get("priority", DEFAULT_PRIORITY),
-        org=data.get("org"),
-        project=data.get("project"),
-    )
+    object, an unknown or mistyped field). The API and `submit_job --file` read alike.
+    One serializer reads them all, as DRF's ListSerializer does: a new one per job
+    deep-copies its fields each time (0.4 ms a job)."""
+    reader = JobCreateInputSerializer()
+    items: list[BatchItem | ApplicationError] = []
+    for raw in raws:
+        try:
+            data = reader.run_validation(raw)
+        except ValidationError as exc:
+            # A null job fails before the serializer keys its error (as is_valid() does).
+            detail = (
+                exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+            )
+            items.append(BadRequestError("The job is invalid.", details=dict(detail)))
+            continue
+        items.append(
+            BatchItem(
+                job_type=data["type"],
+                params=data["params"],
+                idempotency_key=data.get("idempotency_key"),
+                run_at=data.get("run_at"),
+                priority=data.get("priority", DEFAULT_PRIORITY),
+                org=data.get("org"),
+                project=data.get("project"),
+            )
+        )
+    return items
 
 
 def batch_item_key(item_key: str | None, request_key: str | None, index: int) -> str | None:
@@ -156,12 +170,14 @@ def job_batch_submit(
         else None
     )
     now = timezone.now()
+    readers: dict[str, Any] = {}  # one params serializer per type, for every job
     candidates: list[tuple[int, Job]] = []
     for index, item, placement in placed:
         try:
             job = job_candidate(
                 placement=placement,
                 now=now,
+                readers=readers,
                 owner=owner,
                 job_type=item.job_type,
                 params=item.params,

@@ -22,7 +22,7 @@ from jobs.services.batch_creation import (
     BatchItem,
     BatchOutcome,
     batch_item_key,
-    batch_item_read,
+    batch_items_read,
     job_batch_submit,
 )
 from tenants.selectors import placement_for
@@ -92,7 +92,7 @@ class Command(BaseCommand):
         size = settings.JOBOPS_BATCH_CREATE_MAX
         for start in range(0, len(lines), size):
             chunk = lines[start : start + size]
-            items = [_line_item(text, number, options["key"]) for number, text in chunk]
+            items = _line_items(chunk, options["key"])
             outcomes, _ = job_batch_submit(
                 owner=owner,
                 items=items,
@@ -136,20 +136,32 @@ def _read_lines(name: str) -> list[tuple[int, str]]:
     return lines
 
 
-def _line_item(text: str, number: int, key: str | None) -> BatchItem | ApplicationError:
-    """One line as a job of the batch: the API's reading of a job, its key the line's
+def _line_items(
+    chunk: list[tuple[int, str]], key: str | None
+) -> list[BatchItem | ApplicationError]:
+    """Each line as a job of the batch: the API's reading of a job, its key the line's
     own or `<key>:<line>`; a line over JOBOPS_MAX_PAYLOAD_BYTES or not JSON, its error."""
     limit = settings.JOBOPS_MAX_PAYLOAD_BYTES
-    if len(text.encode("utf-8")) > limit:
-        return PayloadTooLargeError(f"The line is over {limit} bytes (JOBOPS_MAX_PAYLOAD_BYTES).")
-    try:
-        raw = json_loads(text)
-    except ValueError as exc:
-        return BadRequestError(f"Malformed JSON: {exc}")
-    item = batch_item_read(raw)
-    if isinstance(item, BatchItem) and item.idempotency_key is None and key is not None:
-        item = dataclasses.replace(item, idempotency_key=batch_item_key(None, key, number))
-    return item
+    parsed: list[Any] = []
+    for _, text in chunk:
+        if len(text.encode("utf-8")) > limit:
+            parsed.append(
+                PayloadTooLargeError(f"The line is over {limit} bytes (JOBOPS_MAX_PAYLOAD_BYTES).")
+            )
+            continue
+        try:
+            parsed.append(json_loads(text))
+        except ValueError as exc:
+            parsed.append(BadRequestError(f"Malformed JSON: {exc}"))
+    readable = [raw for raw in parsed if not isinstance(raw, ApplicationError)]
+    read = iter(batch_items_read(readable))
+    items: list[BatchItem | ApplicationError] = []
+    for (number, _), raw in zip(chunk, parsed, strict=True):
+        item = raw if isinstance(raw, ApplicationError) else next(read)
+        if isinstance(item, BatchItem) and item.idempotency_key is None and key is not None:
+            item = dataclasses.replace(item, idempotency_key=batch_item_key(None, key, number))
+        items.append(item)
+    return items
 
 
 def _outcome_line(number: int, outcome: BatchOutcome) -> str:
