@@ -8,12 +8,11 @@ taken) or the database fails (nothing created: one transaction).
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -21,11 +20,8 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
-from audit.canonical import GENESIS_HASH
-from audit.services import Actor, format_ts
-from core.db import execute_prepared
+from audit.services import Actor
 from core.errors import ApplicationError
-from core.request_id import current_request_id
 from jobs.domain.create_input import JobCreateInputSerializer
 from jobs.domain.exceptions import (
     BadRequestError,
@@ -43,6 +39,7 @@ from jobs.selectors import job_key_exists
 from jobs.services.connectors import connector_create_check
 from jobs.services.creation import DEFAULT_PRIORITY, job_candidate
 from jobs.services.keys import job_release_idempotency_keys
+from jobs.services.transitions import jobs_insert
 from tenants.selectors import Placement, actor_for, memberships_of, placement_for
 
 log = structlog.get_logger("jobs.services")
@@ -293,7 +290,7 @@ def _insert(
     for _ in range(2):
         if not pending:
             return
-        inserted = _insert_rows([job for _, job in pending], actor=actor)
+        inserted = jobs_insert([job for _, job in pending], actor=actor)
         taken = [(index, job) for index, job in pending if job.id not in inserted]
         for index, job in pending:
             if job.id in inserted:
@@ -320,43 +317,6 @@ def _insert(
             job_release_idempotency_keys(job_ids=expired)
     for index, _ in pending:
         outcomes[index].error = JobConflictError()  # released keys taken again meanwhile
-
-
-def _insert_rows(jobs: list[Job], *, actor: Actor) -> set[uuid.UUID]:
-    """One jobs_insert_batch statement (jobs/queries.sql) for `jobs`; the ids inserted.
-    The rows go keyed first, by (organisation, key): concurrent batches sharing keys
-    take the key index's locks in one order, and never deadlock on each other."""
-    ts = timezone.now()
-    rows = []
-    for job in jobs:
-        row = {f.column: f.pre_save(job, True) for f in Job._meta.concrete_fields}
-        row["audit_seq"] = 1
-        rows.append(row)
-    rows.sort(key=lambda r: (r["idempotency_key"] is None, r["org_id"], r["idempotency_key"] or ""))
-    params = {
-        "rows": json.dumps(rows, default=_json_value),
-        "actor_type": str(actor.type),
-        "actor_id": actor.id,
-        "ts": ts,
-        "ts_text": format_ts(ts),
-        "prev_hash": GENESIS_HASH,
-        "entry_request_id": current_request_id(),
-    }
-    inserted = {row[0] for row in execute_prepared(QUERIES["jobs_insert_batch"], params)}
-    for job in jobs:
-        if job.id in inserted:
-            job.audit_seq = 1
-    return inserted
-
-
-def _json_value(value: Any) -> Any:
-    # The row's values as PostgreSQL reads them back (jsonb_populate_recordset): full
-    # precision timestamps with their offset, ids as text.
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    raise TypeError(f"not a column value: {type(value).__name__}")
 
 
 def _repeats_by_key(taken: list[tuple[int, Job]], *, now: datetime) -> dict[tuple[int, str], Any]:

@@ -15,6 +15,7 @@ from jobs.domain.states import Status
 from jobs.models import EventOutbox, Job
 from tenants.models import Membership
 from tests.factories import OrganisationFactory, ProjectFactory, UserFactory, client_for
+from tests.threads import run_in_threads
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clean_redis")]
 
@@ -371,3 +372,31 @@ def test_a_database_error_fails_the_whole_batch_and_creates_nothing(api):
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "ERR-JOB-503"
     assert Job.objects.count() == 0 and AuditLog.objects.count() == 0
+
+
+# --- concurrency --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_batches_sharing_keys_make_each_job_once_and_never_deadlock(user):
+    """Four batches at once, the same 200 keys in different orders: each key makes one
+    job, every answer names it, and no batch fails (their inserts take the key index's
+    locks in one order)."""
+    keys = [f"race-{n}" for n in range(200)]
+    answers: dict[int, dict[str, str]] = {}
+
+    def submit(index: int) -> None:
+        order = keys if index % 2 == 0 else list(reversed(keys))
+        client = client_for(user)
+        body = {"jobs": [sim(1, idempotency_key=key) for key in order]}
+        response = post(client, body)
+        assert response.status_code == 200, response.content
+        listed = response.json()["results"]
+        assert {r["status"] for r in listed} <= {"created", "existing"}, listed
+        answers[index] = {key: r["id"] for key, r in zip(order, listed, strict=True)}
+
+    assert run_in_threads(submit, 4) == []
+    assert Job.objects.count() == 200
+    assert all(answer == answers[0] for answer in answers.values())
+    assert AuditLog.objects.filter(event_type="created").count() == 200
+    assert audit_verify(job_ids=list(answers[0].values())).ok
