@@ -15,6 +15,7 @@ from jobs.domain.states import Status
 from jobs.models import EventOutbox, Job
 from tenants.models import Membership
 from tests.factories import OrganisationFactory, ProjectFactory, UserFactory, client_for
+from tests.jobs.test_ratelimit import queue_holds
 from tests.threads import run_in_threads
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clean_redis")]
@@ -400,3 +401,23 @@ def test_concurrent_batches_sharing_keys_make_each_job_once_and_never_deadlock(u
     assert all(answer == answers[0] for answer in answers.values())
     assert AuditLog.objects.filter(event_type="created").count() == 200
     assert audit_verify(job_ids=list(answers[0].values())).ok
+
+
+# --- backpressure -------------------------------------------------------------------------
+
+
+def test_backpressure_refuses_the_items_of_a_deep_queue_only_and_answers_repeats(
+    broker, settings, api
+):
+    settings.JOBOPS_QUEUE_DEPTH_LIMITS = {**settings.JOBOPS_QUEUE_DEPTH_LIMITS, "sim": 10}
+    before = results(post(api, {"jobs": [sim(1, idempotency_key="before")]}))[0]["id"]
+    queue_holds("sim", 11)
+    items = [sim(1, idempotency_key="before"), sim(2), {"type": "report", "params": {}}]
+    listed = results(post(api, {"jobs": items}))
+    assert listed[0] == {"index": 0, "status": "existing", "id": before}
+    assert listed[1]["status"] == "error"
+    error = listed[1]["error"]
+    assert error["code"] == "ERR-JOB-BACKPRESSURE"
+    assert error["details"]["queue"] == "sim" and error["details"]["retry_after"] >= 1
+    assert listed[2]["status"] == "created"
+    assert Job.objects.count() == 2
