@@ -62,8 +62,9 @@ ERRORS: ErrorTable = {
         ["ERR-JOB-RATE-LIMIT", "ERR-JOB-BACKPRESSURE"],
     ),
     503: (
-        "ERR-JOB-503: the artefact store cannot be reached; nothing changed, retry after "
-        "Retry-After seconds.",
+        "ERR-JOB-503: the artefact store cannot be reached, or (a batch create) the "
+        "database is unavailable or read-only; nothing changed, retry after Retry-After "
+        "seconds.",
         ["ERR-JOB-503"],
     ),
 }
