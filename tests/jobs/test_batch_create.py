@@ -421,3 +421,15 @@ def test_backpressure_refuses_the_items_of_a_deep_queue_only_and_answers_repeats
     assert error["details"]["queue"] == "sim" and error["details"]["retry_after"] >= 1
     assert listed[2]["status"] == "created"
     assert Job.objects.count() == 2
+
+
+def test_the_openapi_schema_documents_the_batch_create(client):
+    schema = client.get("/api/v1/schema/", HTTP_ACCEPT="application/json").json()
+    operation = schema["paths"]["/api/v1/jobs/batch"]["post"]
+    assert operation["operationId"] == "jobs_batch_create"
+    assert {"200", "400", "413", "429"} <= set(operation["responses"])
+    components = schema["components"]["schemas"]
+    assert components["BatchResultStatusEnum"]["enum"] == ["created", "existing", "error"]
+    assert "StatusEnum" in components  # the job's status keeps its name
+    request = components["BatchCreateInputRequest"]["properties"]["jobs"]
+    assert request["items"]["$ref"].endswith("/JobCreateInputRequest")
