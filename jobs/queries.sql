@@ -144,19 +144,26 @@ LEFT JOIN LATERAL (SELECT count(*) FROM wake) AS woken ON true;
 -- key) of `orgs` and `keys` (element i with element i), the job `owner` made under it,
 -- in one statement, and the same "seen" write for a repeat within its TTL at `now`
 -- with its params_hash (`hashes`, element i). Returns id, org_id, idempotency_key,
--- params_hash and idempotency_expires_at of each job found.
+-- params_hash and idempotency_expires_at of each job found. The "seen" write skips a
+-- row another transaction holds: concurrent batches repeating the same keys in other
+-- orders would otherwise lock them in other orders and deadlock, and a mark to the
+-- second that a concurrent repeat is writing too loses nothing.
 WITH wanted AS (
     SELECT * FROM unnest(%(orgs)s::bigint[], %(keys)s::text[], %(hashes)s::text[])
         AS w(org_id, key, params_hash)
 ),
 seen AS (
     UPDATE jobs SET idempotency_last_seen_at = %(now)s
-    FROM wanted
-    WHERE jobs.org_id = wanted.org_id AND jobs.owner_id = %(owner)s
-      AND jobs.idempotency_key = wanted.key
-      AND jobs.idempotency_expires_at > %(now)s AND jobs.params_hash = wanted.params_hash
-      AND (jobs.idempotency_last_seen_at IS NULL
-           OR jobs.idempotency_last_seen_at <= %(now)s - interval '1 second')
+    WHERE jobs.id IN (
+        SELECT jobs.id FROM jobs JOIN wanted
+          ON jobs.org_id = wanted.org_id AND jobs.owner_id = %(owner)s
+         AND jobs.idempotency_key = wanted.key
+        WHERE jobs.idempotency_expires_at > %(now)s
+          AND jobs.params_hash = wanted.params_hash
+          AND (jobs.idempotency_last_seen_at IS NULL
+               OR jobs.idempotency_last_seen_at <= %(now)s - interval '1 second')
+        FOR UPDATE OF jobs SKIP LOCKED
+    )
 )
 SELECT jobs.id, jobs.org_id, jobs.idempotency_key, jobs.params_hash,
        jobs.idempotency_expires_at

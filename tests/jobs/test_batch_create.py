@@ -201,6 +201,8 @@ def test_a_retried_batch_returns_the_same_jobs_and_creates_nothing(api):
     again = results(post(api, body, HTTP_IDEMPOTENCY_KEY="batch-1"))
     assert [r["id"] for r in again] == ids
     assert [r["status"] for r in again] == ["existing"] * 3
+    # A repeat marks each key seen, as a single create's repeat does.
+    assert not Job.objects.filter(id__in=ids, idempotency_last_seen_at=None).exists()
     assert (Job.objects.count(), AuditLog.objects.count(), EventOutbox.objects.count()) == (
         jobs,
         entries,
