@@ -16,12 +16,16 @@ for in the same run), driven by 16 client threads on plain sockets (see `load`):
 - `GET /api/v1/jobs/{id}` 200 (a job with 3 artefacts): target >= 1.0 x bare;
 - the same GET with `If-None-Match` (304): target >= 1.5 x the 200;
 - `POST /api/v1/jobs` repeating an existing key (200);
+- `POST /api/v1/jobs/batch` of --batch-size (1,000) jobs, each with a new key, from
+  --batch-concurrency (4) clients: jobs/s and CPU per job against the single create
+  (target >= 2,000 jobs/s and >= 8 x the single create's jobs/s);
 - with --broker-down, the create again on a gunicorn whose broker is unreachable
   (what the request costs without any broker work).
 
 Each figure runs after a 1 s warm-up. Writes bench/results/api.json.
 
 Usage: python bench/api.py [--workers 4] [--concurrency 16] [--seconds 8]
+       [--batch-size 1000] [--batch-concurrency 4] [--only-create]
        [--broker-down] [--no-dispatcher] [--quick] [--keep]
 """
 
@@ -211,6 +215,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, help="per figure [8]")
     parser.add_argument("--broker-down", action="store_true", help="add the create without broker")
     parser.add_argument("--no-dispatcher", action="store_true", help="do not run the dispatcher")
+    parser.add_argument("--batch-size", type=int, default=1000, help="jobs per batch request")
+    parser.add_argument("--batch-concurrency", type=int, default=4, help="batch client threads")
+    parser.add_argument(
+        "--only-create",
+        action="store_true",
+        help="only the single and the batch create (a quick comparison of the two)",
+    )
     args, report = common.prepare(NAME, parser, full=FULL, quick=QUICK)
     with common.Scratch(NAME, keep=args.keep) as scratch:
         scratch.setup_django()
@@ -260,7 +271,19 @@ def main() -> int:
                     "expect": 200,
                 },
             ),
+            (
+                "batch_post",
+                {
+                    "url": f"{base}/api/v1/jobs/batch",
+                    "method": "POST",
+                    "body": lambda: {"jobs": [new_key() for _ in range(args.batch_size)]},
+                    "expect": 200,
+                    "concurrency": args.batch_concurrency,
+                },
+            ),
         ]
+        if args.only_create:
+            plan = [(label, spec) for label, spec in plan if label in CREATES]
         figures: dict[str, dict[str, Any]] = {}
         with common.CpuSampler(roles, database=scratch.database) as cpu:
             for label, spec in plan:
@@ -270,9 +293,14 @@ def main() -> int:
                 figures[label]["cpu_ms_per_req"] = cpu.ms_per_item(
                     began, time.time(), figures[label]["requests"]
                 )
+            batch = figures["batch_post"]
+            batch["jobs_per_s"] = round(batch["req_per_s"] * args.batch_size, 1)
+            batch["cpu_ms_per_job"] = {
+                role: round(ms / args.batch_size, 4) for role, ms in batch["cpu_ms_per_req"].items()
+            }
             # Latency at one offered load for both: half of what the create sustains.
             at_rate = round(figures["create_post"]["req_per_s"] / 2, 1)
-            for label in ("bare_post", "create_post"):
+            for label in ("bare_post", "create_post") if not args.only_create else ():
                 figures[f"{label}_at_rate"] = load(
                     **{**shared, **dict(plan)[label], "seconds": args.seconds, "rate": at_rate}
                 )
@@ -294,7 +322,50 @@ def main() -> int:
     return 1 if report.failed else 0
 
 
+# The figures --only-create runs.
+CREATES = ("create_post", "batch_post")
+
+
 def print_figures(report: common.Report, figures: dict[str, dict[str, Any]]) -> None:
+    if "batch_post" in figures:
+        batch, single = figures["batch_post"], figures["create_post"]
+        spent = dict(batch["cpu_ms_per_job"])
+        report.figure(
+            "batch_post_jobs_per_s",
+            batch["jobs_per_s"],
+            f"jobs/s  ({batch['req_per_s']} req/s, p50 {batch['p50_ms']} ms, p99 "
+            f"{batch['p99_ms']} ms)"
+            + (f"  UNEXPECTED {batch['statuses']}" if batch["unexpected"] else ""),
+            "POST /api/v1/jobs/batch",
+        )
+        report.figure(
+            "batch_post_cpu_ms_per_job",
+            spent.pop("total"),
+            "CPU ms",
+            "  server CPU per job of a batch, " + common.by_role(spent),
+        )
+        report.compare(
+            "batch_vs_single_jobs_per_s",
+            label="batch create, jobs/s",
+            value=batch["jobs_per_s"],
+            unit="jobs/s",
+            baseline=single["req_per_s"],
+            baseline_label="POST /api/v1/jobs",
+            target=8.0,
+            absolute=2000,
+            higher_is_better=True,
+        )
+        report.compare(
+            "batch_vs_single_cpu_per_job",
+            label="batch create, server CPU ms per job",
+            value=batch["cpu_ms_per_job"]["total"],
+            unit="CPU ms",
+            baseline=single["cpu_ms_per_req"]["total"],
+            baseline_label="POST /api/v1/jobs, per job",
+            higher_is_better=False,
+        )
+        if set(figures) <= set(CREATES):
+            return
     for key, label in [
         ("bare_post", "POST /bench/bare"),
         ("create_post", "POST /api/v1/jobs (new key)"),

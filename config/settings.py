@@ -656,6 +656,11 @@ if JOBOPS_MAX_MESSAGE_BYTES < JOBOPS_MAX_PAYLOAD_BYTES:
         f"JOBOPS_MAX_MESSAGE_BYTES={JOBOPS_MAX_MESSAGE_BYTES} is below "
         f"JOBOPS_MAX_PAYLOAD_BYTES={JOBOPS_MAX_PAYLOAD_BYTES}: accepted jobs would not fit"
     )
+# A batch create (POST /api/v1/jobs/batch, docs/api.md#creating-jobs-in-a-batch): at
+# most this many jobs in one request, and a body of at most this many bytes (each job's
+# params still within JOBOPS_MAX_PAYLOAD_BYTES). More is 413 ERR-JOB-413, unread.
+JOBOPS_BATCH_CREATE_MAX = env_int("JOBOPS_BATCH_CREATE_MAX", 1000)
+JOBOPS_BATCH_MAX_BYTES = env_int("JOBOPS_BATCH_MAX_BYTES", 4 * 1024 * 1024)
 # Deepest JSON nesting accepted anywhere in a request body, job message or result.
 JOBOPS_MAX_JSON_DEPTH = env_int("JOBOPS_MAX_JSON_DEPTH", 32)
 # Request line and headers (core.middleware.RequestLimitsMiddleware): a longer URI is
@@ -801,6 +806,12 @@ SPECTACULAR_SETTINGS = {
         "core.api.schema.document_correlation_id",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
+    # A batch result's status is not a job's: its own enum, named, and the job's keeps
+    # its name (a collision would rename both, breaking generated clients).
+    "ENUM_NAME_OVERRIDES": {
+        "StatusEnum": "jobs.domain.states.Status",
+        "BatchResultStatusEnum": "jobs.api.batch.BATCH_STATUSES",
+    },
     # The docs pages load their JavaScript and CSS from this server, not from a CDN: they
     # work without internet access (an operator's network often has none).
     "SWAGGER_UI_DIST": "SIDECAR",

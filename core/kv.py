@@ -6,7 +6,8 @@ picks one; docs/smallest-deployment.md):
 - `get` / `set_many` (with a time-to-live) / `delete`: cached queue depths,
   OTP grants and the dashboard snapshot (through `KvCache`, Django's cache);
 - `scan(prefix)`: every live entry under a prefix (process heartbeats);
-- `take_tokens(buckets)`: the rate limiter's atomic take from several token buckets.
+- `take_tokens(buckets)`: the rate limiter's atomic take from several token buckets
+  (each its own number of tokens: a batch create takes one per job).
 
 Everything kept here can be lost: a lost bucket starts full, a lost heartbeat comes
 back at the next beat, a lost grant is exchanged again. So the PostgreSQL backend is
@@ -42,9 +43,11 @@ REDIS_SOCKET_TIMEOUT = 0.25
 SWEEP_BATCH = 1000
 
 # KEYS: one hash per bucket {t: tokens, ts: last refill ms}.
-# ARGV: capacity, refill per ms, for each key in order.
+# ARGV: capacity, refill per ms, tokens to take, for each key in order.
 # Returns {allowed, tokens left in bucket 1, ms until bucket 1 is full, ms to wait,
-# the index (from 1) of the first empty bucket, 0 when none}.
+# the index (from 1) of the first bucket short of its tokens, 0 when none, the whole
+# tokens that bucket holds}. A take larger than a bucket's capacity never passes: its
+# wait is until the bucket is full.
 TOKEN_BUCKET_LUA = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -52,9 +55,11 @@ local tokens = {}
 local allowed = 1
 local wait = 0
 local empty = 0
+local available = 0
 for i = 1, #KEYS do
-  local cap = tonumber(ARGV[2 * i - 1])
-  local rate = tonumber(ARGV[2 * i])
+  local cap = tonumber(ARGV[3 * i - 2])
+  local rate = tonumber(ARGV[3 * i - 1])
+  local cost = tonumber(ARGV[3 * i])
   local state = redis.call('HMGET', KEYS[i], 't', 'ts')
   local t = tonumber(state[1])
   local ts = tonumber(state[2])
@@ -64,25 +69,26 @@ for i = 1, #KEYS do
   end
   t = math.min(cap, t + math.max(0, now - ts) * rate)
   tokens[i] = t
-  if t < 1 then
+  if t < cost then
     if allowed == 1 then
       empty = i
+      available = math.floor(t)
     end
     allowed = 0
-    wait = math.max(wait, math.ceil((1 - t) / rate))
+    wait = math.max(wait, math.ceil((math.min(cost, cap) - t) / rate))
   end
 end
 for i = 1, #KEYS do
-  local cap = tonumber(ARGV[2 * i - 1])
-  local rate = tonumber(ARGV[2 * i])
+  local cap = tonumber(ARGV[3 * i - 2])
+  local rate = tonumber(ARGV[3 * i - 1])
   if allowed == 1 then
-    tokens[i] = tokens[i] - 1
+    tokens[i] = tokens[i] - tonumber(ARGV[3 * i])
   end
   redis.call('HSET', KEYS[i], 't', tostring(tokens[i]), 'ts', now)
   redis.call('PEXPIRE', KEYS[i], math.ceil(cap / rate) + 1000)
 end
 local full = math.ceil((tonumber(ARGV[1]) - tokens[1]) / tonumber(ARGV[2]))
-return {allowed, math.floor(tokens[1]), full, wait, empty}
+return {allowed, math.floor(tokens[1]), full, wait, empty, available}
 """
 
 
@@ -92,22 +98,26 @@ class KvUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Bucket:
-    """A token bucket: `capacity` tokens, refilled at `per_ms` tokens a millisecond."""
+    """A token bucket: `capacity` tokens, refilled at `per_ms` tokens a millisecond;
+    a take takes `cost` tokens from it."""
 
     key: str
     capacity: float
     per_ms: float
+    cost: int = 1
 
 
 @dataclass(frozen=True)
 class Take:
-    """One take from several buckets: allowed (one token from each) or not (from none)."""
+    """One take from several buckets: allowed (each bucket's cost from each) or not (from
+    none)."""
 
     allowed: bool
     remaining: int  # tokens left in the first bucket
     full_ms: int  # until the first bucket is full again
     wait_ms: int  # until a refused take would pass
-    empty: int | None  # a refusal: the index of the first empty bucket
+    empty: int | None  # a refusal: the index of the first bucket short of its cost
+    available: int = 0  # a refusal: the whole tokens that bucket holds
 
 
 class KvStore(Protocol):
@@ -146,18 +156,18 @@ def bucket_refill(
     the take decided from each bucket's (tokens, stamp ms) at `now`, and the tokens
     each holds after it."""
     tokens: list[float] = []
-    allowed, wait, empty = True, 0, None
+    allowed, wait, empty, available = True, 0, None, 0
     for index, (state, bucket) in enumerate(zip(states, buckets, strict=True)):
         t, ts = state if state is not None else (bucket.capacity, now)
         t = min(bucket.capacity, t + max(0, now - ts) * bucket.per_ms)
         tokens.append(t)
-        if t < 1:
+        if t < bucket.cost:
             if allowed:
-                empty = index
+                empty, available = index, math.floor(t)
             allowed = False
-            wait = max(wait, math.ceil((1 - t) / bucket.per_ms))
+            wait = max(wait, math.ceil((min(bucket.cost, bucket.capacity) - t) / bucket.per_ms))
     if allowed:
-        tokens = [t - 1 for t in tokens]
+        tokens = [t - b.cost for t, b in zip(tokens, buckets, strict=True)]
     first = buckets[0]
     take = Take(
         allowed=allowed,
@@ -165,6 +175,7 @@ def bucket_refill(
         full_ms=math.ceil((first.capacity - tokens[0]) / first.per_ms),
         wait_ms=wait,
         empty=empty,
+        available=available,
     )
     return take, tokens
 
@@ -240,11 +251,11 @@ class RedisKv:
     def take_tokens(self, buckets: list[Bucket]) -> Take:
         args: list[float] = []
         for bucket in buckets:
-            args += [bucket.capacity, bucket.per_ms]
+            args += [bucket.capacity, bucket.per_ms, bucket.cost]
         with _redis_errors():
             # register_script is cheap (it hashes the text); EVALSHA falls back to EVAL once.
             script = self.client.register_script(TOKEN_BUCKET_LUA)
-            allowed, remaining, full_ms, wait_ms, empty = script(
+            allowed, remaining, full_ms, wait_ms, empty, available = script(
                 keys=[b.key for b in buckets], args=args
             )
         return Take(
@@ -253,6 +264,7 @@ class RedisKv:
             full_ms=int(full_ms),
             wait_ms=int(wait_ms),
             empty=int(empty) - 1 if not allowed else None,
+            available=int(available),
         )
 
     def sweep(self) -> int:

@@ -71,6 +71,107 @@ CROSS JOIN LATERAL audit_append(
 CROSS JOIN LATERAL (SELECT pg_notify('jobs_pending', '')) AS wake;
 
 
+-- name: jobs_insert_batch
+-- A batch create (docs/api.md#creating-jobs-in-a-batch) in one statement: what
+-- job_insert does for one job, for every row of `rows` (a JSON array of job rows, each
+-- column by name, as jobs.services.batch_creation writes them). ON CONFLICT DO
+-- NOTHING: a row whose idempotency key is taken inserts nothing, and the caller reads
+-- the existing job. Each inserted job gets its `created` entry (seq 1, composed by
+-- jobs_entry_payload as job_insert's; audit_head its hash) through the set-based
+-- audit_append_job_entries, and its outbox event; NOTIFY jobs_pending is sent once,
+-- when anything was inserted. Returns the id of each inserted job. Every column of the
+-- job is named (tests/jobs/test_queries.py pins the list against the model).
+WITH input AS (
+    SELECT r.*, jobs_entry_payload(
+        r.id, 1, r.correlation_id, r.type, r.org_id, r.project_id,
+        jsonb_build_object('from', NULL, 'to', r.status, 'attempt', r.attempts),
+        'created', %(actor_type)s::text, %(actor_id)s::text, %(ts_text)s::text,
+        %(entry_request_id)s::text
+    ) AS payload, gen_random_uuid() AS event_id
+    FROM jsonb_populate_recordset(NULL::jobs, %(rows)s::jsonb) WITH ORDINALITY AS r
+),
+ins AS (
+    INSERT INTO jobs (
+        id, type, category, queue, params, params_hash, status, idempotency_key,
+        idempotency_expires_at, idempotency_last_seen_at, cancel_requested, attempts,
+        max_attempts,
+        progress_percent, progress_step, progress_message, progress_updated_at,
+        last_error_code, last_error_message, result, locked_by, locked_at, next_run_at,
+        dead_letter_queue, request_id, correlation_id, version, created_at, updated_at,
+        owner_id, traceparent, audit_head, audit_seq, org_id, project_id, run_at,
+        rerun_of_id, priority
+    )
+    SELECT
+        id, type, category, queue, params, params_hash, status, idempotency_key,
+        idempotency_expires_at, idempotency_last_seen_at, cancel_requested, attempts,
+        max_attempts,
+        progress_percent, progress_step, progress_message, progress_updated_at,
+        last_error_code, last_error_message, result, locked_by, locked_at, next_run_at,
+        dead_letter_queue, request_id, correlation_id, version, created_at, updated_at,
+        owner_id, traceparent, audit_chain_hash(%(prev_hash)s::text, payload), 1, org_id,
+        project_id, run_at, rerun_of_id, priority
+    FROM input ORDER BY ordinality
+    ON CONFLICT DO NOTHING
+    RETURNING jobs AS job
+),
+outbox AS (
+    INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
+    SELECT input.event_id, (ins.job).id, 1,
+           jobs_status_event(ins.job, input.event_id, NULL, %(ts_text)s::text), now()
+    FROM ins JOIN input ON input.id = (ins.job).id
+),
+appended AS (
+    SELECT audit_append_job_entries(
+        array_agg(input.id ORDER BY input.ordinality),
+        array_agg(1::bigint ORDER BY input.ordinality),
+        array_agg(input.payload ORDER BY input.ordinality),
+        array_agg(%(prev_hash)s::text ORDER BY input.ordinality),
+        'created', %(actor_type)s::text, %(actor_id)s::text, %(ts)s::timestamptz
+    ) AS count
+    FROM ins JOIN input ON input.id = (ins.job).id
+),
+wake AS (
+    SELECT pg_notify('jobs_pending', '') FROM (SELECT FROM ins LIMIT 1) AS any_inserted
+)
+SELECT (ins.job).id
+FROM ins
+CROSS JOIN appended
+LEFT JOIN LATERAL (SELECT count(*) FROM wake) AS woken ON true;
+
+
+-- name: jobs_repeat_by_keys
+-- job_repeat_by_key for the keys of a batch that inserted nothing: for each (org,
+-- key) of `orgs` and `keys` (element i with element i), the job `owner` made under it,
+-- in one statement, and the same "seen" write for a repeat within its TTL at `now`
+-- with its params_hash (`hashes`, element i). Returns id, org_id, idempotency_key,
+-- params_hash and idempotency_expires_at of each job found. The "seen" write skips a
+-- row another transaction holds: concurrent batches repeating the same keys in other
+-- orders would otherwise lock them in other orders and deadlock, and a mark to the
+-- second that a concurrent repeat is writing too loses nothing.
+WITH wanted AS (
+    SELECT * FROM unnest(%(orgs)s::bigint[], %(keys)s::text[], %(hashes)s::text[])
+        AS w(org_id, key, params_hash)
+),
+seen AS (
+    UPDATE jobs SET idempotency_last_seen_at = %(now)s
+    WHERE jobs.id IN (
+        SELECT jobs.id FROM jobs JOIN wanted
+          ON jobs.org_id = wanted.org_id AND jobs.owner_id = %(owner)s
+         AND jobs.idempotency_key = wanted.key
+        WHERE jobs.idempotency_expires_at > %(now)s
+          AND jobs.params_hash = wanted.params_hash
+          AND (jobs.idempotency_last_seen_at IS NULL
+               OR jobs.idempotency_last_seen_at <= %(now)s - interval '1 second')
+        FOR UPDATE OF jobs SKIP LOCKED
+    )
+)
+SELECT jobs.id, jobs.org_id, jobs.idempotency_key, jobs.params_hash,
+       jobs.idempotency_expires_at
+FROM jobs JOIN wanted
+  ON jobs.org_id = wanted.org_id AND jobs.owner_id = %(owner)s
+ AND jobs.idempotency_key = wanted.key;
+
+
 -- name: job_version
 -- A conditional GET needs only the version (the ETag): one index probe, no body. The
 -- caller may see the job (tenants.selectors.Viewer): every job; every job of the

@@ -42,7 +42,12 @@ ERRORS: ErrorTable = {
         "Retry-After seconds.",
         ["ERR-JOB-409", "ERR-CONNECTOR-OPEN"],
     ),
-    413: ("ERR-JOB-413: the request body or the params exceed 256 KB.", ["ERR-JOB-413"]),
+    413: (
+        "ERR-JOB-413: the request body or the params exceed 256 KB; a batch create's body "
+        "exceeds JOBOPS_BATCH_MAX_BYTES (4 MB) or holds more than JOBOPS_BATCH_CREATE_MAX "
+        "(1,000) jobs.",
+        ["ERR-JOB-413"],
+    ),
     415: ("ERR-HTTP-415: the body is not `application/json`.", ["ERR-HTTP-415"]),
     422: (
         "ERR-JOB-422: params do not match the type's schema (per-field details). "
@@ -57,8 +62,9 @@ ERRORS: ErrorTable = {
         ["ERR-JOB-RATE-LIMIT", "ERR-JOB-BACKPRESSURE"],
     ),
     503: (
-        "ERR-JOB-503: the artefact store cannot be reached; nothing changed, retry after "
-        "Retry-After seconds.",
+        "ERR-JOB-503: the artefact store cannot be reached, or (a batch create) the "
+        "database is unavailable or read-only; nothing changed, retry after Retry-After "
+        "seconds.",
         ["ERR-JOB-503"],
     ),
 }

@@ -7,13 +7,14 @@ from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from core.api.routing import with_slash_alias
 from core.api.schema import SchemaApi
-from jobs.api import state, views
+from jobs.api import batch, state, views
 
 app_name = "api"
 
 
 urlpatterns = [
     *with_slash_alias("jobs", views.JobCollectionApi.as_view(), "jobs"),
+    *with_slash_alias("jobs/batch", batch.JobBatchCreateApi.as_view(), "jobs-batch"),
     *with_slash_alias("jobs/<uuid:job_id>", views.JobDetailApi.as_view(), "job-detail"),
     *with_slash_alias("jobs/<uuid:job_id>/cancel", views.JobCancelApi.as_view(), "job-cancel"),
     *with_slash_alias("jobs/<uuid:job_id>/retry", views.JobRetryApi.as_view(), "job-retry"),

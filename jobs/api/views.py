@@ -25,7 +25,6 @@ from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
     extend_schema,
-    extend_schema_field,
 )
 from rest_framework import serializers, status
 from rest_framework.pagination import CursorPagination
@@ -38,7 +37,6 @@ from core.api.parsers import BoundedJSONParser, json_body
 from core.api.permissions import staff_powers
 from core.api.serializers import (
     ClosedSerializer,
-    FlatFieldsSerializer,
     QueryFilterSerializer,
     StrictCharField,
 )
@@ -47,6 +45,7 @@ from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.serializers import JobOutputSerializer
 from jobs.api.throttles import JobCreateThrottle
 from jobs.artefact_storage import STORAGE_ERRORS, artefact_presigned_url
+from jobs.domain.create_input import JobCreateInputSerializer
 from jobs.domain.exceptions import (
     ArtefactStorageUnavailableError,
     BadRequestError,
@@ -71,33 +70,6 @@ from tenants.permissions import RequiredScope
 ETAG_HEADER = response_header("ETag", 'Strong validator "<id>-<version>".', [200, 201])
 # Clients must revalidate (If-None-Match) rather than reuse a stored body.
 CACHE_CONTROL = "private, no-cache"
-
-
-@extend_schema_field({"type": "object", "additionalProperties": {}})
-class ParamsField(serializers.JSONField):
-    """Documented as the object it must be; anything else is refused by the service as
-    422 ERR-JOB-422 with the other bad params (docs/api.md), not as a 400."""
-
-
-class OffsetDateTimeField(serializers.DateTimeField):
-    """An RFC 3339 date-time that names its offset: a time without one would be read in
-    the server's zone, which the client cannot know (400 ERR-JOB-400, per field)."""
-
-    default_error_messages = {
-        "offset": "An RFC 3339 date-time with an offset (Z or +01:00), e.g. "
-        "2026-12-01T09:00:00+01:00.",
-    }
-
-    def to_internal_value(self, value: Any) -> Any:
-        if not isinstance(value, str) or len(value) > 64:
-            self.fail("offset")
-        try:
-            parsed = parse_datetime(value)
-        except ValueError:  # well formed, but no such date (2026-13-01)
-            parsed = None
-        if parsed is None or parsed.utcoffset() is None:
-            self.fail("offset")
-        return parsed
 
 
 def job_body(job: Job, request: Request) -> dict[str, Any]:
@@ -141,66 +113,8 @@ class JobCreateApi(RateLimitedApi):
     parser_classes = [BoundedJSONParser]
     throttle_classes = [JobCreateThrottle]
 
-    class JobCreateInputSerializer(FlatFieldsSerializer):
-        type = serializers.ChoiceField(
-            choices=sorted(settings.JOB_TYPES), help_text="The job's type (docs/architecture.md)."
-        )
-        params = ParamsField(
-            help_text=(
-                "A JSON object checked against the type's params schema; what it cannot "
-                "express (e.g. the work a cam pocket implies) is answered 422."
-            )
-        )
-        idempotency_key = StrictCharField(
-            required=False,
-            allow_null=True,
-            allow_blank=True,
-            trim_whitespace=False,
-            max_length=None,
-            help_text="1-255 printable ASCII characters; or send the Idempotency-Key header.",
-        )
-        priority = serializers.IntegerField(
-            required=False,
-            min_value=0,
-            max_value=9,
-            help_text=(
-                "0-9, default 5: a queue's pending jobs enter the broker highest priority "
-                "first, then oldest (docs/operator-controls.md#priority). Above 7 only "
-                "with staff powers, else 422 ERR-JOB-422 (details.priority)."
-            ),
-        )
-        org = serializers.SlugField(
-            required=False,
-            max_length=50,
-            help_text=(
-                "The organisation's slug; needed only by a caller in several "
-                "(docs/tenancy.md). Not one of the caller's: 422 ERR-TENANT-422."
-            ),
-        )
-        project = serializers.SlugField(
-            required=False,
-            max_length=50,
-            help_text="A project of that organisation (its slug); another's: 422.",
-        )
-        run_at = OffsetDateTimeField(
-            required=False,
-            allow_null=True,
-            help_text=(
-                "RFC 3339 with an offset (2026-12-01T09:00:00+01:00): the job waits "
-                "`scheduled` until then. At most JOBOPS_MAX_SCHEDULE_AHEAD days (90) "
-                "ahead; up to 60 s in the past runs now, further back is 422 ERR-JOB-422."
-            ),
-        )
-
-        def to_internal_value(self, data: Any) -> Any:
-            # Mass assignment: anything but these fields (status, owner, result...) is refused.
-            if isinstance(data, dict):
-                unknown = sorted(set(data) - set(self.fields))
-                if unknown:
-                    raise serializers.ValidationError(
-                        {name: ["Unknown field; server fields cannot be set."] for name in unknown}
-                    )
-            return super().to_internal_value(data)
+    # The body, read as each item of a batch is (jobs.domain.create_input).
+    JobCreateInputSerializer = JobCreateInputSerializer
 
     @extend_schema(
         operation_id="jobs_create",
@@ -227,7 +141,7 @@ class JobCreateApi(RateLimitedApi):
     def post(self, request: Request) -> Response:
         """The throttle has counted the request; 1. size check before parsing; 2. parse
         and validate; 3. submit through the service."""
-        _refuse_large_body(request)
+        refuse_large_body(request, limit=settings.JOBOPS_MAX_PAYLOAD_BYTES)
         serializer = self.JobCreateInputSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
@@ -235,7 +149,7 @@ class JobCreateApi(RateLimitedApi):
             owner=request.user,
             job_type=data["type"],
             params=data["params"],
-            idempotency_key=_idempotency_key(request, data.get("idempotency_key")),
+            idempotency_key=idempotency_key_of(request, data.get("idempotency_key")),
             request_id=request_id_of(request),
             correlation_id=correlation_id_of(request),
             staff=_staff_powers(request),
@@ -257,13 +171,13 @@ class JobCreateApi(RateLimitedApi):
         )
 
 
-def _refuse_large_body(request: Request) -> None:
+def refuse_large_body(request: Request, *, limit: int) -> None:
+    """413 ERR-JOB-413 for a body over `limit` bytes."""
     # Content-Length is read before the body: a 10 MB upload is refused unparsed.
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         length = 0
-    limit = settings.JOBOPS_MAX_PAYLOAD_BYTES
     if length > limit:
         raise PayloadTooLargeError(
             f"The request body is {length} bytes; at most {limit} are accepted. "
@@ -272,7 +186,9 @@ def _refuse_large_body(request: Request) -> None:
         )
 
 
-def _idempotency_key(request: Request, body_key: str | None) -> str | None:
+def idempotency_key_of(request: Request, body_key: str | None) -> str | None:
+    """The create's idempotency key: the body's, else the Idempotency-Key header's
+    (400 when both are sent and differ)."""
     header_key = request.headers.get("Idempotency-Key")
     if header_key is not None and len(header_key) >= 2 and header_key[0] == header_key[-1] == '"':
         header_key = header_key[1:-1]  # the IETF draft sends it as a quoted string

@@ -46,12 +46,30 @@ class RateLimitExceededError(ApplicationError):
     http_status = 429
     default_message = "Too many job submissions; retry after the time in Retry-After."
 
-    def __init__(self, decision: RateDecision, *, limit: str) -> None:
-        super().__init__(
+    def __init__(self, decision: RateDecision, *, limit: str, count: int = 1) -> None:
+        details: dict[str, object] = {"retry_after": decision.retry_after, "limit": limit}
+        message = (
             f"Too many job submissions: {LIMIT_NAMES[limit]} limit is reached; retry "
-            "after the time in Retry-After.",
-            details={"retry_after": decision.retry_after, "limit": limit},
+            "after the time in Retry-After."
         )
+        if count > 1:
+            # A batch: how many of its jobs the allowance holds now, so that a client
+            # can send fewer, or wait for Retry-After (never: a batch above the limit
+            # per minute itself, which it must split).
+            details |= {"requested": count, "allowance": decision.available}
+            details["capacity"] = decision.capacity
+            if count > decision.capacity:
+                message = (
+                    f"The batch of {count} jobs is larger than {LIMIT_NAMES[limit]} limit "
+                    f"of {decision.capacity} a minute; split it."
+                )
+            else:
+                message = (
+                    f"The batch of {count} jobs is larger than {LIMIT_NAMES[limit]} "
+                    f"allowance now ({decision.available}); retry after the time in "
+                    "Retry-After, or send fewer."
+                )
+        super().__init__(message, details=details)
         self.retry_after = decision.retry_after
         self.headers = decision.headers()
 
@@ -64,6 +82,8 @@ class RateDecision:
     reset: int  # seconds until the caller's bucket is full again
     retry_after: int  # seconds until a refused request would pass
     empty: int | None = None  # a refusal: the index of the first empty bucket
+    available: int = 0  # a refusal: the whole tokens that bucket holds
+    capacity: int = 0  # a refusal: that bucket's limit a minute
 
     def headers(self) -> dict[str, str]:
         return {
@@ -73,15 +93,22 @@ class RateDecision:
         }
 
 
-def rate_limit_take(*, buckets: list[tuple[str, int]]) -> RateDecision | None:
-    """Take one token from every bucket `(key, limit per minute)` or from none.
+def rate_limit_take(
+    *, buckets: list[tuple[str, int]], costs: list[int] | None = None
+) -> RateDecision | None:
+    """Take one token (or `costs[i]` of bucket i) from every bucket `(key, limit per
+    minute)` or from none.
 
     Returns the decision for the first bucket, or None when the store cannot answer
     (the caller lets the request through).
     """
+    costs = costs or [1] * len(buckets)
     try:
         take = kv_store().take_tokens(
-            [Bucket(kv_key("ratelimit", name), limit, limit / WINDOW_MS) for name, limit in buckets]
+            [
+                Bucket(kv_key("ratelimit", name), limit, limit / WINDOW_MS, cost)
+                for (name, limit), cost in zip(buckets, costs, strict=True)
+            ]
         )
     except KvUnavailable:
         logger.warning("rate limit not applied: its store is unavailable", exc_info=True)
@@ -93,6 +120,8 @@ def rate_limit_take(*, buckets: list[tuple[str, int]]) -> RateDecision | None:
         reset=math.ceil(take.full_ms / 1000),
         retry_after=max(1, math.ceil(take.wait_ms / 1000)) if not take.allowed else 0,
         empty=take.empty,
+        available=take.available,
+        capacity=buckets[take.empty][1] if take.empty is not None else 0,
     )
 
 
@@ -129,7 +158,35 @@ def job_create_org_rate_limit(*, org_id: int) -> RateDecision | None:
     return decision
 
 
-def _refused(decision: RateDecision, *, limit: str) -> RateLimitExceededError:
+def job_batch_rate_limit(
+    *, user_id: object, count: int, org_counts: dict[int, int]
+) -> RateDecision | None:
+    """Count a batch create of `count` jobs (docs/api.md#creating-jobs-in-a-batch): as
+    many tokens from the caller's and the global bucket, and from each organisation's
+    bucket its jobs' number (`org_counts`, organisation id: jobs), in one atomic take:
+    all of them, or none.
+
+    Raises RateLimitExceededError (details.limit the first bucket short, with the
+    batch's size and the allowance it holds) when any bucket holds fewer. Store
+    down: None, allowed (as a single create)."""
+    limits = settings.JOBOPS_RATE_LIMITS
+    named = [("user", f"create:user:{user_id}", int(limits["create_per_user"]), count)]
+    named += [
+        ("org", f"create:org:{org_id}", int(limits["create_per_org"]), jobs)
+        for org_id, jobs in sorted(org_counts.items())
+        if jobs
+    ]
+    named.append(("global", "create:global", int(limits["create_global"]), count))
+    decision = rate_limit_take(
+        buckets=[(key, limit) for _, key, limit, _ in named],
+        costs=[cost for *_, cost in named],
+    )
+    if decision is not None and not decision.allowed:
+        raise _refused(decision, limit=named[decision.empty or 0][0], count=count)
+    return decision
+
+
+def _refused(decision: RateDecision, *, limit: str, count: int = 1) -> RateLimitExceededError:
     """The refusal of a create whose `limit` bucket is empty, counted by its scope."""
     metrics.RATE_LIMITED.labels(scope=SCOPES[limit]).inc()
-    return RateLimitExceededError(decision, limit=limit)
+    return RateLimitExceededError(decision, limit=limit, count=count)

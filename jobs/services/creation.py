@@ -16,6 +16,7 @@ import structlog
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from rest_framework.exceptions import ValidationError
 
 from audit.canonical import canonical_bytes
 from audit.services import Actor
@@ -93,12 +94,21 @@ def validate_run_at(run_at: datetime | None, *, now: datetime) -> datetime | Non
 
 
 def validate_params(
-    job_type: str, params: Any, *, owner: Any = None, staff: bool = False
+    job_type: str,
+    params: Any,
+    *,
+    owner: Any = None,
+    staff: bool = False,
+    readers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Check type and params against the types table; return the params to store.
 
     What is stored (and what the handler receives) is the schema's validated value:
     `{"steps": "20.0"}` becomes `{"steps": 20}`, defaults are filled in.
+
+    `readers`: the params serializers already made for this owner and staff, by type,
+    filled here; a batch passes one dict for all its jobs (DRF deep-copies a
+    serializer's fields for each instance: half of what reading a job cost).
     """
     spec = get_type(job_type) if isinstance(job_type, str) else None
     if spec is None:
@@ -121,10 +131,18 @@ def validate_params(
             "pass large inputs by reference"
         )
     context = {"spec": spec, "owner": owner, "staff": staff}
-    serializer = spec.load_params_serializer()(data=params, context=context)
-    if not serializer.is_valid():
-        raise JobParamsInvalidError(details=serializer.errors)
-    return dict(serializer.validated_data)
+    if readers is None:
+        serializer = spec.load_params_serializer()(data=params, context=context)
+        if not serializer.is_valid():
+            raise JobParamsInvalidError(details=serializer.errors)
+        return dict(serializer.validated_data)
+    reader = readers.get(spec.name)
+    if reader is None:
+        reader = readers[spec.name] = spec.load_params_serializer()(context=context)
+    try:
+        return dict(reader.run_validation(params))
+    except ValidationError as exc:  # what is_valid() keeps as the errors
+        raise JobParamsInvalidError(details=exc.detail) from exc
 
 
 # docs/operator-controls.md#priority: 0-9, higher first; 8 and 9 are a small lane for
@@ -171,6 +189,54 @@ class JobRequest(TypedDict, total=False):
     priority: int
 
 
+def job_candidate(
+    *,
+    placement: Placement,
+    now: datetime,
+    rerun_of: Job | None = None,
+    readers: dict[str, Any] | None = None,
+    **request: Unpack[JobRequest],
+) -> Job:
+    """The unsaved job `request` (JobRequest) asks for in `placement`, its input
+    validated (type, params, priority, key, run_at; nothing is written for bad input:
+    the ApplicationError of the first bad field): what `job_create` inserts, and each
+    item of a batch create (jobs.services.batch_creation), which passes `readers`
+    (validate_params)."""
+    owner, job_type, staff = request["owner"], request["job_type"], request.get("staff", False)
+    params = validate_params(job_type, request["params"], owner=owner, staff=staff, readers=readers)
+    priority = validate_priority(request.get("priority", DEFAULT_PRIORITY), staff=staff)
+    idempotency_key = validate_idempotency_key(request.get("idempotency_key"))
+    run_at = validate_run_at(request.get("run_at"), now=now)
+    spec = get_type(job_type)
+    assert spec is not None  # validate_params refuses an unknown type
+    request_id = request.get("request_id")
+    scheduled = run_at is not None and run_at > now
+    return Job(
+        type=job_type,
+        category=spec.category,
+        queue=spec.queue,
+        params=params,
+        params_hash=params_hash(job_type, params),
+        status=Status.SCHEDULED if scheduled else Status.PENDING,
+        run_at=run_at,
+        owner=owner,
+        org_id=placement.org_id,
+        project_id=placement.project_id,
+        idempotency_key=idempotency_key,
+        # The key's TTL counts from the later of creation and run_at: a key must outlive
+        # its job's run (a retried create of a job due in a month is still a repeat).
+        idempotency_expires_at=(
+            max(now, run_at or now) + spec.key_ttl if idempotency_key else None
+        ),
+        max_attempts=spec.max_attempts,
+        priority=priority,
+        request_id=request_id,
+        correlation_id=request.get("correlation_id") or request_id,
+        traceparent=current_traceparent(),
+        rerun_of=rerun_of,
+    )
+
+
 def job_create(
     *,
     actor: Actor | None = None,
@@ -210,8 +276,6 @@ def job_create(
     Returns (job, created).
     """
     owner, job_type = request["owner"], request["job_type"]
-    staff, run_at = request.get("staff", False), request.get("run_at")
-    request_id, correlation_id = request.get("request_id"), request.get("correlation_id")
     spec = get_type(job_type) if isinstance(job_type, str) else None
     # The organisation first: every outcome below counts under its `org` label (when
     # the deployment has one: jobs.integrations.metrics.org_label).
@@ -224,41 +288,13 @@ def job_create(
     )
     now = timezone.now()
     try:
-        params = validate_params(job_type, request["params"], owner=owner, staff=staff)
-        priority = validate_priority(request.get("priority", DEFAULT_PRIORITY), staff=staff)
-        idempotency_key = validate_idempotency_key(request.get("idempotency_key"))
-        run_at = validate_run_at(run_at, now=now)
+        candidate = job_candidate(placement=placement, now=now, rerun_of=rerun_of, **request)
     except ApplicationError:
         counter(status="rejected").inc()
         raise
     assert spec is not None
-    digest = params_hash(job_type, params)
+    digest, idempotency_key = candidate.params_hash, candidate.idempotency_key
     actor = actor or actor_for(owner)
-    scheduled = run_at is not None and run_at > now
-    candidate = Job(
-        type=job_type,
-        category=spec.category,
-        queue=spec.queue,
-        params=params,
-        params_hash=digest,
-        status=Status.SCHEDULED if scheduled else Status.PENDING,
-        run_at=run_at,
-        owner=owner,
-        org_id=placement.org_id,
-        project_id=placement.project_id,
-        idempotency_key=idempotency_key,
-        # The key's TTL counts from the later of creation and run_at: a key must outlive
-        # its job's run (a retried create of a job due in a month is still a repeat).
-        idempotency_expires_at=(
-            max(now, run_at or now) + spec.key_ttl if idempotency_key else None
-        ),
-        max_attempts=spec.max_attempts,
-        priority=priority,
-        request_id=request_id,
-        correlation_id=correlation_id or request_id,
-        traceparent=current_traceparent(),
-        rerun_of=rerun_of,
-    )
     for _ in range(2):
         # One statement: the row, its `created` entry and event, and the NOTIFY that
         # wakes a dispatcher to publish it. The request never waits on the broker.

@@ -12,9 +12,10 @@ batch. `KINDS` names them; `change` runs one; the named functions of the service
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -464,3 +465,43 @@ def job_insert(job: Job, *, actor: Actor) -> bool:
         return False
     job.audit_seq, job.audit_head = 1, rows[0][1]
     return True
+
+
+def jobs_insert(jobs: list[Job], *, actor: Actor) -> set[uuid.UUID]:
+    """job_insert for a batch of new jobs (a batch create, jobs.services.batch_creation):
+    one jobs_insert_batch statement (jobs/queries.sql), each job with its `created`
+    entry and event, one NOTIFY. Returns the ids inserted (a job whose idempotency key
+    was taken is not). The rows go keyed first, by (organisation, key): concurrent
+    batches sharing keys take the key index's locks in one order, and never deadlock
+    on each other."""
+    ts = timezone.now()
+    rows = []
+    for job in jobs:
+        row = {f.column: f.pre_save(job, True) for f in Job._meta.concrete_fields}
+        row["audit_seq"] = 1
+        rows.append(row)
+    rows.sort(key=lambda r: (r["idempotency_key"] is None, r["org_id"], r["idempotency_key"] or ""))
+    params = {
+        "rows": json.dumps(rows, default=_json_value),
+        "actor_type": str(actor.type),
+        "actor_id": actor.id,
+        "ts": ts,
+        "ts_text": format_ts(ts),
+        "prev_hash": GENESIS_HASH,
+        "entry_request_id": current_request_id(),
+    }
+    inserted = {row[0] for row in execute_prepared(QUERIES["jobs_insert_batch"], params)}
+    for job in jobs:
+        if job.id in inserted:
+            job.audit_seq = 1
+    return inserted
+
+
+def _json_value(value: Any) -> Any:
+    # The row's values as PostgreSQL reads them back (jsonb_populate_recordset): full
+    # precision timestamps with their offset, ids as text.
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"not a column value: {type(value).__name__}")

@@ -80,6 +80,22 @@ def test_a_take_allows_the_capacity_then_refuses_from_every_bucket(store):
     assert store.take_tokens([a]).remaining == 3
 
 
+def test_a_take_of_several_tokens_takes_each_buckets_cost_or_none(store):
+    """A batch create's take: its cost from each bucket at once, or nothing, with the
+    tokens the short bucket holds."""
+    a = Bucket(unique("a"), 10, 10 * PER_MINUTE, cost=4)
+    b = Bucket(unique("b"), 5, 5 * PER_MINUTE, cost=3)
+    first = store.take_tokens([a, b])
+    assert (first.allowed, first.remaining) == (True, 6)
+    refused = store.take_tokens([a, b])  # b holds 2 of the 3
+    assert (refused.allowed, refused.empty, refused.available) == (False, 1, 2)
+    assert 11_000 <= refused.wait_ms <= 12_000  # one token of b at 5 a minute
+    assert store.take_tokens([Bucket(a.key, 10, 10 * PER_MINUTE, cost=6)]).allowed
+    # A cost above the capacity never passes; its wait is until the bucket is full.
+    huge = store.take_tokens([Bucket(unique("c"), 5, 5 * PER_MINUTE, cost=6)])
+    assert (huge.allowed, huge.available, huge.wait_ms) == (False, 5, 0)
+
+
 def test_buckets_refill_at_their_rate(store):
     bucket = Bucket(unique("refill"), 2, 2 / 1000)  # 2 tokens a second
     assert store.take_tokens([bucket]).allowed

@@ -54,6 +54,77 @@ def test_submit_job_with_a_key_returns_the_same_job_and_defaults_to_the_admin():
     assert Job.objects.get().owner == admin
 
 
+JOBS_FILE = "\n".join(
+    [
+        '{"type": "sim", "params": {"steps": 2, "step_seconds": 0}}',
+        "",  # blank: skipped, the numbers stay the file's
+        '{"type": "sim", "params": {"steps": "two"}}',
+        "not json",
+        "[1, 2]",
+        '{"type": "report", "params": {}, "idempotency_key": "own"}',
+        '{"type": "sim", "params": {}, "status": "succeeded"}',
+    ]
+)
+
+
+@pytest.mark.django_db
+def test_submit_job_file_reports_bad_lines_by_number_and_submits_the_others(tmp_path):
+    UserFactory(username="alice")
+    path = tmp_path / "jobs.jsonl"
+    path.write_text(JOBS_FILE + "\n", encoding="utf-8")
+    with pytest.raises(CommandError) as refused:
+        run("submit_job", "--file", str(path), "--owner", "alice", "--key", "load-1")
+    assert refused.value.returncode == 2
+    assert "4 line(s) failed" in str(refused.value)
+    jobs = {j.idempotency_key: j for j in Job.objects.all()}
+    assert set(jobs) == {"load-1:1", "own"}
+    assert jobs["load-1:1"].params["steps"] == 2
+    # A second run with the same key creates nothing twice, and says so line by line.
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("submit_job", "--file", str(path), "--owner", "alice", "--key", "load-1",
+                     stdout=out)  # fmt: skip
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"1 {jobs['load-1:1'].id} existing"
+    assert lines[1].startswith("3 error ERR-JOB-422")
+    assert lines[2].startswith("4 error ERR-JOB-400: Malformed JSON")
+    assert lines[3].startswith("5 error ERR-JOB-400")
+    assert lines[4] == f"6 {jobs['own'].id} existing"
+    assert lines[5].startswith("7 error ERR-JOB-400") and "status" in lines[5]
+    assert lines[6] == "2 of 6 jobs submitted (owner alice)"
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_submit_job_file_bounds_a_line_and_the_file(tmp_path, settings, monkeypatch):
+    UserFactory(username="alice")
+    settings.JOBOPS_MAX_PAYLOAD_BYTES = 200
+    path = tmp_path / "jobs.jsonl"
+    path.write_text('{"type": "ai", "params": {"text": "' + "x" * 300 + '"}}\n', encoding="utf-8")
+    with pytest.raises(CommandError):
+        run("submit_job", "--file", str(path), "--owner", "alice")
+    monkeypatch.setattr("jobs.management.commands.submit_job.MAX_FILE_LINES", 2)
+    path.write_text('{"type": "report", "params": {}}\n' * 3, encoding="utf-8")
+    with pytest.raises(CommandError, match="3 jobs, at most 2"):
+        run("submit_job", "--file", str(path), "--owner", "alice")
+    assert Job.objects.count() == 0
+    with pytest.raises(CommandError, match="No such file"):
+        run("submit_job", "--file", str(tmp_path / "missing"), "--owner", "alice")
+
+
+@pytest.mark.django_db
+def test_submit_job_file_submits_in_batches_of_the_bound(tmp_path, settings):
+    UserFactory(username="alice")
+    settings.JOBOPS_BATCH_CREATE_MAX = 2
+    path = tmp_path / "jobs.jsonl"
+    path.write_text('{"type": "report", "params": {}}\n' * 5, encoding="utf-8")
+    out, _ = run("submit_job", "--file", str(path), "--owner", "alice", "--key", "b")
+    assert out.splitlines()[-1] == "5 of 5 jobs submitted (owner alice)"
+    assert sorted(Job.objects.values_list("idempotency_key", flat=True)) == [
+        f"b:{n}" for n in range(1, 6)
+    ]
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     ("args", "message"),

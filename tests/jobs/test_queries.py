@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from audit.queries import QUERIES as AUDIT_QUERIES
 from core.sqlfiles import ROOT
 from jobs.models import Job
 from jobs.queries import PENDING_CHANNEL, QUERIES
 
 
-def test_the_job_insert_statement_names_every_column_of_the_job():
-    """job_insert lists the columns literally: a column added to the model must be added
-    to the statement too."""
-    columns = re.search(r"INSERT INTO jobs \((.*?)\)", QUERIES["job_insert"], re.S)
+@pytest.mark.parametrize("name", ["job_insert", "jobs_insert_batch"])
+def test_the_job_insert_statements_name_every_column_of_the_job(name):
+    """job_insert and jobs_insert_batch list the columns literally: a column added to
+    the model must be added to the statements too."""
+    columns = re.search(r"INSERT INTO jobs \((.*?)\)", QUERIES[name], re.S)
     assert columns is not None
     named = [c.strip() for c in columns.group(1).split(",")]
     assert sorted(named) == sorted(f.column for f in Job._meta.concrete_fields)
@@ -22,6 +25,7 @@ def test_the_job_insert_statement_names_every_column_of_the_job():
 def test_the_dispatcher_listens_on_the_channel_the_statements_notify():
     assert QUERIES["listen_pending"] == f"LISTEN {PENDING_CHANNEL}"
     assert f"pg_notify('{PENDING_CHANNEL}', '')" in QUERIES["job_insert"]
+    assert f"pg_notify('{PENDING_CHANNEL}', '')" in QUERIES["jobs_insert_batch"]
     transitions = (ROOT / "jobs" / "sql" / "20_transitions.sql").read_text(encoding="utf-8")
     assert f"pg_notify('{PENDING_CHANNEL}', '')" in transitions
 
