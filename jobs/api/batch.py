@@ -21,19 +21,19 @@ from core.api.serializers import ErrorSerializer
 from core.errors import ApplicationError
 from core.request_id import correlation_id_of, request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
+from jobs.api.schema import MAX_BATCH_REQUEST_KEY
 from jobs.api.throttles import JobCreateThrottle
 from jobs.api.views import RateLimitedApi, _staff_powers, refuse_large_body
 from jobs.domain.create_input import JobCreateInputSerializer
 from jobs.domain.exceptions import BadRequestError, PayloadTooLargeError
-from jobs.services.batch_creation import MAX_INDEX_DIGITS, batch_items_read, job_batch_submit
+from jobs.services.batch_creation import batch_items_read, job_batch_submit
 from jobs.services.creation import validate_idempotency_key
 from tenants.models import Scope
 from tenants.permissions import RequiredScope
 
 # What became of an item (BatchOutcome.status).
 BATCH_STATUSES = ["created", "existing", "error"]
-# The request's key leaves room for `:<index>` in a key's 255 characters.
-MAX_REQUEST_KEY = 255 - 1 - MAX_INDEX_DIGITS
+MAX_REQUEST_KEY = MAX_BATCH_REQUEST_KEY
 
 
 class BatchCreateInputSerializer(serializers.Serializer):
