@@ -706,6 +706,23 @@ if JOBOPS_BROKER_WINDOW < 1:
     raise ImproperlyConfigured(f"JOBOPS_BROKER_WINDOW={JOBOPS_BROKER_WINDOW} must be at least 1")
 JOBOPS_ERP_WEBHOOK_URL = env_str("JOBOPS_ERP_WEBHOOK_URL", "")
 JOBOPS_ERP_EVENTS_URL = env_str("JOBOPS_ERP_EVENTS_URL", "")
+# Job events (docs/architecture.md#progress-events-and-the-outbox): on, every status change
+# writes its event to the outbox and the relay publishes it to `events.jobs`, where the
+# ERP bridge and any queue a consumer bound receive it. Off (no consumer anywhere), the
+# transitions write no outbox row at all: the SQL functions read the session setting
+# `jobops.events`, which every connection of this process then sets at its start.
+# On by default: jobops cannot see a queue someone else bound to `events.jobs`.
+JOBOPS_EVENTS_PUBLISH = env_bool("JOBOPS_EVENTS_PUBLISH", True)
+if not JOBOPS_EVENTS_PUBLISH:
+    if JOBOPS_ERP_EVENTS_URL:
+        raise ImproperlyConfigured(
+            "JOBOPS_EVENTS_PUBLISH=off writes no job events, but JOBOPS_ERP_EVENTS_URL is "
+            "set: the ERP bridge would receive nothing; turn JOBOPS_EVENTS_PUBLISH on"
+        )
+    DATABASES["default"].setdefault("OPTIONS", {})
+    DATABASES["default"]["OPTIONS"]["options"] = " ".join(
+        filter(None, [DATABASES["default"]["OPTIONS"].get("options"), "-c jobops.events=off"])
+    )
 # ERP outbound bridge (jobs/processes/erp_bridge.py): per-POST timeout, and the backoff before a
 # failed delivery (5xx, timeout, connection error) goes back to the queue.
 JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS = env_float("JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS", 10.0)

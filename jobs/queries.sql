@@ -17,7 +17,8 @@
 -- (seq 1, its payload composed by jobs_entry_payload, as every other entry of a job's,
 -- from the job's values and `entry`, the caller's data; the row's audit_head is its
 -- hash) through
--- audit_append, the outbox event, and NOTIFY jobs_pending, which wakes the dispatcher
+-- audit_append, the outbox event (none where JOBOPS_EVENTS_PUBLISH is off:
+-- jobs_events_on), and NOTIFY jobs_pending, which wakes the dispatcher
 -- to publish it (delivered on commit). Returns the id and audit_head when the job was
 -- inserted. Every column of the job is named (tests/jobs/test_queries.py pins the
 -- list against the model).
@@ -59,7 +60,7 @@ outbox AS (
     INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
     SELECT %(event_id)s::uuid, (ins.job).id, 1,
            jobs_status_event(ins.job, %(event_id)s::uuid, NULL, %(ts_text)s::text), now()
-    FROM ins
+    FROM ins WHERE jobs_events_on()
 )
 SELECT (ins.job).id, (ins.job).audit_head
 FROM ins

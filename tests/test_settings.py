@@ -284,3 +284,30 @@ def test_a_connector_named_by_a_type_gets_its_own_breaker_settings(starter):
         },
     )
     assert result.stdout.split()[-2:] == ["2", "5"], result.stderr[-500:]
+
+
+def test_events_off_with_an_erp_configured_refuses_to_start_and_says_why(starter):
+    result = _start(
+        starter, JOBOPS_EVENTS_PUBLISH="off", JOBOPS_ERP_EVENTS_URL="http://erp.example/events"
+    )
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr, result.stderr[-500:]
+    assert "JOBOPS_EVENTS_PUBLISH=off writes no job events" in result.stderr
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("value", "session"), [("off", "off"), ("on", None), (None, None)])
+def test_events_off_starts_every_database_session_with_it(value, session, starter):
+    """The transitions read `jobops.events` (jobs_events_on): off only where set off."""
+    from tests.processes import subprocess_env
+
+    env = {k: v for k, v in subprocess_env().items() if k != "JOBOPS_EVENTS_PUBLISH"}
+    result = starter.run(
+        "import django; django.setup(); from django.db import connection\n"
+        "with connection.cursor() as c:\n"
+        "    c.execute(\"SELECT current_setting('jobops.events', true)\")\n"
+        "    print('session', c.fetchone()[0])",
+        {**env, **({"JOBOPS_EVENTS_PUBLISH": value} if value is not None else {})},
+    )
+    assert result.returncode == 0, result.stderr[-500:]
+    assert f"session {session}" in result.stdout

@@ -201,6 +201,10 @@ def erp_bridge_run(
     url = url or settings.JOBOPS_ERP_EVENTS_URL
     if not url:
         raise ImproperlyConfigured("JOBOPS_ERP_EVENTS_URL is not set: nowhere to POST events")
+    if not settings.JOBOPS_EVENTS_PUBLISH:
+        raise ImproperlyConfigured(
+            "JOBOPS_EVENTS_PUBLISH is off: no job event is written, nothing to deliver"
+        )
     stop = stop or threading.Event()
     if not settings.JOBOPS_BROKER:
         return erp_outbox_run(

@@ -127,6 +127,15 @@ BEGIN
 END;
 $$;
 
+-- jobs_events_on: whether this session writes job events to the outbox. A process with
+-- JOBOPS_EVENTS_PUBLISH off starts each connection with `-c jobops.events=off`
+-- (config/settings.py); unset (every other session, an older release's process during
+-- a rollout, psql) means on. One lookup of a session setting, no query.
+CREATE OR REPLACE FUNCTION jobs_events_on() RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT coalesce(current_setting('jobops.events', true), '') <> 'off'
+$$;
+
 -- jobs_changes_record: each changed job's entry (`p_ids` with `p_seqs`, their rows'
 -- audit_seq after the change: the entries' seq), continuing its chain from
 -- `p_prev_hashes`, in one statement for the whole batch (the audit app's
@@ -134,17 +143,22 @@ $$;
 -- jobs_status_event of its row after the change, which this names) in the outbox.
 -- Returns how many entries were appended (the caller reads it, so that the call is never
 -- optimised away). A volatile call in a subquery's select list runs once per row: one
--- event id each.
+-- event id each. No event where the session says `jobops.events = off`
+-- (JOBOPS_EVENTS_PUBLISH off: no consumer of events anywhere; jobs_events_on); the
+-- entries are the same either way.
 CREATE OR REPLACE FUNCTION jobs_changes_record(
     p_ids uuid[], p_seqs bigint[], p_events jsonb[], p_payloads text[],
     p_prev_hashes text[], p_event_type text, p_actor_type text, p_actor_id text, p_ts text
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
-    SELECT e.eid, e.id, e.seq, e.event || jsonb_build_object('event_id', e.eid::text), now()
-    FROM (SELECT u.*, gen_random_uuid() AS eid
-          FROM unnest(p_ids, p_seqs, p_events) AS u(id, seq, event)) AS e;
+    IF jobs_events_on() THEN
+        INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at)
+        SELECT e.eid, e.id, e.seq, e.event || jsonb_build_object('event_id', e.eid::text),
+               now()
+        FROM (SELECT u.*, gen_random_uuid() AS eid
+              FROM unnest(p_ids, p_seqs, p_events) AS u(id, seq, event)) AS e;
+    END IF;
     RETURN audit_append_job_entries(
         p_ids, p_seqs, p_payloads, p_prev_hashes, p_event_type, p_actor_type, p_actor_id,
         p_ts::timestamptz

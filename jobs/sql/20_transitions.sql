@@ -28,8 +28,15 @@
 -- A worker claims the jobs its broker messages name (the Celery path): `pending`,
 -- `queued`, or a due `retrying`, of the message's organisation `p_org_id`, not
 -- suspended, in a queue that is not paused. Takes the lock, counts an attempt, starts
--- its progress from zero. NOTIFY jobs_pending: a claim frees a place in its queue's
--- broker window, which the dispatcher refills from the backlog at once.
+-- its progress from zero. NOTIFY jobs_pending when the claim frees a place in a full
+-- broker window, which the dispatcher then refills from the backlog at once: only
+-- while a claimed job's queue still has `pending` jobs (one probe of
+-- jobs_pending_priority_idx, stopping at its first live entry). A queue without a
+-- backlog has nothing to refill, and a notification would only wake the dispatcher and
+-- every run_worker claimer for an empty pass (one per claim: the most frequent
+-- notification of the Celery path). A job created while the claim commits notifies
+-- by itself; should its pass still see the window full, the dispatcher's clock
+-- (JOBOPS_DISPATCHER_INTERVAL_SECONDS) publishes it.
 CREATE OR REPLACE FUNCTION jobs_claim_delivered(
     p_ids uuid[], p_locked_by text, p_org_id bigint, p_data jsonb[], p_actor_type text,
     p_actor_id text, p_ts text, p_request_id text
@@ -89,7 +96,11 @@ BEGIN
                array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'started', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
-    IF FOUND THEN
+    IF FOUND AND EXISTS (
+        SELECT FROM jobs c
+        WHERE c.id = ANY(p_ids)
+          AND EXISTS (SELECT FROM jobs p WHERE p.status = 'pending' AND p.queue = c.queue)
+    ) THEN
         PERFORM pg_notify('jobs_pending', '');
     END IF;
 END;
