@@ -708,11 +708,13 @@ JOBOPS_ERP_WEBHOOK_URL = env_str("JOBOPS_ERP_WEBHOOK_URL", "")
 JOBOPS_ERP_EVENTS_URL = env_str("JOBOPS_ERP_EVENTS_URL", "")
 # Job events (docs/architecture.md#progress-events-and-the-outbox): on, every status change
 # writes its event to the outbox and the relay publishes it to `events.jobs`, where the
-# ERP bridge and any queue a consumer bound receive it. Off (no consumer anywhere), the
-# transitions write no outbox row at all: the SQL functions read the session setting
-# `jobops.events`, which every connection of this process then sets at its start.
-# On by default: jobops cannot see a queue someone else bound to `events.jobs`.
-JOBOPS_EVENTS_PUBLISH = env_bool("JOBOPS_EVENTS_PUBLISH", True)
+# ERP bridge and any queue a consumer bound receive it. Off, the transitions write no
+# outbox row at all: the SQL functions read the session setting `jobops.events`, which
+# every connection of this process then sets at its start. On only where a consumer is
+# configured: the ERP bridge (JOBOPS_ERP_EVENTS_URL), or JOBOPS_EVENTS_PUBLISH=on for a
+# queue of one's own bound to `events.jobs` (jobops cannot see it). Without one, every
+# change of every job paid an outbox row and the relay's publish for no reader.
+JOBOPS_EVENTS_PUBLISH = env_bool("JOBOPS_EVENTS_PUBLISH", bool(JOBOPS_ERP_EVENTS_URL))
 if not JOBOPS_EVENTS_PUBLISH:
     if JOBOPS_ERP_EVENTS_URL:
         raise ImproperlyConfigured(

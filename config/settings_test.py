@@ -8,6 +8,10 @@ from django.core.exceptions import ImproperlyConfigured
 # Tests run with development values (DEBUG defaults to off, which would refuse the
 # development secrets); set before config.settings reads the environment.
 os.environ.setdefault("DEBUG", "true")
+# Job events on, in this process and in every process a test starts (they inherit the
+# environment): the suite checks the events of every path; tests/jobs/test_events_off.py
+# runs without them.
+os.environ.setdefault("JOBOPS_EVENTS_PUBLISH", "on")
 
 from config import settings as _base
 from config.settings import *  # noqa: F403

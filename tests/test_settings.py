@@ -296,12 +296,23 @@ def test_events_off_with_an_erp_configured_refuses_to_start_and_says_why(starter
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("value", "session"), [("off", "off"), ("on", None), (None, None)])
-def test_events_off_starts_every_database_session_with_it(value, session, starter):
-    """The transitions read `jobops.events` (jobs_events_on): off only where set off."""
+@pytest.mark.parametrize(
+    ("value", "erp", "session"),
+    [
+        ("off", "", "off"),
+        ("on", "", None),
+        (None, "", "off"),  # no consumer configured: off by default
+        (None, "http://erp.example/events", None),  # the ERP bridge reads them: on
+    ],
+)
+def test_events_off_starts_every_database_session_with_it(value, erp, session, starter):
+    """The transitions read `jobops.events` (jobs_events_on): off where set off, and
+    by default where no consumer (the ERP bridge) is configured."""
     from tests.processes import subprocess_env
 
     env = {k: v for k, v in subprocess_env().items() if k != "JOBOPS_EVENTS_PUBLISH"}
+    # The deployment's settings, not the suite's (which turn events on for every test).
+    env.update(DJANGO_SETTINGS_MODULE="config.settings", JOBOPS_ERP_EVENTS_URL=erp)
     result = starter.run(
         "import django; django.setup(); from django.db import connection\n"
         "with connection.cursor() as c:\n"
