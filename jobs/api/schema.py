@@ -7,7 +7,7 @@ from typing import Any
 from jobs.services.batch_creation import MAX_INDEX_DIGITS
 
 # Request bodies whose serializer refuses unknown fields (mass assignment): say so.
-CLOSED_REQUEST_COMPONENTS = ("JobCreateInputRequest",)
+CLOSED_REQUEST_COMPONENTS = ("JobCreateInputRequest", "BatchCreateInputRequest")
 
 
 # A batch's Idempotency-Key leaves room for `:<index>` in its items' 255 characters.

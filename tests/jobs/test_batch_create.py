@@ -435,3 +435,8 @@ def test_the_openapi_schema_documents_the_batch_create(client):
     assert "StatusEnum" in components  # the job's status keeps its name
     request = components["BatchCreateInputRequest"]["properties"]["jobs"]
     assert request["items"]["$ref"].endswith("/JobCreateInputRequest")
+    # The body refuses fields besides `jobs` (400), and its schema says so: a client (and
+    # the contract test) must not take an extra field for an accepted one.
+    assert components["BatchCreateInputRequest"]["additionalProperties"] is False
+    key = next(p for p in operation["parameters"] if p["name"] == "Idempotency-Key")
+    assert key["schema"]["maxLength"] == 248
