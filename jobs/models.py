@@ -190,10 +190,7 @@ class Job(models.Model):
                 name="jobs_scheduled_due_idx",
                 condition=Q(status=Status.SCHEDULED),
             ),
-            # Purge: each type's ended jobs by when they ended, so that a batch reads
-            # only the jobs past that type's retention (jobs/queries.sql purge_claim),
-            # however many younger finished jobs of longer-kept types the table holds.
-            # Partial: a job enters it once, when it ends.
+            # Purge: per type, only the ended jobs past its retention (purge_claim).
             models.Index(
                 fields=["type", "updated_at"],
                 name="jobs_ended_idx",
