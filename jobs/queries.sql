@@ -400,8 +400,12 @@ RETURNING id, event_id::text, job_id::text, seq, park_status;
 -- by a partial index (jobs_pending_idx, jobs_running_lock_idx, outbox_waiting_idx,
 -- outbox_parked_idx) or reads one row, so a scrape stays cheap on a large table. A
 -- parked row waits for an operator, not for the relay: it is no part of the lag.
+-- `priority >= 0` (true of every job) is jobs_pending_idx's predicate: only this
+-- statement names it, so that the claims and the publisher cannot take that index
+-- for theirs (jobs/migrations/0025).
 SELECT
-    (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM jobs WHERE status = 'pending'),
+    (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM jobs
+        WHERE status = 'pending' AND priority >= 0),
     (SELECT count(*) FROM jobs WHERE status = 'running'
         AND locked_at < now() - make_interval(secs => %(stale_after)s)),
     (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM event_outbox
