@@ -8,8 +8,8 @@ scratch places (database and vhost `jobops_bench_executors`):
 - `celery`: jobops, the Celery path (queue `default`, the dispatchers as the Procfile
   starts them, a prefork worker of 2);
 - `postgres`: jobops, the PostgreSQL executor (JOBOPS_EXECUTOR_DEFAULT=postgres,
-  `manage.py run_worker --queues default --concurrency 2 --pool threads`, the same
-  dispatchers);
+  `manage.py run_worker --queues default --concurrency 2 --pool threads`, or
+  `--pool processes`, the same dispatchers);
 - `results`: Celery + django-celery-results (bench/_celery_results.py: each task's
   STARTED and SUCCESS rows in PostgreSQL, otherwise the raw arm's settings);
 - `procrastinate`: Procrastinate (bench/_procrastinate.py), 2 processes x concurrency 2.
@@ -38,7 +38,7 @@ run_worker` exists; otherwise its rows say "not measured".
 
 Usage: python bench/executors.py [--jobs 2000] [--slow-jobs 1000] [--capacity-jobs 1000]
        [--latency-jobs 400] [--seed 1000000] [--repeat 3] [--arms raw,celery,...]
-       [--quick] [--keep]
+       [--pool threads|processes] [--quick] [--keep]
 """
 
 from __future__ import annotations
@@ -258,11 +258,12 @@ class RawArm(Arm):
 class JobopsArm(Arm):
     """jobops through its own doors: `job_create`, the dispatchers, a worker group."""
 
-    def __init__(self, scratch: common.Scratch, executor: str) -> None:
+    def __init__(self, scratch: common.Scratch, executor: str, pool: str = "threads") -> None:
         from bench._jobflow import bench_user
 
         super().__init__(scratch)
         self.executor = executor
+        self.pool = pool
         self.envs = {kind: scratch.env(JOBOPS_HANDLERS=h) for kind, h in HANDLERS.items()}
         self.owner = bench_user("bench-executors")
         self.dispatchers = common.start_dispatchers(bench=NAME, env=self.envs["noop"])
@@ -305,9 +306,9 @@ class JobopsArm(Arm):
                 *(sys.executable, str(common.ROOT / "manage.py"), "run_worker"),
                 *("--queues", JOB_QUEUE, "--concurrency", str(CONCURRENCY)),
                 # No-op and 10 ms jobs are what JOBOPS_WORKER_POOL=threads is for
-                # (docs/postgres-executor.md); bench/e2e.py --pool processes measures
-                # the other pool.
-                *("--pool", "threads"),
+                # (docs/postgres-executor.md), the default here; --pool processes
+                # measures the other pool (run_worker's own default).
+                *("--pool", self.pool),
             ],
             env=env,
         )
@@ -461,11 +462,11 @@ class ProcrastinateArm(Arm):
         self.mod.app.close()
 
 
-def make_arm(name: str, scratch: common.Scratch) -> Arm:
+def make_arm(name: str, scratch: common.Scratch, pool: str = "threads") -> Arm:
     if name == "raw":
         return RawArm(scratch)
     if name in JOBOPS_ARMS:
-        return JobopsArm(scratch, name)
+        return JobopsArm(scratch, name, pool)
     if name == "results":
         return ResultsArm(scratch)
     if name == "procrastinate":
@@ -550,7 +551,7 @@ def run_child(args: Any) -> int:
     common.install_signal_handlers()
     scratch.setup_django(JOBOPS_HANDLERS=HANDLERS["noop"])
     out: dict[str, Any] = {}
-    arm = make_arm(args.child, scratch)
+    arm = make_arm(args.child, scratch, args.pool)
     try:
         for phase in args.phases.split(","):
             began = time.monotonic()
@@ -592,6 +593,7 @@ def run_arm(
         *("--out", str(out), "--jobs", str(args.jobs), "--slow-jobs", str(args.slow_jobs)),
         *("--capacity-jobs", str(args.capacity_jobs)),
         *("--latency-jobs", str(args.latency_jobs)),
+        *("--pool", args.pool),
     ]
     try:
         code = subprocess.run(argv, cwd=common.ROOT, env=scratch.env(**extra_env)).returncode
@@ -803,6 +805,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, help="finished jobs seeded [1000000]")
     parser.add_argument("--repeat", type=int, help="rounds; each figure is their median [3]")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
+    parser.add_argument(
+        "--pool",
+        choices=("threads", "processes"),
+        default="threads",
+        help="the postgres arm's run_worker pool [threads]",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--phases", default="noop,sleep10,live", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)

@@ -164,13 +164,14 @@ class Job(models.Model):
                 name="jobs_idempotency_key_idx",
                 condition=Q(idempotency_key__isnull=False),
             ),
-            # Dispatcher: pending jobs to (re)publish, oldest first.
+            # Gauges' oldest pending job; `priority`, tested by them alone, keeps claims off it.
             models.Index(
-                fields=["created_at"], name="jobs_pending_idx", condition=Q(status=Status.PENDING)
+                fields=["created_at"],
+                name="jobs_pending_idx",
+                condition=Q(status=Status.PENDING, priority__gte=0),
             ),
-            # Dispatcher: a queue's pending jobs in the order they enter its broker
-            # window, highest priority first, then oldest (due_pending_jobs, one probe
-            # per queue); its leading column also lists the queues that have any.
+            # Claims and publisher: a queue's pending jobs, highest priority then oldest
+            # first (one ordered probe per queue); its leading column lists the queues.
             models.Index(
                 F("queue"),
                 F("priority").desc(),
@@ -189,6 +190,12 @@ class Job(models.Model):
                 fields=["run_at"],
                 name="jobs_scheduled_due_idx",
                 condition=Q(status=Status.SCHEDULED),
+            ),
+            # Purge: per type, only the ended jobs past its retention (purge_claim).
+            models.Index(
+                fields=["type", "updated_at"],
+                name="jobs_ended_idx",
+                condition=Q(status__in=["succeeded", "failed", "cancelled"]),
             ),
             # Reaper: running jobs with a stale lock.
             models.Index(

@@ -502,8 +502,12 @@ RETURNING id, event_id::text, job_id::text, seq, park_status;
 -- by a partial index (jobs_pending_idx, jobs_running_lock_idx, outbox_waiting_idx,
 -- outbox_parked_idx) or reads one row, so a scrape stays cheap on a large table. A
 -- parked row waits for an operator, not for the relay: it is no part of the lag.
+-- `priority >= 0` (true of every job) is jobs_pending_idx's predicate: only this
+-- statement names it, so that the claims and the publisher cannot take that index
+-- for theirs (jobs/migrations/0025).
 SELECT
-    (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM jobs WHERE status = 'pending'),
+    (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM jobs
+        WHERE status = 'pending' AND priority >= 0),
     (SELECT count(*) FROM jobs WHERE status = 'running'
         AND locked_at < now() - make_interval(secs => %(stale_after)s)),
     (SELECT EXTRACT(EPOCH FROM now() - min(created_at)) FROM event_outbox
@@ -578,27 +582,38 @@ LIMIT %(limit)s;
 
 -- name: purge_claim
 -- A purge batch (jobs/services/purge.py): ended jobs past their type's retention,
--- oldest first, locked for the batch's transaction, rows another purger holds skipped.
--- `types` and `keep` pair each job type with its retention in seconds; a type not
--- named is never purged. jobs_purge_due (jobs/migrations/0011, 0023) is the rule: never
--- an unfinished job, a job with an open dead letter, one whose idempotency key is
--- still live, or one with a fix-forward edit still undecided (purge_kept says which).
--- A job ended when its row last changed (updated_at; every transition
--- moves it), never before it was created, so `min_keep` (the shortest retention)
--- bounds the scan to the oldest part of jobs_created_idx; the jobs that stay there
--- (an open dead letter, a live key) are walked past again by each batch.
-SELECT j.id, j.type, j.status FROM jobs j
-JOIN unnest(%(types)s::text[], %(keep)s::float8[]) AS r(type, secs) ON r.type = j.type
-WHERE j.created_at < now() - make_interval(secs => %(min_keep)s::float8)
-  AND jobs_purge_due(j, r.secs)
-ORDER BY j.created_at
-LIMIT %(limit)s
-FOR UPDATE OF j SKIP LOCKED;
+-- those that ended first first, locked for the batch's transaction, rows another
+-- purger holds skipped. `types` and `keep` pair each job type with its retention in
+-- seconds; a type not named is never purged. jobs_purge_due (jobs/migrations/0011,
+-- 0023) is the rule: never an unfinished job, a job with an open dead letter, one
+-- whose idempotency key is still live, or one with a fix-forward edit still undecided
+-- (purge_kept says which). A job ended when its row last changed (updated_at; every
+-- transition moves it): per type, one ordered scan of jobs_ended_idx over its jobs
+-- that ended before its retention, stopping at the LIMIT, so a pass reads only jobs
+-- past their retention, however many finished jobs of longer-kept types the table
+-- holds (before, one walk over every job older than the shortest retention, the rule
+-- called per row: seconds per pass beside a million jobs kept 90 days). The jobs that
+-- stay there (an open dead letter, a live key) are walked past again by each batch.
+-- Each type locks up to `limit` rows of its own; those past the batch's LIMIT are
+-- released at its commit and taken by the next batch.
+SELECT d.id, d.type, d.status
+FROM unnest(%(types)s::text[], %(keep)s::float8[]) AS r(type, secs)
+CROSS JOIN LATERAL (
+    SELECT j.id, j.type, j.status, j.updated_at FROM jobs j
+    WHERE j.type = r.type AND j.status IN ('succeeded', 'failed', 'cancelled')
+      AND j.updated_at < now() - make_interval(secs => r.secs)
+      AND jobs_purge_due(j, r.secs)
+    ORDER BY j.updated_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+) AS d
+ORDER BY d.updated_at
+LIMIT %(limit)s;
 
 
 -- name: purge_due_counts
 -- What a purge would remove now, per job type (manage.py purge --dry-run): the jobs
--- purge_claim would take (same parameters, no limit, nothing locked), with their
+-- purge_claim would take (same parameters and scan, no limit, nothing locked), with their
 -- artefacts, closed dead letters, published outbox rows and (decided) fix-forward edits:
 -- each counted once, through its own job.
 SELECT j.type, count(*),
@@ -607,10 +622,14 @@ SELECT j.type, count(*),
        coalesce(sum((SELECT count(*) FROM event_outbox o
                      WHERE o.job_id = j.id AND o.published_at IS NOT NULL)), 0),
        coalesce(sum((SELECT count(*) FROM params_edits e WHERE e.job_id = j.id)), 0)
-FROM jobs j
-JOIN unnest(%(types)s::text[], %(keep)s::float8[]) AS r(type, secs) ON r.type = j.type
-WHERE j.created_at < now() - make_interval(secs => %(min_keep)s::float8)
-  AND jobs_purge_due(j, r.secs)
+FROM unnest(%(types)s::text[], %(keep)s::float8[]) AS r(type, secs)
+CROSS JOIN LATERAL (
+    SELECT j.id, j.type FROM jobs j
+    WHERE j.type = r.type AND j.status IN ('succeeded', 'failed', 'cancelled')
+      AND j.updated_at < now() - make_interval(secs => r.secs)
+      AND jobs_purge_due(j, r.secs)
+    OFFSET 0  -- a subquery per type, not pulled up into one join: its own index range
+) AS j
 GROUP BY j.type;
 
 
@@ -664,13 +683,16 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM dl), (SELECT count(*) 
 -- (jobs_purge_ended): a fix-forward edit of theirs waits for a decision
 -- (jobs_purge_held), e.g. one whose dead letter was closed before closing a dead letter
 -- settled its edit. Same parameters as purge_due_counts; the total (before the limit),
--- then the oldest `limit` with the dead letters of their waiting edits.
+-- then the oldest `limit` with the dead letters of their waiting edits. Read from the
+-- undecided edits' side (jobs_purge_held's condition; a handful of rows) and their jobs
+-- by primary key: never a walk over the finished jobs, which a pass before this one
+-- made every time (seconds beside a million jobs kept 90 days).
 SELECT count(*) OVER (), j.id::text,
        (SELECT array_agg(e.dead_letter_id ORDER BY e.id) FROM params_edits e
         WHERE e.job_id = j.id AND e.state NOT IN ('applied', 'rejected'))
 FROM jobs j
 JOIN unnest(%(types)s::text[], %(keep)s::float8[]) AS r(type, secs) ON r.type = j.type
-WHERE j.created_at < now() - make_interval(secs => %(min_keep)s::float8)
+WHERE j.id IN (SELECT e.job_id FROM params_edits e WHERE e.state NOT IN ('applied', 'rejected'))
   AND jobs_purge_ended(j, r.secs) AND jobs_purge_held(j)
 ORDER BY j.created_at
 LIMIT %(limit)s;

@@ -110,14 +110,14 @@ _next_sweep = 0.0
 
 
 def _retention_params(older_than: timedelta | None) -> dict[str, Any]:
-    """purge_claim's `types`/`keep`/`min_keep`: each type's retention in seconds, or
-    `older_than` for every type (manage.py purge --older-than)."""
+    """purge_claim's `types`/`keep`: each type's retention in seconds, or `older_than`
+    for every type (manage.py purge --older-than)."""
     types = all_types()
     keep = [
         (older_than if older_than is not None else t.retention).total_seconds()
         for t in types.values()
     ]
-    return {"types": list(types), "keep": keep, "min_keep": min(keep, default=0.0)}
+    return {"types": list(types), "keep": keep}
 
 
 def _category(job_type: str) -> str:

@@ -22,6 +22,15 @@
 -- force_generic_plan, for its nested statements too): a custom plan, which PL/pgSQL
 -- otherwise picks for array arguments whose length it cannot see, was planned again at
 -- every call, most of a one-job transition's cost in the database.
+-- Inside that probe the statuses it accepts are the function's constants (`s_running`,
+-- ...), not literals: a generic plan cannot prove a partial index's predicate
+-- (`status = 'running'`, `status IN ('pending', ...)`) from a parameter, so the primary
+-- key is the only index the probe can take. With literals, on a large table whose
+-- statistics say (rightly) that almost no job is running or pending, the planner took
+-- jobs_unfinished_idx or jobs_running_lock_idx as a "one-row" full scan per id, reading
+-- every running or pending job for each one: beside 1,000,000 finished jobs a claim of
+-- 64 read 6,200 buffers instead of 180, and a drain ran at 0.4 of its empty-table rate
+-- (docs/benchmarks.md#beside-a-million-finished-jobs).
 -- Installed after migrations (core/sqlfiles.py); tests/jobs/test_transition_functions.py
 -- holds every function to at most 12 arguments and none that switches behaviour.
 
@@ -42,6 +51,10 @@ CREATE OR REPLACE FUNCTION jobs_claim_delivered(
     p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_pending CONSTANT text := 'pending';
+    s_queued CONSTANT text := 'queued';
+    s_retrying CONSTANT text := 'retrying';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -59,8 +72,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status IN ('pending', 'queued')
-                   OR (jobs.status = 'retrying' AND jobs.next_run_at <= now()))
+              AND (jobs.status IN (s_pending, s_queued)
+                   OR (jobs.status = s_retrying AND jobs.next_run_at <= now()))
               AND jobs.org_id = p_org_id
               AND NOT EXISTS (SELECT FROM organisations o
                              WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
@@ -115,6 +128,9 @@ CREATE OR REPLACE FUNCTION jobs_claim_polled(
     p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_pending CONSTANT text := 'pending';
+    s_retrying CONSTANT text := 'retrying';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -132,8 +148,8 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND (jobs.status = 'pending'
-                   OR (jobs.status = 'retrying' AND jobs.next_run_at <= now()))
+              AND (jobs.status = s_pending
+                   OR (jobs.status = s_retrying AND jobs.next_run_at <= now()))
               AND NOT EXISTS (SELECT FROM organisations o
                              WHERE o.id = jobs.org_id AND o.suspended_at IS NOT NULL)
               AND NOT EXISTS (SELECT FROM queue_pauses q WHERE q.queue = jobs.queue)
@@ -181,6 +197,8 @@ CREATE OR REPLACE FUNCTION jobs_progress(
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_running CONSTANT text := 'running';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -200,7 +218,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.status = s_running AND jobs.locked_by = p_locked_by
               AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
@@ -238,6 +256,8 @@ CREATE OR REPLACE FUNCTION jobs_succeed(
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_running CONSTANT text := 'running';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -256,7 +276,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.status = s_running AND jobs.locked_by = p_locked_by
               AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
@@ -305,6 +325,8 @@ CREATE OR REPLACE FUNCTION jobs_retry(
     p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_running CONSTANT text := 'running';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -323,7 +345,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.status = s_running AND jobs.locked_by = p_locked_by
               AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
@@ -375,6 +397,8 @@ CREATE OR REPLACE FUNCTION jobs_retry_held(
     p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_running CONSTANT text := 'running';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -393,7 +417,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.status = s_running AND jobs.locked_by = p_locked_by
               AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
@@ -443,6 +467,8 @@ CREATE OR REPLACE FUNCTION jobs_cancel_confirm(
     p_actor_type text, p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_running CONSTANT text := 'running';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -461,7 +487,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.status = s_running AND jobs.locked_by = p_locked_by
               AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
@@ -509,6 +535,8 @@ CREATE OR REPLACE FUNCTION jobs_defer(
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_running CONSTANT text := 'running';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -527,7 +555,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.status = s_running AND jobs.locked_by = p_locked_by
               AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
@@ -570,6 +598,8 @@ CREATE OR REPLACE FUNCTION jobs_fail_fenced(
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_running CONSTANT text := 'running';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -588,7 +618,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status = 'running' AND jobs.locked_by = p_locked_by
+              AND jobs.status = s_running AND jobs.locked_by = p_locked_by
               AND jobs.attempts = i.attempt
             FOR UPDATE
         ) AS jobs
@@ -797,6 +827,11 @@ CREATE OR REPLACE FUNCTION jobs_cancel(
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_scheduled CONSTANT text := 'scheduled';
+    s_pending CONSTANT text := 'pending';
+    s_queued CONSTANT text := 'queued';
+    s_retrying CONSTANT text := 'retrying';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -814,7 +849,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status IN ('scheduled', 'pending', 'queued', 'retrying')
+              AND jobs.status IN (s_scheduled, s_pending, s_queued, s_retrying)
             FOR UPDATE
         ) AS jobs
     ),
@@ -852,6 +887,8 @@ CREATE OR REPLACE FUNCTION jobs_reclaim(
     p_actor_type text, p_actor_id text, p_ts text, p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_running CONSTANT text := 'running';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -869,7 +906,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status = 'running'
+              AND jobs.status = s_running
               AND jobs.locked_at < now() - make_interval(secs => p_stale_after)
             FOR UPDATE
         ) AS jobs
@@ -911,6 +948,8 @@ CREATE OR REPLACE FUNCTION jobs_hold(
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_queued CONSTANT text := 'queued';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -928,7 +967,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status = 'queued'
+              AND jobs.status = s_queued
             FOR UPDATE
         ) AS jobs
     ),
@@ -1022,6 +1061,8 @@ CREATE OR REPLACE FUNCTION jobs_promote_due(
     p_request_id text
 ) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_scheduled CONSTANT text := 'scheduled';
 BEGIN
     RETURN QUERY
     WITH locked AS (
@@ -1039,7 +1080,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT * FROM jobs
             WHERE jobs.id = i.id
-              AND jobs.status = 'scheduled'
+              AND jobs.status = s_scheduled
             FOR UPDATE
         ) AS jobs
     ),
