@@ -16,10 +16,12 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from jobs.domain.states import Status
+from jobs.models import Job
 from jobs.queries import QUERIES
-from jobs.services import Finish, jobs_claim, jobs_finish
+from jobs.services import Finish, job_claim, job_succeed, jobs_claim, jobs_finish
 from jobs.services.purge import _retention_params
-from tests.factories import make_job
+from tests.factories import UserFactory, fence_of, job_in_state, make_job
 
 HOST = "plans-host:1:test"
 FINISHED = 3000
@@ -181,3 +183,37 @@ def test_the_look_for_kept_jobs_starts_from_the_undecided_edits(finished):
     assert "on params_edits" in plan, plan
     assert "Index Scan using jobs_pkey on jobs" in plan, plan
     assert "jobs_created_idx" not in plan and "Seq Scan on jobs" not in plan, plan
+
+
+def _plans_of_one_job_transitions() -> tuple[int, int]:
+    """(generic, custom) plans of this connection's prepared statements that call a
+    transition function (jobs.services.transitions.STATEMENTS; the statements inside
+    the PL/pgSQL function are planned by its own plan cache, as prepared ones)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0) "
+            "FROM pg_prepared_statements WHERE statement LIKE '%%(m.moved).*%%'"
+        )
+        generic, custom = cursor.fetchone()
+    return int(generic), int(custom)
+
+
+def test_a_workers_claim_and_finish_keep_one_plan_instead_of_being_planned_each_time(
+    finished: None,
+) -> None:
+    # Planning the statement anew cost more than running it. After PostgreSQL's five
+    # trial runs a prepared statement keeps its generic plan only if that plan is no
+    # dearer than the custom ones: this fails if the statement's shape stops allowing it.
+    # On an analysed table with history (`finished`): the estimates a live database's
+    # planner has.
+    owner = UserFactory()
+    jobs = [job_in_state(Status.QUEUED, owner=owner) for _ in range(8)]
+    generic_before, custom_before = _plans_of_one_job_transitions()
+    for job in jobs:
+        claimed = job_claim(job_id=job.id, locked_by="w1")
+        assert claimed is not None
+        job_succeed(job_id=job.id, fence=fence_of(claimed), result=None)
+    generic, custom = _plans_of_one_job_transitions()
+    assert custom - custom_before <= 10  # at most five trials for each of the two
+    assert generic - generic_before >= 6
+    assert {j.status for j in Job.objects.filter(id__in=[j.id for j in jobs])} == {"succeeded"}

@@ -26,7 +26,7 @@ from jobs.services import (
     transitions,
 )
 from jobs.services.transitions import change
-from tests.factories import UserFactory, fence_of, job_in_state, make_job
+from tests.factories import UserFactory, job_in_state, make_job
 from tests.processes import job_events
 from tests.threads import run_in_threads
 
@@ -258,52 +258,6 @@ def test_artefact_save_is_an_upsert_that_replaces_the_file():
 
     assert second.sha256 == hashlib.sha256(b"a,b\n1,2\n").hexdigest()
     assert Job.objects.get(id=job.id).version > job.version
-
-
-def _plans_of_one_job_transitions() -> tuple[int, int]:
-    """(generic, custom) plans of this connection's prepared statements that call a
-    transition function (jobs.services.transitions.STATEMENTS; the statements inside
-    the PL/pgSQL function are planned by its own plan cache, as prepared ones)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT coalesce(sum(generic_plans), 0), coalesce(sum(custom_plans), 0) "
-            "FROM pg_prepared_statements WHERE statement LIKE '%%(m.moved).*%%'"
-        )
-        generic, custom = cursor.fetchone()
-    return int(generic), int(custom)
-
-
-def test_a_workers_claim_and_finish_keep_one_plan_instead_of_being_planned_each_time():
-    # Planning the statement anew cost more than running it. After PostgreSQL's five
-    # trial runs a prepared statement keeps its generic plan only if that plan is no
-    # dearer than the custom ones: this fails if the statement's shape stops allowing it.
-    owner = UserFactory()
-    jobs = [job_in_state(Status.QUEUED, owner=owner) for _ in range(8)]
-    # A table with some history, analysed: the estimates a live database's planner has.
-    Job.objects.bulk_create(
-        Job(
-            type="sim",
-            queue="sim",
-            params={},
-            params_hash="0",
-            owner=owner,
-            org=jobs[0].org,
-            max_attempts=1,
-            status=Status.SUCCEEDED,
-        )
-        for _ in range(2000)
-    )
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE jobs")
-    generic_before, custom_before = _plans_of_one_job_transitions()
-    for job in jobs:
-        claimed = job_claim(job_id=job.id, locked_by="w1")
-        assert claimed is not None
-        job_succeed(job_id=job.id, fence=fence_of(claimed), result=None)
-    generic, custom = _plans_of_one_job_transitions()
-    assert custom - custom_before <= 10  # at most five trials for each of the two
-    assert generic - generic_before >= 6
-    assert {j.status for j in Job.objects.filter(id__in=[j.id for j in jobs])} == {"succeeded"}
 
 
 def test_job_ids_are_time_ordered_so_new_index_entries_land_together():
