@@ -203,6 +203,23 @@ def _refuse_unsafe_prefetch(sender: Any = None, **_: Any) -> None:
         )
 
 
+@worker_init.connect
+def _configure_pool(sender: Any = None, **_: Any) -> None:
+    """Tell the Celery adapter which pool runs its tasks: under the threads pool its
+    tasks batch their ends and the core enforces the hard time limits
+    (jobs.processes.runtime.configure_pool)."""
+    from celery.concurrency import get_implementation
+    from celery.concurrency.thread import TaskPool as ThreadsPool
+
+    from jobs.processes.runtime import configure_pool
+
+    pool = get_implementation(sender.pool_cls)
+    threads = isinstance(pool, type) and issubclass(pool, ThreadsPool)
+    configure_pool(threads=threads, concurrency=int(sender.concurrency), hostname=sender.hostname)
+    if threads:
+        logger.info("threads pool: ends batched across %s tasks", sender.concurrency)
+
+
 @worker_process_init.connect
 def _trace_worker_process(**_: Any) -> None:
     # In each pool child: the SDK's export thread does not survive the fork.
