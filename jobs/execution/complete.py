@@ -137,6 +137,13 @@ class Completer:
             raise answer.error
         return answer.finish
 
+    def stop(self, timeout: float | None = None) -> None:
+        """End the thread once the ends before this call are written (a test's end)."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._ends.put(None)
+            thread.join(timeout=timeout)
+
     def _start(self) -> None:
         if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
             return
