@@ -16,7 +16,9 @@ Everything comes from settings, read lazily (this module is imported by
 - Per-type soft/hard time limits as task annotations.
 
 Run the two worker groups of the Procfile: long queues (model, cam, sim, report)
-with prefetch multiplier 1, light queues (default, erp) with 3. A worker refuses to
+with prefetch multiplier 1 under prefork, light queues (default, erp) with 3 under the
+threads pool (their ends batched across tasks, the hard time limits enforced by the
+execution core: jobs.tasks tells the adapter which pool runs it). A worker refuses to
 start when `(multiplier - 1) * time_limit >= consumer_timeout / 2` for a queue it
 consumes: a reserved message could otherwise wait past RabbitMQ's consumer_timeout.
 """
@@ -201,23 +203,6 @@ def _refuse_unsafe_prefetch(sender: Any = None, **_: Any) -> None:
             + "; ".join(problems)
             + " (use --prefetch-multiplier 1 for long queues)"
         )
-
-
-@worker_init.connect
-def _configure_pool(sender: Any = None, **_: Any) -> None:
-    """Tell the Celery adapter which pool runs its tasks: under the threads pool its
-    tasks batch their ends and the core enforces the hard time limits
-    (jobs.processes.runtime.configure_pool)."""
-    from celery.concurrency import get_implementation
-    from celery.concurrency.thread import TaskPool as ThreadsPool
-
-    from jobs.processes.runtime import configure_pool
-
-    pool = get_implementation(sender.pool_cls)
-    threads = isinstance(pool, type) and issubclass(pool, ThreadsPool)
-    configure_pool(threads=threads, concurrency=int(sender.concurrency), hostname=sender.hostname)
-    if threads:
-        logger.info("threads pool: ends batched across %s tasks", sender.concurrency)
 
 
 @worker_process_init.connect
