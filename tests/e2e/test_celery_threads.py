@@ -70,6 +70,30 @@ def test_threads_pool_runs_each_job_once_with_ends_batched(scripted):
         assert_chain_valid(job.id)
 
 
+def test_threads_pool_acks_do_not_wait_for_the_event_loop(scripted):
+    """Celery hands a pool thread's late ack to its event loop without waking it: with
+    the prefetch window full nothing else wakes it but its timers, and each window of
+    jobs waited seconds for them (config.celery.JobopsConsumer wakes it)."""
+    topology_declare_and_purge()
+    jobs = [make_job(job_type="ai", params={"do": "noop"}) for _ in range(40)]
+    publish_due_once()
+    env = scripted_env()
+    # One message reserved per thread: ten windows of four, each freed by its acks.
+    with celery_worker(
+        queues=["default"], concurrency=4, prefetch_multiplier=1, env=env, extra_args=THREADS
+    ):
+        done = [job_finished(job.id) for job in jobs]
+    assert {job.status for job in done} == {"succeeded"}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT extract(epoch FROM max(ts) - min(ts)) FROM audit_logs"
+            " WHERE job_id = ANY(%s) AND event_type IN ('started', 'succeeded')",
+            [[str(job.id) for job in jobs]],
+        )
+        seconds = float(cursor.fetchone()[0])
+    assert seconds < 8, f"40 no-op jobs took {seconds:.1f} s"
+
+
 def test_threads_pool_abandons_a_run_past_its_hard_limit_to_the_reaper(scripted):
     """The threads pool raises no time limit: the core's heartbeat loop stops beating for
     the run at its hard limit, the reaper reclaims the job, and the handler's late return
