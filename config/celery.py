@@ -138,6 +138,15 @@ def _wake_hub(hub: Any) -> None:
         return queued
 
     hub.call_soon = call_soon_and_wake
+    # And should a wake-up ever be missed, an ack waits half a second, not a timer's ten.
+    hub.call_repeatedly(HUB_WAKE_SECONDS, _nothing)
+
+
+HUB_WAKE_SECONDS = 0.5
+
+
+def _nothing() -> None:
+    """A timer's entry that only bounds how long the event loop sleeps."""
 
 
 JOB_TASK_PREFIX = "jobs."

@@ -148,10 +148,12 @@ class HeartbeatLoop:
                     now = time.monotonic()
                     overdue = self._overdue(now)
                     interval = settings.JOBOPS_HEARTBEAT_SECONDS
-                    soonest = min(
-                        (self._wakes(member, at) for member, at in self._members.values()),
-                        default=now + interval,
+                    wakes = (
+                        (self._wakes(member, at) for member, at in self._members.values())
+                        if self._hard_limits
+                        else (at for _, at in self._members.values())
                     )
+                    soonest = min(wakes, default=now + interval)
                     if not overdue and soonest > now:
                         self._wake_at = min(soonest, now + interval)
                         self._changed.wait(timeout=max(0.0, self._wake_at - now))
@@ -180,6 +182,8 @@ class HeartbeatLoop:
     def _overdue(self, now: float) -> list[Limited]:
         """The members past their hard limit (under the lock), no longer members."""
         overdue: list[Limited] = []
+        if not self._hard_limits:
+            return overdue
         for member, _ in list(self._members.values()):
             deadline = self._deadline(member)
             if deadline is not None and deadline <= now:
