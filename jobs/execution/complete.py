@@ -132,7 +132,10 @@ class Completer:
         self._start()
         answer = _Answer()
         self._ends.put((time.monotonic(), end, locked_by, answer))
-        answer.done.wait()
+        while not answer.done.wait(timeout=1.0):
+            thread = self._thread
+            if thread is None or not thread.is_alive():  # never answered: nothing written
+                raise RuntimeError("the completer thread ended before writing this end")
         if answer.error is not None:
             raise answer.error
         return answer.finish

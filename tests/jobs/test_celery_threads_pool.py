@@ -144,3 +144,11 @@ def test_a_loop_without_hard_limits_never_abandons(settings):
         assert not ctx._lost.is_set() and ctx.job_id in loop._members
     finally:
         loop.stop(timeout=5)
+
+
+def test_a_caller_whose_completer_thread_died_is_not_left_waiting(monkeypatch):
+    completer = complete.Completer(batch=2)
+    monkeypatch.setattr(completer, "_start", lambda: None)  # as if it died at once
+    end = complete.End(finish=None, log=structlog.get_logger(), job_type="cam")  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="completer thread ended"):
+        completer.write(end, locked_by="t")
