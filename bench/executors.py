@@ -6,7 +6,9 @@ scratch places (database and vhost `jobops_bench_executors`):
 - `raw`: raw Celery no-op tasks (bench/_raw_celery.py: quorum queue, confirms, prefork
   2, acks late, no database), the floor of the broker path;
 - `celery`: jobops, the Celery path (queue `default`, the dispatchers as the Procfile
-  starts them, a prefork worker of 2);
+  starts them, and its worker as the Procfile's light group: `--celery-pool threads`,
+  one process of `--celery-concurrency` 8 threads whose ends share transactions; or
+  `--celery-pool prefork`, a prefork worker of 2, each end written alone);
 - `postgres`: jobops, the PostgreSQL executor (JOBOPS_EXECUTOR_DEFAULT=postgres,
   `manage.py run_worker --queues default --concurrency 2 --pool threads`, or
   `--pool processes`, the same dispatchers);
@@ -37,8 +39,9 @@ bench/results/executors.json. The postgres arm runs only where `manage.py
 run_worker` exists; otherwise its rows say "not measured".
 
 Usage: python bench/executors.py [--jobs 2000] [--slow-jobs 1000] [--capacity-jobs 1000]
-       [--latency-jobs 400] [--seed 1000000] [--repeat 3] [--arms raw,celery,...]
-       [--pool threads|processes] [--quick] [--keep]
+       [--latency-jobs 2000] [--seed 1000000] [--repeat 3] [--arms raw,celery,...]
+       [--pool threads|processes] [--celery-pool threads|prefork] [--celery-concurrency N]
+       [--quick] [--keep]
 """
 
 from __future__ import annotations
@@ -88,6 +91,10 @@ LABELS = {
 }
 JOBOPS_ARMS = ("celery", "postgres")
 CONCURRENCY, PREFETCH = 2, 3
+# The jobops Celery arm's worker (--celery-pool, --celery-concurrency): the Procfile's
+# light group by default.
+CELERY_POOL = {"pool": "threads", "concurrency": 0}
+CELERY_CONCURRENCY = {"threads": 8, "prefork": CONCURRENCY}
 JOB_TYPE, JOB_QUEUE, PARAMS = "ai", "default", {"text": "x"}
 HANDLERS = {
     "noop": json.dumps({JOB_TYPE: "bench._handlers.noop"}),
@@ -296,8 +303,14 @@ class JobopsArm(Arm):
     def start_workers(self, kind: str) -> Any:
         env = self.envs[kind]
         if self.executor == "celery":
+            pool = str(CELERY_POOL["pool"])
             return common.start_worker(
-                bench=NAME, env=env, queues=JOB_QUEUE, concurrency=CONCURRENCY, prefetch=PREFETCH
+                bench=NAME,
+                env=env,
+                queues=JOB_QUEUE,
+                concurrency=int(CELERY_POOL["concurrency"]) or CELERY_CONCURRENCY[pool],
+                prefetch=PREFETCH,
+                pool=pool,
             )
         return common.Service(
             bench=NAME,
@@ -549,6 +562,7 @@ def run_child(args: Any) -> int:
     # The parent's places and secrets (Scratch() alone would make new secrets).
     scratch._secrets = {key: os.environ[key] for key in scratch._secrets}
     common.install_signal_handlers()
+    CELERY_POOL.update(pool=args.celery_pool, concurrency=args.celery_concurrency or 0)
     scratch.setup_django(JOBOPS_HANDLERS=HANDLERS["noop"])
     out: dict[str, Any] = {}
     arm = make_arm(args.child, scratch, args.pool)
@@ -594,6 +608,8 @@ def run_arm(
         *("--capacity-jobs", str(args.capacity_jobs)),
         *("--latency-jobs", str(args.latency_jobs)),
         *("--pool", args.pool),
+        *("--celery-pool", args.celery_pool),
+        *("--celery-concurrency", str(args.celery_concurrency or 0)),
     ]
     try:
         code = subprocess.run(argv, cwd=common.ROOT, env=scratch.env(**extra_env)).returncode
@@ -801,7 +817,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, help="no-op jobs per drain [2000]")
     parser.add_argument("--slow-jobs", type=int, help="10 ms jobs per drain [1000]")
     parser.add_argument("--capacity-jobs", type=int, help="jobs of the capacity run [1000]")
-    parser.add_argument("--latency-jobs", type=int, help="jobs at half capacity [400]")
+    parser.add_argument("--latency-jobs", type=int, help="jobs at half capacity [2000]")
     parser.add_argument("--seed", type=int, help="finished jobs seeded [1000000]")
     parser.add_argument("--repeat", type=int, help="rounds; each figure is their median [3]")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
@@ -810,6 +826,17 @@ def main() -> int:
         choices=("threads", "processes"),
         default="threads",
         help="the postgres arm's run_worker pool [threads]",
+    )
+    parser.add_argument(
+        "--celery-pool",
+        choices=("threads", "prefork"),
+        default="threads",
+        help="the jobops Celery arm's pool: threads (the Procfile's light group) or prefork",
+    )
+    parser.add_argument(
+        "--celery-concurrency",
+        type=int,
+        help="the jobops Celery arm's threads or processes [8 threads, 2 prefork]",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--phases", default="noop,sleep10,live", help=argparse.SUPPRESS)

@@ -16,7 +16,9 @@ Everything comes from settings, read lazily (this module is imported by
 - Per-type soft/hard time limits as task annotations.
 
 Run the two worker groups of the Procfile: long queues (model, cam, sim, report)
-with prefetch multiplier 1, light queues (default, erp) with 3. A worker refuses to
+with prefetch multiplier 1 under prefork, light queues (default, erp) with 3 under the
+threads pool (their ends batched across tasks, the hard time limits enforced by the
+execution core: jobs.tasks tells the adapter which pool runs it). A worker refuses to
 start when `(multiplier - 1) * time_limit >= consumer_timeout / 2` for a queue it
 consumes: a reserved message could otherwise wait past RabbitMQ's consumer_timeout.
 """
@@ -24,9 +26,11 @@ consumes: a reserved message could otherwise wait past RabbitMQ's consumer_timeo
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from celery import Celery
+from celery.concurrency.thread import TaskPool as ThreadsPool
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 from celery.utils.log import get_logger
 from celery.worker.consumer import Consumer
@@ -63,6 +67,10 @@ class JobopsConsumer(Consumer):
       it (docs/architecture.md#dead-letters).
     - A body that cannot be decoded is rejected the same way; Celery's default acks it
       away, and the message was lost.
+    - Under the threads pool, a task's late ack wakes the event loop (`_wake_hub`):
+      Celery hands the ack to the loop's thread (`hub.call_soon`) without waking it, so
+      once the prefetch window was full the acks waited for the loop's next timer, up
+      to ten seconds, and so did the next messages.
     - No native delayed delivery step: with quorum queues Celery 5.5 declares
       `celery_delayed_*` exchanges and queues and binds our queues to them. jobops uses
       no countdown/ETA (retries wait in the database, docs/architecture.md) and Celery must
@@ -76,6 +84,8 @@ class JobopsConsumer(Consumer):
 
     def create_task_handler(self, promise: Any = promise) -> Any:
         on_task_received = super().create_task_handler(promise)
+        if self.hub is not None and isinstance(self.pool, ThreadsPool):
+            _wake_hub(self.hub)
 
         def on_checked_task_received(message: Any) -> Any:
             problem = message_problem(message)
@@ -94,6 +104,49 @@ class JobopsConsumer(Consumer):
     def on_decode_error(self, message: Any, exc: BaseException) -> None:
         logger.error("Rejecting an undecodable message to its dead-letter queue: %r", exc)
         message.reject_log_error(logger, self.connection_errors, requeue=False)
+
+
+def _wake_hub(hub: Any) -> None:
+    """Make `hub.call_soon` from another thread (a pool thread's ack) wake the loop: a
+    pipe the loop reads, written once per call from outside the loop's thread. Called
+    in the loop's thread, as the loop starts (again after a reconnection: once)."""
+    if getattr(hub, "_jobops_waker", None) is not None:
+        return
+    readable, writable = os.pipe()
+    os.set_blocking(readable, False)
+    os.set_blocking(writable, False)
+    hub._jobops_waker = writable
+    loop_thread = threading.get_ident()
+
+    def drained() -> None:
+        try:
+            while os.read(readable, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    hub.add_reader(readable, drained)
+    call_soon = hub.call_soon
+
+    def call_soon_and_wake(callback: Any, *args: Any) -> Any:
+        queued = call_soon(callback, *args)
+        if threading.get_ident() != loop_thread:
+            try:
+                os.write(writable, b"\0")
+            except BlockingIOError:  # the pipe is full: the loop has wake-ups waiting
+                pass
+        return queued
+
+    hub.call_soon = call_soon_and_wake
+    # And should a wake-up ever be missed, an ack waits half a second, not a timer's ten.
+    hub.call_repeatedly(HUB_WAKE_SECONDS, _nothing)
+
+
+HUB_WAKE_SECONDS = 0.5
+
+
+def _nothing() -> None:
+    """A timer's entry that only bounds how long the event loop sleeps."""
 
 
 JOB_TASK_PREFIX = "jobs."

@@ -47,6 +47,9 @@ class JobContext:
         self._last_write = float("-inf")
         self._last_cancel_check = time.monotonic()
         self.started = time.monotonic()  # the attempt's start (its claim): its duration
+        # Its hard time limit (monotonic), set by the core for a heartbeat loop that
+        # enforces it (jobs.execution.heartbeat: a Celery threads pool); None: not here.
+        self.deadline: float | None = None
 
     @property
     def org_id(self) -> int:
@@ -145,3 +148,10 @@ class JobContext:
         """A beat found the lock gone: the handler's next call to the context raises."""
         self._lost.set()
         self.log.warning("job_lock_lost")
+
+    def hard_limit_passed(self) -> None:
+        """The run passed its hard time limit: abandoned (no more beats; the reaper
+        reclaims the job). The handler's next call to the context raises JobLost, and
+        its end is never written."""
+        self._lost.set()
+        self.log.error("job_hard_time_limit", left_to_reaper=True)

@@ -15,15 +15,24 @@ than one heartbeat, so a member added now (first beat one heartbeat from now) is
 due after the thread's next wake-up: `add` need not wake it. A wake-up per job was a
 thread switch and a fight for the GIL with the job itself, for nothing, on every short
 job.
+
+A loop with `hard_limits` (a Celery worker under the threads pool, which enforces no time
+limit itself) also ends the hold of a member past its `deadline` (its type's hard time
+limit): a thread cannot be stopped, so its job is abandoned as run_worker's thread
+runners abandon theirs. The loop stops beating for it, so its lock goes stale and the
+reaper reclaims it; the member hears `hard_limit_passed` (a `JobContext` then refuses its
+handler's further calls, and what the run writes later is refused by its fence). `add`
+wakes the thread only for a hard limit due before its next wake-up.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import structlog
 from django.conf import settings
@@ -54,18 +63,33 @@ class Beating(Protocol):
         """The lock is gone (the job was reclaimed): called once, after its removal."""
 
 
+class Limited(Beating, Protocol):
+    """A member with a hard time limit (for a loop with `hard_limits`)."""
+
+    @property
+    def deadline(self) -> float | None:
+        """Its hard time limit (monotonic), or None: none."""
+
+    def hard_limit_passed(self) -> None:
+        """It ran past `deadline` and is no longer a member: abandoned to the reaper."""
+
+
 class HeartbeatLoop:
     """The heartbeat thread of one process (see the module docstring). `autostart`: the
     first `add` in a process starts the thread (a Celery pool child: a thread does not
     survive a fork); otherwise its owner calls `start` and `stop`."""
 
-    def __init__(self, *, autostart: bool = True, log: Any = None) -> None:
+    def __init__(
+        self, *, autostart: bool = True, log: Any = None, hard_limits: bool = False
+    ) -> None:
         self._members: dict[Any, tuple[Beating, float]] = {}  # job id -> (member, next beat)
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._stopped = False
         self._autostart = autostart
+        self._hard_limits = hard_limits
+        self._wake_at = math.inf  # when the thread wakes next (monotonic)
         self.log = log if log is not None else logger
 
     def start(self) -> None:
@@ -94,6 +118,11 @@ class HeartbeatLoop:
                 self._start()
             due = time.monotonic() + settings.JOBOPS_HEARTBEAT_SECONDS
             self._members[member.job_id] = (member, due)
+            # A beat is never due before the thread's next wake-up; a hard limit may be
+            # (a type's limit can be shorter than a heartbeat).
+            deadline = self._deadline(member)
+            if deadline is not None and deadline < self._wake_at:
+                self._changed.notify_all()
 
     def remove(self, member: Beating) -> None:
         """No beat for this job any more. A beat already under way is fenced: once the
@@ -117,20 +146,50 @@ class HeartbeatLoop:
                     if self._stopped:
                         return
                     now = time.monotonic()
+                    overdue = self._overdue(now)
                     interval = settings.JOBOPS_HEARTBEAT_SECONDS
-                    soonest = min((at for _, at in self._members.values()), default=None)
-                    if soonest is None or soonest > now:
-                        until = now + interval if soonest is None else min(soonest, now + interval)
-                        self._changed.wait(timeout=max(0.0, until - now))
+                    wakes = (
+                        (self._wakes(member, at) for member, at in self._members.values())
+                        if self._hard_limits
+                        else (at for _, at in self._members.values())
+                    )
+                    soonest = min(wakes, default=now + interval)
+                    if not overdue and soonest > now:
+                        self._wake_at = min(soonest, now + interval)
+                        self._changed.wait(timeout=max(0.0, self._wake_at - now))
+                        self._wake_at = math.inf
                         continue
                     # Due now, and those due within half a heartbeat: one statement.
                     horizon = now + interval / 2
                     due = [member for member, at in self._members.values() if at <= horizon]
                     for member in due:
                         self._members[member.job_id] = (member, now + interval)
+                for member in overdue:
+                    member.hard_limit_passed()
                 self._beat(due)
         finally:
             connection.close()  # this thread's own
+
+    def _deadline(self, member: Beating) -> float | None:
+        """`member`'s hard limit (monotonic) when this loop enforces them and it has one."""
+        return getattr(member, "deadline", None) if self._hard_limits else None
+
+    def _wakes(self, member: Beating, beat_at: float) -> float:
+        """When the thread must wake for `member`: its next beat, or its hard limit."""
+        deadline = self._deadline(member)
+        return beat_at if deadline is None else min(beat_at, deadline)
+
+    def _overdue(self, now: float) -> list[Limited]:
+        """The members past their hard limit (under the lock), no longer members."""
+        overdue: list[Limited] = []
+        if not self._hard_limits:
+            return overdue
+        for member, _ in list(self._members.values()):
+            deadline = self._deadline(member)
+            if deadline is not None and deadline <= now:
+                del self._members[member.job_id]
+                overdue.append(cast(Limited, member))
+        return overdue
 
     def _beat(self, members: list[Beating]) -> None:
         if not members:

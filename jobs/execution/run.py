@@ -68,6 +68,8 @@ def run_handler(*, job: Job, fence: Fence, log: Any, heartbeats: HeartbeatLoop |
         log.info("job_deferred", connector=connector, delay=round(gate.delay, 3))
         return Run(ctx, spec, gate, "deferred")
     log.info("job_started")
+    if spec.time_limit:
+        ctx.deadline = ctx.started + spec.time_limit  # enforced where a loop does so
     if heartbeats is not None:
         heartbeats.add(ctx)
     outcome, error, result = "succeeded", None, None

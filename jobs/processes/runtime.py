@@ -30,6 +30,15 @@ run_worker (jobs.processes.executor):
    requeue=False so that the broker DLQ gets its copy; cancelled. `JobLost` anywhere:
    stop, ack, write nothing more. The database unreachable: reject with requeue=True
    and decide nothing.
+
+Under Celery's threads pool (`--pool threads`: the Procfile's light worker group,
+`configure_pool` at worker init) the tasks of one process share what a run_worker host's
+runners share: one lock holder for the process, one completer thread (the core's
+`Completer`) that writes the ends of the tasks that finish together in one transaction,
+each task waiting for its own end to commit before it returns (so its message is acked
+only after), and a heartbeat loop that enforces the types' hard time limits, which the
+threads pool does not (docs/architecture.md#claim-heartbeat-reaper: time limits). Under
+prefork each child writes its one end at once, a batch of one.
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from jobs.domain.states import Status
 # The core's names this adapter runs a job with (jobs.runtime re-exports JobContext
 # for handler authors).
 from jobs.execution import decide as _decide
-from jobs.execution.complete import End, attempt_fields, finish_log, write_ends
+from jobs.execution.complete import Completer, End, attempt_fields, finish_log, write_ends
 from jobs.execution.context import JobContext, worker_identity
 from jobs.execution.heartbeat import HeartbeatLoop
 from jobs.execution.limits import SoftLimit
@@ -106,6 +115,30 @@ SOFT_LIMIT = SoftLimit(SoftTimeLimitExceeded)
 # One heartbeat loop per worker process, started on its first job (after the fork).
 Heartbeats = HeartbeatLoop
 HEARTBEATS = HeartbeatLoop(log=logger)
+
+
+class _ThreadsPool:
+    """What the tasks of a threads-pool worker process share (`configure_pool`): its
+    lock holder, its completer and its heartbeat loop, which enforces hard limits."""
+
+    def __init__(self, *, concurrency: int, hostname: str | None) -> None:
+        self.locked_by = worker_identity(hostname)
+        # No more ends can wait together than the pool has threads: a window closes as
+        # soon as every thread waits for it.
+        self.completer = Completer(batch=concurrency)
+        self.heartbeats = HeartbeatLoop(log=logger, hard_limits=True)
+
+
+THREADS: _ThreadsPool | None = None
+
+
+def configure_pool(*, threads: bool, concurrency: int, hostname: str | None = None) -> None:
+    """Set how this worker process runs its tasks (config/celery.py, at worker init):
+    under the threads pool (`threads`), ends batched across the pool's `concurrency`
+    tasks and hard limits enforced by the core; otherwise one end per task, written at
+    once (a prefork child: Celery enforces the limits)."""
+    global THREADS
+    THREADS = _ThreadsPool(concurrency=concurrency, hostname=hostname) if threads else None
 
 
 # The core's decision with Celery's soft limit (jobs.execution.decide): how a handler's
@@ -168,7 +201,7 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
         log.error("message_names_no_job")
         raise Reject("message names no job", requeue=False)
     message_org = _payload_org_id(payload)
-    locked_by = worker_identity(hostname)
+    locked_by = THREADS.locked_by if THREADS is not None else worker_identity(hostname)
     try:
         version_problem = payload_version_problem(payload)
         if version_problem is not None:
@@ -268,21 +301,26 @@ def _fail_unclaimed(
 
 def _run_claimed(*, job: Job, locked_by: str, log: Any) -> dict[str, Any]:
     """Steps 3 and 4 of the module docstring for a job this delivery claimed: the core
-    runs it (jobs.execution.run), its end written at once as a batch of one; here, what
+    runs it (jobs.execution.run), its end written at once as a batch of one, or under
+    the threads pool in the process's next window (this thread waits for it); here, what
     the delivery answers."""
     job_id = job.id
+    threads = THREADS
 
     def write_end(finish: Finish, run: Run) -> Finish | None:
         """The end as written (its breaker's part resolved), or None: its job was found
-        lost, and logged so."""
-        return write_ends([End(finish, run.ctx.log, job.type)], locked_by=locked_by)[0]
+        lost, and logged so. Committed when it returns, whichever the pool."""
+        end = End(finish, run.ctx.log, job.type)
+        if threads is not None:
+            return threads.completer.write(end, locked_by=locked_by)
+        return write_ends([end], locked_by=locked_by)[0]
 
     ended = run_claimed(
         job=job,
         fence=Fence(locked_by, job.attempts),
         log=log,
         soft_limit=SOFT_LIMIT,
-        heartbeats=HEARTBEATS,
+        heartbeats=threads.heartbeats if threads is not None else HEARTBEATS,
         write_end=write_end,
     )
     run = ended.run

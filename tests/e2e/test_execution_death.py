@@ -26,18 +26,22 @@ from tests.processes import job_finished as finished
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
 
-def test_job_of_a_killed_worker_finishes_once_on_another_worker(settings):
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_job_of_a_killed_worker_finishes_once_on_another_worker(settings, pool):
+    """Under either pool (the threads pool batches its ends and holds one lock holder
+    for the process: jobs.processes.runtime)."""
     scripted_table(settings)
     env = scripted_env()
-    with celery_worker(queues=["model"], env=env, name="doomed") as doomed:
+    pooled = ("--pool", pool)
+    with celery_worker(queues=["model"], env=env, name="doomed", extra_args=pooled) as doomed:
         # Killed at its second step, six before its end: it cannot end first.
         job = make_job(job_type="model", params={"do": "steps", "steps": 8, "step_seconds": 0.25})
         publish_due_once()  # the dispatcher's step
         wait_for(lambda: int(handlers.redis_client().get(handlers.key(job.id, "step")) or 0) >= 2)
-        doomed.kill(signal.SIGKILL)  # the worker and its pool child, mid-job
+        doomed.kill(signal.SIGKILL)  # the worker (and its pool child), mid-job
         doomed.proc.wait(timeout=10)
     assert Job.objects.get(id=job.id).status == "running"
-    rescuer = celery_worker(queues=["model"], env=env, name="rescuer")
+    rescuer = celery_worker(queues=["model"], env=env, name="rescuer", extra_args=pooled)
     with together(rescuer, dispatcher_process()):
         done = finished(job.id)
     assert done.status == "succeeded" and done.attempts == 2
