@@ -94,6 +94,8 @@ def test_threads_pool_acks_do_not_wait_for_the_event_loop(scripted):
     assert seconds < 8, f"40 no-op jobs took {seconds:.1f} s"
 
 
+# Waits out a hard limit and the reaper for every attempt: in `make test-heavy`.
+@pytest.mark.heavy
 def test_threads_pool_abandons_a_run_past_its_hard_limit_to_the_reaper(scripted):
     """The threads pool raises no time limit: the core's heartbeat loop stops beating for
     the run at its hard limit, the reaper reclaims the job, and the handler's late return

@@ -66,6 +66,8 @@ def test_a_claim_of_the_last_pending_job_of_its_queue_does_not_notify():
         assert claim_then_mark(conn, pending.id) == "marker"
 
 
+# A real worker and dispatcher for 20 s: in `make test-heavy` (docs/development.md#the-test-budget).
+@pytest.mark.heavy
 def test_a_backlog_five_times_the_window_drains_on_the_claims_notifications():
     """Window 2, ten jobs, a dispatcher whose clock runs its steps once a minute: only
     the claims' notifications can refill the window in time."""
