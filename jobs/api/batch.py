@@ -23,7 +23,12 @@ from core.request_id import correlation_id_of, request_id_of
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.schema import MAX_BATCH_REQUEST_KEY
 from jobs.api.throttles import JobCreateThrottle
-from jobs.api.views import RateLimitedApi, _staff_powers, refuse_large_body
+from jobs.api.views import (
+    RateLimitedApi,
+    header_idempotency_key,
+    jobs_staff_powers,
+    refuse_large_body,
+)
 from jobs.domain.create_input import JobCreateInputSerializer
 from jobs.domain.exceptions import BadRequestError, PayloadTooLargeError
 from jobs.services.batch_creation import batch_items_read, job_batch_submit
@@ -33,7 +38,6 @@ from tenants.permissions import RequiredScope
 
 # What became of an item (BatchOutcome.status).
 BATCH_STATUSES = ["created", "existing", "error"]
-MAX_REQUEST_KEY = MAX_BATCH_REQUEST_KEY
 
 
 class BatchCreateInputSerializer(serializers.Serializer):
@@ -94,7 +98,7 @@ class JobBatchCreateApi(RateLimitedApi):
                 OpenApiTypes.STR,
                 OpenApiParameter.HEADER,
                 description=(
-                    f"1-{MAX_REQUEST_KEY} printable ASCII characters. An item without its "
+                    f"1-{MAX_BATCH_REQUEST_KEY} printable ASCII characters. An item without its "
                     "own idempotency_key gets `<key>:<index>`: a retried batch makes "
                     "nothing twice."
                 ),
@@ -125,7 +129,7 @@ class JobBatchCreateApi(RateLimitedApi):
             owner=request.user,
             items=batch_items_read(raw_items),
             request_key=request_key,
-            staff=_staff_powers(request),
+            staff=jobs_staff_powers(request),
             request_id=request_id_of(request),
             correlation_id=correlation_id_of(request),
         )
@@ -170,22 +174,25 @@ def _batch_items(body: Any) -> list[Any]:
 
 
 def _request_key(request: Request) -> str | None:
-    key = request.headers.get("Idempotency-Key")
-    if key is not None and len(key) >= 2 and key[0] == key[-1] == '"':
-        key = key[1:-1]  # the IETF draft sends it as a quoted string
+    """The batch's Idempotency-Key: a key of validate_idempotency_key short enough to
+    leave room for `:<index>` (400 else); None without one."""
+    key = header_idempotency_key(request)
     if key is None:
         return None
     try:
         validate_idempotency_key(key)
+        valid = len(key) <= MAX_BATCH_REQUEST_KEY
     except ApplicationError:
-        pass
-    else:
-        if len(key) <= MAX_REQUEST_KEY:
-            return key
-    raise BadRequestError(
-        f"The Idempotency-Key header is 1 to {MAX_REQUEST_KEY} printable ASCII characters.",
-        details={"idempotency_key": [f"1 to {MAX_REQUEST_KEY} printable ASCII characters."]},
-    )
+        valid = False
+    if not valid:
+        raise BadRequestError(
+            f"The Idempotency-Key header is 1 to {MAX_BATCH_REQUEST_KEY} printable ASCII "
+            "characters.",
+            details={
+                "idempotency_key": [f"1 to {MAX_BATCH_REQUEST_KEY} printable ASCII characters."]
+            },
+        )
+    return key
 
 
 def _envelope(error: ApplicationError) -> dict[str, Any]:

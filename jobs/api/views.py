@@ -76,7 +76,7 @@ def job_body(job: Job, request: Request) -> dict[str, Any]:
     return job_representation(job, request)
 
 
-def _staff_powers(request: Request) -> bool:
+def jobs_staff_powers(request: Request) -> bool:
     """Whether the caller may use staff powers on the jobs API (other users' jobs,
     staff-only params): staff with a verified second factor and a role that reads jobs
     (`jobs.view_job`: viewer, operator, superuser). Anyone else is their plain user.
@@ -152,7 +152,7 @@ class JobCreateApi(RateLimitedApi):
             idempotency_key=idempotency_key_of(request, data.get("idempotency_key")),
             request_id=request_id_of(request),
             correlation_id=correlation_id_of(request),
-            staff=_staff_powers(request),
+            staff=jobs_staff_powers(request),
             org=data.get("org"),
             project=data.get("project"),
             org_counted=getattr(request, "rate_limit_org", None),
@@ -186,12 +186,19 @@ def refuse_large_body(request: Request, *, limit: int) -> None:
         )
 
 
+def header_idempotency_key(request: Request) -> str | None:
+    """The Idempotency-Key header's value, unquoted (the IETF draft sends it as a quoted
+    string); None without one."""
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and len(key) >= 2 and key[0] == key[-1] == '"':
+        key = key[1:-1]
+    return key
+
+
 def idempotency_key_of(request: Request, body_key: str | None) -> str | None:
     """The create's idempotency key: the body's, else the Idempotency-Key header's
     (400 when both are sent and differ)."""
-    header_key = request.headers.get("Idempotency-Key")
-    if header_key is not None and len(header_key) >= 2 and header_key[0] == header_key[-1] == '"':
-        header_key = header_key[1:-1]  # the IETF draft sends it as a quoted string
+    header_key = header_idempotency_key(request)
     if header_key is not None and body_key is not None and header_key != body_key:
         raise BadRequestError(
             "The Idempotency-Key header and the body's idempotency_key differ.",
@@ -307,7 +314,7 @@ class JobListApi(APIView):
         filters.is_valid(raise_exception=True)
         jobs = job_list_for_user(
             user=request.user,
-            staff=_staff_powers(request),
+            staff=jobs_staff_powers(request),
             status=filters.validated_data.get("status"),
             job_type=filters.validated_data.get("type"),
             category=filters.validated_data.get("category"),
@@ -353,7 +360,7 @@ class JobDetailApi(APIView):
         """1. With If-None-Match, read only the version (one indexed row): 304 if the
         client has it, nothing serialized. 2. Else the job with its artefacts, in one
         query, and the body."""
-        staff = _staff_powers(request)
+        staff = jobs_staff_powers(request)
         if request.headers.get("If-None-Match"):
             version = job_version_for_user(job_id=job_id, user=request.user, staff=staff)
             if version is None:
@@ -383,7 +390,9 @@ class JobCancelApi(APIView):
         responses={200: JobOutputSerializer, **error_responses(401, 403, 404, 409)},
     )
     def post(self, request: Request, job_id: uuid.UUID) -> Response:
-        job = job_cancel_for_user(job_id=job_id, user=request.user, staff=_staff_powers(request))
+        job = job_cancel_for_user(
+            job_id=job_id, user=request.user, staff=jobs_staff_powers(request)
+        )
         return Response(job_body(job, request), headers={"ETag": job.etag})
 
 
@@ -426,7 +435,7 @@ class JobRetryApi(RateLimitedApi):
         job = job_retry_for_user(
             job_id=job_id,
             user=request.user,
-            staff=_staff_powers(request),
+            staff=jobs_staff_powers(request),
             reason=serializer.validated_data.get("reason"),
         )
         return Response(job_body(job, request), headers={"ETag": job.etag})
@@ -454,7 +463,10 @@ class JobArtefactApi(APIView):
     )
     def get(self, request: Request, job_id: uuid.UUID, artefact_id: uuid.UUID) -> HttpResponseBase:
         artefact = artefact_get_for_user(
-            job_id=job_id, artefact_id=artefact_id, user=request.user, staff=_staff_powers(request)
+            job_id=job_id,
+            artefact_id=artefact_id,
+            user=request.user,
+            staff=jobs_staff_powers(request),
         )
         content_type = artefact.content_type or "application/octet-stream"
         url = artefact_presigned_url(
