@@ -31,155 +31,31 @@ Usage: python bench/api.py [--workers 4] [--concurrency 16] [--seconds 8]
 
 from __future__ import annotations
 
-import itertools
-import json
-import socket
 import sys
-import threading
-import time
-import uuid
-from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _common as common
+from bench._http import (
+    BATCH_CLIENTS,
+    BATCH_SIZE,
+    CLIENTS,
+    SIM,
+    WEB_WORKERS,
+    batch_spec,
+    closed_loop,
+    create_spec,
+    load,
+    per_job,
+)
 from bench._jobflow import bench_user, user_token
 
 NAME = "api"
 # Sizes of `make bench`, and of --quick (seconds, for development).
 FULL = {"seconds": 8.0}
 QUICK = {"seconds": 2.0}
-SIM = {"type": "sim", "params": {"steps": 3}}
-
-
-def load(
-    *,
-    url: str,
-    method: str,
-    headers: dict[str, str],
-    concurrency: int,
-    seconds: float,
-    expect: int,
-    body: Callable[[], Any] | None = None,
-    rate: float | None = None,
-) -> dict[str, Any]:
-    """`concurrency` threads, each sending one request at a time, for `seconds`.
-
-    Without `rate` each thread sends its next request as soon as the last one is
-    answered (closed loop: the server's capacity). With `rate` the requests are due
-    at fixed times, `rate` per second, taken by whichever thread is free (open loop),
-    and a latency counts from the request's due time: a server that falls behind
-    shows its queue in the figures, not fewer requests.
-
-    The client writes each request as prepared bytes on a plain socket and reads the
-    answer to its end (gunicorn's sync workers close the connection after each one):
-    a few dozen microseconds of CPU per request. The `requests` library cost 0.6-0.8
-    CPU ms per request, 40 % of these two cores, so the client was the bottleneck and
-    every ratio was pulled towards 1. `client_cpu_ms_per_req` keeps that cost visible.
-    """
-    target = urlsplit(url)
-    address = (target.hostname or "127.0.0.1", target.port or 80)
-    path = (target.path or "/") + (f"?{target.query}" if target.query else "")
-    head = (
-        f"{method} {path} HTTP/1.1\r\nHost: {target.netloc}\r\n"
-        + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    ).encode("latin-1")
-
-    def request_bytes() -> bytes:
-        if body is None:
-            return head + b"\r\n"
-        content = json.dumps(body()).encode()
-        return (
-            head
-            + b"Content-Type: application/json\r\nContent-Length: "
-            + str(len(content)).encode()
-            + b"\r\n\r\n"
-            + content
-        )
-
-    latencies: list[float] = []
-    statuses: Counter[int] = Counter()
-    lock = threading.Lock()
-    barrier = threading.Barrier(concurrency + 1)
-    stop_at = [0.0]
-
-    slots = itertools.count()
-
-    def due() -> float:
-        """When this thread's next request is due: now (closed loop) or its slot."""
-        if rate is None:
-            return time.perf_counter()
-        with lock:
-            at = stop_at[0] - seconds + next(slots) / rate
-        time.sleep(max(0.0, at - time.perf_counter()))
-        return at
-
-    def client() -> None:
-        mine: list[float] = []
-        counts: Counter[int] = Counter()
-        barrier.wait()
-        while (began := due()) < stop_at[0]:
-            data = request_bytes()
-            counts[_exchange(address, data)] += 1
-            mine.append((time.perf_counter() - began) * 1000)
-        with lock:
-            latencies.extend(mine)
-            statuses.update(counts)
-
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for thread in threads:
-        thread.start()
-    stop_at[0] = time.perf_counter() + seconds
-    began = time.perf_counter()
-    cpu_began = time.process_time()
-    barrier.wait()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - began
-    client_cpu = time.process_time() - cpu_began
-    return {
-        "requests": len(latencies),
-        "seconds": round(elapsed, 2),
-        "req_per_s": common.rate(len(latencies), elapsed),
-        "client_cpu_ms_per_req": round(client_cpu * 1000 / max(len(latencies), 1), 3),
-        **common.latency_summary(latencies),
-        "statuses": {str(k): v for k, v in statuses.items()},
-        "unexpected": sum(n for code, n in statuses.items() if code != expect),
-    }
-
-
-def _exchange(address: tuple[str, int], data: bytes) -> int:
-    """Send one request on a new connection, read the answer to the end; its status
-    (0: the connection failed or the answer was not HTTP)."""
-    try:
-        with socket.create_connection(address, timeout=30) as sock:
-            sock.sendall(data)
-            answer = bytearray()
-            while chunk := sock.recv(65536):
-                answer += chunk
-                if _complete(answer):
-                    break
-    except OSError:
-        return 0
-    status = bytes(answer[9:12])
-    return int(status) if answer.startswith(b"HTTP/1.") and status.isdigit() else 0
-
-
-def _complete(answer: bytearray) -> bool:
-    """Whether `answer` holds the whole response: its head and Content-Length bytes (a
-    response without Content-Length ends when the server closes)."""
-    end = answer.find(b"\r\n\r\n")
-    if end < 0:
-        return False
-    for line in bytes(answer[:end]).split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length" and value.strip().isdigit():
-            return len(answer) - end - 4 >= int(value)
-    return False
 
 
 SETUP_NOTE = ""
@@ -210,13 +86,17 @@ def setup(scratch: common.Scratch) -> dict[str, str]:
 
 def main() -> int:
     parser = common.parser_for(__doc__)
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn workers (both paths)")
-    parser.add_argument("--concurrency", type=int, default=16, help="client threads")
+    parser.add_argument(
+        "--workers", type=int, default=WEB_WORKERS, help="gunicorn workers (both paths)"
+    )
+    parser.add_argument("--concurrency", type=int, default=CLIENTS, help="client threads")
     parser.add_argument("--seconds", type=float, help="per figure [8]")
     parser.add_argument("--broker-down", action="store_true", help="add the create without broker")
     parser.add_argument("--no-dispatcher", action="store_true", help="do not run the dispatcher")
-    parser.add_argument("--batch-size", type=int, default=1000, help="jobs per batch request")
-    parser.add_argument("--batch-concurrency", type=int, default=4, help="batch client threads")
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="jobs per batch request")
+    parser.add_argument(
+        "--batch-concurrency", type=int, default=BATCH_CLIENTS, help="batch client threads"
+    )
     parser.add_argument(
         "--only-create",
         action="store_true",
@@ -240,18 +120,12 @@ def main() -> int:
         etag = requests.get(job_url, headers=auth, timeout=10).headers["ETag"]
         shared = {"concurrency": args.concurrency, "headers": auth}
 
-        def new_key() -> dict[str, Any]:
-            return {**SIM, "idempotency_key": uuid.uuid4().hex}
-
         plan: list[tuple[str, dict[str, Any]]] = [
             (
                 "bare_post",
                 {"url": f"{base}/bench/bare", "method": "POST", "body": lambda: SIM, "expect": 201},
             ),
-            (
-                "create_post",
-                {"url": f"{base}/api/v1/jobs", "method": "POST", "body": new_key, "expect": 201},
-            ),
+            ("create_post", create_spec(base)),
             ("get_200", {"url": job_url, "method": "GET", "expect": 200}),
             (
                 "get_304",
@@ -273,31 +147,16 @@ def main() -> int:
             ),
             (
                 "batch_post",
-                {
-                    "url": f"{base}/api/v1/jobs/batch",
-                    "method": "POST",
-                    "body": lambda: {"jobs": [new_key() for _ in range(args.batch_size)]},
-                    "expect": 200,
-                    "concurrency": args.batch_concurrency,
-                },
+                batch_spec(base, size=args.batch_size, concurrency=args.batch_concurrency),
             ),
         ]
         if args.only_create:
             plan = [(label, spec) for label, spec in plan if label in CREATES]
         figures: dict[str, dict[str, Any]] = {}
         with common.CpuSampler(roles, database=scratch.database) as cpu:
-
-            def closed_loop(label: str, spec: dict[str, Any]) -> None:
-                load(**{**shared, **spec, "seconds": 1.0})  # every worker has its connections
-                began = time.time()
-                figures[label] = load(**{**shared, **spec, "seconds": args.seconds})
-                figures[label]["cpu_ms_per_req"] = cpu.ms_per_item(
-                    began, time.time(), figures[label]["requests"]
-                )
-
             for label, spec in plan:
                 if label != "batch_post":
-                    closed_loop(label, spec)
+                    figures[label] = closed_loop(cpu, {**shared, **spec}, seconds=args.seconds)
             # Latency at one offered load for both: half of what the create sustains.
             at_rate = round(figures["create_post"]["req_per_s"] / 2, 1)
             for label in ("bare_post", "create_post") if not args.only_create else ():
@@ -306,12 +165,8 @@ def main() -> int:
                 )
             # The batch last: the tens of thousands of jobs it creates are published for
             # some seconds after it, and would be the latency figures' background.
-            closed_loop("batch_post", dict(plan)["batch_post"])
-            batch = figures["batch_post"]
-            batch["jobs_per_s"] = round(batch["req_per_s"] * args.batch_size, 1)
-            batch["cpu_ms_per_job"] = {
-                role: round(ms / args.batch_size, 4) for role, ms in batch["cpu_ms_per_req"].items()
-            }
+            batch = closed_loop(cpu, {**shared, **dict(plan)["batch_post"]}, seconds=args.seconds)
+            figures["batch_post"] = per_job(batch, args.batch_size)
         if args.broker_down:
             # Connection refused at once: the request without its broker work.
             common.stop_all()

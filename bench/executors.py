@@ -1,7 +1,7 @@
 """Benchmark: jobops' two executors beside their peers, in one run (docs/benchmarks.md).
 
 Five arms, each a worker group of 2 processes on the same machine, services and
-scratch places (database and vhost `jobops_bench_executors`):
+scratch places (database and vhost `jobops_bench_executors`), and a sixth of creates:
 
 - `raw`: raw Celery no-op tasks (bench/_raw_celery.py: quorum queue, confirms, prefork
   2, acks late, no database), the floor of the broker path;
@@ -14,7 +14,12 @@ scratch places (database and vhost `jobops_bench_executors`):
   `--pool processes`, the same dispatchers);
 - `results`: Celery + django-celery-results (bench/_celery_results.py: each task's
   STARTED and SUCCESS rows in PostgreSQL, otherwise the raw arm's settings);
-- `procrastinate`: Procrastinate (bench/_procrastinate.py), 2 processes x concurrency 2.
+- `procrastinate`: Procrastinate (bench/_procrastinate.py), 2 processes x concurrency 2;
+- `batch`: jobs created through the API, no worker running (phase_batch): the single
+  `POST /api/v1/jobs` and `POST /api/v1/jobs/batch` of --batch-size (1,000) jobs, a new
+  idempotency key each, on one gunicorn with the dispatchers running (bench/_http.py,
+  as bench/api.py drives them): jobs/s, CPU ms per job of each process, their ratio;
+  then Procrastinate's own `defer` and `batch_defer` jobs/s as context.
 
 Each arm measures, in a process of its own (so that each jobops arm loads its own
 settings):
@@ -28,7 +33,9 @@ settings):
 4. capacity: jobs submitted back to back while the workers run (submit -> last end);
 5. submit -> start p50/p99 with jobs submitted at half that capacity (open loop).
 All arms run --repeat times (their order rotated each round); each figure is the
-median of its rounds. Then --seed finished jobs are added to the `jobs` table with
+median of its rounds. The batch arm's rounds come after the others' (the jobs it
+creates stay in the table, queued, never run; the drains compare an empty table).
+Then --seed finished jobs are added to the `jobs` table with
 one INSERT ... SELECT over generate_series (rows cloned from a `succeeded` job the
 runs made, under new time-ordered ids and older timestamps; no audit rows, no
 outbox rows: bench/scale.py measures those), and both jobops arms drain again
@@ -41,7 +48,7 @@ run_worker` exists; otherwise its rows say "not measured".
 Usage: python bench/executors.py [--jobs 2000] [--slow-jobs 1000] [--capacity-jobs 1000]
        [--latency-jobs 2000] [--seed 1000000] [--repeat 3] [--arms raw,celery,...]
        [--pool threads|processes] [--celery-pool threads|prefork] [--celery-concurrency N]
-       [--quick] [--keep]
+       [--api-seconds 8] [--batch-size 1000] [--quick] [--keep]
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _common as common
+from bench import _http as http
 from bench._jobflow import job_to_clone
 
 NAME = "executors"
@@ -72,6 +80,8 @@ FULL = {
     "latency_jobs": 2000,
     "seed": 1_000_000,
     "repeat": 3,
+    # Each create figure of the batch arm, after its 1 s warm-up (bench/api.py's).
+    "api_seconds": 8.0,
 }
 QUICK = {
     "jobs": 200,
@@ -80,14 +90,17 @@ QUICK = {
     "latency_jobs": 100,
     "seed": 20_000,
     "repeat": 1,
+    "api_seconds": 2.0,
 }
-ARMS = ("raw", "celery", "postgres", "results", "procrastinate")
+BATCH = "batch"
+ARMS = ("raw", "celery", "postgres", "results", "procrastinate", BATCH)
 LABELS = {
     "raw": "raw Celery",
     "celery": "jobops, Celery path",
     "postgres": "jobops, postgres executor",
     "results": "Celery + django-celery-results",
     "procrastinate": "Procrastinate",
+    BATCH: "batch create through the API",
 }
 JOBOPS_ARMS = ("celery", "postgres")
 CONCURRENCY, PREFETCH = 2, 3
@@ -556,6 +569,130 @@ def phase_live(arm: Arm, capacity_jobs: int, latency_jobs: int) -> dict[str, Any
     return {"capacity": capacity, "latency": latency}
 
 
+def phase_batch(scratch: common.Scratch, *, seconds: float, size: int) -> dict[str, Any]:
+    """Jobs created through the API one per request and `size` per request, then
+    Procrastinate's own defer and batch defer as context. No worker runs.
+
+    1. The dispatchers as the Procfile starts them and one gunicorn (bench/api.py's:
+       4 sync workers); a user with a token.
+    2. `POST /api/v1/jobs` from 16 client threads, then `POST /api/v1/jobs/batch` of
+       `size` jobs from 4, a new idempotency key per job (bench/_http.py), each for
+       `seconds` after a 1 s warm-up: jobs/s, and the CPU ms per job of each process
+       as bench/api.py charges it (gunicorn, the dispatchers, PostgreSQL's backends of
+       the scratch database and its own processes, RabbitMQ, Redis; the client's left
+       out, its own figure).
+    3. Wait until the publisher has published every job made (`queued`), so that none
+       is left for the next arm's dispatchers to publish in its window; count the jobs
+       in the table against the answers (a 201 is one job, a 200 `size`); stop gunicorn
+       and the dispatchers; purge the jobs' queue (no worker ever consumes it).
+    4. Procrastinate's `defer` from 16 coroutines and `batch_defer` of `size` from 4
+       (bench/_procrastinate.py), `seconds` each after a warm-up: jobs/s and the CPU ms
+       per job of this process (its client and its library at once) and PostgreSQL's.
+    """
+    from bench._jobflow import bench_user, user_token
+
+    owner = bench_user("bench-executors-api")
+    auth = {"Authorization": f"Token {user_token(owner)}"}
+    env = scratch.env()
+    roles: dict[str, Any] = dict(common.start_dispatchers(bench=NAME, env=env))
+    try:
+        roles["gunicorn"], base = common.start_gunicorn(
+            bench=NAME, env=env, workers=http.WEB_WORKERS, probe="/api/v1/jobs", headers=auth
+        )
+        with common.CpuSampler(roles, database=scratch.database) as cpu:
+            single = http.closed_loop(
+                cpu,
+                {**http.create_spec(base), "headers": auth, "concurrency": http.CLIENTS},
+                seconds=seconds,
+            )
+            batch = http.closed_loop(
+                cpu,
+                {
+                    **http.batch_spec(base, size=size, concurrency=http.BATCH_CLIENTS),
+                    "headers": auth,
+                },
+                seconds=seconds,
+            )
+        http.per_job(single, 1)
+        http.per_job(batch, size)
+        made = _answered(single, "201") + size * _answered(batch, "200")
+
+        def published() -> bool:
+            for service in roles.values():
+                service.check_alive()
+            return _owned(scratch, owner.pk, status="pending") == 0
+
+        common.wait_until(
+            published,
+            timeout=max(300, made / 100),
+            what="the publisher to publish every job created",
+            interval=0.25,
+        )
+    finally:
+        for service in roles.values():
+            service.stop()
+    in_table = _owned(scratch, owner.pk)
+    _purge_queue(scratch, http.SIM["type"])
+    return {
+        "batch_size": size,
+        "single": single,
+        "batch": batch,
+        "batch_vs_single": round(batch["jobs_per_s"] / single["jobs_per_s"], 3)
+        if single["jobs_per_s"]
+        else None,
+        "created": {"answered": made, "in_table": in_table, "ok": in_table == made},
+        "procrastinate_defer": _defer_figure(scratch, seconds=seconds, batch=1),
+        "procrastinate_batch_defer": _defer_figure(scratch, seconds=seconds, batch=size),
+    }
+
+
+def _answered(figure: dict[str, Any], status: str) -> int:
+    """Requests of a `closed_loop` figure, warm-up included, answered `status`."""
+    return int(figure["statuses"].get(status, 0)) + int(figure["warmup_statuses"].get(status, 0))
+
+
+def _owned(scratch: common.Scratch, owner_id: int, status: str | None = None) -> int:
+    """Jobs of `owner_id` in the table (in `status`)."""
+    sql = "SELECT count(*) FROM jobs WHERE owner_id = %s"
+    if status is not None:
+        sql += " AND status = %s"
+    return int(scratch.scalar(sql, [owner_id, status] if status else [owner_id]))
+
+
+def _purge_queue(scratch: common.Scratch, job_type: str) -> None:
+    """Empty the queue of `job_type`'s jobs: its messages would sit in RabbitMQ (memory,
+    its CPU counted whole) through the arms after this one."""
+    from django.conf import settings
+    from kombu import Connection
+
+    queue = settings.JOB_TYPES.get(job_type, {}).get("queue", job_type)
+    with Connection(scratch.broker_url, connect_timeout=10) as conn:
+        conn.default_channel.queue_purge(queue)
+
+
+def _defer_figure(scratch: common.Scratch, *, seconds: float, batch: int) -> dict[str, Any]:
+    """Procrastinate's defer (batch 1, 16 coroutines) or batch defer (4), measured."""
+    from bench import _procrastinate
+
+    concurrency = http.CLIENTS if batch == 1 else http.BATCH_CLIENTS
+    with common.CpuSampler({}, this_process="procrastinate", database=scratch.database) as cpu:
+        done = _procrastinate.defer_for(
+            "noop", seconds=seconds, batch=batch, concurrency=concurrency
+        )
+    spent = cpu.ms_per_item(done["began"], done["ended"], int(done["jobs"]))
+    # Procrastinate uses neither RabbitMQ nor Redis: what they spent in the window is
+    # another run's work (each is one process, counted whole).
+    spent = {role: ms for role, ms in spent.items() if role in ("procrastinate", "postgres")}
+    return {
+        "batch_size": batch,
+        "concurrency": concurrency,
+        "jobs": done["jobs"],
+        "seconds": round(done["ended"] - done["began"], 2),
+        "jobs_per_s": common.rate(done["jobs"], done["ended"] - done["began"]),
+        "cpu_ms_per_job": {**spent, "total": round(sum(spent.values()), 3)},
+    }
+
+
 def run_child(args: Any) -> int:
     """One arm's phases in this process; the figures as JSON in --out."""
     scratch = common.Scratch(NAME)
@@ -565,28 +702,49 @@ def run_child(args: Any) -> int:
     CELERY_POOL.update(pool=args.celery_pool, concurrency=args.celery_concurrency or 0)
     scratch.setup_django(JOBOPS_HANDLERS=HANDLERS["noop"])
     out: dict[str, Any] = {}
-    arm = make_arm(args.child, scratch, args.pool)
+
+    def timed(phase: str, measure: Any) -> None:
+        began = time.monotonic()
+        out[phase] = measure()
+        print(
+            f"    {args.child} {phase}: {time.monotonic() - began:.0f} s "
+            f"{json.dumps(summary_line(out[phase]))}",
+            flush=True,
+        )
+
     try:
-        for phase in args.phases.split(","):
-            began = time.monotonic()
-            if phase in HANDLERS:
-                n = args.jobs if phase == "noop" else args.slow_jobs
-                out[phase] = phase_drain(arm, phase, n)
-            elif phase == "live":
-                out[phase] = phase_live(arm, args.capacity_jobs, args.latency_jobs)
-            print(
-                f"    {args.child} {phase}: {time.monotonic() - began:.0f} s "
-                f"{json.dumps(summary_line(out[phase]))}",
-                flush=True,
+        if args.child == BATCH:
+            timed(
+                BATCH,
+                lambda: phase_batch(scratch, seconds=args.api_seconds, size=args.batch_size),
             )
+        else:
+            arm = make_arm(args.child, scratch, args.pool)
+            try:
+                for phase in args.phases.split(","):
+                    if phase in HANDLERS:
+                        n = args.jobs if phase == "noop" else args.slow_jobs
+                        timed(phase, lambda p=phase, n=n: phase_drain(arm, p, n))
+                    elif phase == "live":
+                        timed(phase, lambda: phase_live(arm, args.capacity_jobs, args.latency_jobs))
+            finally:
+                arm.close()
     finally:
-        arm.close()
         common.stop_all()
     Path(args.out).write_text(json.dumps(out))
     return 0
 
 
 def summary_line(phase: dict[str, Any]) -> dict[str, Any]:
+    if "batch_vs_single" in phase:
+        return {
+            "single_jobs_per_s": phase["single"]["jobs_per_s"],
+            "batch_jobs_per_s": phase["batch"]["jobs_per_s"],
+            "ratio": phase["batch_vs_single"],
+            "procrastinate_batch_defer_jobs_per_s": phase["procrastinate_batch_defer"][
+                "jobs_per_s"
+            ],
+        }
     if "capacity" in phase:
         return {
             "capacity_per_s": phase["capacity"]["jobs_per_s"],
@@ -610,6 +768,7 @@ def run_arm(
         *("--pool", args.pool),
         *("--celery-pool", args.celery_pool),
         *("--celery-concurrency", str(args.celery_concurrency or 0)),
+        *("--api-seconds", str(args.api_seconds), "--batch-size", str(args.batch_size)),
     ]
     try:
         code = subprocess.run(argv, cwd=common.ROOT, env=scratch.env(**extra_env)).returncode
@@ -663,28 +822,62 @@ def pick(run: dict[str, Any], *path: str) -> Any:
     return run
 
 
-def figures_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median over the rounds of each figure of one arm."""
-    paths = {
-        "noop_jobs_per_s": ("noop", "jobs_per_s"),
-        "sleep10_jobs_per_s": ("sleep10", "jobs_per_s"),
-        "noop_cpu_ms_per_job": ("noop", "cpu_ms_per_job", "total"),
-        "capacity_jobs_per_s": ("live", "capacity", "jobs_per_s"),
-        "latency_rate_per_s": ("live", "latency", "submit_rate_per_s"),
-        "submit_to_start_p50_ms": ("live", "latency", "submit_to_start", "p50_ms"),
-        "submit_to_start_p99_ms": ("live", "latency", "submit_to_start", "p99_ms"),
-    }
+def medians(runs: list[dict[str, Any]], paths: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """The median over the rounds of each figure at `paths`, with the rounds counted."""
     out: dict[str, Any] = {
         key: median([pick(r, *path) for r in runs]) for key, path in paths.items()
     }
-    roles = sorted({role for r in runs for role in (pick(r, "noop", "cpu_ms_per_job") or {})})
-    out["noop_cpu_ms_by_process"] = {
-        role: median([pick(r, "noop", "cpu_ms_per_job", role) for r in runs])
-        for role in roles
-        if role != "total"
-    }
     out["rounds_measured"] = sum(1 for r in runs if "error" not in r)
     out["errors"] = [r["error"] for r in runs if "error" in r]
+    return out
+
+
+def by_process(runs: list[dict[str, Any]], *path: str) -> dict[str, float | None]:
+    """The median over the rounds of each process's CPU ms per job at `path`."""
+    roles = sorted({role for r in runs for role in (pick(r, *path) or {})})
+    return {role: median([pick(r, *path, role) for r in runs]) for role in roles if role != "total"}
+
+
+def figures_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median over the rounds of each figure of one arm."""
+    out = medians(
+        runs,
+        {
+            "noop_jobs_per_s": ("noop", "jobs_per_s"),
+            "sleep10_jobs_per_s": ("sleep10", "jobs_per_s"),
+            "noop_cpu_ms_per_job": ("noop", "cpu_ms_per_job", "total"),
+            "capacity_jobs_per_s": ("live", "capacity", "jobs_per_s"),
+            "latency_rate_per_s": ("live", "latency", "submit_rate_per_s"),
+            "submit_to_start_p50_ms": ("live", "latency", "submit_to_start", "p50_ms"),
+            "submit_to_start_p99_ms": ("live", "latency", "submit_to_start", "p99_ms"),
+        },
+    )
+    out["noop_cpu_ms_by_process"] = by_process(runs, "noop", "cpu_ms_per_job")
+    return out
+
+
+# The batch arm's ways of creating jobs: (key in its figures, label).
+CREATES = (
+    ("single", "POST /api/v1/jobs, 1 a request"),
+    ("batch", "POST /api/v1/jobs/batch, {size:,} a request"),
+    ("procrastinate_defer", "Procrastinate defer, 1 a call (context)"),
+    ("procrastinate_batch_defer", "Procrastinate batch_defer, {size:,} a call (context)"),
+)
+
+
+def batch_figures_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median over the rounds of each figure of the batch arm."""
+    paths: dict[str, tuple[str, ...]] = {"batch_vs_single": (BATCH, "batch_vs_single")}
+    for name, _label in CREATES:
+        paths[f"{name}_jobs_per_s"] = (BATCH, name, "jobs_per_s")
+        paths[f"{name}_cpu_ms_per_job"] = (BATCH, name, "cpu_ms_per_job", "total")
+    out = medians(runs, paths)
+    for name, _label in CREATES:
+        out[f"{name}_cpu_ms_by_process"] = by_process(runs, BATCH, name, "cpu_ms_per_job")
+    out["unexpected_answers"] = sum(
+        pick(r, BATCH, name, "unexpected") or 0 for r in runs for name in ("single", "batch")
+    )
+    out["created"] = [pick(r, BATCH, "created") for r in runs if "error" not in r]
     return out
 
 
@@ -710,6 +903,23 @@ def print_arms(figures: dict[str, dict[str, Any]]) -> None:
         print(f"      CPU by process: {common.by_role(row['noop_cpu_ms_by_process'])}")
 
 
+def print_batch(figures: dict[str, Any], size: int) -> None:
+    print(
+        "  batch create through the API, median of its rounds (CPU: ms per job, every "
+        "process but the API's client):"
+    )
+    if not figures["rounds_measured"]:
+        print(f"    not measured: {'; '.join(figures['errors'])[:80]}")
+        return
+    print(f"    {'':<52}{'jobs/s':>9}{'CPU ms':>8}")
+    for name, label in CREATES:
+        print(
+            f"    {label.format(size=size):<52}{common.fmt(figures[f'{name}_jobs_per_s']):>9}"
+            f"{common.fmt(figures[f'{name}_cpu_ms_per_job']):>8}"
+        )
+        print(f"      CPU by process: {common.by_role(figures[f'{name}_cpu_ms_by_process'])}")
+
+
 def not_measured(report: common.Report, key: str, label: str, unit: str) -> None:
     print(f"  {label:<34} not measured (the arm failed or did not run)", flush=True)
     report.data["comparisons"][key] = {"label": label, "value": None, "unit": unit, "met": None}
@@ -722,9 +932,12 @@ def ratio_row(
     value: float | None,
     baseline: float | None,
     baseline_label: str,
-    target: float,
+    target: float | None,
     unit: str = "jobs/s",
+    **more: Any,
 ) -> None:
+    """`report.compare` of this run's medians (`more`: its absolute, higher_is_better,
+    note), or "not measured" when either is missing."""
     if value is None or baseline is None:
         not_measured(report, key, label, unit)
         return
@@ -736,6 +949,7 @@ def ratio_row(
         baseline=baseline,
         baseline_label=baseline_label,
         target=target,
+        **more,
     )
 
 
@@ -752,12 +966,12 @@ def print_table(
     report: common.Report, figures: dict[str, dict[str, Any]], loaded: dict[str, Any]
 ) -> None:
     """The executors' rows of issue 39's target table (docs/benchmarks.md), each from
-    this run's medians; bench/api.py has the create's rows."""
+    this run's medians; print_batch_table has the batch create's, bench/api.py the
+    single create's against the bare insert."""
 
     def fig(arm: str, key: str) -> float | None:
         return figures.get(arm, {}).get(key)
 
-    print("  targets (ratios of this run's medians):")
     for key, label, arm, base, base_label, target, figure in (
         ("celery_vs_results", "no-op drain, Celery path / +results", "celery", "results",
          "Celery + dj-celery-results", 1.0, "noop_jobs_per_s"),
@@ -812,6 +1026,42 @@ def print_table(
         )
 
 
+def print_batch_table(report: common.Report, batch: dict[str, Any], batch_size: int) -> None:
+    """The batch create's row of issue 39's target table, from the batch arm's medians,
+    its CPU per job beside the single create's, and Procrastinate's as context."""
+    ratio_row(
+        report,
+        "batch_vs_single_jobs_per_s",
+        f"batch create, {batch_size:,}/request, keys",
+        batch["batch_jobs_per_s"],
+        batch["single_jobs_per_s"],
+        "single POST, same run",
+        8.0,
+        absolute=2000,
+    )
+    ratio_row(
+        report,
+        "batch_vs_single_cpu_per_job",
+        "batch create, CPU ms per job",
+        batch["batch_cpu_ms_per_job"],
+        batch["single_cpu_ms_per_job"],
+        "single POST, per job",
+        None,
+        unit="ms",
+        higher_is_better=False,
+    )
+    ratio_row(
+        report,
+        "procrastinate_batch_defer_jobs_per_s",
+        f"Procr. batch_defer, {batch_size:,}/call",
+        batch["procrastinate_batch_defer_jobs_per_s"],
+        batch["procrastinate_defer_jobs_per_s"],
+        "Procrastinate defer",
+        None,
+        note="(context, not a target)",
+    )
+
+
 def main() -> int:
     parser = common.parser_for(__doc__)
     parser.add_argument("--jobs", type=int, help="no-op jobs per drain [2000]")
@@ -838,6 +1088,15 @@ def main() -> int:
         type=int,
         help="the jobops Celery arm's threads or processes [8 threads, 2 prefork]",
     )
+    parser.add_argument(
+        "--api-seconds", type=float, help="each create figure of the batch arm, seconds [8]"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=http.BATCH_SIZE,
+        help="jobs per request of the batch arm's batch create (and per batch_defer) [1000]",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--phases", default="noop,sleep10,live", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -852,19 +1111,26 @@ def main() -> int:
     if "postgres" in arms and not RUN_WORKER.exists():
         skipped["postgres"] = "manage.py run_worker is not in this checkout"
         arms.remove("postgres")
+    # The batch arm's rounds come after the drains' (module docstring).
+    drain_arms = [a for a in arms if a != BATCH]
     with common.Scratch(NAME, keep=args.keep) as scratch:
-        if "procrastinate" in arms:
+        if {"procrastinate", BATCH} & set(arms):
             from bench._procrastinate import schema_argv
 
             done = subprocess.run(schema_argv(), cwd=common.ROOT, env=scratch.env(), text=True)
             if done.returncode:
                 raise common.BenchError("procrastinate schema --apply failed")
-        runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
-        for round_ in range(args.repeat):
-            order = arms[round_ % len(arms) :] + arms[: round_ % len(arms)]
+        runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in drain_arms}
+        for round_ in range(args.repeat if drain_arms else 0):
+            turn = round_ % len(drain_arms)
+            order = drain_arms[turn:] + drain_arms[:turn]
             print(f"  round {round_ + 1} of {args.repeat}: {', '.join(order)}", flush=True)
             for arm in order:
                 runs[arm].append(run_arm(scratch, args, arm, args.phases, arm_env(arm)))
+        batch_runs = []
+        for round_ in range(args.repeat if BATCH in arms else 0):
+            print(f"  round {round_ + 1} of {args.repeat}: {BATCH}", flush=True)
+            batch_runs.append(run_arm(scratch, args, BATCH, BATCH, {}))
         loaded: dict[str, Any] = {}
         seeded_arms = [a for a in JOBOPS_ARMS if a in arms]
         if seeded_arms and args.seed:
@@ -879,18 +1145,42 @@ def main() -> int:
         figures = {arm: figures_of(arm_runs) for arm, arm_runs in runs.items()}
         for arm, why in skipped.items():
             figures[arm] = {"rounds_measured": 0, "errors": [why]}
-        print_arms(figures)
-        print_table(report, figures, loaded)
+        batch = batch_figures_of(batch_runs) if BATCH in arms else None
+        if figures:
+            print_arms(figures)
+        if batch is not None:
+            print_batch(batch, args.batch_size)
+        print("  targets (ratios of this run's medians):")
+        if figures:
+            print_table(report, figures, loaded)
+        if batch is not None:
+            print_batch_table(report, batch, args.batch_size)
         report.extra("arms", figures)
         report.extra("rounds", runs)
         report.extra("loaded", loaded)
         report.extra("labels", LABELS)
+        measured = {**figures, **({BATCH: batch} if batch is not None else {})}
         report.check(
             "every_arm_measured",
             label="every arm measured in every round",
-            ok=all(not f["errors"] for a, f in figures.items() if a not in skipped),
-            detail="; ".join(f"{a}: {f['errors']}" for a, f in figures.items() if f["errors"]),
+            ok=all(not f["errors"] for a, f in measured.items() if a not in skipped),
+            detail="; ".join(f"{a}: {f['errors']}" for a, f in measured.items() if f["errors"]),
         )
+        if batch is not None:
+            report.extra(BATCH, batch)
+            report.extra("batch_rounds", batch_runs)
+            report.check(
+                "batch_answers",
+                label="every create answered as expected (201, 200)",
+                ok=batch["unexpected_answers"] == 0,
+                detail=f"{batch['unexpected_answers']} unexpected",
+            )
+            report.check(
+                "batch_jobs_created",
+                label="every job the creates answered is in the table",
+                ok=all(c["ok"] for c in batch["created"]),
+                detail="; ".join(f"{c['in_table']} of {c['answered']}" for c in batch["created"]),
+            )
         report.write(scratch)
     return 1 if report.failed else 0
 
