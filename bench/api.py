@@ -6,6 +6,11 @@ dispatcher running as in `make run` (so that work the request leaves to it is pa
 for in the same run), driven by 16 client threads on plain sockets (see `load`):
 
 - `POST /bench/bare`: token auth + one INSERT, the floor every figure is set against;
+- `POST /bench/service`: DRF's stock token auth + `job_create` alone (the params
+  schema, the caller's organisation, the row with its audit entry, event and NOTIFY),
+  a new key each request: the floor of a create that keeps a job's promises, without
+  the API's own layer (its auth, throttle, serializers); its ratio to the bare insert
+  is the most the create's can reach with today's row and entry;
 - `POST /api/v1/jobs`, a new idempotency key each request: target >= 0.5 x bare,
   p99 <= 2 x bare p99;
 - both POSTs again at one offered rate, half of what the create sustained (open loop,
@@ -126,6 +131,7 @@ def main() -> int:
                 {"url": f"{base}/bench/bare", "method": "POST", "body": lambda: SIM, "expect": 201},
             ),
             ("create_post", create_spec(base)),
+            ("service_post", {**create_spec(base), "url": f"{base}/bench/service"}),
             ("get_200", {"url": job_url, "method": "GET", "expect": 200}),
             (
                 "get_304",
@@ -232,6 +238,7 @@ def print_figures(report: common.Report, figures: dict[str, dict[str, Any]]) -> 
     for key, label in [
         ("bare_post", "POST /bench/bare"),
         ("create_post", "POST /api/v1/jobs (new key)"),
+        ("service_post", "POST /bench/service (job_create alone)"),
         ("get_200", "GET /api/v1/jobs/{id} 200"),
         ("get_304", "GET /api/v1/jobs/{id} 304"),
         ("repeat_post", "POST /api/v1/jobs (existing key)"),
@@ -266,6 +273,26 @@ def print_figures(report: common.Report, figures: dict[str, dict[str, Any]]) -> 
             "bare_post",
             "bare token-auth insert",
             0.5,
+            True,
+        ),
+        (
+            "service_vs_bare",
+            "job_create alone (the create's floor)",
+            "service_post",
+            "req_per_s",
+            "bare_post",
+            "bare token-auth insert",
+            None,
+            True,
+        ),
+        (
+            "create_vs_service",
+            "POST /api/v1/jobs",
+            "create_post",
+            "req_per_s",
+            "service_post",
+            "job_create alone",
+            None,
             True,
         ),
         (
