@@ -1,13 +1,16 @@
 """The operator portal in headless Chromium, as an operator would use it at 3 a.m.
 
-Each test logs in with password + TOTP, does one thing an operator does, and saves what
-it saw under var/screenshots/ (laptop 1366x768 and phone width).
+Each test signs in as an operator who passed password + TOTP (`log_in`), does one thing
+an operator does, and saves what it saw under var/screenshots/ (laptop 1366x768 and phone width).
 """
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from django.test import override_settings
+from django.conf import settings
+from django.test import Client, override_settings
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
@@ -15,24 +18,37 @@ from selenium.webdriver.support.ui import WebDriverWait
 from dlq.models import BulkOperation
 from jobs.models import DeadLetter, Job
 from tests.browser.conftest import next_page, shoot
-from tests.factories import job_failed, make_job, role_user, totp_code, totp_device
+from tests.factories import job_failed, make_job, otp_login, role_user
 from tests.polling import wait_for
 from tests.processes import celery_worker, dispatcher_process, together
 from tests.queues import depth, worker_dead_letter
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-PASSWORD = "pw-for-tests"
 
 
 def log_in(browser, live_server, role: str, username: str) -> None:
-    """Password and the authenticator app's current code, through the login form."""
+    """An operator signed in with password and TOTP code, as the login form leaves them:
+    a real session in the database (the user, the auth backend, the OTP device that
+    verified the code) whose cookie the browser then carries. Made server-side: the
+    form itself is tests/browser/test_admin_login.py's subject, and going through it
+    again costs every other test a page load, a POST and a redirect."""
     user = role_user(role, username=username)
-    device = totp_device(user)
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
-    browser.find_element(By.NAME, "username").send_keys(username)
-    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-    browser.find_element(By.NAME, "otp_token").send_keys(totp_code(device))
-    next_page(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click)
+    session = otp_login(Client(), user).session
+    # The attributes the login's answer sets the cookie with (SessionMiddleware).
+    cookie = {
+        "url": live_server.url,
+        "name": settings.SESSION_COOKIE_NAME,
+        "value": session.session_key,
+        "path": settings.SESSION_COOKIE_PATH,
+        "httpOnly": settings.SESSION_COOKIE_HTTPONLY,
+        "secure": settings.SESSION_COOKIE_SECURE,
+    }
+    if settings.SESSION_COOKIE_SAMESITE:
+        cookie["sameSite"] = settings.SESSION_COOKIE_SAMESITE
+    if not settings.SESSION_EXPIRE_AT_BROWSER_CLOSE:
+        cookie["expires"] = time.time() + settings.SESSION_COOKIE_AGE
+    browser.execute_cdp_cmd("Network.setCookie", cookie)
+    browser.get(f"{live_server.url}/admin/")
     assert "Dashboard" in browser.title, browser.page_source[:500]
 
 

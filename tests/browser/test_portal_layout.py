@@ -4,13 +4,11 @@ letter cause's Replay and Discard on a phone held upright."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from jobs.services import job_create
 from tenants.selectors import Placement
-from tests.browser.conftest import SCREENSHOTS, viewport
+from tests.browser.conftest import SCREENSHOTS, settled, viewport
 from tests.browser.test_portal import log_in, wait
 from tests.factories import (
     OrganisationFactory,
@@ -29,8 +27,7 @@ PHONE = (390, 844)
 def at(browser, size: tuple[int, int], name: str, *, mobile: bool = False) -> None:
     """Show the page at `size`, let it lay out, and keep what it looked like."""
     viewport(browser, *size, mobile=mobile)
-    browser.execute_script("return document.body.offsetWidth")  # a layout at this width
-    time.sleep(0.3)  # and its paint, for the screenshot
+    settled(browser)  # laid out and painted at this width, for the screenshot
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
 
