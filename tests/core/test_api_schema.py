@@ -19,8 +19,14 @@ from django.test.utils import setup_test_environment
 setup_test_environment()  # the test client's host, as in the suite
 statuses, bodies, errors = [], set(), []
 start = threading.Barrier(8)
-def fetch():
-    client = Client(raise_request_exception=False)
+# Each test client loads the middleware chain on its first request; django-prometheus
+# registers its middleware metrics then, not thread-safely (a WSGI server loads the
+# chain once per process, before it serves). Loaded here, one client after another, so
+# that what the threads do at once is the schema's first generation alone.
+clients = [Client(raise_request_exception=False) for _ in range(8)]
+for client in clients:
+    client.handler.load_middleware()
+def fetch(client):
     start.wait()
     try:
         for _ in range(2):
@@ -29,7 +35,7 @@ def fetch():
             bodies.add(response.content)
     except Exception as exc:  # a request that raised past the handler: named in the answer
         errors.append(repr(exc)[:500])
-threads = [threading.Thread(target=fetch) for _ in range(8)]
+threads = [threading.Thread(target=fetch, args=(client,)) for client in clients]
 for thread in threads:
     thread.start()
 for thread in threads:
