@@ -17,7 +17,7 @@ Everything comes from settings, read lazily (this module is imported by
 
 Run the two worker groups of the Procfile: long queues (model, cam, sim, report)
 with prefetch multiplier 1 under prefork, light queues (default, erp) with 3 under the
-threads pool (their ends batched across tasks, the hard time limits enforced by the
+threads pool (their claims and ends batched across tasks, the hard time limits enforced by the
 execution core: jobs.tasks tells the adapter which pool runs it). A worker refuses to
 start when `(multiplier - 1) * time_limit >= consumer_timeout / 2` for a queue it
 consumes: a reserved message could otherwise wait past RabbitMQ's consumer_timeout.

@@ -5,7 +5,7 @@ Each takes the wire payload (docs/architecture.md) and hands it to
 (jobs.execution), which holds all the logic. Time limits come from the table
 (config/celery.py annotations); acks are late and failures are rejected, never acked.
 At worker init the adapter learns which pool runs the tasks (`_configure_pool`): under
-Celery's threads pool their ends are batched and the core enforces the hard limits.
+Celery's threads pool their claims and ends are batched and the core enforces the hard limits.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _configure_pool(sender: Any = None, **_: Any) -> None:
     threads = isinstance(pool, type) and issubclass(pool, ThreadsPool)
     configure_pool(threads=threads, concurrency=int(sender.concurrency), hostname=sender.hostname)
     if threads:
-        logger.info("threads pool: ends batched across %s tasks", sender.concurrency)
+        logger.info("threads pool: claims and ends batched across %s tasks", sender.concurrency)
         # No pool child to trace in (worker_process_init is prefork's): the tasks run in
         # this process.
         configure_tracing("worker")

@@ -18,17 +18,14 @@ jobs_lost_total) and the others are unaffected.
 
 from __future__ import annotations
 
-import os
 import queue
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import structlog
-from django.db import connection
 
 from jobs.domain.states import Status
+from jobs.execution.batches import Answer, BatchThread, Pending, answer_all, fail_all, windows
 from jobs.integrations import metrics
 from jobs.services import Finish, jobs_complete
 
@@ -75,111 +72,50 @@ def complete_windows(
     ends: queue.SimpleQueue[Any], write: Callable[[list[Any]], None], *, batch: int = COMPLETE_BATCH
 ) -> None:
     """Hand the items of `ends` (each a tuple whose first value is its monotonic arrival
-    time) to `write` in windows: `batch` of them, or what came within
-    COMPLETE_WINDOW_SECONDS of the window's first; until a None, after what came before
-    it is written."""
-    closed = False
-    while not closed:
-        item = ends.get()
-        if item is None:
-            return
-        window = [item]
-        due = item[0] + COMPLETE_WINDOW_SECONDS
-        while len(window) < batch:
-            try:
-                more = ends.get(timeout=max(0.0, due - time.monotonic()))
-            except queue.Empty:
-                break
-            if more is None:
-                closed = True
-                break
-            window.append(more)
-        write(window)
+    time) to `write` in windows (jobs.execution.batches.windows): `batch` of them, or
+    what came within COMPLETE_WINDOW_SECONDS of the window's first; until a None, after
+    what came before it is written."""
+    windows(ends, write, batch=batch, seconds=COMPLETE_WINDOW_SECONDS)
 
 
-class _Answer:
-    """What one caller of `Completer.write` waits for: its end as written, or the error
-    that kept its window from being written."""
-
-    __slots__ = ("done", "error", "finish")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.finish: Finish | None = None
-        self.error: BaseException | None = None
-
-
-class Completer:
+class Completer(BatchThread[tuple[End, str], Finish]):
     """A process's completer thread for callers that wait for their own end: a Celery
     worker under the threads pool, whose task must not return (and its message be
-    acked) before its end is committed. Each `write` joins a window
-    (`complete_windows`, at most `batch` ends: the pool's size, since no more callers
-    can be waiting) and returns once the window's transaction has committed, with its
-    end as written (`write_ends`), or raises what the window's write raised (the
-    database unreachable: nothing of the window is written, each caller answers its
-    delivery as for an end it could not write). Ends of several lock holders in one
-    window are written per holder. The thread starts on first use in a process."""
+    acked) before its end is committed. Each `write` joins a window (at most `batch`
+    ends: the pool's size, since no more callers can be waiting, or what came within
+    COMPLETE_WINDOW_SECONDS of the window's first) and returns once the window's
+    transaction has committed, with its end as written (`write_ends`), or raises what
+    the window's write raised (the database unreachable: nothing of the window is
+    written, each caller answers its delivery as for an end it could not write). Ends
+    of several lock holders in one window are written per holder. The thread
+    (jobs.execution.batches.BatchThread) starts on first use in a process."""
+
+    name = "completer"
 
     def __init__(self, *, batch: int = COMPLETE_BATCH) -> None:
-        self.batch = max(1, min(batch, COMPLETE_BATCH))
-        self._ends: queue.SimpleQueue[tuple[float, End, str, _Answer] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
+        super().__init__(batch=min(batch, COMPLETE_BATCH))
+
+    def window_seconds(self) -> float:
+        return COMPLETE_WINDOW_SECONDS
 
     def write(self, end: End, *, locked_by: str) -> Finish | None:
         """Write `end` in the next window; its finish as written, or None (lost)."""
-        self._start()
-        answer = _Answer()
-        self._ends.put((time.monotonic(), end, locked_by, answer))
-        while not answer.done.wait(timeout=1.0):
-            thread = self._thread
-            if thread is None or not thread.is_alive():  # never answered: nothing written
-                raise RuntimeError("the completer thread ended before writing this end")
-        if answer.error is not None:
-            raise answer.error
-        return answer.finish
+        return self.call((end, locked_by))
 
-    def stop(self, timeout: float | None = None) -> None:
-        """End the thread once the ends before this call are written (a test's end)."""
-        thread = self._thread
-        if thread is not None and thread.is_alive():
-            self._ends.put(None)
-            thread.join(timeout=timeout)
-
-    def _start(self) -> None:
-        if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
-            return
-        with self._lock:
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, name="completer", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            complete_windows(self._ends, self._write, batch=self.batch)
-        finally:
-            connection.close()  # this thread's own
-
-    def _write(self, window: list[tuple[float, End, str, _Answer]]) -> None:
-        holders: dict[str, list[tuple[End, _Answer]]] = {}
-        for _, end, locked_by, answer in window:
+    def _serve(self, window: list[Pending[tuple[End, str], Finish]]) -> None:
+        holders: dict[str, list[tuple[End, Answer[Finish]]]] = {}
+        for _, (end, locked_by), answer in window:
             holders.setdefault(locked_by, []).append((end, answer))
         for locked_by, items in holders.items():
+            answers = [answer for _, answer in items]
             try:
                 finishes = write_ends([end for end, _ in items], locked_by=locked_by)
             except Exception as exc:
                 # Every caller of the window hears it: nothing of theirs was written.
                 _log.error("completions_failed", jobs=len(items), error=repr(exc))
-                connection.close()
-                for _, answer in items:
-                    answer.error = exc
-                    answer.done.set()
+                fail_all(answers, exc)
                 continue
-            for (_, answer), finish in zip(items, finishes, strict=True):
-                answer.finish = finish
-                answer.done.set()
+            answer_all(answers, finishes)
 
 
 def finish_log(log: Any, finish: Finish) -> None:

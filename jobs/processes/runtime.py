@@ -33,12 +33,16 @@ run_worker (jobs.processes.executor):
 
 Under Celery's threads pool (`--pool threads`: the Procfile's light worker group,
 `configure_pool` at worker init) the tasks of one process share what a run_worker host's
-runners share: one lock holder for the process, one completer thread (the core's
-`Completer`) that writes the ends of the tasks that finish together in one transaction,
-each task waiting for its own end to commit before it returns (so its message is acked
-only after), and a heartbeat loop that enforces the types' hard time limits, which the
-threads pool does not (docs/architecture.md#claim-heartbeat-reaper: time limits). Under
-prefork each child writes its one end at once, a batch of one.
+runners share: one lock holder for the process; one claimer thread (the core's
+`Claimer`) that claims the jobs of the deliveries starting together, one statement per
+organisation (a message without `org_id` claims alone, as before); one completer thread
+(the core's `Completer`) that writes the ends of the tasks that finish together in one
+transaction, each task waiting for its own end to commit before it returns (so its
+message is acked only after); and a heartbeat loop that enforces the types' hard time
+limits, which the threads pool does not (docs/architecture.md#claim-heartbeat-reaper:
+time limits). Only deliveries a thread is starting are claimed, never the messages
+Celery holds prefetched (jobs.execution.claim says why). Under prefork each child claims
+its one job and writes its one end at once, a batch of one.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from jobs.domain.states import Status
 # The core's names this adapter runs a job with (jobs.runtime re-exports JobContext
 # for handler authors).
 from jobs.execution import decide as _decide
+from jobs.execution.claim import Claimer
 from jobs.execution.complete import Completer, End, attempt_fields, finish_log, write_ends
 from jobs.execution.context import JobContext, worker_identity
 from jobs.execution.heartbeat import HeartbeatLoop
@@ -119,10 +124,13 @@ HEARTBEATS = HeartbeatLoop(log=logger)
 
 class _ThreadsPool:
     """What the tasks of a threads-pool worker process share (`configure_pool`): its
-    lock holder, its completer and its heartbeat loop, which enforces hard limits."""
+    lock holder, its claimer, its completer and its heartbeat loop, which enforces hard
+    limits."""
 
     def __init__(self, *, concurrency: int, hostname: str | None) -> None:
         self.locked_by = worker_identity(hostname)
+        # No more claims can wait together than the pool has threads.
+        self.claimer = Claimer(batch=concurrency)
         # No more ends can wait together than the pool has threads: a window closes as
         # soon as every thread waits for it.
         self.completer = Completer(batch=concurrency)
@@ -134,9 +142,10 @@ THREADS: _ThreadsPool | None = None
 
 def configure_pool(*, threads: bool, concurrency: int, hostname: str | None = None) -> None:
     """Set how this worker process runs its tasks (config/celery.py, at worker init):
-    under the threads pool (`threads`), ends batched across the pool's `concurrency`
-    tasks and hard limits enforced by the core; otherwise one end per task, written at
-    once (a prefork child: Celery enforces the limits)."""
+    under the threads pool (`threads`), claims and ends batched across the pool's
+    `concurrency` tasks and hard limits enforced by the core; otherwise one claim and
+    one end per task, each written at once (a prefork child: Celery enforces the
+    limits)."""
     global THREADS
     THREADS = _ThreadsPool(concurrency=concurrency, hostname=hostname) if threads else None
 
@@ -208,8 +217,7 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
             return _unsupported_version(job_id=job_id, problem=version_problem, log=log)
         job = None
         if message_org is not None:  # an org_id that is no organisation's claims nothing
-            org_id = None if message_org is _ABSENT else message_org
-            job = job_claim(job_id=job_id, locked_by=locked_by, org_id=org_id)
+            job = _claim(job_id=job_id, locked_by=locked_by, message_org=message_org)
         if job is None:
             return _not_claimed(job_id=job_id, message_org=message_org, log=log)
     except DB_DOWN_ERRORS as exc:
@@ -218,6 +226,17 @@ def job_execute(*, payload: Any, hostname: str | None = None) -> dict[str, Any]:
     # the row says: the message's org_id has just been checked against it.
     with log_context(org_id=job.org_id, project_id=job.project_id):
         return _run_claimed(job=job, locked_by=locked_by, log=log)
+
+
+def _claim(*, job_id: uuid.UUID, locked_by: str, message_org: Any) -> Job | None:
+    """Step 2's compare-and-set: under the threads pool, the process's claimer claims
+    it with the other deliveries starting now (jobs.execution.claim); a message without
+    `org_id`, and a prefork child's, claims alone."""
+    if message_org is _ABSENT:
+        return job_claim(job_id=job_id, locked_by=locked_by)
+    if THREADS is not None:
+        return THREADS.claimer.claim(job_id=job_id, org_id=message_org, locked_by=locked_by)
+    return job_claim(job_id=job_id, locked_by=locked_by, org_id=message_org)
 
 
 def _not_claimed(*, job_id: uuid.UUID, message_org: Any, log: Any) -> dict[str, Any]:

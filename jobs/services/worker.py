@@ -63,11 +63,23 @@ def job_claim(*, job_id: uuid.UUID | str, locked_by: str, org_id: int | None = N
         org_id = Job.objects.filter(id=job_id).values_list("org_id", flat=True).first()
         if org_id is None:
             return None
+    claimed = jobs_claim_delivered(job_ids=[job_id], locked_by=locked_by, org_id=org_id)
+    return next(iter(claimed.values()), None)
+
+
+def jobs_claim_delivered(
+    *, job_ids: list[uuid.UUID | str], locked_by: str, org_id: int
+) -> dict[uuid.UUID, Job]:
+    """`job_claim` of several delivered messages of one organisation in one statement
+    (jobs_claim_delivered, jobs/sql/20_transitions.sql): each job claimed as there, with
+    its own `started` entry on its own chain. Returns the claimed jobs by id; an id that
+    is not among them was not claimable (`job_claim`'s None). An id named twice is
+    claimed once (the second message is a duplicate)."""
+    ids: list[uuid.UUID | str] = list(dict.fromkeys(uuid.UUID(str(i)) for i in job_ids))
     rows = change(
-        "jobs_claim_delivered", job_ids=[job_id], actor=WORKER, locked_by=locked_by, org_id=org_id
+        "jobs_claim_delivered", job_ids=ids, actor=WORKER, locked_by=locked_by, org_id=org_id
     )
-    claimed = moved("jobs_claim_delivered", rows, claim=True)
-    return claimed[0] if claimed else None
+    return {job.id: job for job in moved("jobs_claim_delivered", rows, claim=True)}
 
 
 def _lost(job_id: uuid.UUID | str, fence: Fence) -> JobLost:

@@ -1,8 +1,9 @@
 """The Celery path under the threads pool (the Procfile's light worker group,
-docs/architecture.md#claim-heartbeat-reaper): the ends of tasks that finish together are
-written in one transaction by the core's completer, each task acked only after its end
-committed; the core enforces the hard time limit the pool does not (the run is abandoned,
-the reaper reclaims the job). Killing such a worker mid-job is
+docs/architecture.md#claim-heartbeat-reaper): the deliveries that start together are
+claimed in one statement by the core's claimer, and the ends of tasks that finish
+together are written in one transaction by the core's completer, each task acked only
+after its end committed; the core enforces the hard time limit the pool does not (the
+run is abandoned, the reaper reclaims the job). Killing such a worker mid-job is
 tests/e2e/test_execution_death.py's, for both pools."""
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 THREADS = ("--pool", "threads")
 
 
-def _ends_per_transaction(job_ids: list) -> list[int]:
-    """How many of these jobs' `succeeded` entries each transaction wrote (the xmin of
+def _entries_per_transaction(job_ids: list, event_type: str) -> list[int]:
+    """How many of these jobs' `event_type` entries each transaction wrote (the xmin of
     an audit row is the transaction that inserted it; audit rows are never updated)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT xmin::text FROM audit_logs WHERE job_id = ANY(%s) AND event_type = 'succeeded'",
-            [[str(i) for i in job_ids]],
+            "SELECT xmin::text FROM audit_logs WHERE job_id = ANY(%s) AND event_type = %s",
+            [[str(i) for i in job_ids], event_type],
         )
         return sorted(Counter(row[0] for row in cursor.fetchall()).values(), reverse=True)
 
 
-def test_threads_pool_runs_each_job_once_with_ends_batched(scripted):
+def test_threads_pool_runs_each_job_once_with_claims_and_ends_batched(scripted):
     topology_declare_and_purge()
     jobs = [make_job(job_type="ai", params={"do": "noop"}) for _ in range(60)]
     # The first jobs queued before the worker starts (the broker holds a window of a
@@ -56,16 +57,18 @@ def test_threads_pool_runs_each_job_once_with_ends_batched(scripted):
     ) as worker:
         with dispatcher_process():
             done = [job_finished(job.id) for job in jobs]
-        assert "threads pool: ends batched across 6 tasks" in worker.log_text()
+        assert "threads pool: claims and ends batched across 6 tasks" in worker.log_text()
     assert {(job.status, job.attempts) for job in done} == {("succeeded", 1)}
     for job in jobs:
         assert [run["attempt"] for run in handlers.runs(job.id)] == [1]
         assert handlers.overlaps(job.id) == 0
         assert job_events(job.id).count("succeeded") == 1
-    sizes = _ends_per_transaction([job.id for job in jobs])
-    assert sum(sizes) == len(jobs)
-    # Several ends shared a transaction (at most one per thread of the pool).
-    assert 2 <= sizes[0] <= 6 and len(sizes) < len(jobs), sizes
+    for event_type in ("started", "succeeded"):
+        sizes = _entries_per_transaction([job.id for job in jobs], event_type)
+        assert sum(sizes) == len(jobs)
+        # Several claims, and several ends, shared a statement and its transaction (at
+        # most one per thread of the pool).
+        assert 2 <= sizes[0] <= 6 and len(sizes) < len(jobs), (event_type, sizes)
     for job in jobs[:5]:
         assert_chain_valid(job.id)
 

@@ -1,12 +1,18 @@
 """The Celery adapter under the threads pool, in process (jobs.processes.runtime,
-jobs.execution.complete.Completer): tasks that end together share one transaction and
-none returns (so none is acked) before it committed; a window the database refuses hands
-every task's message back; a run past its hard limit is abandoned by the heartbeat loop.
-The real worker's runs are tests/e2e/test_celery_threads.py's."""
+jobs.execution.claim.Claimer, jobs.execution.complete.Completer): deliveries that start
+together are claimed in one statement per organisation, each job answered to its own
+task (a job not claimable: the task reads why, as after its own claim); tasks that end
+together share one transaction and none returns (so none is acked) before it committed;
+a batch of claims or a window of ends the database refuses hands every task's message
+back; a run past its hard limit is abandoned by the heartbeat loop. The real worker's
+runs are tests/e2e/test_celery_threads.py's."""
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,16 +21,16 @@ from celery.exceptions import Reject
 from django.db import OperationalError, connection
 
 from jobs.domain.exceptions import JobLost
-from jobs.execution import complete
+from jobs.execution import batches, claim, complete
 from jobs.execution.context import JobContext
 from jobs.execution.heartbeat import HeartbeatLoop
 from jobs.models import Job
 from jobs.processes import runtime
 from jobs.processes.runtime import job_execute
 from jobs.services import Fence, job_claim
-from tests.factories import job_in_state
+from tests.factories import OrganisationFactory, UserFactory, job_in_state
 from tests.polling import wait_for
-from tests.processes import scripted_table
+from tests.processes import assert_chain_valid, job_events, scripted_table
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,33 +39,220 @@ def succeeds(ctx, params):
     return {"ok": True}
 
 
-@pytest.fixture
-def threads_pool(settings, monkeypatch):
-    """This process as a threads-pool worker of three threads."""
+def _pool(settings, monkeypatch, concurrency: int):
+    """This process as a threads-pool worker of `concurrency` threads."""
     scripted_table(settings, cam={"handler": f"{__name__}.succeeds"})
     settings.JOBOPS_DB_DOWN_REQUEUE_DELAY_SECONDS = 0
-    pool = runtime._ThreadsPool(concurrency=3, hostname="threads-test")
+    pool = runtime._ThreadsPool(concurrency=concurrency, hostname="threads-test")
     monkeypatch.setattr(runtime, "THREADS", pool)
     yield pool
-    pool.completer.stop(timeout=5)  # its thread closes its own connection
+    for thread in (pool.claimer, pool.completer):
+        thread.stop(timeout=5)  # each closes its own connection
     pool.heartbeats.stop(timeout=5)
 
 
-def _deliver(jobs: list[Job]) -> list[tuple[float, object]]:
-    """Each job's delivery in a thread of its own, as the pool runs them: when each
-    returned, and what (its summary, or what it raised)."""
+@pytest.fixture
+def threads_pool(settings, monkeypatch):
+    """This process as a threads-pool worker of three threads."""
+    yield from _pool(settings, monkeypatch, 3)
 
-    def one(job: Job) -> tuple[float, object]:
+
+@pytest.fixture
+def wide_pool(settings, monkeypatch):
+    """This process as a threads-pool worker of eight threads (the Procfile's)."""
+    yield from _pool(settings, monkeypatch, 8)
+
+
+def _payload(job: Job, org_id: int | None = None) -> dict:
+    """The job's message as the publisher writes it (its organisation: `org_id`, else the
+    job's own)."""
+    return {"job_id": str(job.id), "org_id": org_id if org_id is not None else job.org_id}
+
+
+def _deliver(messages: list[Job | dict]) -> list[tuple[float, object]]:
+    """Each message's delivery (a job: its publisher's message) in a thread of its own,
+    as the pool runs them: when each returned, and what (its summary, or what it
+    raised)."""
+
+    def one(message: Job | dict) -> tuple[float, object]:
+        payload = _payload(message) if isinstance(message, Job) else message
         try:
-            answer: object = job_execute(payload={"job_id": str(job.id)}, hostname="t")
+            answer: object = job_execute(payload=payload, hostname="t")
         except Reject as exc:
             answer = exc
         finally:
             connection.close()  # this thread's own
         return time.monotonic(), answer
 
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        return list(pool.map(one, jobs))
+    with ThreadPoolExecutor(max_workers=len(messages)) as pool:
+        return list(pool.map(one, messages))
+
+
+class Claims:
+    """The pool's claimer with its claims recorded (`calls`: each group's organisation
+    and job ids) and a way to make deliveries meet in one batch without counting on
+    timing: `held(n)` keeps the claimer's thread busy on a claim of its own until `n`
+    claims wait behind it, which it then takes as one batch. `refuse` makes each
+    recorded claim raise that error instead."""
+
+    GATE = uuid.UUID(int=0)
+
+    def __init__(self, claimer: claim.Claimer, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.claimer = claimer
+        self.calls: list[tuple[int, list[str]]] = []
+        self.refuse: BaseException | None = None
+        self._holding = threading.Event()
+        self._until = 0
+        real = claim.jobs_claim_delivered
+
+        def recorded(*, job_ids, locked_by, org_id):
+            if job_ids == [self.GATE]:
+                self._holding.set()
+                wait_for(lambda: claimer.queued() >= self._until, timeout=20)
+                return {}
+            self.calls.append((org_id, [str(job_id) for job_id in job_ids]))
+            if self.refuse is not None:
+                raise self.refuse
+            return real(job_ids=job_ids, locked_by=locked_by, org_id=org_id)
+
+        monkeypatch.setattr(claim, "jobs_claim_delivered", recorded)
+
+    def held(self, n: int, deliver) -> object:
+        """`deliver()` while the claimer is held until `n` claims wait; what it returns."""
+        self._until = n
+        self._holding.clear()
+        gate = threading.Thread(
+            target=self.claimer.claim, kwargs={"job_id": self.GATE, "org_id": 0, "locked_by": "g"}
+        )
+        gate.start()
+        wait_for(self._holding.is_set, timeout=20, what="the claimer held by the gate claim")
+        try:
+            return deliver()
+        finally:
+            gate.join(timeout=20)
+
+
+@pytest.fixture
+def claims(wide_pool, monkeypatch) -> Claims:
+    return Claims(wide_pool.claimer, monkeypatch)
+
+
+def _started_per_transaction(job_ids: list) -> list[int]:
+    """How many of these jobs' `started` entries each transaction wrote (the xmin of an
+    audit row is the transaction that inserted it; audit rows are never updated)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM audit_logs WHERE job_id = ANY(%s) AND event_type = 'started'"
+            " GROUP BY xmin::text ORDER BY 1 DESC",
+            [[str(i) for i in job_ids]],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_deliveries_starting_together_are_claimed_in_one_statement_per_organisation(claims):
+    mine = UserFactory()
+    theirs = UserFactory(org=OrganisationFactory())
+    jobs = [
+        job_in_state("queued", owner=owner, job_type="cam", params={"do": "succeeds"})
+        for owner in (mine, theirs, mine, theirs, mine)
+    ]
+    returned = claims.held(len(jobs), lambda: _deliver(jobs))
+    assert [answer["outcome"] for _, answer in returned] == ["succeeded"] * 5
+    # One batch: one call per organisation, each with that organisation's jobs.
+    by_org = {org_id: sorted(ids) for org_id, ids in claims.calls}
+    assert len(claims.calls) == 2 and by_org == {
+        job.org_id: sorted(str(j.id) for j in jobs if j.org_id == job.org_id) for job in jobs
+    }
+    assert sorted(_started_per_transaction([job.id for job in jobs])) == [2, 3]
+    for job in jobs:
+        stored = Job.objects.get(id=job.id)
+        assert (stored.status, stored.attempts) == ("succeeded", 1)
+        assert job_events(job.id) == ["created", "queued", "started", "succeeded"]
+        assert_chain_valid(job.id)
+
+
+def test_in_a_batch_a_job_not_claimable_is_answered_none_and_the_others_run_once(claims):
+    owner = UserFactory()
+    cam = {"job_type": "cam", "params": {"do": "succeeds"}}
+    claimable = [job_in_state("queued", owner=owner, **cam) for _ in range(2)]
+    running = job_in_state("running", owner=owner, worker="elsewhere", **cam)
+    done = job_in_state("succeeded", owner=owner, **cam)
+    foreign = job_in_state("queued", owner=UserFactory(org=OrganisationFactory()), **cam)
+    messages = [
+        _payload(claimable[0]),
+        _payload(running),
+        _payload(claimable[1]),
+        _payload(done),
+        _payload(claimable[0]),  # delivered twice: a duplicate
+        _payload(foreign, org_id=owner.memberships.get().organisation_id),  # not its org
+    ]
+    returned = claims.held(len(messages), lambda: _deliver(messages))
+    answers = [answer for _, answer in returned]
+    # One statement for the six: the message's organisation is the group's.
+    assert len(claims.calls) == 1 and len(claims.calls[0][1]) == 6
+    assert answers[2]["outcome"] == "succeeded"
+    # The job delivered twice runs for whichever delivery asked first.
+    assert sorted(answers[n]["outcome"] for n in (0, 4)) == ["dropped", "succeeded"]
+    # Not claimed: each read why, as after a claim of its own (runtime._not_claimed).
+    assert answers[1] == {"job_id": str(running.id), "outcome": "dropped"}
+    assert answers[3] == {"job_id": str(done.id), "outcome": "dropped"}
+    assert isinstance(answers[5], Reject) and not answers[5].requeue  # TENANT_MISMATCH
+    for job in claimable:
+        assert job_events(job.id) == ["created", "queued", "started", "succeeded"]
+        assert_chain_valid(job.id)
+    stored = Job.objects.get(id=running.id)
+    assert (stored.status, stored.locked_by, stored.attempts) == ("running", "elsewhere", 1)
+    assert job_events(done.id).count("started") == 1
+    stored = Job.objects.get(id=foreign.id)
+    assert (stored.status, stored.attempts, stored.last_error_code) == (
+        "failed",
+        0,
+        "TENANT_MISMATCH",
+    )
+    for job in (running, done, foreign):
+        assert_chain_valid(job.id)
+
+
+def test_a_batch_of_claims_the_database_refuses_hands_every_message_back(claims):
+    jobs = [job_in_state("queued", job_type="cam", params={"do": "succeeds"}) for _ in range(4)]
+    claims.refuse = OperationalError("the database is away")
+    returned = claims.held(len(jobs), lambda: _deliver(jobs))
+    assert len(claims.calls) == 1 and len(claims.calls[0][1]) == 4  # one batch for the four
+    assert all(isinstance(answer, Reject) and answer.requeue for _, answer in returned)
+    # Nothing claimed: the redelivered messages claim them.
+    for job in jobs:
+        stored = Job.objects.get(id=job.id)
+        assert (stored.status, stored.attempts) == ("queued", 0)
+        assert job_events(job.id) == ["created", "queued"]
+    claims.refuse = None
+    returned = _deliver(jobs)
+    assert [answer["outcome"] for _, answer in returned] == ["succeeded"] * 4
+
+
+def test_a_message_without_an_organisation_claims_alone(claims):
+    job = job_in_state("queued", job_type="cam", params={"do": "succeeds"})
+    ((_, answer),) = _deliver([{"job_id": str(job.id)}])
+    assert answer["outcome"] == "succeeded"
+    assert claims.calls == []  # job_claim's own statement, not the claimer's
+
+
+def test_the_claimer_takes_what_is_queued_and_waits_for_nothing_more():
+    """A window of 0 s (the claimer's): the first request and those already behind it,
+    at most `batch`; a request that comes later is the next window's."""
+    items: queue.SimpleQueue = queue.SimpleQueue()
+    for name in "abc":
+        items.put((time.monotonic(), name))
+    served: list[list[str]] = []
+
+    def serve(window):
+        served.append([name for _, name in window])
+        if len(served) == 2:
+            items.put((time.monotonic(), "d"))
+            items.put(None)
+
+    batches.windows(items, serve, batch=2, seconds=0.0)
+    assert served == [["a", "b"], ["c"], ["d"]]
+    assert claim.Claimer(batch=8).window_seconds() == 0.0
 
 
 def test_tasks_ending_together_share_a_transaction_and_return_after_its_commit(

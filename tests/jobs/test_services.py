@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.db import connection
 
@@ -23,11 +25,12 @@ from jobs.services import (
     job_create,
     job_fail_with_dead_letter,
     job_succeed,
+    jobs_claim_delivered,
     transitions,
 )
 from jobs.services.transitions import change
-from tests.factories import UserFactory, job_in_state, make_job
-from tests.processes import job_events
+from tests.factories import OrganisationFactory, UserFactory, job_in_state, make_job
+from tests.processes import assert_chain_valid, job_events
 from tests.threads import run_in_threads
 
 pytestmark = pytest.mark.django_db
@@ -196,6 +199,45 @@ def test_a_failure_from_a_state_not_in_the_table_is_refused_before_any_sql():
 def test_every_table_entry_names_known_states():
     for target, sources in ALLOWED.items():
         assert target in Status.values and sources <= set(Status.values)
+
+
+def test_a_delivered_claim_of_several_jobs_claims_each_with_its_own_entry(
+    django_assert_num_queries,
+):
+    """A threads-pool worker's batch (jobs.execution.claim): the jobs of one
+    organisation's messages in one statement, each audited on its own chain and returned
+    by its id; a job not claimable, or of another organisation, is simply not returned,
+    and an id named twice is claimed once."""
+    owner = UserFactory()
+    queued = [job_in_state("queued", owner=owner) for _ in range(3)]
+    retrying = job_in_state("retrying", owner=owner)  # due at once, its attempt 1 spent
+    running = job_in_state("running", owner=owner, worker="w1")
+    elsewhere = job_in_state("queued", owner=UserFactory(org=OrganisationFactory()))
+    ids = [*(j.id for j in queued), retrying.id, running.id, elsewhere.id, queued[0].id]
+    with django_assert_num_queries(1):
+        claimed = jobs_claim_delivered(job_ids=ids, locked_by="w2", org_id=queued[0].org_id)
+    expected = {**{j.id: ("queued", 1) for j in queued}, retrying.id: ("retrying", 2)}
+    assert set(claimed) == set(expected)
+    for job_id, (source, attempt) in expected.items():
+        job = claimed[job_id]
+        assert (job.id, job.status, job.locked_by, job.attempts) == (
+            job_id,
+            Status.RUNNING,
+            "w2",
+            attempt,
+        )
+        stored = Job.objects.get(id=job_id)
+        assert (stored.status, stored.locked_by, stored.attempts) == ("running", "w2", attempt)
+        entry = AuditLog.objects.filter(job_id=job_id).order_by("seq").last()
+        assert entry.event_type == "started"
+        data = json.loads(entry.payload)["data"]
+        assert (data["from"], data["to"], data["attempt"]) == (source, "running", attempt)
+        assert job_events(job_id).count("started") == attempt  # queued[0]: named twice
+        assert_chain_valid(job_id)
+    assert Job.objects.get(id=running.id).locked_by == "w1"  # untouched
+    assert job_events(running.id).count("started") == 1
+    assert Job.objects.get(id=elsewhere.id).status == Status.QUEUED
+    assert job_events(elsewhere.id) == ["created", "queued"]
 
 
 def test_fenced_write_after_reclaim_raises_job_lost():
