@@ -1,7 +1,7 @@
 """Suite-wide fixtures. Every test talks to the real PostgreSQL, RabbitMQ and Redis.
 
 The toolkit has one conftest layer per package: this file for what several packages
-need (the flush of the append-only tables, the broker, the ERP queues, log capture, an
+need (the flush after transactional tests, the broker, the ERP queues, log capture, an
 OTP-verified admin), `tests/<package>/conftest.py` for that package's own fixtures.
 Helpers are plain modules, imported by name (never from a conftest):
 
@@ -12,6 +12,7 @@ Helpers are plain modules, imported by name (never from a conftest):
 - tests.processes: real workers, dispatchers and manage.py runs on the test database;
 - tests.s3: an S3-compatible server (moto's, over HTTP) for the S3 artefact storage;
 - tests.threads: `run_in_threads`, a race on purpose;
+- tests.flush: what empties the tables after a transactional test;
 - tests.handlers, tests.erp_receiver: what subprocesses run, an ERP stand-in.
 """
 
@@ -23,7 +24,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -31,21 +31,14 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from amqp.exceptions import NotAllowed
 from django.conf import settings as django_settings
-from django.db import OperationalError
-from django.db.backends.postgresql.operations import DatabaseOperations
 from kombu import Connection
-from psycopg.errors import DeadlockDetected
 
 from core.logging import formatter
 from jobs.integrations import topology
-from tests import testdb
+from tests import flush, testdb
 from tests.factories import UserFactory, otp_login
 from tests.queues import topology_declare_and_purge
 from tests.s3 import S3Server, s3_server
-
-APPEND_ONLY_TABLES = ("audit_logs", "audit_checkpoints")
-FLUSH_ATTEMPTS = 5
-
 
 # The modules that start real processes (Celery workers, dispatchers, gunicorn, Chromium)
 # take longest. Under xdist (`--dist loadfile --no-loadscope-reorder`: modules handed out
@@ -195,33 +188,12 @@ def django_db_setup(
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _allow_flush_of_append_only_tables():
-    """pytest-django empties tables with TRUNCATE after transactional tests.
-
-    The audit triggers refuse TRUNCATE, as they must in production. For the flush
-    only, and as the table owner, disable the user triggers around it; they are
-    re-enabled in the same transaction, so no other statement ever runs without them.
-    """
-    original = DatabaseOperations.execute_sql_flush
-
-    def execute_sql_flush(self, sql_list):
-        disable = [f"ALTER TABLE {t} DISABLE TRIGGER USER" for t in APPEND_ONLY_TABLES]
-        enable = [f"ALTER TABLE {t} ENABLE TRIGGER USER" for t in APPEND_ONLY_TABLES]
-        # A module-scoped worker or dispatcher keeps polling the tables while the flush
-        # takes its exclusive locks one table at a time: PostgreSQL may break the
-        # resulting deadlock by aborting the flush. The flush is all-or-nothing (one
-        # transaction), so trying it again is safe.
-        for attempt in range(FLUSH_ATTEMPTS):
-            try:
-                return original(self, [*disable, *sql_list, *enable])
-            except OperationalError as exc:
-                if not isinstance(exc.__cause__, DeadlockDetected) or attempt + 1 == FLUSH_ATTEMPTS:
-                    raise
-                time.sleep(0.2)
-
-    DatabaseOperations.execute_sql_flush = execute_sql_flush
-    yield
-    DatabaseOperations.execute_sql_flush = original
+def _flush_after_transactional_tests() -> Iterator[None]:
+    """After a transactional test, tests/flush.py empties the tables the test filled
+    (Django's flush only where content types or permissions changed); the append-only
+    tables' triggers are disabled for that TRUNCATE alone."""
+    with flush.installed():
+        yield
 
 
 @pytest.fixture

@@ -1,0 +1,150 @@
+"""The flush after a transactional test (`transactional_db`, `django_db(transaction=True)`).
+
+Django ends each TransactionTestCase with `manage.py flush`: one TRUNCATE of every table
+(40 here), then post_migrate, whose receivers write back every content type and
+permission the TRUNCATE removed (core.sqlfiles' receiver does nothing without a
+migration plan). On two loaded cores that took 0.3 to 1.2 s a test, mostly the server's
+TRUNCATE: new files for every table and index, made and synced at commit.
+
+`flush` leaves the same state in one transaction, doing less:
+
+- one statement finds the tables Django's flush would empty that hold rows, and a
+  digest of every row (ids included) of django_content_type and auth_permission;
+- one TRUNCATE ... CASCADE empties those tables (CASCADE adds the tables that reference
+  them, as PostgreSQL requires; nothing references those two), with the append-only
+  tables' triggers disabled around it in the same transaction (they refuse TRUNCATE, as
+  they must in production), so no other statement ever runs without them;
+- django_content_type and auth_permission keep their rows and no post_migrate is sent:
+  post_migrate's receivers would only write back the same rows, under new ids. That
+  holds only while both tables are as the last full flush left them, which the digest
+  checks: a test that added, removed or changed a content type or permission
+  (tests/jobs/test_migrations.py migrates backwards and forwards) gets Django's own
+  flush, post_migrate included, as does a session's first transactional test; the
+  digest of what that flush made is the reference for the next ones.
+
+Django's own flush still runs there, so its TRUNCATE keeps the same trigger wrapper
+(`execute_sql_flush`). Both are retried on a deadlock (see `retry_on_deadlock`).
+docs/development.md#the-test-database says the same for people.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from django.db import OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.postgresql.operations import DatabaseOperations
+from django.test import TransactionTestCase
+from psycopg.errors import DeadlockDetected
+
+APPEND_ONLY_TABLES = ("audit_logs", "audit_checkpoints")
+# Static after migrate: post_migrate makes them, nothing in the product writes them.
+KEPT_TABLES = ("django_content_type", "auth_permission")
+FLUSH_ATTEMPTS = 5
+
+T = TypeVar("T")
+
+# Per database alias: the digest of KEPT_TABLES as the last full flush left them.
+_reference: dict[str, str] = {}
+
+
+def retry_on_deadlock(attempt: Callable[[], T]) -> T:
+    """A module-scoped worker or dispatcher keeps polling the tables while the flush takes
+    its exclusive locks one table at a time: PostgreSQL may break the resulting deadlock
+    by aborting the flush. A flush is all-or-nothing (one transaction): try it again."""
+    for _ in range(FLUSH_ATTEMPTS - 1):
+        try:
+            return attempt()
+        except OperationalError as exc:
+            if not isinstance(exc.__cause__, DeadlockDetected):
+                raise
+            time.sleep(0.2)
+    return attempt()
+
+
+def _triggers(action: str) -> list[str]:
+    return [f"ALTER TABLE {table} {action} TRIGGER USER" for table in APPEND_ONLY_TABLES]
+
+
+def _digest_sql(connection: BaseDatabaseWrapper) -> str:
+    """Every row of KEPT_TABLES, each as its row literal (all columns, id included)."""
+    parts = [
+        f"SELECT '{table}' AS t, k::text AS r FROM {connection.ops.quote_name(table)} k"
+        for table in KEPT_TABLES
+    ]
+    rows = " UNION ALL ".join(parts)
+    return f"SELECT md5(string_agg(t || r, E'\\n' ORDER BY t, r)) FROM ({rows}) s"
+
+
+def _digest(connection: BaseDatabaseWrapper) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(_digest_sql(connection))
+        return cursor.fetchone()[0]
+
+
+def flush(connection: BaseDatabaseWrapper) -> bool:
+    """Empty every table Django's flush would, but KEPT_TABLES; False (nothing done) when
+    KEPT_TABLES are not as the last full flush left them: Django's flush is needed."""
+    reference = _reference.get(connection.alias)
+    tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
+    if reference is None or not set(KEPT_TABLES) <= set(tables):
+        return False
+    quote = connection.ops.quote_name
+    holding_rows = " UNION ALL ".join(
+        f"SELECT '{table}' WHERE EXISTS (SELECT 1 FROM {quote(table)})"
+        for table in sorted(set(tables) - set(KEPT_TABLES))
+    )
+    probe = f"SELECT ARRAY({holding_rows}), ({_digest_sql(connection)})"
+
+    def attempt() -> bool:
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(probe)
+            full, digest = cursor.fetchone()
+            if digest != reference:
+                return False
+            if full:
+                truncate = f"TRUNCATE {', '.join(quote(t) for t in full)} CASCADE"
+                # A test database need not survive a server crash: not waiting for the
+                # WAL on disk saves a sync (its rows are seen by others at once anyway).
+                cursor.execute("SET LOCAL synchronous_commit = off")
+                for sql in (*_triggers("DISABLE"), truncate, *_triggers("ENABLE")):
+                    cursor.execute(sql)
+        return True
+
+    return retry_on_deadlock(attempt)
+
+
+@contextmanager
+def installed() -> Iterator[None]:
+    """`flush` as TransactionTestCase's teardown, Django's flush behind it; Django's
+    TRUNCATE with the append-only tables' triggers disabled around it."""
+    original_teardown = TransactionTestCase._fixture_teardown
+    original_execute = DatabaseOperations.execute_sql_flush
+
+    def fixture_teardown(self: TransactionTestCase) -> None:
+        # available_apps and serialized_rollback change what Django's flush does (a
+        # subset, CASCADE, no post_migrate): no test here uses them; Django's handles them.
+        if self.available_apps is not None or self.serialized_rollback:
+            return original_teardown(self)
+        aliases = self._databases_names(include_mirrors=False)
+        if all(flush(connections[alias]) for alias in aliases):
+            return None
+        original_teardown(self)
+        for alias in aliases:
+            _reference[alias] = _digest(connections[alias])
+        return None
+
+    def execute_sql_flush(self: DatabaseOperations, sql_list: list[str]) -> Any:
+        statements = [*_triggers("DISABLE"), *sql_list, *_triggers("ENABLE")]
+        return retry_on_deadlock(lambda: original_execute(self, statements))
+
+    TransactionTestCase._fixture_teardown = fixture_teardown  # type: ignore[method-assign]
+    DatabaseOperations.execute_sql_flush = execute_sql_flush  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        TransactionTestCase._fixture_teardown = original_teardown  # type: ignore[method-assign]
+        DatabaseOperations.execute_sql_flush = original_execute  # type: ignore[method-assign]
