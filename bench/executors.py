@@ -33,13 +33,13 @@ settings):
 4. capacity: jobs submitted back to back while the workers run (submit -> last end);
 5. submit -> start p50/p99 with jobs submitted at half that capacity (open loop).
 All arms run --repeat times (their order rotated each round); each figure is the
-median of its rounds. The batch arm's rounds come after the others' (the jobs it
-creates stay in the table, queued, never run; the drains compare an empty table).
-Then --seed finished jobs are added to the `jobs` table with
+median of its rounds. Then --seed finished jobs are added to the `jobs` table with
 one INSERT ... SELECT over generate_series (rows cloned from a `succeeded` job the
 runs made, under new time-ordered ids and older timestamps; no audit rows, no
 outbox rows: bench/scale.py measures those), and both jobops arms drain again
---repeat times: the ratio to the empty table's drain.
+--repeat times: the ratio to the empty table's drain. The batch arm's rounds come
+last of all: the jobs it creates stay in the table, queued, never run, and would be
+the background of any drain after them.
 
 Prints the issue's target table and each arm's figures; writes
 bench/results/executors.json. The postgres arm runs only where `manage.py
@@ -592,6 +592,7 @@ def phase_batch(scratch: common.Scratch, *, seconds: float, size: int) -> dict[s
     from bench._jobflow import bench_user, user_token
 
     owner = bench_user("bench-executors-api")
+    before = _owned(scratch, owner.pk)  # an earlier round's jobs (the same user)
     auth = {"Authorization": f"Token {user_token(owner)}"}
     env = scratch.env()
     roles: dict[str, Any] = dict(common.start_dispatchers(bench=NAME, env=env))
@@ -631,7 +632,7 @@ def phase_batch(scratch: common.Scratch, *, seconds: float, size: int) -> dict[s
     finally:
         for service in roles.values():
             service.stop()
-    in_table = _owned(scratch, owner.pk)
+    in_table = _owned(scratch, owner.pk) - before
     _purge_queue(scratch, http.SIM["type"])
     return {
         "batch_size": size,
@@ -1111,7 +1112,7 @@ def main() -> int:
     if "postgres" in arms and not RUN_WORKER.exists():
         skipped["postgres"] = "manage.py run_worker is not in this checkout"
         arms.remove("postgres")
-    # The batch arm's rounds come after the drains' (module docstring).
+    # The batch arm's rounds come after the drains', the seeded ones too (module docstring).
     drain_arms = [a for a in arms if a != BATCH]
     with common.Scratch(NAME, keep=args.keep) as scratch:
         if {"procrastinate", BATCH} & set(arms):
@@ -1127,10 +1128,6 @@ def main() -> int:
             print(f"  round {round_ + 1} of {args.repeat}: {', '.join(order)}", flush=True)
             for arm in order:
                 runs[arm].append(run_arm(scratch, args, arm, args.phases, arm_env(arm)))
-        batch_runs = []
-        for round_ in range(args.repeat if BATCH in arms else 0):
-            print(f"  round {round_ + 1} of {args.repeat}: {BATCH}", flush=True)
-            batch_runs.append(run_arm(scratch, args, BATCH, BATCH, {}))
         loaded: dict[str, Any] = {}
         seeded_arms = [a for a in JOBOPS_ARMS if a in arms]
         if seeded_arms and args.seed:
@@ -1142,6 +1139,12 @@ def main() -> int:
                     loaded.setdefault(arm, []).append(
                         run_arm(scratch, args, arm, "noop", arm_env(arm))
                     )
+        # The batch arm last of all: the tens of thousands of jobs it creates stay in the
+        # table, queued, and would be the background of any drain after it.
+        batch_runs = []
+        for round_ in range(args.repeat if BATCH in arms else 0):
+            print(f"  round {round_ + 1} of {args.repeat}: {BATCH}", flush=True)
+            batch_runs.append(run_arm(scratch, args, BATCH, BATCH, {}))
         figures = {arm: figures_of(arm_runs) for arm, arm_runs in runs.items()}
         for arm, why in skipped.items():
             figures[arm] = {"rounds_measured": 0, "errors": [why]}
