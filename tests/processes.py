@@ -158,6 +158,21 @@ def job_events(job_id: Any) -> list[str]:
     return list(rows.values_list("event_type", flat=True))
 
 
+def entries_per_transaction(job_ids: Iterable[Any], event_type: str) -> list[int]:
+    """How many of these jobs' `event_type` entries each transaction wrote, largest
+    first (the xmin of an audit row is the transaction that inserted it; audit rows are
+    never updated): how claims and ends were batched."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM audit_logs WHERE job_id = ANY(%s) AND event_type = %s"
+            " GROUP BY xmin::text ORDER BY 1 DESC",
+            [[str(i) for i in job_ids], event_type],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
 def assert_chain_valid(job_id: Any) -> None:
     """Recompute the job's hash chain: seq 1..n, each prev_hash and chain_hash."""
     from audit.canonical import GENESIS_HASH, chain_hash

@@ -8,8 +8,6 @@ tests/e2e/test_execution_death.py's, for both pools."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 from django.db import connection
 
@@ -21,6 +19,7 @@ from tests.processes import (
     assert_chain_valid,
     celery_worker,
     dispatcher_process,
+    entries_per_transaction,
     job_events,
     job_finished,
     scripted_env,
@@ -31,17 +30,6 @@ from tests.queues import topology_declare_and_purge
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
 THREADS = ("--pool", "threads")
-
-
-def _entries_per_transaction(job_ids: list, event_type: str) -> list[int]:
-    """How many of these jobs' `event_type` entries each transaction wrote (the xmin of
-    an audit row is the transaction that inserted it; audit rows are never updated)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT xmin::text FROM audit_logs WHERE job_id = ANY(%s) AND event_type = %s",
-            [[str(i) for i in job_ids], event_type],
-        )
-        return sorted(Counter(row[0] for row in cursor.fetchall()).values(), reverse=True)
 
 
 def test_threads_pool_runs_each_job_once_with_claims_and_ends_batched(scripted):
@@ -64,7 +52,7 @@ def test_threads_pool_runs_each_job_once_with_claims_and_ends_batched(scripted):
         assert handlers.overlaps(job.id) == 0
         assert job_events(job.id).count("succeeded") == 1
     for event_type in ("started", "succeeded"):
-        sizes = _entries_per_transaction([job.id for job in jobs], event_type)
+        sizes = entries_per_transaction([job.id for job in jobs], event_type)
         assert sum(sizes) == len(jobs)
         # Several claims, and several ends, shared a statement and its transaction (at
         # most one per thread of the pool).

@@ -30,7 +30,12 @@ from jobs.processes.runtime import job_execute
 from jobs.services import Fence, job_claim
 from tests.factories import OrganisationFactory, UserFactory, job_in_state
 from tests.polling import wait_for
-from tests.processes import assert_chain_valid, job_events, scripted_table
+from tests.processes import (
+    assert_chain_valid,
+    entries_per_transaction,
+    job_events,
+    scripted_table,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -137,18 +142,6 @@ def claims(wide_pool, monkeypatch) -> Claims:
     return Claims(wide_pool.claimer, monkeypatch)
 
 
-def _started_per_transaction(job_ids: list) -> list[int]:
-    """How many of these jobs' `started` entries each transaction wrote (the xmin of an
-    audit row is the transaction that inserted it; audit rows are never updated)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM audit_logs WHERE job_id = ANY(%s) AND event_type = 'started'"
-            " GROUP BY xmin::text ORDER BY 1 DESC",
-            [[str(i) for i in job_ids]],
-        )
-        return [row[0] for row in cursor.fetchall()]
-
-
 def test_deliveries_starting_together_are_claimed_in_one_statement_per_organisation(claims):
     mine = UserFactory()
     theirs = UserFactory(org=OrganisationFactory())
@@ -163,7 +156,7 @@ def test_deliveries_starting_together_are_claimed_in_one_statement_per_organisat
     assert len(claims.calls) == 2 and by_org == {
         job.org_id: sorted(str(j.id) for j in jobs if j.org_id == job.org_id) for job in jobs
     }
-    assert sorted(_started_per_transaction([job.id for job in jobs])) == [2, 3]
+    assert sorted(entries_per_transaction([job.id for job in jobs], "started")) == [2, 3]
     for job in jobs:
         stored = Job.objects.get(id=job.id)
         assert (stored.status, stored.attempts) == ("succeeded", 1)
