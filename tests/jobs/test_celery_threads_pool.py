@@ -9,6 +9,7 @@ runs are tests/e2e/test_celery_threads.py's."""
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -305,7 +306,9 @@ def test_a_run_past_its_hard_limit_is_abandoned_without_waiting_for_a_heartbeat(
     loop = HeartbeatLoop(hard_limits=True)
     loop.start()
     try:
-        time.sleep(0.2)  # the thread asleep until its next beat, 30 s away
+        # The thread asleep until its next beat, 30 s away (it sets when it wakes next,
+        # then waits).
+        wait_for(lambda: loop._wake_at != math.inf, timeout=5, what="the loop's thread to wait")
         ctx.deadline = time.monotonic() + 0.3
         loop.add(ctx)
         wait_for(ctx._lost.is_set, timeout=5, what="the hard limit to abandon the run")
@@ -317,16 +320,24 @@ def test_a_run_past_its_hard_limit_is_abandoned_without_waiting_for_a_heartbeat(
 
 
 def test_a_loop_without_hard_limits_never_abandons(settings):
-    """run_worker's host and a prefork child: the limits are enforced elsewhere."""
-    settings.JOBOPS_HEARTBEAT_SECONDS = 30
+    """run_worker's host and a prefork child: the limits are enforced elsewhere. The
+    loop's passes show in the lock each beat refreshes: two beats after the run's
+    deadline, it is still beating the run."""
+    settings.JOBOPS_HEARTBEAT_SECONDS = 0.1
     job = job_claim(job_id=job_in_state("queued").id, locked_by="limits-test")
     assert job is not None
     ctx = JobContext(job=job, fence=Fence("limits-test", job.attempts), log=structlog.get_logger())
     ctx.deadline = time.monotonic() - 1
     loop = HeartbeatLoop()
+
+    def locked_at():
+        return Job.objects.values_list("locked_at", flat=True).get(id=job.id)
+
     loop.add(ctx)
     try:
-        time.sleep(0.3)
+        for _ in range(2):
+            before = locked_at()
+            wait_for(lambda b=before: locked_at() > b, timeout=5, what="the loop's next beat")
         assert not ctx._lost.is_set() and ctx.job_id in loop._members
     finally:
         loop.stop(timeout=5)
