@@ -8,11 +8,14 @@ from __future__ import annotations
 import copy
 import io
 import json
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 from rest_framework import serializers
+from structlog.testing import capture_logs
 
 from audit.services import Actor
 from dlq.services.fix_forward import fix_forward_request
@@ -26,7 +29,7 @@ from jobs.domain.params import (
 )
 from jobs.domain.states import Status
 from jobs.models import DeadLetter, Job, ParamsEdit, Schedule
-from jobs.services.schedules import schedule_create
+from jobs.services.schedules import schedule_create, schedules_fire_due
 from tests.factories import OperatorFactory, OrganisationFactory, UserFactory, job_failed
 
 pytestmark = pytest.mark.django_db
@@ -314,3 +317,22 @@ def test_check_secret_params_reads_a_reference_with_its_types_schema(reference_s
     make_schedule({"event": "e", "api_key": "erp/api-key"})
     out, failed = check_secret_params()
     assert failed is None and "No schedule holds a secret" in out
+
+
+def test_a_fire_of_a_schedule_saved_before_is_refused_and_logged_with_the_code():
+    clean = make_schedule(erp({"note": "fine"}))
+    legacy = Schedule.objects.create(
+        name="legacy",
+        org=clean.org,
+        owner=clean.owner,
+        job_type="erp",
+        params=erp({"secret": VALUE}),
+        cron="* * * * *",
+        next_fire_at=timezone.now() - timedelta(seconds=1),
+    )
+    with capture_logs() as logs:
+        counts = schedules_fire_due()
+    assert counts == {"fired": 1, "created": 0} and not Job.objects.exists()
+    (failed,) = [e for e in logs if e["event"] == "schedule_fire_failed"]
+    assert failed["schedule"] == legacy.name and failed["error"] == "ERR-JOB-PARAMS-SECRET"
+    assert VALUE not in json.dumps(logs, default=str)
