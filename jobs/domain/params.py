@@ -214,23 +214,28 @@ def params_secrets(params: Any, *, schema: Any = None) -> list[tuple[str, str]]:
     read back (`manage.py check_secret_params`) have no depth bound."""
     names = {secret_name_key(name) for name in settings.JOBOPS_SECRET_PARAM_NAMES}
     found: list[tuple[str, str]] = []
-    stack: list[tuple[Any, str, Any]] = [(params, "params", schema)]
+    # A path is (parent path, key or index), rendered only for what is found: most
+    # params hold nothing, and a 256 KB list of numbers holds 10,000s of children.
+    stack: list[tuple[Any, _Path, Any]] = [(params, None, schema)]
     while stack:
         value, path, node = stack.pop()
         if isinstance(value, str):
-            found.extend((path, why) for match, why in _SHAPES if match(value))
+            found.extend((_render(path), why) for match, why in _SHAPES if match(value))
         elif isinstance(value, dict):
             for key, child in value.items():
                 key = str(key)
                 field = _child_node(node, key)
-                child_path = _key_path(path, key)
                 if secret_name_key(key) in names and not isinstance(field, SecretReferenceField):
-                    found.append((child_path, _NAMED))
-                else:
-                    stack.append((child, child_path, field))
+                    found.append((_render((path, key)), _NAMED))
+                elif isinstance(child, str | dict | list):
+                    stack.append((child, (path, key), field))
         elif isinstance(value, list):
             item_node = _child_node(node, None)
-            stack.extend((item, f"{path}[{i}]", item_node) for i, item in enumerate(value))
+            stack.extend(
+                (item, (path, i), item_node)
+                for i, item in enumerate(value)
+                if isinstance(item, str | dict | list)
+            )
     return sorted(found)
 
 
@@ -250,8 +255,20 @@ def params_secret_check(params: Any, *, schema: Any = None) -> None:
     raise JobParamsSecretError(details=details)
 
 
-def _key_path(path: str, key: str) -> str:
-    return f"{path}.{key}" if _PLAIN_KEY.match(key) else f"{path}[{json.dumps(key)}]"
+# A JSON path in params: None for params itself, else (its parent, a key or an index).
+_Path = tuple[Any, str | int] | None
+
+
+def _render(path: _Path) -> str:
+    """`params.auth.password`, `params.items[2]`, `params["a.b"]`."""
+    parts: list[str] = []
+    while path is not None:
+        path, part = path
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        else:
+            parts.append(f".{part}" if _PLAIN_KEY.match(part) else f"[{json.dumps(part)}]")
+    return "params" + "".join(reversed(parts))
 
 
 def _child_node(node: Any, key: str | None) -> Any:
