@@ -183,7 +183,7 @@ class SecretReferenceField(serializers.CharField):
 # The shapes of a secret's value. A PEM private key or an AWS access key id anywhere in
 # a text; a bearer token only as a whole value (an Authorization header's), with a token
 # of at least 16 characters, so that prose ("bearer bonds") stays allowed.
-_PEM_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----")
+_PEM_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
 _BEARER = re.compile(r"\s*bearer\s+[A-Za-z0-9._~+/-]{16,}=*\s*", re.IGNORECASE)
 _AWS_ACCESS_KEY_ID = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")
 _SHAPES = (

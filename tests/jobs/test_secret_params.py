@@ -108,6 +108,7 @@ def test_the_path_names_the_key_at_any_depth_of_objects_and_lists():
         ("-----BEGIN PRIVATE KEY-----\nMIIE", "PEM private key"),
         ("-----BEGIN OPENSSH PRIVATE KEY-----", "PEM private key"),
         ("-----BEGIN ENCRYPTED PRIVATE KEY-----", "PEM private key"),
+        ("-----BEGIN PGP PRIVATE KEY BLOCK-----", "PEM private key"),
         ("config:\n-----BEGIN EC PRIVATE KEY-----\nabc", "PEM private key"),
         ("Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig", "Bearer token"),
         ("bearer 0123456789abcdef0123", "Bearer token"),
@@ -253,6 +254,21 @@ def test_the_schedule_form_shows_a_secret_on_the_params_field(otp_admin_client):
     text = page.content.decode()
     assert "params.data.password" in text and "Named like a secret" in text
     assert page.context["adminform"].form.errors["params"]
+    assert not Schedule.objects.exists()
+
+
+def test_the_schedule_form_shows_a_schema_refusal_on_the_params_field_too(otp_admin_client):
+    """The form caught only the schedule's own refusals: a params one was a 500."""
+    org = OrganisationFactory(slug="acme")
+    form = {
+        "name": "nightly", "org": org.pk, "owner": UserFactory(org=org).pk, "project": "",
+        "job_type": "sim", "params": '{"steps": "many"}',
+        "cron": "0 3 * * *", "timezone": "UTC", "enabled": "on",
+    }  # fmt: skip
+    page = otp_admin_client.post("/admin/jobs/schedule/add/", form)
+    assert page.status_code == 200
+    errors = page.context["adminform"].form.errors["params"]
+    assert any(e.startswith("steps: ") for e in errors), errors
     assert not Schedule.objects.exists()
 
 
