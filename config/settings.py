@@ -663,6 +663,29 @@ JOBOPS_BATCH_CREATE_MAX = env_int("JOBOPS_BATCH_CREATE_MAX", 1000)
 JOBOPS_BATCH_MAX_BYTES = env_int("JOBOPS_BATCH_MAX_BYTES", 4 * 1024 * 1024)
 # Deepest JSON nesting accepted anywhere in a request body, job message or result.
 JOBOPS_MAX_JSON_DEPTH = env_int("JOBOPS_MAX_JSON_DEPTH", 32)
+# Params keys refused at any depth (jobs.domain.params.params_secret_check): a secret in
+# params travels in the broker message and rests on the job row. Compared exactly after
+# lowercasing and dropping "-" and "_" (API-Key is api_key; password_policy is allowed).
+JOBOPS_SECRET_PARAM_NAMES = env_list(
+    "JOBOPS_SECRET_PARAM_NAMES",
+    [
+        "password",
+        "passwd",
+        "secret",
+        "api_key",
+        "apikey",
+        "access_token",
+        "refresh_token",
+        "private_key",
+        "client_secret",
+        "authorization",
+    ],
+)
+if any(not re.sub(r"[-_]", "", name) for name in JOBOPS_SECRET_PARAM_NAMES):
+    raise ImproperlyConfigured(
+        "JOBOPS_SECRET_PARAM_NAMES: every name needs a letter or digit (it is compared "
+        "without '-' and '_')"
+    )
 # Request line and headers (core.middleware.RequestLimitsMiddleware): a longer URI is
 # 414 ERR-HTTP-414, a longer header or more headers 431 ERR-HTTP-431, in the envelope.
 # gunicorn's own limits (config/gunicorn_conf.py) sit above these, so that it is Django
@@ -928,6 +951,8 @@ def check_production_safety() -> None:
         problems.append("AUDIT_SIGNING_ED25519_KEY is unset or the development default")
     if not METRICS_TOKEN:
         problems.append("METRICS_TOKEN is unset (/metrics would be public)")
+    if not JOBOPS_SECRET_PARAM_NAMES:
+        problems.append("JOBOPS_SECRET_PARAM_NAMES is empty (no params key would be refused)")
     if ARTEFACT_STORAGE == "s3" and not ARTEFACT_S3_BUCKET:
         problems.append("ARTEFACT_STORAGE is s3 but ARTEFACT_S3_BUCKET is unset")
     if problems:

@@ -69,6 +69,7 @@ def test_a_manage_py_command_prints_no_banner_of_django_axes():
             "AUDIT_SIGNING_ED25519_KEY",
         ),
         ({"METRICS_TOKEN": ""}, "METRICS_TOKEN"),
+        ({"JOBOPS_SECRET_PARAM_NAMES": ""}, "JOBOPS_SECRET_PARAM_NAMES is empty"),
     ],
 )
 def test_production_refuses_unsafe_value_and_names_it(overrides, named, starter):
@@ -118,6 +119,7 @@ def test_a_negative_time_limit_retries_is_refused_and_named(starter):
         ({"JOBOPS_DLQ_QUEUE_TYPE": "stream"}, "JOBOPS_DLQ_QUEUE_TYPE='stream'"),
         ({"JOBOPS_WORKER_PREFETCH": "0"}, "JOBOPS_WORKER_PREFETCH=0 must be 1-64"),
         ({"JOBOPS_WORKER_PREFETCH": "65"}, "JOBOPS_WORKER_PREFETCH=65 must be 1-64"),
+        ({"JOBOPS_SECRET_PARAM_NAMES": "password,-_"}, "JOBOPS_SECRET_PARAM_NAMES: every name"),
         (
             {"ARTEFACT_STORAGE": "s3", "ARTEFACT_S3_BUCKET": ""},
             "ARTEFACT_STORAGE is s3 but ARTEFACT_S3_BUCKET is unset",

@@ -11,10 +11,11 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from audit.services import Actor
+from core.errors import ApplicationError
 from core.forms import BoundedJSONField
 from core.times import utc_text
 from jobs.admin.filters import OrganisationFilter
-from jobs.domain.exceptions import ScheduleInvalidError
+from jobs.domain.exceptions import JobParamsInvalidError, JobParamsSecretError
 from jobs.models import Schedule
 from jobs.services.schedules import (
     schedule_remove,
@@ -54,14 +55,20 @@ class ScheduleForm(forms.ModelForm):
         candidate = Schedule(**{name: cleaned.get(name) for name in self.Meta.fields})
         try:
             schedule_validate(candidate)
-        except ScheduleInvalidError as exc:
+        except ApplicationError as exc:
+            # The params' own refusals (the schema's, a secret's) name paths inside the
+            # params: shown on the params field, each with its path.
+            on_params = isinstance(exc, JobParamsInvalidError | JobParamsSecretError)
             details = exc.details if isinstance(exc.details, dict) else {}
+            if on_params and details:
+                self.add_error("params", exc.message)
             for name, problems in details.items():
-                field = name if name in self.fields else None
+                field = name if name in self.fields else ("params" if on_params else None)
                 for problem in problems if isinstance(problems, list) else [problems]:
-                    self.add_error(field, str(problem))
+                    text = f"{name}: {problem}" if on_params and field != name else str(problem)
+                    self.add_error(field, text)
             if not details:
-                self.add_error(None, exc.message)
+                self.add_error("params" if on_params else None, exc.message)
         else:  # what is saved: the normalised cron, the schema's params
             cleaned.update(cron=candidate.cron, params=candidate.params)
         return cleaned

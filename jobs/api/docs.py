@@ -51,10 +51,13 @@ ERRORS: ErrorTable = {
     415: ("ERR-HTTP-415: the body is not `application/json`.", ["ERR-HTTP-415"]),
     422: (
         "ERR-JOB-422: params do not match the type's schema (per-field details). "
+        "ERR-JOB-PARAMS-SECRET: params hold a secret (a key named like one, or a value "
+        "shaped like a private key, a bearer token or an AWS access key id); details name "
+        "each JSON path, never the value. "
         "ERR-JOB-IDEMPOTENCY-MISMATCH: the key was used before with another type or params. "
         "ERR-TENANT-422: no organisation named by a caller in several, or one that is not "
         "the caller's, or a project of another organisation.",
-        ["ERR-JOB-422", "ERR-JOB-IDEMPOTENCY-MISMATCH", "ERR-TENANT-422"],
+        ["ERR-JOB-422", "ERR-JOB-PARAMS-SECRET", "ERR-JOB-IDEMPOTENCY-MISMATCH", "ERR-TENANT-422"],
     ),
     429: (
         "ERR-JOB-RATE-LIMIT: too many submissions (60/min per user, 500/min overall by default). "

@@ -49,7 +49,9 @@ class JobCreateInputSerializer(FlatFieldsSerializer):
     params = ParamsField(
         help_text=(
             "A JSON object checked against the type's params schema; what it cannot "
-            "express (e.g. the work a cam pocket implies) is answered 422."
+            "express (e.g. the work a cam pocket implies) is answered 422. Never a secret: "
+            "a key named like one or a value shaped like one is 422 ERR-JOB-PARAMS-SECRET "
+            "(docs/security.md#no-secrets-in-params)."
         )
     )
     idempotency_key = StrictCharField(

@@ -33,6 +33,19 @@ class JobParamsInvalidError(ApplicationError):
     default_message = "The job's params do not match its type's schema."
 
 
+class JobParamsSecretError(ApplicationError):
+    """Params that hold a secret (docs/security.md#no-secrets-in-params): a key named in
+    JOBOPS_SECRET_PARAM_NAMES, or a value shaped like a private key, a bearer token or an
+    AWS access key id. `details` names each JSON path (`params.auth.password`), never
+    the value: params travel in the broker message and rest on the job row."""
+
+    code = "ERR-JOB-PARAMS-SECRET"
+    http_status = 422
+    default_message = (
+        "The job's params hold a secret: pass a reference the worker resolves, not the value."
+    )
+
+
 class JobRunAtInvalidError(ApplicationError):
     """A `run_at` out of range (docs/operator-controls.md#scheduled-jobs): more than
     JOBOPS_MAX_SCHEDULE_AHEAD days ahead, or further in the past than the clock-drift

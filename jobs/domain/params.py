@@ -10,17 +10,25 @@ factor). A schema that estimates its run time checks it against `spec.work_budge
 fraction of the soft time limit, leaving headroom). Only `sim` plans a duration (the
 client chooses step_seconds); the others bound the size of their input instead (cam
 passes, model points, ai text, report rows). Handlers receive the validated values.
+
+No params hold a secret (`params_secret_check`, docs/security.md#no-secrets-in-params):
+they travel in the broker message and rest on the job row. A schema that needs one
+declares a `SecretReferenceField`: the name of a secret the worker resolves.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from core.api.serializers import FlatFieldsSerializer
+from jobs.domain.exceptions import JobParamsSecretError
 
 
 class FiniteFloatField(serializers.FloatField):
@@ -152,3 +160,126 @@ def cam_passes(height: float, tool_diameter: float, stepover: float) -> int:
     if inner_h <= 0:
         return 1
     return max(1, math.ceil(inner_h / (stepover * tool_diameter)) + 1)
+
+
+class SecretReferenceField(serializers.CharField):
+    """The name of a secret the worker resolves (an environment variable, a vault path:
+    `erp/api-key`), never the secret itself. A field of this class may bear a name of
+    JOBOPS_SECRET_PARAM_NAMES (`api_key`); its value is still checked for the shapes of
+    a secret (params_secret_check), and must look like a name."""
+
+    NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]*$"
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_length", 200)
+        super().__init__(**kwargs)
+        self.validators.append(
+            RegexValidator(
+                self.NAME, "The name of a secret (letters, digits and _ . : / @ -), not a value."
+            )
+        )
+
+
+# The shapes of a secret's value. A PEM private key or an AWS access key id anywhere in
+# a text; a bearer token only as a whole value (an Authorization header's), with a token
+# of at least 16 characters, so that prose ("bearer bonds") stays allowed.
+_PEM_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
+_BEARER = re.compile(r"\s*bearer\s+[A-Za-z0-9._~+/-]{16,}=*\s*", re.IGNORECASE)
+_AWS_ACCESS_KEY_ID = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")
+_SHAPES = (
+    (_PEM_PRIVATE_KEY.search, "Shaped like a PEM private key."),
+    (_BEARER.fullmatch, "Shaped like a Bearer token (an Authorization header's value)."),
+    (_AWS_ACCESS_KEY_ID.search, "Shaped like an AWS access key id."),
+)
+_NAMED = (
+    "Named like a secret (JOBOPS_SECRET_PARAM_NAMES): pass a reference the worker "
+    "resolves, not the value."
+)
+# Paths named in one refusal: enough to fix the request, bounded whatever it holds.
+MAX_SECRET_PATHS = 20
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
+def secret_name_key(name: str) -> str:
+    """A key as JOBOPS_SECRET_PARAM_NAMES compares it: lowercased, without - and _."""
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def params_secrets(params: Any, *, schema: Any = None) -> list[tuple[str, str]]:
+    """Each (JSON path, why) where `params` holds a secret, in path order: a key that
+    is a name of JOBOPS_SECRET_PARAM_NAMES (exactly, after secret_name_key) at any depth
+    of objects and lists, unless `schema` (the type's params serializer class) declares
+    that field a SecretReferenceField; a string shaped like a private key, a bearer token
+    or an AWS access key id. Never the values. A walk with its own stack: stored params
+    read back (`manage.py check_secret_params`) have no depth bound."""
+    names = {secret_name_key(name) for name in settings.JOBOPS_SECRET_PARAM_NAMES}
+    found: list[tuple[str, str]] = []
+    # A path is (parent path, key or index), rendered only for what is found: most
+    # params hold nothing, and a 256 KB list of numbers holds 10,000s of children.
+    stack: list[tuple[Any, _Path, Any]] = [(params, None, schema)]
+    while stack:
+        value, path, node = stack.pop()
+        if isinstance(value, str):
+            found.extend((_render(path), why) for match, why in _SHAPES if match(value))
+        elif isinstance(value, dict):
+            for key, child in value.items():
+                key = str(key)
+                field = _child_node(node, key)
+                if secret_name_key(key) in names and not isinstance(field, SecretReferenceField):
+                    found.append((_render((path, key)), _NAMED))
+                elif isinstance(child, str | dict | list):
+                    stack.append((child, (path, key), field))
+        elif isinstance(value, list):
+            item_node = _child_node(node, None)
+            stack.extend(
+                (item, (path, i), item_node)
+                for i, item in enumerate(value)
+                if isinstance(item, str | dict | list)
+            )
+    return sorted(found)
+
+
+def params_secret_check(params: Any, *, schema: Any = None) -> None:
+    """Refuse params that hold a secret (params_secrets) with JobParamsSecretError
+    (422 ERR-JOB-PARAMS-SECRET): `details` maps each JSON path to why, at most
+    MAX_SECRET_PATHS of them. Every path that takes params calls it (through
+    jobs.services.validate_params): a create, a batch's item, a schedule, a fix-forward."""
+    found = params_secrets(params, schema=schema)
+    if not found:
+        return
+    details: dict[str, list[str]] = {}
+    for path, why in found[:MAX_SECRET_PATHS]:
+        details.setdefault(path, []).append(why)
+    if len(found) > MAX_SECRET_PATHS:
+        details["more"] = [f"{len(found) - MAX_SECRET_PATHS} more path(s) not listed."]
+    raise JobParamsSecretError(details=details)
+
+
+# A JSON path in params: None for params itself, else (its parent, a key or an index).
+_Path = tuple[Any, str | int] | None
+
+
+def _render(path: _Path) -> str:
+    """`params.auth.password`, `params.items[2]`, `params["a.b"]`."""
+    parts: list[str] = []
+    while path is not None:
+        path, part = path
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        else:
+            parts.append(f".{part}" if _PLAIN_KEY.match(part) else f"[{json.dumps(part)}]")
+    return "params" + "".join(reversed(parts))
+
+
+def _child_node(node: Any, key: str | None) -> Any:
+    """What the schema declares for a child of the value `node` describes (`key`: a
+    dict's key; None: a list's items): a field, a nested serializer, or None."""
+    if isinstance(node, type) and issubclass(node, serializers.Serializer):
+        return getattr(node, "_declared_fields", {}).get(key) if key is not None else None
+    if isinstance(node, serializers.ListSerializer | serializers.ListField):
+        return node.child if key is None else None
+    if isinstance(node, serializers.DictField):
+        return node.child if key is not None else None
+    if isinstance(node, serializers.Serializer):
+        return _child_node(type(node), key)
+    return None

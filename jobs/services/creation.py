@@ -35,6 +35,7 @@ from jobs.domain.exceptions import (
     JobTypeUnknownError,
     PayloadTooLargeError,
 )
+from jobs.domain.params import params_secret_check
 from jobs.domain.states import Status
 from jobs.domain.types import get_type
 from jobs.integrations import metrics
@@ -104,7 +105,8 @@ def validate_params(
     """Check type and params against the types table; return the params to store.
 
     What is stored (and what the handler receives) is the schema's validated value:
-    `{"steps": "20.0"}` becomes `{"steps": 20}`, defaults are filled in.
+    `{"steps": "20.0"}` becomes `{"steps": 20}`, defaults are filled in. Params that
+    hold a secret are refused first (params_secret_check).
 
     `readers`: the params serializers already made for this owner and staff, by type,
     filled here; a batch passes one dict for all its jobs (DRF deep-copies a
@@ -130,6 +132,9 @@ def validate_params(
             f"params exceed {settings.JOBOPS_MAX_PAYLOAD_BYTES} bytes; "
             "pass large inputs by reference"
         )
+    # Before the schema: a secret is refused as a secret (ERR-JOB-PARAMS-SECRET), not
+    # as the unknown field it also is in a strict schema.
+    params_secret_check(params, schema=spec.load_params_serializer())
     context = {"spec": spec, "owner": owner, "staff": staff}
     if readers is None:
         serializer = spec.load_params_serializer()(data=params, context=context)

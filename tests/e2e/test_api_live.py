@@ -77,7 +77,8 @@ def test_schema_validates_without_warnings(tmp_path):
     text = (tmp_path / "s.yml").read_text()
     for code in (
         "ERR-JOB-400", "ERR-JOB-404", "ERR-JOB-409", "ERR-JOB-413", "ERR-JOB-422",
-        "ERR-JOB-IDEMPOTENCY-MISMATCH", "ERR-JOB-RATE-LIMIT", "ERR-JOB-BACKPRESSURE",
+        "ERR-JOB-IDEMPOTENCY-MISMATCH", "ERR-JOB-PARAMS-SECRET", "ERR-JOB-RATE-LIMIT",
+        "ERR-JOB-BACKPRESSURE",
         "ERR-AUTH-401", "ERR-HTTP-415",
         "ERR-DLQ-400", "ERR-DLQ-401", "ERR-DLQ-403", "ERR-DLQ-404", "ERR-DLQ-422",
         "ERR-DLQ-429", "ERR-OTP-401", "/api/v1/admin/otp", "/api/v1/admin/dlq/{queue}/replay",
