@@ -506,7 +506,12 @@ def connector_probe_release(*, gate: Gate, job_id: uuid.UUID | str) -> None:
 def _checked(name: str, reason: str) -> tuple[ConnectorSpec, str]:
     spec = get_connector(name) if isinstance(name, str) else None
     if spec is None:
-        raise ConnectorNotFoundError(f"no connector {name!r}", details={"connector": str(name)})
+        # A connector with providers has a breaker per provider, not one of its own.
+        providers = connector_providers(name) if isinstance(name, str) else ()
+        hint = f" (its providers' breakers: {', '.join(p.name for p in providers)})"
+        raise ConnectorNotFoundError(
+            f"no connector {name!r}{hint if providers else ''}", details={"connector": str(name)}
+        )
     reason = control_reason(reason, error=ConnectorControlInputError)
     return spec, reason
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from io import StringIO
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
 from django.db import connection
 from prometheus_client import REGISTRY
 
@@ -237,3 +239,17 @@ def test_bad_provider_configuration_refuses_with_a_clear_message(listed, fallbac
         providers_parse("erp", listed, fallback)
     assert named in str(refused.value)
     assert str(refused.value).startswith("JOBOPS_CONNECTORS: erp")
+
+
+def test_an_operator_opens_and_closes_one_provider_by_its_breaker_name(providers):
+    acme, spare = providers
+    call_command("connector", "open", "erp:acme", "--reason", "INC-9", stdout=StringIO())
+    assert (state("erp:acme"), state("erp:spare")) == ("open", "closed")
+    assert deliver(erp_job())["outcome"] == "succeeded"
+    assert (len(acme.requests), len(spare.requests)) == (0, 1)
+    call_command("connector", "close", "erp:acme", "--reason", "fixed", stdout=StringIO())
+    assert deliver(erp_job())["outcome"] == "succeeded"
+    assert (len(acme.requests), len(spare.requests)) == (1, 1)
+    # The connector itself has no breaker of its own: the message names its providers'.
+    with pytest.raises(CommandError, match=r"its providers' breakers: erp:acme, erp:spare"):
+        call_command("connector", "open", "erp", "--reason", "x", stdout=StringIO())
