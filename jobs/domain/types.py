@@ -183,6 +183,11 @@ def all_connectors() -> dict[str, ConnectorSpec]:
     return _connectors()[0]
 
 
+def connectors_grouped() -> dict[str, tuple[ConnectorSpec, ...]]:
+    """Each connector's breakers (`connector_providers`), by connector."""
+    return _connectors()[1]
+
+
 def connector_providers(connector: str) -> tuple[ConnectorSpec, ...]:
     """A connector's breakers in their configured order: itself alone, or its providers
     (the fallback among them); () for no such connector."""

@@ -24,6 +24,11 @@ closed: each process keeps a copy of the breakers, read again at most every
 JOBOPS_CONNECTOR_CACHE_SECONDS; only a job whose connector that copy shows open or
 half-open asks the database (`connector_admit`). A job that started on a stale copy
 and meets the outage fails into an open breaker, which defers it the same way.
+
+A connector may list providers (JOBOPS_CONNECTORS, docs/connectors.md#providers-and-a-fallback):
+each is a breaker of its own (`connector:provider`), the gate chooses one of the
+primary providers by weight, the fallback while they are all open, and defers the job
+as above only while every provider is; each end's entry names the provider that ran it.
 """
 
 from __future__ import annotations
@@ -52,9 +57,9 @@ from jobs.domain.exceptions import (
 from jobs.domain.types import (
     ConnectorSpec,
     JobType,
-    all_connectors,
     all_types,
     connector_providers,
+    connectors_grouped,
     get_connector,
 )
 from jobs.models import BreakerState, ConnectorBreaker, Job
@@ -135,17 +140,13 @@ def blocked_types() -> list[str]:
     A connector past its probe time is not blocked: one of its jobs must be claimed to
     probe it."""
     copies, now = breakers_cached(), timezone.now()
-    blocked = {
-        name for name, spec in all_connectors().items() if _blocked(copies.get(name), spec, now)
-    }
     # A connector with providers is blocked only when every provider is (the fallback too).
-    return [
-        t.name
-        for t in all_types().values()
-        if t.connector
-        and (providers := connector_providers(t.connector))
-        and all(p.name in blocked for p in providers)
-    ]
+    blocked = {
+        connector
+        for connector, providers in connectors_grouped().items()
+        if all(_blocked(copies.get(p.name), p, now) for p in providers)
+    }
+    return [t.name for t in all_types().values() if t.connector in blocked]
 
 
 def connector_create_check(*, spec: JobType) -> None:
