@@ -253,3 +253,26 @@ def test_an_operator_opens_and_closes_one_provider_by_its_breaker_name(providers
     # The connector itself has no breaker of its own: the message names its providers'.
     with pytest.raises(CommandError, match=r"its providers' breakers: erp:acme, erp:spare"):
         call_command("connector", "open", "erp", "--reason", "x", stdout=StringIO())
+
+
+def test_a_type_that_opted_in_is_refused_only_while_every_provider_is_open(providers, settings):
+    table = {name: dict(spec) for name, spec in settings.JOB_TYPES.items()}
+    table["erp"]["connector_open"] = "refuse"
+    settings.JOB_TYPES = table
+    api = client_for(role_user("viewer"))
+
+    def create(key: str) -> int:
+        body = {"type": "erp", "params": {"event": "e"}, "idempotency_key": key}
+        return api.post("/api/v1/jobs", body, format="json").status_code
+
+    connector_open(name="erp:acme", reason="INC-10", actor=OPERATOR)
+    assert create("k1") == 201  # the fallback takes its calls
+    connector_open(name="erp:spare", reason="INC-10", actor=OPERATOR)
+    refused = api.post(
+        "/api/v1/jobs",
+        {"type": "erp", "params": {"event": "e"}, "idempotency_key": "k2"},
+        format="json",
+    )
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "ERR-CONNECTOR-OPEN"
+    assert refused.json()["error"]["details"]["connector"] == "erp"
+    assert 55 <= int(refused["Retry-After"]) <= 60
