@@ -15,6 +15,7 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from config.connector_providers import providers_parse
 from config.env import env_bool, env_durations, env_float, env_int, env_json, env_list, env_str
 from core.durations import parse_duration
 from core.logging import configure_masking, configure_structlog, logging_config
@@ -495,8 +496,12 @@ _connector_names = sorted({s["connector"] for s in JOB_TYPES.values() if s.get("
 _connector_overrides = env_json("JOBOPS_CONNECTORS", {})
 if not isinstance(_connector_overrides, dict):
     raise ImproperlyConfigured("JOBOPS_CONNECTORS: a JSON object, connector -> settings")
-# Per connector: {"failures", "cooldown_seconds", "probe_wait_seconds", "jitter_seconds"}.
-JOBOPS_CONNECTORS: dict[str, dict[str, float]] = {
+# Per connector: {"failures", "cooldown_seconds", "probe_wait_seconds", "jitter_seconds"},
+# and optionally its providers, each with its own breaker, chosen by weight, and one
+# fallback for while every primary one is open (config/connector_providers.py):
+# {"erp": {"providers": [{"name": "acme", "weight": 3, "url": "https://..."},
+#                        {"name": "spare", "url": "https://..."}], "fallback": "spare"}}.
+JOBOPS_CONNECTORS: dict[str, dict[str, Any]] = {
     name: dict(JOBOPS_CONNECTOR_DEFAULTS) for name in _connector_names
 }
 for _name, _fields in {"(defaults)": JOBOPS_CONNECTOR_DEFAULTS, **_connector_overrides}.items():
@@ -504,6 +509,15 @@ for _name, _fields in {"(defaults)": JOBOPS_CONNECTOR_DEFAULTS, **_connector_ove
         raise ImproperlyConfigured(
             f"JOBOPS_CONNECTORS: {_name!r} is no job type's connector "
             f"({', '.join(_connector_names) or 'none'})"
+        )
+    _fields = dict(_fields)
+    if _name != "(defaults)" and ("providers" in _fields or "fallback" in _fields):
+        if "providers" not in _fields:
+            raise ImproperlyConfigured(
+                f"JOBOPS_CONNECTORS: {_name}.fallback: a fallback needs a providers list"
+            )
+        JOBOPS_CONNECTORS[_name]["providers"] = providers_parse(
+            _name, _fields.pop("providers"), _fields.pop("fallback", None)
         )
     for _field, _value in _fields.items():
         _low, _high = _CONNECTOR_BOUNDS.get(_field, (1.0, 0.0))  # an unknown field: never

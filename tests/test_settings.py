@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -262,6 +263,11 @@ def test_an_unknown_executor_is_named(starter):
         ({"JOBOPS_CONNECTORS": '{"erp": {"speed": 1}}'}, "erp.speed=1"),
         ({"JOBOPS_CONNECTORS": '{"crm": {"failures": 3}}'}, "'crm' is no job type's connector"),
         ({"JOBOPS_CONNECTOR_JITTER_SECONDS": "-1"}, "(defaults).jitter_seconds=-1.0"),
+        (
+            {"JOBOPS_CONNECTORS": '{"erp": {"providers": [{"name": "a"}], "fallback": "b"}}'},
+            "JOBOPS_CONNECTORS: erp.fallback='b' is none of its providers (a)",
+        ),
+        ({"JOBOPS_CONNECTORS": '{"erp": {"fallback": "b"}}'}, "a fallback needs a providers"),
         ({"JOBOPS_JOB_TYPES": '{"ai": {"connector": "Open AI"}}'}, "ai.connector='Open AI'"),
         ({"JOBOPS_JOB_TYPES": '{"erp": {"connector_open": "409"}}'}, "erp.connector_open='409'"),
         ({"JOBOPS_RETRY_AFTER_MAX_SECONDS": "-5"}, "JOBOPS_RETRY_AFTER_MAX_SECONDS=-5.0"),
@@ -286,6 +292,28 @@ def test_a_connector_named_by_a_type_gets_its_own_breaker_settings(starter):
         },
     )
     assert result.stdout.split()[-2:] == ["2", "5"], result.stderr[-500:]
+
+
+def test_a_connector_lists_its_providers_and_keeps_its_breaker_settings(starter):
+    erp = {
+        "failures": 2,
+        "providers": [{"name": "acme", "weight": 3}, {"name": "spare"}],
+        "fallback": "spare",
+    }
+    result = starter.run(
+        "import django; django.setup(); from django.conf import settings as s; "
+        "e = s.JOBOPS_CONNECTORS['erp']; "
+        "print(e['failures'], [(p['name'], p['weight'], p['fallback']) for p in e['providers']])",
+        {
+            **{k: v for k, v in os.environ.items() if k not in SAFE},
+            "DEBUG": "true",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "JOBOPS_CONNECTORS": json.dumps({"erp": erp}),
+        },
+    )
+    assert result.stdout.strip().splitlines()[-1] == (
+        "2 [('acme', 3, False), ('spare', 0, True)]"
+    ), result.stderr[-500:]
 
 
 def test_events_off_with_an_erp_configured_refuses_to_start_and_says_why(starter):

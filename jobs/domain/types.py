@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -111,8 +111,12 @@ def postgres_queues() -> list[str]:
 
 @dataclass(frozen=True)
 class ConnectorSpec:
-    """A connector's breaker settings (JOBOPS_CONNECTORS, docs/connectors.md) and the job
-    types that call it."""
+    """One breaker: a connector's breaker settings (JOBOPS_CONNECTORS, docs/connectors.md)
+    and the job types that call it. A connector without providers is one breaker of its
+    own name; a connector with providers has one per provider, named
+    `connector:provider`, each with the connector's settings and the provider's weight
+    (`fallback`: the provider that takes the calls while every primary one is open) and
+    address (`url`, None: the handler's own)."""
 
     name: str
     failures: int
@@ -120,6 +124,12 @@ class ConnectorSpec:
     probe_wait_seconds: float
     jitter_seconds: float
     types: tuple[str, ...]
+    # The connector (the types' `connector`) and, for a provider's breaker, its name.
+    connector: str = ""
+    provider: str | None = None
+    weight: int = 1
+    fallback: bool = False
+    url: str | None = None
 
     @property
     def probe_lease_seconds(self) -> float:
@@ -130,23 +140,58 @@ class ConnectorSpec:
         return float(longest + settings.JOBOPS_LOCK_TIMEOUT)
 
 
-def all_connectors() -> dict[str, ConnectorSpec]:
-    """Every connector a job type names, in name order, with its settings (its entry of
-    JOBOPS_CONNECTORS, else JOBOPS_CONNECTOR_DEFAULTS)."""
+def _connectors() -> tuple[dict[str, ConnectorSpec], dict[str, tuple[ConnectorSpec, ...]]]:
+    """The breakers by name and by connector, from the settings as they are now."""
     types = all_types()
     named = {t.connector for t in types.values() if t.connector} | set(settings.JOBOPS_CONNECTORS)
-    return {
-        name: ConnectorSpec(
-            name=name,
+    by_name: dict[str, ConnectorSpec] = {}
+    by_connector: dict[str, tuple[ConnectorSpec, ...]] = {}
+    for connector in sorted(named):
+        fields = settings.JOBOPS_CONNECTORS.get(connector, settings.JOBOPS_CONNECTOR_DEFAULTS)
+        base = ConnectorSpec(
+            name=connector,
             failures=int(fields["failures"]),
             cooldown_seconds=float(fields["cooldown_seconds"]),
             probe_wait_seconds=float(fields["probe_wait_seconds"]),
             jitter_seconds=float(fields["jitter_seconds"]),
-            types=tuple(t.name for t in types.values() if t.connector == name),
+            types=tuple(t.name for t in types.values() if t.connector == connector),
+            connector=connector,
         )
-        for name in sorted(named)
-        for fields in [settings.JOBOPS_CONNECTORS.get(name, settings.JOBOPS_CONNECTOR_DEFAULTS)]
-    }
+        providers = fields.get("providers")
+        if not providers:
+            by_connector[connector] = (base,)
+        else:
+            by_connector[connector] = tuple(
+                replace(
+                    base,
+                    name=f"{connector}:{p['name']}",
+                    provider=p["name"],
+                    weight=int(p["weight"]),
+                    fallback=bool(p["fallback"]),
+                    url=p.get("url"),
+                )
+                for p in providers
+            )
+        by_name.update((spec.name, spec) for spec in by_connector[connector])
+    return dict(sorted(by_name.items())), by_connector
+
+
+def all_connectors() -> dict[str, ConnectorSpec]:
+    """Every breaker, in name order: each connector a job type names, with its settings
+    (its entry of JOBOPS_CONNECTORS, else JOBOPS_CONNECTOR_DEFAULTS), or, for a
+    connector with providers, each of its providers (`connector:provider`)."""
+    return _connectors()[0]
+
+
+def connectors_grouped() -> dict[str, tuple[ConnectorSpec, ...]]:
+    """Each connector's breakers (`connector_providers`), by connector."""
+    return _connectors()[1]
+
+
+def connector_providers(connector: str) -> tuple[ConnectorSpec, ...]:
+    """A connector's breakers in their configured order: itself alone, or its providers
+    (the fallback among them); () for no such connector."""
+    return _connectors()[1].get(connector, ())
 
 
 def get_connector(name: str) -> ConnectorSpec | None:

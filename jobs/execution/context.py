@@ -50,6 +50,10 @@ class JobContext:
         # Its hard time limit (monotonic), set by the core for a heartbeat loop that
         # enforces it (jobs.execution.heartbeat: a Celery threads pool); None: not here.
         self.deadline: float | None = None
+        # The breaker its connector's gate let it call through (jobs.services.connectors):
+        # for a connector with providers, the provider chosen (`.provider`, its `.url`);
+        # None for a type without a connector. Set before the handler runs.
+        self.provider: Any = None
 
     @property
     def org_id(self) -> int:

@@ -54,7 +54,11 @@ def finish_decide(
     attempt, progress = ctx._fence.attempt, ctx.take_pending_progress()
     # Every end says its type and how long the attempt ran (finish_log).
     own: dict[str, Any] = {"job_type": job.type, "seconds": time.monotonic() - ctx.started}
-    connector = connector_of(spec.name)
+    # The breaker its gate chose (a provider's, for a connector with providers), else
+    # its type's connector's.
+    connector = ctx.provider if ctx.provider is not None else connector_of(spec.name)
+    if connector is not None and connector.provider is not None:
+        own["provider"] = connector.provider  # its end's entry says who ran it
     if outcome == "succeeded":
         # The connector answered (docs/connectors.md): its breaker's count goes back to
         # 0, and the half-open breaker this job probed closes.

@@ -67,6 +67,9 @@ def run_handler(*, job: Job, fence: Fence, log: Any, heartbeats: HeartbeatLoop |
         connector = gate.connector.name if gate.connector else None
         log.info("job_deferred", connector=connector, delay=round(gate.delay, 3))
         return Run(ctx, spec, gate, "deferred")
+    ctx.provider = gate.connector
+    if gate.connector is not None and gate.connector.provider is not None:
+        log = ctx.log = log.bind(provider=gate.connector.provider)
     log.info("job_started")
     if spec.time_limit:
         ctx.deadline = ctx.started + spec.time_limit  # enforced where a loop does so

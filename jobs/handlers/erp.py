@@ -1,4 +1,5 @@
-"""`erp`: POST the job's event to the ERP webhook (JOBOPS_ERP_WEBHOOK_URL).
+"""`erp`: POST the job's event to the ERP webhook (JOBOPS_ERP_WEBHOOK_URL, or the `url` of
+the provider the `erp` connector's gate chose: docs/connectors.md#providers-and-a-fallback).
 
 `ctx.idempotency_key`, which is the job's id (not the idempotency key a client gave
 the job when creating it), travels as `Idempotency-Key` and as the body's `job_id`: it
@@ -24,7 +25,9 @@ from jobs.integrations.metrics import external_call
 
 
 def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
-    url = settings.JOBOPS_ERP_WEBHOOK_URL
+    # A connector with providers: the address of the one its gate chose, if it has one.
+    provider = getattr(ctx, "provider", None)
+    url = (provider.url if provider is not None else None) or settings.JOBOPS_ERP_WEBHOOK_URL
     if not url:
         raise FatalError("JOBOPS_ERP_WEBHOOK_URL is not configured", code="ERP_NOT_CONFIGURED")
     body = {"job_id": str(ctx.job_id), "event": params["event"], "data": params.get("data", {})}

@@ -78,6 +78,8 @@ class Finish:
     extend_attempts: int = 0
     connector: str | None = None
     connector_error: str | None = None
+    # The provider that ran it (a connector with providers): its end's entry names it.
+    provider: str | None = None
 
 
 class Completion(NamedTuple):
@@ -151,6 +153,7 @@ def _write(finishes: list[Finish], locked_by: str) -> set[tuple[str, int]]:
             ends=[(f.job_id, f.attempt) for f in group],
             results=[f.result for f in group],
             progress=[f.progress for f in group],
+            providers=[f.provider for f in group],
         )
     retries = [_retry(f) for f in by[Status.RETRYING]]
     plain = [r for r in retries if r.breaker is None]
@@ -164,6 +167,7 @@ def _write(finishes: list[Finish], locked_by: str) -> set[tuple[str, int]]:
             locked_by=locked_by,
             ends=[(f.job_id, f.attempt) for f in group],
             progress=[f.progress for f in group],
+            providers=[f.provider for f in group],
         )
     if by[Status.FAILED]:
         failures = [
@@ -174,6 +178,7 @@ def _write(finishes: list[Finish], locked_by: str) -> set[tuple[str, int]]:
                 f.error_code,
                 f.error_message,
                 f.progress,
+                provider=f.provider,
             )
             for f in by[Status.FAILED]
         ]
@@ -193,4 +198,5 @@ def _retry(finish: Finish) -> Retry:
         finish.progress,
         breaker=finish.breaker,
         extend_attempts=finish.extend_attempts,
+        provider=finish.provider,
     )

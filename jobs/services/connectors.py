@@ -24,6 +24,11 @@ closed: each process keeps a copy of the breakers, read again at most every
 JOBOPS_CONNECTOR_CACHE_SECONDS; only a job whose connector that copy shows open or
 half-open asks the database (`connector_admit`). A job that started on a stale copy
 and meets the outage fails into an open breaker, which defers it the same way.
+
+A connector may list providers (JOBOPS_CONNECTORS, docs/connectors.md#providers-and-a-fallback):
+each is a breaker of its own (`connector:provider`), the gate chooses one of the
+primary providers by weight, the fallback while they are all open, and defers the job
+as above only while every provider is; each end's entry names the provider that ran it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import random
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -49,7 +54,14 @@ from jobs.domain.exceptions import (
     ConnectorOpenError,
     JobLost,
 )
-from jobs.domain.types import ConnectorSpec, JobType, all_connectors, all_types, get_connector
+from jobs.domain.types import (
+    ConnectorSpec,
+    JobType,
+    all_types,
+    connector_providers,
+    connectors_grouped,
+    get_connector,
+)
 from jobs.models import BreakerState, ConnectorBreaker, Job
 from jobs.queries import QUERIES
 from jobs.services.reasons import control_reason
@@ -128,8 +140,11 @@ def blocked_types() -> list[str]:
     A connector past its probe time is not blocked: one of its jobs must be claimed to
     probe it."""
     copies, now = breakers_cached(), timezone.now()
+    # A connector with providers is blocked only when every provider is (the fallback too).
     blocked = {
-        name for name, spec in all_connectors().items() if _blocked(copies.get(name), spec, now)
+        connector
+        for connector, providers in connectors_grouped().items()
+        if all(_blocked(copies.get(p.name), p, now) for p in providers)
     }
     return [t.name for t in all_types().values() if t.connector in blocked]
 
@@ -139,17 +154,22 @@ def connector_create_check(*, spec: JobType) -> None:
     connector's breaker is open or probing: ConnectorOpenError (409, Retry-After: until
     its probe time, or the probe-wait). Every other type's create is accepted and its
     job waits (creation keeps its promise). From this process's copy of the breakers."""
-    connector = connector_of(spec.name)
-    if connector is None or spec.connector_open != "refuse":
+    providers = connector_providers(spec.connector) if spec.connector else ()
+    if not providers or spec.connector_open != "refuse":
         return
-    copy = breakers_cached().get(connector.name)
-    if copy is None or copy.state == BreakerState.CLOSED:
-        return
-    wait = connector.probe_wait_seconds
-    if copy.state == BreakerState.OPEN and copy.probe_at is not None:
-        wait = max(wait, (copy.probe_at - timezone.now()).total_seconds())
+    copies, now = breakers_cached(), timezone.now()
+    waits: list[tuple[float, str]] = []
+    for provider in providers:
+        copy = copies.get(provider.name)
+        if copy is None or copy.state == BreakerState.CLOSED:
+            return  # a provider (or the fallback) takes the job's calls
+        wait = provider.probe_wait_seconds
+        if copy.state == BreakerState.OPEN and copy.probe_at is not None:
+            wait = max(wait, (copy.probe_at - now).total_seconds())
+        waits.append((wait, copy.state))
+    wait, state = min(waits)
     raise ConnectorOpenError(
-        connector=connector.name, state=copy.state, retry_after=max(1, math.ceil(wait))
+        connector=providers[0].connector, state=state, retry_after=max(1, math.ceil(wait))
     )
 
 
@@ -160,6 +180,7 @@ def connector_create_check(*, spec: JobType) -> None:
 class Gate:
     """What `connector_gate` decided for one claimed job."""
 
+    # The breaker the job calls through: its connector's, or the provider chosen.
     connector: ConnectorSpec | None
     # This run is the half-open breaker's one probe.
     probe: bool = False
@@ -168,22 +189,74 @@ class Gate:
     delay: float = 0.0
 
 
-def connector_gate(*, job: Job, fence: Fence) -> Gate:
-    """Before a claimed job's handler runs: may it call its connector now?
+def provider_choose(
+    providers: list[ConnectorSpec], *, rng: random.Random | None = None
+) -> ConnectorSpec:
+    """One of `providers`, each with the chance of its weight among theirs; `rng`: the
+    random source (a seeded one in tests), else the module's."""
+    if len(providers) == 1:  # the usual case (one provider, or the fallback): no draw
+        return providers[0]
+    chooser = rng if rng is not None else random
+    return chooser.choices(providers, weights=[p.weight for p in providers])[0]
 
-    1. No connector, or this process's copy shows it closed: run (no query).
-    2. Else ask the breaker (connector_admit, one compare-and-set): closed, or this job
-       becomes the probe of an open breaker past its probe time (audited
-       `connector_half_open`) or of a half-open one without a live probe: run.
-    3. Else defer the job (`job_defer`) until the probe time (open) or for the
-       probe-wait (another job probes), plus jitter.
+
+def connector_gate(*, job: Job, fence: Fence, rng: random.Random | None = None) -> Gate:
+    """Before a claimed job's handler runs: may it call its connector now, and through
+    which provider (docs/connectors.md#providers-and-a-fallback)?
+
+    1. No connector: run (no query).
+    2. The primary providers that this process's copy shows closed, or due a probe:
+       choose one by weight (`rng`). Closed: run (no query). Due a probe: ask its
+       breaker (connector_admit, one compare-and-set): admitted (closed by now, or this
+       job becomes its probe, audited `connector_half_open`): run; else choose again
+       among the others.
+    3. Else the fallback, the same way.
+    4. Else ask every breaker the copy shows blocked (primaries, then the fallback): the
+       first that admits the job runs it. A connector without providers is its own one
+       primary provider, so steps 2 and 4 are today's single breaker.
+    5. Else defer the job (`job_defer`) until the soonest of their probe times (open) or
+       for the probe-wait (another job probes), plus jitter.
     """
-    spec = connector_of(job.type)
-    if spec is None:
+    spec = all_types().get(job.type)
+    providers = connector_providers(spec.connector) if spec and spec.connector else ()
+    if not providers:
         return Gate(connector=None)
-    copy = breakers_cached().get(spec.name)
-    if copy is None or copy.state == BreakerState.CLOSED:
-        return Gate(connector=spec)
+    copies, now = breakers_cached(), timezone.now()
+    primaries = [p for p in providers if not p.fallback]
+    fallbacks = [p for p in providers if p.fallback]
+    waits: list[tuple[float, str, ConnectorSpec]] = []
+    asked: set[str] = set()
+    for group in (primaries, fallbacks):
+        candidates = [p for p in group if not _blocked(copies.get(p.name), p, now)]
+        while candidates:
+            chosen = provider_choose(candidates, rng=rng)
+            copy = copies.get(chosen.name)
+            if copy is None or copy.state == BreakerState.CLOSED:
+                return Gate(connector=chosen)
+            gate, wait = _admit(chosen, job)
+            asked.add(chosen.name)
+            if gate is not None:
+                return gate
+            waits.append(wait)
+            candidates.remove(chosen)
+    for provider in primaries + fallbacks:
+        if provider.name in asked:
+            continue
+        gate, wait = _admit(provider, job)
+        if gate is not None:
+            return gate
+        waits.append(wait)
+    wait_seconds, state, soonest = min(waits, key=lambda w: w[0])
+    delay = wait_seconds + random.uniform(0, soonest.jitter_seconds)
+    deferred = job_defer(
+        job_id=job.id, fence=fence, connector=soonest.connector, state=state, delay=delay
+    )
+    return Gate(connector=soonest, deferred=deferred, delay=delay)
+
+
+def _admit(spec: ConnectorSpec, job: Job) -> tuple[Gate | None, tuple[float, str, ConnectorSpec]]:
+    """Ask `spec`'s breaker whether `job` may call it (connector_admit): a Gate when it
+    may (closed, or as its probe), else None and how long the job would wait for it."""
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(
@@ -192,22 +265,18 @@ def connector_gate(*, job: Job, fence: Fence) -> Gate:
             )
             row = cursor.fetchone()
         if row is None:
-            return Gate(connector=spec)
+            return Gate(connector=spec), (0.0, BreakerState.CLOSED, spec)
         state, probing, probe_at, now = row
         if probing:
             if state == BreakerState.OPEN:
                 _audit(spec.name, HALF_OPEN_EVENT, WORKER, {"from": state, "job_id": str(job.id)})
             transaction.on_commit(breakers_forget)
-            return Gate(connector=spec, probe=True)
+            return Gate(connector=spec, probe=True), (0.0, state, spec)
     if state == BreakerState.CLOSED:
-        return Gate(connector=spec)
+        return Gate(connector=spec), (0.0, state, spec)
     if state == BreakerState.OPEN:
-        wait = max(0.0, (probe_at - now).total_seconds())
-    else:
-        wait = spec.probe_wait_seconds
-    delay = wait + random.uniform(0, spec.jitter_seconds)
-    deferred = job_defer(job_id=job.id, fence=fence, connector=spec.name, state=state, delay=delay)
-    return Gate(connector=spec, deferred=deferred, delay=delay)
+        return None, (max(0.0, (probe_at - now).total_seconds()), state, spec)
+    return None, (spec.probe_wait_seconds, state, spec)
 
 
 def job_defer(
@@ -254,10 +323,13 @@ class FailureSeen:
 
     state: str
     wait: float
+    # False: another provider of its connector (or the fallback) takes calls, so the job
+    # retries as usual and its next run goes there instead of waiting for this probe.
+    holds: bool = True
 
     @property
     def holds_jobs(self) -> bool:
-        return self.state != BreakerState.CLOSED
+        return self.holds and self.state != BreakerState.CLOSED
 
 
 @dataclass(frozen=True)
@@ -329,10 +401,40 @@ def _count(
                 closed.add(spec.name)
             if end.error_code is not None:
                 seen[n - 1] = _seen(spec, state, probe_at, now)
+        _another_provider_open(ends, specs, seen)
     for n, end in enumerate(ends):
         if end.error_code is not None and seen[n] is None:  # a row it did not change
             seen[n] = FailureSeen(state=BreakerState.CLOSED, wait=0.0)
     return seen, closed
+
+
+def _another_provider_open(
+    ends: list[BreakerEnd], specs: dict[str, ConnectorSpec], seen: list[FailureSeen | None]
+) -> None:
+    """A failure whose provider's breaker now holds jobs holds its job only when no
+    other provider of its connector takes calls: else the job retries with its usual
+    backoff, and its next run goes to another provider (or the fallback). Read from the
+    breaker rows in the caller's transaction (after this batch's count)."""
+    held = {n: f for n, f in enumerate(seen) if f is not None and f.holds_jobs}
+    siblings = {
+        n: [
+            p
+            for p in connector_providers(specs[ends[n].connector].connector)
+            if p.name != ends[n].connector
+        ]
+        for n in held
+    }
+    names = {p.name for group in siblings.values() for p in group}
+    if not names:
+        return
+    rows = {
+        b.name: BreakerCopy(b.state, b.probe_at, b.probe_job_id, b.probe_started_at)
+        for b in ConnectorBreaker.objects.filter(name__in=names)
+    }
+    now = timezone.now()
+    for n, failure in held.items():
+        if any(not _blocked(rows.get(p.name), p, now) for p in siblings[n]):
+            seen[n] = replace(failure, holds=False)
 
 
 def _opened(
@@ -405,7 +507,12 @@ def connector_probe_release(*, gate: Gate, job_id: uuid.UUID | str) -> None:
 def _checked(name: str, reason: str) -> tuple[ConnectorSpec, str]:
     spec = get_connector(name) if isinstance(name, str) else None
     if spec is None:
-        raise ConnectorNotFoundError(f"no connector {name!r}", details={"connector": str(name)})
+        # A connector with providers has a breaker per provider, not one of its own.
+        providers = connector_providers(name) if isinstance(name, str) else ()
+        hint = f" (its providers' breakers: {', '.join(p.name for p in providers)})"
+        raise ConnectorNotFoundError(
+            f"no connector {name!r}{hint if providers else ''}", details={"connector": str(name)}
+        )
     reason = control_reason(reason, error=ConnectorControlInputError)
     return spec, reason
 
@@ -465,7 +572,8 @@ def connector_close(*, name: str, reason: str, actor: Actor, user: Any = None) -
 
 
 def connector_of(job_type: str) -> ConnectorSpec | None:
-    """The connector a job type names, or None."""
+    """The breaker of the connector a job type names; None for no connector, and for one
+    with providers (its job's gate chooses the provider: `Gate.connector`)."""
     spec = all_types().get(job_type)
     return get_connector(spec.connector) if spec is not None and spec.connector else None
 

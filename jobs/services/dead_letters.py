@@ -222,6 +222,8 @@ class FencedFailure:
     error_code: str | None
     error_message: str | None
     progress: dict[str, Any] | None = None
+    # The provider that ran it (a connector with providers): its entry names it.
+    provider: str | None = None
 
 
 def jobs_fail_fenced_with_dead_letters(
@@ -268,7 +270,11 @@ def jobs_fail_fenced_with_dead_letters(
             queues=[queues.get(uuid.UUID(str(job_id)), "") for job_id in ids],
             codes=[f.error_code for f in failures],
             messages=[f.error_message for f in failures],
-            data={key: _failed_entry(f.reason, f.error_code) for key, f in by_id.items()},
+            data={
+                key: _failed_entry(f.reason, f.error_code)
+                | ({"provider": f.provider} if f.provider else {})
+                for key, f in by_id.items()
+            },
         )
         failed = {str(job.id): job for job in moved("jobs_fail_fenced", rows)}
         done = [failed[str(f.job_id)] for f in failures if str(f.job_id) in failed]

@@ -281,15 +281,18 @@ def jobs_succeed(
     ends: list[tuple[uuid.UUID | str, int]],
     results: list[dict[str, Any] | None],
     progress: list[dict[str, Any] | None],
+    providers: list[str | None] | None = None,
 ) -> list[Job]:
     """jobs_succeed (jobs/sql/20_transitions.sql): `ends` (job id, attempt) of the lock
-    holder `locked_by` -> `succeeded`, each with its result and last progress value;
-    returns the jobs written (a job whose fence failed is not among them)."""
+    holder `locked_by` -> `succeeded`, each with its result and last progress value (and
+    the provider that ran it, in its entry, for a connector with providers); returns the
+    jobs written (a job whose fence failed is not among them)."""
     flushed = [_progress(p) for p in progress]
     rows = change(
         "jobs_succeed",
         job_ids=[job_id for job_id, _ in ends],
         actor=WORKER,
+        data=_providers(ends, providers),
         attempts=[attempt for _, attempt in ends],
         locked_by=locked_by,
         results=results,
@@ -312,6 +315,7 @@ class Retry:
     progress: dict[str, Any] | None = None
     breaker: str | None = None
     extend_attempts: int = 0
+    provider: str | None = None
 
 
 def jobs_retry(*, locked_by: str, retries: list[Retry]) -> list[Job]:
@@ -344,6 +348,7 @@ def _retries(
                 "error_code": r.error_code,
                 "delay_ms": round(r.delay * 1000),
                 **held.get(str(r.job_id), {}),
+                **({"provider": r.provider} if r.provider else {}),
             }
             for r in retries
         },
@@ -363,16 +368,29 @@ def jobs_cancel_confirm(
     locked_by: str,
     ends: list[tuple[uuid.UUID | str, int]],
     progress: list[dict[str, Any] | None],
+    providers: list[str | None] | None = None,
 ) -> list[Job]:
     """jobs_cancel_confirm (jobs/sql/20_transitions.sql): `ends` (job id, attempt) of
-    `locked_by` -> `cancelled`, each with its last progress value."""
+    `locked_by` -> `cancelled`, each with its last progress value (and provider)."""
     flushed = [_progress(p) for p in progress]
     rows = change(
         "jobs_cancel_confirm",
         job_ids=[job_id for job_id, _ in ends],
         actor=WORKER,
+        data=_providers(ends, providers),
         attempts=[attempt for _, attempt in ends],
         locked_by=locked_by,
         progress=flushed,
     )
     return moved("jobs_cancel_confirm", rows, flushed=_flushed(ends, progress))
+
+
+def _providers(
+    ends: list[tuple[uuid.UUID | str, int]], providers: list[str | None] | None
+) -> dict[str, dict[str, Any]]:
+    """Each end's entry data naming the provider that ran it (none without one)."""
+    return {
+        str(job_id): {"provider": provider}
+        for (job_id, _), provider in zip(ends, providers or [None] * len(ends), strict=True)
+        if provider
+    }
