@@ -264,3 +264,20 @@ def test_the_lookup_by_target_uses_its_partial_index(user):
         cursor.execute(f"EXPLAIN {sql}", params)
         plan = "\n".join(r[0] for r in cursor.fetchall())
     assert "audit_annotated_target_idx" in plan, plan
+
+
+def test_a_batch_answers_an_unseen_target_in_its_own_item(user, api):
+    mine = job_in_state("succeeded", owner=user)
+    theirs = job_in_state("succeeded", owner=UserFactory(org=OrganisationFactory()))
+    items = [
+        {
+            "type": "annotate",
+            "params": {"target_job_id": str(job.id), "target_seq": 1, "label": "batch"},
+        }
+        for job in (mine, theirs)
+    ]
+    response = api.post(f"{JOBS}/batch", {"jobs": items}, format="json")
+    assert response.status_code in (200, 201, 207), response.content
+    results = response.json()["results"]
+    assert results[0]["status"] == "created"
+    assert (results[1]["status"], results[1]["error"]["code"]) == ("error", "ERR-JOB-404")
