@@ -98,8 +98,12 @@ def _annotate(entries: list[dict[str, Any]], notes: list[Annotation], rows: list
 
 
 # Entries that name another job: a re-run's entry on the original names the new job,
-# the new job's `created` entry the original.
-LINKED_JOBS = {"rerun": ("rerun_job_id", "re-run as"), "created": ("rerun_of", "re-run of")}
+# the new job's `created` entry the original; an annotation the job it annotates.
+LINKED_JOBS = {
+    "rerun": ("rerun_job_id", "re-run as"),
+    "created": ("rerun_of", "re-run of"),
+    "annotated": ("target_job_id", "annotates"),
+}
 
 
 def _linked_job(event: str, data: dict[str, Any]) -> dict[str, Any] | None:
@@ -266,6 +270,8 @@ def _summary(event: str, data: dict[str, Any]) -> str:
         parts.append(f"retry in {data['delay_ms'] / 1000:.1f} s")
     if data.get("message_id"):
         parts.append(f"message {str(data['message_id'])[:24]}")
+    if event == "annotated" and data.get("target_seq"):
+        parts.append(f"entry #{data['target_seq']}: {data.get('label') or ''}")
     if data.get("live_lock"):
         parts.append("the job ran under a live lock: its run decides, the copy needs no action")
     return " · ".join(parts)

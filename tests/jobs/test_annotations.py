@@ -239,6 +239,10 @@ def test_the_targets_timeline_lists_its_annotations_visible_to_the_viewer(user, 
     assert job_annotations(job=stored, visible=job_visible_queryset(user=stranger)) == []
     # Without `visible`, the timeline is the chain alone.
     assert all(e["annotations"] == [] for e in job_timeline(job=stored))
+    # The annotating job's own timeline links the job it annotates.
+    [own] = [e for e in job_timeline(job=second) if e["event"] == "annotated"]
+    assert own["link"] == {"id": target.id, "label": "annotates"}
+    assert "entry #3: second" in own["summary"]
 
 
 def test_the_job_page_shows_an_annotation_with_a_link_to_its_job(user, api, otp_admin_client):
