@@ -286,6 +286,17 @@ _CATEGORY_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_retries": 3,
         "backoff_cap": 60,
     },
+    # Jobs that append to or enrich the audit record of other jobs and never change a
+    # domain entity (jobs.services.annotations). Their entries outlive them, but the
+    # portal shows an annotation only while its job is kept: kept as long as the
+    # longest-kept work they annotate (planning's 90 days). Their work is a few reads
+    # and one append: a retry only outlasts a database hiccup.
+    "audit_enrichment": {
+        "key_ttl": 30 * _DAY,
+        "retention": 90 * _DAY,
+        "max_retries": 3,
+        "backoff_cap": 20,
+    },
 }
 JOB_CATEGORIES = tuple(_CATEGORY_DEFAULTS)
 # JOBOPS_IDEMPOTENCY_KEY_DAYS, the single TTL of earlier versions, still sets every
@@ -377,6 +388,15 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "handler": "jobs.handlers.erp.run",
         # The external system its handler calls: its breaker (docs/connectors.md).
         "connector": "erp",
+    },
+    "annotate": {
+        "category": "audit_enrichment",
+        # A light job (two reads, one append): beside `ai` on the light queue.
+        "queue": "default",
+        "soft_time_limit": 30,
+        "time_limit": 60,
+        "params_serializer": "jobs.domain.params.AnnotateParams",
+        "handler": "jobs.handlers.annotate.run",
     },
 }
 # A deployment swaps handlers without code changes: {"sim": "mypkg.handlers.sim"}.

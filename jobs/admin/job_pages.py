@@ -288,7 +288,8 @@ class JobAdmin(ReadOnlyAdmin):
         context = {
             **self._live_context(request, job),
             "artefacts": list(job.artefacts.order_by("kind", "name")),
-            "timeline": job_timeline(job=job),
+            # With the annotations of its entries by jobs this user may see.
+            "timeline": job_timeline(job=job, visible=self.get_queryset(request)),
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,
         }
         return self.render_page(request, "admin/jobs/job/detail.html", f"Job {job.id}", context)

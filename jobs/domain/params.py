@@ -21,13 +21,20 @@ from __future__ import annotations
 import json
 import math
 import re
+import uuid
 from typing import Any
 
 from django.conf import settings
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from core.api.serializers import FlatFieldsSerializer
+from core.api.serializers import (
+    NOT_BLANK,
+    FlatFieldsSerializer,
+    StrictCharField,
+    StrictIntegerField,
+    StrictUUIDField,
+)
 from jobs.domain.exceptions import JobParamsSecretError
 
 
@@ -146,6 +153,45 @@ class CamParams(StrictParams):
                 }
             )
         return attrs
+
+
+# A label is a short tag shown beside an annotated entry (one line: no control
+# characters); a note is the annotation's text, bounded so that an entry stays small.
+# Both are hashed into the annotating job's audit chain (docs/architecture.md#annotations):
+# they say something about a job, never about a person (reference people, as every
+# hashed payload does).
+ANNOTATION_LABEL_MAX = 64
+ANNOTATION_NOTE_MAX = 2000
+NO_CONTROL_CHARACTERS = RegexValidator(
+    r"^[^\x00-\x1f\x7f-\x9f]*$", "Control characters (line breaks, tabs...) are not allowed."
+)
+NO_CONTROL_BUT_LINE_BREAKS = RegexValidator(
+    r"^[^\x00-\x09\x0b-\x1f\x7f-\x9f]*$",
+    "Control characters other than line breaks are not allowed.",
+)
+
+
+class AnnotateParams(StrictParams):
+    """`annotate` (category audit_enrichment): which entry of which job it annotates and
+    what it says. The job named must be one its owner may see in the job's own
+    organisation, and not purged (jobs.services.annotations checks it at creation; the
+    handler again when it runs); its entry `target_seq` must exist."""
+
+    target_job_id = StrictUUIDField()
+    target_seq = StrictIntegerField(min_value=1, max_value=2**53 - 1)
+    label = StrictCharField(
+        max_length=ANNOTATION_LABEL_MAX, validators=[NOT_BLANK, NO_CONTROL_CHARACTERS]
+    )
+    note = StrictCharField(
+        max_length=ANNOTATION_NOTE_MAX,
+        required=False,
+        default="",
+        allow_blank=True,
+        validators=[NO_CONTROL_BUT_LINE_BREAKS],
+    )
+
+    def validate_target_job_id(self, value: uuid.UUID) -> str:
+        return str(value)  # stored params are JSON: the canonical text
 
 
 def exceeds(planned: float, budget: float) -> bool:

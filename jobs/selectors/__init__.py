@@ -11,7 +11,8 @@ answered as if the job did not exist (404, never 403), so that ids cannot be pro
 The filter language (`filters.py`), a job's timeline and attempts (`timeline.py`) and the
 queue and connector state with its per-process memo (`queue_state.py`) are modules of this
 package of their own; what they define is re-exported here (`import name as name`), so that
-`jobs.selectors.<name>` keeps working for every caller and documented path.
+`jobs.selectors.<name>` keeps working for every caller and documented path. The reads of
+annotations (`annotations.py`) are new: their callers import them from there.
 """
 
 from __future__ import annotations

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db.models import QuerySet
+
 from audit.models import AuditLog
 from audit.services import job_chain
 from jobs.domain.states import Status
 from jobs.models import DeadLetter, Job
+from jobs.selectors.annotations import Annotation, job_annotations
 from tenants.selectors import actor_labels
 
 # The entries that resolve a dead letter: each carries the digest of its justification.
@@ -25,14 +28,18 @@ JUSTIFICATION_MISMATCH = (
 )
 
 
-def job_timeline(*, job: Job) -> list[dict[str, Any]]:
+def job_timeline(*, job: Job, visible: QuerySet[Job] | None = None) -> list[dict[str, Any]]:
     """The job's audit trail for a person: each entry with its time, event, who did it
     (tenants.selectors.actor_labels: a username, an operator's or a service account's
     name, or the system part) and what it said. Runs of `progress` entries collapse into
     one (with their count and last value). Only the entries up to the head `job` (the
     row the page shows) knows of: an entry appended since belongs with a newer row, and
     would contradict the status shown beside it. Three queries: the chain, the actors
-    it names, the dead letters it names (for the justifications)."""
+    it names, the dead letters it names (for the justifications).
+
+    With `visible` (the jobs the viewer may see), each entry also lists its
+    annotations by those jobs (jobs.selectors.annotations, two queries more), each
+    saying whether the hash it recorded is the entry's."""
     rows = list(
         AuditLog.objects.filter(chain=job_chain(job.id), seq__lte=job.audit_seq).order_by("seq")
     )
@@ -48,7 +55,9 @@ def job_timeline(*, job: Job) -> list[dict[str, Any]]:
     for row in rows:
         details = data[row.seq]
         if row.event_type == "progress" and entries and entries[-1]["event"] == "progress":
-            entries[-1].update(count=entries[-1]["count"] + 1, data=details, last_ts=row.ts)
+            entries[-1].update(
+                count=entries[-1]["count"] + 1, data=details, last_ts=row.ts, last_seq=row.seq
+            )
             continue
         entries.append(
             {
@@ -61,16 +70,40 @@ def job_timeline(*, job: Job) -> list[dict[str, Any]]:
                 "data": details,
                 "justification": _justification(row.event_type, details, justifications),
                 "link": _linked_job(row.event_type, details),
+                "last_seq": row.seq,
+                "annotations": [],
             }
         )
     for entry in entries:
         entry["summary"] = _summary(entry["event"], entry["data"])
+    if visible is not None:
+        _annotate(entries, job_annotations(job=job, visible=visible), rows)
     return entries
 
 
+def _annotate(entries: list[dict[str, Any]], notes: list[Annotation], rows: list[AuditLog]) -> None:
+    """File each annotation under the entry it names (a run of collapsed progress
+    entries holds every seq of the run), oldest first; one naming an entry the page
+    does not show is left out."""
+    hashes = {row.seq: row.chain_hash for row in rows}
+    for note in reversed(notes):
+        entry = next((e for e in entries if e["seq"] <= note.target_seq <= e["last_seq"]), None)
+        if entry is not None:
+            entry["annotations"].append(
+                {
+                    "annotation": note,
+                    "hash_matches": hashes.get(note.target_seq) == note.target_hash,
+                }
+            )
+
+
 # Entries that name another job: a re-run's entry on the original names the new job,
-# the new job's `created` entry the original.
-LINKED_JOBS = {"rerun": ("rerun_job_id", "re-run as"), "created": ("rerun_of", "re-run of")}
+# the new job's `created` entry the original; an annotation the job it annotates.
+LINKED_JOBS = {
+    "rerun": ("rerun_job_id", "re-run as"),
+    "created": ("rerun_of", "re-run of"),
+    "annotated": ("target_job_id", "annotates"),
+}
 
 
 def _linked_job(event: str, data: dict[str, Any]) -> dict[str, Any] | None:
@@ -237,6 +270,8 @@ def _summary(event: str, data: dict[str, Any]) -> str:
         parts.append(f"retry in {data['delay_ms'] / 1000:.1f} s")
     if data.get("message_id"):
         parts.append(f"message {str(data['message_id'])[:24]}")
+    if event == "annotated" and data.get("target_seq"):
+        parts.append(f"entry #{data['target_seq']}: {data.get('label') or ''}")
     if data.get("live_lock"):
         parts.append("the job ran under a live lock: its run decides, the copy needs no action")
     return " · ".join(parts)

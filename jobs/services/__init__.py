@@ -21,6 +21,8 @@ Split by concern, re-exported here so that callers say `from jobs.services impor
 - `retry`: the owner's retry of a failed job, an operator's re-run of a finished one.
 - `requeue`: the one rule that puts an ended job back in line (replay, retry,
   fix-forward, re-run), with the lock order of every dead-letter writer.
+- `annotations`: audit enrichment: the check of an annotation's target at creation and
+  when it runs, and the fenced `annotated` entry in the annotating job's own chain.
 """
 
 from jobs.services.artefacts import artefact_save

@@ -43,6 +43,7 @@ from jobs.integrations.backpressure import BackpressureError, backpressure_check
 from jobs.integrations.ratelimit import job_create_org_rate_limit
 from jobs.models import Job
 from jobs.selectors import job_key_exists
+from jobs.services.annotations import AUDIT_ENRICHMENT, annotation_target_check
 from jobs.services.connectors import connector_create_check
 from jobs.services.keys import job_key_repeat, job_release_idempotency_keys
 from jobs.services.transitions import job_insert
@@ -203,17 +204,20 @@ def job_candidate(
     **request: Unpack[JobRequest],
 ) -> Job:
     """The unsaved job `request` (JobRequest) asks for in `placement`, its input
-    validated (type, params, priority, key, run_at; nothing is written for bad input:
-    the ApplicationError of the first bad field): what `job_create` inserts, and each
+    validated (type, params, priority, key, run_at; and an audit-enrichment job's target,
+    jobs.services.annotations; nothing is written for bad input: the ApplicationError of
+    the first bad field): what `job_create` inserts, and each
     item of a batch create (jobs.services.batch_creation), which passes `readers`
     (validate_params)."""
     owner, job_type, staff = request["owner"], request["job_type"], request.get("staff", False)
     params = validate_params(job_type, request["params"], owner=owner, staff=staff, readers=readers)
+    spec = get_type(job_type)
+    assert spec is not None  # validate_params refuses an unknown type
+    if spec.category == AUDIT_ENRICHMENT:
+        annotation_target_check(owner=owner, staff=staff, org_id=placement.org_id, params=params)
     priority = validate_priority(request.get("priority", DEFAULT_PRIORITY), staff=staff)
     idempotency_key = validate_idempotency_key(request.get("idempotency_key"))
     run_at = validate_run_at(request.get("run_at"), now=now)
-    spec = get_type(job_type)
-    assert spec is not None  # validate_params refuses an unknown type
     request_id = request.get("request_id")
     scheduled = run_at is not None and run_at > now
     return Job(

@@ -181,6 +181,8 @@ KINDS: dict[str, Kind] = {
             None,
         ),
         _K("jobs_note", None, frozenset(Status.values), (("event_type", "text"),), None),
+        # A running job's handler's own entry (annotated: jobs.services.annotations).
+        _K("jobs_note_fenced", None, _RUNNING, (*_FENCED, ("event_type", "text")), None),
     )
 }
 # The arguments every kind takes after its own (jobs/sql/20_transitions.sql).

@@ -1290,3 +1290,53 @@ BEGIN
                p_event_type, p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
 END;
 $$;
+
+
+-- An entry a running job's handler appends to its own chain (`p_event_type`: annotated,
+-- jobs.services.annotations), fenced as every write of a worker: only while the caller
+-- still holds the lock and attempt. Changes nothing else of the job; no version, no
+-- event (as jobs_note).
+CREATE OR REPLACE FUNCTION jobs_note_fenced(
+    p_ids uuid[], p_attempts int[], p_locked_by text, p_event_type text, p_data jsonb[],
+    p_actor_type text, p_actor_id text, p_ts text, p_request_id text
+) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_running CONSTANT text := 'running';
+BEGIN
+    RETURN QUERY
+    WITH locked AS (
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               jobs_entry_payload(
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
+                   jsonb_build_object('attempt', jobs.attempts) || i.data,
+                   p_event_type, p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
+        FROM (SELECT * FROM unnest(p_ids, p_attempts, p_data)
+              AS u(id, attempt, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND jobs.status = s_running AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt
+            FOR UPDATE
+        ) AS jobs
+    ),
+    upd AS (
+        UPDATE jobs SET
+            audit_seq = jobs.audit_seq + 1,
+            audit_head = audit_chain_hash(locked.audit_head, locked.payload)
+        FROM locked
+        WHERE jobs.id = locked.id
+        RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq
+    )
+    SELECT upd.status_from, upd.next_run_from, upd.job
+    FROM upd
+    WHERE (SELECT audit_append_job_entries(
+               array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
+               p_event_type, p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
+END;
+$$;

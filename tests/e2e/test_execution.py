@@ -136,6 +136,19 @@ def test_report_lists_only_its_owners_jobs(shared_worker):
     assert str(alices.id) in wide_text and str(bobs.id) in wide_text
 
 
+def test_annotate_runs_on_the_light_queue_and_names_the_targets_entry(shared_worker):
+    owner = UserFactory()
+    target = finished(make_job(owner, job_type="sim", params={"steps": 1, "step_seconds": 0}).id)
+    entry = AuditLog.objects.get(job_id=target.id, seq=3)
+    params = {"target_job_id": str(target.id), "target_seq": 3, "label": "seen"}
+    done = finished(make_job(owner, job_type="annotate", params=params).id)
+    assert done.status == "succeeded", done.last_error_message
+    written = AuditLog.objects.get(job_id=done.id, event_type="annotated")
+    data = json.loads(written.payload)["data"]
+    assert (data["target_seq"], data["target_hash"]) == (3, entry.chain_hash)
+    assert events(target.id)[-1] == "succeeded"  # nothing appended to the target's chain
+
+
 @pytest.mark.parametrize("then", ["crash", "fatal"])
 def test_a_cancel_is_honoured_when_the_handler_then_fails(shared_worker, scripted, then):
     job = script(job_type="model", do="wait_then", then=then)

@@ -153,7 +153,9 @@ def test_the_job_list_shows_each_jobs_category_and_offers_every_category(otp_adm
     assert '<td class="field-category">notification</td>' in text
     filters = {f.title: f for f in page.context["cl"].filter_specs}
     choices = [c["display"] for c in filters["category"].choices(page.context["cl"])]
-    assert choices == ["All", "planning", "import_export", "notification", "maintenance"]
+    assert choices == [
+        "All", "planning", "import_export", "notification", "maintenance", "audit_enrichment"
+    ]  # fmt: skip
     job = make_job(job_type="report", params={}, key="monthly")
     detail = otp_admin_client.get(f"/admin/jobs/job/{job.id}/change/").content.decode()
     assert "<dt>Category</dt><dd>import_export</dd>" in detail

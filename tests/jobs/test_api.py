@@ -562,6 +562,7 @@ def test_list_filters_by_category_alone_and_with_the_other_filters(api):
     assert ids({"category": "import_export"}) == {str(report.id)}
     assert ids({"category": "notification"}) == {str(erp.id)}
     assert ids({"category": "maintenance"}) == set()
+    assert ids({"category": "audit_enrichment"}) == set()
     assert ids({"category": "planning", "status": "cancelled"}) == {str(sim.id)}
     assert ids({"category": "planning", "status": "pending"}) == set()
     assert ids({"category": "planning", "type": "report"}) == set()
@@ -579,7 +580,7 @@ def test_an_unknown_category_is_400_naming_the_valid_ones(api, category):
     assert error_code(response) == "ERR-JOB-400"
     assert response.json()["error"]["details"]["category"] == [
         f'"{category}" is not a category; one of: planning, import_export, notification, '
-        "maintenance."
+        "maintenance, audit_enrichment."
     ]
 
 

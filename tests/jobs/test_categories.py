@@ -29,8 +29,10 @@ def test_each_type_has_its_category_with_that_categorys_durations():
         "sim": "planning",
         "report": "import_export",
         "erp": "notification",
+        "annotate": "audit_enrichment",
     }
     assert (types["erp"].key_ttl, types["erp"].retention) == (7 * DAY, 7 * DAY)
+    assert (types["annotate"].key_ttl, types["annotate"].retention) == (30 * DAY, 90 * DAY)
     assert (types["sim"].key_ttl, types["sim"].retention) == (30 * DAY, 90 * DAY)
     assert (types["report"].key_ttl, types["report"].retention) == (30 * DAY, 30 * DAY)
 
@@ -84,7 +86,7 @@ def _types_with(value: str, env: dict[str, str]) -> subprocess.CompletedProcess[
 
 def test_the_environment_sets_categories_and_types():
     result = _settings(
-        JOBOPS_RETENTION="planning=12h,notification=1m",
+        JOBOPS_RETENTION="planning=12h,notification=1m,audit_enrichment=1d",
         JOBOPS_KEY_TTL="import_export=2d",
         JOBOPS_JOB_TYPES=json.dumps({"cam": {"key_ttl": "3h"}}),
     )
@@ -94,6 +96,7 @@ def test_the_environment_sets_categories_and_types():
     assert seconds["cam"] == [3 * 3600, 12 * 3600]
     assert seconds["erp"] == [7 * 86400, 60]
     assert seconds["report"] == [2 * 86400, 30 * 86400]
+    assert seconds["annotate"] == [30 * 86400, 86400]
 
 
 def test_the_single_key_ttl_of_earlier_versions_still_applies_where_not_named():
@@ -144,6 +147,8 @@ RETRIES = {
     "sim": [5, 60],
     "report": [5, 45],
     "erp": [5, 45],
+    # audit_enrichment's policy (a few reads and one append: a retry outlasts a hiccup)
+    "annotate": [3, 20],
 }
 
 
