@@ -159,7 +159,7 @@ ATTEMPTS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30)
 JOB_DURATION = Histogram(
     "job_duration_seconds",
     "Run time of one attempt, by type and how it ended (succeeded, retrying, failed, "
-    "cancelled, lost)",
+    "cancelled, lost); deprecated: jobs_duration_seconds",
     ["type", "status"],
     buckets=DURATION_BUCKETS,
 )
@@ -239,12 +239,14 @@ JOBS_FAILED = Counter(
 )
 JOBS_DEAD_LETTERED = Counter(
     "jobs_dead_lettered",
-    "Jobs failed with a dead letter, by type and reason (exhausted, fatal, ...)",
+    "Jobs failed with a dead letter, by type and reason (exhausted, fatal, ...); "
+    "deprecated: deadletter_total",
     ["type", "reason"],
 )
 JOB_ATTEMPTS = Histogram(
     "job_attempts",
-    "Attempts a job took, observed when it ends (succeeded, failed, cancelled)",
+    "Attempts a job took, observed when it ends (succeeded, failed, cancelled); "
+    "deprecated: jobs_attempts",
     ["type"],
     buckets=ATTEMPTS_BUCKETS,
 )
@@ -271,9 +273,17 @@ EXTERNAL_CALL_DURATION = Histogram(
 # --- the async jobs names (docs/operations/observability.md#metrics) -------------------
 # Labelled by job type and queue, both from the types table (jobs_labels); they move at
 # the same events as the names above they replace, which stay one release, deprecated
-# (docs/operations/upgrading.md#metric-names): job_create_total{status="created"},
-# job_duration_seconds, job_attempts, jobs_dead_lettered_total. jobs_succeeded_total and
-# jobs_failed_total above are both.
+# (docs/operations/upgrading.md#metric-names): job_duration_seconds, job_attempts,
+# jobs_dead_lettered_total. jobs_succeeded_total and jobs_failed_total above are both.
+# jobs_enqueued_total counts what job_create_total{status="created"} counts; that one
+# stays, for the refused and repeated creations no async jobs name counts.
+#
+# What they replace, and the release that stops exporting it (the upgrade notes say the
+# same; tests/deploy/test_monitoring.py keeps deploy/ off them and holds the release to
+# it): names as exported, and the labels of the two names both sets share.
+DEPRECATED_REMOVED_IN = "0.2.0"
+DEPRECATED_NAMES = ("job_duration_seconds", "job_attempts", "jobs_dead_lettered_total")
+DEPRECATED_LABELS = {"jobs_succeeded_total": ("type",), "jobs_failed_total": ("type", "error_code")}
 JOBS_ENQUEUED = Counter(
     "jobs_enqueued", "Jobs created (accepted into their queue)", ["job_type", "queue"]
 )
