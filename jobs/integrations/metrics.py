@@ -3,7 +3,10 @@
 Counters and histograms are incremented where the work happens (services, workers,
 DLQ tools, the relay); the gauges an on-call alert needs are derived from the database
 by `metrics_refresh_gauges()`, which the `/metrics` view runs at each scrape (and the
-dispatcher may run each loop).
+dispatcher may run each loop). The job counters carry `job_type` and `queue` from the
+types table (`jobs_labels`); the names they replace stay one release, deprecated
+(DEPRECATED_NAMES). The S3 metrics are observed by the S3 artefact storage alone
+(jobs/integrations/artefact_s3.py).
 
 Worker processes: with `PROMETHEUS_MULTIPROC_DIR` set (one directory per process group,
 made and pruned of earlier runs at start: core/metrics_dir.py), prometheus_client writes
