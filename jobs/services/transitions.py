@@ -296,6 +296,9 @@ def _claim_due(job: Job, old_next_run_at: datetime | None) -> datetime | None:
     return None
 
 
+_LABELLED = TERMINAL | {Status.RUNNING}
+
+
 def _count_transition(
     job: Job,
     target: str,
@@ -311,7 +314,9 @@ def _count_transition(
     (`retried` false) counts no retry."""
     if writes_progress:  # a final transition flushing the last coalesced progress value
         transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
-    labels = metrics.jobs_labels(job.type)
+    # Only a start and an end carry the job_type and queue labels (not the publisher's
+    # transitions, a batch at a time).
+    labels = metrics.jobs_labels(job.type) if target in _LABELLED else {}
     if target == Status.RUNNING:
         transaction.on_commit(metrics.JOBS_STARTED.labels(**labels).inc)
     if due is not None and job.locked_at is not None:
