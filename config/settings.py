@@ -183,7 +183,8 @@ def artefact_storage_config(
     from botocore.config import Config
 
     return {
-        "BACKEND": "storages.backends.s3.S3Storage",
+        # django-storages' S3Storage, its calls to S3 timed and counted.
+        "BACKEND": "jobs.integrations.artefact_s3.MeteredS3Storage",
         "OPTIONS": {
             "bucket_name": bucket,
             "endpoint_url": endpoint_url or None,

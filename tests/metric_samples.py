@@ -23,3 +23,13 @@ class Moved:
     def __call__(self, name: str, **labels: str) -> float:
         key = (name, frozenset(labels.items()))
         return self.samples().get(key, 0.0) - self.before.get(key, 0.0)
+
+    def across(self, name: str, **labels: str) -> float:
+        """How far the sum of every sample of `name` whose labels include these moved
+        (PromQL's `sum(name{labels})`): for a sample with labels a test does not name."""
+        wanted = frozenset(labels.items())
+
+        def total(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> float:
+            return sum(v for (n, found), v in samples.items() if n == name and wanted <= found)
+
+        return total(self.samples()) - total(self.before)

@@ -59,6 +59,16 @@ def test_metrics_serves_with_the_token(client, settings):
         "job_stale_locks",
         "outbox_lag_seconds",
         "audit_checkpoint_age_seconds",
+        # The async jobs names (docs/operations/observability.md#metrics).
+        "jobs_enqueued_total",
+        "jobs_started_total",
+        "jobs_succeeded_total",
+        "jobs_failed_total",
+        "jobs_duration_seconds",
+        "jobs_attempts",
+        "deadletter_total",
+        "s3_operation_duration_seconds",
+        "s3_operation_errors_total",
         "django_http_requests_total_by_method",  # django-prometheus' own
     ):
         assert f"# TYPE {name.removesuffix('_total')}" in text or f"# TYPE {name}" in text, name

@@ -108,3 +108,31 @@ class ResultInvalidError(FatalError):
 
 class JobCancelled(Exception):
     """Raised by ctx.check_cancel(): the job ends `cancelled`, never retried."""
+
+
+# --- the class of a failure (the `error_class` metric label) ---------------------------
+# The taxonomy's classes a job can fail in (docs/architecture.md#outcomes-of-a-run); a
+# cancellation is no failure. A label takes only these: a failure the taxonomy does not
+# classify (a broker's dead letter: rejected, expired, maxlen, delivery_limit) is OTHER.
+FAILURE_CLASSES = ("retryable", "nonretryable", "fatal", "time_limit", "worker_lost", "other")
+OTHER_FAILURE = "other"
+# A dead letter's reason -> the class of the error that made it, for the reasons the
+# taxonomy decides (jobs.domain.choices.DeadLetterReason); retries used up ("exhausted")
+# end a retryable error.
+_CLASS_OF_REASON = {
+    "exhausted": "retryable",
+    "nonretryable": "nonretryable",
+    "fatal": "fatal",
+    "worker_lost": "worker_lost",
+}
+
+
+def failure_class(*, reason: str | None, error_code: str | None) -> str:
+    """The taxonomy's class of a job's failure, from its dead letter's `reason` and its
+    last error code: a soft time limit is `time_limit` whether it was retried until the
+    attempts ran out or not retried again; anything else unknown is `other`. Derived
+    from what the failure recorded, so a handler's own code (ERP_503) classes by how
+    it failed, and no code can add a class."""
+    if error_code == TIME_LIMIT:
+        return "time_limit"
+    return _CLASS_OF_REASON.get(reason or "", OTHER_FAILURE)

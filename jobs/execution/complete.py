@@ -141,6 +141,7 @@ def attempt_fields(
     """What an attempt's final log line says of how it ended: `outcome` (succeeded,
     retrying, failed, cancelled, lost), `error_code` (None without an error) and
     `duration_ms` (from its claim); observes the run time in
-    job_duration_seconds{type,status=outcome}."""
+    job_duration_seconds{type,status=outcome} and jobs_duration_seconds{job_type,queue}."""
     metrics.JOB_DURATION.labels(type=job_type, status=outcome).observe(seconds)
+    metrics.JOBS_DURATION.labels(**metrics.jobs_labels(job_type)).observe(seconds)
     return {"outcome": outcome, "error_code": error_code, "duration_ms": round(seconds * 1000)}

@@ -3,7 +3,10 @@
 Counters and histograms are incremented where the work happens (services, workers,
 DLQ tools, the relay); the gauges an on-call alert needs are derived from the database
 by `metrics_refresh_gauges()`, which the `/metrics` view runs at each scrape (and the
-dispatcher may run each loop).
+dispatcher may run each loop). The job counters carry `job_type` and `queue` from the
+types table (`jobs_labels`); the names they replace stay one release, deprecated
+(DEPRECATED_NAMES). The S3 metrics are observed by the S3 artefact storage alone
+(jobs/integrations/artefact_s3.py).
 
 Worker processes: with `PROMETHEUS_MULTIPROC_DIR` set (one directory per process group,
 made and pruned of earlier runs at start: core/metrics_dir.py), prometheus_client writes
@@ -25,7 +28,7 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import Counter, Gauge, Histogram
 
-from jobs.domain.types import all_connectors, primary_queue_names
+from jobs.domain.types import all_connectors, get_type, primary_queue_names
 from jobs.integrations.liveness import live_processes, workers_of
 from jobs.queries import QUERIES
 from tenants.models import Organisation
@@ -79,6 +82,21 @@ def error_code_label(code: str | None) -> str:
             return "OTHER"
         _error_codes_seen.add(code)
     return code
+
+
+# --- the job_type and queue labels ---------------------------------------------------
+# From the types table, the one table of queues: a job's type names its queue there. A
+# type no longer in the table (a job created before it was removed) counts as "other",
+# so that neither label ever holds text from a row or a request.
+OTHER = "other"
+
+
+def jobs_labels(job_type: str) -> dict[str, str]:
+    """The `job_type` and `queue` labels of a job of `job_type`."""
+    spec = get_type(job_type)
+    if spec is None:
+        return {"job_type": OTHER, "queue": OTHER}
+    return {"job_type": spec.name, "queue": spec.queue}
 
 
 # --- calls to external systems ------------------------------------------------------
@@ -138,12 +156,15 @@ JOB_IN_PROGRESS = Gauge(
     ["type"],
     multiprocess_mode="livesum",
 )
+# An attempt's run time (up to the longest hard time limit) and a job's attempts.
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900)
+ATTEMPTS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30)
 JOB_DURATION = Histogram(
     "job_duration_seconds",
     "Run time of one attempt, by type and how it ended (succeeded, retrying, failed, "
-    "cancelled, lost)",
+    "cancelled, lost); deprecated: jobs_duration_seconds",
     ["type", "status"],
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900),
+    buckets=DURATION_BUCKETS,
 )
 RETRIES = Counter("retries", "Attempts that ended in a retry", ["type", "error_code"])
 QUEUE_DEPTH = Gauge(
@@ -204,20 +225,33 @@ ERP_BRIDGE_DELIVERIES = Counter(
 # JOB_FINISHED says the same by status; these carry what an alert or a dashboard splits
 # on (the error code of a failure, the reason of a dead letter) under the names on-call
 # dashboards share.
-JOBS_SUCCEEDED = Counter("jobs_succeeded", "Jobs that ended succeeded, by type", ["type"])
+# jobs_succeeded_total and jobs_failed_total are both a name of this release's and one of
+# the async jobs names below: one series set cannot be exported twice under one name, so
+# each carries both label sets, the deprecated `type` (and `error_code`) beside
+# `job_type`, `queue` (and `error_class`). A query of either set reads it; the
+# deprecated labels go with the other deprecated names (docs/operations/upgrading.md).
+JOBS_SUCCEEDED = Counter(
+    "jobs_succeeded",
+    "Jobs that ended succeeded, by job type and queue (`type`: deprecated, the job type)",
+    ["type", "job_type", "queue"],
+)
 JOBS_FAILED = Counter(
-    "jobs_failed", "Jobs that ended failed, by type and error code", ["type", "error_code"]
+    "jobs_failed",
+    "Jobs that ended failed, by job type, queue and error class (`type`, `error_code`: deprecated)",
+    ["type", "error_code", "job_type", "queue", "error_class"],
 )
 JOBS_DEAD_LETTERED = Counter(
     "jobs_dead_lettered",
-    "Jobs failed with a dead letter, by type and reason (exhausted, fatal, ...)",
+    "Jobs failed with a dead letter, by type and reason (exhausted, fatal, ...); "
+    "deprecated: deadletter_total",
     ["type", "reason"],
 )
 JOB_ATTEMPTS = Histogram(
     "job_attempts",
-    "Attempts a job took, observed when it ends (succeeded, failed, cancelled)",
+    "Attempts a job took, observed when it ends (succeeded, failed, cancelled); "
+    "deprecated: jobs_attempts",
     ["type"],
-    buckets=(0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30),
+    buckets=ATTEMPTS_BUCKETS,
 )
 JOB_QUEUE_LATENCY = Histogram(
     "job_queue_latency_seconds",
@@ -237,6 +271,56 @@ EXTERNAL_CALL_DURATION = Histogram(
     "timeout, connection_error, error)",
     ["connector", "outcome"],
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+# --- the async jobs names (docs/operations/observability.md#metrics) -------------------
+# Labelled by job type and queue, both from the types table (jobs_labels); they move at
+# the same events as the names above they replace, which stay one release, deprecated
+# (docs/operations/upgrading.md#metric-names): job_duration_seconds, job_attempts,
+# jobs_dead_lettered_total. jobs_succeeded_total and jobs_failed_total above are both.
+# jobs_enqueued_total counts what job_create_total{status="created"} counts; that one
+# stays, for the refused and repeated creations no async jobs name counts.
+#
+# What they replace, and the release that stops exporting it (the upgrade notes say the
+# same; tests/deploy/test_monitoring.py keeps deploy/ off them and holds the release to
+# it): names as exported, and the labels of the two names both sets share.
+DEPRECATED_REMOVED_IN = "0.2.0"
+DEPRECATED_NAMES = ("job_duration_seconds", "job_attempts", "jobs_dead_lettered_total")
+DEPRECATED_LABELS = {"jobs_succeeded_total": ("type",), "jobs_failed_total": ("type", "error_code")}
+JOBS_ENQUEUED = Counter(
+    "jobs_enqueued", "Jobs created (accepted into their queue)", ["job_type", "queue"]
+)
+JOBS_STARTED = Counter(
+    "jobs_started", "Attempts started (each claim of a job)", ["job_type", "queue"]
+)
+JOBS_DURATION = Histogram(
+    "jobs_duration_seconds",
+    "Run time of one attempt, from its claim to its end",
+    ["job_type", "queue"],
+    buckets=DURATION_BUCKETS,
+)
+JOBS_ATTEMPTS = Histogram(
+    "jobs_attempts",
+    "Attempts a job took, observed when it ends (succeeded, failed, cancelled)",
+    ["job_type", "queue"],
+    buckets=ATTEMPTS_BUCKETS,
+)
+DEADLETTER = Counter("deadletter", "Jobs failed with a dead letter", ["job_type", "queue"])
+
+# --- the artefact storage on S3 (jobs/integrations/artefact_s3.py) ---------------------
+# Only the S3 backend observes these: the file system's storage emits none.
+S3_OPERATION_DURATION = Histogram(
+    "s3_operation_duration_seconds",
+    "Calls of the artefact storage to S3, by operation (put, get, head, delete, list, "
+    "multipart, presign, other), retries included",
+    ["operation"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+S3_OPERATION_ERRORS = Counter(
+    "s3_operation_errors",
+    "Calls of the artefact storage to S3 that failed, by operation and kind (not_found, "
+    "access_denied, client_error, server_error, timeout, connection_error, error)",
+    ["operation", "kind"],
 )
 
 # --- gauges derived from the database (metrics_refresh_gauges) -----------------------

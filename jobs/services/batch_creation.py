@@ -202,6 +202,7 @@ def job_batch_submit(
     created = [job for index, job in primaries if outcomes[index].created]
     for job in created:
         transaction.on_commit(metrics.JOB_CREATE.labels(**_labels(job, "created")).inc)
+        transaction.on_commit(metrics.JOBS_ENQUEUED.labels(**metrics.jobs_labels(job.type)).inc)
     log.info("jobs_batch_created", items=len(items), created=len(created))
     return outcomes, decision
 

@@ -309,6 +309,9 @@ def job_create(
         # wakes a dispatcher to publish it. The request never waits on the broker.
         if job_insert(candidate, actor=actor):
             transaction.on_commit(counter(status="created").inc)
+            transaction.on_commit(
+                metrics.JOBS_ENQUEUED.labels(**metrics.jobs_labels(spec.name)).inc
+            )
             log.info("job_created", job_id=str(candidate.id), job_type=job_type, queue=spec.queue)
             return candidate, True
         if idempotency_key is None:

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import Actor
+from jobs.domain.errors import failure_class
 from jobs.domain.exceptions import JobLost, TransitionRefusedError
 from jobs.domain.states import ALLOWED, Status
 from jobs.integrations import metrics
@@ -349,9 +350,24 @@ def _fail(
 
 
 def _count_dead_lettered(jobs: list[Job], reason: str) -> None:
-    """jobs_dead_lettered_total, once the transaction that opened their rows commits."""
+    """jobs_failed_total and deadletter_total (jobs_dead_lettered_total, deprecated) of
+    jobs failed with a dead letter for `reason`, once the transaction that opened their
+    rows commits. Every failure has its dead letter, and only the dead letter's reason
+    tells the class of the error (failure_class)."""
     for job in jobs:
-        transaction.on_commit(metrics.JOBS_DEAD_LETTERED.labels(type=job.type, reason=reason).inc)
+        labels = metrics.jobs_labels(job.type)
+        failed = metrics.JOBS_FAILED.labels(
+            type=job.type,
+            error_code=metrics.error_code_label(job.last_error_code),
+            error_class=failure_class(reason=reason, error_code=job.last_error_code),
+            **labels,
+        )
+        for counter in (
+            failed,
+            metrics.DEADLETTER.labels(**labels),
+            metrics.JOBS_DEAD_LETTERED.labels(type=job.type, reason=reason),
+        ):
+            transaction.on_commit(counter.inc)
 
 
 def _failed_entry(reason: str, error_code: str | None) -> dict[str, Any]:

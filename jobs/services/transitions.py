@@ -16,6 +16,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import date, datetime
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
@@ -297,6 +298,9 @@ def _claim_due(job: Job, old_next_run_at: datetime | None) -> datetime | None:
     return None
 
 
+_LABELLED = TERMINAL | {Status.RUNNING}
+
+
 def _count_transition(
     job: Job,
     target: str,
@@ -312,6 +316,11 @@ def _count_transition(
     (`retried` false) counts no retry."""
     if writes_progress:  # a final transition flushing the last coalesced progress value
         transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
+    # Only a start and an end carry the job_type and queue labels (not the publisher's
+    # transitions, a batch at a time).
+    labels = metrics.jobs_labels(job.type) if target in _LABELLED else {}
+    if target == Status.RUNNING:
+        transaction.on_commit(metrics.JOBS_STARTED.labels(**labels).inc)
     if due is not None and job.locked_at is not None:
         latency = metrics.JOB_QUEUE_LATENCY.labels(type=job.type)
         waited = max(0.0, (job.locked_at - due).total_seconds())
@@ -321,15 +330,15 @@ def _count_transition(
             type=job.type, status=str(target), **metrics.org_label(job.org_id)
         )
         transaction.on_commit(finished.inc)
-        attempts = metrics.JOB_ATTEMPTS.labels(type=job.type)
-        transaction.on_commit(lambda: attempts.observe(job.attempts))
+        for histogram in (
+            metrics.JOB_ATTEMPTS.labels(type=job.type),
+            metrics.JOBS_ATTEMPTS.labels(**labels),
+        ):
+            transaction.on_commit(partial(histogram.observe, job.attempts))
+    # A failure is counted with its dead letter, which says its class
+    # (jobs.services.dead_letters._count_dead_lettered).
     if target == Status.SUCCEEDED:
-        transaction.on_commit(metrics.JOBS_SUCCEEDED.labels(type=job.type).inc)
-    elif target == Status.FAILED:
-        failed = metrics.JOBS_FAILED.labels(
-            type=job.type, error_code=metrics.error_code_label(job.last_error_code)
-        )
-        transaction.on_commit(failed.inc)
+        transaction.on_commit(metrics.JOBS_SUCCEEDED.labels(type=job.type, **labels).inc)
     elif target == Status.CANCELLED:
         transaction.on_commit(metrics.CANCELLATION.inc)
     elif target == Status.RETRYING and retried:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-import jobs.integrations.metrics  # noqa: F401  (registers the metrics of docs/operations/observability.md)
+from jobs.integrations import metrics  # registers the metrics of docs/operations/observability.md
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
@@ -100,22 +100,26 @@ def test_the_dashboard_panels_query_real_metrics():
     for metric in (
         "rabbitmq_detailed_queue_messages",  # queue depths
         "dlq_depth",
-        "job_create_total",  # rates by type
+        "job_create_total",  # creations by outcome
+        "jobs_enqueued_total",  # enqueued and started by queue
+        "jobs_started_total",
         "retries_total",  # retry distribution by error code
-        "job_duration_seconds_bucket",  # duration percentiles
+        "jobs_duration_seconds_bucket",  # duration percentiles
         "dlq_replay_total",  # replay outcomes
         "job_oldest_pending_age_seconds",
         "outbox_lag_seconds",
         "jobs_succeeded_total",  # success and failure rates
         "jobs_failed_total",
-        "jobs_dead_lettered_total",
+        "deadletter_total",
         "job_queue_latency_seconds_bucket",  # latency percentiles
-        "job_attempts_bucket",
+        "jobs_attempts_bucket",
         "rate_limited_total",
         "external_call_duration_seconds_bucket",
         "connector_state",  # breaker state
         "dispatcher_step_failures_total",  # a dispatcher step that raises
         "django_db_execute_total",  # the database backend's
+        "s3_operation_duration_seconds_bucket",  # the artefact storage on S3
+        "s3_operation_errors_total",
     ):
         assert metric in used, metric
 
@@ -138,3 +142,86 @@ def test_a_failing_dispatcher_step_alerts_by_step_for_any_step():
     assert "{{ $labels.step }}" in rule["annotations"]["summary"]
     # No step is named: a new step is covered without a new rule.
     assert "step=" not in rule["expr"]
+
+
+# --- labels, and the names deprecated for one release -------------------------------------
+def _label_names() -> dict[str, set[str]]:
+    """Each series name we export -> the labels its samples carry (a bucket's `le` too)."""
+    found: dict[str, set[str]] = {}
+    for name, collector in REGISTRY._names_to_collectors.items():
+        labels = set(getattr(collector, "_labelnames", ()))
+        found[name] = labels | ({"le"} if name.endswith("_bucket") else set())
+    return found
+
+
+def _labels_used(node: object, inside: frozenset[str] = frozenset()) -> Iterator[tuple[str, str]]:
+    """(metric, label) for each label an expression groups by or matches on, paired with
+    each metric selected beneath it."""
+    if isinstance(node, promql_parser.VectorSelector):
+        for matcher in node.matchers.matchers:
+            yield node.name, matcher.name
+        return
+    if isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+        if node.modifier.type == promql_parser.AggModifierType.By:
+            for metric in set(_metric_names(node.expr)):
+                for label in node.modifier.labels:
+                    yield metric, label
+    for attr in ("lhs", "rhs", "expr", "vector_selector"):
+        if hasattr(node, attr):
+            yield from _labels_used(getattr(node, attr))
+    for arg in getattr(node, "args", None) or ():
+        yield from _labels_used(arg)
+
+
+def _deploy_exprs() -> list[str]:
+    dashboard = [t["expr"] for panel in DASHBOARD["panels"] for t in panel["targets"]]
+    return [rule["expr"] for rule in RULE_LIST] + dashboard
+
+
+def test_every_label_a_query_groups_by_or_matches_is_one_its_metric_carries():
+    labels = _label_names()
+    for expr in _deploy_exprs():
+        for metric, label in _labels_used(promql_parser.parse(expr)):
+            if not metric.startswith(EXTERNAL_PREFIXES):
+                assert label in labels[metric], f"{expr!r}: {metric} has no label {label}"
+    with pytest.raises(AssertionError, match="has no label type"):
+        for metric, label in _labels_used(promql_parser.parse("sum by (type) (deadletter_total)")):
+            assert label in labels[metric], f"{metric} has no label {label}"
+
+
+def _deprecated_series() -> set[str]:
+    suffixes = ("", "_bucket", "_count", "_sum")
+    return {name + suffix for name in metrics.DEPRECATED_NAMES for suffix in suffixes}
+
+
+def test_the_dashboard_and_alerts_use_no_deprecated_name_or_label():
+    deprecated = _deprecated_series()
+    for expr in _deploy_exprs():
+        parsed = promql_parser.parse(expr)
+        assert not set(_metric_names(parsed)) & deprecated, expr
+        for metric, label in _labels_used(parsed):
+            assert label not in metrics.DEPRECATED_LABELS.get(metric, ()), expr
+
+
+def test_the_deprecated_names_are_exported_until_the_release_that_removes_them():
+    def release(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split("."))
+
+    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
+    version = next(
+        line.split('"')[1] for line in pyproject.splitlines() if line.startswith("version =")
+    )
+    exported = _label_names()
+    still_here = {n for n in _deprecated_series() if n in exported}
+    still_labelled = {
+        (name, label)
+        for name, gone in metrics.DEPRECATED_LABELS.items()
+        for label in gone
+        if label in exported[name]
+    }
+    if release(version) >= release(metrics.DEPRECATED_REMOVED_IN):
+        # This release removes them (docs/operations/upgrading.md#metric-names).
+        assert not still_here and not still_labelled
+    else:  # both sets, one release, as the upgrade notes promise
+        assert set(metrics.DEPRECATED_NAMES) <= still_here
+        assert len(still_labelled) == sum(len(gone) for gone in metrics.DEPRECATED_LABELS.values())

@@ -31,11 +31,25 @@ def test_a_worker_writes_a_report_to_the_bucket_and_the_api_serves_it(s3, tmp_pa
     worker_media = tmp_path / "worker-media"
     owner = UserFactory()
     env = s3.env(JOBOPS_MEDIA_ROOT=str(worker_media))
+    # The worker's exporter adds up its pool child's values (the put is the child's).
+    metered = {
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prometheus"),
+        "JOBOPS_METRICS_PORT": str(free_port()),
+    }
     with together(
-        celery_worker(queues=["report"], env=env, name="s3-report"), dispatcher_process(env=env)
-    ):
+        celery_worker(queues=["report"], env={**env, **metered}, name="s3-report"),
+        dispatcher_process(env=env),
+    ) as (worker, _):
         report = make_job(owner, job_type="report", params={"limit": 10})
         done = job_finished(report.id)
+        assert worker.metric("s3_operation_duration_seconds_count", operation="put") == 1
+        # Counted once the success committed, which the row may show a moment earlier.
+        succeeded = {"type": "report", "job_type": "report", "queue": "report"}
+        wait_for(
+            lambda: worker.metric("jobs_succeeded_total", **succeeded) == 1,
+            timeout=10,
+            what="the worker to count the success",
+        )
     assert done.status == "succeeded", done.last_error_message
     listed, body = _download(report.id, owner)
     assert listed["s3_key"].startswith(f"artefacts/{report.id}/report/")

@@ -185,10 +185,22 @@ def test_job_metrics_move_in_web_and_workers(client, settings, tmp_path):
     assert _value(worker_after, "job_in_progress", type="ai") == 0
     # Outcomes: ok and retried succeeded; the model job failed twice (before and after
     # its replay), each time with a dead letter.
-    assert worker("jobs_succeeded_total", type="ai") == 2
-    assert worker("jobs_failed_total", type="model", error_code="PLANNED_INVALID") == 1 + 1
-    assert worker("jobs_failed_total", type="ai", error_code="*") == 0
+    ai, model = {"job_type": "ai", "queue": "default"}, {"job_type": "model", "queue": "model"}
+    assert worker("jobs_succeeded_total", type="ai", **ai) == 2
+    failed = {"type": "model", "error_code": "PLANNED_INVALID", **model}
+    assert worker("jobs_failed_total", error_class="nonretryable", **failed) == 1 + 1
+    anything = {"error_code": "*", "job_type": "*", "queue": "*", "error_class": "*"}
+    assert worker("jobs_failed_total", type="ai", **anything) == 0
     assert worker("jobs_dead_lettered_total", type="model", reason="nonretryable") == 2
+    assert worker("deadletter_total", **model) == 2
+    # The async jobs names, from the web and the workers' pool children alike: every
+    # creation, every attempt started and timed (not the job cancelled before it ran).
+    assert web("jobs_enqueued_total", **ai) == 4 and web("jobs_enqueued_total", **model) == 1
+    assert worker("jobs_started_total", **ai) == 4 and worker("jobs_started_total", **model) == 2
+    assert worker("jobs_duration_seconds_count", **ai) == 4
+    assert worker("jobs_duration_seconds_count", **model) == 2
+    assert (worker("jobs_attempts_count", **ai), worker("jobs_attempts_sum", **ai)) == (3, 4)
+    assert web("jobs_attempts_count", **ai) == 1 and web("jobs_attempts_sum", **ai) == 0
     assert worker("job_finished_total", type="ai", status="succeeded") == 2  # the old name
     # Attempts per finished job: ok 1, retried 2, running (cancelled) 1; model 1 then 2.
     assert (worker("job_attempts_count", type="ai"), worker("job_attempts_sum", type="ai")) == (

@@ -127,7 +127,7 @@ def test_every_procfile_entry_starts_in_a_fresh_checkout_and_works(tmp_path):
             # the process made for itself.
             wait_for(
                 lambda: _sample(
-                    long_metrics, "job_duration_seconds_count", type="sim", status="succeeded"
+                    long_metrics, "jobs_duration_seconds_count", job_type="sim", queue="sim"
                 )
                 == 1,
                 timeout=10,

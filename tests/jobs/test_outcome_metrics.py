@@ -30,6 +30,8 @@ from tests.processes import scripted_table
 pytestmark = pytest.mark.django_db
 
 DB = {"alias": "default", "vendor": "postgresql"}
+# The job_type and queue labels of a `cam` job (its type runs on the queue `cam`).
+CAM = {"job_type": "cam", "queue": "cam"}
 
 
 # Handlers of a `cam` job, run in this process by job_execute.
@@ -87,14 +89,19 @@ def test_a_succeeded_job_counts_its_outcome_attempts_wait_and_duration(
     backdate(job, created_at=30)
     with django_capture_on_commit_callbacks(execute=True):
         assert run(settings, succeeds, job).status == "succeeded"
-    assert moved("jobs_succeeded_total", type="cam") == 1
+    assert moved("jobs_succeeded_total", type="cam", **CAM) == 1
     assert moved("job_finished_total", type="cam", status="succeeded") == 1  # kept
     assert moved("job_attempts_count", type="cam") == 1
     assert moved("job_attempts_sum", type="cam") == 1
     assert moved("job_queue_latency_seconds_count", type="cam") == 1
     assert 30 <= moved("job_queue_latency_seconds_sum", type="cam") < 60  # created -> claim
     assert moved("job_duration_seconds_count", type="cam", status="succeeded") == 1
-    assert moved("jobs_failed_total", type="cam", error_code="") == 0
+    assert moved.across("jobs_failed_total", type="cam") == 0
+    # The async jobs names move with them (docs/operations/observability.md#metrics).
+    assert moved("jobs_started_total", **CAM) == 1
+    assert moved("jobs_duration_seconds_count", **CAM) == 1
+    assert moved("jobs_attempts_count", **CAM) == 1
+    assert moved("jobs_attempts_sum", **CAM) == 1
 
 
 def test_a_retry_then_a_dead_letter_count_each_attempt_and_the_failure(
@@ -110,13 +117,19 @@ def test_a_retry_then_a_dead_letter_count_each_attempt_and_the_failure(
     assert (job.status, job.attempts) == ("failed", 2)
 
     assert moved("retries_total", type="cam", error_code="DEPENDENCY_DOWN") == 1
-    assert moved("jobs_failed_total", type="cam", error_code="DEPENDENCY_DOWN") == 1
+    failed = {"type": "cam", "error_code": "DEPENDENCY_DOWN", "error_class": "retryable", **CAM}
+    assert moved("jobs_failed_total", **failed) == 1
     assert moved("jobs_dead_lettered_total", type="cam", reason="exhausted") == 1
-    assert moved("jobs_succeeded_total", type="cam") == 0
+    assert moved.across("jobs_succeeded_total", type="cam") == 0
     assert moved("job_attempts_count", type="cam") == 1  # one job ended,
     assert moved("job_attempts_sum", type="cam") == 2  # after two attempts
     assert moved("job_duration_seconds_count", type="cam", status="retrying") == 1
     assert moved("job_duration_seconds_count", type="cam", status="failed") == 1
+    # The async jobs names: two attempts started and timed, one dead letter.
+    assert moved("jobs_started_total", **CAM) == 2
+    assert moved("jobs_duration_seconds_count", **CAM) == 2
+    assert moved("deadletter_total", **CAM) == 1
+    assert moved("jobs_attempts_sum", **CAM) == 2
     # The retry waited from its next_run_at, not from the job's creation. (10 ms below
     # 20: the sum of float seconds from two clocks came out 19.999999999999996 once.)
     assert moved("job_queue_latency_seconds_count", type="cam") == 2
@@ -165,8 +178,9 @@ def test_an_unexpected_exception_counts_under_one_error_code_label(
     with django_capture_on_commit_callbacks(execute=True):
         job = run(settings, raises_a_key_error, max_retries=0)
     assert (job.status, job.last_error_code) == ("failed", "UNEXPECTED_KeyError")
-    assert moved("jobs_failed_total", type="cam", error_code="UNEXPECTED") == 1
-    assert moved("jobs_failed_total", type="cam", error_code="UNEXPECTED_KeyError") == 0
+    failed = {"type": "cam", "error_code": "UNEXPECTED", "error_class": "retryable", **CAM}
+    assert moved("jobs_failed_total", **failed) == 1
+    assert moved.across("jobs_failed_total", error_code="UNEXPECTED_KeyError") == 0
 
 
 def test_error_code_labels_are_bounded(monkeypatch):
