@@ -30,8 +30,13 @@ class Ctx:
         self.job_id = uuid.uuid4()
         self.idempotency_key = str(self.job_id)
         self.attempt = 1
+        self.job_type = "test"
         self.progress_calls = []
         self.cancel_after = None
+        self.artefacts = {}
+
+    def save_artefact(self, kind, name, data, content_type="application/octet-stream"):
+        self.artefacts[(kind, name)] = (data, content_type)
 
     def progress(self, percent, step=None, message=None):
         self.progress_calls.append((percent, step))
