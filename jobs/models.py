@@ -88,6 +88,10 @@ class Job(models.Model):
     progress_step = models.CharField(max_length=200, null=True, blank=True)
     progress_message = models.TextField(null=True, blank=True)
     progress_updated_at = models.DateTimeField(null=True, blank=True)
+    # The progress value's metrics (`ctx.progress(..., metrics=...)`, bounded by
+    # jobs.domain.progress): name -> number; NULL when the value carried none. Never in
+    # the `progress` audit entry: hashed payloads carry no floats.
+    progress_metrics = models.JSONField(null=True, blank=True)
     last_error_code = models.CharField(max_length=64, null=True, blank=True)
     last_error_message = models.TextField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
