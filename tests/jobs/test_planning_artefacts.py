@@ -1,4 +1,4 @@
-"""The planning types' results as artefacts (docs/architecture.md#reference-handlers):
+"""The planning types' results as artefacts (docs/architecture.md#planning-artefacts):
 `model`, `cam` and `sim` each write one JSON artefact, the job's result, that the API and
 the portal list and serve as they do `report`'s, and a retried attempt replaces it."""
 
