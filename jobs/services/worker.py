@@ -21,6 +21,7 @@ from core.db import execute_prepared
 from core.json import json_problem
 from jobs.domain.errors import ResultInvalidError
 from jobs.domain.exceptions import JobLost
+from jobs.domain.progress import metrics_checked
 from jobs.domain.states import Status
 from jobs.integrations import metrics
 from jobs.models import Job
@@ -178,8 +179,8 @@ def job_progress_write(
     """Write one (coalesced) progress value and audit it, fenced, in one statement;
     bumps `version` (the ETag moves). The entry records the percent the row holds
     after the write (progress never goes back within the attempt); `measured`, its
-    metrics as the caller checked them (jobs.domain.progress), go on the row only."""
-    value = Progress(max(0, min(100, int(percent))), step, message, measured or None)
+    metrics, go on the row only (bounded: ProgressMetricsError, jobs.domain.progress)."""
+    value = Progress(max(0, min(100, int(percent))), step, message, metrics_checked(measured))
     if not job_progress_audit(job_id=job_id, fence=fence, progress=value, actor=WORKER):
         raise _lost(job_id, fence)
     transaction.on_commit(metrics.PROGRESS_UPDATE.inc)

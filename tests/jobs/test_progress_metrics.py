@@ -16,7 +16,7 @@ from jobs.domain import progress as bounds
 from jobs.domain.errors import FatalError, ProgressMetricsError
 from jobs.models import Job
 from jobs.processes.runtime import JobContext, job_execute
-from jobs.services import job_claim, job_retry, job_succeed
+from jobs.services import job_claim, job_progress_write, job_retry, job_succeed
 from tests.factories import client_for, fence_of, job_in_state
 from tests.processes import scripted_table
 
@@ -67,6 +67,16 @@ def test_metrics_beyond_their_bounds_are_refused_and_nothing_is_written(settings
     assert (row.progress_percent, row.progress_step, row.progress_metrics) == (0, None, None)
     assert row.version == job.version and progress_entries(job.id) == []
     assert ctx.take_pending_progress() is None  # nothing of the refused value kept
+
+
+def test_the_service_bounds_metrics_too_whoever_calls_it():
+    job = job_in_state("running", worker="w1")
+    with pytest.raises(ProgressMetricsError, match="finite"):
+        job_progress_write(
+            job_id=job.id, fence=fence_of(job), percent=5, step=None, message=None,
+            measured={"loss": float("nan")},
+        )  # fmt: skip
+    assert Job.objects.get(id=job.id).version == job.version
 
 
 def test_metrics_over_4_kb_of_json_are_refused(settings, monkeypatch):
