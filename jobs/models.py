@@ -73,9 +73,8 @@ class Job(models.Model):
     # Until when the key deduplicates; after it the dispatcher's release_keys step
     # releases the key (jobs/services/keys.py).
     idempotency_expires_at = models.DateTimeField(null=True, blank=True)
-    # The key's latest repeat (a create that returned this job), to the second; NULL:
-    # none since its creation, which is when the key was first seen
-    # (docs/api.md#idempotency).
+    # The key's latest repeat (a create that returned this job), to the second; NULL: none
+    # since its creation, which is when the key was first seen (docs/api.md#idempotency).
     idempotency_last_seen_at = models.DateTimeField(null=True, blank=True)
     # 0-9, higher first (docs/operator-controls.md#priority): the order in which the
     # dispatcher takes a queue's pending jobs into its broker window (quorum queues
@@ -88,6 +87,7 @@ class Job(models.Model):
     progress_step = models.CharField(max_length=200, null=True, blank=True)
     progress_message = models.TextField(null=True, blank=True)
     progress_updated_at = models.DateTimeField(null=True, blank=True)
+    progress_metrics = models.JSONField(null=True, blank=True)  # jobs.domain.progress
     last_error_code = models.CharField(max_length=64, null=True, blank=True)
     last_error_message = models.TextField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)

@@ -32,6 +32,12 @@ class ProgressSerializer(serializers.Serializer):
         help_text="The attempt this progress belongs to (out of the job's max_attempts); "
         "null before the first attempt.",
     )
+    metrics = serializers.DictField(
+        child=serializers.FloatField(),
+        allow_null=True,
+        help_text="The progress value's numbers, as its handler reported them (at most 20 "
+        "names of at most 64 characters, each a finite number); null when it reported none.",
+    )
 
 
 class LastErrorSerializer(serializers.Serializer):

@@ -106,6 +106,13 @@ class ResultInvalidError(FatalError):
     code = "RESULT_INVALID"
 
 
+class ProgressMetricsError(FatalError):
+    """A handler passed `ctx.progress(..., metrics=...)` what the bounds refuse
+    (jobs.domain.progress): a mistake in the handler, which no retry corrects."""
+
+    code = "PROGRESS_METRICS_INVALID"
+
+
 class JobCancelled(Exception):
     """Raised by ctx.check_cancel(): the job ends `cancelled`, never retried."""
 

@@ -8,12 +8,14 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import IO, Any
 
 from django.conf import settings
 
 from jobs.domain.errors import JobCancelled
 from jobs.domain.exceptions import JobLost
+from jobs.domain.progress import metrics_checked
 from jobs.models import Artefact, Job
 from jobs.services import Fence, artefact_save, job_lock_state, job_progress_write
 
@@ -66,14 +68,29 @@ class JobContext:
         return self._project_id
 
     # --- the handler API ------------------------------------------------------------
-    def progress(self, percent: float, step: str | None = None, message: str | None = None) -> None:
+    def progress(
+        self,
+        percent: float,
+        step: str | None = None,
+        message: str | None = None,
+        *,
+        metrics: Mapping[str, int | float] | None = None,
+    ) -> None:
         """Report progress: monotonic within the attempt (never goes back; the claim
         started it from zero), coalesced to one write per JOBOPS_PROGRESS_INTERVAL_SECONDS;
-        the last value is always flushed with the final transition."""
+        the last value is always flushed with the final transition. `metrics`: the
+        moment's numbers (name -> int or float), shown with the progress and stored on
+        the job row, not in the audit entry; bounded by jobs.domain.progress, which
+        raises ProgressMetricsError (the job fails, not the worker) before anything of
+        this value is kept."""
+        checked = metrics_checked(metrics)
         self._ensure_alive()
         with self._lock:
             self._percent = max(self._percent, max(0, min(100, int(percent))))
-            self._pending = {"percent": self._percent, "step": step, "message": message}
+            value: dict[str, Any] = {"percent": self._percent, "step": step, "message": message}
+            if checked:
+                value["metrics"] = checked
+            self._pending = value
         self._flush_if_due()
 
     def check_cancel(self) -> None:
@@ -125,7 +142,14 @@ class JobContext:
             value, self._pending = self._pending, None
             self._last_write = time.monotonic()
         try:
-            job_progress_write(job_id=self.job_id, fence=self._fence, **value)
+            job_progress_write(
+                job_id=self.job_id,
+                fence=self._fence,
+                percent=value["percent"],
+                step=value["step"],
+                message=value["message"],
+                measured=value.get("metrics"),
+            )
         except JobLost:
             self._lost.set()
             raise

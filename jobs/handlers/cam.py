@@ -12,6 +12,7 @@ from typing import Any
 
 from jobs.domain.params import cam_passes
 from jobs.errors import JobValidationError
+from jobs.handlers.planning import result_artefact
 
 
 def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -25,4 +26,6 @@ def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
     # Each pass cuts the inner width; between passes the tool steps over by `spacing`.
     length = passes * inner_w + (passes - 1) * spacing
     ctx.progress(90, step="toolpath")
-    return {"passes": passes, "length": round(length, 6), "points": 2 * passes}
+    return result_artefact(
+        ctx, {"passes": passes, "length": round(length, 6), "points": 2 * passes}
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.errors import JobValidationError
+from jobs.handlers.planning import result_artefact
 
 
 def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -22,4 +23,4 @@ def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
     ss_tot = sum((y - mean_y) ** 2 for _, y in points)
     ss_res = sum((y - (slope * x + intercept)) ** 2 for x, y in points)
     r2 = 1.0 if ss_tot == 0 else 1 - ss_res / ss_tot
-    return {"slope": slope, "intercept": intercept, "r2": r2, "n": n}
+    return result_artefact(ctx, {"slope": slope, "intercept": intercept, "r2": r2, "n": n})

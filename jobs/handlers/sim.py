@@ -6,6 +6,8 @@ import random
 import time
 from typing import Any
 
+from jobs.handlers.planning import result_artefact
+
 
 def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
     steps, step_seconds = params["steps"], params["step_seconds"]
@@ -20,4 +22,6 @@ def run(ctx: Any, params: dict[str, Any]) -> dict[str, Any]:
             time.sleep(step_seconds)
         ctx.progress(100 * step // steps, step=f"{step}/{steps}", message=f"x={position:.3f}")
     mean = total / steps
-    return {"steps": steps, "final": round(position, 6), "mean": round(mean, 6)}
+    return result_artefact(
+        ctx, {"steps": steps, "final": round(position, 6), "mean": round(mean, 6)}
+    )

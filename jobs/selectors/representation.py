@@ -32,6 +32,7 @@ def job_progress(job: Job) -> dict[str, Any]:
         "message": job.progress_message,
         "updated_at": _datetime(job.progress_updated_at),
         "attempt": job.progress_attempt,
+        "metrics": job.progress_metrics,
     }
 
 

@@ -232,7 +232,7 @@ def jobs_fail_fenced_with_dead_letters(
 ) -> list[Job]:
     """`job_fail_with_dead_letter` of a batch of runs of the lock holder `locked_by`,
     each fenced by its own attempt: each failure's last progress value is written first
-    (one jobs_progress for those that carry one: its `progress` entry), then one
+    (one jobs_progress_with_metrics for those that carry one: its `progress` entry), then one
     jobs_fail_fenced fails them all into their queues' DLQs, each with its error and
     entry, and one insert opens their dead letters (no broker copy: the database row
     is the dead letter; a Celery delivery rejects its message after the commit, and the
@@ -245,7 +245,7 @@ def jobs_fail_fenced_with_dead_letters(
         flushed = [(f, p) for f, p in values if p is not None]
         if flushed:
             rows = change(
-                "jobs_progress",
+                "jobs_progress_with_metrics",
                 job_ids=[f.job_id for f, _ in flushed],
                 actor=actor,
                 attempts=[f.attempt for f, _ in flushed],
@@ -253,6 +253,7 @@ def jobs_fail_fenced_with_dead_letters(
                 percents=[p.percent for _, p in flushed],
                 steps=[p.step for _, p in flushed],
                 messages=[p.message for _, p in flushed],
+                metrics=[p.metrics for _, p in flushed],
             )
             for _ in rows:
                 transaction.on_commit(metrics.PROGRESS_UPDATE.inc)

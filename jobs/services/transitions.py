@@ -43,18 +43,32 @@ class Fence:
 
 @dataclass(frozen=True)
 class Progress:
-    """A progress value {percent, step, message}; written monotonically."""
+    """A progress value {percent, step, message, metrics}; its percent written
+    monotonically, the rest replacing the row's. `metrics` as jobs.domain.progress
+    checked them (None: none)."""
 
     percent: int
     step: str | None = None
     message: str | None = None
+    metrics: dict[str, int | float] | None = None
 
     @classmethod
     def from_value(cls, value: dict[str, Any] | None) -> Progress | None:
         if not value:
             return None
         percent = max(0, min(100, int(value["percent"])))
-        return cls(percent, value.get("step"), value.get("message"))
+        return cls(percent, value.get("step"), value.get("message"), value.get("metrics"))
+
+    def as_value(self) -> dict[str, Any]:
+        """As the final transitions take it (`p_progress`): metrics only when there are."""
+        value: dict[str, Any] = {
+            "percent": self.percent,
+            "step": self.step,
+            "message": self.message,
+        }
+        if self.metrics:
+            value["metrics"] = self.metrics
+        return value
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,19 @@ KINDS: dict[str, Kind] = {
             None,
             _RUNNING,
             (*_FENCED, ("percents", "int[]"), ("steps", "text[]"), ("messages", "text[]")),
+            "progress",
+        ),
+        _K(
+            "jobs_progress_with_metrics",
+            None,
+            _RUNNING,
+            (
+                *_FENCED,
+                ("percents", "int[]"),
+                ("steps", "text[]"),
+                ("messages", "text[]"),
+                ("metrics", "jsonb[]"),
+            ),
             "progress",
         ),
         _K(
@@ -380,9 +407,10 @@ def job_progress_audit(
 ) -> bool:
     """Write a progress value while `fence` holds, monotonically, moving the version,
     with its `progress` entry (which records the percent the row holds after the
-    write), in one statement. False when the fence no longer holds (nothing written)."""
+    write; its metrics go on the row only), in one statement. False when the fence no
+    longer holds (nothing written)."""
     rows = change(
-        "jobs_progress",
+        "jobs_progress_with_metrics",
         job_ids=[job_id],
         actor=actor,
         attempts=[fence.attempt],
@@ -390,6 +418,7 @@ def job_progress_audit(
         percents=[progress.percent],
         steps=[progress.step],
         messages=[progress.message],
+        metrics=[progress.metrics],
     )
     return bool(rows)
 

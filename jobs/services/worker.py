@@ -21,6 +21,7 @@ from core.db import execute_prepared
 from core.json import json_problem
 from jobs.domain.errors import ResultInvalidError
 from jobs.domain.exceptions import JobLost
+from jobs.domain.progress import metrics_checked
 from jobs.domain.states import Status
 from jobs.integrations import metrics
 from jobs.models import Job
@@ -167,12 +168,19 @@ def job_worker_lock(*, job_id: uuid.UUID | str, fence: Fence) -> None:
 
 
 def job_progress_write(
-    *, job_id: uuid.UUID | str, fence: Fence, percent: int, step: str | None, message: str | None
+    *,
+    job_id: uuid.UUID | str,
+    fence: Fence,
+    percent: int,
+    step: str | None,
+    message: str | None,
+    measured: dict[str, int | float] | None = None,
 ) -> None:
     """Write one (coalesced) progress value and audit it, fenced, in one statement;
     bumps `version` (the ETag moves). The entry records the percent the row holds
-    after the write (progress never goes back within the attempt)."""
-    value = Progress(max(0, min(100, int(percent))), step, message)
+    after the write (progress never goes back within the attempt); `measured`, its
+    metrics, go on the row only (bounded: ProgressMetricsError, jobs.domain.progress)."""
+    value = Progress(max(0, min(100, int(percent))), step, message, metrics_checked(measured))
     if not job_progress_audit(job_id=job_id, fence=fence, progress=value, actor=WORKER):
         raise _lost(job_id, fence)
     transaction.on_commit(metrics.PROGRESS_UPDATE.inc)
@@ -261,11 +269,10 @@ def _one(job_id: uuid.UUID | str, fence: Fence, written: list[Job]) -> Job:
 
 
 def _progress(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A last progress value as the functions take it (percent, step, message), or None."""
+    """A last progress value as the functions take it (percent, step, message and its
+    metrics, if any), or None."""
     progress = Progress.from_value(value)
-    if progress is None:
-        return None
-    return {"percent": progress.percent, "step": progress.step, "message": progress.message}
+    return None if progress is None else progress.as_value()
 
 
 def _flushed(

@@ -94,6 +94,7 @@ BEGIN
             progress_step = NULL,
             progress_message = NULL,
             progress_updated_at = NULL,
+            progress_metrics = NULL,
             audit_seq = jobs.audit_seq + 1,
             audit_head = audit_chain_hash(locked.audit_head, locked.payload)
         FROM locked
@@ -169,6 +170,7 @@ BEGIN
             progress_step = NULL,
             progress_message = NULL,
             progress_updated_at = NULL,
+            progress_metrics = NULL,
             audit_seq = jobs.audit_seq + 1,
             audit_head = audit_chain_hash(locked.audit_head, locked.payload)
         FROM locked
@@ -248,8 +250,72 @@ END;
 $$;
 
 
+-- jobs_progress with the value's metrics (`p_metrics`: name -> number, NULL: none),
+-- which replace the row's as its step and message do. The `progress` entry is
+-- jobs_progress's: the metrics stay on the row, out of the hashed payload (it carries
+-- no floats). No event either: progress changes no status. jobs_progress stays one
+-- release for the processes of the previous one (docs/operations/upgrading.md).
+CREATE OR REPLACE FUNCTION jobs_progress_with_metrics(
+    p_ids uuid[], p_attempts int[], p_locked_by text, p_percents int[], p_steps text[],
+    p_messages text[], p_metrics jsonb[], p_data jsonb[], p_actor_type text,
+    p_actor_id text, p_ts text, p_request_id text
+) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    s_running CONSTANT text := 'running';
+BEGIN
+    RETURN QUERY
+    WITH locked AS (
+        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
+               i.percent, i.step, i.message, i.metrics,
+               jobs_entry_payload(
+                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
+                   jobs.project_id,
+                   jsonb_build_object(
+                       'percent', GREATEST(jobs.progress_percent, i.percent), 'step', i.step,
+                       'attempt', jobs.attempts
+                   ) || i.data,
+                   'progress', p_actor_type, p_actor_id, p_ts, p_request_id
+               ) AS payload
+        FROM (SELECT * FROM unnest(p_ids, p_attempts, p_percents, p_steps, p_messages,
+                                   p_metrics, p_data)
+              AS u(id, attempt, percent, step, message, metrics, data) ORDER BY u.id) AS i
+        CROSS JOIN LATERAL (
+            SELECT * FROM jobs
+            WHERE jobs.id = i.id
+              AND jobs.status = s_running AND jobs.locked_by = p_locked_by
+              AND jobs.attempts = i.attempt
+            FOR UPDATE
+        ) AS jobs
+    ),
+    upd AS (
+        UPDATE jobs SET
+            version = jobs.version + 1,
+            updated_at = now(),
+            progress_percent = GREATEST(jobs.progress_percent, locked.percent),
+            progress_step = locked.step,
+            progress_message = locked.message,
+            progress_metrics = locked.metrics,
+            progress_updated_at = now(),
+            audit_seq = jobs.audit_seq + 1,
+            audit_head = audit_chain_hash(locked.audit_head, locked.payload)
+        FROM locked
+        WHERE jobs.id = locked.id
+        RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
+                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
+                  jobs.id AS job_id, jobs.audit_seq AS seq
+    )
+    SELECT upd.status_from, upd.next_run_from, upd.job
+    FROM upd
+    WHERE (SELECT audit_append_job_entries(
+               array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
+               'progress', p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
+END;
+$$;
+
+
 -- `running` -> `succeeded` by the lock holder, with its result; progress 100 % (with the
--- last progress value's step and message, `p_progress`, when there is one).
+-- last progress value's step, message and metrics, `p_progress`, when there is one).
 CREATE OR REPLACE FUNCTION jobs_succeed(
     p_ids uuid[], p_attempts int[], p_locked_by text, p_results jsonb[],
     p_progress jsonb[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
@@ -296,6 +362,8 @@ BEGIN
                 ELSE locked.progress->>'step' END,
             progress_message = CASE WHEN locked.progress IS NULL THEN jobs.progress_message
                 ELSE locked.progress->>'message' END,
+            progress_metrics = CASE WHEN locked.progress IS NULL THEN jobs.progress_metrics
+                ELSE locked.progress->'metrics' END,
             progress_updated_at = now(),
             audit_seq = jobs.audit_seq + 1,
             audit_head = audit_chain_hash(locked.audit_head, locked.payload)
@@ -366,6 +434,8 @@ BEGIN
                 ELSE locked.progress->>'step' END,
             progress_message = CASE WHEN locked.progress IS NULL THEN jobs.progress_message
                 ELSE locked.progress->>'message' END,
+            progress_metrics = CASE WHEN locked.progress IS NULL THEN jobs.progress_metrics
+                ELSE locked.progress->'metrics' END,
             progress_updated_at = CASE WHEN locked.progress IS NULL THEN jobs.progress_updated_at
                 ELSE now() END,
             audit_seq = jobs.audit_seq + 1,
@@ -438,6 +508,8 @@ BEGIN
                 ELSE locked.progress->>'step' END,
             progress_message = CASE WHEN locked.progress IS NULL THEN jobs.progress_message
                 ELSE locked.progress->>'message' END,
+            progress_metrics = CASE WHEN locked.progress IS NULL THEN jobs.progress_metrics
+                ELSE locked.progress->'metrics' END,
             progress_updated_at = CASE WHEN locked.progress IS NULL THEN jobs.progress_updated_at
                 ELSE now() END,
             max_attempts = jobs.max_attempts + (locked.data->>'attempts_extended')::int,
@@ -505,6 +577,8 @@ BEGIN
                 ELSE locked.progress->>'step' END,
             progress_message = CASE WHEN locked.progress IS NULL THEN jobs.progress_message
                 ELSE locked.progress->>'message' END,
+            progress_metrics = CASE WHEN locked.progress IS NULL THEN jobs.progress_metrics
+                ELSE locked.progress->'metrics' END,
             progress_updated_at = CASE WHEN locked.progress IS NULL THEN jobs.progress_updated_at
                 ELSE now() END,
             audit_seq = jobs.audit_seq + 1,
@@ -1156,6 +1230,7 @@ BEGIN
             progress_percent = 0,
             progress_step = NULL,
             progress_message = NULL,
+            progress_metrics = NULL,
             audit_seq = jobs.audit_seq + 1,
             audit_head = audit_chain_hash(locked.audit_head, locked.payload)
         FROM locked
@@ -1222,6 +1297,7 @@ BEGIN
             progress_percent = 0,
             progress_step = NULL,
             progress_message = NULL,
+            progress_metrics = NULL,
             params = locked.params,
             params_hash = locked.params_hash,
             audit_seq = jobs.audit_seq + 1,

@@ -48,6 +48,11 @@ def test_sim_job_runs_to_succeeded_with_progress_and_audit(shared_worker):
     assert done.attempts == 1 and done.locked_by is None
     assert done.progress_percent == 100 and done.progress_step == "5/5"
     assert done.result["steps"] == 5
+    # Its result as a JSON artefact, written by the worker's process
+    # (docs/architecture.md#planning-artefacts).
+    artefact = done.artefacts.get()
+    assert (artefact.kind, artefact.name) == ("result", "sim.json")
+    assert json.loads(artefact.file.read()) == done.result
     trail = events(job.id)
     assert trail[:3] == ["created", "queued", "started"] and trail[-1] == "succeeded"
     assert "progress" in trail

@@ -72,7 +72,8 @@ def test_create_answers_201_with_location_etag_and_the_job(api):
     assert response["ETag"] == job.etag == f'"{job.id}-{job.version}"'
     assert set(body) == BODY_KEYS
     assert body["progress"] == {
-        "percent": 0, "step": None, "message": None, "updated_at": None, "attempt": None
+        "percent": 0, "step": None, "message": None, "updated_at": None, "attempt": None,
+        "metrics": None,
     }  # fmt: skip
     assert body["artefacts"] == [] and body["last_error"] is None and body["result"] is None
     assert body["idempotency_key"] == "k-1"
@@ -416,7 +417,8 @@ def test_progress_names_the_attempt_it_belongs_to_and_a_retry_starts_from_zero(a
     second = fence_of(job_claim(job_id=job.id, locked_by="w2"))
     progress = api.get(f"{JOBS}/{job.id}").json()["progress"]
     assert progress == {
-        "percent": 0, "step": None, "message": None, "updated_at": None, "attempt": 2
+        "percent": 0, "step": None, "message": None, "updated_at": None, "attempt": 2,
+        "metrics": None,
     }  # fmt: skip
     job_progress_write(job_id=job.id, fence=second, percent=2, step="200/10000", message=None)
     body = api.get(f"{JOBS}/{job.id}").json()

@@ -30,8 +30,13 @@ class Ctx:
         self.job_id = uuid.uuid4()
         self.idempotency_key = str(self.job_id)
         self.attempt = 1
+        self.job_type = "test"
         self.progress_calls = []
         self.cancel_after = None
+        self.artefacts = {}
+
+    def save_artefact(self, kind, name, data, content_type="application/octet-stream"):
+        self.artefacts[(kind, name)] = (data, content_type)
 
     def progress(self, percent, step=None, message=None):
         self.progress_calls.append((percent, step))
@@ -52,9 +57,13 @@ def test_ai_counts_words_sentences_and_finds_keywords():
 
 
 def test_model_fits_a_line_exactly_through_collinear_points():
-    out = model.run(Ctx(), {"points": [[0, 1], [1, 3], [2, 5], [3, 7]]})
+    ctx = Ctx()
+    out = model.run(ctx, {"points": [[0, 1], [1, 3], [2, 5], [3, 7]]})
     assert out["slope"] == pytest.approx(2) and out["intercept"] == pytest.approx(1)
     assert out["r2"] == pytest.approx(1)
+    # The result is also its JSON artefact (docs/architecture.md#planning-artefacts).
+    (data, content_type) = ctx.artefacts[("result", "test.json")]
+    assert content_type == "application/json" and json.loads(data) == out
     with pytest.raises(JobValidationError):
         model.run(Ctx(), {"points": [[1, 1], [1, 2]]})
 
