@@ -16,7 +16,12 @@ from tests.factories import OrganisationFactory, role_user, totp_code, totp_devi
 from tests.polling import wait_for
 from tests.processes import dispatcher_process, free_port, run_manage, run_worker_process
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# A whole deployment (gunicorn, the dispatcher, run_worker) walked through over HTTP:
+# `heavy` (docs/development.md#the-test-budget). make test holds its parts in smaller
+# cases: run_worker without the broker (tests/e2e/test_postgres_executor.py), the API
+# with the broker and Redis off (tests/jobs/test_brokerless.py), these settings starting
+# (tests/test_settings.py::test_postgres_alone_starts_with_every_queue_on_postgres).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.heavy]
 
 QUEUES = ("DEFAULT", "MODEL", "CAM", "SIM", "REPORT", "ERP")
 CREATE_PER_USER = 8

@@ -161,6 +161,10 @@ def _group_alive(pgid: int) -> set[int]:
     return alive
 
 
+# kill -9 of the main process with its children left: `heavy`
+# (docs/development.md#the-test-budget); make test keeps the killed run_worker whose job
+# is reclaimed and runs once more (above).
+@pytest.mark.heavy
 def test_the_pool_children_of_a_killed_run_worker_end_and_its_job_runs_once():
     """kill -9 of run_worker's main process alone (not its group): its pool children, one
     of them blocked in a handler, end within seconds; the job is reclaimed and its

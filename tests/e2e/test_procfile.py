@@ -27,7 +27,11 @@ from tests.polling import wait_for
 from tests.processes import ROOT, Process, free_port, job_finished, subprocess_env
 from tests.queues import topology_declare_and_purge
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Every Procfile entry at once under honcho: `heavy` (docs/development.md#the-test-budget).
+# make test starts each kind of process in smaller cases (tests.processes: the
+# dispatcher, Celery workers, run_worker, gunicorn), and a dispatcher without its metrics
+# directory (tests/core/test_metrics_dir.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.heavy]
 
 ROLES = ("web", "worker_long", "worker_light", "dispatcher", "publisher")
 

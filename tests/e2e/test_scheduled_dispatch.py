@@ -22,7 +22,14 @@ from tests.processes import (
 )
 from tests.queues import topology_declare_and_purge
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
+# A dispatcher restarted under a scheduled job, with a real worker: `heavy`
+# (docs/development.md#the-test-budget). make test holds the step in process: due jobs
+# move to pending, and the step says when to look again (tests/jobs/test_scheduling.py).
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("broker"),
+    pytest.mark.heavy,
+]
 
 # The dispatchers' loop interval: long, so that only the scheduled step's wake-up (the
 # next run_at) can start the job on time.
