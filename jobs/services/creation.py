@@ -99,6 +99,7 @@ def validate_params(
     *,
     owner: Any = None,
     staff: bool = False,
+    org_id: int | None = None,
     readers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Check type and params against the types table; return the params to store.
@@ -106,9 +107,12 @@ def validate_params(
     What is stored (and what the handler receives) is the schema's validated value:
     `{"steps": "20.0"}` becomes `{"steps": 20}`, defaults are filled in.
 
-    `readers`: the params serializers already made for this owner and staff, by type,
-    filled here; a batch passes one dict for all its jobs (DRF deep-copies a
-    serializer's fields for each instance: half of what reading a job cost).
+    `org_id`: the organisation the job goes in (`context["org_id"]`: a schema that names
+    what belongs to an organisation, such as an upload, checks it is this one's).
+
+    `readers`: the params serializers already made for this owner and staff, by type
+    and organisation, filled here; a batch passes one dict for all its jobs (DRF
+    deep-copies a serializer's fields for each instance: half of what reading a job cost).
     """
     spec = get_type(job_type) if isinstance(job_type, str) else None
     if spec is None:
@@ -130,15 +134,16 @@ def validate_params(
             f"params exceed {settings.JOBOPS_MAX_PAYLOAD_BYTES} bytes; "
             "pass large inputs by reference"
         )
-    context = {"spec": spec, "owner": owner, "staff": staff}
+    context = {"spec": spec, "owner": owner, "staff": staff, "org_id": org_id}
     if readers is None:
         serializer = spec.load_params_serializer()(data=params, context=context)
         if not serializer.is_valid():
             raise JobParamsInvalidError(details=serializer.errors)
         return dict(serializer.validated_data)
-    reader = readers.get(spec.name)
+    reader_key = f"{spec.name}:{org_id}"  # a batch may place its jobs in several
+    reader = readers.get(reader_key)
     if reader is None:
-        reader = readers[spec.name] = spec.load_params_serializer()(context=context)
+        reader = readers[reader_key] = spec.load_params_serializer()(context=context)
     try:
         return dict(reader.run_validation(params))
     except ValidationError as exc:  # what is_valid() keeps as the errors
@@ -203,7 +208,14 @@ def job_candidate(
     item of a batch create (jobs.services.batch_creation), which passes `readers`
     (validate_params)."""
     owner, job_type, staff = request["owner"], request["job_type"], request.get("staff", False)
-    params = validate_params(job_type, request["params"], owner=owner, staff=staff, readers=readers)
+    params = validate_params(
+        job_type,
+        request["params"],
+        owner=owner,
+        staff=staff,
+        org_id=placement.org_id,
+        readers=readers,
+    )
     priority = validate_priority(request.get("priority", DEFAULT_PRIORITY), staff=staff)
     idempotency_key = validate_idempotency_key(request.get("idempotency_key"))
     run_at = validate_run_at(request.get("run_at"), now=now)
