@@ -133,10 +133,9 @@ def test_an_upload_without_a_file_or_with_an_unknown_field_is_400(api):
 def test_an_upload_needs_credentials_and_the_jobs_write_scope():
     assert upload(APIClient()).status_code == 401
     user = UserFactory()
+    reader = token_create(user=user, name="ro", scopes=[Scope.JOBS_READ]).key
     client = APIClient()
-    client.credentials(
-        HTTP_AUTHORIZATION=f"Token {token_create(user=user, name='ro', scopes=[Scope.JOBS_READ]).key}"
-    )
+    client.credentials(HTTP_AUTHORIZATION=f"Token {reader}")
     refused = upload(client)
     assert refused.status_code == 403
     assert refused.json()["error"]["details"]["required_scope"] == Scope.JOBS_WRITE
