@@ -57,7 +57,8 @@ ERRORS: ErrorTable = {
         "ERR-JOB-422: params do not match the type's schema (per-field details). "
         "ERR-JOB-IDEMPOTENCY-MISMATCH: the key was used before with another type or params. "
         "ERR-TENANT-422: no organisation named by a caller in several, or one that is not "
-        "the caller's, or a project of another organisation.",
+        "the caller's, or a project of another organisation. ERR-JOB-422 (upload): a "
+        "file that says nothing of its type (no Content-Type, extension or format).",
         ["ERR-JOB-422", "ERR-JOB-IDEMPOTENCY-MISMATCH", "ERR-TENANT-422"],
     ),
     429: (

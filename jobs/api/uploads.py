@@ -11,18 +11,18 @@ from django.conf import settings
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiRequest, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.docs import REQUEST_ID, response_header
+from core.api.parsers import json_body
 from core.api.serializers import ClosedSerializer, StrictCharField
 from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.throttles import JobCreateThrottle
 from jobs.api.views import RateLimitedApi, refuse_large_body
-from jobs.domain.uploads import UPLOAD_FORMATS
+from jobs.domain.uploads import FORMAT_MEDIA_TYPES, UPLOAD_FORMATS
 from jobs.models import Upload
 from jobs.selectors.uploads import upload_get_for_user
 from jobs.services.uploads import upload_create
@@ -61,6 +61,35 @@ def upload_body(upload: Upload) -> dict[str, Any]:
     }
 
 
+# The multipart body as the OpenAPI schema states it (UploadInputSerializer reads it).
+UPLOAD_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "file": {
+            "type": "string",
+            "format": "binary",
+            "description": f"The input, labelled as one of: {', '.join(UPLOAD_FORMATS)} "
+            "(the part's own Content-Type; see `format` for an unlabelled one), at most "
+            "JOBOPS_UPLOAD_MAX_BYTES.",
+        },
+        "org": {
+            "type": "string",
+            "maxLength": 64,
+            "description": "The organisation's slug; needed only by a caller in several.",
+        },
+        "format": {
+            "type": "string",
+            "enum": sorted(FORMAT_MEDIA_TYPES),
+            "description": "What the file holds, for a part without its own Content-Type "
+            "(or application/octet-stream) whose name has no .csv, .jsonl or .ndjson "
+            "extension.",
+        },
+    },
+    "required": ["file"],
+    "additionalProperties": False,
+}
+
+
 class UploadCreateApi(RateLimitedApi):
     """POST /api/v1/uploads: one file, multipart/form-data, counted by the create's rate
     limit (an upload is the first half of a create)."""
@@ -73,21 +102,24 @@ class UploadCreateApi(RateLimitedApi):
     class UploadInputSerializer(ClosedSerializer):
         file = serializers.FileField(
             allow_empty_file=True,
-            help_text=f"The input, as one of: {', '.join(UPLOAD_FORMATS)} (the part's own "
-            "Content-Type), at most JOBOPS_UPLOAD_MAX_BYTES.",
+            help_text="The input (UPLOAD_REQUEST_SCHEMA says what it may be).",
         )
         org = StrictCharField(
             required=False,
             max_length=64,
             help_text="The organisation's slug; needed only by a caller in several.",
         )
+        format = serializers.ChoiceField(choices=sorted(FORMAT_MEDIA_TYPES), required=False)
 
     @extend_schema(
         operation_id="uploads_create",
         summary="Upload an input file (stored with its sha256)",
+        # Inline, not a component: a client generator (and schemathesis) reads the
+        # properties of a multipart body only from an inline schema, and sends `file`
+        # as a file (with a file name) only when it sees its binary format.
         request={
             "multipart/form-data": OpenApiRequest(
-                UploadInputSerializer,
+                UPLOAD_REQUEST_SCHEMA,
                 encoding={"file": {"contentType": ", ".join(UPLOAD_FORMATS)}},
             )
         },
@@ -104,13 +136,13 @@ class UploadCreateApi(RateLimitedApi):
     def post(self, request: Request) -> Response:
         """The throttle has counted the request; 1. size check before parsing (413,
         unread); 2. multipart only (415); 3. the organisation, as a create finds it;
-        4. store through the service (415 for a file type not accepted, 413 for a file
-        larger than its Content-Length said)."""
+        4. store through the service (415 for a file type not accepted, 422 for one
+        that says nothing of its type, 413 for a file larger than allowed)."""
         limit = settings.JOBOPS_UPLOAD_MAX_BYTES
         refuse_large_body(request, limit=limit + MULTIPART_OVERHEAD)
-        if request.negotiator.select_parser(request, request.parsers) is None:
-            raise UnsupportedMediaType(request.content_type)
-        serializer = self.UploadInputSerializer(data=request.data)
+        # As for JSON bodies: a labelled body the view does not parse is 415, an empty
+        # unlabelled one reads as no fields (400, naming `file`).
+        serializer = self.UploadInputSerializer(data=json_body(request))
         serializer.is_valid(raise_exception=True)
         uploaded = serializer.validated_data["file"]
         placement = placement_for(request.user, org=serializer.validated_data.get("org"))
@@ -122,6 +154,7 @@ class UploadCreateApi(RateLimitedApi):
             content_type=uploaded.content_type,
             size=uploaded.size,
             actor=actor_for(request.user),
+            file_format=serializer.validated_data.get("format"),
         )
         location = request.build_absolute_uri(
             reverse("api:upload-detail", kwargs={"upload_id": upload.id})

@@ -227,3 +227,11 @@ class UploadMediaTypeError(ApplicationError):
 
     code = "ERR-HTTP-415"
     http_status = 415
+
+
+class UploadFormatUnknownError(ApplicationError):
+    """An uploaded file that says nothing of its type (unlabelled, no known extension, no
+    `format`), or says two different things."""
+
+    code = "ERR-JOB-422"
+    http_status = 422

@@ -10,6 +10,16 @@ UPLOAD_FORMATS: dict[str, str] = {
     "application/x-ndjson": "jsonl",
     "application/jsonl": "jsonl",
 }
+# A part that says nothing of its type (no Content-Type, or the application/octet-stream
+# that curl and most clients send for a file they do not know) is read as the upload's
+# `format` field says, else as its file name's extension says; else it is a 422.
+UNLABELLED = frozenset({"", "application/octet-stream"})
+FORMAT_MEDIA_TYPES: dict[str, str] = {"csv": "text/csv", "jsonl": "application/jsonl"}
+UPLOAD_EXTENSIONS: dict[str, str] = {
+    ".csv": "text/csv",
+    ".jsonl": "application/jsonl",
+    ".ndjson": "application/x-ndjson",
+}
 # The storage key of an upload's bytes: beside the artefacts, in a folder of their own
 # that the artefact orphan sweep does not walk.
 UPLOAD_PREFIX = "uploads"

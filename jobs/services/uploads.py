@@ -17,6 +17,7 @@ names it.
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
 from datetime import timedelta
 from typing import IO, Any, cast
@@ -33,9 +34,16 @@ from jobs.domain.errors import UploadChecksumError, UploadMissingError
 from jobs.domain.exceptions import (
     ArtefactStorageUnavailableError,
     PayloadTooLargeError,
+    UploadFormatUnknownError,
     UploadMediaTypeError,
 )
-from jobs.domain.uploads import UPLOAD_FORMATS, upload_key
+from jobs.domain.uploads import (
+    FORMAT_MEDIA_TYPES,
+    UNLABELLED,
+    UPLOAD_EXTENSIONS,
+    UPLOAD_FORMATS,
+    upload_key,
+)
 from jobs.models import Upload
 from jobs.queries import QUERIES
 from jobs.services.artefacts import StorageUnavailableError
@@ -52,17 +60,41 @@ SWEEP_GRACE = timedelta(minutes=5)
 _CHUNK = 64 * 1024
 
 
-def upload_media_type(content_type: str | None) -> str:
-    """The media type of an uploaded part (its parameters, such as charset, aside), if
-    an upload accepts it (UPLOAD_FORMATS); UploadMediaTypeError (415) else."""
+def upload_media_type(
+    *, content_type: str | None, name: str, file_format: str | None = None
+) -> str:
+    """The media type an upload is stored as (a key of UPLOAD_FORMATS).
+
+    1. The part's own Content-Type, its parameters (charset) aside, when it is one an
+       upload accepts; a `file_format` that says otherwise is a 422.
+    2. A part labelled with any other type is 415 (UploadMediaTypeError).
+    3. An unlabelled part (UNLABELLED): the `file_format` field's type, else its file
+       name extension's; else 422 (UploadFormatUnknownError): nothing says what it holds.
+    """
     media_type = (content_type or "").split(";", 1)[0].strip().lower()
-    if media_type not in UPLOAD_FORMATS:
+    accepted = ", ".join(UPLOAD_FORMATS)
+    if media_type in UPLOAD_FORMATS:
+        if file_format is not None and UPLOAD_FORMATS[media_type] != file_format:
+            raise UploadFormatUnknownError(
+                f"The file is labelled {media_type} but `format` says {file_format}.",
+                details={"format": [f"The file part says {UPLOAD_FORMATS[media_type]}."]},
+            )
+        return media_type
+    if media_type not in UNLABELLED:
         raise UploadMediaTypeError(
-            f"An upload is one of {', '.join(UPLOAD_FORMATS)}; this file is "
-            f"{media_type or 'unlabelled'}.",
-            details={"content_type": [f"One of: {', '.join(UPLOAD_FORMATS)}."]},
+            f"An upload is one of {accepted}; this file is {media_type}.",
+            details={"content_type": [f"One of: {accepted}."]},
         )
-    return media_type
+    if file_format is not None:
+        return FORMAT_MEDIA_TYPES[file_format]
+    extension = os.path.splitext(name)[1].lower()
+    if extension in UPLOAD_EXTENSIONS:
+        return UPLOAD_EXTENSIONS[extension]
+    raise UploadFormatUnknownError(
+        "Nothing says what the file holds: label its part with one of "
+        f"{accepted}, name it *{', *'.join(UPLOAD_EXTENSIONS)}, or send `format`.",
+        details={"format": [f"One of: {', '.join(FORMAT_MEDIA_TYPES)}."]},
+    )
 
 
 def upload_size_check(size: int | None) -> None:
@@ -84,17 +116,19 @@ def upload_create(
     content_type: str | None,
     size: int | None,
     actor: Actor,
+    file_format: str | None = None,
 ) -> Upload:
     """Store `source` (from its start) as an upload of organisation `org_id`.
 
-    1. Refuse what is not accepted before anything is written: a media type outside
-       UPLOAD_FORMATS (415), more than JOBOPS_UPLOAD_MAX_BYTES (413).
+    1. Refuse what is not accepted before anything is written: a type outside
+       UPLOAD_FORMATS (415) or none at all (422; upload_media_type), more than
+       JOBOPS_UPLOAD_MAX_BYTES (413).
     2. Write the bytes under uploads/<org>/<id>; the sha256 and size come from the one
        read the write makes (DigestingReader). A storage that fails is 503, nothing kept.
     3. One transaction: the row and its `upload_created` ops entry (ids, sha256 and
        size; not the file name, which the client chose). If it fails, the bytes go.
     """
-    media_type = upload_media_type(content_type)
+    media_type = upload_media_type(content_type=content_type, name=name, file_format=file_format)
     upload_size_check(size)
     upload_id = uuid.uuid4()
     reader = DigestingReader(source)

@@ -33,8 +33,14 @@ CSV = b"sku,qty\nA-1,3\nB-2,5\nC-3,1\n"
 pytestmark = pytest.mark.django_db
 
 
-def upload(client: APIClient, data: bytes = CSV, content_type: str = "text/csv", **fields):
-    part = SimpleUploadedFile("stock.csv", data, content_type=content_type)
+def upload(
+    client: APIClient,
+    data: bytes = CSV,
+    content_type: str = "text/csv",
+    name: str = "stock.csv",
+    **fields,
+):
+    part = SimpleUploadedFile(name, data, content_type=content_type)
     return client.post(UPLOADS, {"file": part, **fields}, format="multipart")
 
 
@@ -122,6 +128,22 @@ def test_a_file_of_a_type_not_accepted_is_415_and_nothing_is_stored(api):
 def test_a_charset_parameter_is_allowed(api):
     response = upload(api, content_type="text/csv; charset=utf-8")
     assert response.status_code == 201 and response.json()["content_type"] == "text/csv"
+
+
+def test_an_unlabelled_file_is_read_as_its_format_field_or_extension_says(api):
+    # The test client labels a part it cannot guess application/octet-stream, as curl does.
+    by_name = upload(api, content_type="", name="stock.csv")
+    assert by_name.status_code == 201 and by_name.json()["content_type"] == "text/csv"
+    by_field = upload(api, content_type="", name="export", format="jsonl")
+    assert by_field.status_code == 201
+    assert by_field.json()["content_type"] == "application/jsonl"
+    unknown = upload(api, content_type="", name="export")
+    assert unknown.status_code == 422
+    assert unknown.json()["error"]["code"] == "ERR-JOB-422"
+    assert "format" in unknown.json()["error"]["details"]
+    contradicted = upload(api, content_type="text/csv", format="jsonl")
+    assert contradicted.status_code == 422
+    assert Upload.objects.count() == 2
 
 
 def test_an_upload_without_a_file_or_with_an_unknown_field_is_400(api):
