@@ -294,3 +294,34 @@ def test_the_sweep_leaves_an_upload_within_the_grace_after_its_expiry(api):
     _expire(upload_id, ago=timedelta(seconds=10))
     assert purge_extras()["uploads"] == 0
     assert Upload.objects.filter(id=upload_id).exists()
+
+
+def test_a_batch_checks_each_items_upload_against_that_items_organisation():
+    user = UserFactory()  # of the default organisation
+    second = OrganisationFactory()
+    Membership.objects.create(user=user, organisation=second, role="member")
+    client = client_for(user)
+    ours = upload(client, org="default").json()["id"]
+    theirs = upload(client, org=second.slug).json()["id"]
+    items = [(ours, "default"), (ours, second.slug), (theirs, second.slug)]
+    body = {
+        "jobs": [
+            {"type": "import", "params": {"upload_id": upload_id}, "org": org}
+            for upload_id, org in items
+        ]
+    }
+    listed = client.post("/api/v1/jobs/batch", body, format="json").json()["results"]
+    assert [r["status"] for r in listed] == ["created", "error", "created"], listed
+    assert listed[1]["error"]["code"] == "ERR-JOB-422"
+    assert "upload_id" in listed[1]["error"]["details"]
+
+
+def test_an_import_reads_an_upload_stored_in_s3_and_refuses_a_changed_object(s3, api):
+    upload_id = upload(api).json()["id"]
+    key = Upload.objects.get(id=upload_id).file.name
+    assert s3.object_bytes(key) == CSV
+    job = run(import_job(api, upload_id).json()["id"])
+    assert (job.status, job.result["records"]) == ("succeeded", 3)
+    s3.client().put_object(Bucket=s3.bucket, Key=key, Body=CSV + b"D-4,9\n")
+    job = run(import_job(api, upload_id).json()["id"])
+    assert (job.status, job.last_error_code) == ("failed", "UPLOAD_CHECKSUM")
