@@ -42,6 +42,7 @@ from jobs.domain.uploads import (
     UNLABELLED,
     UPLOAD_EXTENSIONS,
     UPLOAD_FORMATS,
+    UPLOAD_PREFIX,
     upload_key,
 )
 from jobs.models import Upload
@@ -250,10 +251,47 @@ def uploads_sweep(*, older_than: timedelta | None = None, dry_run: bool = False)
     return swept
 
 
-def _delete_files(names: list[str]) -> None:
-    """Delete these upload objects; a failure is logged (the object stays, its row gone)."""
+def upload_orphans_sweep(*, grace: timedelta) -> int:
+    """Delete the upload objects that no row names and that are older than `grace`
+    (JOBOPS_ARTEFACT_ORPHAN_GRACE): bytes stored by a request that died before its row
+    committed, or whose delete failed after the sweep. Younger ones may belong to an
+    upload in flight. Lists the uploads folder: the purge step runs it with the artefact
+    orphan sweep, at most once per grace period. Returns how many went."""
+    cutoff = timezone.now() - grace
+    try:
+        folders = artefact_storage.listdir(UPLOAD_PREFIX)[0]
+    except STORAGE_ERRORS as exc:  # no folder yet (FileNotFoundError), storage away
+        log.info("upload_sweep_skipped", error=repr(exc))
+        return 0
+    swept = 0
+    for folder in folders:
+        names = [
+            f"{UPLOAD_PREFIX}/{folder}/{name}"
+            for name in artefact_storage.listdir(f"{UPLOAD_PREFIX}/{folder}")[1]
+        ]
+        for start in range(0, len(names), settings.JOBOPS_PURGE_BATCH):
+            chunk = names[start : start + settings.JOBOPS_PURGE_BATCH]
+            known = set(Upload.objects.filter(file__in=chunk).values_list("file", flat=True))
+            swept += _delete_files(
+                [
+                    name
+                    for name in chunk
+                    if name not in known and artefact_storage.get_modified_time(name) < cutoff
+                ]
+            )
+    if swept:
+        log.info("upload_orphans_swept", count=swept)
+    return swept
+
+
+def _delete_files(names: list[str]) -> int:
+    """Delete these upload objects; a failure is logged (the object stays, its row gone:
+    upload_orphans_sweep takes it later). Returns how many went."""
+    deleted = 0
     for name in names:
         try:
             artefact_storage.delete(name)
+            deleted += 1
         except STORAGE_ERRORS as exc:
             log.warning("upload_delete_failed", name=name, error=repr(exc))
+    return deleted

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -21,7 +23,7 @@ from jobs.artefact_storage import artefact_storage
 from jobs.models import Job, Upload
 from jobs.processes.runtime import job_execute
 from jobs.services.purge import purge_extras
-from jobs.services.uploads import UPLOAD_CREATED, UPLOAD_SWEPT
+from jobs.services.uploads import UPLOAD_CREATED, UPLOAD_SWEPT, upload_orphans_sweep
 from tenants.models import Membership, Scope
 from tenants.services import token_create
 from tests.factories import OrganisationFactory, UserFactory, client_for
@@ -31,6 +33,13 @@ JOBS = "/api/v1/jobs"
 CSV = b"sku,qty\nA-1,3\nB-2,5\nC-3,1\n"
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def own_media_root(settings, tmp_path):
+    """A storage folder of the test's own: what it finds stored (or swept) is its own,
+    whatever the suite's other processes store meanwhile."""
+    settings.MEDIA_ROOT = str(tmp_path / "media")
 
 
 def upload(
@@ -77,7 +86,7 @@ def run(job_id) -> Job:
 # --- the upload -------------------------------------------------------------------------
 
 
-def test_an_upload_answers_201_with_its_sha256_and_is_stored_and_audited(api):
+def test_an_upload_answers_201_with_its_sha256_and_is_stored_and_audited(api, settings):
     response = upload(api)
     assert response.status_code == 201, response.json()
     body = response.json()
@@ -86,6 +95,8 @@ def test_an_upload_answers_201_with_its_sha256_and_is_stored_and_audited(api):
     assert response["Location"].endswith(f"{UPLOADS}/{body['id']}")
     row = Upload.objects.get(id=body["id"])
     assert artefact_storage.open(row.file.name).read() == CSV
+    assert row.file.name == f"uploads/{row.org_id}/{row.id}"
+    assert artefact_storage.path(row.file.name).startswith(settings.MEDIA_ROOT)
     assert row.expires_at - row.created_at == timedelta(hours=24)  # JOBOPS_UPLOAD_TTL
     (entry,) = [e for e in ops_events(UPLOAD_CREATED) if e["upload_id"] == body["id"]]
     assert entry["sha256"] == body["sha256"] and entry["org_id"] == row.org_id
@@ -325,3 +336,18 @@ def test_an_import_reads_an_upload_stored_in_s3_and_refuses_a_changed_object(s3,
     s3.client().put_object(Bucket=s3.bucket, Key=key, Body=CSV + b"D-4,9\n")
     job = run(import_job(api, upload_id).json()["id"])
     assert (job.status, job.last_error_code) == ("failed", "UPLOAD_CHECKSUM")
+
+
+def test_upload_bytes_that_no_row_names_are_swept_once_past_the_grace(api):
+    kept = Upload.objects.get(id=upload(api).json()["id"]).file.name
+    org_id = Upload.objects.get(file=kept).org_id
+    # Bytes of a request that died before its row committed: one old, one in flight.
+    old, young = (
+        artefact_storage.save(f"uploads/{org_id}/{uuid.uuid4()}", io.BytesIO(b"x"))
+        for _ in range(2)
+    )
+    an_hour_ago = (timezone.now() - timedelta(hours=2)).timestamp()
+    for name in (old, kept):
+        os.utime(artefact_storage.path(name), (an_hour_ago, an_hour_ago))
+    assert upload_orphans_sweep(grace=timedelta(hours=1)) == 1
+    assert [artefact_storage.exists(n) for n in (old, young, kept)] == [False, True, True]
