@@ -95,3 +95,12 @@ def env_durations(name: str, default: dict[str, timedelta]) -> dict[str, timedel
         except ValueError as exc:
             raise ImproperlyConfigured(f"{name}: {exc}") from exc
     return values
+
+
+def env_duration(name: str, default: str) -> timedelta:
+    """One duration (`24h`; units s, m, h, d), read as JOBOPS_RETENTION's are."""
+    text = env_str(name, default)
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from exc

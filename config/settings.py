@@ -16,7 +16,16 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from config.connector_providers import providers_parse
-from config.env import env_bool, env_durations, env_float, env_int, env_json, env_list, env_str
+from config.env import (
+    env_bool,
+    env_duration,
+    env_durations,
+    env_float,
+    env_int,
+    env_json,
+    env_list,
+    env_str,
+)
 from core.durations import parse_duration
 from core.logging import configure_masking, configure_structlog, logging_config
 
@@ -380,6 +389,16 @@ JOB_TYPES: dict[str, dict[str, Any]] = {
         "params_serializer": "jobs.domain.params.ReportParams",
         "handler": "jobs.handlers.report.run",
     },
+    # Reads an upload (POST /api/v1/uploads) after checking its sha256 again; on the
+    # import_export queue with `report`, its kin (docs/api.md#uploading-an-input).
+    "import": {
+        "category": "import_export",
+        "queue": "report",
+        "soft_time_limit": 540,
+        "time_limit": 600,
+        "params_serializer": "jobs.handlers.imports.ImportParams",
+        "handler": "jobs.handlers.imports.run",
+    },
     "erp": {
         "category": "notification",
         "queue": "erp",
@@ -656,7 +675,19 @@ JOBOPS_DLQ_BULK_RETENTION = parse_duration(env_str("JOBOPS_DLQ_BULK_RETENTION", 
 # a count). Listed here so that jobs never names the dlq app.
 JOBOPS_PURGE_EXTRAS: list[tuple[str, str]] = [
     ("bulk_operations", "dlq.bulk.bulk_operations_purge"),
+    ("uploads", "jobs.services.uploads.uploads_sweep"),
 ]
+# Uploads (POST /api/v1/uploads, docs/api.md#uploading-an-input): the largest file
+# accepted (a bigger one is 413 ERR-JOB-413, nothing stored), and how long one that no
+# job names is kept (its expires_at); the purge step sweeps it, bytes and row, after that.
+JOBOPS_UPLOAD_MAX_BYTES = env_int("JOBOPS_UPLOAD_MAX_BYTES", 50 * 1024 * 1024)
+if not 1 <= JOBOPS_UPLOAD_MAX_BYTES <= 5 * 1024**3:
+    raise ImproperlyConfigured(
+        f"JOBOPS_UPLOAD_MAX_BYTES={JOBOPS_UPLOAD_MAX_BYTES}: use 1 byte to 5 GiB"
+    )
+JOBOPS_UPLOAD_TTL = env_duration("JOBOPS_UPLOAD_TTL", "24h")
+if JOBOPS_UPLOAD_TTL < timedelta(minutes=1):
+    raise ImproperlyConfigured("JOBOPS_UPLOAD_TTL must be at least 1m")
 JOBOPS_PUBLISH_TIMEOUT_SECONDS = env_float("JOBOPS_PUBLISH_TIMEOUT_SECONDS", 5.0)
 # RabbitMQ's consumer_timeout (default 30 min); workers refuse prefetch settings that
 # could keep a reserved message waiting past half of it.

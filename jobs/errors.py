@@ -20,6 +20,8 @@ from jobs.domain.errors import (
     TransientExternalError,
     UnauthorizedError,
     UnsupportedVersionError,
+    UploadChecksumError,
+    UploadMissingError,
 )
 
 __all__ = [
@@ -38,4 +40,6 @@ __all__ = [
     "TransientExternalError",
     "UnauthorizedError",
     "UnsupportedVersionError",
+    "UploadChecksumError",
+    "UploadMissingError",
 ]

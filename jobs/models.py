@@ -14,6 +14,7 @@ from jobs.domain.choices import DeadLetterReason as DeadLetterReason
 from jobs.domain.choices import DeadLetterState as DeadLetterState
 from jobs.domain.choices import ParamsEditState as ParamsEditState
 from jobs.domain.states import Status
+from jobs.uploads.models import Upload as Upload
 
 
 def new_job_id() -> uuid.UUID:
@@ -70,8 +71,7 @@ class Job(models.Model):
         db_index=False,
     )
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
-    # Until when the key deduplicates; after it the dispatcher's release_keys step
-    # releases the key (jobs/services/keys.py).
+    # Until when the key deduplicates; then release_keys frees it (jobs/services/keys.py).
     idempotency_expires_at = models.DateTimeField(null=True, blank=True)
     # The key's latest repeat (a create that returned this job), to the second; NULL: none
     # since its creation, which is when the key was first seen (docs/api.md#idempotency).

@@ -874,3 +874,39 @@ SELECT count(*) FROM released;
 -- name: connector_states
 -- Each breaker's state (a handful of rows), for the connector_state gauge.
 SELECT name, state FROM connector_breakers;
+
+
+-- name: uploads_sweep_claim
+-- The sweep (jobs/services/uploads.py uploads_sweep): up to %(limit)s uploads past their
+-- horizon (their expires_at, or created_at + %(older_than)s seconds for a purge run with
+-- --older-than) by more than the grace, that no job of their organisation names in its
+-- params (the jobs_params_gin index answers the @>). Locked with SKIP LOCKED: two
+-- dispatchers sweep different rows. An import job's create refuses an expired upload,
+-- and the grace outlasts a create's read-then-insert by far, so no job that is being
+-- created can name one this takes.
+SELECT u.id
+FROM uploads u
+WHERE CASE WHEN %(older_than)s::float8 IS NULL THEN u.expires_at
+           ELSE u.created_at + make_interval(secs => %(older_than)s::float8) END
+      < now() - make_interval(secs => %(grace)s::float8)
+  AND NOT EXISTS (
+      SELECT 1 FROM jobs j
+      WHERE j.params @> jsonb_build_object('upload_id', u.id::text) AND j.org_id = u.org_id
+  )
+ORDER BY u.expires_at
+LIMIT %(limit)s
+FOR UPDATE OF u SKIP LOCKED;
+
+
+-- name: uploads_sweep_count
+-- What uploads_sweep_claim would take over all its batches, locking nothing (manage.py
+-- purge --dry-run).
+SELECT count(*)
+FROM uploads u
+WHERE CASE WHEN %(older_than)s::float8 IS NULL THEN u.expires_at
+           ELSE u.created_at + make_interval(secs => %(older_than)s::float8) END
+      < now() - make_interval(secs => %(grace)s::float8)
+  AND NOT EXISTS (
+      SELECT 1 FROM jobs j
+      WHERE j.params @> jsonb_build_object('upload_id', u.id::text) AND j.org_id = u.org_id
+  );

@@ -31,7 +31,16 @@ ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 RUNBOOKS = ROOT / "docs" / "operations" / "alerts.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 ENV_HELPERS = frozenset(
-    {"env_str", "env_int", "env_bool", "env_float", "env_json", "env_list", "env_durations"}
+    {
+        "env_str",
+        "env_int",
+        "env_bool",
+        "env_float",
+        "env_json",
+        "env_list",
+        "env_duration",
+        "env_durations",
+    }
 )
 PACKAGES = ("config", "core", "audit", "jobs", "dlq")
 # A table row whose first cell names variables: | `NAME` | or | `A`, `B` |.

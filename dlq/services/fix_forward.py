@@ -132,7 +132,7 @@ def fix_forward_preview(*, dead_letter_id: int, actor_user: Any, params: Any) ->
     if row is None or row.job is None:
         raise DeadLetterNotFoundError()
     job = row.job
-    new = validate_params(job.type, params, owner=job.owner, staff=True)
+    new = validate_params(job.type, params, owner=job.owner, staff=True, org_id=job.org_id)
     paths = params_diff(job.params, new)
     if not paths:
         raise FixForwardInputError(

@@ -31,7 +31,7 @@ ERRORS: ErrorTable = {
         ["ERR-AUTH-403", "ERR-TENANT-SUSPENDED", "ERR-TENANT-403"],
     ),
     404: (
-        "ERR-JOB-404: no such job or artefact, or the caller may not see it (another "
+        "ERR-JOB-404: no such job, artefact or upload, or the caller may not see it (another "
         "organisation's, or another member's: docs/tenancy.md#visibility).",
         ["ERR-JOB-404"],
     ),
@@ -45,10 +45,14 @@ ERRORS: ErrorTable = {
     413: (
         "ERR-JOB-413: the request body or the params exceed 256 KB; a batch create's body "
         "exceeds JOBOPS_BATCH_MAX_BYTES (4 MB) or holds more than JOBOPS_BATCH_CREATE_MAX "
-        "(1,000) jobs.",
+        "(1,000) jobs; an upload exceeds JOBOPS_UPLOAD_MAX_BYTES.",
         ["ERR-JOB-413"],
     ),
-    415: ("ERR-HTTP-415: the body is not `application/json`.", ["ERR-HTTP-415"]),
+    415: (
+        "ERR-HTTP-415: the body is not `application/json` (an upload: not "
+        "`multipart/form-data`, or a file of a type uploads do not accept).",
+        ["ERR-HTTP-415"],
+    ),
     422: (
         "ERR-JOB-422: params do not match the type's schema (per-field details). "
         "ERR-JOB-PARAMS-SECRET: params hold a secret (a key named like one, or a value "
@@ -56,7 +60,8 @@ ERRORS: ErrorTable = {
         "each JSON path, never the value. "
         "ERR-JOB-IDEMPOTENCY-MISMATCH: the key was used before with another type or params. "
         "ERR-TENANT-422: no organisation named by a caller in several, or one that is not "
-        "the caller's, or a project of another organisation.",
+        "the caller's, or a project of another organisation. ERR-JOB-422 (upload): a "
+        "file that says nothing of its type (no Content-Type, extension or format).",
         ["ERR-JOB-422", "ERR-JOB-PARAMS-SECRET", "ERR-JOB-IDEMPOTENCY-MISMATCH", "ERR-TENANT-422"],
     ),
     429: (

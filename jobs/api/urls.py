@@ -7,7 +7,7 @@ from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from core.api.routing import with_slash_alias
 from core.api.schema import SchemaApi
-from jobs.api import batch, state, views
+from jobs.api import batch, state, uploads, views
 
 app_name = "api"
 
@@ -22,6 +22,10 @@ urlpatterns = [
         "jobs/<uuid:job_id>/artefacts/<uuid:artefact_id>",
         views.JobArtefactApi.as_view(),
         "job-artefact",
+    ),
+    *with_slash_alias("uploads", uploads.UploadCreateApi.as_view(), "uploads"),
+    *with_slash_alias(
+        "uploads/<uuid:upload_id>", uploads.UploadDetailApi.as_view(), "upload-detail"
     ),
     *with_slash_alias("queues", state.QueueListApi.as_view(), "queues"),
     # The async spec's name for the same answer (docs/operator-controls.md#queue-state);

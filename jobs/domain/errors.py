@@ -95,6 +95,20 @@ class UnsupportedVersionError(NonRetryableError):
     code = "UNSUPPORTED_VERSION"
 
 
+class UploadChecksumError(NonRetryableError):
+    """An upload's stored bytes no longer hash to the sha256 taken when it was received
+    (docs/api.md#uploading-an-input): changed or corrupted in storage. Nothing of it was
+    read; a retry would read the same bytes."""
+
+    code = "UPLOAD_CHECKSUM"
+
+
+class UploadMissingError(NonRetryableError):
+    """The upload a job names is gone (its row, or its bytes from storage)."""
+
+    code = "UPLOAD_MISSING"
+
+
 class FatalError(JobError):
     code = "FATAL"
     retryable = False

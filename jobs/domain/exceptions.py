@@ -224,3 +224,27 @@ class ConnectorOpenError(ApplicationError):
             details={"connector": connector, "state": state, "retry_after": retry_after}
         )
         self.retry_after = retry_after
+
+
+class UploadNotFoundError(ApplicationError):
+    """No such upload, or another organisation's (docs/api.md#uploading-an-input)."""
+
+    code = "ERR-JOB-404"
+    http_status = 404
+    default_message = "Upload not found."
+
+
+class UploadMediaTypeError(ApplicationError):
+    """The uploaded file's own content type is not one an upload accepts
+    (jobs.domain.uploads.UPLOAD_FORMATS)."""
+
+    code = "ERR-HTTP-415"
+    http_status = 415
+
+
+class UploadFormatUnknownError(ApplicationError):
+    """An uploaded file that says nothing of its type (unlabelled, no known extension, no
+    `format`), or says two different things."""
+
+    code = "ERR-JOB-422"
+    http_status = 422

@@ -101,6 +101,7 @@ def validate_params(
     *,
     owner: Any = None,
     staff: bool = False,
+    org_id: int | None = None,
     readers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Check type and params against the types table; return the params to store.
@@ -109,9 +110,12 @@ def validate_params(
     `{"steps": "20.0"}` becomes `{"steps": 20}`, defaults are filled in. Params that
     hold a secret are refused first (params_secret_check).
 
-    `readers`: the params serializers already made for this owner and staff, by type,
-    filled here; a batch passes one dict for all its jobs (DRF deep-copies a
-    serializer's fields for each instance: half of what reading a job cost).
+    `org_id`: the organisation the job goes in (`context["org_id"]`: a schema that names
+    what belongs to an organisation, such as an upload, checks it is this one's).
+
+    `readers`: the params serializers already made for this owner and staff, by type
+    and organisation, filled here; a batch passes one dict for all its jobs (DRF
+    deep-copies a serializer's fields for each instance: half of what reading a job cost).
     """
     spec = get_type(job_type) if isinstance(job_type, str) else None
     if spec is None:
@@ -136,15 +140,16 @@ def validate_params(
     # Before the schema: a secret is refused as a secret (ERR-JOB-PARAMS-SECRET), not
     # as the unknown field it also is in a strict schema.
     params_secret_check(params, schema=spec.load_params_serializer())
-    context = {"spec": spec, "owner": owner, "staff": staff}
+    context = {"spec": spec, "owner": owner, "staff": staff, "org_id": org_id}
     if readers is None:
         serializer = spec.load_params_serializer()(data=params, context=context)
         if not serializer.is_valid():
             raise JobParamsInvalidError(details=serializer.errors)
         return dict(serializer.validated_data)
-    reader = readers.get(spec.name)
+    reader_key = f"{spec.name}:{org_id}"  # a batch may place its jobs in several
+    reader = readers.get(reader_key)
     if reader is None:
-        reader = readers[spec.name] = spec.load_params_serializer()(context=context)
+        reader = readers[reader_key] = spec.load_params_serializer()(context=context)
     try:
         return dict(reader.run_validation(params))
     except ValidationError as exc:  # what is_valid() keeps as the errors
@@ -210,7 +215,14 @@ def job_candidate(
     item of a batch create (jobs.services.batch_creation), which passes `readers`
     (validate_params)."""
     owner, job_type, staff = request["owner"], request["job_type"], request.get("staff", False)
-    params = validate_params(job_type, request["params"], owner=owner, staff=staff, readers=readers)
+    params = validate_params(
+        job_type,
+        request["params"],
+        owner=owner,
+        staff=staff,
+        org_id=placement.org_id,
+        readers=readers,
+    )
     spec = get_type(job_type)
     assert spec is not None  # validate_params refuses an unknown type
     if spec.category == AUDIT_ENRICHMENT:

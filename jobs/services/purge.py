@@ -42,6 +42,7 @@ from jobs.integrations import metrics
 from jobs.models import Artefact, PurgeState
 from jobs.queries import QUERIES
 from jobs.services.transitions import jobs_audit
+from jobs.services.uploads import upload_orphans_sweep
 
 log = structlog.get_logger("jobs.purge")
 PURGER = Actor.system("purge")
@@ -237,8 +238,9 @@ def purge_extras(*, older_than: timedelta | None = None, dry_run: bool = False) 
 def purge_once() -> dict[str, Any]:
     """The maintain role's `purge` step: a purge run of at most JOBOPS_PURGE_STEP_SECONDS
     (the loop's other steps go on between two), then the extras and, at most once per
-    JOBOPS_ARTEFACT_ORPHAN_GRACE, the orphan sweep. Once nothing is due it looks again
-    after JOBOPS_PURGE_INTERVAL_SECONDS. Records the run for the dashboard."""
+    JOBOPS_ARTEFACT_ORPHAN_GRACE, the orphan sweeps (artefacts, uploads). Once nothing
+    is due it looks again after JOBOPS_PURGE_INTERVAL_SECONDS. Records the run for the
+    dashboard."""
     global _next_look, _next_sweep
     now = time.monotonic()
     if now < _next_look:
@@ -251,7 +253,8 @@ def purge_once() -> dict[str, Any]:
         removed.update(purge_extras())
         if now >= _next_sweep:
             _next_sweep = now + settings.JOBOPS_ARTEFACT_ORPHAN_GRACE.total_seconds()
-            removed["orphans"] = artefact_orphans_sweep()
+            grace = settings.JOBOPS_ARTEFACT_ORPHAN_GRACE
+            removed["orphans"] = artefact_orphans_sweep() + upload_orphans_sweep(grace=grace)
         kept = purge_kept()
         _next_look = time.monotonic() + settings.JOBOPS_PURGE_INTERVAL_SECONDS
     purge_record(removed, finished=not more, kept=kept)

@@ -93,7 +93,11 @@ def schedule_validate(schedule: Schedule) -> None:
     schedule.cron = validate_cron(schedule.cron)
     schedule.timezone = validate_timezone(schedule.timezone)
     schedule.params = validate_params(
-        schedule.job_type, schedule.params, owner=schedule.owner, staff=schedule.owner.is_staff
+        schedule.job_type,
+        schedule.params,
+        owner=schedule.owner,
+        staff=schedule.owner.is_staff,
+        org_id=schedule.org_id,
     )
     if not schedule.owner.memberships.filter(organisation_id=schedule.org_id).exists():
         raise ScheduleInvalidError(details={"owner": ["Not a member of the organisation."]})

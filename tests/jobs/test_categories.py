@@ -28,6 +28,7 @@ def test_each_type_has_its_category_with_that_categorys_durations():
         "cam": "planning",
         "sim": "planning",
         "report": "import_export",
+        "import": "import_export",
         "erp": "notification",
         "annotate": "audit_enrichment",
     }
@@ -146,6 +147,7 @@ RETRIES = {
     "cam": [5, 60],
     "sim": [5, 60],
     "report": [5, 45],
+    "import": [5, 45],  # new with the category's policy: import_export's
     "erp": [5, 45],
     # audit_enrichment's policy (a few reads and one append: a retry outlasts a hiccup)
     "annotate": [3, 20],
