@@ -176,6 +176,16 @@ FROM jobs JOIN wanted
  AND jobs.idempotency_key = wanted.key;
 
 
+-- name: jobs_created_actor_types
+-- Who made each job of `ids`: the actor type of its `created` entry (seq 1 of its
+-- chain), for the message's `actor_type` (jobs.integrations.publisher). One probe of
+-- the (chain, seq) unique index a job, one round trip a publish batch. A job whose
+-- entry is gone (purged with an archive) is simply absent.
+SELECT job_id, actor_type FROM audit_logs
+WHERE chain = ANY(ARRAY(SELECT audit_job_chain(i) FROM unnest(%(ids)s::uuid[]) AS i))
+  AND seq = 1;
+
+
 -- name: job_version
 -- A conditional GET needs only the version (the ETag): one index probe, no body. The
 -- caller may see the job (tenants.selectors.Viewer): every job; every job of the
