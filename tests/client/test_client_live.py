@@ -8,6 +8,7 @@ import socket
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from jobs.models import Artefact as ArtefactRow
 from jobs.models import Job
 from jobs.services import artefact_save, job_claim, job_succeed
 from tests.factories import fence_of, job_in_state
+from tests.polling import wait_for
 from tests.processes import free_port
 
 pytestmark = pytest.mark.usefixtures("clean_redis")
@@ -215,3 +217,93 @@ def test_artefacts_download_checks_their_sha256_and_removes_a_bad_file(client, t
     with pytest.raises(ArtefactIntegrityError, match="sha256"):
         artefact.download(tmp_path / "bad.csv")
     assert not (tmp_path / "bad.csv").exists()
+
+
+class ScriptedStream:
+    """A tiny SSE server standing in for the job's live stream (another process in
+    production): connection i writes `scripts[i]` (each item a chunk, or a
+    threading.Event it waits for first) and closes; it records each request's headers."""
+
+    def __init__(self, scripts: list[list[str | threading.Event]]) -> None:
+        self.scripts, self.requests = scripts, []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                index = len(outer.requests)
+                outer.requests.append({"path": self.path, **dict(self.headers)})
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for step in outer.scripts[index]:
+                    if isinstance(step, threading.Event):
+                        step.wait(10)
+                    else:
+                        self.wfile.write(step.encode())
+                        self.wfile.flush()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def status(seq: int, value: str) -> str:
+    return f'id: {seq}\nevent: job.status.changed\ndata: {{"status": "{value}"}}\n\n'
+
+
+def test_wait_follows_the_stream_and_resumes_after_the_last_whole_event(live_api, account):
+    release = threading.Event()
+    stream = ScriptedStream(
+        [
+            [
+                "retry: 10\n\n: keep-alive\n\n",
+                'id: 3\nevent: job.progress\ndata: {"percent": 50}\n\n',
+                status(4, "running"),
+                'id: 5\nevent: job.status.changed\ndata: {"status": "succ',  # cut off
+            ],
+            [release, status(5, "succeeded")],
+        ]
+    )
+    seen = []
+    try:
+        with Client(live_api, account[1], stream_url=stream.url) as client:
+            made = client.submit("sim", SIM)
+            with ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(client.wait, made.id, 30, on_event=seen.append)
+                wait_for(lambda: len(stream.requests) == 2, timeout=10, what="a reconnect")
+                succeed(made.id, {"done": True})
+                release.set()
+                ended = waiting.result()
+    finally:
+        stream.close()
+    assert (ended.status, ended.result) == ("succeeded", {"done": True})
+    assert [(e.event, e.id) for e in seen] == [
+        ("job.progress", "3"),
+        ("job.status.changed", "4"),
+        ("job.status.changed", "5"),
+    ]
+    first, resumed = stream.requests
+    assert first["path"] == resumed["path"] == f"/api/v1/jobs/{made.id}/events"
+    assert first["Authorization"] == f"Token {account[1]}"
+    assert first["Accept"] == "text/event-stream" and "Last-Event-ID" not in first
+    assert resumed["Last-Event-ID"] == "4"  # the cut-off event 5 is asked for again
+
+
+def test_a_stream_that_closes_after_the_job_ended_answers_the_ended_job(live_api, account):
+    stream = ScriptedStream([[": nothing to say\n\n"]])
+    try:
+        with Client(live_api, account[1], stream_url=stream.url) as client:
+            made = client.submit("sim", SIM)
+            succeed(made.id)
+            assert client.wait(made.id, 10).status == "succeeded"
+    finally:
+        stream.close()
+    assert len(stream.requests) == 1  # read once after the close: no reconnect needed

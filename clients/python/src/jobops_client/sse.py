@@ -5,7 +5,9 @@ Fields: `event` (the type, "message" when absent), `data` (several lines joined 
 newlines), `id` (the last event id, kept across events: what a reconnect sends as
 `Last-Event-ID`), `retry` (the reconnection delay, in milliseconds); lines starting with
 ":" are comments (keep-alives). An event is dispatched at a blank line; one cut off by
-the end of the stream is dropped, as the specification says.
+the end of the stream is dropped, as the specification says, and so is its id: the id
+counts from the blank line that ends its event, so a resume never skips an event the
+client did not see whole.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class SSEDecoder:
 
     def __init__(self, *, last_event_id: str | None = None) -> None:
         self.last_event_id = last_event_id
+        self._id = last_event_id  # the spec's "last event ID buffer"
         self.retry_ms: int | None = None
         self._event = ""
         self._data: list[str] = []
@@ -57,13 +60,14 @@ class SSEDecoder:
             self._data.append(value)
         elif name == "id":
             if "\0" not in value:  # the spec ignores an id holding NUL
-                self.last_event_id = value
+                self._id = value
         elif name == "retry":
             if value.isascii() and value.isdigit():
                 self.retry_ms = int(value)
         return None  # any other field is ignored
 
     def _dispatch(self) -> Event | None:
+        self.last_event_id = self._id  # even for an event without data, as the spec says
         data, event = self._data, self._event
         self._data, self._event, self._size = [], "", 0
         if not data:
