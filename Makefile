@@ -12,10 +12,12 @@ export DEBUG ?= true
 
 .PHONY: install run test suite coverage test-heavy upgrade-check openapi-check lint fmt typecheck docs docs-check migrate topology worker dispatcher bench lock clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,otel]'
+	# The Python client (docs/client.md), editable: tests/client/ imports it.
+	$(BIN)/python -m pip install -q -c constraints.txt -e clients/python
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -46,6 +48,7 @@ lint: install
 
 typecheck: install
 	$(BIN)/mypy config core tenants jobs audit dlq
+	$(BIN)/mypy --strict clients/python/src
 
 fmt: install
 	$(BIN)/ruff check --fix .

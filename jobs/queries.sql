@@ -148,14 +148,16 @@ LEFT JOIN LATERAL (SELECT count(*) FROM wake) AS woken ON true;
 -- job_repeat_by_key for the keys of a batch that inserted nothing: for each (org,
 -- key) of `orgs` and `keys` (element i with element i), the job `owner` made under it,
 -- in one statement, and the same "seen" write for a repeat within its TTL at `now`
--- with its params_hash (`hashes`, element i). Returns id, org_id, idempotency_key,
--- params_hash and idempotency_expires_at of each job found. The "seen" write skips a
+-- with its params_hash and project (`hashes`, `projects`, element i). Returns id,
+-- org_id, idempotency_key, params_hash, project_id and idempotency_expires_at of each
+-- job found. The "seen" write skips a
 -- row another transaction holds: concurrent batches repeating the same keys in other
 -- orders would otherwise lock them in other orders and deadlock, and a mark to the
 -- second that a concurrent repeat is writing too loses nothing.
 WITH wanted AS (
-    SELECT * FROM unnest(%(orgs)s::bigint[], %(keys)s::text[], %(hashes)s::text[])
-        AS w(org_id, key, params_hash)
+    SELECT * FROM unnest(%(orgs)s::bigint[], %(keys)s::text[], %(hashes)s::text[],
+                         %(projects)s::bigint[])
+        AS w(org_id, key, params_hash, project_id)
 ),
 seen AS (
     UPDATE jobs SET idempotency_last_seen_at = %(now)s
@@ -165,16 +167,27 @@ seen AS (
          AND jobs.idempotency_key = wanted.key
         WHERE jobs.idempotency_expires_at > %(now)s
           AND jobs.params_hash = wanted.params_hash
+          AND jobs.project_id IS NOT DISTINCT FROM wanted.project_id
           AND (jobs.idempotency_last_seen_at IS NULL
                OR jobs.idempotency_last_seen_at <= %(now)s - interval '1 second')
         FOR UPDATE OF jobs SKIP LOCKED
     )
 )
-SELECT jobs.id, jobs.org_id, jobs.idempotency_key, jobs.params_hash,
+SELECT jobs.id, jobs.org_id, jobs.idempotency_key, jobs.params_hash, jobs.project_id,
        jobs.idempotency_expires_at
 FROM jobs JOIN wanted
   ON jobs.org_id = wanted.org_id AND jobs.owner_id = %(owner)s
  AND jobs.idempotency_key = wanted.key;
+
+
+-- name: jobs_created_actor_types
+-- Who made each job of `ids`: the actor type of its `created` entry (seq 1 of its
+-- chain), for the message's `actor_type` (jobs.integrations.publisher). One probe of
+-- the (chain, seq) unique index a job, one round trip a publish batch. A job whose
+-- entry is gone (purged with an archive) is simply absent.
+SELECT job_id, actor_type FROM audit_logs
+WHERE chain = ANY(ARRAY(SELECT audit_job_chain(i) FROM unnest(%(ids)s::uuid[]) AS i))
+  AND seq = 1;
 
 
 -- name: job_version
@@ -204,7 +217,7 @@ FROM jobs WHERE jobs.id = %(job_id)s AND (%(everything)s OR jobs.org_id = ANY(%(
 -- name: job_repeat_by_key
 -- job_read for the job an owner made under an idempotency key in an organisation
 -- (jobs_org_owner_idempotency_uniq): what a repeated create answers. In the same round
--- trip, a repeat (the key within its TTL at `now`, the same params_hash) moves the key
+-- trip, a repeat (the key within its TTL at `now`, the same params_hash and project) moves the key
 -- record's last seen to `now` (docs/api.md#idempotency; the application's clock, as
 -- created_at, its first seen), to the second: a repeat within a second of the last one
 -- writes nothing. A write is a commit to flush, which made a repeat 2.4 times as slow
@@ -216,6 +229,7 @@ WITH seen AS (
     UPDATE jobs SET idempotency_last_seen_at = %(now)s
     WHERE jobs.org_id = %(org)s AND jobs.owner_id = %(owner)s AND jobs.idempotency_key = %(key)s
       AND jobs.idempotency_expires_at > %(now)s AND jobs.params_hash = %(params_hash)s
+      AND jobs.project_id IS NOT DISTINCT FROM %(project)s::bigint
       AND (jobs.idempotency_last_seen_at IS NULL
            OR jobs.idempotency_last_seen_at <= %(now)s - interval '1 second')
 )

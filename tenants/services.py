@@ -108,6 +108,19 @@ def project_save(*, project: Project, actor: Actor = SYSTEM) -> Project:
     return project
 
 
+def project_create(
+    *, org: Organisation, slug: str, name: str = "", actor: Actor = SYSTEM
+) -> Project:
+    """A new project of `org` (`manage.py org project`); a slug the organisation has
+    already is refused (the admin's form says so on its own)."""
+    with transaction.atomic():
+        if Project.objects.filter(organisation=org, slug=slug).exists():
+            raise TenancyInputError(f"{org.slug} has a project {slug!r} already.")
+        return project_save(
+            project=Project(organisation=org, slug=slug, name=name or slug), actor=actor
+        )
+
+
 def organisation_suspend(*, org: Organisation, actor: Actor = SYSTEM) -> bool:
     """Suspend `org`: new jobs are refused, waiting ones held. False if it already was
     (compare-and-set: of two operators suspending at once, one records it)."""

@@ -3,7 +3,9 @@
 Transport only: which job to publish and what a confirm means for its status are the
 services' (`jobs.services.publishing`). The wire payload (the task's one argument) is
 `{v, job_id, type, params, submitted_by, attempt, created_at, request_id, correlation_id,
-org_id}` (`v`: the payload version, `jobs.integrations.wire`); the message headers
+org_id, project_id, actor_type, idempotency_key_sha256, scheduled_for}` (`v`: the payload
+version, `jobs.integrations.wire`; the last four are additive: a worker reads none of
+them, so they needed no new version); the message headers
 (`message_headers`) carry `job_id`, `org_id`, `request_id`, `correlation_id` and the
 attempt too, and on a retry or a replay the previous attempt's error code and exception
 class, so that a message read in a DLQ peek (or RabbitMQ's management UI) explains itself
@@ -12,12 +14,14 @@ without decoding the body. Never the error's text: it may hold what a handler sa
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from typing import Any
 
 from celery import current_app
 from django.conf import settings
+from django.db import connection
 from kombu.utils.json import dumps as json_dumps
 
 from core.broker import (
@@ -30,9 +34,26 @@ from core.tracing import publish_span
 from jobs.domain.types import get_type
 from jobs.integrations.wire import PAYLOAD_VERSION
 from jobs.models import Job
+from jobs.queries import QUERIES
 
 
-def wire_payload(job: Job) -> dict[str, Any]:
+def key_digest(key: str | None) -> str | None:
+    """What a message says of a job's idempotency key: its sha256, hex. A key is the
+    client's (an order number, an email, up to 255 characters); the message sits in
+    queues, DLQ peeks and the management UI, so it carries a bounded fingerprint the
+    client can compute from its own key, never the key."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest() if key is not None else None
+
+
+# wire_payload's actor_type when its caller has not looked it up (a batch has).
+_LOOK_UP: Any = object()
+
+
+def wire_payload(job: Job, *, actor_type: str | None = _LOOK_UP) -> dict[str, Any]:
+    """The task's one argument for `job`; `actor_type`: who made the job (its `created`
+    entry's, created_actor_types: looked up here when not given), None when unknown."""
+    if actor_type is _LOOK_UP:
+        actor_type = created_actor_types([str(job.id)]).get(str(job.id))
     return {
         # The payload version (jobs.integrations.wire): workers of the next release still read it.
         "v": PAYLOAD_VERSION,
@@ -47,7 +68,22 @@ def wire_payload(job: Job) -> dict[str, Any]:
         # The tenant the worker checks against the row before it runs the job
         # (docs/tenancy.md#execution): an integer, the row's NOT NULL org_id.
         "org_id": job.org_id,
+        # Additive (docs/architecture.md#publishing): the job contract's context for
+        # consumers of the queues; today's workers read none of it.
+        "project_id": job.project_id,
+        "actor_type": actor_type,
+        "idempotency_key_sha256": key_digest(job.idempotency_key),
+        "scheduled_for": job.run_at.isoformat() if job.run_at else None,
     }
+
+
+def created_actor_types(job_ids: list[str]) -> dict[str, str]:
+    """Who made each job, by id (jobs_created_actor_types): one statement a batch."""
+    if not job_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["jobs_created_actor_types"], {"ids": job_ids})
+        return {str(job_id): actor_type for job_id, actor_type in cursor.fetchall()}
 
 
 def args_repr(job: Job) -> str:
@@ -122,8 +158,9 @@ def messages_publish(*, jobs: list[Job], timeout: float | None = None) -> dict[s
     limit = settings.JOBOPS_MAX_MESSAGE_BYTES
     refused: dict[str, str] = {}
     sendable: list[tuple[Job, dict[str, Any]]] = []
+    actor_types = created_actor_types([str(job.id) for job in jobs])
     for job in jobs:
-        payload = wire_payload(job)
+        payload = wire_payload(job, actor_type=actor_types.get(str(job.id)))
         too_large = _oversized(payload, limit)
         if too_large is None:
             sendable.append((job, payload))

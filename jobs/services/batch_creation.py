@@ -37,7 +37,7 @@ from jobs.models import Job
 from jobs.queries import QUERIES
 from jobs.selectors import job_key_exists
 from jobs.services.connectors import connector_create_check
-from jobs.services.creation import DEFAULT_PRIORITY, job_candidate
+from jobs.services.creation import DEFAULT_PRIORITY, idempotency_mismatch, job_candidate
 from jobs.services.keys import job_release_idempotency_keys
 from jobs.services.transitions import jobs_insert
 from tenants.selectors import Placement, actor_for, memberships_of, placement_for
@@ -146,7 +146,7 @@ def job_batch_submit(
        then backpressure and connector checks by queue and type, a repeat of an existing
        key answered anyway (as job_submit).
     4. Items repeating a key of an earlier item (same organisation) answer as that item
-       when their params are the same, else with the mismatch error (422).
+       when their params and project are the same, else with the mismatch error (422).
     5. One transaction: one INSERT of every new job with its entries, events and one
        NOTIFY (jobs_insert_batch), then one read of the jobs whose keys were taken
        (jobs_repeat_by_keys). A key past its TTL is released and its item inserted
@@ -308,9 +308,11 @@ def _insert(
             elif row["idempotency_expires_at"] and row["idempotency_expires_at"] <= now:
                 expired.append(row["id"])
                 pending.append((index, job))
-            elif row["params_hash"] != job.params_hash:
+            elif mismatch := idempotency_mismatch(
+                row, params_hash=job.params_hash, project_id=job.project_id
+            ):
                 _count(job.type, job.org_id, "mismatch")
-                outcomes[index].error = IdempotencyMismatchError(details={"job_id": str(row["id"])})
+                outcomes[index].error = mismatch
             else:
                 _count(job.type, job.org_id, "existing")
                 outcomes[index].job_id = row["id"]
@@ -322,7 +324,7 @@ def _insert(
 
 def _repeats_by_key(taken: list[tuple[int, Job]], *, now: datetime) -> dict[tuple[int, str], Any]:
     """The existing jobs of the keys in `taken`, in one statement (jobs_repeat_by_keys),
-    by (organisation, key): their id, params_hash and expiry."""
+    by (organisation, key): their id, params_hash, project and expiry."""
     keyed = [job for _, job in taken if job.idempotency_key is not None]
     if not keyed:
         return {}
@@ -332,6 +334,7 @@ def _repeats_by_key(taken: list[tuple[int, Job]], *, now: datetime) -> dict[tupl
         "orgs": [job.org_id for job in keyed],
         "keys": [job.idempotency_key for job in keyed],
         "hashes": [job.params_hash for job in keyed],
+        "projects": [job.project_id for job in keyed],
         "now": now,
     }
     with connection.cursor() as cursor:
@@ -349,18 +352,19 @@ def _answer_repeats(
     outcomes: list[BatchOutcome],
 ) -> None:
     """A later item with an earlier item's key answers as a repeat of it: the same job
-    (`existing`: the item made nothing) with the same params, else the mismatch (422)."""
-    hashes = {index: job.params_hash for index, job in primaries}
+    (`existing`: the item made nothing) with the same params and project, else the
+    mismatch (422)."""
+    fingerprints = {index: (job.params_hash, job.project_id) for index, job in primaries}
     for index, job, first in repeats:
         answer, outcome = outcomes[first], outcomes[index]
-        if hashes[first] != job.params_hash:
+        if fingerprints[first] != (job.params_hash, job.project_id):
             _count(job.type, job.org_id, "mismatch")
             details: dict[str, Any] = {"index": first}
             if answer.job_id is not None:
                 details["job_id"] = str(answer.job_id)
             outcome.error = IdempotencyMismatchError(
                 "This idempotency key was used by an earlier item of the batch with a "
-                "different type or params.",
+                "different type, params or project.",
                 details=details,
             )
         elif answer.error is not None:

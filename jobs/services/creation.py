@@ -8,6 +8,7 @@ into a 409 the client can retry.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Required, TypedDict, Unpack
@@ -69,6 +70,25 @@ def validate_idempotency_key(key: str | None) -> str | None:
             details={"idempotency_key": ["1 to 255 printable ASCII characters."]},
         )
     return key
+
+
+def idempotency_mismatch(
+    stored: Mapping[str, Any], *, params_hash: str, project_id: int | None
+) -> IdempotencyMismatchError | None:
+    """The error a repeat of a key answers when the job it made (`stored`: its id,
+    params_hash and project_id) was asked with other `params_hash` or in another
+    `project_id`; None for a true repeat. The project is part of the key's fingerprint,
+    compared on the stored job rather than folded into params_hash: every hash stored
+    before keeps matching, and the unique index (organisation, owner, key) stays."""
+    job_id = str(stored["id"])
+    if stored["params_hash"] != params_hash:
+        return IdempotencyMismatchError(details={"job_id": job_id})
+    if stored["project_id"] != project_id:
+        return IdempotencyMismatchError(
+            "This idempotency key was already used in another project.",
+            details={"job_id": job_id, "project_id": stored["project_id"]},
+        )
+    return None
 
 
 def validate_run_at(run_at: datetime | None, *, now: datetime) -> datetime | None:
@@ -291,7 +311,7 @@ def job_create(
        event and NOTIFY jobs_pending (jobs.services.transitions.job_insert); the
        dispatcher publishes the job.
     3. Nothing inserted: read the row by (owner, key), with its artefacts. A different
-       (type, params) under the same key is a mismatch error; a key past its retention
+       (type, params) or project under the same key is a mismatch error; a key past its retention
        (or released meanwhile) is free, and the insert runs again. A repeat within
        the TTL marks the key seen in that read (jobs.services.keys.job_key_repeat).
     Returns (job, created).
@@ -335,6 +355,7 @@ def job_create(
             org_id=placement.org_id,
             key=idempotency_key,
             params_hash=digest,
+            project_id=candidate.project_id,
             now=now,
         )
         if job is None:
@@ -342,9 +363,11 @@ def job_create(
         if job.idempotency_expires_at and job.idempotency_expires_at <= now:
             job_release_idempotency_keys(job_ids=[job.id])
             continue
-        if job.params_hash != digest:
+        stored = {"id": job.id, "params_hash": job.params_hash, "project_id": job.project_id}
+        mismatch = idempotency_mismatch(stored, params_hash=digest, project_id=candidate.project_id)
+        if mismatch is not None:
             counter(status="mismatch").inc()
-            raise IdempotencyMismatchError(details={"job_id": str(job.id)})
+            raise mismatch
         counter(status="existing").inc()
         return job, False
     raise JobConflictError()  # the released key was taken again meanwhile: retry

@@ -35,14 +35,27 @@ KEY_RELEASE_BATCHES = 10
 
 
 def job_key_repeat(
-    *, owner: Any, org_id: int, key: str, params_hash: str, now: datetime
+    *,
+    owner: Any,
+    org_id: int,
+    key: str,
+    params_hash: str,
+    project_id: int | None,
+    now: datetime,
 ) -> Job | None:
     """The job `owner` made in the organisation under `key`, with its artefacts, or
     None: what a repeated
     create answers, in one statement. A repeat (the key within its TTL at `now`, the
-    same params_hash) marks the key seen in that statement, to the second
+    same params_hash and project) marks the key seen in that statement, to the second
     (job_repeat_by_key, jobs/queries.sql, says why)."""
-    params = {"org": org_id, "owner": owner.pk, "key": key, "params_hash": params_hash, "now": now}
+    params = {
+        "org": org_id,
+        "owner": owner.pk,
+        "key": key,
+        "params_hash": params_hash,
+        "project": project_id,
+        "now": now,
+    }
     return job_from_rows(execute_prepared(QUERIES["job_repeat_by_key"], params))
 
 

@@ -5,14 +5,18 @@ release read (docs/operations/upgrading.md) changes only on purpose."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from jobs.integrations.wire import PAYLOAD_VERSION
 from jobs.models import Job
 from jobs.services.publishing import publish_pending_once
+from tenants.services import service_account_get_or_create
 from tests.factories import OrganisationFactory, ProjectFactory, UserFactory, client_for
 from tests.queues import get_one
 
@@ -30,6 +34,13 @@ PAYLOAD_FIELDS = {
     "request_id",
     "correlation_id",
     "org_id",
+    # Additive context (docs/architecture.md#publishing): no worker reads them, so no
+    # new payload version (tests/jobs/test_payload_version.py runs messages with and
+    # without them).
+    "project_id",
+    "actor_type",
+    "idempotency_key_sha256",
+    "scheduled_for",
 }
 # jobops' own headers on a first attempt (jobs.integrations.publisher.message_headers) ...
 JOBOPS_HEADERS = {"job_id", "org_id", "request_id", "correlation_id", "attempt"}
@@ -57,11 +68,12 @@ CELERY_HEADERS = {
     "stamps",
 }
 BROKER_HEADERS = {"x-delivery-count"}
+ADDITIVE = ("project_id", "actor_type", "idempotency_key_sha256", "scheduled_for")
 
 
 def test_a_published_message_carries_exactly_the_documented_fields(amqp):
     acme = OrganisationFactory(slug="acme")
-    ProjectFactory(organisation=acme, slug="web")
+    web = ProjectFactory(organisation=acme, slug="web")
     owner = UserFactory(org=acme)
     created = client_for(owner).post(
         "/api/v1/jobs",
@@ -95,6 +107,10 @@ def test_a_published_message_carries_exactly_the_documented_fields(amqp):
         "request_id": "req-fields-1",
         "correlation_id": "corr-fields-1",
         "org_id": acme.pk,
+        "project_id": web.pk,
+        "actor_type": "user",  # who made it: its `created` entry's actor
+        "idempotency_key_sha256": hashlib.sha256(b"k-1").hexdigest(),
+        "scheduled_for": None,
     }
     assert set(job.params) == {"seed", "steps", "step_seconds"}  # the defaults were filled
 
@@ -114,3 +130,27 @@ def test_a_published_message_carries_exactly_the_documented_fields(amqp):
     uuid.UUID(headers["id"])
     assert message.delivery_info["exchange"] == "jobs.direct"
     assert message.delivery_info["routing_key"] == "sim"
+
+
+def test_a_service_accounts_scheduled_job_names_its_actor_and_its_run_at_and_no_key(amqp):
+    acme = OrganisationFactory(slug="acme")
+    account, _ = service_account_get_or_create(org=acme, name="ci")
+    # A run_at just past runs now, and is kept: the message says when it was meant for.
+    run_at = (timezone.now() - timedelta(seconds=5)).replace(microsecond=0)
+    created = client_for(account.user).post(
+        "/api/v1/jobs",
+        {"type": "sim", "params": {"steps": 1}, "run_at": run_at.isoformat()},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    publish_pending_once()
+    message = get_one(amqp, "sim")
+    amqp.basic_ack(message.delivery_tag)
+    [payload], _, _ = json.loads(message.body)
+    assert payload["job_id"] == created.json()["id"]
+    assert {name: payload[name] for name in ADDITIVE} == {
+        "project_id": None,
+        "actor_type": "service",
+        "idempotency_key_sha256": None,
+        "scheduled_for": run_at.isoformat(),
+    }

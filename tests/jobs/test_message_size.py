@@ -83,3 +83,10 @@ def test_a_single_publish_raises_and_leaves_the_job_pending(amqp, settings):
         job_publish(job_id=job.id)
     assert Job.objects.get(id=job.id).status == "pending"
     assert depth(amqp, "sim") == 0
+
+
+def test_the_key_travels_as_a_fixed_size_digest_whatever_its_length():
+    short, long = make_job(key="k"), make_job(key="k" * 255)
+    sizes = {message_body_size(wire_payload(job)) for job in (short, long)}
+    assert len(sizes) == 1  # a 255-character key costs the message what a 1-character one does
+    assert "k" * 255 not in json.dumps(wire_payload(long))

@@ -51,6 +51,23 @@ def test_a_worker_runs_its_own_version_the_previous_one_and_an_unversioned_messa
     assert RAN == [queued.id]
 
 
+# The job contract's context, added to the payload without a new version: a worker of
+# this release (or the one before) reads none of it.
+ADDITIVE = ("project_id", "actor_type", "idempotency_key_sha256", "scheduled_for")
+
+
+@pytest.mark.parametrize("with_context", [True, False], ids=["with", "without"])
+def test_the_additive_fields_change_nothing_for_a_worker(queued, with_context):
+    payload = wire_payload(queued)
+    assert set(ADDITIVE) <= set(payload)
+    if not with_context:  # as every message published before they were added
+        for name in ADDITIVE:
+            del payload[name]
+    assert job_execute(payload=payload, hostname="t")["outcome"] == "succeeded"
+    assert RAN == [queued.id]
+    assert Job.objects.get(id=queued.id).status == "succeeded"
+
+
 @pytest.mark.parametrize(
     "version",
     [PAYLOAD_VERSION + 1, PAYLOAD_VERSION - 2, str(PAYLOAD_VERSION), True, None, 2.0, [2]],

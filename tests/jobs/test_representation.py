@@ -63,6 +63,7 @@ def test_every_read_of_a_job_lists_its_artefacts_alike():
         org_id=job.org_id,
         key="artefact-key",
         params_hash=job.params_hash,
+        project_id=job.project_id,
         now=timezone.now(),
     )
     assert repeat is not None

@@ -1,6 +1,7 @@
 """`manage.py org ...`: organisations, members, service tokens (docs/tenancy.md).
 
     manage.py org create SLUG [--name NAME]
+    manage.py org project SLUG PROJECT [--name NAME]
     manage.py org add-member SLUG USERNAME [--role member|admin]
     manage.py org suspend SLUG
     manage.py org resume SLUG
@@ -41,6 +42,7 @@ from tenants.services import (
     organisation_resume,
     organisation_suspend,
     person_token_issue,
+    project_create,
     service_account_get_or_create,
     token_create,
     token_revoke,
@@ -58,6 +60,10 @@ class Command(BaseCommand):
         create = sub.add_parser("create", help="create an organisation")
         create.add_argument("slug")
         create.add_argument("--name", default="", help="its display name (default: the slug)")
+        project = sub.add_parser("project", help="create a project in an organisation")
+        project.add_argument("slug")
+        project.add_argument("project", help="the project's slug")
+        project.add_argument("--name", default="", help="its display name (default: the slug)")
         member = sub.add_parser("add-member", help="add a user (or change their role)")
         member.add_argument("slug")
         member.add_argument("username")
@@ -159,6 +165,15 @@ class Command(BaseCommand):
             raise CommandError(f"{options['slug']!r}: {' '.join(exc.messages)}") from exc
         org = organisation_create(slug=options["slug"], name=options["name"])
         self.stdout.write(f"created organisation {org.slug} ({org.name})")
+
+    def _project(self, options: dict[str, Any]) -> None:
+        org = self._org(options["slug"])
+        try:
+            validate_slug(options["project"])
+        except ValidationError as exc:
+            raise CommandError(f"{options['project']!r}: {' '.join(exc.messages)}") from exc
+        project = project_create(org=org, slug=options["project"], name=options["name"])
+        self.stdout.write(f"created project {project} ({project.name})")
 
     def _add_member(self, options: dict[str, Any]) -> None:
         org = self._org(options["slug"])
