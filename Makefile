@@ -1,5 +1,9 @@
 # jobops: `make run` starts the portal, `make test` runs the whole suite.
 # Both install what they need into .venv from the pinned constraints.txt.
+# The interpreter the venv is made from. The code runs on Python 3.11+; development and
+# CI use 3.12 (.python-version, which pyenv reads), where coverage traces through
+# sys.monitoring ([tool.coverage.run] core) at a fraction of the C tracer's cost: that
+# is most of make test's budget (docs/development.md#the-test-budget).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,8 +16,10 @@ export DEBUG ?= true
 
 .PHONY: install run test suite coverage test-heavy upgrade-check openapi-check lint fmt typecheck docs docs-check migrate topology worker dispatcher bench lock clean
 
-$(STAMP): pyproject.toml constraints.txt clients/python/pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+$(STAMP): pyproject.toml constraints.txt clients/python/pyproject.toml .python-version
+	@# A venv of another interpreter (say 3.11 before .python-version named 3.12) is made again.
+	@[ "$$($(BIN)/python -c 'import sys; print(sys.version_info[:2])' 2>/dev/null)" = \
+	   "$$($(PY) -c 'import sys; print(sys.version_info[:2])')" ] || { rm -rf $(VENV); $(PY) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,otel]'
 	# The Python client (docs/client.md), editable: tests/client/ imports it.
