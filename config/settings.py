@@ -796,12 +796,13 @@ JOBOPS_ERP_EVENTS_PROGRESS = env_bool("JOBOPS_ERP_EVENTS_PROGRESS", False)
 # The event stream process (GET /api/v1/jobs/{id}/events, jobs/api/stream.py, the
 # Procfile's `events`): open streams at most, in the process and per user in it (over
 # either: 429); a comment line every HEARTBEAT seconds on an idle stream; how often the
-# heads of the open streams' jobs are read (one query for all of them); the threads
+# heads of the open streams' jobs are read (one query for all of them; a stream whose job
+# moved then reads its entries, at most once a second); the threads
 # (each a database connection while it reads, closed after) that run its reads.
 JOBOPS_SSE_MAX_STREAMS = env_int("JOBOPS_SSE_MAX_STREAMS", 1000)
 JOBOPS_SSE_MAX_STREAMS_PER_USER = env_int("JOBOPS_SSE_MAX_STREAMS_PER_USER", 20)
 JOBOPS_SSE_HEARTBEAT_SECONDS = env_float("JOBOPS_SSE_HEARTBEAT_SECONDS", 15.0)
-JOBOPS_SSE_POLL_SECONDS = env_float("JOBOPS_SSE_POLL_SECONDS", 1.0)
+JOBOPS_SSE_POLL_SECONDS = env_float("JOBOPS_SSE_POLL_SECONDS", 0.25)
 JOBOPS_SSE_DB_CONNECTIONS = env_int("JOBOPS_SSE_DB_CONNECTIONS", 4)
 for _name, _value, _low, _high in (
     ("JOBOPS_SSE_MAX_STREAMS", JOBOPS_SSE_MAX_STREAMS, 1, 100_000),

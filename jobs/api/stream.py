@@ -20,9 +20,9 @@ hold a worker for its whole life.
    failure after the start is an `event: error` with the envelope as its data.
 3. No database connection is held between reads: every read runs on one of
    `JOBOPS_SSE_DB_CONNECTIONS` threads, which closes its connection after it. One
-   query a tick (`JOBOPS_SSE_POLL_SECONDS`, at least a second apart) reads the heads
-   of every open stream's job (`_Heads`); only a stream whose job moved reads its
-   entries. No NOTIFY is needed from the transitions.
+   query a tick (`JOBOPS_SSE_POLL_SECONDS`) reads the heads of every open stream's job
+   (`_Heads`); only a stream whose job moved reads its entries, at most once a second
+   (`READ_GAP_SECONDS`). No NOTIFY is needed from the transitions.
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ log = structlog.get_logger("jobs.stream")
 ROUTE = re.compile(r"^/api/v1/jobs/(?P<job_id>[0-9a-fA-F-]{32,36})/events/?$")
 # Query parameters that carry a credential somewhere: refused, never read.
 TOKEN_PARAMETERS = frozenset({"token", "access_token", "api_key", "apikey", "key", "auth"})
+# A stream reads its job's entries at most this often; the heads of every stream's job
+# are read each JOBOPS_SSE_POLL_SECONDS (one query), so that an event waits for the next
+# tick rather than for a second: a progress write every 2 s is read as it commits.
+READ_GAP_SECONDS = 1.0
 # The largest Last-Event-ID accepted (a seq is a bigint).
 MAX_SEQ = 2**63 - 1
 T = TypeVar("T")
@@ -286,6 +290,7 @@ class EventStreamApp:
         heartbeat = settings.JOBOPS_SSE_HEARTBEAT_SECONDS
         last_sent = time.monotonic()
         while True:
+            read_at = time.monotonic()
             try:
                 poll = await self._db(job_events_poll, cursor=cursor)
             except DatabaseError as exc:
@@ -309,6 +314,9 @@ class EventStreamApp:
             ):
                 await _send(send, b": heartbeat\n\n")
                 last_sent = time.monotonic()
+            # Its job moved: read its entries, but not twice within READ_GAP_SECONDS (a
+            # job writing progress every tick would else cost a read per tick).
+            await asyncio.sleep(max(0.0, read_at + READ_GAP_SECONDS - time.monotonic()))
 
 
 def _too_many(scope: str, limit: int) -> StreamRefused:
