@@ -268,7 +268,7 @@ def test_erp_events_receives_progress_events_only_while_opted_in(no_erp_queues):
         producer.publish({"marker": "progress"}, routing_key="job.progress", serializer="json")
         producer.publish({"marker": "status"}, routing_key=EVENT_ROUTING_KEY, serializer="json")
         first = get_one(channel, ERP_EVENTS_QUEUE_NAME)
-        first.ack()
+        channel.basic_ack(first.delivery_tag)
         channel.queue_purge(ERP_EVENTS_QUEUE_NAME)
         return json.loads(first.body)["marker"]
 
