@@ -3,6 +3,7 @@ the Procfile runs, started once for the module with short timings."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import Iterator
@@ -255,3 +256,31 @@ def test_a_session_authenticates_a_stream_as_the_api_does(stream_url, client):
     ) as response:
         assert response.status_code == 200
         assert len(events_of(read_stream(response))) == 4
+
+
+def test_the_process_wide_cap_refuses_one_more_stream_whoever_asks(settings):
+    """In process: the app's count at JOBOPS_SSE_MAX_STREAMS refuses any user's next
+    stream with 429 (scope total) after the checks that come before it."""
+    from jobs.api.stream import EventStreamApp, StreamRefused
+
+    settings.JOBOPS_SSE_MAX_STREAMS = 5
+    job = job_in_state("running")
+    token = Token.objects.get_or_create(user=job.owner)[0].key
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": events_path(job),
+        "query_string": b"",
+        "headers": [(b"authorization", f"Token {token}".encode())],
+    }
+    app = EventStreamApp()
+    assert asyncio.run(app._admit(scope))[0] == job.id  # admitted below the cap
+    app.open_streams = 5
+    with pytest.raises(StreamRefused) as refused:
+        asyncio.run(app._admit(scope))
+    assert refused.value.status == 429
+    assert refused.value.body["error"]["details"] == {
+        "limit": 5,
+        "scope": "total",
+        "retry_after": 5,
+    }
