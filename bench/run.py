@@ -24,6 +24,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("e2e", ["--profile"]),
     ("executors", []),
     ("events", []),
+    ("sse", []),
     ("dlq_replay", []),
     ("burst", []),
     ("scale", []),

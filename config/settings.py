@@ -819,6 +819,31 @@ if not JOBOPS_EVENTS_PUBLISH:
 JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS = env_float("JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS", 10.0)
 JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS", 1.0)
 JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS", 30.0)
+# Whether the ERP receives job.progress events too (one per running job every
+# JOBOPS_PROGRESS_INTERVAL_SECONDS at most): off, only changes of status. setup_topology
+# binds (or unbinds) `erp.events` accordingly; the brokerless bridge skips them.
+JOBOPS_ERP_EVENTS_PROGRESS = env_bool("JOBOPS_ERP_EVENTS_PROGRESS", False)
+
+# The event stream process (GET /api/v1/jobs/{id}/events, jobs/api/stream.py, the
+# Procfile's `events`): open streams at most, in the process and per user in it (over
+# either: 429); a comment line every HEARTBEAT seconds on an idle stream; how often the
+# heads of the open streams' jobs are read (one query for all of them; a stream whose job
+# moved then reads its entries, at most once a second); the threads
+# (each a database connection while it reads, closed after) that run its reads.
+JOBOPS_SSE_MAX_STREAMS = env_int("JOBOPS_SSE_MAX_STREAMS", 1000)
+JOBOPS_SSE_MAX_STREAMS_PER_USER = env_int("JOBOPS_SSE_MAX_STREAMS_PER_USER", 20)
+JOBOPS_SSE_HEARTBEAT_SECONDS = env_float("JOBOPS_SSE_HEARTBEAT_SECONDS", 15.0)
+JOBOPS_SSE_POLL_SECONDS = env_float("JOBOPS_SSE_POLL_SECONDS", 0.25)
+JOBOPS_SSE_DB_CONNECTIONS = env_int("JOBOPS_SSE_DB_CONNECTIONS", 4)
+for _name, _value, _low, _high in (
+    ("JOBOPS_SSE_MAX_STREAMS", JOBOPS_SSE_MAX_STREAMS, 1, 100_000),
+    ("JOBOPS_SSE_MAX_STREAMS_PER_USER", JOBOPS_SSE_MAX_STREAMS_PER_USER, 1, 100_000),
+    ("JOBOPS_SSE_HEARTBEAT_SECONDS", JOBOPS_SSE_HEARTBEAT_SECONDS, 0.1, 300),
+    ("JOBOPS_SSE_POLL_SECONDS", JOBOPS_SSE_POLL_SECONDS, 0.1, 60),
+    ("JOBOPS_SSE_DB_CONNECTIONS", JOBOPS_SSE_DB_CONNECTIONS, 1, 10),
+):
+    if not _low <= _value <= _high:
+        raise ImproperlyConfigured(f"{_name}={_value} must be between {_low} and {_high}")
 
 # --- operator portal and admin API (docs/operations/portal.md) -------------------------------
 # How long a grant from POST /api/v1/admin/otp lets a token make admin calls.

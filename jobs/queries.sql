@@ -458,8 +458,9 @@ SET LOCAL enable_bitmapscan = off;
 -- name: outbox_claim
 -- A relay's batch: unpublished rows in id order (outbox_waiting_idx: parked rows are
 -- not in it), rows another relay holds skipped; the payload as the JSON text stored,
--- published as is.
-SELECT id, job_id, seq, event_id::text, payload::text FROM event_outbox
+-- published as is, and its type (the routing key: job.status.changed, job.progress).
+SELECT id, job_id, seq, event_id::text, payload::text,
+       coalesce(payload->>'type', 'job.status.changed') FROM event_outbox
 WHERE published_at IS NULL AND parked_at IS NULL ORDER BY id LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 

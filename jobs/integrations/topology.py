@@ -21,6 +21,8 @@ from jobs.domain.types import POSTGRES, primary_queue_names, queue_executor
 JOBS_EXCHANGE = Exchange("jobs.direct", type="direct", durable=True)
 EVENTS_EXCHANGE = Exchange("events.jobs", type="topic", durable=True)
 EVENT_ROUTING_KEY = "job.status.changed"
+# A coalesced progress write's event (jobs_progress_event): its type and routing key.
+PROGRESS_ROUTING_KEY = "job.progress"
 WATCH_QUEUE_NAME = "dlq.watch"
 ERP_EVENTS_QUEUE_NAME = "erp.events"
 PARKED_QUEUE_NAME = "erp.events.parked"
@@ -137,9 +139,28 @@ def parked_queue() -> Queue:
     return Queue(PARKED_QUEUE_NAME, durable=True, queue_arguments={"x-queue-mode": "lazy"})
 
 
+def erp_routing_keys() -> tuple[str, ...]:
+    """The event types the ERP receives: changes of status, and progress events where
+    JOBOPS_ERP_EVENTS_PROGRESS opts in (a running job writes one every
+    JOBOPS_PROGRESS_INTERVAL_SECONDS: many more POSTs than its changes of status)."""
+    if settings.JOBOPS_ERP_EVENTS_PROGRESS:
+        return (EVENT_ROUTING_KEY, PROGRESS_ROUTING_KEY)
+    return (EVENT_ROUTING_KEY,)
+
+
+def erp_receives(event_type: str) -> bool:
+    """Whether an event of this type goes to the ERP (where one is configured)."""
+    return erp_configured() and event_type in erp_routing_keys()
+
+
 def erp_events_queue() -> Queue:
+    """`erp.events`, bound to `events.jobs` once per routing key the ERP receives.
+    setup_topology removes the job.progress binding when the opt-in is off."""
     return Queue(
-        ERP_EVENTS_QUEUE_NAME, exchange=EVENTS_EXCHANGE, routing_key=EVENT_ROUTING_KEY, durable=True
+        ERP_EVENTS_QUEUE_NAME,
+        exchange=EVENTS_EXCHANGE,
+        bindings=[binding(EVENTS_EXCHANGE, routing_key=key) for key in erp_routing_keys()],
+        durable=True,
     )
 
 

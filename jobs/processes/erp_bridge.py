@@ -56,7 +56,12 @@ from core.broker import broker_connect
 from core.logging import log_context
 from core.redact import redact_url, redact_urls_in
 from jobs.integrations import metrics
-from jobs.integrations.topology import ERP_EVENTS_QUEUE_NAME, PARKED_QUEUE_NAME, erp_events_queue
+from jobs.integrations.topology import (
+    ERP_EVENTS_QUEUE_NAME,
+    PARKED_QUEUE_NAME,
+    erp_events_queue,
+    erp_routing_keys,
+)
 from jobs.processes.events import OutboxRow, outbox_claim, outbox_mark_published
 from jobs.services.erp_parked import Refusal, outbox_park
 
@@ -131,7 +136,7 @@ class ErpBridge:
             job_id=job_id,
             request_id=event.get("request_id"),
             correlation_id=event.get("correlation_id"),
-            routing_key="job.status.changed",
+            routing_key=message.delivery_info.get("routing_key"),
         ):
             outcome, status, reason = event_post(
                 session=self.session, url=self.url, body=message.body, event_id=event_id
@@ -267,7 +272,8 @@ def erp_outbox_deliver(
     1. Claim up to `limit` unpublished rows that are not parked
        (jobs.processes.events.outbox_claim: id order, rows another bridge holds skipped, a job's
        events in seq order).
-    2. POST each in order. Delivered: to be marked. Refused for good: to be parked. A
+    2. POST each in order (a job.progress event only where the ERP opted in: else it
+       is marked without a POST). Delivered: to be marked. Refused for good: to be parked. A
        temporary failure: stop, so that no later event of its job goes first.
     3. Mark the delivered rows published, park the refused ones (each audited on the
        ops chain: appended last, so that the chain's lock is not held through POSTs),
@@ -278,6 +284,11 @@ def erp_outbox_deliver(
     failed = False
     with transaction.atomic():
         for row in outbox_claim(limit=limit):
+            if row.type not in erp_routing_keys():
+                # A job.progress event without JOBOPS_ERP_EVENTS_PROGRESS: not the ERP's;
+                # marked with the delivered rows, as the broker drops one nobody is bound to.
+                delivered.append(row.id)
+                continue
             outcome, status, reason = _outbox_post(session=session, url=url, row=row)
             counts[outcome] += 1
             metrics.ERP_BRIDGE_DELIVERIES.labels(outcome=outcome).inc()

@@ -2,8 +2,9 @@
 
 Every transition writes an `EventOutbox` row in its own transaction
 (`jobs.services.transitions`). The relay publishes those rows to the topic exchange
-`events.jobs` (routing key `job.status.changed`, `message_id = event_id`, persistent,
-JSON, publisher confirms; `mandatory` where an ERP is configured) and marks them
+`events.jobs` (routing key: the event's type, `job.status.changed` or `job.progress`;
+`message_id = event_id`, persistent,
+JSON, publisher confirms; `mandatory` where an ERP receives the event) and marks them
 `published_at` only after the broker's confirm, in the transaction that holds the row
 locks:
 
@@ -49,7 +50,7 @@ from core.broker import (
     confirm_channel,
 )
 from jobs.integrations import metrics
-from jobs.integrations.topology import EVENT_ROUTING_KEY, EVENTS_EXCHANGE, erp_configured
+from jobs.integrations.topology import EVENTS_EXCHANGE, erp_configured, erp_receives
 from jobs.models import EventOutbox
 from jobs.queries import QUERIES
 
@@ -70,13 +71,16 @@ class OutboxRow:
     seq: int
     event_id: str
     body: str
+    type: str  # the routing key: job.status.changed or job.progress
 
 
 def event_publish(*, channel: Any, event: OutboxRow, mandatory: bool) -> None:
     """Send one event on a confirm-mode channel (its confirm is awaited by the caller).
 
-    Persistent, JSON, `message_id = event_id`, headers job_id and seq. `mandatory`
-    where an ERP is configured: its queue `erp.events` must receive every event, so an
+    Persistent, JSON, `message_id = event_id`, headers job_id and seq, routed by its
+    type. `mandatory` where an ERP receives events of that type (a job.progress event
+    only with JOBOPS_ERP_EVENTS_PROGRESS on): its queue `erp.events` must receive every
+    such event, so an
     event that no queue receives (the queue missing) comes back as a basic.return,
     counted as a failure instead of a silent success. Without an ERP, `events.jobs` is
     plain publish-subscribe: a consumer binds a queue of its own to receive events, an
@@ -98,7 +102,7 @@ def event_publish(*, channel: Any, event: OutboxRow, mandatory: bool) -> None:
     channel.send_method(
         spec.Basic.Publish,
         "Bssbb",
-        (0, EVENTS_EXCHANGE.name, EVENT_ROUTING_KEY, mandatory, False),
+        (0, EVENTS_EXCHANGE.name, event.type, mandatory, False),
         message,
     )
 
@@ -119,9 +123,8 @@ def events_publish(*, events: list[OutboxRow]) -> None:
     try:
         channel, confirms = confirm_channel(conn)
         _notice_blocked(conn)
-        mandatory = erp_configured()
         for event in events:
-            event_publish(channel=channel, event=event, mandatory=mandatory)
+            event_publish(channel=channel, event=event, mandatory=erp_receives(event.type))
             confirms.published()
         try:
             confirms.wait(timeout=settings.JOBOPS_PUBLISH_TIMEOUT_SECONDS)

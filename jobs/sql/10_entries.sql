@@ -136,11 +136,36 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT coalesce(current_setting('jobops.events', true), '') <> 'off'
 $$;
 
+-- jobs_progress_event: the job.progress event of a progress write (jobs_progress), built
+-- from the job's row after the write: `progress` is the object the row holds (percent,
+-- step, message), `seq` its `progress` entry's. It names the job's type, organisation,
+-- project and request as jobs_status_event does. `p_metrics` (a handler's measurements,
+-- when a write carries some) becomes `metrics`, left out when NULL. The event stream
+-- (jobs/stream) builds the same body from the entry and the row: tests/jobs/
+-- test_progress_events.py holds the two equal.
+CREATE OR REPLACE FUNCTION jobs_progress_event(job jobs, p_ts text, p_metrics jsonb)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT jsonb_build_object(
+        'type', 'job.progress', 'job_id', job.id::text, 'job_type', job.type,
+        'seq', job.audit_seq, 'status', job.status,
+        'progress', jsonb_build_object(
+            'percent', job.progress_percent, 'step', job.progress_step,
+            'message', job.progress_message
+        ),
+        'attempt', job.attempts, 'timestamp', p_ts,
+        'request_id', job.request_id, 'correlation_id', job.correlation_id,
+        'org_id', job.org_id, 'project_id', job.project_id
+    ) || CASE WHEN p_metrics IS NULL THEN '{}'::jsonb
+              ELSE jsonb_build_object('metrics', p_metrics) END
+$$;
+
 -- jobs_changes_record: each changed job's entry (`p_ids` with `p_seqs`, their rows'
 -- audit_seq after the change: the entries' seq), continuing its chain from
 -- `p_prev_hashes`, in one statement for the whole batch (the audit app's
--- audit_append_job_entries), and its job.status.changed event (`p_events`:
--- jobs_status_event of its row after the change, which this names) in the outbox.
+-- audit_append_job_entries), and its event (`p_events`: jobs_status_event of its row
+-- after the change, which this names, or jobs_progress_event for a progress write) in
+-- the outbox.
 -- Returns how many entries were appended (the caller reads it, so that the call is never
 -- optimised away). A volatile call in a subquery's select list runs once per row: one
 -- event id each. No event where the session says `jobops.events = off`

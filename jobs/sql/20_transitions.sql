@@ -192,7 +192,9 @@ $$;
 
 -- The lock holder writes a progress value: monotonic within the attempt (never back,
 -- even when two writes cross), moving the version. Its `progress` entry records the
--- percent the row holds after the write. No event (progress events are the worker's).
+-- percent the row holds after the write; its job.progress event (jobs_progress_event)
+-- goes to the outbox in the same transaction, as a change of status's does. The worker
+-- coalesces writes (JOBOPS_PROGRESS_INTERVAL_SECONDS): one event per write.
 CREATE OR REPLACE FUNCTION jobs_progress(
     p_ids uuid[], p_attempts int[], p_locked_by text, p_percents int[], p_steps text[],
     p_messages text[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
@@ -239,13 +241,15 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_progress_event(jobs, p_ts, NULL) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
-    WHERE (SELECT audit_append_job_entries(
-               array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
-               'progress', p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
+    WHERE (SELECT jobs_changes_record(
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
+               'progress', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -253,3 +254,27 @@ def test_convert_moves_a_classic_dlq_to_quorum_keeping_every_message_and_its_rou
         assert {m.properties["message_id"] for m in moved} == {*markers, "after"}
         again = run_manage("setup_topology", "--convert")
         assert again.returncode == 0 and "converted" not in again.stdout
+
+
+def test_erp_events_receives_progress_events_only_while_opted_in(no_erp_queues):
+    """JOBOPS_ERP_EVENTS_PROGRESS on binds erp.events to job.progress; turned off, the
+    next setup_topology removes that binding (a declaration only ever adds one)."""
+    erp = {"JOBOPS_ERP_EVENTS_URL": "http://erp.invalid/events"}
+    channel = no_erp_queues.channel()
+
+    def first_to_arrive() -> str:
+        """A progress event, then a status event: which erp.events holds first."""
+        producer = Producer(channel, exchange=EVENTS_EXCHANGE)
+        producer.publish({"marker": "progress"}, routing_key="job.progress", serializer="json")
+        producer.publish({"marker": "status"}, routing_key=EVENT_ROUTING_KEY, serializer="json")
+        first = get_one(channel, ERP_EVENTS_QUEUE_NAME)
+        channel.basic_ack(first.delivery_tag)
+        channel.queue_purge(ERP_EVENTS_QUEUE_NAME)
+        return json.loads(first.body)["marker"]
+
+    on = run_manage("setup_topology", env=subprocess_env(**erp, JOBOPS_ERP_EVENTS_PROGRESS="on"))
+    assert on.returncode == 0, on.stderr
+    assert first_to_arrive() == "progress"
+    off = run_manage("setup_topology", env=subprocess_env(**erp, JOBOPS_ERP_EVENTS_PROGRESS="off"))
+    assert off.returncode == 0, off.stderr
+    assert first_to_arrive() == "status"

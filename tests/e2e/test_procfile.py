@@ -54,7 +54,7 @@ def _checkout_copy(target: Path) -> Path:
     return target
 
 
-def _job_succeeds_through_web(base: str, token: str, body: dict) -> None:
+def _job_succeeds_through_web(base: str, token: str, body: dict) -> str:
     created = requests.post(
         f"{base}/api/v1/jobs",
         json=body,
@@ -64,6 +64,21 @@ def _job_succeeds_through_web(base: str, token: str, body: dict) -> None:
     assert created.status_code == 201, created.text
     job = job_finished(created.json()["id"], timeout=60)
     assert job.status == "succeeded", (body, job.status, job.last_error_code)
+    return str(job.id)
+
+
+def _stream_ends_with_success(base: str, token: str, job_id: str) -> None:
+    """The events process streams the ended job's events and closes after the last."""
+    with requests.get(
+        f"{base}/api/v1/jobs/{job_id}/events",
+        headers={"Authorization": f"Token {token}"},
+        stream=True,
+        timeout=10,
+    ) as response:
+        assert response.status_code == 200, response.text
+        lines = [line for line in response.iter_lines(decode_unicode=True) if line]
+    assert lines[-2:] == ["event: job.status.changed", lines[-1]], lines
+    assert '"status":"succeeded"' in lines[-1], lines
 
 
 def _sample(port: int, name: str, **labels: str) -> float:
@@ -86,7 +101,7 @@ def test_every_procfile_entry_starts_in_a_fresh_checkout_and_works(tmp_path):
     assert not (checkout / "var").exists()
     topology_declare_and_purge()
     token = Token.objects.create(user=UserFactory()).key
-    web_port, long_metrics = free_port(), free_port()
+    web_port, events_port, long_metrics = free_port(), free_port(), free_port()
     with socket.socket() as taken:  # another process holds this metrics port throughout
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -96,6 +111,7 @@ def test_every_procfile_entry_starts_in_a_fresh_checkout_and_works(tmp_path):
             DJANGO_SETTINGS_MODULE="config.settings",
             DEBUG="true",
             JOBOPS_BIND=f"127.0.0.1:{web_port}",
+            JOBOPS_EVENTS_PORT=str(events_port),
             WEB_CONCURRENCY="1",
             WORKER_LONG_CONCURRENCY="1",
             WORKER_LIGHT_CONCURRENCY="1",
@@ -125,8 +141,9 @@ def test_every_procfile_entry_starts_in_a_fresh_checkout_and_works(tmp_path):
             wait_for(healthy, timeout=60, interval=0.2, what="web to answer /healthz")
             # A long job (worker_long) and a light one (worker_light); only the
             # dispatcher and the publisher publish, and both have lost their port.
-            _job_succeeds_through_web(base, token, {"type": "sim", "params": {"steps": 2}})
+            sim = _job_succeeds_through_web(base, token, {"type": "sim", "params": {"steps": 2}})
             _job_succeeds_through_web(base, token, {"type": "ai", "params": {"text": "Go on."}})
+            _stream_ends_with_success(f"http://127.0.0.1:{events_port}", token, sim)
             # The pool child's values reach the group's exporter through the directory
             # the process made for itself.
             wait_for(

@@ -10,8 +10,11 @@ from kombu import Connection
 from core.broker import broker_connect, broker_connect_now, queue_convert, queue_depths
 from jobs.integrations.topology import (
     ERP_EVENTS_QUEUE_NAME,
+    EVENTS_EXCHANGE,
+    PROGRESS_ROUTING_KEY,
     convertible_queues,
     erp_configured,
+    erp_routing_keys,
     topology,
 )
 
@@ -60,6 +63,13 @@ class Command(BaseCommand):
                         self.stdout.write(f"finished converting {queue.name}: {moved} moved")
             if not erp_configured():
                 self._warn_unconsumed_erp_queue(conn)
+            elif PROGRESS_ROUTING_KEY not in erp_routing_keys() and not conflicts:
+                # A declaration adds bindings, never removes one: JOBOPS_ERP_EVENTS_PROGRESS
+                # turned off must stop the progress events reaching the ERP (unbinding a
+                # binding that is not there is a no-op).
+                conn.channel().queue_unbind(
+                    ERP_EVENTS_QUEUE_NAME, EVENTS_EXCHANGE.name, PROGRESS_ROUTING_KEY
+                )
         if conflicts:
             raise CommandError(
                 "existing declarations differ from the topology (arguments cannot change in "
