@@ -111,13 +111,6 @@ KINDS: dict[str, Kind] = {
             "started",
         ),
         _K(
-            "jobs_progress",
-            None,
-            _RUNNING,
-            (*_FENCED, ("percents", "int[]"), ("steps", "text[]"), ("messages", "text[]")),
-            "progress",
-        ),
-        _K(
             "jobs_progress_with_metrics",
             None,
             _RUNNING,

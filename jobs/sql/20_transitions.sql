@@ -195,70 +195,8 @@ $$;
 -- percent the row holds after the write; its job.progress event (jobs_progress_event)
 -- goes to the outbox in the same transaction, as a change of status's does. The worker
 -- coalesces writes (JOBOPS_PROGRESS_INTERVAL_SECONDS): one event per write.
-CREATE OR REPLACE FUNCTION jobs_progress(
-    p_ids uuid[], p_attempts int[], p_locked_by text, p_percents int[], p_steps text[],
-    p_messages text[], p_data jsonb[], p_actor_type text, p_actor_id text, p_ts text,
-    p_request_id text
-) RETURNS TABLE (moved_from text, moved_next_run_at timestamptz, moved jobs)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
-DECLARE
-    s_running CONSTANT text := 'running';
-BEGIN
-    RETURN QUERY
-    WITH locked AS (
-        SELECT jobs.id, jobs.status, jobs.next_run_at, jobs.audit_head,
-               i.percent, i.step, i.message,
-               jobs_entry_payload(
-                   jobs.id, jobs.audit_seq + 1, jobs.correlation_id, jobs.type, jobs.org_id,
-                   jobs.project_id,
-                   jsonb_build_object(
-                       'percent', GREATEST(jobs.progress_percent, i.percent), 'step', i.step,
-                       'attempt', jobs.attempts
-                   ) || i.data,
-                   'progress', p_actor_type, p_actor_id, p_ts, p_request_id
-               ) AS payload
-        FROM (SELECT * FROM unnest(p_ids, p_attempts, p_percents, p_steps, p_messages, p_data)
-              AS u(id, attempt, percent, step, message, data) ORDER BY u.id) AS i
-        CROSS JOIN LATERAL (
-            SELECT * FROM jobs
-            WHERE jobs.id = i.id
-              AND jobs.status = s_running AND jobs.locked_by = p_locked_by
-              AND jobs.attempts = i.attempt
-            FOR UPDATE
-        ) AS jobs
-    ),
-    upd AS (
-        UPDATE jobs SET
-            version = jobs.version + 1,
-            updated_at = now(),
-            progress_percent = GREATEST(jobs.progress_percent, locked.percent),
-            progress_step = locked.step,
-            progress_message = locked.message,
-            progress_updated_at = now(),
-            audit_seq = jobs.audit_seq + 1,
-            audit_head = audit_chain_hash(locked.audit_head, locked.payload)
-        FROM locked
-        WHERE jobs.id = locked.id
-        RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
-                  locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
-                  jobs_progress_event(jobs, p_ts, NULL) AS event
-    )
-    SELECT upd.status_from, upd.next_run_from, upd.job
-    FROM upd
-    WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
-               array_agg(prev_hash),
-               'progress', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
-END;
-$$;
-
-
--- jobs_progress with the value's metrics (`p_metrics`: name -> number, NULL: none),
--- which replace the row's as its step and message do. The `progress` entry is
--- jobs_progress's: the metrics stay on the row, out of the hashed payload (it carries
--- no floats). No event either: progress changes no status. jobs_progress stays one
--- release for the processes of the previous one (docs/operations/upgrading.md).
+-- `p_metrics` (name -> number, NULL: none) replace the row's as its step and message do;
+-- they go in the event, never in the hashed `progress` entry (it carries no floats).
 CREATE OR REPLACE FUNCTION jobs_progress_with_metrics(
     p_ids uuid[], p_attempts int[], p_locked_by text, p_percents int[], p_steps text[],
     p_messages text[], p_metrics jsonb[], p_data jsonb[], p_actor_type text,
@@ -307,13 +245,15 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq
+                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs_progress_event(jobs, p_ts, locked.metrics) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
-    WHERE (SELECT audit_append_job_entries(
-               array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
-               'progress', p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
+    WHERE (SELECT jobs_changes_record(
+               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(prev_hash),
+               'progress', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
 $$;
 

@@ -185,3 +185,46 @@ def test_the_last_metrics_are_written_before_a_job_is_dead_lettered(settings):
     assert [e["data"]["percent"] for e in progress_entries(job.id)] == [40, 70]
     assert all("metrics" not in json.dumps(e) for e in progress_entries(job.id))
     assert audit_verify(job_ids=[job.id]).ok
+
+
+def test_the_previous_releases_progress_write_is_the_same_write_without_metrics():
+    """jobs_progress, the progress write of the release before metrics, stays one
+    release for its processes: it writes the value, its entry and its job.progress
+    event as jobs_progress_with_metrics does, and clears the row's metrics."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from audit.services import Actor, format_ts
+    from jobs.models import EventOutbox
+    from jobs.services.transitions import Progress, job_progress_audit
+
+    job, ctx = running_ctx()
+    job_progress_audit(
+        job_id=job.id,
+        fence=ctx.fence,
+        progress=Progress(20, metrics={"loss": 2.0}),
+        actor=Actor.system("worker"),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM jobs_progress(%s::uuid[], %s::int[], %s, %s::int[],"
+            " %s::text[], %s::text[], %s::jsonb[], 'system', 'worker', %s, NULL)",
+            [[job.id], [job.attempts], ctx.fence.locked_by, [50], ["old"], ["m"], ["{}"],
+             format_ts(timezone.now())],
+        )  # fmt: skip
+        assert cursor.fetchone()[0] == 1
+    row = Job.objects.get(id=job.id)
+    assert (row.progress_percent, row.progress_step, row.progress_metrics) == (50, "old", None)
+    assert [e["data"]["percent"] for e in progress_entries(job.id)] == [20, 50]
+    events = [
+        json.loads(body) if isinstance(body, str) else body
+        for body in EventOutbox.objects.filter(job_id=job.id)
+        .order_by("id")
+        .values_list("payload", flat=True)
+    ]
+    progress = [e for e in events if e["type"] == "job.progress"]
+    assert [(e["progress"]["percent"], e.get("metrics")) for e in progress] == [
+        (20, {"loss": 2.0}),
+        (50, None),
+    ]
+    assert audit_verify(job_ids=[job.id]).ok
