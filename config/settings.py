@@ -7,6 +7,7 @@ DEBUG off, `check_production_safety` refuses to start on an unsafe default.
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -656,6 +657,7 @@ JOBOPS_DLQ_BULK_RETENTION = parse_duration(env_str("JOBOPS_DLQ_BULK_RETENTION", 
 # a count). Listed here so that jobs never names the dlq app.
 JOBOPS_PURGE_EXTRAS: list[tuple[str, str]] = [
     ("bulk_operations", "dlq.bulk.bulk_operations_purge"),
+    ("webhook_deliveries", "jobs.services.webhooks.webhook_deliveries_purge"),
 ]
 JOBOPS_PUBLISH_TIMEOUT_SECONDS = env_float("JOBOPS_PUBLISH_TIMEOUT_SECONDS", 5.0)
 # RabbitMQ's consumer_timeout (default 30 min); workers refuse prefetch settings that
@@ -788,6 +790,47 @@ if not JOBOPS_EVENTS_PUBLISH:
 JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS = env_float("JOBOPS_ERP_BRIDGE_TIMEOUT_SECONDS", 10.0)
 JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_SECONDS", 1.0)
 JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS = env_float("JOBOPS_ERP_BRIDGE_BACKOFF_CAP_SECONDS", 30.0)
+
+# --- webhooks per organisation (docs/webhooks.md) --------------------------------------------
+# Endpoint secrets are stored encrypted with this Fernet key (32 bytes, url-safe base64:
+# `python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"`).
+# The development default is derived from SECRET_KEY; production refuses to start without
+# one of its own. Changing it makes every stored secret unreadable: rotate endpoints then.
+JOBOPS_WEBHOOK_DEV_SECRET_KEY = base64.urlsafe_b64encode(
+    hashlib.sha256(b"jobops-webhook-secrets:" + SECRET_KEY.encode()).digest()
+).decode()
+JOBOPS_WEBHOOK_SECRET_KEY = env_str("JOBOPS_WEBHOOK_SECRET_KEY", "")
+if JOBOPS_WEBHOOK_SECRET_KEY:
+    try:
+        if len(base64.urlsafe_b64decode(JOBOPS_WEBHOOK_SECRET_KEY.encode())) != 32:
+            raise ValueError("not 32 bytes")
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            "JOBOPS_WEBHOOK_SECRET_KEY must be a Fernet key (url-safe base64 of 32 bytes)"
+        ) from exc
+# The waits before each retry of a failed delivery (the last repeats) ...
+JOBOPS_WEBHOOK_RETRY_SCHEDULE = [
+    parse_duration(part)
+    for part in env_list("JOBOPS_WEBHOOK_RETRY_SCHEDULE", ["5s", "30s", "2m", "10m", "1h"])
+]
+if not JOBOPS_WEBHOOK_RETRY_SCHEDULE:
+    raise ImproperlyConfigured("JOBOPS_WEBHOOK_RETRY_SCHEDULE names no duration")
+# ... for this long after an endpoint's first failure without a success in between; then
+# the endpoint is disabled (its queue kept) until someone enables it again.
+JOBOPS_WEBHOOK_RETRY_WINDOW = parse_duration(env_str("JOBOPS_WEBHOOK_RETRY_WINDOW", "3d"))
+# How long each delivery's attempts (status, latency, the start of the answer) are kept
+# once it is delivered.
+JOBOPS_WEBHOOK_LOG_RETENTION = parse_duration(env_str("JOBOPS_WEBHOOK_LOG_RETENTION", "14d"))
+# After a rotation, the old secret signs too (a second signature) for this long.
+JOBOPS_WEBHOOK_ROTATION_OVERLAP = parse_duration(env_str("JOBOPS_WEBHOOK_ROTATION_OVERLAP", "24h"))
+# Receivers on loopback, private, link-local or CGNAT addresses are refused unless this
+# is on (local development, tests).
+JOBOPS_WEBHOOK_ALLOW_PRIVATE = env_bool("JOBOPS_WEBHOOK_ALLOW_PRIVATE", False)
+# Per POST: connect and read timeout; endpoints delivered at once by one process.
+JOBOPS_WEBHOOK_TIMEOUT_SECONDS = env_float("JOBOPS_WEBHOOK_TIMEOUT_SECONDS", 10.0)
+JOBOPS_WEBHOOK_CONCURRENCY = env_int("JOBOPS_WEBHOOK_CONCURRENCY", 8)
+if not 1 <= JOBOPS_WEBHOOK_CONCURRENCY <= 64:
+    raise ImproperlyConfigured("JOBOPS_WEBHOOK_CONCURRENCY must be 1-64")
 
 # --- operator portal and admin API (docs/operations/portal.md) -------------------------------
 # How long a grant from POST /api/v1/admin/otp lets a token make admin calls.
@@ -988,6 +1031,8 @@ def check_production_safety() -> None:
         problems.append("METRICS_TOKEN is unset (/metrics would be public)")
     if not JOBOPS_SECRET_PARAM_NAMES:
         problems.append("JOBOPS_SECRET_PARAM_NAMES is empty (no params key would be refused)")
+    if not JOBOPS_WEBHOOK_SECRET_KEY:
+        problems.append("JOBOPS_WEBHOOK_SECRET_KEY is unset (webhook secrets need their own key)")
     if ARTEFACT_STORAGE == "s3" and not ARTEFACT_S3_BUCKET:
         problems.append("ARTEFACT_STORAGE is s3 but ARTEFACT_S3_BUCKET is unset")
     if problems:

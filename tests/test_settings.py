@@ -71,6 +71,7 @@ def test_a_manage_py_command_prints_no_banner_of_django_axes():
         ),
         ({"METRICS_TOKEN": ""}, "METRICS_TOKEN"),
         ({"JOBOPS_SECRET_PARAM_NAMES": ""}, "JOBOPS_SECRET_PARAM_NAMES is empty"),
+        ({"JOBOPS_WEBHOOK_SECRET_KEY": ""}, "JOBOPS_WEBHOOK_SECRET_KEY is unset"),
     ],
 )
 def test_production_refuses_unsafe_value_and_names_it(overrides, named, starter):

@@ -1,0 +1,32 @@
+"""`manage.py run_webhooks`: the webhook delivery loop (docs/webhooks.md#delivery)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from jobs.processes.webhooks import WebhookRunner
+
+
+class Command(BaseCommand):
+    help = (
+        "Copy job events of the outbox into each subscribed webhook endpoint's queue and "
+        "POST them, signed, with retries (docs/webhooks.md)."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--poll", type=float, default=0.5, help="seconds between steps")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not settings.JOBOPS_EVENTS_PUBLISH:
+            raise CommandError(
+                "JOBOPS_EVENTS_PUBLISH is off: no job event is written, nothing to deliver"
+            )
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        WebhookRunner().run(stop=stop, poll=options["poll"])

@@ -1,0 +1,384 @@
+"""Webhook delivery (docs/webhooks.md): outbox -> `webhook_deliveries` -> signed POSTs.
+
+**Fan-out.** `webhook_fanout` reads the event outbox after its own cursor (the one row
+of `webhook_cursor`), independent of the relay and the ERP bridge, and copies each event
+into one `webhook_deliveries` row per endpoint of the job's organisation (and project)
+that subscribed to its type; a `failed` status change is a `job.dead_lettered` event
+too. The cursor is the position (writing transaction id, row id): a row is read only
+once its transaction id is below that of every transaction of this database still
+running (HORIZON), so a transaction that commits late cannot slip a row behind the
+cursor, as an id alone would let it. The copy and the cursor's move are one
+transaction: at least once, and the unique (endpoint, webhook_id) makes a repeat a
+no-op. The purge and `outbox_prune` keep outbox rows the cursor has not passed.
+
+**Delivery.** `WebhookRunner.step` hands each endpoint with due deliveries to a thread
+of its pool (JOBOPS_WEBHOOK_CONCURRENCY), one thread per endpoint at a time, so a
+receiver that hangs holds only its own endpoint, for at most its timeout per POST. The
+thread takes the endpoint's advisory lock (one deliverer per endpoint across processes),
+then its due deliveries whose job has no earlier undelivered event for this endpoint,
+in order, and POSTs each (jobs/integrations/webhook_http.py) with the Standard Webhooks
+headers: `webhook-id` (the same for every attempt), a fresh `webhook-timestamp` and
+`webhook-signature`. A 2xx delivers; anything else is a failure that holds the job's
+later events for this endpoint (never another job's or another endpoint's) until the
+next try, after JOBOPS_WEBHOOK_RETRY_SCHEDULE. An endpoint failing for
+JOBOPS_WEBHOOK_RETRY_WINDOW without a success is disabled (`webhook_disabled` on the ops
+chain); its deliveries wait for it to be enabled. A suspended organisation's deliveries
+wait too.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from django.conf import settings
+from django.db import connection, connections, transaction
+from django.utils import timezone
+
+from jobs.integrations import metrics
+from jobs.integrations.webhook_http import webhook_post
+from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from jobs.services.webhook_secrets import signatures
+from jobs.services.webhooks import (
+    DEAD_LETTERED,
+    EVENT_TYPES,
+    STATUS_CHANGED,
+    signing_secrets,
+    webhook_disable_failing,
+)
+
+log = structlog.get_logger("jobs.webhooks")
+
+FANOUT_BATCH = 1000
+DELIVERY_BATCH = 50
+# The advisory lock class of an endpoint's deliverer (with the endpoint id).
+LOCK_CLASS = 0x5742  # "WB"
+# A dead-lettered event's webhook-id is derived from its status change's event id.
+DEAD_LETTER_NAMESPACE = uuid.UUID("6f0a4a8e-3f59-4f53-9d1a-0c6f7d1f0b41")
+
+CURSOR_ENSURE = (
+    "INSERT INTO webhook_cursor (id, last_txid, last_id, updated_at) "
+    "VALUES (1, 0, 0, now()) ON CONFLICT DO NOTHING"
+)
+CURSOR_LOCK = "SELECT last_txid, last_id FROM webhook_cursor WHERE id = 1 FOR UPDATE"
+# The horizon: no row of a transaction at or above it may be read yet. The next
+# transaction id of this statement's snapshot (any later transaction gets one above it),
+# or the oldest transaction of this database still running with an id (read after the
+# snapshot: one that ended since is visible to the next statement), whichever is lower.
+# This database's only: pg_snapshot_xmin would wait for any transaction of the whole
+# cluster. pg_stat_activity shows 32-bit ids: widened with the epoch of the next id.
+HORIZON = """
+WITH next AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n)
+SELECT least(
+    (SELECT n FROM next),
+    (SELECT min(CASE WHEN full_xid > next.n THEN full_xid - 4294967296 ELSE full_xid END)
+     FROM next, LATERAL (
+         SELECT ((next.n >> 32) << 32) | a.backend_xid::text::bigint AS full_xid
+         FROM pg_stat_activity a
+         WHERE a.datname = current_database() AND a.backend_xid IS NOT NULL
+           AND a.pid <> pg_backend_pid()
+     ) AS running)
+)
+"""
+# Rows after the cursor, below the horizon, in cursor order.
+FANOUT_READ = """
+SELECT coalesce(o.txid, '0'::xid8)::text::bigint, o.id, o.event_id::text, o.job_id, o.seq,
+       o.payload::text, o.payload->>'type', o.payload->>'status',
+       o.payload->>'org_id', o.payload->>'project_id'
+FROM event_outbox o
+WHERE (coalesce(o.txid, '0'::xid8), o.id) > (%(txid)s::text::xid8, %(id)s)
+  AND coalesce(o.txid, '0'::xid8) < %(horizon)s::text::xid8
+ORDER BY coalesce(o.txid, '0'::xid8), o.id
+LIMIT %(limit)s
+"""
+CURSOR_MOVE = (
+    "UPDATE webhook_cursor SET last_txid = %s, last_id = %s, updated_at = now() WHERE id = 1"
+)
+# Endpoints with a delivery due, enabled, of an organisation not suspended.
+DUE_ENDPOINTS = """
+SELECT DISTINCT d.endpoint_id
+FROM webhook_deliveries d
+JOIN webhook_endpoints e ON e.id = d.endpoint_id
+JOIN organisations o ON o.id = e.organisation_id
+WHERE d.delivered_at IS NULL AND d.next_attempt_at <= now()
+  AND e.disabled_at IS NULL AND o.suspended_at IS NULL
+"""
+# An endpoint's due deliveries whose job has no earlier undelivered event for it.
+DUE_DELIVERIES = """
+SELECT d.id FROM webhook_deliveries d
+WHERE d.endpoint_id = %(endpoint)s AND d.delivered_at IS NULL AND d.next_attempt_at <= now()
+  AND NOT EXISTS (
+      SELECT FROM webhook_deliveries p
+      WHERE p.endpoint_id = d.endpoint_id AND p.job_id = d.job_id
+        AND p.delivered_at IS NULL AND p.seq < d.seq
+  )
+ORDER BY d.job_id, d.seq, d.id
+LIMIT %(limit)s
+"""
+ENDPOINT_ACTIVE = """
+SELECT e.id FROM webhook_endpoints e JOIN organisations o ON o.id = e.organisation_id
+WHERE e.id = %s AND e.disabled_at IS NULL AND o.suspended_at IS NULL
+"""
+
+
+def webhook_fanout(*, limit: int = FANOUT_BATCH) -> int:
+    """Copy the outbox events after the cursor into deliveries, move the cursor; returns
+    the deliveries made."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(CURSOR_ENSURE)
+            cursor.execute(CURSOR_LOCK)
+            last_txid, last_id = cursor.fetchone()
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # pg_stat_activity afresh
+            cursor.execute(HORIZON)
+            (horizon,) = cursor.fetchone()
+            cursor.execute(
+                FANOUT_READ,
+                {"txid": last_txid, "id": last_id, "horizon": horizon, "limit": limit},
+            )
+            rows = cursor.fetchall()
+        if not rows:
+            return 0
+        endpoints = _subscriptions()
+        now = timezone.now()
+        made: list[WebhookDelivery] = []
+        for _, _, event_id, job_id, seq, body, kind, status, org_id, project_id in rows:
+            for endpoint_id, events, project in endpoints.get(_int(org_id) or 0, ()):
+                if project is not None and project != _int(project_id):
+                    continue
+                for event_type, webhook_id, text in _messages(event_id, kind, status, body):
+                    if event_type in events:
+                        made.append(
+                            WebhookDelivery(
+                                endpoint_id=endpoint_id,
+                                webhook_id=webhook_id,
+                                event_type=event_type,
+                                job_id=job_id,
+                                seq=seq,
+                                body=text,
+                                next_attempt_at=now,
+                            )
+                        )
+        if made:
+            WebhookDelivery.objects.bulk_create(made, ignore_conflicts=True)
+            metrics.WEBHOOK_FANNED_OUT.inc(len(made))
+        with connection.cursor() as cursor:
+            cursor.execute(CURSOR_MOVE, [rows[-1][0], rows[-1][1]])
+    return len(made)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _subscriptions() -> dict[int, list[tuple[int, set[str], int | None]]]:
+    """Per organisation: (endpoint id, its event types, its project or None). Disabled
+    endpoints too: their queue is kept for when they are enabled again."""
+    found: dict[int, list[tuple[int, set[str], int | None]]] = {}
+    for pk, org_id, events, project_id in WebhookEndpoint.objects.values_list(
+        "id", "organisation_id", "events", "project_id"
+    ):
+        found.setdefault(org_id, []).append((pk, set(events), project_id))
+    return found
+
+
+def _messages(
+    event_id: str, kind: str | None, status: str | None, body: str
+) -> list[tuple[str, str, str]]:
+    """(event type, webhook-id, body) of each message an outbox event makes."""
+    kind = kind or STATUS_CHANGED
+    if kind not in EVENT_TYPES:
+        return []
+    found = [(kind, f"msg_{event_id}", body)]
+    if kind == STATUS_CHANGED and status == "failed":
+        # A failed job is dead-lettered (docs/architecture.md): its own message type,
+        # the same body but for its type, and a webhook-id of its own.
+        derived = uuid.uuid5(DEAD_LETTER_NAMESPACE, event_id)
+        text = body.replace(f'"type": "{STATUS_CHANGED}"', f'"type": "{DEAD_LETTERED}"', 1)
+        found.append((DEAD_LETTERED, f"msg_{derived}", text))
+    return found
+
+
+@dataclass
+class Outcome:
+    delivered: int = 0
+    failed: int = 0
+
+
+def webhook_deliver_endpoint(endpoint_id: int, *, limit: int = DELIVERY_BATCH) -> Outcome:
+    """Deliver one batch of an endpoint's due deliveries (see the module docstring)."""
+    outcome = Outcome()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_CLASS, endpoint_id])
+            if not cursor.fetchone()[0]:
+                return outcome  # another deliverer has it
+            cursor.execute(ENDPOINT_ACTIVE, [endpoint_id])
+            if cursor.fetchone() is None:
+                return outcome
+            cursor.execute(DUE_DELIVERIES, {"endpoint": endpoint_id, "limit": limit})
+            ids = [row[0] for row in cursor.fetchall()]
+        endpoint = WebhookEndpoint.objects.get(pk=endpoint_id)
+        by_id = WebhookDelivery.objects.in_bulk(ids)
+        held: set[Any] = set()
+        last_error = ""
+        for pk in ids:
+            delivery = by_id[pk]
+            if delivery.job_id in held:
+                continue
+            ok, error = _attempt(endpoint, delivery)
+            if ok:
+                outcome.delivered += 1
+            else:
+                outcome.failed += 1
+                held.add(delivery.job_id)
+                last_error = error
+        _endpoint_record(endpoint, outcome, last_error)
+    return outcome
+
+
+def _attempt(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> tuple[bool, str]:
+    """POST one delivery, record the attempt and where the delivery stands."""
+    now = timezone.now()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "jobops-webhooks",
+        "webhook-id": delivery.webhook_id,
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": signatures(
+            secrets_=signing_secrets(endpoint, now=now),
+            webhook_id=delivery.webhook_id,
+            timestamp=now,
+            body=delivery.body,
+        ),
+    }
+    answer = webhook_post(
+        endpoint.url,
+        body=delivery.body.encode("utf-8"),
+        headers=headers,
+        timeout=settings.JOBOPS_WEBHOOK_TIMEOUT_SECONDS,
+    )
+    ok = answer.status is not None and 200 <= answer.status < 300
+    metrics.WEBHOOK_ATTEMPTS.labels(outcome="delivered" if ok else "failed").inc()
+    metrics.WEBHOOK_LATENCY.observe(answer.latency_ms / 1000)
+    WebhookAttempt.objects.create(
+        delivery=delivery,
+        at=now,
+        status=answer.status,
+        latency_ms=answer.latency_ms,
+        response=answer.text,
+    )
+    delivery.attempts += 1
+    delivery.last_status = answer.status
+    if ok:
+        delivery.delivered_at = timezone.now()
+        delivery.last_error = ""
+    else:
+        error = f"HTTP {answer.status}: {answer.text}" if answer.status else answer.text
+        delivery.last_error = error[:500]
+        delivery.next_attempt_at = timezone.now() + retry_delay(delivery.attempts)
+    delivery.save(
+        update_fields=["attempts", "last_status", "delivered_at", "last_error", "next_attempt_at"]
+    )
+    log.info(
+        "webhook_attempt",
+        endpoint_id=endpoint.id,
+        webhook_id=delivery.webhook_id,
+        status=answer.status,
+        latency_ms=answer.latency_ms,
+        delivered=ok,
+    )
+    return ok, delivery.last_error
+
+
+def retry_delay(attempts: int) -> timedelta:
+    """The wait after the `attempts`-th failed attempt: the schedule's, the last repeating."""
+    schedule = settings.JOBOPS_WEBHOOK_RETRY_SCHEDULE
+    return schedule[min(attempts, len(schedule)) - 1]
+
+
+def _endpoint_record(endpoint: WebhookEndpoint, outcome: Outcome, last_error: str) -> None:
+    """The endpoint's health after a batch; disabled once failing past the window."""
+    now = timezone.now()
+    if outcome.delivered and not outcome.failed:
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
+            failing_since=None, last_success_at=now
+        )
+    elif outcome.failed:
+        updates: dict[str, Any] = {"last_failure_at": now, "last_error": last_error[:500]}
+        if outcome.delivered:
+            updates["last_success_at"] = now
+        WebhookEndpoint.objects.filter(pk=endpoint.pk, failing_since__isnull=True).update(
+            failing_since=now
+        )
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(**updates)
+        webhook_disable_failing(endpoint_id=endpoint.pk, now=now)
+
+
+def due_endpoints() -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute(DUE_ENDPOINTS)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _deliver_in_thread(endpoint_id: int) -> Outcome:
+    try:
+        return webhook_deliver_endpoint(endpoint_id)
+    except Exception:
+        log.exception("webhook_delivery_failed", endpoint_id=endpoint_id)
+        return Outcome()
+    finally:
+        connections.close_all()  # this thread's connection: none left behind
+
+
+class WebhookRunner:
+    """The delivery loop's state: a pool of threads and each endpoint's batch in flight."""
+
+    def __init__(self, concurrency: int | None = None) -> None:
+        self.pool = ThreadPoolExecutor(
+            max_workers=concurrency or settings.JOBOPS_WEBHOOK_CONCURRENCY,
+            thread_name_prefix="webhook",
+        )
+        self.inflight: dict[int, Future[Outcome]] = {}
+
+    def step(self) -> int:
+        """Fan out, then start a batch for each endpoint with deliveries due and none in
+        flight; returns the batches started. Does not wait for them."""
+        while webhook_fanout() >= FANOUT_BATCH:
+            pass
+        self.inflight = {k: f for k, f in self.inflight.items() if not f.done()}
+        started = 0
+        for endpoint_id in due_endpoints():
+            if endpoint_id not in self.inflight:
+                self.inflight[endpoint_id] = self.pool.submit(_deliver_in_thread, endpoint_id)
+                started += 1
+        return started
+
+    def wait(self, timeout: float | None = None) -> None:
+        for future in list(self.inflight.values()):
+            future.result(timeout=timeout)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def run(self, *, stop: threading.Event, poll: float = 0.5) -> None:
+        log.info("webhooks_started")
+        try:
+            while not stop.is_set():
+                try:
+                    self.step()
+                except Exception:
+                    log.exception("webhook_step_failed")
+                    connection.close()
+                stop.wait(poll)
+        finally:
+            self.close()
+            log.info("webhooks_stopped")
