@@ -808,21 +808,25 @@ if JOBOPS_WEBHOOK_SECRET_KEY:
         raise ImproperlyConfigured(
             "JOBOPS_WEBHOOK_SECRET_KEY must be a Fernet key (url-safe base64 of 32 bytes)"
         ) from exc
-# The waits before each retry of a failed delivery (the last repeats) ...
-JOBOPS_WEBHOOK_RETRY_SCHEDULE = [
-    parse_duration(part)
-    for part in env_list("JOBOPS_WEBHOOK_RETRY_SCHEDULE", ["5s", "30s", "2m", "10m", "1h"])
-]
+# The waits before each retry of a failed delivery (the last repeats), for up to the
+# window after an endpoint's first failure without a success in between (then it is
+# disabled, its queue kept, until someone enables it again); how long delivered
+# deliveries and their attempts are kept; how long the old secret also signs after a
+# rotation.
+try:
+    JOBOPS_WEBHOOK_RETRY_SCHEDULE = [
+        parse_duration(part)
+        for part in env_list("JOBOPS_WEBHOOK_RETRY_SCHEDULE", ["5s", "30s", "2m", "10m", "1h"])
+    ]
+    JOBOPS_WEBHOOK_RETRY_WINDOW = parse_duration(env_str("JOBOPS_WEBHOOK_RETRY_WINDOW", "3d"))
+    JOBOPS_WEBHOOK_LOG_RETENTION = parse_duration(env_str("JOBOPS_WEBHOOK_LOG_RETENTION", "14d"))
+    JOBOPS_WEBHOOK_ROTATION_OVERLAP = parse_duration(
+        env_str("JOBOPS_WEBHOOK_ROTATION_OVERLAP", "24h")
+    )
+except ValueError as exc:
+    raise ImproperlyConfigured(f"JOBOPS_WEBHOOK_*: {exc}") from exc
 if not JOBOPS_WEBHOOK_RETRY_SCHEDULE:
     raise ImproperlyConfigured("JOBOPS_WEBHOOK_RETRY_SCHEDULE names no duration")
-# ... for this long after an endpoint's first failure without a success in between; then
-# the endpoint is disabled (its queue kept) until someone enables it again.
-JOBOPS_WEBHOOK_RETRY_WINDOW = parse_duration(env_str("JOBOPS_WEBHOOK_RETRY_WINDOW", "3d"))
-# How long each delivery's attempts (status, latency, the start of the answer) are kept
-# once it is delivered.
-JOBOPS_WEBHOOK_LOG_RETENTION = parse_duration(env_str("JOBOPS_WEBHOOK_LOG_RETENTION", "14d"))
-# After a rotation, the old secret signs too (a second signature) for this long.
-JOBOPS_WEBHOOK_ROTATION_OVERLAP = parse_duration(env_str("JOBOPS_WEBHOOK_ROTATION_OVERLAP", "24h"))
 # Receivers on loopback, private, link-local or CGNAT addresses are refused unless this
 # is on (local development, tests).
 JOBOPS_WEBHOOK_ALLOW_PRIVATE = env_bool("JOBOPS_WEBHOOK_ALLOW_PRIVATE", False)

@@ -24,7 +24,6 @@ from django.utils.html import format_html
 from audit.models import ActorType
 from audit.services import Actor
 from core.errors import ApplicationError
-from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from jobs.services.webhooks import (
     EVENT_TYPES,
     webhook_create,
@@ -32,6 +31,7 @@ from jobs.services.webhooks import (
     webhook_rotate,
     webhook_set_enabled,
 )
+from jobs.tables.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 DELIVERIES_SHOWN = 100
 

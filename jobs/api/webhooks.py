@@ -21,7 +21,6 @@ from rest_framework.views import APIView
 from core.api.parsers import json_body
 from jobs.api.docs import error_responses
 from jobs.domain.exceptions import WebhookForbiddenError, WebhookInputError
-from jobs.models import WebhookDelivery, WebhookEndpoint
 from jobs.services.webhooks import (
     webhook_create,
     webhook_delete,
@@ -29,6 +28,7 @@ from jobs.services.webhooks import (
     webhook_rotate,
     webhook_update,
 )
+from jobs.tables.webhooks import WebhookDelivery, WebhookEndpoint
 from tenants.models import Organisation, Role, Scope
 from tenants.permissions import RequiredScope
 from tenants.selectors import actor_for, memberships_of
@@ -79,6 +79,7 @@ class WebhookCollectionApi(APIView):
 
     parser_classes = [JSONParser]
     required_scope: RequiredScope = Scope.WEBHOOKS_MANAGE
+    error_prefix = "ERR-WEBHOOK"
 
     @extend_schema(
         operation_id="webhooks_list",
@@ -138,6 +139,7 @@ class WebhookDetailApi(APIView):
 
     parser_classes = [JSONParser]
     required_scope: RequiredScope = Scope.WEBHOOKS_MANAGE
+    error_prefix = "ERR-WEBHOOK"
 
     @extend_schema(
         operation_id="webhooks_retrieve",
@@ -176,6 +178,7 @@ class WebhookRotateApi(APIView):
     """POST /api/v1/webhooks/{id}/rotate: a new secret (shown once)."""
 
     required_scope: RequiredScope = Scope.WEBHOOKS_MANAGE
+    error_prefix = "ERR-WEBHOOK"
 
     @extend_schema(
         operation_id="webhooks_rotate",

@@ -42,7 +42,6 @@ from django.utils import timezone
 
 from jobs.integrations import metrics
 from jobs.integrations.webhook_http import webhook_post
-from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from jobs.services.webhook_secrets import signatures
 from jobs.services.webhooks import (
     DEAD_LETTERED,
@@ -51,6 +50,7 @@ from jobs.services.webhooks import (
     signing_secrets,
     webhook_disable_failing,
 )
+from jobs.tables.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 log = structlog.get_logger("jobs.webhooks")
 

@@ -23,8 +23,8 @@ from core.redact import redact_url
 from jobs.domain.exceptions import WebhookInputError, WebhookNotFoundError
 from jobs.integrations import metrics
 from jobs.integrations.webhook_http import url_refusal
-from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from jobs.services.webhook_secrets import secret_decrypt, secret_encrypt, secret_new
+from jobs.tables.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from tenants.models import Organisation, Project
 
 STATUS_CHANGED, PROGRESS, DEAD_LETTERED = "job.status.changed", "job.progress", "job.dead_lettered"

@@ -18,8 +18,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from audit.models import AuditLog
 from jobs.integrations.webhook_http import address_refusal, literal_address, url_refusal
-from jobs.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from jobs.processes.webhooks import WebhookRunner, webhook_fanout
+from jobs.tables.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from tenants.models import ApiToken, Role
 from tenants.services import token_create
 from tests.factories import (
@@ -274,6 +274,9 @@ def test_crud_and_bad_input_give_the_envelope(admin_user):
     ):
         response = client.post("/api/v1/webhooks", body, format="json")
         assert response.status_code == 422, (body, response.json())
+    malformed = client.post("/api/v1/webhooks", "{", content_type="application/json")
+    assert malformed.status_code == 400
+    assert malformed.json()["error"]["code"] == "ERR-WEBHOOK-400"
     listed = client.get("/api/v1/webhooks").json()["results"]
     assert [e["id"] for e in listed] == [created["id"]] and "secret" not in listed[0]
     patched = client.patch(

@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from core.metrics import metrics_serve
 from jobs.processes.webhooks import WebhookRunner
 
 
@@ -26,6 +27,7 @@ class Command(BaseCommand):
             raise CommandError(
                 "JOBOPS_EVENTS_PUBLISH is off: no job event is written, nothing to deliver"
             )
+        metrics_serve()  # JOBOPS_METRICS_PORT (the Procfile's WEBHOOKS_METRICS_PORT)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())

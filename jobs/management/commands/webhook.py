@@ -17,7 +17,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import ApplicationError
 from jobs.management.acting import operator_acting
-from jobs.models import WebhookEndpoint
 from jobs.services.webhooks import (
     webhook_create,
     webhook_delete,
@@ -25,6 +24,7 @@ from jobs.services.webhooks import (
     webhook_rotate,
     webhook_set_enabled,
 )
+from jobs.tables.webhooks import WebhookEndpoint
 from tenants.models import Organisation
 
 
