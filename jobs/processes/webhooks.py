@@ -117,6 +117,12 @@ WHERE d.endpoint_id = %(endpoint)s AND d.delivered_at IS NULL AND d.next_attempt
       WHERE p.endpoint_id = d.endpoint_id AND p.job_id = d.job_id
         AND p.delivered_at IS NULL AND p.seq < d.seq
   )
+  -- nor an earlier event of its job that the fan-out has yet to copy (a transaction
+  -- that took its id before the one of the later event but committed after it)
+  AND NOT EXISTS (
+      SELECT FROM event_outbox o
+      WHERE o.job_id = d.job_id AND o.seq < d.seq AND webhook_outbox_unread(o.txid, o.id)
+  )
 ORDER BY d.job_id, d.seq, d.id
 LIMIT %(limit)s
 """

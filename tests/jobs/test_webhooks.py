@@ -18,7 +18,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from audit.models import AuditLog
 from jobs.integrations.webhook_http import address_refusal, literal_address, url_refusal
-from jobs.processes.webhooks import WebhookRunner, webhook_fanout
+from jobs.models import EventOutbox
+from jobs.processes.webhooks import WebhookRunner, webhook_deliver_endpoint, webhook_fanout
 from jobs.tables.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from tenants.models import ApiToken, Role
 from tenants.services import token_create
@@ -374,3 +375,52 @@ def test_a_suspended_organisations_deliveries_wait(local, runner, admin_user):
         assert receiver.requests == [] and WebhookDelivery.objects.count() == 1
         type(org).objects.filter(pk=org.pk).update(suspended_at=None)
         deliver(runner, lambda: len(receiver.delivered()) >= 1)
+
+
+def test_a_progress_event_of_the_outbox_is_delivered_to_its_subscribers(local, runner, admin_user):
+    """job.progress rows are written by the progress path; any outbox row of that type is
+    delivered, as it is."""
+    org = admin_user.memberships.get().organisation
+    job = job_in_state("running", owner=admin_user)
+    with WebhookReceiver() as receiver:
+        register(admin_user, receiver.url, events=["job.progress"])
+        EventOutbox.objects.create(
+            job_id=job.id,
+            seq=99,
+            payload={
+                "type": "job.progress",
+                "job_id": str(job.id),
+                "org_id": org.id,
+                "percent": 50,
+            },
+        )
+        deliver(runner, lambda: len(receiver.delivered()) >= 1)
+    assert [r["body"]["type"] for r in receiver.requests] == ["job.progress"]
+    assert receiver.requests[0]["body"]["percent"] == 50
+
+
+def test_a_later_event_waits_for_an_earlier_one_the_fanout_has_not_read(local, runner, admin_user):
+    job = job_in_state("pending", owner=admin_user)
+    with WebhookReceiver() as receiver:
+        register(admin_user, receiver.url)
+        deliver(runner, lambda: len(receiver.delivered()) >= 1)
+        # An earlier event of the job that the fan-out has not read yet (as a transaction
+        # that took its id early and committed late leaves it) holds the job's next one,
+        # copied already.
+        early = EventOutbox.objects.create(
+            job_id=job.id, seq=2, payload={"type": "job.status.changed"}
+        )
+        WebhookDelivery.objects.create(
+            endpoint_id=WebhookEndpoint.objects.get().id,
+            webhook_id="msg_later",
+            event_type="job.status.changed",
+            job_id=job.id,
+            seq=3,
+            body='{"seq": 3, "job_id": "%s"}' % job.id,
+            next_attempt_at=timezone.now(),
+        )
+        webhook_deliver_endpoint(WebhookEndpoint.objects.get().id)
+        assert len(receiver.requests) == 1  # held
+        # Once read (it is not for this endpoint: no organisation), the next one goes.
+        deliver(runner, lambda: len(receiver.delivered()) >= 2)
+    assert early.id and receiver.requests[1]["headers"]["webhook-id"] == "msg_later"
