@@ -71,7 +71,9 @@ CURSOR_LOCK = "SELECT last_txid, last_id FROM webhook_cursor WHERE id = 1 FOR UP
 # or the oldest transaction of this database still running with an id (read after the
 # snapshot: one that ended since is visible to the next statement), whichever is lower.
 # This database's only: pg_snapshot_xmin would wait for any transaction of the whole
-# cluster. pg_stat_activity shows 32-bit ids: widened with the epoch of the next id.
+# cluster. pg_stat_activity shows 32-bit ids: widened with the epoch of the next id. It
+# shows another role's sessions' ids only to a member of pg_read_all_stats: every
+# process that writes jobs runs as the one role of DATABASE_URL.
 HORIZON = """
 WITH next AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n)
 SELECT least(
@@ -135,6 +137,11 @@ WHERE e.id = %s AND e.disabled_at IS NULL AND o.suspended_at IS NULL
 def webhook_fanout(*, limit: int = FANOUT_BATCH) -> int:
     """Copy the outbox events after the cursor into deliveries, move the cursor; returns
     the deliveries made."""
+    return _fanout_batch(limit=limit)[1]
+
+
+def _fanout_batch(*, limit: int) -> tuple[int, int]:
+    """One fan-out transaction; returns (outbox rows read, deliveries made)."""
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(CURSOR_ENSURE)
@@ -149,7 +156,7 @@ def webhook_fanout(*, limit: int = FANOUT_BATCH) -> int:
             )
             rows = cursor.fetchall()
         if not rows:
-            return 0
+            return 0, 0
         endpoints = _subscriptions()
         now = timezone.now()
         made: list[WebhookDelivery] = []
@@ -175,7 +182,7 @@ def webhook_fanout(*, limit: int = FANOUT_BATCH) -> int:
             metrics.WEBHOOK_FANNED_OUT.inc(len(made))
         with connection.cursor() as cursor:
             cursor.execute(CURSOR_MOVE, [rows[-1][0], rows[-1][1]])
-    return len(made)
+    return len(rows), len(made)
 
 
 def _int(value: Any) -> int | None:
@@ -358,8 +365,8 @@ class WebhookRunner:
     def step(self) -> int:
         """Fan out, then start a batch for each endpoint with deliveries due and none in
         flight; returns the batches started. Does not wait for them."""
-        while webhook_fanout() >= FANOUT_BATCH:
-            pass
+        while _fanout_batch(limit=FANOUT_BATCH)[0] >= FANOUT_BATCH:
+            pass  # a backlog: read on before delivering
         self.inflight = {k: f for k, f in self.inflight.items() if not f.done()}
         started = 0
         for endpoint_id in due_endpoints():

@@ -175,12 +175,9 @@ def webhook_update(
                 _enable(endpoint, actor)
             elif not changes["enabled"] and endpoint.enabled:
                 _disable(endpoint, actor, reason="disabled by an admin")
-        fields = [f for f in changed if f != "project"] + (
-            ["project"] if "project" in changed else []
-        )
-        if fields:
-            endpoint.save(update_fields=[*fields, "updated_at"])
-            _audit("webhook_updated", endpoint, actor, fields=fields)
+        if changed:
+            endpoint.save(update_fields=[*changed, "updated_at"])
+            _audit("webhook_updated", endpoint, actor, fields=changed)
     return endpoint
 
 

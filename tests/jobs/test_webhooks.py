@@ -9,10 +9,13 @@ connections: the tests are transactional.
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
@@ -31,7 +34,7 @@ from tests.factories import (
 )
 from tests.metric_samples import Moved
 from tests.polling import wait_for
-from tests.processes import database_url
+from tests.processes import ROOT, database_url, subprocess_env
 from tests.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -424,3 +427,26 @@ def test_a_later_event_waits_for_an_earlier_one_the_fanout_has_not_read(local, r
         # Once read (it is not for this endpoint: no organisation), the next one goes.
         deliver(runner, lambda: len(receiver.delivered()) >= 2)
     assert early.id and receiver.requests[1]["headers"]["webhook-id"] == "msg_later"
+
+
+def test_the_webhooks_process_delivers_and_stops_on_sigterm(admin_user):
+    """`manage.py run_webhooks` (the Procfiles' `webhooks`) as a real process."""
+    with WebhookReceiver() as receiver:
+        with override_settings(JOBOPS_WEBHOOK_ALLOW_PRIVATE=True):
+            created = register(admin_user, receiver.url)
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "run_webhooks", "--poll", "0.1"],
+            cwd=ROOT,
+            env=subprocess_env(JOBOPS_WEBHOOK_ALLOW_PRIVATE="on", JOBOPS_METRICS_PORT="0"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            job_in_state("pending", owner=admin_user)
+            wait_for(lambda: receiver.delivered(), timeout=30)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    Webhook(created["secret"]).verify(receiver.requests[0]["raw"], receiver.requests[0]["headers"])

@@ -7,9 +7,12 @@ import threading
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
+from audit.db_roles import refuse_privileged_database_role
 from core.metrics import metrics_serve
+from core.metrics_dir import multiprocess_dir_prune
+from core.tracing import configure_tracing
 from jobs.processes.webhooks import WebhookRunner
 
 
@@ -24,9 +27,14 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not settings.JOBOPS_EVENTS_PUBLISH:
-            raise CommandError(
-                "JOBOPS_EVENTS_PUBLISH is off: no job event is written, nothing to deliver"
+            # In the Procfiles whatever the settings: idle rather than exit (and respawn).
+            self.stderr.write(
+                "JOBOPS_EVENTS_PUBLISH is off: no job event is written, webhooks receive "
+                "nothing until it is on"
             )
+        refuse_privileged_database_role()
+        configure_tracing("webhooks")
+        multiprocess_dir_prune()  # the value files of this group's earlier run
         metrics_serve()  # JOBOPS_METRICS_PORT (the Procfile's WEBHOOKS_METRICS_PORT)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
