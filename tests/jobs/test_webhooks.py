@@ -9,6 +9,7 @@ connections: the tests are transactional.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -419,7 +420,7 @@ def test_a_later_event_waits_for_an_earlier_one_the_fanout_has_not_read(local, r
             event_type="job.status.changed",
             job_id=job.id,
             seq=3,
-            body='{"seq": 3, "job_id": "%s"}' % job.id,
+            body=json.dumps({"seq": 3, "job_id": str(job.id)}),
             next_attempt_at=timezone.now(),
         )
         webhook_deliver_endpoint(WebhookEndpoint.objects.get().id)
