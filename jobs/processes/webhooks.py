@@ -55,6 +55,7 @@ from jobs.tables.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoin
 log = structlog.get_logger("jobs.webhooks")
 
 FANOUT_BATCH = 1000
+ATTEMPT_FIELDS = ["attempts", "last_status", "delivered_at", "last_error", "next_attempt_at"]
 DELIVERY_BATCH = 50
 # The advisory lock class of an endpoint's deliverer (with the endpoint id).
 LOCK_CLASS = 0x5742  # "WB"
@@ -71,14 +72,16 @@ CURSOR_LOCK = "SELECT last_txid, last_id FROM webhook_cursor WHERE id = 1 FOR UP
 # or the oldest transaction of this database still running with an id (read after the
 # snapshot: one that ended since is visible to the next statement), whichever is lower.
 # This database's only: pg_snapshot_xmin would wait for any transaction of the whole
-# cluster. pg_stat_activity shows 32-bit ids: widened with the epoch of the next id. It
+# cluster. pg_stat_activity shows 32-bit ids: widened with the epoch of the next id (one
+# far above it is of the epoch before; one just above it began after the snapshot). It
 # shows another role's sessions' ids only to a member of pg_read_all_stats: every
 # process that writes jobs runs as the one role of DATABASE_URL.
 HORIZON = """
 WITH next AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n)
 SELECT least(
     (SELECT n FROM next),
-    (SELECT min(CASE WHEN full_xid > next.n THEN full_xid - 4294967296 ELSE full_xid END)
+    (SELECT min(CASE WHEN full_xid - next.n > 2147483648 THEN full_xid - 4294967296
+                     ELSE full_xid END)
      FROM next, LATERAL (
          SELECT ((next.n >> 32) << 32) | a.backend_xid::text::bigint AS full_xid
          FROM pg_stat_activity a
@@ -227,13 +230,23 @@ class Outcome:
 
 
 def webhook_deliver_endpoint(endpoint_id: int, *, limit: int = DELIVERY_BATCH) -> Outcome:
-    """Deliver one batch of an endpoint's due deliveries (see the module docstring)."""
+    """Deliver one batch of an endpoint's due deliveries (see the module docstring).
+
+    No transaction is held through a POST: a receiver's wait must not keep a transaction
+    open (the fan-out's horizon would wait for it, and every endpoint with it). The
+    endpoint's session advisory lock keeps a second deliverer off it; each attempt is
+    recorded in a transaction of its own, after its POST (a crash in between sends the
+    event again, with the same webhook-id). A POST without an answer (a timeout, a refused
+    connection) ends the batch: the receiver is down, and the next job's event would only
+    wait out the same timeout.
+    """
     outcome = Outcome()
-    with transaction.atomic():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_CLASS, endpoint_id])
+        if not cursor.fetchone()[0]:
+            return outcome  # another deliverer has it
+    try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_CLASS, endpoint_id])
-            if not cursor.fetchone()[0]:
-                return outcome  # another deliverer has it
             cursor.execute(ENDPOINT_ACTIVE, [endpoint_id])
             if cursor.fetchone() is None:
                 return outcome
@@ -247,19 +260,27 @@ def webhook_deliver_endpoint(endpoint_id: int, *, limit: int = DELIVERY_BATCH) -
             delivery = by_id[pk]
             if delivery.job_id in held:
                 continue
-            ok, error = _attempt(endpoint, delivery)
+            ok, answered, error = _attempt(endpoint, delivery)
             if ok:
                 outcome.delivered += 1
-            else:
-                outcome.failed += 1
-                held.add(delivery.job_id)
-                last_error = error
-        _endpoint_record(endpoint, outcome, last_error)
+                continue
+            outcome.failed += 1
+            held.add(delivery.job_id)
+            last_error = error
+            if not answered:
+                break
+        if outcome.delivered or outcome.failed:
+            with transaction.atomic():
+                _endpoint_record(endpoint, outcome, last_error)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_CLASS, endpoint_id])
     return outcome
 
 
-def _attempt(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> tuple[bool, str]:
-    """POST one delivery, record the attempt and where the delivery stands."""
+def _attempt(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> tuple[bool, bool, str]:
+    """POST one delivery, then record the attempt and where the delivery stands;
+    returns (delivered, answered at all, the error)."""
     now = timezone.now()
     headers = {
         "Content-Type": "application/json",
@@ -282,25 +303,24 @@ def _attempt(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> tuple[bool
     ok = answer.status is not None and 200 <= answer.status < 300
     metrics.WEBHOOK_ATTEMPTS.labels(outcome="delivered" if ok else "failed").inc()
     metrics.WEBHOOK_LATENCY.observe(answer.latency_ms / 1000)
-    WebhookAttempt.objects.create(
-        delivery=delivery,
-        at=now,
-        status=answer.status,
-        latency_ms=answer.latency_ms,
-        response=answer.text,
-    )
-    delivery.attempts += 1
-    delivery.last_status = answer.status
-    if ok:
-        delivery.delivered_at = timezone.now()
-        delivery.last_error = ""
-    else:
-        error = f"HTTP {answer.status}: {answer.text}" if answer.status else answer.text
-        delivery.last_error = error[:500]
-        delivery.next_attempt_at = timezone.now() + retry_delay(delivery.attempts)
-    delivery.save(
-        update_fields=["attempts", "last_status", "delivered_at", "last_error", "next_attempt_at"]
-    )
+    with transaction.atomic():
+        WebhookAttempt.objects.create(
+            delivery=delivery,
+            at=now,
+            status=answer.status,
+            latency_ms=answer.latency_ms,
+            response=answer.text,
+        )
+        delivery.attempts += 1
+        delivery.last_status = answer.status
+        if ok:
+            delivery.delivered_at = timezone.now()
+            delivery.last_error = ""
+        else:
+            error = f"HTTP {answer.status}: {answer.text}" if answer.status else answer.text
+            delivery.last_error = error[:500]
+            delivery.next_attempt_at = timezone.now() + retry_delay(delivery.attempts)
+        delivery.save(update_fields=ATTEMPT_FIELDS)
     log.info(
         "webhook_attempt",
         endpoint_id=endpoint.id,
@@ -309,7 +329,7 @@ def _attempt(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> tuple[bool
         latency_ms=answer.latency_ms,
         delivered=ok,
     )
-    return ok, delivery.last_error
+    return ok, answer.status is not None, delivery.last_error
 
 
 def retry_delay(attempts: int) -> timedelta:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.test import override_settings
 from django.utils import timezone
@@ -150,18 +151,24 @@ def test_a_failing_event_holds_its_jobs_later_events_only(local, runner, admin_u
 
 
 def test_a_hanging_receiver_does_not_delay_another_endpoint(local, runner, admin_user):
-    local.JOBOPS_WEBHOOK_TIMEOUT_SECONDS = 3.0
+    local.JOBOPS_WEBHOOK_TIMEOUT_SECONDS = 2.5
     with WebhookReceiver(hang=4.0) as hanging, WebhookReceiver() as healthy:
         register(admin_user, hanging.url)
         register(admin_user, healthy.url)
         job_in_state("succeeded", owner=admin_user)
+        job_in_state("pending", owner=admin_user)
         runner.step()
         wait_for(lambda: hanging.started >= 1, timeout=5)
         # The healthy endpoint gets everything while the hanging one's POST is stuck.
-        wait_for(lambda: (runner.step(), len(healthy.delivered()) >= 4)[1], timeout=2.5)
+        wait_for(lambda: (runner.step(), len(healthy.delivered()) >= 5)[1], timeout=2)
         assert any(not f.done() for f in runner.inflight.values())
+        # Once the first POST timed out the hanging endpoint's next batch waits on the
+        # other job's event; new events still reach the healthy one meanwhile.
+        wait_for(lambda: (runner.step(), hanging.started >= 2)[1], timeout=8)
+        job_in_state("pending", owner=admin_user)
+        wait_for(lambda: (runner.step(), len(healthy.delivered()) >= 6)[1], timeout=2)
         runner.wait(timeout=10)
-    assert statuses(healthy.delivered()) == LIFE
+    assert statuses(healthy.delivered()).count("pending") == 3
     failed = WebhookEndpoint.objects.get(url=hanging.url)
     assert failed.failing_since is not None and "Timeout" in failed.last_error
 
@@ -451,3 +458,27 @@ def test_the_webhooks_process_delivers_and_stops_on_sigterm(admin_user):
             _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr
     Webhook(created["secret"]).verify(receiver.requests[0]["raw"], receiver.requests[0]["headers"])
+
+
+def test_the_fanout_never_passes_a_transaction_still_running(admin_user):
+    """The cursor is (transaction, id): an event a running transaction will commit later
+    is not skipped by events committed meanwhile."""
+    org = admin_user.memberships.get().organisation
+    register(admin_user, "https://example.com/hooks")
+    job = job_in_state("pending", owner=admin_user)
+    webhook_fanout()
+    late = psycopg.connect(database_url())
+    try:
+        late.execute(  # takes its transaction id now, commits after the next event
+            "INSERT INTO event_outbox (event_id, job_id, seq, payload, created_at) "
+            "VALUES (gen_random_uuid(), %s, 50, %s, now())",
+            [job.id, json.dumps({"type": "job.status.changed", "org_id": org.id})],
+        )
+        job_in_state("pending", owner=admin_user)  # committed after it began
+        webhook_fanout()
+        assert WebhookDelivery.objects.count() == 1  # neither: the cursor waits
+        late.commit()
+    finally:
+        late.close()
+    webhook_fanout()
+    assert sorted(WebhookDelivery.objects.values_list("seq", flat=True)) == [1, 1, 50]
