@@ -32,6 +32,8 @@ from jobs.services.webhooks import (
     webhook_set_enabled,
 )
 from jobs.tables.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from tenants.models import Organisation, Project
+from tenants.selectors import operator_org_ids
 
 DELIVERIES_SHOWN = 100
 
@@ -77,6 +79,20 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     list_select_related = ["organisation"]
     search_fields = ["url", "organisation__slug"]
     actions = ["disable", "enable", "rotate"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookEndpoint]:
+        # Staff limited to some organisations (an operator scope) see only theirs.
+        endpoints = super().get_queryset(request)
+        org_ids = operator_org_ids(request.user)
+        return endpoints if org_ids is None else endpoints.filter(organisation_id__in=org_ids)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        org_ids = operator_org_ids(request.user)
+        if org_ids is not None and db_field.name == "organisation":
+            kwargs["queryset"] = Organisation.objects.filter(id__in=org_ids)
+        if org_ids is not None and db_field.name == "project":
+            kwargs["queryset"] = Project.objects.filter(organisation_id__in=org_ids)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
@@ -181,7 +197,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         delivery id) sends one again, audited with the operator's name."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        endpoint = get_object_or_404(WebhookEndpoint, pk=endpoint_id)
+        endpoint = get_object_or_404(self.get_queryset(request), pk=endpoint_id)
         if request.method == "POST":
             if not self.has_change_permission(request, endpoint):
                 raise PermissionDenied

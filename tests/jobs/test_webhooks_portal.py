@@ -162,3 +162,19 @@ def test_outbox_prune_keeps_rows_the_fanout_has_not_read(endpoint):
     assert EventOutbox.objects.filter(pk=row.pk).exists()
     WebhookEndpoint.objects.all().delete()  # no endpoint: nothing to wait for
     assert outbox_prune(older_than=timedelta(days=1)) == 1
+
+
+def test_staff_limited_to_other_organisations_do_not_see_the_endpoint(endpoint):
+    from django.contrib.auth.models import Permission
+
+    from tenants.models import OperatorScope
+
+    staff = role_user("operator")
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_webhookendpoint", "change_webhookendpoint"])
+    )
+    OperatorScope.objects.create(user=staff).organisations.add(OrganisationFactory(slug="other"))
+    client = otp_login(Client(), staff)
+    assert client.get(f"{BASE}/").status_code == 200
+    assert b"hooks.example.com" not in client.get(f"{BASE}/").content
+    assert client.get(f"{BASE}/{endpoint.pk}/deliveries/").status_code == 404
