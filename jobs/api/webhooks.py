@@ -28,7 +28,7 @@ from jobs.services.webhooks import (
     webhook_rotate,
     webhook_update,
 )
-from jobs.tables.webhooks import WebhookDelivery, WebhookEndpoint
+from jobs.tables.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from tenants.models import Organisation, Role, Scope
 from tenants.permissions import RequiredScope
 from tenants.selectors import actor_for, memberships_of
@@ -40,6 +40,30 @@ def admin_org_ids(request: Request) -> list[int]:
     if not found:
         raise WebhookForbiddenError()
     return found
+
+
+# How many of an endpoint's latest attempts its detail shows.
+RECENT_ATTEMPTS = 10
+
+
+def recent_attempts(endpoint: WebhookEndpoint) -> list[dict[str, Any]]:
+    """The endpoint's latest attempts, newest first: what the receiver answered."""
+    rows = (
+        WebhookAttempt.objects.filter(delivery__endpoint=endpoint)
+        .select_related("delivery")
+        .order_by("-at", "-id")[:RECENT_ATTEMPTS]
+    )
+    return [
+        {
+            "at": a.at,
+            "webhook_id": a.delivery.webhook_id,
+            "event_type": a.delivery.event_type,
+            "status": a.status,
+            "latency_ms": a.latency_ms,
+            "response": a.response,
+        }
+        for a in rows
+    ]
 
 
 def endpoint_body(endpoint: WebhookEndpoint, *, secret: str | None = None) -> dict[str, Any]:
@@ -148,7 +172,7 @@ class WebhookDetailApi(APIView):
     )
     def get(self, request: Request, webhook_id: int) -> Response:
         endpoint = webhook_get(org_ids=admin_org_ids(request), endpoint_id=webhook_id)
-        return Response(endpoint_body(endpoint))
+        return Response({**endpoint_body(endpoint), "recent_attempts": recent_attempts(endpoint)})
 
     @extend_schema(
         operation_id="webhooks_partial_update",

@@ -360,6 +360,9 @@ def test_an_endpoint_failing_past_the_window_is_disabled_and_resumes_when_enable
         deliver(runner, lambda: not WebhookEndpoint.objects.get(pk=created["id"]).enabled)
         endpoint = WebhookEndpoint.objects.get(pk=created["id"])
         assert "failing since" in endpoint.disabled_reason and "503" in endpoint.last_error
+        detail = client_for(admin_user).get(f"/api/v1/webhooks/{created['id']}").json()
+        assert detail["enabled"] is False and detail["waiting"] == 1
+        assert detail["recent_attempts"][0]["status"] == 503
         assert moved("webhook_endpoints_disabled_total") == 1
         assert AuditLog.objects.filter(event_type="webhook_disabled").count() == 1
         tried = len(receiver.requests)
