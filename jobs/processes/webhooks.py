@@ -113,23 +113,30 @@ JOIN organisations o ON o.id = e.organisation_id
 WHERE d.delivered_at IS NULL AND d.next_attempt_at <= now()
   AND e.disabled_at IS NULL AND o.suspended_at IS NULL
 """
-# An endpoint's due deliveries whose job has no earlier undelivered event for it.
+# An endpoint's due deliveries, oldest first, but none behind an earlier event of its
+# job that waits for a retry (it holds them: they would only take the batch's places),
+# nor behind one the fan-out has yet to copy (a transaction that took its id before the
+# one of the later event but committed after it).
 DUE_DELIVERIES = """
 SELECT d.id FROM webhook_deliveries d
 WHERE d.endpoint_id = %(endpoint)s AND d.delivered_at IS NULL AND d.next_attempt_at <= now()
   AND NOT EXISTS (
       SELECT FROM webhook_deliveries p
       WHERE p.endpoint_id = d.endpoint_id AND p.job_id = d.job_id
-        AND p.delivered_at IS NULL AND p.seq < d.seq
+        AND p.delivered_at IS NULL AND p.seq < d.seq AND p.next_attempt_at > now()
   )
-  -- nor an earlier event of its job that the fan-out has yet to copy (a transaction
-  -- that took its id before the one of the later event but committed after it)
   AND NOT EXISTS (
       SELECT FROM event_outbox o
       WHERE o.job_id = d.job_id AND o.seq < d.seq AND webhook_outbox_unread(o.txid, o.id)
   )
-ORDER BY d.job_id, d.seq, d.id
+ORDER BY d.id
 LIMIT %(limit)s
+"""
+# The undelivered deliveries of these jobs for the endpoint, each job's in seq order.
+WAITING_OF_JOBS = """
+SELECT id, job_id FROM webhook_deliveries
+WHERE endpoint_id = %(endpoint)s AND delivered_at IS NULL AND job_id = ANY(%(jobs)s)
+ORDER BY job_id, seq, id
 """
 ENDPOINT_ACTIVE = """
 SELECT e.id FROM webhook_endpoints e JOIN organisations o ON o.id = e.organisation_id
@@ -254,19 +261,15 @@ def webhook_deliver_endpoint(endpoint_id: int, *, limit: int = DELIVERY_BATCH) -
             ids = [row[0] for row in cursor.fetchall()]
         endpoint = WebhookEndpoint.objects.get(pk=endpoint_id)
         by_id = WebhookDelivery.objects.in_bulk(ids)
-        held: set[Any] = set()
-        last_error = ""
-        for pk in ids:
-            delivery = by_id[pk]
-            if delivery.job_id in held:
-                continue
-            ok, answered, error = _attempt(endpoint, delivery)
-            if ok:
+        last_error, answered = "", True
+        for run in _runs(endpoint_id, [by_id[pk] for pk in ids]):
+            for delivery in run:
+                ok, answered, error = _attempt(endpoint, delivery)
+                if not ok:
+                    outcome.failed += 1
+                    last_error = error
+                    break  # the job's later events wait for this one
                 outcome.delivered += 1
-                continue
-            outcome.failed += 1
-            held.add(delivery.job_id)
-            last_error = error
             if not answered:
                 break
         if outcome.delivered or outcome.failed:
@@ -276,6 +279,29 @@ def webhook_deliver_endpoint(endpoint_id: int, *, limit: int = DELIVERY_BATCH) -
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_CLASS, endpoint_id])
     return outcome
+
+
+def _runs(endpoint_id: int, due: list[WebhookDelivery]) -> list[list[WebhookDelivery]]:
+    """Per job (in the order of its oldest due delivery), the due deliveries that can go
+    in a row: from its earliest undelivered one on, up to the first that is not due (or
+    not in this batch)."""
+    if not due:
+        return []
+    by_id = {d.id: d for d in due}
+    jobs = list(dict.fromkeys(d.job_id for d in due))
+    with connection.cursor() as cursor:
+        cursor.execute(WAITING_OF_JOBS, {"endpoint": endpoint_id, "jobs": jobs})
+        waiting = cursor.fetchall()
+    runs: dict[Any, list[WebhookDelivery]] = {job: [] for job in jobs}
+    blocked: set[Any] = set()
+    for pk, job_id in waiting:
+        if job_id in blocked:
+            continue
+        if pk in by_id:
+            runs[job_id].append(by_id[pk])
+        else:
+            blocked.add(job_id)
+    return [runs[job] for job in jobs if runs[job]]
 
 
 def _attempt(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> tuple[bool, bool, str]:
