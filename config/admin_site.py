@@ -91,6 +91,24 @@ class JobopsAdminSite(OTPAdminSite):
     enable_nav_sidebar = False
     site_url = None  # there is no public site to "view"
 
+    def get_app_list(self, request: HttpRequest, app_label: str | None = None) -> list[Any]:
+        """The apps' sections, with each model whose admin names a `portal_section` moved
+        into that app's (the webhook endpoints of jobs sit under Organisations)."""
+        apps = super().get_app_list(request)
+        by_label = {app["app_label"]: app for app in apps}
+        for app in apps:
+            for model in list(app["models"]):
+                admin_ = self._registry.get(model["model"])
+                target = by_label.get(getattr(admin_, "portal_section", app["app_label"]))
+                if target is not None and target is not app:
+                    app["models"].remove(model)
+                    target["models"].append(model)
+        return [
+            app
+            for app in apps
+            if app["models"] and (app_label is None or app["app_label"] == app_label)
+        ]
+
     def get_urls(self) -> list[URLPattern]:
         panel = path(
             "dashboard/panel/",

@@ -7,6 +7,7 @@ DEBUG off, `check_production_safety` refuses to start on an unsafe default.
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -676,6 +677,7 @@ JOBOPS_DLQ_BULK_RETENTION = parse_duration(env_str("JOBOPS_DLQ_BULK_RETENTION", 
 JOBOPS_PURGE_EXTRAS: list[tuple[str, str]] = [
     ("bulk_operations", "dlq.bulk.bulk_operations_purge"),
     ("uploads", "jobs.services.uploads.uploads_sweep"),
+    ("webhook_deliveries", "jobs.services.webhooks.webhook_deliveries_purge"),
 ]
 # Uploads (POST /api/v1/uploads, docs/api.md#uploading-an-input): the largest file
 # accepted (a bigger one is 413 ERR-JOB-413, nothing stored), and how long one that no
@@ -844,6 +846,51 @@ for _name, _value, _low, _high in (
 ):
     if not _low <= _value <= _high:
         raise ImproperlyConfigured(f"{_name}={_value} must be between {_low} and {_high}")
+
+# --- webhooks per organisation (docs/webhooks.md) --------------------------------------------
+# Endpoint secrets are stored encrypted with this Fernet key (32 bytes, url-safe base64:
+# `python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"`).
+# The development default is derived from SECRET_KEY; production refuses to start without
+# one of its own. Changing it makes every stored secret unreadable: rotate endpoints then.
+JOBOPS_WEBHOOK_DEV_SECRET_KEY = base64.urlsafe_b64encode(
+    hashlib.sha256(b"jobops-webhook-secrets:" + SECRET_KEY.encode()).digest()
+).decode()
+JOBOPS_WEBHOOK_SECRET_KEY = env_str("JOBOPS_WEBHOOK_SECRET_KEY", "")
+if JOBOPS_WEBHOOK_SECRET_KEY:
+    try:
+        if len(base64.urlsafe_b64decode(JOBOPS_WEBHOOK_SECRET_KEY.encode())) != 32:
+            raise ValueError("not 32 bytes")
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            "JOBOPS_WEBHOOK_SECRET_KEY must be a Fernet key (url-safe base64 of 32 bytes)"
+        ) from exc
+# The waits before each retry of a failed delivery (the last repeats), for up to the
+# window after an endpoint's first failure without a success in between (then it is
+# disabled, its queue kept, until someone enables it again); how long delivered
+# deliveries and their attempts are kept; how long the old secret also signs after a
+# rotation.
+try:
+    JOBOPS_WEBHOOK_RETRY_SCHEDULE = [
+        parse_duration(part)
+        for part in env_list("JOBOPS_WEBHOOK_RETRY_SCHEDULE", ["5s", "30s", "2m", "10m", "1h"])
+    ]
+    JOBOPS_WEBHOOK_RETRY_WINDOW = parse_duration(env_str("JOBOPS_WEBHOOK_RETRY_WINDOW", "3d"))
+    JOBOPS_WEBHOOK_LOG_RETENTION = parse_duration(env_str("JOBOPS_WEBHOOK_LOG_RETENTION", "14d"))
+    JOBOPS_WEBHOOK_ROTATION_OVERLAP = parse_duration(
+        env_str("JOBOPS_WEBHOOK_ROTATION_OVERLAP", "24h")
+    )
+except ValueError as exc:
+    raise ImproperlyConfigured(f"JOBOPS_WEBHOOK_*: {exc}") from exc
+if not JOBOPS_WEBHOOK_RETRY_SCHEDULE:
+    raise ImproperlyConfigured("JOBOPS_WEBHOOK_RETRY_SCHEDULE names no duration")
+# Receivers on loopback, private, link-local or CGNAT addresses are refused unless this
+# is on (local development, tests).
+JOBOPS_WEBHOOK_ALLOW_PRIVATE = env_bool("JOBOPS_WEBHOOK_ALLOW_PRIVATE", False)
+# Per POST: connect and read timeout; endpoints delivered at once by one process.
+JOBOPS_WEBHOOK_TIMEOUT_SECONDS = env_float("JOBOPS_WEBHOOK_TIMEOUT_SECONDS", 10.0)
+JOBOPS_WEBHOOK_CONCURRENCY = env_int("JOBOPS_WEBHOOK_CONCURRENCY", 8)
+if not 1 <= JOBOPS_WEBHOOK_CONCURRENCY <= 64:
+    raise ImproperlyConfigured("JOBOPS_WEBHOOK_CONCURRENCY must be 1-64")
 
 # --- operator portal and admin API (docs/operations/portal.md) -------------------------------
 # How long a grant from POST /api/v1/admin/otp lets a token make admin calls.
@@ -1044,6 +1091,8 @@ def check_production_safety() -> None:
         problems.append("METRICS_TOKEN is unset (/metrics would be public)")
     if not JOBOPS_SECRET_PARAM_NAMES:
         problems.append("JOBOPS_SECRET_PARAM_NAMES is empty (no params key would be refused)")
+    if not JOBOPS_WEBHOOK_SECRET_KEY:
+        problems.append("JOBOPS_WEBHOOK_SECRET_KEY is unset (webhook secrets need their own key)")
     if ARTEFACT_STORAGE == "s3" and not ARTEFACT_S3_BUCKET:
         problems.append("ARTEFACT_STORAGE is s3 but ARTEFACT_S3_BUCKET is unset")
     if problems:

@@ -14,7 +14,6 @@ from jobs.domain.choices import DeadLetterReason as DeadLetterReason
 from jobs.domain.choices import DeadLetterState as DeadLetterState
 from jobs.domain.choices import ParamsEditState as ParamsEditState
 from jobs.domain.states import Status
-from jobs.uploads.models import Upload as Upload
 
 
 def new_job_id() -> uuid.UUID:

@@ -682,6 +682,8 @@ dl AS (
 outbox AS (
     DELETE FROM event_outbox
     WHERE job_id = ANY(%(ids)s::uuid[]) AND published_at IS NOT NULL
+      -- nor one the webhook fan-out has yet to copy (jobs/processes/webhooks.py)
+      AND NOT webhook_outbox_unread(txid, id)
     RETURNING id
 ),
 unlinked AS (

@@ -117,6 +117,8 @@ class Scope(models.TextChoices):
     JOBS_WRITE = "jobs:write"
     JOBS_CANCEL = "jobs:cancel"
     ADMIN_DLQ = "admin:dlq"
+    # An organisation admin's webhook endpoints (docs/webhooks.md).
+    WEBHOOKS_MANAGE = "webhooks:manage"
 
 
 ALL_SCOPES: tuple[str, ...] = tuple(Scope.values)

@@ -206,8 +206,15 @@ class IssuedToken:
 def scopes_allowed(user: Any) -> list[str]:
     """The scopes a token of `user` may hold, and what it gets when none are named:
     `admin:dlq` opens the operators' API, so only staff get it. The DLQ views check staff
-    too, but a member's token must not become an operator's the day they are made staff."""
-    return [s for s in ALL_SCOPES if s != Scope.ADMIN_DLQ or user.is_staff]
+    too, but a member's token must not become an operator's the day they are made staff.
+    `webhooks:manage` likewise goes only to an admin of some organisation (or staff): the
+    webhook calls check the admin role as well."""
+    admin_of_some = user.is_staff or Membership.objects.filter(user=user, role=Role.ADMIN).exists()
+    return [
+        s
+        for s in ALL_SCOPES
+        if (s != Scope.ADMIN_DLQ or user.is_staff) and (s != Scope.WEBHOOKS_MANAGE or admin_of_some)
+    ]
 
 
 def token_scopes_check(*, user: Any, scopes: list[str] | tuple[str, ...] | None) -> list[str]:
@@ -224,9 +231,14 @@ def token_scopes_check(*, user: Any, scopes: list[str] | tuple[str, ...] | None)
     if not scopes:
         raise TenancyInputError("A token needs at least one scope.")
     refused = [s for s in ALL_SCOPES if s in scopes and s not in allowed]
+    if Scope.ADMIN_DLQ in refused:
+        raise TenancyInputError(
+            f"{Scope.ADMIN_DLQ} is for staff tokens: {user.get_username()} is not staff."
+        )
     if refused:
         raise TenancyInputError(
-            f"{', '.join(refused)} is for staff tokens: {user.get_username()} is not staff."
+            f"{', '.join(refused)} is for organisation admins: {user.get_username()} "
+            "administers no organisation."
         )
     # In the order of Scope, once each: lists and the audit read the same.
     return [s for s in ALL_SCOPES if s in scopes]

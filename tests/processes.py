@@ -107,6 +107,7 @@ PRODUCTION_SAFE = {
     "AUDIT_SIGNING_KEY": "a" * 40,
     "AUDIT_SIGNING_ED25519_KEY": "cHJvZHVjdGlvbi1saWtlLWVkMjU1MTktdGVzdC1rZXk=",
     "METRICS_TOKEN": "m" * 32,
+    "JOBOPS_WEBHOOK_SECRET_KEY": "cHJvZHVjdGlvbi1saWtlLXdlYmhvb2stc2VjcmV0LWs=",
 }
 
 

@@ -27,10 +27,12 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django_otp.plugins.otp_static.models import StaticDevice, StaticToken
 
+from audit.services import Actor
 from dlq.models import BulkOperation
 from dlq.services.fix_forward import fix_forward_request
 from jobs.models import DeadLetter, Schedule
 from jobs.selectors import connectors_state
+from jobs.services.webhooks import webhook_create
 from tenants.models import OperatorScope, Organisation, Project
 from tenants.services import service_account_create, token_create
 from tests.factories import (
@@ -285,6 +287,12 @@ def rows(settings: Any, broker: None) -> dict[str, Any]:
     device = totp_device(other)
     backup = StaticDevice.objects.create(user=other, name="backup", confirmed=True)
     StaticToken.objects.create(device=backup, token="backup01")
+    endpoint = webhook_create(
+        org=org,
+        url="https://example.com/hooks",
+        events=["job.status.changed"],
+        actor=Actor.system("test"),
+    ).endpoint
     objects: dict[Any, Any] = {}
     for model in admin.site._registry:
         first = model._default_manager.order_by("pk").last()
@@ -317,6 +325,7 @@ def rows(settings: Any, broker: None) -> dict[str, Any]:
         ("dlq_bulkoperation_stop", "operation_id"): [str(operation.id)],
         ("otp_totp_totpdevice_config", "pk"): [str(device.pk)],
         ("otp_totp_totpdevice_qrcode", "pk"): [str(device.pk)],
+        ("jobs_webhookendpoint_deliveries", "endpoint_id"): [str(endpoint.pk)],
     }
     selection = urlencode(
         {"queue": "sim_dlq", "reason": "exhausted", "error_code": "BAD_INPUT", "ids": row.id}

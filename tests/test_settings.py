@@ -71,6 +71,7 @@ def test_a_manage_py_command_prints_no_banner_of_django_axes():
         ),
         ({"METRICS_TOKEN": ""}, "METRICS_TOKEN"),
         ({"JOBOPS_SECRET_PARAM_NAMES": ""}, "JOBOPS_SECRET_PARAM_NAMES is empty"),
+        ({"JOBOPS_WEBHOOK_SECRET_KEY": ""}, "JOBOPS_WEBHOOK_SECRET_KEY is unset"),
     ],
 )
 def test_production_refuses_unsafe_value_and_names_it(overrides, named, starter):
@@ -352,3 +353,17 @@ def test_events_off_starts_every_database_session_with_it(value, erp, session, s
     )
     assert result.returncode == 0, result.stderr[-500:]
     assert f"session {session}" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("JOBOPS_WEBHOOK_SECRET_KEY", "short", "JOBOPS_WEBHOOK_SECRET_KEY must be a Fernet key"),
+        ("JOBOPS_WEBHOOK_RETRY_SCHEDULE", "5s,5 minutes", "'5 minutes' is not a duration"),
+        ("JOBOPS_WEBHOOK_CONCURRENCY", "0", "JOBOPS_WEBHOOK_CONCURRENCY must be 1-64"),
+    ],
+)
+def test_a_bad_webhook_setting_is_refused_and_named(name, value, said, starter):
+    result = _start(starter, DEBUG="true", **{name: value})
+    assert result.returncode != 0
+    assert said in result.stderr

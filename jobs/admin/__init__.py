@@ -7,3 +7,4 @@ from __future__ import annotations
 # Django's admin autodiscovery imports this package: importing the pages registers them.
 from jobs.admin.job_pages import JobAdmin as JobAdmin
 from jobs.admin.schedules import ScheduleAdmin as ScheduleAdmin
+from jobs.admin.webhooks import WebhookEndpointAdmin as WebhookEndpointAdmin

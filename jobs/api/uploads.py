@@ -23,9 +23,9 @@ from jobs.api.docs import RATE_LIMIT_HEADERS, error_responses
 from jobs.api.throttles import JobCreateThrottle
 from jobs.api.views import RateLimitedApi, refuse_large_body
 from jobs.domain.uploads import FORMAT_MEDIA_TYPES, UPLOAD_FORMATS
-from jobs.models import Upload
 from jobs.selectors.uploads import upload_get_for_user
 from jobs.services.uploads import upload_create
+from jobs.tables.uploads import Upload
 from tenants.models import Scope
 from tenants.permissions import RequiredScope
 from tenants.selectors import actor_for, placement_for

@@ -7,7 +7,7 @@ from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from core.api.routing import with_slash_alias
 from core.api.schema import SchemaApi
-from jobs.api import batch, state, uploads, views
+from jobs.api import batch, state, uploads, views, webhooks
 
 app_name = "api"
 
@@ -32,6 +32,13 @@ urlpatterns = [
     # documented once, under /queues.
     *with_slash_alias("jobs/queues/depth", state.QueueDepthAliasApi.as_view(), "queues-depth"),
     *with_slash_alias("connectors", state.ConnectorListApi.as_view(), "connectors"),
+    *with_slash_alias("webhooks", webhooks.WebhookCollectionApi.as_view(), "webhooks"),
+    *with_slash_alias(
+        "webhooks/<int:webhook_id>", webhooks.WebhookDetailApi.as_view(), "webhook-detail"
+    ),
+    *with_slash_alias(
+        "webhooks/<int:webhook_id>/rotate", webhooks.WebhookRotateApi.as_view(), "webhook-rotate"
+    ),
     path("schema/", SchemaApi.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),

@@ -248,3 +248,25 @@ class UploadFormatUnknownError(ApplicationError):
 
     code = "ERR-JOB-422"
     http_status = 422
+
+
+class WebhookInputError(ApplicationError):
+    """A webhook endpoint's URL, events or project is not acceptable."""
+
+    code = "ERR-WEBHOOK-422"
+    http_status = 422
+    default_message = "The webhook endpoint is not acceptable."
+
+
+class WebhookNotFoundError(ApplicationError):
+    code = "ERR-WEBHOOK-404"
+    http_status = 404
+    default_message = "No such webhook endpoint."
+
+
+class WebhookForbiddenError(ApplicationError):
+    """Only an organisation's admins manage its webhook endpoints."""
+
+    code = "ERR-AUTH-403"
+    http_status = 403
+    default_message = "Only an admin of the organisation manages its webhooks."

@@ -217,6 +217,24 @@ DISPATCHER_PASSES = Counter(
 # run_worker's claimer (jobs/processes/executor.py): a claim that took no job counts too, once it
 # has committed; a flat line is a claimer that stopped looking.
 WORKER_CLAIMS = Counter("worker_claims", "Claims run_worker's claimer ran, with or without jobs")
+# Webhooks (docs/webhooks.md): over all endpoints (no endpoint label: the portal and
+# GET /api/v1/webhooks/{id} show each endpoint's state).
+WEBHOOK_ATTEMPTS = Counter(
+    "webhook_delivery_attempts", "Webhook POSTs by outcome (delivered, failed)", ["outcome"]
+)
+WEBHOOK_LATENCY = Histogram(
+    "webhook_delivery_duration_seconds",
+    "Webhook POST durations, answered or not",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+WEBHOOK_ENDPOINTS_DISABLED = Counter(
+    "webhook_endpoints_disabled",
+    "Webhook endpoints disabled by delivery after failing for JOBOPS_WEBHOOK_RETRY_WINDOW",
+)
+WEBHOOK_FANNED_OUT = Counter(
+    "webhook_deliveries_created", "Deliveries the fan-out made from outbox events"
+)
+
 ERP_BRIDGE_DELIVERIES = Counter(
     "erp_bridge_deliveries", "ERP bridge outcomes (delivered, retried, parked)", ["outcome"]
 )

@@ -273,7 +273,10 @@ def outbox_prune(*, older_than: timedelta | datetime) -> int:
     Returns the count.
     """
     cutoff = timezone.now() - older_than if isinstance(older_than, timedelta) else older_than
-    deleted, _ = EventOutbox.objects.filter(
-        published_at__isnull=False, published_at__lt=cutoff
-    ).delete()
+    # Nor a row the webhook fan-out has yet to copy (jobs/processes/webhooks.py).
+    deleted, _ = (
+        EventOutbox.objects.filter(published_at__isnull=False, published_at__lt=cutoff)
+        .extra(where=["NOT webhook_outbox_unread(txid, id)"])
+        .delete()
+    )
     return deleted

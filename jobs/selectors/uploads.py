@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from jobs.domain.exceptions import UploadNotFoundError
-from jobs.models import Upload
+from jobs.tables.uploads import Upload
 from tenants.selectors import memberships_of
 
 

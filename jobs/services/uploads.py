@@ -45,9 +45,9 @@ from jobs.domain.uploads import (
     UPLOAD_PREFIX,
     upload_key,
 )
-from jobs.models import Upload
 from jobs.queries import QUERIES
 from jobs.services.artefacts import StorageUnavailableError
+from jobs.tables.uploads import Upload
 
 log = structlog.get_logger("jobs.uploads")
 UPLOAD_CREATED = "upload_created"

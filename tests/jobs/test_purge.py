@@ -445,6 +445,24 @@ def test_purge_names_every_foreign_key_into_the_tables_it_deletes_from():
     assert all(fk.how.strip() for fk in PURGE_FOREIGN_KEYS)
 
 
+def test_webhook_deliveries_copy_their_event_and_keep_no_key_into_what_purge_deletes():
+    """A delivery holds its event's body and the job's id as values: purging the job or
+    its outbox rows leaves it whole; it has a retention of its own (a purge extra)."""
+    from django.conf import settings
+
+    found = foreign_keys_into_purged_tables()
+    assert not [key for key in found if key[0].startswith("webhook_")], found
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM information_schema.columns "
+            "WHERE table_name = 'webhook_deliveries' AND column_name IN ('job_id', 'body')"
+        )
+        assert cursor.fetchone()[0] == 2
+    assert ("webhook_deliveries", "jobs.services.webhooks.webhook_deliveries_purge") in (
+        settings.JOBOPS_PURGE_EXTRAS
+    )
+
+
 def test_the_guard_names_a_new_table_that_references_a_job():
     # As the next app's migration would add it (rolled back with the test).
     with connection.cursor() as cursor:

@@ -20,10 +20,11 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditLog
 from jobs.artefact_storage import artefact_storage
-from jobs.models import Job, Upload
+from jobs.models import Job
 from jobs.processes.runtime import job_execute
 from jobs.services.purge import purge_extras
 from jobs.services.uploads import UPLOAD_CREATED, UPLOAD_SWEPT, upload_orphans_sweep
+from jobs.tables.uploads import Upload
 from tenants.models import Membership, Scope
 from tenants.services import token_create
 from tests.factories import OrganisationFactory, UserFactory, client_for

@@ -1,4 +1,5 @@
-"""The `uploads` table (jobs.models re-exports Upload, which is how Django finds it)."""
+"""The `uploads` table: the input files clients store for their jobs
+(docs/api.md#uploading-an-input)."""
 
 from __future__ import annotations
 
