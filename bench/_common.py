@@ -190,6 +190,7 @@ class Scratch:
             "AUDIT_SIGNING_KEY": secrets.token_urlsafe(48),
             "AUDIT_SIGNING_ED25519_KEY": base64.b64encode(secrets.token_bytes(32)).decode(),
             "METRICS_TOKEN": secrets.token_urlsafe(24),
+            "JOBOPS_WEBHOOK_SECRET_KEY": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
         }
 
     # -- lifecycle

@@ -7,6 +7,7 @@ an operator does, and saves what it saw under var/screenshots/ (laptop 1366x768 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -26,13 +27,14 @@ from tests.queues import depth, worker_dead_letter
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def log_in(browser, live_server, role: str, username: str) -> None:
+def log_in(browser, live_server, role: str, username: str, *, user: Any = None) -> None:
     """An operator signed in with password and TOTP code, as the login form leaves them:
     a real session in the database (the user, the auth backend, the OTP device that
     verified the code) whose cookie the browser then carries. Made server-side: the
     form itself is tests/browser/test_admin_login.py's subject, and going through it
-    again costs every other test a page load, a POST and a redirect."""
-    user = role_user(role, username=username)
+    again costs every other test a page load, a POST and a redirect. `user`: one of the
+    test's own (a superuser), instead of a `role` user."""
+    user = user or role_user(role, username=username)
     session = otp_login(Client(), user).session
     # The attributes the login's answer sets the cookie with (SessionMiddleware).
     cookie = {
