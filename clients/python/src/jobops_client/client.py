@@ -255,7 +255,7 @@ class Client:
 
     def artefacts(self, job_id: str | uuid.UUID) -> list[Artefact]:
         """The job's artefacts, each with `download(path)`."""
-        return [Artefact(data=row, client=self) for row in self.get(job_id).data["artefacts"]]
+        return [Artefact(data=row, http=self._http) for row in self.get(job_id).data["artefacts"]]
 
     # --- waiting --------------------------------------------------------------------
 

@@ -7,12 +7,11 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import httpx
 
 from jobops_client.errors import ApiError, ArtefactIntegrityError
-
-if TYPE_CHECKING:
-    from jobops_client.client import Client
 
 # A job in one of these has ended: `wait` returns it (a failed one may still be retried).
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -63,7 +62,8 @@ class Artefact:
     """A file a job wrote: `download(path)` fetches it and checks its sha256 and size."""
 
     data: dict[str, Any]
-    client: Client = field(repr=False, compare=False)
+    # The client's HTTP session (its base URL and token) the download goes through.
+    http: httpx.Client = field(repr=False, compare=False)
 
     @property
     def id(self) -> str:
@@ -99,7 +99,7 @@ class Artefact:
         digest, written = hashlib.sha256(), 0
         try:
             with (
-                self.client._http.stream("GET", self.url, follow_redirects=True) as response,
+                self.http.stream("GET", self.url, follow_redirects=True) as response,
                 target.open("wb") as out,
             ):
                 if response.status_code != 200:
