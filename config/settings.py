@@ -874,13 +874,11 @@ try:
         parse_duration(part)
         for part in env_list("JOBOPS_WEBHOOK_RETRY_SCHEDULE", ["5s", "30s", "2m", "10m", "1h"])
     ]
-    JOBOPS_WEBHOOK_RETRY_WINDOW = parse_duration(env_str("JOBOPS_WEBHOOK_RETRY_WINDOW", "3d"))
-    JOBOPS_WEBHOOK_LOG_RETENTION = parse_duration(env_str("JOBOPS_WEBHOOK_LOG_RETENTION", "14d"))
-    JOBOPS_WEBHOOK_ROTATION_OVERLAP = parse_duration(
-        env_str("JOBOPS_WEBHOOK_ROTATION_OVERLAP", "24h")
-    )
 except ValueError as exc:
-    raise ImproperlyConfigured(f"JOBOPS_WEBHOOK_*: {exc}") from exc
+    raise ImproperlyConfigured(f"JOBOPS_WEBHOOK_RETRY_SCHEDULE: {exc}") from exc
+JOBOPS_WEBHOOK_RETRY_WINDOW = env_duration("JOBOPS_WEBHOOK_RETRY_WINDOW", "3d")
+JOBOPS_WEBHOOK_LOG_RETENTION = env_duration("JOBOPS_WEBHOOK_LOG_RETENTION", "14d")
+JOBOPS_WEBHOOK_ROTATION_OVERLAP = env_duration("JOBOPS_WEBHOOK_ROTATION_OVERLAP", "24h")
 if not JOBOPS_WEBHOOK_RETRY_SCHEDULE:
     raise ImproperlyConfigured("JOBOPS_WEBHOOK_RETRY_SCHEDULE names no duration")
 # Receivers on loopback, private, link-local or CGNAT addresses are refused unless this
