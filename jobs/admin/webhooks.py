@@ -38,6 +38,14 @@ from tenants.selectors import operator_org_ids
 DELIVERIES_SHOWN = 100
 
 
+def _set_enabled(
+    request: HttpRequest, queryset: QuerySet[WebhookEndpoint], *, enabled: bool
+) -> int:
+    """Enable or disable each selected endpoint (each audited); how many changed."""
+    actor = _operator(request)
+    return sum(webhook_set_enabled(endpoint=e, enabled=enabled, actor=actor) for e in queryset)
+
+
 def _operator(request: HttpRequest) -> Actor:
     return Actor(ActorType.OPERATOR, str(request.user.pk))
 
@@ -158,18 +166,12 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
     @admin.action(description="Disable the selected endpoints", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
-        done = sum(
-            webhook_set_enabled(endpoint=e, enabled=False, actor=_operator(request))
-            for e in queryset
-        )
+        done = _set_enabled(request, queryset, enabled=False)
         messages.info(request, f"{done} endpoint(s) disabled; their deliveries wait.")
 
     @admin.action(description="Enable the selected endpoints", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
-        done = sum(
-            webhook_set_enabled(endpoint=e, enabled=True, actor=_operator(request))
-            for e in queryset
-        )
+        done = _set_enabled(request, queryset, enabled=True)
         messages.info(request, f"{done} endpoint(s) enabled; their waiting deliveries go now.")
 
     @admin.action(description="Rotate the selected endpoints' secrets", permissions=["change"])

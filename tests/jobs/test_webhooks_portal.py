@@ -178,3 +178,24 @@ def test_staff_limited_to_other_organisations_do_not_see_the_endpoint(endpoint):
     assert client.get(f"{BASE}/").status_code == 200
     assert b"hooks.example.com" not in client.get(f"{BASE}/").content
     assert client.get(f"{BASE}/{endpoint.pk}/deliveries/").status_code == 404
+
+
+def test_the_changelist_actions_disable_and_enable_endpoints_each_audited(
+    otp_admin_client, endpoint
+):
+    for action, enabled, event in (
+        ("disable", False, "webhook_disabled"),
+        ("disable", False, None),  # already disabled: nothing changes, nothing audited
+        ("enable", True, "webhook_enabled"),
+    ):
+        before = AuditLog.objects.count()
+        page = otp_admin_client.post(
+            f"{BASE}/", {"action": action, "_selected_action": [endpoint.pk]}, follow=True
+        )
+        endpoint.refresh_from_db()
+        assert endpoint.enabled is enabled
+        assert (b"1 endpoint(s)" if event else b"0 endpoint(s)") in page.content
+        added = AuditLog.objects.order_by("id")[before:]
+        assert [e.event_type for e in added] == ([event] if event else [])
+        if event:
+            assert added[0].actor_id == str(otp_admin_client.user.pk)
