@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
 
+from config.apps import discover_admin_pages
 from core.api.exceptions import (
     api_handler400,
     api_handler404,
@@ -11,6 +12,8 @@ from core.api.otp import OtpGrantApi
 from core.api.routing import with_slash_alias
 from core.metrics import metrics_view
 from tenants.authentication import TokenAuthentication
+
+discover_admin_pages()  # before admin.site.urls lists the pages
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -220,3 +220,34 @@ def test_the_login_form_says_when_a_throttled_code_may_be_tried_again(settings):
     assert page.status_code == 200
     assert b"Too many wrong codes in a row" in page.content
     assert b"Try again in " in page.content
+
+
+def test_the_pages_load_only_where_urls_do_and_the_admin_check_still_sees_them():
+    """Workers and dispatchers skip the portal's pages at start-up (config/apps.py);
+    `manage.py check` must still check every page, whichever order its checks run in."""
+    import subprocess
+    import sys
+
+    from tests.processes import ROOT, subprocess_env
+
+    code = (
+        "import django; django.setup()\n"
+        "from django.contrib import admin\n"
+        "from jobs.models import Job\n"
+        "print(admin.site.is_registered(Job))\n"
+        "from django.core import checks\n"
+        "checks.run_checks(tags=[checks.Tags.admin])\n"
+        "print(admin.site.is_registered(Job))\n"
+        "from config.admin_site import JobopsAdminSite\n"
+        "print(type(admin.site._wrapped).__name__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.split() == ["False", "True", "JobopsAdminSite"]
