@@ -946,6 +946,24 @@ AUDIT_VERIFY_CHECKS: list[str] = [
 # sharing one snapshot: the server's index scan, not Python's hashing, is the slower half.
 AUDIT_VERIFY_STREAMS = env_int("AUDIT_VERIFY_STREAMS", 2)
 AUDIT_VERIFY_PARALLEL_MIN_ROWS = env_int("AUDIT_VERIFY_PARALLEL_MIN_ROWS", 200_000)
+# How often the dispatcher starts `verify_audit_chain --since-checkpoint --record` (the
+# entries appended since the newest exported checkpoint) and the full walk
+# (docs/operations/audit-archives.md#incremental-verification); 0 disables either.
+AUDIT_VERIFY_INCREMENTAL_EVERY = (
+    env_duration("AUDIT_VERIFY_INCREMENTAL_EVERY", "1d")
+    if env_str("AUDIT_VERIFY_INCREMENTAL_EVERY", "1d").strip() != "0"
+    else timedelta(0)
+)
+AUDIT_VERIFY_FULL_EVERY = (
+    env_duration("AUDIT_VERIFY_FULL_EVERY", "7d")
+    if env_str("AUDIT_VERIFY_FULL_EVERY", "7d").strip() != "0"
+    else timedelta(0)
+)
+# The keyring (docs/operations/keys.md#the-keyring): the Ed25519 public keys published
+# before the current one, each {key_id, public_key, not_before, not_after}, and since when
+# the current key (under AUDIT_SIGNING_KEY_ID) signs (ISO 8601; empty: no lower bound).
+AUDIT_PUBLISHED_KEYS: list[dict[str, Any]] = env_json("AUDIT_PUBLISHED_KEYS", [])
+AUDIT_SIGNING_KEY_NOT_BEFORE = env_str("AUDIT_SIGNING_KEY_NOT_BEFORE", "")
 
 # --- Celery (the broker half lives in config/celery.py) -------------------------
 
