@@ -89,6 +89,13 @@ def last_run(mode: str, *, ok_only: bool = False) -> dict[str, Any] | None:
     return {**data, "at": row[1], "started_at": parse_datetime(started) if started else None}
 
 
+def audit_verification_successes() -> dict[str, float]:
+    """The Unix time of the newest run of each mode that found the trail intact (0:
+    none), for the audit_verification_last_success_timestamp_seconds gauge."""
+    found = {mode: last_run(mode, ok_only=True) for mode in MODES}
+    return {mode: run["at"].timestamp() if run else 0.0 for mode, run in found.items()}
+
+
 def verification_tile() -> dict[str, Any]:
     """The dashboard tile: the last run of each mode, where runs are recorded, and
     whether the full walk is stale (older than FULL_STALE_AFTER, or never ran)."""

@@ -640,6 +640,10 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("dlq_bulk", "dlq.bulk.bulk_operations_run_once"),
     # Retention (jobs/services/purge.py): ended jobs past their category's retention.
     ("purge", "jobs.services.purge.purge_once"),
+    # Audit verification (audit/verification_runs.py): starts `verify_audit_chain
+    # --since-checkpoint` every AUDIT_VERIFY_INCREMENTAL_EVERY and the full walk every
+    # AUDIT_VERIFY_FULL_EVERY, each as a process of its own: the loop never waits for one.
+    ("audit_verify", "audit.verification_runs.audit_verify_due"),
     # Expired entries of the key-value store's table (core/kv.py; nothing with Redis).
     ("kv_sweep", "core.kv.kv_sweep_once"),
 ]
