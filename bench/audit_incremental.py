@@ -90,6 +90,7 @@ def child(trusted: str) -> None:
     from django.core.management import call_command
 
     out = io.StringIO()
+    cpu = time.process_time()
     started = time.perf_counter()
     try:
         call_command("verify_audit_chain", "--since-checkpoint", trusted, "--json", stdout=out)
@@ -97,11 +98,18 @@ def child(trusted: str) -> None:
     except SystemExit as exc:
         code = int(exc.code or 0)
     seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu
     document = json.loads(out.getvalue())
     document["problems"] = document["problems"][:5]
     print(
         json.dumps(
-            {"exit": code, "seconds": seconds, "peak_rss_kb": common.peak_rss_kb(), **document},
+            {
+                "exit": code,
+                "seconds": seconds,
+                "cpu_seconds": cpu,
+                "peak_rss_kb": common.peak_rss_kb(),
+                **document,
+            },
             default=str,
         )
     )
@@ -153,6 +161,9 @@ def main() -> int:
         report.figure("rows_verified", result["rows_checked"], "rows")
         report.figure("streams", result["streams"], "")
         report.figure("peak_rss_mb", round(result["peak_rss_kb"] / 1024, 1), "MB")
+        # The verifier's own CPU (its threads included; PostgreSQL's backends apart): what
+        # the wall time comes to on cores nobody else uses.
+        report.figure("verifier_cpu_seconds", round(result["cpu_seconds"], 2), "s")
         report.target(
             "incremental_seconds",
             label="verify --since-checkpoint, one day",
