@@ -4,6 +4,7 @@ that is missing or used outside its validity."""
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 from datetime import UTC, datetime
@@ -161,3 +162,30 @@ def test_a_bad_public_key_is_a_usage_error():
     with pytest.raises(CommandError) as refused:
         call_command("verify_audit_chain", "--public-key", "[1, 2]")
     assert refused.value.returncode == 2
+
+
+@pytest.mark.django_db
+def test_an_archive_names_its_key_id_and_verifies_with_the_keyring(settings, tmp_path):
+    from tests.audit.test_archive import archive, ops_event, purge, verify
+    from tests.factories import job_in_state
+
+    job = job_in_state("succeeded")
+    purge(job)
+    ops_event()
+    checkpoint_write()
+    path = tmp_path / "audit.jsonl.gz"
+    archive(path)
+    with gzip.open(path, "rb") as file:
+        header = json.loads(file.readline())
+    assert header["key_id"] == settings.AUDIT_SIGNING_KEY_ID
+    out = StringIO()
+    call_command("audit_public_key", "--keyring", stdout=out)
+    ring = tmp_path / "keyring.json"
+    ring.write_text(out.getvalue())
+    assert verify(path, "--public-key", str(ring))[0] == 0
+    # A keyring that holds another key under that id, or not that id: refused, named.
+    other = keyring_file(tmp_path / "other.json", [entry("k9", new_key()[1])])
+    code, printed = verify(path, "--public-key", other)
+    assert code == 1
+    assert "archive_key" in printed
+    assert f"key id '{settings.AUDIT_SIGNING_KEY_ID}', which the keyring does not hold" in printed

@@ -160,12 +160,15 @@ class Command(BaseCommand):
             report = self._verify_incremental(options, job_ids, since, expected)
             range_text = report.range_text()
         else:
+            if options["record"] and (job_ids or since):
+                raise CommandError(
+                    "--record records whole runs: a run of --job or --since is not the full walk",
+                    returncode=EXIT_USAGE,
+                )
             keyring = self._keyring(options)
             report = audit_verify(job_ids=job_ids, since=since, expected_checkpoints=expected)
             if keyring is not None:
                 check_checkpoint_keys(report, keyring)
-            if job_ids or since:
-                range_text = "the chains chosen by --job/--since"
         self._print(report, archive=bool(options["archive"]), as_json=options["json"])
         if options["record"]:
             mode = INCREMENTAL if isinstance(report, IncrementalReport) else FULL
