@@ -267,3 +267,13 @@ def test_a_full_run_older_than_8_days_is_stale(history):
     tile = verification_tile()
     assert tile["full_stale"]
     assert tile["full"]["ok"]
+
+
+@pytest.mark.django_db
+def test_an_exported_later_checkpoint_deleted_with_its_tail_is_caught(history):
+    later = history["later"]
+    tamper("DELETE FROM audit_checkpoints WHERE id >= %s", [later.id])
+    tamper("DELETE FROM audit_logs WHERE id > %s", [history["trusted"].last_audit_id])
+    code, out = run("--since-checkpoint", history["trusted"].checkpoint_hash)
+    assert code == 1
+    assert f"checkpoint {later.id}: checkpoint_missing" in out
