@@ -53,6 +53,25 @@ SELECT DISTINCT ON (chain) chain, seq, chain_hash, max(id) OVER ()
 FROM audit_logs WHERE id > %(last_id)s ORDER BY chain, seq DESC;
 
 
+-- name: all_heads_page
+-- The heads of up to `limit` chains below `before` (NULL: from the last), in descending
+-- chain order: a skip scan of the (chain, seq) index, one probe per chain, never a sort
+-- of the whole log (audit.checkpoints.checkpoint_write_all_heads).
+WITH RECURSIVE heads AS (
+    (SELECT chain, seq, chain_hash, 1 AS n FROM audit_logs
+     WHERE %(before)s::text IS NULL OR chain < %(before)s::text
+     ORDER BY chain DESC, seq DESC LIMIT 1)
+    UNION ALL
+    SELECT x.chain, x.seq, x.chain_hash, h.n + 1 FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT a.chain, a.seq, a.chain_hash FROM audit_logs a
+        WHERE a.chain < h.chain ORDER BY a.chain DESC, a.seq DESC LIMIT 1
+    ) AS x
+    WHERE h.n < %(limit)s
+)
+SELECT chain, seq, chain_hash FROM heads;
+
+
 -- name: chains_since
 -- The chains with an entry at or after `since`, among `chains` (NULL: all).
 SELECT DISTINCT chain FROM audit_logs
