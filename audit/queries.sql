@@ -130,10 +130,11 @@ FROM audit_logs WHERE chain = %(chain)s AND seq = %(seq)s;
 
 
 -- name: verify_checkpoints
--- Every checkpoint in id order, its payload as raw bytes for the hash.
+-- Every checkpoint in id order, its payload as raw bytes for the hash, and the heads of
+-- a version 2 one (NULL on version 1), checked against the root its payload signs.
 SELECT id, last_audit_id, prev_hash, checkpoint_hash, key_id, signature,
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-       convert_to(payload, 'UTF8')
+       convert_to(payload, 'UTF8'), heads
 FROM audit_checkpoints ORDER BY id;
 
 
@@ -145,10 +146,10 @@ FROM audit_checkpoints ORDER BY id;
 -- `limit`). In SQL, an index probe on (chain, seq) per head, so that no checkpoint's
 -- heads are held in Python memory.
 WITH heads AS MATERIALIZED (
-    SELECT c.id, h.chain, h.seq, h.hash, a.chain_hash
+    SELECT c.id, h.chain, h.seq, coalesce(h.chain_hash, h.hash) AS hash, a.chain_hash
     FROM audit_checkpoints c
-    CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
-        AS h(chain text, seq bigint, hash text)
+    CROSS JOIN LATERAL jsonb_to_recordset(coalesce(c.heads, c.payload::jsonb -> 'heads'))
+        AS h(chain text, seq bigint, hash text, chain_hash text)
     LEFT JOIN audit_logs a ON a.chain = h.chain AND a.seq = h.seq
     WHERE c.id = ANY(%(genuine)s::bigint[])
       AND (%(chains)s::text[] IS NULL OR h.chain = ANY(%(chains)s::text[])
@@ -204,10 +205,10 @@ WHERE created_at < %(until)s AND ed25519_signature <> '' ORDER BY id DESC LIMIT 
 -- and that checkpoint's id: every job chain whose last entry is `purged`, and the ops
 -- chain up to the newest head named.
 WITH named AS MATERIALIZED (
-    SELECT c.id, h.chain, h.seq, h.hash
+    SELECT c.id, h.chain, h.seq, coalesce(h.chain_hash, h.hash) AS hash
     FROM audit_checkpoints c
-    CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
-        AS h(chain text, seq bigint, hash text)
+    CROSS JOIN LATERAL jsonb_to_recordset(coalesce(c.heads, c.payload::jsonb -> 'heads'))
+        AS h(chain text, seq bigint, hash text, chain_hash text)
     WHERE c.id <= %(upto)s
 )
 SELECT chain, seq, hash, id FROM (
@@ -225,7 +226,7 @@ UNION ALL
 -- The checkpoints from `low` to `high` in id order, each with its payload: an archive
 -- takes those it needs from them.
 SELECT id, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-       prev_hash, checkpoint_hash, key_id, ed25519_signature, payload
+       prev_hash, checkpoint_hash, key_id, ed25519_signature, payload, heads
 FROM audit_checkpoints WHERE id BETWEEN %(low)s AND %(high)s ORDER BY id;
 
 
@@ -236,3 +237,21 @@ SELECT a.chain, a.seq, a.payload, a.prev_hash, a.chain_hash
 FROM unnest(%(chains)s::text[], %(heads)s::bigint[]) AS c(chain, head)
 JOIN audit_logs a ON a.chain = c.chain AND a.seq <= c.head
 ORDER BY a.chain COLLATE "C", a.seq;
+
+
+-- name: proof_entries
+-- One chain's entries in seq order, for a job's proof (audit.proofs), wherever they
+-- are stored.
+SELECT seq, payload, prev_hash, chain_hash FROM audit_logs
+WHERE chain = %(chain)s ORDER BY seq;
+
+
+-- name: proof_checkpoint
+-- The first version 2 checkpoint that names `head` (a one-element JSON array of the
+-- canonical head), through the GIN index on heads, with its leaf's tree size in the
+-- checkpoint log.
+SELECT c.id, c.payload, c.prev_hash, c.checkpoint_hash, c.key_id, c.signature,
+       c.ed25519_signature, c.heads, t.tree_size
+FROM audit_checkpoints c JOIN audit_tree_heads t ON t.checkpoint_id = c.id
+WHERE c.heads IS NOT NULL AND c.heads @> %(head)s::jsonb
+ORDER BY c.id LIMIT 1;

@@ -1,4 +1,4 @@
-"""Checkpoint heads as a Merkle tree, and the checkpoint log (docs/architecture.md#the-checkpoint-log).
+"""Checkpoint heads as a Merkle tree; the checkpoint log (docs/architecture.md#the-checkpoint-log).
 
 Two levels, both RFC 9162 trees (audit.merkle):
 
@@ -88,6 +88,7 @@ def checkpoint_heads(payload: str, heads: Any) -> list[tuple[Any, Any, Any]]:
     document = _loads(payload)
     if document.get("v") != CHECKPOINT_V2:
         return [(h["chain"], h["seq"], h["hash"]) for h in document["heads"]]
+    heads = _as_list(heads)  # jsonb from a raw cursor: Django's psycopg loads it as text
     if not isinstance(heads, list) or not all(isinstance(h, dict) for h in heads):
         raise HeadsMismatch("the checkpoint's heads are missing")
     try:
@@ -100,6 +101,10 @@ def checkpoint_heads(payload: str, heads: Any) -> list[tuple[Any, Any, Any]]:
     if root != document.get("heads_root") or len(heads) != document.get("heads_count"):
         raise HeadsMismatch("the stored heads do not hash to the signed heads_root")
     return [(h["chain"], h["seq"], h["chain_hash"]) for h in heads]
+
+
+def _as_list(heads: Any) -> Any:
+    return json.loads(heads) if isinstance(heads, str | bytes) else heads
 
 
 def _loads(payload: str) -> dict[str, Any]:
@@ -121,6 +126,7 @@ def v2_payload_problem(
     """What is wrong with a version 2 checkpoint whose hash verified (None: nothing):
     its columns must agree with the signed payload, its heads with heads_root."""
     try:
+        heads = _as_list(heads)
         checkpoint_heads(payload.decode("utf-8"), heads)
     except HeadsMismatch as exc:
         return str(exc)

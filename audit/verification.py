@@ -32,6 +32,7 @@ from psycopg import sql as pgsql
 from audit.canonical import GENESIS_HASH, canonical_bytes, entry_payload
 from audit.queries import QUERIES
 from audit.services import job_chain
+from audit.tree import is_v2, v2_payload_problem
 
 # Rows fetched per round trip of the server-side cursor: large enough that the
 # round trips vanish, small enough that a batch is about a megabyte.
@@ -426,7 +427,7 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
     with raw.cursor(name="audit_verify_checkpoints", binary=True) as cursor:
         cursor.itersize = 2
         cursor.execute(QUERIES["verify_checkpoints"])
-        for cp_id, last_id, prev, stored, key_id, signature, ts, payload in cursor:
+        for cp_id, last_id, prev, stored, key_id, signature, ts, payload, heads in cursor:
             report.checkpoints_checked += 1
             broken = []
             if prev != expected_prev:
@@ -458,7 +459,18 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
                     expected_sig.encode(), str(signature).encode("utf-8", "backslashreplace")
                 ):
                     broken.append("HMAC signature does not verify")
-            if not broken:
+            if not broken and is_v2(payload):
+                mismatch = v2_payload_problem(
+                    payload,
+                    heads=heads,
+                    created_at=ts,
+                    last_audit_id=last_id,
+                    prev_hash=prev,
+                    key_id=key_id,
+                )
+                if mismatch:
+                    broken.append(mismatch)
+            elif not broken:
                 # Genuine payload; JCS key order: created_at, heads, key_id,
                 # last_audit_id, prev_hash, v.
                 expected_first = canonical_bytes({"created_at": ts})[:-1] + b',"heads":'

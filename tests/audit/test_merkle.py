@@ -164,4 +164,3 @@ def test_every_proof_verifies_and_a_flipped_bit_fails(leaves, data):
             at = data.draw(st.integers(0, len(path) - 1))
             assert not verify_consistency(m, n, first_root, tree.root, _flip(path, at, bit))
             assert not verify_consistency(m, n, _flip([first_root], 0, bit)[0], tree.root, path)
-
