@@ -72,7 +72,7 @@ def job_proof(job_id: uuid.UUID | str) -> dict[str, Any]:
     tree_head = latest_tree_head()
     if found is None or tree_head is None:
         raise AuditProofPendingError(retry_after=settings.AUDIT_CHECKPOINT_SECONDS)
-    cp_id, payload, prev, digest, key_id, hmac_signature, signature, heads, leaf = found
+    cp_id, payload, signature, heads, leaf = found
     heads = checkpoint_heads(payload, heads)
     index = next(i for i, h in enumerate(heads) if h[0] == chain)
     tree = heads_tree([{"chain": c, "seq": s, "chain_hash": h} for c, s, h in heads])
@@ -83,13 +83,11 @@ def job_proof(job_id: uuid.UUID | str) -> dict[str, Any]:
         "job_id": str(job_id),
         "entries": [_line(chain, *row) for row in rows],
         "head": head,
+        # Its hash is sha256(prev_hash + payload), prev_hash being in the payload; its
+        # HMAC is left out: only the operator's secret verifies it.
         "checkpoint": {
             "id": cp_id,
             "payload": payload,
-            "prev_hash": prev,
-            "checkpoint_hash": digest,
-            "key_id": key_id,
-            "signature": hmac_signature,
             "ed25519_signature": signature,
             "leaf_index": index,
             "tree_size": len(heads),
@@ -171,9 +169,10 @@ def verify_job_proof(document: dict[str, Any], *, public_key: str) -> Verificati
     """Verify a job's proof with the public key alone; never raises for tampering.
 
     1. The tree head is signed by `public_key` (its key id names it).
-    2. The checkpoint's hash is in that tree head (RFC 9162 inclusion).
-    3. The checkpoint's hash is sha256(prev_hash + payload), its Ed25519 signature
-       verifies, and its payload is version 2.
+    2. The checkpoint's hash, sha256(prev_hash + payload) with the prev_hash its payload
+       names, is in that tree head (RFC 9162 inclusion).
+    3. The checkpoint's payload is canonical, version 2, and its Ed25519 signature
+       verifies.
     4. The head is in the checkpoint's heads tree (RFC 9162 inclusion under heads_root).
     5. The entries form the chain from seq 1 to that head.
     """
@@ -192,7 +191,9 @@ def verify_job_proof(document: dict[str, Any], *, public_key: str) -> Verificati
     try:
         assert isinstance(tree_head, dict) and isinstance(checkpoint, dict)
         log = document["log"]
-        digest = checkpoint["checkpoint_hash"]
+        digest = chain_hash(
+            json.loads(checkpoint["payload"])["prev_hash"], checkpoint["payload"].encode()
+        )
         in_log = (
             verify_inclusion(
                 log["leaf_index"],
@@ -203,7 +204,7 @@ def verify_job_proof(document: dict[str, Any], *, public_key: str) -> Verificati
             )
             and log["tree_size"] == tree_head["tree_size"]
         )
-    except (AssertionError, KeyError, TypeError, ValueError):
+    except (AssertionError, KeyError, TypeError, ValueError, AttributeError):
         in_log = False
     report.checkpoints_checked += 1
     if not in_log:
@@ -243,16 +244,11 @@ def verify_job_proof(document: dict[str, Any], *, public_key: str) -> Verificati
 
 def _checkpoint_problem(checkpoint: Any, key: Any) -> str | None:
     try:
-        payload, prev, digest = (
-            checkpoint["payload"],
-            checkpoint["prev_hash"],
-            checkpoint["checkpoint_hash"],
-        )
-        if chain_hash(prev, payload.encode("utf-8")) != digest:
-            return "its hash does not match sha256(prev_hash + payload)"
+        payload = checkpoint["payload"]
         signed = json.loads(payload)
-        if signed.get("v") != CHECKPOINT_V2 or signed.get("prev_hash") != prev:
-            return "its payload is not a version 2 checkpoint payload of that prev_hash"
+        if signed.get("v") != CHECKPOINT_V2:
+            return "its payload is not a version 2 checkpoint payload"
+        digest = chain_hash(signed["prev_hash"], payload.encode("utf-8"))
         if canonical_bytes(signed) != payload.encode("utf-8"):
             return "its payload is not canonical JSON"
         if not verifies(key, checkpoint["ed25519_signature"], bytes.fromhex(digest)):

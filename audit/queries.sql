@@ -250,8 +250,7 @@ WHERE chain = %(chain)s ORDER BY seq;
 -- The first version 2 checkpoint that names `head` (a one-element JSON array of the
 -- canonical head), through the GIN index on heads, with its leaf's tree size in the
 -- checkpoint log.
-SELECT c.id, c.payload, c.prev_hash, c.checkpoint_hash, c.key_id, c.signature,
-       c.ed25519_signature, c.heads, t.tree_size
+SELECT c.id, c.payload, c.ed25519_signature, c.heads, t.tree_size
 FROM audit_checkpoints c JOIN audit_tree_heads t ON t.checkpoint_id = c.id
 WHERE c.heads IS NOT NULL AND c.heads @> %(head)s::jsonb
 ORDER BY c.id LIMIT 1;
