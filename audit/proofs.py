@@ -263,7 +263,7 @@ def _check_entries(report: VerificationReport, entries: Any, head: Any, job_id: 
     break is reported at its seq."""
     chain = head.get("chain") if isinstance(head, dict) else None
     job = chain[4:] if isinstance(chain, str) and chain.startswith("job:") else None
-    if job is None or job != job_id:
+    if not isinstance(chain, str) or job is None or job != job_id:
         report.add(
             Problem(kind="proof_broken", message="the head is not the chain of the proof's job")
         )

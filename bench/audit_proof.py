@@ -2,14 +2,15 @@
 
 Scratch database `jobops_bench_audit_proof`:
 
-1. A checkpoint log of a year at one checkpoint a minute (--log, 525,600 leaves), loaded
+1. --heads - 1 job chains of ten entries (bench/_chains.py, COPY), and one real job of
+   ten entries through the services: created, queued, started, six progress,
+   succeeded. One checkpoint names all the heads (5,000 = MAX_HEADS: the largest heads
+   tree a checkpoint has): leaf 0 of the checkpoint log.
+2. A year of checkpoints after it at one a minute (--log, 525,600 leaves in all), loaded
    by COPY into audit_tree_heads: each row the nodes its leaf completes, computed as
-   audit.tree does, over random checkpoint hashes (only the newest tree head, a real
-   one, is signed: that is all a proof carries).
-2. --heads - 1 other job chains of ten entries (bench/_chains.py, COPY), and one real job
-   of ten entries through the services: created, queued, started, six progress,
-   succeeded. One checkpoint then names all the heads (5,000 = MAX_HEADS: the largest
-   heads tree a checkpoint has) and appends leaf --log + 1 to the log.
+   audit.tree does, over random checkpoint hashes; then one more real checkpoint, whose
+   tree head (signed) is the newest. The job's checkpoint being the first leaf, its
+   audit path in the log is the longest (20 hashes).
 3. The job's proof (audit.proofs.job_proof, as the API builds it): its bytes as the API
    sends them (compact JSON), the time to build it, and the time to verify it with the
    public key alone (audit.proofs.verify_job_proof, parsing included; median of --runs),
@@ -44,16 +45,22 @@ QUICK = {"log": 10_000, "heads": 500, "runs": 10}
 
 
 def load_log(scratch: common.Scratch, leaves: int) -> None:
-    """COPY `leaves` tree heads (audit.tree's layout) over random checkpoint hashes."""
+    """COPY `leaves` tree heads (audit.tree's layout) over random checkpoint hashes, after
+    the log's current ones."""
     from audit.merkle import leaf_hash
-    from audit.tree import fold
+    from audit.tree import fold, subtrees
+    from audit.tree_log import latest_tree_head, stored_tree
 
-    frontier: list[bytes] = []
+    latest = latest_tree_head()
+    start = latest.tree_size if latest else 0
+    tree = stored_tree()
+    tree._fetch(set(subtrees(0, start)))
+    frontier = [tree.nodes[k] for k in subtrees(0, start)]
     with scratch.connect(autocommit=False) as conn, conn.cursor() as cursor:
         columns = "tree_size, checkpoint_id, checkpoint_hash, root_hash, created_at, key_id, "
         columns += "signature, nodes"
         with cursor.copy(f"COPY audit_tree_heads ({columns}) FROM STDIN") as copy:
-            for index in range(leaves):
+            for index in range(start, start + leaves):
                 digest = os.urandom(32)
                 created = [leaf_hash(digest)]
                 i = index
@@ -118,15 +125,19 @@ def main() -> int:
         from audit.proofs import job_proof, verify_job_proof
         from audit.signing import public_key_text
 
-        with common.stopwatch() as timing:
-            load_log(scratch, args.log)
-        report.figure("log_load_seconds", round(timing["seconds"], 1), "s")
         load_chains(scratch, args.heads - 1)
         job = real_job()
         with common.stopwatch() as timing:
             checkpoint = checkpoint_write()
         assert checkpoint is not None and len(checkpoint.heads) == args.heads
         report.figure("checkpoint_seconds", round(timing["seconds"], 3), "s")
+        # The job's checkpoint is leaf 0 of a year's log: the longest audit path.
+        with common.stopwatch() as timing:
+            load_log(scratch, args.log - 1)
+        report.figure("log_load_seconds", round(timing["seconds"], 1), "s")
+        real_job()
+        newest = checkpoint_write()  # the newest tree head: a real, signed one
+        assert newest is not None
         with common.stopwatch() as timing:
             proof = job_proof(job.id)
         report.figure("proof_build_ms", round(timing["seconds"] * 1000, 1), "ms")

@@ -19,13 +19,19 @@ from core.api.serializers import QueryFilterSerializer
 from core.errors import ApplicationError
 from jobs.api.docs import ERRORS
 from jobs.api.views import jobs_staff_powers
-from jobs.domain.exceptions import BadRequestError, JobNotFoundError
+from jobs.domain.exceptions import JobNotFoundError
 from jobs.selectors import job_version_for_user
 from tenants.models import Scope
 from tenants.permissions import RequiredScope
 
 # A tree size is a count of checkpoints: one a minute is ~500,000 a year.
 MAX_TREE_SIZE = 2**53
+
+
+class TreeHeadQueryError(ApplicationError):
+    code = "ERR-AUDIT-400"
+    http_status = 400
+    default_message = "first and second must be integers with 1 <= first <= second."
 
 
 class TreeHeadNotFoundError(ApplicationError):
@@ -51,8 +57,8 @@ PROOF_ERRORS = {
 CONSISTENCY_ERRORS = {
     **ERRORS,
     400: (
-        "ERR-JOB-400: first or second missing, not an integer, or not 1 <= first <= second.",
-        ["ERR-JOB-400"],
+        "ERR-AUDIT-400: first or second missing, not an integer, or not 1 <= first <= second.",
+        ["ERR-AUDIT-400"],
     ),
     404: ("ERR-AUDIT-404: no signed tree head of that size (yet).", ["ERR-AUDIT-404"]),
 }
@@ -123,10 +129,10 @@ class TreeHeadConsistencyApi(APIView):
     def get(self, request: Request) -> Response:
         query = ConsistencyQuerySerializer(data=request.query_params)
         if not query.is_valid():
-            raise BadRequestError("Bad first or second.", details=query.errors)
+            raise TreeHeadQueryError(details=query.errors)
         first, second = query.validated_data["first"], query.validated_data["second"]
         if first > second:
-            raise BadRequestError("first must not exceed second.")
+            raise TreeHeadQueryError("first must not exceed second.")
         try:
             document = consistency_document(first, second)
         except TreeHeadNotFound as exc:

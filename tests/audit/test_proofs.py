@@ -279,6 +279,7 @@ def test_the_consistency_endpoint(proved):
     for query in ("first=3&second=2", "first=x&second=3", "first=0&second=1", "second=3"):
         bad = api.get(f"/api/v1/audit/tree-heads/consistency?{query}")
         assert bad.status_code == 400, query
+        assert bad.json()["error"]["code"] == "ERR-AUDIT-400"
     missing = api.get("/api/v1/audit/tree-heads/consistency?first=1&second=99")
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "ERR-AUDIT-404"
