@@ -254,3 +254,21 @@ SELECT c.id, c.payload, c.ed25519_signature, c.heads, t.tree_size
 FROM audit_checkpoints c JOIN audit_tree_heads t ON t.checkpoint_id = c.id
 WHERE c.heads IS NOT NULL AND c.heads @> %(head)s::jsonb
 ORDER BY c.id LIMIT 1;
+
+
+-- name: verify_tree_heads
+-- Every signed tree head of the checkpoint log in order, with the hash of the checkpoint
+-- it names as audit_checkpoints holds it (NULL: no such checkpoint).
+SELECT t.tree_size, t.checkpoint_id, t.checkpoint_hash, c.checkpoint_hash, t.root_hash,
+       to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+       t.key_id, t.signature, t.nodes
+FROM audit_tree_heads t LEFT JOIN audit_checkpoints c ON c.id = t.checkpoint_id
+ORDER BY t.tree_size;
+
+
+-- name: checkpoints_outside_log
+-- Version 2 checkpoints (among `genuine`) that no tree head puts in the log.
+SELECT c.id FROM audit_checkpoints c
+WHERE c.id = ANY(%(genuine)s::bigint[]) AND c.heads IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM audit_tree_heads t WHERE t.checkpoint_id = c.id)
+ORDER BY c.id LIMIT %(limit)s;

@@ -33,6 +33,7 @@ from audit.canonical import GENESIS_HASH, canonical_bytes, entry_payload
 from audit.queries import QUERIES
 from audit.services import job_chain
 from audit.tree import is_v2, v2_payload_problem
+from audit.tree_check import check_tree_heads
 
 # Rows fetched per round trip of the server-side cursor: large enough that the
 # round trips vanish, small enough that a batch is about a megabyte.
@@ -69,6 +70,7 @@ class VerificationReport:
     chains_checked: int = 0
     checkpoints_checked: int = 0
     heads_checked: int = 0
+    tree_heads_checked: int = 0
     streams: int = 0  # chain ranges read side by side
     problems: list[Problem] = field(default_factory=list)
     problems_total: int = 0
@@ -156,6 +158,7 @@ def audit_verify(
                         )
                     )
         genuine = _check_checkpoints(report)
+        _check_tree_heads(report, genuine)
         _check_heads(report, genuine, selected, since)
         _check_expected(report, genuine, expected_checkpoints)
         for path in settings.AUDIT_VERIFY_CHECKS:
@@ -492,6 +495,14 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
                 genuine.append(cp_id)
             expected_prev = stored
     return genuine
+
+
+def _check_tree_heads(report: VerificationReport, genuine: list[int]) -> None:
+    """The checkpoint log recomputed from the genuine checkpoints (audit.tree_check)."""
+    checked, found = check_tree_heads(genuine, limit=MAX_PROBLEMS)
+    report.tree_heads_checked += checked
+    for kind, message, cp_id in found:
+        report.add(Problem(kind=kind, message=message, checkpoint_id=cp_id))
 
 
 def _check_heads(

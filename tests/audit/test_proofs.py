@@ -17,7 +17,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -378,3 +378,31 @@ def test_audit_archive_prints_a_purged_jobs_proof(proved, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["job_id"] == str(job.id)
     assert verify_job_proof(printed, public_key=public_key_text()).ok
+
+
+def tamper_tree_heads(sql: str, params=()) -> None:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE audit_tree_heads DISABLE TRIGGER USER")
+        cursor.execute(sql, params)
+        cursor.execute("ALTER TABLE audit_tree_heads ENABLE TRIGGER USER")
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        ("UPDATE audit_tree_heads SET root_hash = repeat('0', 64) WHERE tree_size = 2", "root"),
+        (
+            "UPDATE audit_tree_heads SET nodes[1] = repeat('1', 64) WHERE tree_size = 3",
+            "nodes or root",
+        ),
+        ("DELETE FROM audit_tree_heads WHERE tree_size = 2", "tree size 3 where 2 was due"),
+        ("DELETE FROM audit_tree_heads WHERE tree_size = 3", "no tree head puts in the log"),
+    ],
+)
+def test_verification_recomputes_the_checkpoint_log(proved, sql, message):
+    assert audit_verify().tree_heads_checked == 3
+    tamper_tree_heads(sql)
+    report = audit_verify()
+    assert not report.ok
+    assert {p.kind for p in report.problems} <= {"tree_head_broken", "checkpoint_not_in_log"}
+    assert any(message in p.message for p in report.problems), report.problems
