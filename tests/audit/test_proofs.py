@@ -353,7 +353,8 @@ def test_a_v2_checkpoint_whose_stored_heads_were_changed_fails_verification():
         [checkpoint.id],
     )
     report = audit_verify()
-    assert [p.kind for p in report.problems] == ["checkpoint_broken"]
+    # The checkpoint is not genuine, so neither is the tree head that names it.
+    assert [p.kind for p in report.problems] == ["checkpoint_broken", "tree_head_broken"]
     assert "do not hash to the signed heads_root" in report.problems[0].message
 
 
