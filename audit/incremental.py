@@ -40,6 +40,7 @@ from django.db import connection, transaction
 from audit.canonical import GENESIS_HASH
 from audit.keyring import Keyring
 from audit.queries import QUERIES as AUDIT_QUERIES
+from audit.tree import HeadsMismatch, checkpoint_heads
 from audit.verification import (
     MAX_PROBLEMS,
     Problem,
@@ -239,7 +240,7 @@ def _check_start(
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["checkpoint_before"], {"id": row[0]})
         before = cursor.fetchone()
-    broken = checkpoint_problems(row[:8], before[0] if before else GENESIS_HASH)
+    broken = checkpoint_problems(_problem_row(row), before[0] if before else GENESIS_HASH)
     signature = _signature_problem(row, keyring)
     if signature:
         broken.append(signature)
@@ -266,7 +267,7 @@ def _verify_after(
     expected_prev = start[3]
     intervals: list[int] = []  # the distinct last_audit_ids above start_last, ascending
     named: dict[int, dict[str, tuple[int, str]]] = {}  # last_audit_id -> heads
-    trusted_heads: dict[str, tuple[int, str]] = dict(_heads(start[7]))
+    trusted_heads: dict[str, tuple[int, str]] = dict(_heads(start))
     same_group: list[int] = []  # later parts with the trusted one's last_audit_id
     genuine_after = True
     with connection.connection.cursor(name="audit_incremental_checkpoints", binary=True) as cur:
@@ -274,7 +275,7 @@ def _verify_after(
         cur.execute(QUERIES["checkpoints_after"], {"id": start_id})
         for row in cur:
             report.checkpoints_checked += 1
-            broken = checkpoint_problems(row[:8], expected_prev)
+            broken = checkpoint_problems(_problem_row(row), expected_prev)
             signature = _signature_problem(row, keyring)
             if signature:
                 broken.append(signature)
@@ -289,7 +290,7 @@ def _verify_after(
                 continue
             report.to_checkpoint_id = row[0]
             genuine.add(row[3])
-            heads = _heads(row[7])
+            heads = _heads(row)
             if row[1] == start_last:
                 same_group.append(row[0])
                 trusted_heads.update(heads)
@@ -326,11 +327,17 @@ def _verify_after(
     return genuine
 
 
-def _heads(payload: bytes) -> dict[str, tuple[int, str]]:
+def _problem_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row of these queries as verify_checkpoints returns it (checkpoint_problems)."""
+    return (*row[:8], row[10])
+
+
+def _heads(row: tuple[Any, ...]) -> dict[str, tuple[int, str]]:
+    """The heads a checkpoint row names, whichever its version (audit.tree)."""
     try:
-        heads = json.loads(payload)["heads"]
-        return {h["chain"]: (int(h["seq"]), str(h["hash"])) for h in heads}
-    except (ValueError, KeyError, TypeError):
+        heads = checkpoint_heads(bytes(row[7]).decode("utf-8"), row[10])
+        return {chain: (int(seq), str(chain_hash)) for chain, seq, chain_hash in heads}
+    except (HeadsMismatch, ValueError, KeyError, TypeError):
         return {}
 
 

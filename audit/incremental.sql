@@ -5,10 +5,11 @@
 
 -- name: checkpoint_by_hash
 -- The checkpoints with this hash (one, unless someone forged a copy), as
--- verify_checkpoints returns them, then the Ed25519 signature and created_at.
+-- verify_checkpoints returns them (without the heads), then the Ed25519 signature,
+-- created_at and the heads of a version 2 one.
 SELECT id, last_audit_id, prev_hash, checkpoint_hash, key_id, signature,
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-       convert_to(payload, 'UTF8'), ed25519_signature, created_at
+       convert_to(payload, 'UTF8'), ed25519_signature, created_at, heads
 FROM audit_checkpoints WHERE checkpoint_hash = %(hash)s ORDER BY id LIMIT 2;
 
 
@@ -16,7 +17,7 @@ FROM audit_checkpoints WHERE checkpoint_hash = %(hash)s ORDER BY id LIMIT 2;
 -- One checkpoint by id, as checkpoint_by_hash.
 SELECT id, last_audit_id, prev_hash, checkpoint_hash, key_id, signature,
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-       convert_to(payload, 'UTF8'), ed25519_signature, created_at
+       convert_to(payload, 'UTF8'), ed25519_signature, created_at, heads
 FROM audit_checkpoints WHERE id = %(id)s;
 
 
@@ -29,7 +30,7 @@ SELECT checkpoint_hash FROM audit_checkpoints WHERE id < %(id)s ORDER BY id DESC
 -- Every checkpoint after `id`, in id order, as checkpoint_by_hash.
 SELECT id, last_audit_id, prev_hash, checkpoint_hash, key_id, signature,
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-       convert_to(payload, 'UTF8'), ed25519_signature, created_at
+       convert_to(payload, 'UTF8'), ed25519_signature, created_at, heads
 FROM audit_checkpoints WHERE id > %(id)s ORDER BY id;
 
 

@@ -32,6 +32,8 @@ from psycopg import sql as pgsql
 from audit.canonical import GENESIS_HASH, canonical_bytes, entry_payload
 from audit.queries import QUERIES
 from audit.services import job_chain
+from audit.tree import is_v2, v2_payload_problem
+from audit.tree_check import check_tree_heads
 
 # Rows fetched per round trip of the server-side cursor: large enough that the
 # round trips vanish, small enough that a batch is about a megabyte.
@@ -68,6 +70,7 @@ class VerificationReport:
     chains_checked: int = 0
     checkpoints_checked: int = 0
     heads_checked: int = 0
+    tree_heads_checked: int = 0
     streams: int = 0  # chain ranges read side by side
     problems: list[Problem] = field(default_factory=list)
     problems_total: int = 0
@@ -106,7 +109,9 @@ def audit_verify(
        to chains with a row at or after it (still verified from seq 1).
     2. Stream the rows ordered by (chain, seq) and check each (`_check_rows`).
     3. Verify the checkpoint chain: link, hash, HMAC signature, known key id, and
-       that the columns agree with the signed payload.
+       that the columns agree with the signed payload (a version 2 one's heads with its
+       heads_root). A full verification (no chains chosen) also recomputes the
+       checkpoint log from the checkpoints (audit.tree_check).
     4. For the checkpoints that proved genuine, check in SQL that every head they
        name (restricted to the chosen chains, plus every head of a checkpoint made
        at or after `since`) still exists with that hash.
@@ -155,6 +160,8 @@ def audit_verify(
                         )
                     )
         genuine = _check_checkpoints(report)
+        if selected is None:  # a full verification: the checkpoint log too
+            _check_tree_heads(report, genuine)
         _check_heads(report, genuine, selected, since)
         _check_expected(report, genuine, expected_checkpoints)
         for path in settings.AUDIT_VERIFY_CHECKS:
@@ -443,9 +450,10 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
 
 
 def checkpoint_problems(row: tuple[Any, ...], expected_prev: str) -> list[str]:
-    """What is wrong with one checkpoint (a row of verify_checkpoints) whose predecessor's
-    hash is `expected_prev`; [] when it is genuine (also audit.incremental's check)."""
-    _, last_id, prev, stored, key_id, signature, ts, payload = row
+    """What is wrong with one checkpoint (a row of verify_checkpoints: its heads column
+    last) whose predecessor's hash is `expected_prev`; [] when it is genuine (also
+    audit.incremental's check)."""
+    _, last_id, prev, stored, key_id, signature, ts, payload, heads = row
     broken = []
     if prev != expected_prev:
         broken.append(
@@ -475,7 +483,18 @@ def checkpoint_problems(row: tuple[Any, ...], expected_prev: str) -> list[str]:
             expected_sig.encode(), str(signature).encode("utf-8", "backslashreplace")
         ):
             broken.append("HMAC signature does not verify")
-    if not broken:
+    if not broken and is_v2(payload):
+        mismatch = v2_payload_problem(
+            payload,
+            heads=heads,
+            created_at=ts,
+            last_audit_id=last_id,
+            prev_hash=prev,
+            key_id=key_id,
+        )
+        if mismatch:
+            broken.append(mismatch)
+    elif not broken:
         # Genuine payload; JCS key order: created_at, heads, key_id,
         # last_audit_id, prev_hash, v.
         expected_first = canonical_bytes({"created_at": ts})[:-1] + b',"heads":'
@@ -488,6 +507,14 @@ def checkpoint_problems(row: tuple[Any, ...], expected_prev: str) -> list[str]:
         if not (payload.startswith(expected_first) and payload.endswith(expected_last)):
             broken.append("columns disagree with the signed payload")
     return broken
+
+
+def _check_tree_heads(report: VerificationReport, genuine: list[int]) -> None:
+    """The checkpoint log recomputed from the genuine checkpoints (audit.tree_check)."""
+    checked, found = check_tree_heads(genuine, limit=MAX_PROBLEMS)
+    report.tree_heads_checked += checked
+    for kind, message, cp_id in found:
+        report.add(Problem(kind=kind, message=message, checkpoint_id=cp_id))
 
 
 def _check_heads(

@@ -16,6 +16,8 @@ def tamper(sql: str, params: Sequence[Any] = ()) -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("ALTER TABLE audit_logs DISABLE TRIGGER USER")
         cursor.execute("ALTER TABLE audit_checkpoints DISABLE TRIGGER USER")
+        cursor.execute("ALTER TABLE audit_tree_heads DISABLE TRIGGER USER")
         cursor.execute(sql, params)
         cursor.execute("ALTER TABLE audit_logs ENABLE TRIGGER USER")
         cursor.execute("ALTER TABLE audit_checkpoints ENABLE TRIGGER USER")
+        cursor.execute("ALTER TABLE audit_tree_heads ENABLE TRIGGER USER")

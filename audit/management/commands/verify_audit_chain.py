@@ -5,7 +5,8 @@
 (audit.verification_runs); `--public-key` takes one key or a keyring (audit.keyring).
 
 Exit status: 0 intact, 1 tampered (each problem printed naming chain, job, seq and
-what broke), 2 usage error (or, with --archive, a file that is not an archive).
+what broke), 2 usage error (or, with --archive, --proof or --consistency, a file that is
+not one).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from audit.incremental import (
     trusted_start,
 )
 from audit.keyring import Keyring, KeyringError, check_checkpoint_keys, load_keyring
+from audit.management import proof_options
 from audit.verification import VerificationReport, audit_verify
 from audit.verification_runs import FULL, INCREMENTAL, record_run
 
@@ -120,7 +122,8 @@ class Command(BaseCommand):
             metavar="KEY",
             help="The public key you trust (audit_public_key), or a keyring file of "
             "published keys with their validity (audit_public_key --keyring): every "
-            "Ed25519 signature must verify under the key its key id names.",
+            "Ed25519 signature must verify under the key its key id names. --proof and "
+            "--consistency take one key.",
         )
         parser.add_argument(
             "--since-checkpoint",
@@ -138,6 +141,7 @@ class Command(BaseCommand):
             help="Record the run (mode, range, result, duration) on the ops chain, where "
             "the dashboard reads it.",
         )
+        proof_options.add_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Validated here rather than by argparse types so that call_command and the
@@ -149,12 +153,18 @@ class Command(BaseCommand):
             expected += read_exported_hashes(options["expect_checkpoints_file"])
         started_at = timezone.now()
         range_text = "every entry and checkpoint"
-        if options["archive"]:
-            if options["since_checkpoint"] is not None or options["record"]:
-                raise CommandError(
-                    "--archive verifies a file alone: --since-checkpoint and --record do not apply",
-                    returncode=EXIT_USAGE,
-                )
+        what = "Audit archive" if options["archive"] else "Audit trail"
+        if (options["archive"] or proof_options.wanted(options)) and (
+            options["since_checkpoint"] is not None or options["record"]
+        ):
+            raise CommandError(
+                "--archive, --proof and --consistency verify a file alone: "
+                "--since-checkpoint and --record do not apply",
+                returncode=EXIT_USAGE,
+            )
+        if proof_options.wanted(options):
+            what, report = proof_options.verify(options)
+        elif options["archive"]:
             report = self._verify_archive(options)
         elif options["since_checkpoint"] is not None:
             report = self._verify_incremental(options, job_ids, since, expected)
@@ -169,7 +179,7 @@ class Command(BaseCommand):
             report = audit_verify(job_ids=job_ids, since=since, expected_checkpoints=expected)
             if keyring is not None:
                 check_checkpoint_keys(report, keyring)
-        self._print(report, archive=bool(options["archive"]), as_json=options["json"])
+        self._print(report, what=what, as_json=options["json"])
         if options["record"]:
             mode = INCREMENTAL if isinstance(report, IncrementalReport) else FULL
             record_run(mode=mode, report=report, range_text=range_text, started_at=started_at)
@@ -219,8 +229,7 @@ class Command(BaseCommand):
         except (ArchiveUnreadable, OSError) as exc:
             raise CommandError(f"{options['archive']}: {exc}", returncode=EXIT_USAGE) from exc
 
-    def _print(self, report: VerificationReport, *, archive: bool, as_json: bool) -> None:
-        what = "Audit archive" if archive else "Audit trail"
+    def _print(self, report: VerificationReport, *, what: str, as_json: bool) -> None:
         if as_json:
             document = report.as_dict()
             document["problems"] = [
