@@ -9,7 +9,6 @@ from django.db import models
 from django.db.models import F, Q
 
 from audit.partitions import current_job_part
-
 from jobs.artefact_storage import get_artefact_storage
 from jobs.domain.choices import BreakerState as BreakerState
 from jobs.domain.choices import DeadLetterReason as DeadLetterReason

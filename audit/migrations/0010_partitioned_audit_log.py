@@ -31,6 +31,166 @@ after migrate).
 
 from django.db import migrations, models
 
+APPEND_0009_SQL = r"""-- The chain rule of docs/architecture.md#the-audit-chain as SQL functions: the current
+-- bodies (core/sqlfiles.py installs them after every migrate; a migration that needs one
+-- at its own step carries a frozen copy). Every insert into audit_logs goes through
+-- audit_append_entries (a batch, one statement), audit_append_job_entries (a batch of
+-- job chains' entries of one change) or audit_append (one entry, kept for the processes
+-- of the previous release during a rolling upgrade).
+
+
+-- The chain of a job (`job:<id>`, as audit.services.job_chain).
+CREATE OR REPLACE FUNCTION audit_job_chain(job_id uuid) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 'job:' || job_id::text $$;
+
+
+-- sha256(previous head bytes || payload UTF-8), hex (audit.canonical.chain_hash); plain
+-- SQL so that the planner inlines it.
+CREATE OR REPLACE FUNCTION audit_chain_hash(prev_hash text, payload text) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT encode(sha256(decode(prev_hash, 'hex') || convert_to(payload, 'UTF8')), 'hex')
+$$;
+
+
+-- The advisory lock key of the checkpoint barrier: held shared by every append (until
+-- commit) and exclusively by a checkpoint (audit.checkpoints).
+CREATE OR REPLACE FUNCTION audit_barrier_key() RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('jobops:audit_checkpoint', 0)
+$$;
+
+
+-- Appends the entries of a whole batch in one INSERT: element i of every array is one
+-- entry. Takes the checkpoint barrier once (shared, until commit), hashes each entry
+-- with its prev_hash and inserts them in array order, returning the rows as audit_logs
+-- holds them (in that order). The caller decides seq and prev_hash (a job's head lives
+-- on its row; other chains read theirs under their chain lock); the statement trigger
+-- jobops_audit_continue_heads refuses anything that does not continue its chain. Runs
+-- as its caller (no SECURITY DEFINER): the app role's INSERT grant lets it write.
+CREATE OR REPLACE FUNCTION audit_append_entries(
+    p_chains text[], p_job_ids uuid[], p_seqs bigint[], p_event_types text[],
+    p_actor_types text[], p_actor_ids text[], p_ts timestamptz[], p_payloads text[],
+    p_prev_hashes text[]
+) RETURNS SETOF audit_logs
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(audit_barrier_key());
+    RETURN QUERY
+    INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, actor_id, ts,
+                            payload, prev_hash, chain_hash)
+    SELECT e.chain, e.job_id, e.seq, e.event_type, e.actor_type, e.actor_id, e.ts,
+           e.payload, e.prev_hash, audit_chain_hash(e.prev_hash, e.payload)
+    FROM unnest(p_chains, p_job_ids, p_seqs, p_event_types, p_actor_types, p_actor_ids,
+                p_ts, p_payloads, p_prev_hashes)
+         WITH ORDINALITY AS e(chain, job_id, seq, event_type, actor_type, actor_id, ts,
+                              payload, prev_hash, n)
+    ORDER BY e.n
+    RETURNING *;
+END;
+$$;
+
+
+-- audit_append_entries for the entries of job chains that one change of a batch of jobs
+-- writes (jobs/sql/20_transitions.sql): one job's entry per element, all of one event,
+-- actor and time. Returns how many were appended. The same barrier, hash and trigger;
+-- written for the common case of a one-job transition, where audit_append_entries'
+-- arrays of repeated values, its returned rows and its own call were about a quarter
+-- of what the entry cost the database.
+CREATE OR REPLACE FUNCTION audit_append_job_entries(
+    p_job_ids uuid[], p_seqs bigint[], p_payloads text[], p_prev_hashes text[],
+    p_event_type text, p_actor_type text, p_actor_id text, p_ts timestamptz
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    appended bigint;
+BEGIN
+    IF cardinality(p_job_ids) IS NULL THEN  -- no change: a caller's array_agg of no rows
+        RETURN 0;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(audit_barrier_key());
+    INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, actor_id, ts,
+                            payload, prev_hash, chain_hash)
+    SELECT audit_job_chain(e.job_id), e.job_id, e.seq, p_event_type, p_actor_type,
+           p_actor_id, p_ts, e.payload, e.prev_hash, audit_chain_hash(e.prev_hash, e.payload)
+    FROM unnest(p_job_ids, p_seqs, p_payloads, p_prev_hashes)
+         WITH ORDINALITY AS e(job_id, seq, payload, prev_hash, n)
+    ORDER BY e.n;
+    GET DIAGNOSTICS appended = ROW_COUNT;
+    RETURN appended;
+END;
+$$;
+
+
+-- One entry (the previous release's writer, kept one release for a rolling upgrade:
+-- docs/operations/upgrading.md).
+CREATE OR REPLACE FUNCTION audit_append(
+    p_chain text, p_job_id uuid, p_seq bigint, p_event_type text, p_actor_type text,
+    p_actor_id text, p_ts timestamptz, p_payload text, p_prev_hash text
+) RETURNS audit_logs
+LANGUAGE plpgsql AS $$
+DECLARE
+    entry audit_logs;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(audit_barrier_key());
+    INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, actor_id, ts,
+                            payload, prev_hash, chain_hash)
+    VALUES (p_chain, p_job_id, p_seq, p_event_type, p_actor_type, p_actor_id, p_ts,
+            p_payload, p_prev_hash, audit_chain_hash(p_prev_hash, p_payload))
+    RETURNING * INTO entry;
+    RETURN entry;
+END;
+$$;
+
+
+-- The statement trigger (AFTER INSERT, transition table audit_new_rows) that refuses
+-- rows which do not continue their chain's head, in one set-based query. Per chain, the
+-- new rows sorted by seq must be consecutive, each linking to the one before it; the
+-- first (seq m of k new rows) must follow the old head. One backward probe of the
+-- (chain, seq) index per chain finds that head: the row k places below the chain's top.
+-- It is the old head only if the top k rows are exactly the new ones, so it must have
+-- seq m - 1 and the first row's prev_hash as its hash (no such row: the chain was empty,
+-- m = 1 and prev_hash is the genesis hash). The unique (chain, seq) and (chain,
+-- prev_hash) constraints are checked at commit (deferred): they catch what no statement
+-- can see, a concurrent appender's uncommitted rows, and let this trigger name the
+-- refused row first.
+CREATE OR REPLACE FUNCTION jobops_audit_continue_heads() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    bad record;
+BEGIN
+    SELECT f.chain, f.seq INTO bad
+    FROM (
+        SELECT n.chain, n.seq, n.prev_hash,
+               lag(n.seq) OVER w AS below_seq, lag(n.chain_hash) OVER w AS below_hash,
+               count(*) OVER (PARTITION BY n.chain) AS k
+        FROM audit_new_rows n
+        WINDOW w AS (PARTITION BY n.chain ORDER BY n.seq, n.id)
+    ) AS f
+    LEFT JOIN LATERAL (
+        SELECT o.seq, o.chain_hash FROM audit_logs o
+        WHERE f.below_seq IS NULL AND o.chain = f.chain
+        ORDER BY o.seq DESC OFFSET f.k LIMIT 1
+    ) AS head ON true
+    WHERE CASE
+        WHEN f.below_seq IS NOT NULL
+            THEN f.seq <> f.below_seq + 1 OR f.prev_hash <> f.below_hash
+        WHEN head.seq IS NULL
+            THEN f.seq <> 1 OR f.prev_hash <> repeat('0', 64)
+        ELSE f.seq <> head.seq + 1 OR f.prev_hash <> head.chain_hash
+    END
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'jobops: audit row (%, seq %) does not continue its chain (head seq %)',
+            bad.chain, bad.seq,
+            (SELECT coalesce(max(o.seq), 0) FROM audit_logs o WHERE o.chain = bad.chain
+                AND o.id NOT IN (SELECT n.id FROM audit_new_rows n))
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+"""
+
 APPEND_SQL = r"""-- The chain rule of docs/architecture.md#the-audit-chain as SQL functions: the current
 -- bodies (core/sqlfiles.py installs them after every migrate; a migration that needs one
 -- at its own step carries a frozen copy). Every insert into audit_logs goes through
@@ -370,7 +530,8 @@ def build(name: str, columns: str) -> str:
     return f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {name} ON audit_logs ({columns})"
 
 
-CUT_OVER = """
+CUT_OVER = (
+    """
 LOCK TABLE audit_logs IN ACCESS EXCLUSIVE MODE;
 
 ALTER TABLE audit_logs
@@ -443,7 +604,9 @@ CREATE TRIGGER audit_logs_no_truncate BEFORE TRUNCATE ON audit_logs
 DROP FUNCTION audit_append_entries(text[], uuid[], bigint[], text[], text[], text[],
                                    timestamptz[], text[], text[]);
 DROP FUNCTION audit_append(text, uuid, bigint, text, text, text, timestamptz, text, text);
-""" + APPEND_SQL + """
+"""
+    + APPEND_SQL
+    + """
 CREATE TRIGGER audit_logs_continue_heads AFTER INSERT ON audit_logs
     REFERENCING NEW TABLE AS audit_new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION jobops_audit_continue_heads();
@@ -472,7 +635,9 @@ BEGIN
         END IF;
     END LOOP;
 END $$;
-""" + PARTITIONS_SQL + """
+"""
+    + PARTITIONS_SQL
+    + """
 -- The role that may append (the app role) may create partitions, and nothing more.
 DO $$
 DECLARE
@@ -488,8 +653,73 @@ BEGIN
     END LOOP;
 END $$;
 """
+)
 
 CREATE_PARTITIONS = "SELECT audit_create_partitions()"
+
+# Back to one table (a migration test's round trip; a real downgrade copies every row
+# written since the cut-over into the legacy table, which becomes audit_logs again).
+CUT_OVER_UNDO = (
+    """
+LOCK TABLE audit_logs IN ACCESS EXCLUSIVE MODE;
+CREATE TEMPORARY TABLE audit_next_id ON COMMIT DROP AS
+    SELECT greatest(nextval(pg_get_serial_sequence('audit_logs', 'id')),
+                    (SELECT coalesce(max(id), 0) + 1 FROM audit_logs)) AS id;
+DO $$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN
+        SELECT DISTINCT a.grantee, a.privilege_type
+        FROM pg_class c, aclexplode(c.relacl) AS a
+        WHERE c.oid = 'audit_logs'::regclass AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT %s ON audit_logs_legacy TO %s', g.privilege_type,
+                       CASE g.grantee WHEN 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
+    END LOOP;
+END $$;
+ALTER TABLE audit_logs DETACH PARTITION audit_logs_legacy;
+ALTER TABLE audit_logs_legacy DROP CONSTRAINT audit_logs_legacy_part;
+ALTER TABLE audit_logs_legacy DISABLE TRIGGER audit_logs_legacy_continue_heads;
+INSERT INTO audit_logs_legacy SELECT * FROM audit_logs WHERE part > '1970-01-01'
+    ORDER BY chain, seq;
+ALTER TABLE audit_logs_legacy ENABLE TRIGGER audit_logs_legacy_continue_heads;
+DROP FUNCTION audit_append_entries(text[], uuid[], bigint[], text[], text[], text[],
+                                   timestamptz[], text[], text[]);
+DROP FUNCTION audit_append(text, uuid, bigint, text, text, text, timestamptz, text, text);
+DROP FUNCTION audit_append_job_entries(uuid[], date[], bigint[], text[], text[], text,
+                                       text, text, timestamptz);
+DROP FUNCTION audit_create_partitions();
+DROP TABLE audit_logs;
+DROP FUNCTION audit_entry_part(text, uuid, timestamptz);
+DROP FUNCTION audit_part_for_job(timestamptz);
+DROP FUNCTION audit_part_for_other(timestamptz);
+ALTER TABLE audit_logs_legacy RENAME TO audit_logs;
+ALTER TRIGGER audit_logs_legacy_no_truncate ON audit_logs RENAME TO audit_logs_no_truncate;
+ALTER TRIGGER audit_logs_legacy_continue_heads ON audit_logs RENAME TO audit_logs_continue_heads;
+DROP TRIGGER IF EXISTS audit_logs_no_update_delete ON audit_logs;
+CREATE TRIGGER audit_logs_no_update_delete BEFORE UPDATE OR DELETE ON audit_logs
+    FOR EACH ROW EXECUTE FUNCTION jobops_refuse_audit_change();
+ALTER TABLE audit_logs
+    DROP CONSTRAINT audit_logs_legacy_pkey,
+    DROP CONSTRAINT audit_logs_legacy_chain_seq_part,
+    DROP CONSTRAINT audit_logs_legacy_chain_prev_part,
+    DROP COLUMN part,
+    ADD CONSTRAINT audit_logs_pkey PRIMARY KEY (id),
+    ADD CONSTRAINT audit_chain_seq_uniq UNIQUE (chain, seq) DEFERRABLE INITIALLY DEFERRED,
+    ADD CONSTRAINT audit_chain_prev_uniq UNIQUE (chain, prev_hash)
+        DEFERRABLE INITIALLY DEFERRED;
+ALTER INDEX audit_logs_legacy_ts_idx RENAME TO audit_ts_idx;
+ALTER INDEX audit_logs_legacy_job_id_idx RENAME TO audit_logs_job_id_8697fc42;
+ALTER INDEX audit_logs_legacy_annotated_idx RENAME TO audit_annotated_target_idx;
+ALTER TABLE audit_logs ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY;
+DO $$ BEGIN
+    EXECUTE format('ALTER TABLE audit_logs ALTER COLUMN id RESTART WITH %s',
+                   (SELECT id FROM audit_next_id));
+END $$;
+"""
+    + APPEND_0009_SQL
+)
 
 
 class Migration(migrations.Migration):
@@ -501,24 +731,25 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(
             database_operations=[
-                migrations.RunSQL(ADD_PART, migrations.RunSQL.noop),
-                migrations.RunSQL(ADD_CHECK, migrations.RunSQL.noop),
+                migrations.RunSQL(ADD_PART, "ALTER TABLE audit_logs DROP COLUMN IF EXISTS part"),
+                migrations.RunSQL(
+                    ADD_CHECK,
+                    "ALTER TABLE audit_logs DROP CONSTRAINT IF EXISTS audit_logs_legacy_part",
+                ),
                 migrations.RunSQL(VALIDATE_CHECK, migrations.RunSQL.noop),
                 *(
                     op
                     for name, columns in INDEXES
                     for op in (
                         migrations.RunSQL(drop_invalid(name), migrations.RunSQL.noop),
-                        migrations.RunSQL(build(name, columns), migrations.RunSQL.noop),
+                        migrations.RunSQL(build(name, columns), f"DROP INDEX IF EXISTS {name}"),
                     )
                 ),
-                migrations.RunSQL(CUT_OVER, migrations.RunSQL.noop),
+                migrations.RunSQL(CUT_OVER, CUT_OVER_UNDO),
                 migrations.RunSQL(CREATE_PARTITIONS, migrations.RunSQL.noop),
             ],
             state_operations=[
-                migrations.AddField(
-                    model_name="auditlog", name="part", field=models.DateField()
-                ),
+                migrations.AddField(model_name="auditlog", name="part", field=models.DateField()),
                 migrations.RemoveConstraint(model_name="auditlog", name="audit_chain_seq_uniq"),
                 migrations.RemoveConstraint(model_name="auditlog", name="audit_chain_prev_uniq"),
                 migrations.AddConstraint(
