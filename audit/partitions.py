@@ -18,7 +18,7 @@ run); the dispatcher calls it about once an hour (`create_future_partitions`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 from django.db import connection
 
@@ -108,3 +108,25 @@ def create_future_partitions() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT audit_create_partitions()")
         return int(cursor.fetchone()[0])
+
+
+def partitions_step(*, now: datetime | None = None) -> int:
+    """The dispatcher's step: at most once an hour (PARTITIONS_EVERY), create what is
+    missing of the next months' partitions, then set the audit_future_partitions gauge.
+    Returns how many partitions it created (0 when not due)."""
+    from jobs.integrations.metrics import AUDIT_FUTURE_PARTITIONS
+
+    global _last_run
+    now = now or datetime.now(UTC)
+    if _last_run is not None and now - _last_run < PARTITIONS_EVERY:
+        return 0
+    created = create_future_partitions()
+    _last_run = now
+    AUDIT_FUTURE_PARTITIONS.set(future_months(list_partitions(), now.date()))
+    return created
+
+
+# How often the dispatcher's step creates partitions: months ahead are there long
+# before they are needed, so once an hour per dispatcher process is plenty.
+PARTITIONS_EVERY = timedelta(hours=1)
+_last_run: datetime | None = None

@@ -19,7 +19,10 @@ audit_logs exclusively, for the time a few catalogue changes take (no scan, no b
    attached, the parent's other indexes matched to the legacy table's (no build), the
    triggers and grants set on the parent, the append functions replaced (their row type
    is the parent's now);
-5. `audit_create_partitions()`: the current month's and the next three months'.
+   and the current month's and the next three months' partitions created
+   (`audit_create_partitions()`), so that the first append after the commit finds
+   its partition; from then on a new job's audit_part defaults to its month;
+5. `audit_create_partitions()` again (nothing to do: a re-run's safety).
 
 A step that failed can be run again: each is idempotent (IF NOT EXISTS; a failed
 CONCURRENTLY build leaves an INVALID index, which step 3 drops and builds again).
@@ -530,8 +533,7 @@ def build(name: str, columns: str) -> str:
     return f"CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {name} ON audit_logs ({columns})"
 
 
-CUT_OVER = (
-    """
+CUT_OVER = """
 LOCK TABLE audit_logs IN ACCESS EXCLUSIVE MODE;
 
 ALTER TABLE audit_logs
@@ -604,9 +606,7 @@ CREATE TRIGGER audit_logs_no_truncate BEFORE TRUNCATE ON audit_logs
 DROP FUNCTION audit_append_entries(text[], uuid[], bigint[], text[], text[], text[],
                                    timestamptz[], text[], text[]);
 DROP FUNCTION audit_append(text, uuid, bigint, text, text, text, timestamptz, text, text);
-"""
-    + APPEND_SQL
-    + """
+""" + APPEND_SQL + """
 CREATE TRIGGER audit_logs_continue_heads AFTER INSERT ON audit_logs
     REFERENCING NEW TABLE AS audit_new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION jobops_audit_continue_heads();
@@ -635,9 +635,7 @@ BEGIN
         END IF;
     END LOOP;
 END $$;
-"""
-    + PARTITIONS_SQL
-    + """
+""" + PARTITIONS_SQL + """
 -- The role that may append (the app role) may create partitions, and nothing more.
 DO $$
 DECLARE
@@ -652,16 +650,23 @@ BEGIN
                        g.grantee::regrole::text);
     END LOOP;
 END $$;
+
+-- From now on a new job's chain goes to the partition of its month: a job created
+-- before this commit (its chain begun in the legacy table) keeps 1970-01-01.
+ALTER TABLE jobs ALTER COLUMN audit_part
+    SET DEFAULT date_trunc('month', now() AT TIME ZONE 'UTC')::date;
+
+-- In the same transaction: the first append after the commit needs its partition.
+SELECT audit_create_partitions();
 """
-)
 
 CREATE_PARTITIONS = "SELECT audit_create_partitions()"
 
 # Back to one table (a migration test's round trip; a real downgrade copies every row
 # written since the cut-over into the legacy table, which becomes audit_logs again).
-CUT_OVER_UNDO = (
-    """
+CUT_OVER_UNDO = """
 LOCK TABLE audit_logs IN ACCESS EXCLUSIVE MODE;
+ALTER TABLE jobs ALTER COLUMN audit_part SET DEFAULT '1970-01-01';
 CREATE TEMPORARY TABLE audit_next_id ON COMMIT DROP AS
     SELECT greatest(nextval(pg_get_serial_sequence('audit_logs', 'id')),
                     (SELECT coalesce(max(id), 0) + 1 FROM audit_logs)) AS id;
@@ -717,9 +722,7 @@ DO $$ BEGIN
     EXECUTE format('ALTER TABLE audit_logs ALTER COLUMN id RESTART WITH %s',
                    (SELECT id FROM audit_next_id));
 END $$;
-"""
-    + APPEND_0009_SQL
-)
+""" + APPEND_0009_SQL
 
 
 class Migration(migrations.Migration):
@@ -749,7 +752,9 @@ class Migration(migrations.Migration):
                 migrations.RunSQL(CREATE_PARTITIONS, migrations.RunSQL.noop),
             ],
             state_operations=[
-                migrations.AddField(model_name="auditlog", name="part", field=models.DateField()),
+                migrations.AddField(
+                    model_name="auditlog", name="part", field=models.DateField()
+                ),
                 migrations.RemoveConstraint(model_name="auditlog", name="audit_chain_seq_uniq"),
                 migrations.RemoveConstraint(model_name="auditlog", name="audit_chain_prev_uniq"),
                 migrations.AddConstraint(
