@@ -22,7 +22,10 @@ audit_logs exclusively, for the time a few catalogue changes take (no scan, no b
    and the current month's and the next three months' partitions created
    (`audit_create_partitions()`), so that the first append after the commit finds
    its partition; from then on a new job's audit_part defaults to its month;
-5. `audit_create_partitions()` again (nothing to do: a re-run's safety).
+5. `audit_create_partitions()` again (nothing to do: a re-run's safety), and the
+   append functions the cut-over renamed (rather than dropped, so that a call waiting
+   for its lock succeeds) are dropped, with the parent's default part that such a call
+   needed (every writer names its part from then on).
 
 A step that failed can be run again: each is idempotent (IF NOT EXISTS; a failed
 CONCURRENTLY build leaves an INVALID index, which step 3 drops and builds again).
@@ -575,7 +578,9 @@ CREATE TABLE audit_logs (
     payload text NOT NULL,
     prev_hash varchar(64) NOT NULL,
     chain_hash varchar(64) NOT NULL,
-    part date NOT NULL,
+    -- The default only for the appends already under way at the cut-over (the legacy
+    -- table's: it is where they belong); dropped by the next step.
+    part date NOT NULL DEFAULT '1970-01-01',
     CONSTRAINT audit_logs_pkey PRIMARY KEY (id, part),
     CONSTRAINT audit_chain_seq_part_uniq UNIQUE (chain, seq, part)
         DEFERRABLE INITIALLY DEFERRED,
@@ -603,9 +608,14 @@ CREATE TRIGGER audit_logs_no_truncate BEFORE TRUNCATE ON audit_logs
     FOR EACH STATEMENT EXECUTE FUNCTION jobops_refuse_audit_change();
 
 -- Their row type was the table renamed: replaced by ones that return the parent's.
-DROP FUNCTION audit_append_entries(text[], uuid[], bigint[], text[], text[], text[],
-                                   timestamptz[], text[], text[]);
-DROP FUNCTION audit_append(text, uuid, bigint, text, text, text, timestamptz, text, text);
+-- Renamed, not dropped: a call already under way (waiting for this lock) goes on with
+-- the function it resolved and succeeds (the parent's rows have the legacy table's
+-- columns); a drop would fail it. Dropped by the next step.
+ALTER FUNCTION audit_append_entries(text[], uuid[], bigint[], text[], text[], text[],
+                                    timestamptz[], text[], text[])
+    RENAME TO audit_append_entries_before_0010;
+ALTER FUNCTION audit_append(text, uuid, bigint, text, text, text, timestamptz, text, text)
+    RENAME TO audit_append_before_0010;
 """ + APPEND_SQL + """
 CREATE TRIGGER audit_logs_continue_heads AFTER INSERT ON audit_logs
     REFERENCING NEW TABLE AS audit_new_rows
@@ -661,6 +671,14 @@ SELECT audit_create_partitions();
 """
 
 CREATE_PARTITIONS = "SELECT audit_create_partitions()"
+
+DROP_RENAMED = """
+ALTER TABLE audit_logs ALTER COLUMN part DROP DEFAULT;
+DROP FUNCTION IF EXISTS audit_append_entries_before_0010(
+    text[], uuid[], bigint[], text[], text[], text[], timestamptz[], text[], text[]);
+DROP FUNCTION IF EXISTS audit_append_before_0010(
+    text, uuid, bigint, text, text, text, timestamptz, text, text);
+"""
 
 # Back to one table (a migration test's round trip; a real downgrade copies every row
 # written since the cut-over into the legacy table, which becomes audit_logs again).
@@ -750,6 +768,7 @@ class Migration(migrations.Migration):
                 ),
                 migrations.RunSQL(CUT_OVER, CUT_OVER_UNDO),
                 migrations.RunSQL(CREATE_PARTITIONS, migrations.RunSQL.noop),
+                migrations.RunSQL(DROP_RENAMED, migrations.RunSQL.noop),
             ],
             state_operations=[
                 migrations.AddField(
