@@ -63,7 +63,27 @@ def role_setup_sql(*, owner: str, app: str, database: str) -> list[sql.Composed]
         sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {a}"),
         sql.SQL("REVOKE UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER ON {audit} FROM {a}"),
         sql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {a}"),
-        # Tables later migrations create (as owner) get the same grants.
+        # The partitions of audit_logs: SELECT only (appends go through audit_logs, whose
+        # grants decide); the ALL TABLES grant above gave them UPDATE and DELETE.
+        sql.SQL(
+            "DO $$ DECLARE r record; BEGIN FOR r IN SELECT inhrelid::regclass AS t "
+            "FROM pg_inherits WHERE inhparent = to_regclass('public.audit_logs') LOOP "
+            "EXECUTE format('REVOKE ALL ON %s FROM %I', r.t, {a_lit}); "
+            "EXECUTE format('GRANT SELECT ON %s TO %I', r.t, {a_lit}); END LOOP; END $$"
+        ),
+        # The one thing about partitions the app may do: create the next months'
+        # (SECURITY DEFINER, owned by owner, audit/sql/partitions.sql).
+        sql.SQL(
+            "DO $$ BEGIN IF to_regprocedure('public.audit_create_partitions()') IS NOT NULL "
+            "THEN REVOKE ALL ON FUNCTION public.audit_create_partitions() FROM PUBLIC; "
+            "EXECUTE format('GRANT EXECUTE ON FUNCTION public.audit_create_partitions() "
+            "TO %I', {a_lit}); END IF; END $$"
+        ),
+        # Tables later migrations create (as owner) get the same grants. Not so a
+        # partition of audit_logs: the same owner creates it (audit_create_partitions),
+        # and the function revokes what these default privileges grant before it
+        # attaches it, in one transaction, so no partition is ever writable by the app
+        # (database_role_problems checks it).
         sql.SQL(
             "ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA public "
             "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {a}"
@@ -94,6 +114,14 @@ def database_role_problems() -> list[str]:
         problems.append(f"the database role {user!r} is a superuser")
     if owner:
         problems.append(f"the database role {user!r} owns audit_logs (or is a member of its owner)")
+    if problems:  # a superuser or the owner may do anything to a partition anyway
+        return problems
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["writable_partitions"])
+        problems.extend(
+            f"the database role {user!r} may {privilege} the audit partition {table}"
+            for table, privilege in cursor.fetchall()
+        )
     return problems
 
 

@@ -61,21 +61,29 @@ class AuditLog(AppendOnlyModel):
     payload = models.TextField()
     prev_hash = models.CharField(max_length=64)
     chain_hash = models.CharField(max_length=64)
+    # The partition key (audit.partitions), set by the one writer (audit/sql/append.sql).
+    # The table's primary key is (id, part); `id` alone stays the model's: ids come from
+    # one sequence, so it is unique across partitions all the same.
+    part = models.DateField()
 
     class Meta:
         db_table = "audit_logs"
         constraints = [
             # Together these make a fork impossible even if two appenders race. Checked
             # at commit: the statement trigger of audit/sql/append.sql refuses a row
-            # that does not continue its chain first, naming it (migration 0007).
+            # that does not continue its chain first, naming it (migration 0007). With
+            # `part` (a partitioned table's unique keys hold its partition key) they are
+            # today's for a job chain, which lives in one partition; for the ops chain,
+            # across months, the trigger and the chain lock are what keep it one chain
+            # (docs/architecture.md#partitions).
             models.UniqueConstraint(
-                fields=["chain", "seq"],
-                name="audit_chain_seq_uniq",
+                fields=["chain", "seq", "part"],
+                name="audit_chain_seq_part_uniq",
                 deferrable=models.Deferrable.DEFERRED,
             ),
             models.UniqueConstraint(
-                fields=["chain", "prev_hash"],
-                name="audit_chain_prev_uniq",
+                fields=["chain", "prev_hash", "part"],
+                name="audit_chain_prev_part_uniq",
                 deferrable=models.Deferrable.DEFERRED,
             ),
             models.CheckConstraint(condition=models.Q(seq__gte=1), name="audit_seq_positive"),

@@ -10,13 +10,6 @@
 SELECT pg_advisory_xact_lock(hashtextextended(%(chain)s, 0));
 
 
--- name: chain_head
--- The chain's newest entry (seq, chain_hash); no row for a chain not yet started. Run
--- after chain_lock: a statement that starts after the lock sees the previous holder's
--- commit (READ COMMITTED).
-SELECT seq, chain_hash FROM audit_logs WHERE chain = %(chain)s ORDER BY seq DESC LIMIT 1;
-
-
 -- name: append
 -- Appends one entry through audit_append_entries (the barrier, the hash, the insert),
 -- its payload composed by audit_entry_payload from the same values (the one builder of
@@ -175,6 +168,35 @@ WHERE id = ANY(%(genuine)s::bigint[]) AND checkpoint_hash = ANY(%(wanted)s::text
 SELECT r.rolsuper, pg_has_role(current_user, c.relowner, 'USAGE'), current_user
 FROM pg_roles r LEFT JOIN pg_class c ON c.oid = to_regclass('audit_logs')
 WHERE r.rolname = current_user;
+
+
+-- name: writable_partitions
+-- Each partition of audit_logs that the current role may change other than by INSERT
+-- (UPDATE, DELETE, TRUNCATE, TRIGGER), with the privilege: none of them should be.
+SELECT i.inhrelid::regclass::text, p.privilege
+FROM pg_inherits i
+CROSS JOIN unnest(ARRAY['UPDATE', 'DELETE', 'TRUNCATE', 'TRIGGER']) AS p(privilege)
+WHERE i.inhparent = to_regclass('audit_logs')
+  AND has_table_privilege(i.inhrelid, p.privilege)
+ORDER BY 1, 2;
+
+
+-- name: chain_head
+-- The newest entry (seq, chain_hash) of a chain that is not a job's; no row for a chain
+-- not yet started. Run after chain_lock: a statement that starts after the lock sees the
+-- previous holder's commit (READ COMMITTED). First in the partition of the month of `ts` (the entry about to be
+-- written: audit_part_for_other), then, only when that holds none of the chain, in
+-- every partition before it (the newest earlier month's holds the head: seq grows with
+-- the chain). A UNION ALL under LIMIT 1 runs its second branch only when the first
+-- returned nothing.
+(SELECT seq, chain_hash FROM audit_logs
+ WHERE chain = %(chain)s AND part = audit_part_for_other(%(ts)s::timestamptz)
+ ORDER BY seq DESC LIMIT 1)
+UNION ALL
+(SELECT seq, chain_hash FROM audit_logs
+ WHERE chain = %(chain)s AND part < audit_part_for_other(%(ts)s::timestamptz)
+ ORDER BY seq DESC LIMIT 1)
+LIMIT 1;
 
 
 -- name: read_only_snapshot

@@ -100,7 +100,9 @@ def audit_append(
     1. Take a transaction-scoped advisory lock on the chain, so concurrent appenders
        (including two first entries) queue up instead of forking it.
     2. Read the head in a statement that starts after the lock (READ COMMITTED gives
-       it a fresh snapshot that includes whatever the previous holder committed).
+       it a fresh snapshot that includes whatever the previous holder committed): in
+       the partition of this entry's month first, then in the earlier ones
+       (docs/architecture.md#partitions).
     3. Append in one statement: `audit_entry_payload` composes the canonical payload
        from the same values, `audit_append_entries` takes the checkpoint barrier,
        hashes prev_hash + payload and inserts; the statement trigger and the unique
@@ -113,7 +115,9 @@ def audit_append(
         raise RuntimeError("audit_append must run inside transaction.atomic()")
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["chain_lock"], {"chain": chain})
-        cursor.execute(QUERIES["chain_head"], {"chain": chain})
+        # After the lock: each entry's ts, hence its partition, follows its predecessor's.
+        ts = timezone.now()
+        cursor.execute(QUERIES["chain_head"], {"chain": chain, "ts": ts})
         head = cursor.fetchone()
     seq, prev_hash = (head[0] + 1, head[1]) if head else (1, GENESIS_HASH)
     params = {
@@ -123,7 +127,7 @@ def audit_append(
         "event_type": event_type,
         "actor_type": str(actor.type),
         "actor_id": actor.id,
-        "ts": timezone.now(),
+        "ts": ts,
         # JSON text for jsonb; the SQL builder writes it canonical (audit/sql/canonical.sql).
         "data": json.dumps(data or {}),
         "prev_hash": prev_hash,

@@ -634,6 +634,8 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("release_keys", "jobs.services.keys.release_keys_once"),
     ("outbox", "jobs.processes.events.outbox_relay_once"),
     ("checkpoint", "audit.checkpoints.checkpoint_write_if_due"),
+    # The next months' audit_logs partitions (audit/partitions.py), about once an hour.
+    ("audit_partitions", "audit.partitions.partitions_step"),
     ("queue_depths", "jobs.integrations.backpressure.queue_depths_step"),
     ("dlq_watch", "dlq.watcher.watch_once"),
     # Background replays and discards (dlq/bulk.py): one chunk per loop.

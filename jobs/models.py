@@ -8,6 +8,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import F, Q
 
+from audit.partitions import current_job_part
 from jobs.artefact_storage import get_artefact_storage
 from jobs.domain.choices import BreakerState as BreakerState
 from jobs.domain.choices import DeadLetterReason as DeadLetterReason
@@ -111,6 +112,10 @@ class Job(models.Model):
     # trigger on audit_logs still refuses any entry that does not continue the chain.
     audit_seq = models.PositiveIntegerField(default=0, db_default=0)
     audit_head = models.CharField(max_length=64, default="0" * 64, db_default="0" * 64)
+    # The partition of the job's audit chain (audit.partitions): the first day of the
+    # UTC month of created_at, so that every entry of the chain, `purged` months later
+    # included, lands in one partition. Jobs from before the partitioned log: 1970-01-01.
+    audit_part = models.DateField(default=current_job_part, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -17,7 +17,8 @@
 -- (seq 1, its payload composed by jobs_entry_payload, as every other entry of a job's,
 -- from the job's values and `entry`, the caller's data; the row's audit_head is its
 -- hash) through
--- audit_append, the outbox event (none where JOBOPS_EVENTS_PUBLISH is off:
+-- audit_append_job_entries, in the partition of the job's month (audit_part,
+-- audit_part_for_job of its created_at), the outbox event (none where JOBOPS_EVENTS_PUBLISH is off:
 -- jobs_events_on), and NOTIFY jobs_pending, which wakes the dispatcher
 -- to publish it (delivered on commit). Returns the id and audit_head when the job was
 -- inserted. Every column of the job is named (tests/jobs/test_queries.py pins the
@@ -42,7 +43,7 @@ ins AS (
         last_error_code, last_error_message, result, locked_by, locked_at, next_run_at,
         dead_letter_queue, request_id, correlation_id, version, created_at, updated_at,
         owner_id, traceparent, audit_head, audit_seq, org_id, project_id, run_at,
-        rerun_of_id, priority
+        rerun_of_id, priority, audit_part
     ) VALUES (
         %(id)s, %(type)s, %(category)s, %(queue)s, %(params)s, %(params_hash)s,
         %(status)s, %(idempotency_key)s, %(idempotency_expires_at)s,
@@ -53,7 +54,7 @@ ins AS (
         %(next_run_at)s, %(dead_letter_queue)s, %(request_id)s, %(correlation_id)s,
         %(version)s, %(created_at)s, %(updated_at)s, %(owner_id)s, %(traceparent)s,
         (SELECT audit_chain_hash(%(prev_hash)s::text, entry.payload) FROM entry), %(audit_seq)s, %(org_id)s, %(project_id)s, %(run_at)s,
-        %(rerun_of_id)s, %(priority)s
+        %(rerun_of_id)s, %(priority)s, audit_part_for_job(%(created_at)s::timestamptz)
     )
     ON CONFLICT DO NOTHING
     RETURNING jobs AS job
@@ -67,9 +68,10 @@ outbox AS (
 SELECT (ins.job).id, (ins.job).audit_head
 FROM ins
 CROSS JOIN entry
-CROSS JOIN LATERAL audit_append(
-    audit_job_chain((ins.job).id), (ins.job).id, 1, 'created', %(actor_type)s::text,
-    %(actor_id)s::text, %(ts)s::timestamptz, entry.payload, %(prev_hash)s::text
+CROSS JOIN LATERAL audit_append_job_entries(
+    ARRAY[(ins.job).id], ARRAY[(ins.job).audit_part], ARRAY[1::bigint],
+    ARRAY[entry.payload], ARRAY[%(prev_hash)s::text], 'created', %(actor_type)s::text,
+    %(actor_id)s::text, %(ts)s::timestamptz
 ) AS appended
 CROSS JOIN LATERAL (SELECT pg_notify('jobs_pending', '')) AS wake;
 
@@ -103,7 +105,7 @@ ins AS (
         last_error_code, last_error_message, result, locked_by, locked_at, next_run_at,
         dead_letter_queue, request_id, correlation_id, version, created_at, updated_at,
         owner_id, traceparent, audit_head, audit_seq, org_id, project_id, run_at,
-        rerun_of_id, priority
+        rerun_of_id, priority, audit_part
     )
     SELECT
         id, type, category, queue, params, params_hash, status, idempotency_key,
@@ -114,7 +116,7 @@ ins AS (
         last_error_code, last_error_message, result, locked_by, locked_at, next_run_at,
         dead_letter_queue, request_id, correlation_id, version, created_at, updated_at,
         owner_id, traceparent, audit_chain_hash(%(prev_hash)s::text, payload), 1, org_id,
-        project_id, run_at, rerun_of_id, priority
+        project_id, run_at, rerun_of_id, priority, audit_part_for_job(created_at)
     FROM input ORDER BY ordinality
     ON CONFLICT DO NOTHING
     RETURNING jobs AS job
@@ -128,6 +130,7 @@ outbox AS (
 appended AS (
     SELECT audit_append_job_entries(
         array_agg(input.id ORDER BY input.ordinality),
+        array_agg((ins.job).audit_part ORDER BY input.ordinality),
         array_agg(1::bigint ORDER BY input.ordinality),
         array_agg(input.payload ORDER BY input.ordinality),
         array_agg(%(prev_hash)s::text ORDER BY input.ordinality),

@@ -66,7 +66,15 @@ def retry_on_deadlock(attempt: Callable[[], T]) -> T:
 
 
 def _triggers(action: str) -> list[str]:
-    return [f"ALTER TABLE {table} {action} TRIGGER USER" for table in APPEND_ONLY_TABLES]
+    # audit_logs' partitions carry TRUNCATE triggers of their own (audit/sql/partitions.sql).
+    partitions = (
+        "DO $$ DECLARE r regclass; BEGIN FOR r IN SELECT inhrelid::regclass FROM pg_inherits "
+        "WHERE inhparent = to_regclass('audit_logs') LOOP "
+        f"EXECUTE format('ALTER TABLE %s {action} TRIGGER USER', r); END LOOP; END $$"
+    )
+    return [f"ALTER TABLE {table} {action} TRIGGER USER" for table in APPEND_ONLY_TABLES] + [
+        partitions
+    ]
 
 
 def _digest_sql(connection: BaseDatabaseWrapper) -> str:

@@ -115,6 +115,7 @@ def test_gauges_are_computed_from_real_rows(client, settings):
         # No verification run recorded yet (audit/verification_runs.py).
         "audit_verified_full": 0.0,
         "audit_verified_incremental": 0.0,
+        "audit_future_partitions": 3.0,
     }
 
     old_pending = make_job()

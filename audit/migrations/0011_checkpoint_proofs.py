@@ -32,7 +32,7 @@ DROP TRIGGER IF EXISTS {TABLE}_no_truncate ON {TABLE};
 
 
 class Migration(migrations.Migration):
-    dependencies = [("audit", "0009_annotated")]
+    dependencies = [("audit", "0010_partitioned_audit_log")]
 
     operations = [
         migrations.CreateModel(

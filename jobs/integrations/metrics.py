@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import Counter, Gauge, Histogram
 
+from audit.partitions import future_months, list_partitions
 from audit.verification_runs import audit_verification_successes
 from jobs.domain.types import all_connectors, get_type, primary_queue_names
 from jobs.integrations.liveness import live_processes, workers_of
@@ -379,6 +380,12 @@ AUDIT_VERIFIED_AT = Gauge(
     ["mode"],
     multiprocess_mode="mostrecent",
 )
+AUDIT_FUTURE_PARTITIONS = Gauge(
+    "audit_future_partitions",
+    "Months after the current one whose audit_logs partitions (job and ops) both exist "
+    "(audit.partitions; the dispatcher's audit_partitions step keeps three ready)",
+    multiprocess_mode="mostrecent",
+)
 DEAD_LETTERS_OPEN = Gauge(
     "dead_letters_open",
     "Open dead-letter rows in the database, by DLQ",
@@ -450,6 +457,8 @@ def metrics_refresh_gauges() -> dict[str, float]:
     for queue in set(primary_queue_names()) | paused:
         QUEUE_PAUSED.labels(queue=queue).set(1 if queue in paused else 0)
     values["queues_paused"] = float(len(paused))
+    values["audit_future_partitions"] = float(future_months(list_partitions()))
+    AUDIT_FUTURE_PARTITIONS.set(values["audit_future_partitions"])
     for connector in set(all_connectors()) | set(breakers):
         state = CONNECTOR_STATE_VALUES.get(breakers.get(connector, "closed"), 0)
         CONNECTOR_STATE.labels(connector=connector).set(state)

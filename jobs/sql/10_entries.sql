@@ -160,7 +160,8 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
               ELSE jsonb_build_object('metrics', p_metrics) END
 $$;
 
--- jobs_changes_record: each changed job's entry (`p_ids` with `p_seqs`, their rows'
+-- jobs_changes_record: each changed job's entry (`p_ids` with `p_parts`, their rows'
+-- audit_part: the partition of the job's chain, and `p_seqs`, their rows'
 -- audit_seq after the change: the entries' seq), continuing its chain from
 -- `p_prev_hashes`, in one statement for the whole batch (the audit app's
 -- audit_append_job_entries), and its event (`p_events`: jobs_status_event of its row
@@ -172,7 +173,7 @@ $$;
 -- (JOBOPS_EVENTS_PUBLISH off: no consumer of events anywhere; jobs_events_on); the
 -- entries are the same either way.
 CREATE OR REPLACE FUNCTION jobs_changes_record(
-    p_ids uuid[], p_seqs bigint[], p_events jsonb[], p_payloads text[],
+    p_ids uuid[], p_parts date[], p_seqs bigint[], p_events jsonb[], p_payloads text[],
     p_prev_hashes text[], p_event_type text, p_actor_type text, p_actor_id text, p_ts text
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -185,7 +186,7 @@ BEGIN
               FROM unnest(p_ids, p_seqs, p_events) AS u(id, seq, event)) AS e;
     END IF;
     RETURN audit_append_job_entries(
-        p_ids, p_seqs, p_payloads, p_prev_hashes, p_event_type, p_actor_type, p_actor_id,
+        p_ids, p_parts, p_seqs, p_payloads, p_prev_hashes, p_event_type, p_actor_type, p_actor_id,
         p_ts::timestamptz
     );
 END;

@@ -101,13 +101,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'started', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND AND EXISTS (
@@ -177,13 +177,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'started', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -245,13 +245,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_progress_event(jobs, p_ts, locked.metrics) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'progress', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -315,13 +315,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'succeeded', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -388,13 +388,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'retrying', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -463,13 +463,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'retrying', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -531,13 +531,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'cancelled', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -595,13 +595,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'deferred', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -657,13 +657,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'failed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -718,13 +718,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'failed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -776,13 +776,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'failed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -827,12 +827,12 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT audit_append_job_entries(
-               array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(payload), array_agg(prev_hash),
                'cancel_requested', p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
 END;
 $$;
@@ -884,13 +884,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'cancelled', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -945,13 +945,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'reclaimed', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -1002,13 +1002,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'held', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
@@ -1059,13 +1059,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'queued', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
 END;
@@ -1115,13 +1115,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                'due', p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
@@ -1181,13 +1181,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                p_event_type, p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
@@ -1250,13 +1250,13 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq,
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq,
                   jobs_status_event(jobs, NULL, locked.status::text, p_ts) AS event
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT jobs_changes_record(
-               array_agg(job_id), array_agg(seq), array_agg(event), array_agg(payload),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(event), array_agg(payload),
                array_agg(prev_hash),
                p_event_type, p_actor_type, p_actor_id, p_ts) FROM upd) >= 0;
     IF FOUND THEN
@@ -1301,12 +1301,12 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT audit_append_job_entries(
-               array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(payload), array_agg(prev_hash),
                p_event_type, p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
 END;
 $$;
@@ -1351,12 +1351,12 @@ BEGIN
         WHERE jobs.id = locked.id
         RETURNING locked.status::text AS status_from, locked.next_run_at AS next_run_from,
                   locked.payload, locked.audit_head AS prev_hash, jobs AS job,
-                  jobs.id AS job_id, jobs.audit_seq AS seq
+                  jobs.id AS job_id, jobs.audit_part AS part, jobs.audit_seq AS seq
     )
     SELECT upd.status_from, upd.next_run_from, upd.job
     FROM upd
     WHERE (SELECT audit_append_job_entries(
-               array_agg(job_id), array_agg(seq), array_agg(payload), array_agg(prev_hash),
+               array_agg(job_id), array_agg(part), array_agg(seq), array_agg(payload), array_agg(prev_hash),
                p_event_type, p_actor_type, p_actor_id, p_ts::timestamptz) FROM upd) >= 0;
 END;
 $$;

@@ -14,10 +14,22 @@ def tamper(sql: str, params: Sequence[Any] = ()) -> None:
     They are re-enabled before it commits, exactly as a superuser could do it.
     """
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("ALTER TABLE audit_logs DISABLE TRIGGER USER")
-        cursor.execute("ALTER TABLE audit_checkpoints DISABLE TRIGGER USER")
-        cursor.execute("ALTER TABLE audit_tree_heads DISABLE TRIGGER USER")
+        for table in audit_tables(cursor):
+            cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
         cursor.execute(sql, params)
-        cursor.execute("ALTER TABLE audit_logs ENABLE TRIGGER USER")
-        cursor.execute("ALTER TABLE audit_checkpoints ENABLE TRIGGER USER")
-        cursor.execute("ALTER TABLE audit_tree_heads ENABLE TRIGGER USER")
+        for table in audit_tables(cursor):
+            cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")
+
+
+def audit_tables(cursor: Any) -> list[str]:
+    """The audit tables and every partition of audit_logs (each has triggers of its own)."""
+    cursor.execute(
+        "SELECT inhrelid::regclass::text FROM pg_inherits "
+        "WHERE inhparent = 'audit_logs'::regclass ORDER BY 1"
+    )
+    return [
+        "audit_logs",
+        "audit_checkpoints",
+        "audit_tree_heads",
+        *(r[0] for r in cursor.fetchall()),
+    ]

@@ -161,8 +161,15 @@ def test_an_insert_that_does_not_continue_the_chain_is_refused(seq_delta, prev):
     ):
         c.execute(
             "INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, actor_id, ts, "
-            "payload, prev_hash, chain_hash) VALUES (%s, %s, %s, 'forged', 'system', 'x', now(), "
-            "'{}', %s, %s)",
-            [head.chain, job.id, head.seq + seq_delta, prev or head.chain_hash, "f" * 64],
+            "payload, prev_hash, chain_hash, part) VALUES (%s, %s, %s, 'forged', 'system', 'x', "
+            "now(), '{}', %s, %s, %s)",
+            [
+                head.chain,
+                job.id,
+                head.seq + seq_delta,
+                prev or head.chain_hash,
+                "f" * 64,
+                head.part,
+            ],
         )
     assert AuditLog.objects.filter(job_id=job.id).count() == head.seq

@@ -207,6 +207,6 @@ def test_the_owner_role_runs_migrations_including_the_audit_triggers(roles):
     with _as(app) as conn, pytest.raises(psycopg.errors.IntegrityConstraintViolation):
         conn.execute(
             "INSERT INTO audit_logs (chain, seq, event_type, actor_type, actor_id, ts, "
-            "payload, prev_hash, chain_hash) VALUES ('ops', 7, 'x', 'system', 'x', now(), "
-            "'{}', repeat('0', 64), repeat('f', 64))"
+            "payload, prev_hash, chain_hash, part) VALUES ('ops', 7, 'x', 'system', 'x', now(), "
+            "'{}', repeat('0', 64), repeat('f', 64), audit_part_for_other(now()))"
         )

@@ -99,7 +99,8 @@ def inserted_out_of_order(job):
     text = canonical_bytes(payload)
     tamper(
         "INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, actor_id, ts, "
-        "payload, prev_hash, chain_hash) VALUES (%s, %s, 6, 'progress', %s, %s, %s, %s, %s, %s)",
+        "payload, prev_hash, chain_hash, part) "
+        "VALUES (%s, %s, 6, 'progress', %s, %s, %s, %s, %s, %s, %s)",
         [
             head.chain,
             str(job.id),
@@ -109,6 +110,7 @@ def inserted_out_of_order(job):
             text.decode(),
             head.chain_hash,
             chain_hash(head.chain_hash, text),
+            head.part,
         ],
     )
     return 6, "sequence gap: expected seq 5, found 6"
@@ -134,16 +136,16 @@ def forged_row_rehashed(job):
         digest = chain_hash(prev, data)
         new_rows.append((payload, data.decode(), prev, digest))
         prev = digest
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(new_rows))
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(new_rows))
     params = []
     for payload, text, prev_hash, digest in new_rows:
         params += [payload["chain"], str(job.id), payload["seq"], payload["event_type"]]
         params += [payload["actor"]["type"], payload["actor"]["id"]]
-        params += [payload["ts"], text, prev_hash, digest]
+        params += [payload["ts"], text, prev_hash, digest, rows[0].part]
     tamper(
         f"DELETE FROM audit_logs WHERE chain = %s; INSERT INTO audit_logs "
         f"(chain, job_id, seq, event_type, actor_type, actor_id, ts, payload, prev_hash, "
-        f"chain_hash) VALUES {values}",
+        f"chain_hash, part) VALUES {values}",
         [job_chain(job.id), *params],
     )
     assert len(rows_of(job)) == 5
@@ -155,7 +157,8 @@ def naive_appended_forgery(job):
     payload = json.loads(head.payload) | {"seq": 5, "event_type": "failed"}
     tamper(
         "INSERT INTO audit_logs (chain, job_id, seq, event_type, actor_type, actor_id, ts, "
-        "payload, prev_hash, chain_hash) VALUES (%s, %s, 5, 'failed', %s, %s, %s, %s, %s, %s)",
+        "payload, prev_hash, chain_hash, part) "
+        "VALUES (%s, %s, 5, 'failed', %s, %s, %s, %s, %s, %s, %s)",
         [
             head.chain,
             str(job.id),
@@ -165,6 +168,7 @@ def naive_appended_forgery(job):
             canonical_bytes(payload).decode(),
             head.chain_hash,
             "ab" * 32,
+            head.part,
         ],
     )
     return 5, "does not match sha256(prev_hash + payload)"

@@ -80,6 +80,7 @@ def test_alerts_cover_what_on_call_must_hear_about():
         "live_workers",  # worker heartbeat missing
         "live_dispatchers",  # dispatcher heartbeat missing
         "audit_checkpoint_age_seconds",  # checkpoint too old
+        "audit_future_partitions",  # fewer than two months of audit partitions ahead
         "jobs_failed_total",  # jobs failing for good
         "erp_events_parked",  # refused ERP events waiting (PostgreSQL alone)
         "dispatcher_step_failing",  # a dispatcher step that keeps raising
