@@ -31,54 +31,70 @@ from tests.processes import (
     scripted_table,
     subprocess_env,
 )
+from tests.queues import topology_declare_and_purge
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
 UNREACHABLE_BROKER = "amqp://guest:guest@127.0.0.1:1//"
 
 
-def test_broker_down_create_succeeds_pending_and_runs_once_broker_is_back(settings):
-    broker_url, settings.BROKER_URL = settings.BROKER_URL, UNREACHABLE_BROKER
-    job = make_job(job_type="sim", params={"steps": 2, "step_seconds": 0})
-    assert Job.objects.get(id=job.id).status == "pending"
-    assert job_events(job.id) == ["created"]
-    settings.BROKER_URL = broker_url  # the broker is back
-    with celery_worker(queues=["sim"]):
+@pytest.fixture(scope="class")
+def worker(django_db_setup, django_db_blocker):
+    """One worker on `default` (scripted handlers) and `sim`, two processes, and no
+    dispatcher (each test publishes when it means to), for the tests to which a worker
+    already running when their jobs are made makes no difference. Class-scoped: it
+    must be gone before the tests after them, whose jobs no other worker may take."""
+    with django_db_blocker.unblock():
+        topology_declare_and_purge()
+        env = scripted_env()
+        with celery_worker(queues=["default", "sim"], concurrency=2, env=env, name="dispatch-e2e"):
+            yield
+
+
+class TestWithAWorkerAlreadyRunning:
+    """Tests that share one worker (`worker`)."""
+
+    def test_broker_down_create_succeeds_pending_and_runs_once_broker_is_back(
+        self, settings, worker
+    ):
+        broker_url, settings.BROKER_URL = settings.BROKER_URL, UNREACHABLE_BROKER
+        job = make_job(job_type="sim", params={"steps": 2, "step_seconds": 0})
+        assert Job.objects.get(id=job.id).status == "pending"
+        assert job_events(job.id) == ["created"]
+        settings.BROKER_URL = broker_url  # the broker is back
         report = run_dispatcher_once(env={"JOBOPS_DISPATCH_PENDING_AFTER_SECONDS": "0"})
         assert report["publish"] == 1
         done = job_finished(job.id)
-    assert done.status == "succeeded"
-    assert job_events(job.id)[:3] == ["created", "queued", "started"]
+        assert done.status == "succeeded"
+        assert job_events(job.id)[:3] == ["created", "queued", "started"]
 
-
-def test_two_dispatchers_racing_publish_each_job_into_one_run(settings):
-    scripted_table(settings)
-    broker_url, settings.BROKER_URL = settings.BROKER_URL, UNREACHABLE_BROKER
-    owner = UserFactory()
-    jobs = [make_job(owner, job_type="ai", params={"do": "noop"}) for _ in range(30)]
-    settings.BROKER_URL = broker_url
-    env = subprocess_env(JOBOPS_DISPATCH_PENDING_AFTER_SECONDS="0")
-    racers = [
-        subprocess.Popen(
-            [sys.executable, "manage.py", "run_dispatcher", "--once"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    published = 0
-    for racer in racers:
-        out, _ = racer.communicate(timeout=60)
-        published += json.loads(out.strip().splitlines()[-1])["publish"]
-    assert published == 30  # no row published twice
-    with celery_worker(queues=["default"], concurrency=2, env=scripted_env()):
+    def test_two_dispatchers_racing_publish_each_job_into_one_run(self, settings, worker):
+        scripted_table(settings)
+        broker_url, settings.BROKER_URL = settings.BROKER_URL, UNREACHABLE_BROKER
+        owner = UserFactory()
+        jobs = [make_job(owner, job_type="ai", params={"do": "noop"}) for _ in range(30)]
+        settings.BROKER_URL = broker_url
+        env = subprocess_env(JOBOPS_DISPATCH_PENDING_AFTER_SECONDS="0")
+        racers = [
+            subprocess.Popen(
+                [sys.executable, "manage.py", "run_dispatcher", "--once"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        published = 0
+        for racer in racers:
+            out, _ = racer.communicate(timeout=60)
+            published += json.loads(out.strip().splitlines()[-1])["publish"]
+        assert published == 30  # no row published twice
         for job in jobs:
             assert job_finished(job.id).status == "succeeded"
-    for job in jobs:
-        assert job_events(job.id).count("started") == 1
-        assert len(handlers.runs(job.id)) == 1
+        for job in jobs:
+            assert job_events(job.id).count("started") == 1
+            assert len(handlers.runs(job.id)) == 1
 
 
 def test_queued_job_cancelled_never_runs(settings):
@@ -149,7 +165,7 @@ def test_database_down_while_a_job_fails_decides_nothing(settings, worker_role):
         _database_down_for(worker_role, False)
         # Back: the stale lock is reclaimed and the job is decided on a real attempt.
         wait_for(lambda: reap_once()["reclaimed"] == 1, timeout=15, interval=0.2)
-        run_dispatcher_once()
+        assert publish_due_once() == 1  # the dispatcher's step: the retry, due at once
         done = job_finished(job.id)
     assert done.status == "failed" and done.attempts == 2
     assert DeadLetter.objects.get(job_id=job.id).reason == "fatal"

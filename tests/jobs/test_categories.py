@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -15,7 +15,7 @@ from django.utils import timezone
 from core.durations import format_duration, parse_duration
 from jobs.domain.types import all_types
 from tests.factories import make_job
-from tests.processes import ROOT
+from tests.starter import Starter
 
 DAY = timedelta(days=1)
 
@@ -60,33 +60,38 @@ def test_a_type_override_replaces_its_categorys_value(settings):
     assert types["model"].retention == 90 * DAY  # the category's, untouched
 
 
-def _settings(**env: str) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def starter() -> Iterator[Starter]:
+    """Fresh interpreters forked from one process (tests/starter.py), as the settings
+    tests start theirs: each start below is a new process with its own environment,
+    without spawning a Python for each."""
+    with Starter() as one:
+        yield one
+
+
+def _settings(starter: Starter, **env: str) -> subprocess.CompletedProcess[str]:
     """Each type's [key TTL, retention] in seconds, as a process with `env` reads them."""
-    return _types_with("[t.key_ttl.total_seconds(), t.retention.total_seconds()]", env)
+    return _types_with(starter, "[t.key_ttl.total_seconds(), t.retention.total_seconds()]", env)
 
 
-def _retries(**env: str) -> subprocess.CompletedProcess[str]:
+def _retries(starter: Starter, **env: str) -> subprocess.CompletedProcess[str]:
     """Each type's [max_retries, backoff_cap], as a process with `env` reads them."""
-    return _types_with("[t.max_retries, t.backoff_cap]", env)
+    return _types_with(starter, "[t.max_retries, t.backoff_cap]", env)
 
 
-def _types_with(value: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _types_with(
+    starter: Starter, value: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     program = (
         "import django, json; django.setup(); from jobs.domain.types import all_types; "
         f"print(json.dumps({{n: {value} for n, t in all_types().items()}}))"
     )
-    return subprocess.run(
-        [sys.executable, "-c", program],
-        cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return starter.run(program, {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", **env})
 
 
-def test_the_environment_sets_categories_and_types():
+def test_the_environment_sets_categories_and_types(starter):
     result = _settings(
+        starter,
         JOBOPS_RETENTION="planning=12h,notification=1m,audit_enrichment=1d",
         JOBOPS_KEY_TTL="import_export=2d",
         JOBOPS_JOB_TYPES=json.dumps({"cam": {"key_ttl": "3h"}}),
@@ -100,8 +105,8 @@ def test_the_environment_sets_categories_and_types():
     assert seconds["annotate"] == [30 * 86400, 86400]
 
 
-def test_the_single_key_ttl_of_earlier_versions_still_applies_where_not_named():
-    result = _settings(JOBOPS_IDEMPOTENCY_KEY_DAYS="2", JOBOPS_KEY_TTL="notification=1d")
+def test_the_single_key_ttl_of_earlier_versions_still_applies_where_not_named(starter):
+    result = _settings(starter, JOBOPS_IDEMPOTENCY_KEY_DAYS="2", JOBOPS_KEY_TTL="notification=1d")
     assert result.returncode == 0, result.stderr
     seconds = json.loads(result.stdout)
     assert seconds["sim"][0] == 2 * 86400 and seconds["erp"][0] == 86400
@@ -116,8 +121,8 @@ def test_the_single_key_ttl_of_earlier_versions_still_applies_where_not_named():
         ({"JOBOPS_JOB_TYPES": '{"sim": {"retention": "soon"}}'}, "sim.retention"),
     ],
 )
-def test_a_bad_duration_refuses_to_start_and_is_named(env, named):
-    result = _settings(**env)
+def test_a_bad_duration_refuses_to_start_and_is_named(env, named, starter):
+    result = _settings(starter, **env)
     assert result.returncode != 0
     assert named in result.stderr
 
@@ -158,8 +163,9 @@ def test_every_type_keeps_its_retry_policy_by_default():
     assert {n: [t.max_retries, t.backoff_cap] for n, t in all_types().items()} == RETRIES
 
 
-def test_a_categorys_retry_policy_applies_to_its_types_that_set_none_of_their_own():
+def test_a_categorys_retry_policy_applies_to_its_types_that_set_none_of_their_own(starter):
     result = _retries(
+        starter,
         JOBOPS_CATEGORY_RETRIES=json.dumps(
             {"notification": {"max_retries": 8}, "planning": {"backoff_cap": 90}}
         ),
@@ -197,7 +203,7 @@ def test_a_job_of_the_category_gets_the_attempts_of_its_policy(settings):
         ('{"planning": {"max_retries": "8"}}', "planning.max_retries='8'"),
     ],
 )
-def test_a_bad_retry_policy_refuses_to_start_and_is_named(value, named):
-    result = _retries(JOBOPS_CATEGORY_RETRIES=value)
+def test_a_bad_retry_policy_refuses_to_start_and_is_named(value, named, starter):
+    result = _retries(starter, JOBOPS_CATEGORY_RETRIES=value)
     assert result.returncode != 0
     assert f"JOBOPS_CATEGORY_RETRIES: {named}" in result.stderr

@@ -68,15 +68,6 @@ def test_liveness_names_what_runs_and_what_is_missing(settings):
     assert metrics_refresh_liveness()["live_workers:default"] == 0
 
 
-def test_liveness_passes_when_everything_has_a_process(settings):
-    settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS = 0.5
-    with celery_worker(env=FAST, name="live-all"), dispatcher_process(env=FAST, name="live-d"):
-        wait_for(lambda: _liveness()[0] == 0, timeout=15)
-        out = StringIO()
-        call_command("liveness", stdout=out)
-        assert "dispatcher" in out.getvalue() and "queues=cam," in out.getvalue()
-
-
 def test_a_queue_served_by_run_worker_is_not_missing():
     found = {
         "dispatcher": [{"queues": []}],
@@ -112,12 +103,32 @@ def _close_broker_connections_of(process: Process) -> int:
     return len(pids)
 
 
-def test_a_worker_goes_on_beating_with_its_node_after_its_broker_connection_is_lost(settings):
-    """Celery clears the consumer's timer when its connection is lost: the beat must
-    start again with the consumer, or the worker vanishes from liveness."""
-    settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS = 0.5
-    broker = urlsplit(settings.BROKER_URL)
-    with celery_worker(queues=("default",), env=FAST, name="live-reconnect") as worker:
+@pytest.fixture(scope="class")
+def worker(django_db_setup, django_db_blocker):
+    """One worker on every queue, for the tests that need nothing else of it. Class-scoped:
+    it must be gone before the tests that count the queues no worker serves."""
+    with django_db_blocker.unblock(), celery_worker(env=FAST, name="live-all") as worker:
+        yield worker
+
+
+class TestWithAWorkerOnEveryQueue:
+    """Tests that share one worker (`worker`)."""
+
+    def test_liveness_passes_when_everything_has_a_process(self, settings, worker):
+        settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS = 0.5
+        with dispatcher_process(env=FAST, name="live-d"):
+            wait_for(lambda: _liveness()[0] == 0, timeout=15)
+            out = StringIO()
+            call_command("liveness", stdout=out)
+            assert "dispatcher" in out.getvalue() and "queues=cam," in out.getvalue()
+
+    def test_a_worker_goes_on_beating_with_its_node_after_its_broker_connection_is_lost(
+        self, settings, worker
+    ):
+        """Celery clears the consumer's timer when its connection is lost: the beat must
+        start again with the consumer, or the worker vanishes from liveness."""
+        settings.JOBOPS_PROCESS_HEARTBEAT_SECONDS = 0.5
+        broker = urlsplit(settings.BROKER_URL)
         wait_for(lambda: _liveness()[1]["processes"].get("worker"), timeout=10)
         (before,) = _liveness()[1]["processes"]["worker"]
         assert before["broker"] == f"{broker.hostname}:{broker.port}"
