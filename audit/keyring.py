@@ -100,7 +100,7 @@ class Keyring:
     ) -> str | None:
         """Why `signature` over `message`, made at `at` under `key_id`, is not accepted;
         None when it is (the key `key_id` names, valid at `at`, verifies it)."""
-        when = _when(at)
+        when = as_time(at)
         if self.single:
             if verifies(self.keys[0].public_key, signature, message):
                 return None
@@ -126,7 +126,7 @@ def _iso(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _when(value: datetime | str | None) -> datetime | None:
+def as_time(value: datetime | str | None) -> datetime | None:
     if value is None or isinstance(value, datetime):
         return value
     try:
@@ -161,7 +161,7 @@ def _bound(entry: dict[str, Any], name: str, number: int) -> datetime | None:
     value = entry.get(name)
     if value is None:
         return None
-    when = _when(value) if isinstance(value, str) else None
+    when = as_time(value) if isinstance(value, str) else None
     if when is None:
         raise KeyringError(f"key {number}: {name} {value!r} is not an ISO 8601 datetime")
     return when

@@ -23,11 +23,12 @@ from django.db import connection
 
 from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
 from audit.errors import AuditProofPendingError
+from audit.keyring import Keyring, KeyringError, as_time, load_keyring
 from audit.merkle import leaf_hash, verify_consistency, verify_inclusion
 from audit.models import AuditTreeHead
 from audit.queries import QUERIES
 from audit.services import job_chain
-from audit.signing import load_public_key, public_key_text, verifies
+from audit.signing import public_key_text, verifies
 from audit.tree import (
     CHECKPOINT_V2,
     checkpoint_heads,
@@ -147,8 +148,11 @@ def _hashes(values: Any) -> list[bytes]:
         raise ValueError(f"a path holds something other than base64: {exc}") from exc
 
 
-def _tree_head_problem(tree_head: Any, key: Any, key_id: str, what: str) -> Problem | None:
-    """Whether `tree_head` is signed by the key of `key_id` (None: it is)."""
+def _tree_head_problem(tree_head: Any, keyring: Keyring, what: str) -> Problem | None:
+    """Whether `tree_head` is signed by the key its key id names (None: it is). A tree
+    head's key id is the key's fingerprint (audit.tree.public_key_id), so the key is
+    found in a keyring by the key alone; with a keyring, the tree head must also fall
+    inside that key's validity."""
     try:
         message = tree_head_bytes(
             tree_size=tree_head["tree_size"],
@@ -160,20 +164,45 @@ def _tree_head_problem(tree_head: Any, key: Any, key_id: str, what: str) -> Prob
         signature = tree_head["signature"]
     except (KeyError, TypeError, ValueError):
         return Problem(kind="tree_head_broken", message=f"{what} is malformed")
-    if named != key_id:
+    keys = [k for k in keyring.keys if public_key_id(k.text) == named]
+    if not keys:
+        given = ", ".join(public_key_id(k.text) for k in keyring.keys)
         return Problem(
             kind="proof_key",
-            message=f"{what} names key {named!r}; the public key given is {key_id!r}",
+            message=f"{what} names key {named!r}; the key(s) given are {given}",
         )
-    if not verifies(key, signature, message):
+    signed_by = [k for k in keys if verifies(k.public_key, signature, message)]
+    if not signed_by:
         return Problem(kind="tree_head_signature", message=f"{what}'s Ed25519 signature fails")
+    if not keyring.single and not any(
+        k.valid_at(as_time(tree_head["created_at"])) for k in signed_by
+    ):
+        return Problem(
+            kind="proof_key",
+            message=f"{what} was signed at {tree_head['created_at']}, outside the validity "
+            f"of key {named!r} {signed_by[0].window()}",
+        )
     return None
 
 
-def verify_job_proof(document: dict[str, Any], *, public_key: str) -> VerificationReport:
+def proof_keyring(public_key: str | Keyring) -> Keyring:
+    """The keys a proof is verified with: one key's text, a keyring file, or a keyring;
+    ValueError when `public_key` is none of them."""
+    if isinstance(public_key, Keyring):
+        return public_key
+    try:
+        return load_keyring(public_key.strip())
+    except KeyringError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def verify_job_proof(
+    document: dict[str, Any], *, public_key: str | Keyring
+) -> VerificationReport:
     """Verify a job's proof with the public key alone; never raises for tampering.
 
-    1. The tree head is signed by `public_key` (its key id names it).
+    1. The tree head is signed by `public_key` (a key or a keyring: the key its key id
+       names).
     2. The checkpoint's hash, sha256(prev_hash + payload) with the prev_hash its payload
        names, is in that tree head (RFC 9162 inclusion).
     3. The checkpoint's payload is canonical, version 2, and its Ed25519 signature
@@ -183,10 +212,9 @@ def verify_job_proof(document: dict[str, Any], *, public_key: str) -> Verificati
     """
     started = time.perf_counter()
     report = VerificationReport()
-    key = load_public_key(public_key.strip())
-    key_id = public_key_id(public_key)
+    keyring = proof_keyring(public_key)
     tree_head = document.get("tree_head")
-    problem = _tree_head_problem(tree_head, key, key_id, "the tree head")
+    problem = _tree_head_problem(tree_head, keyring, "the tree head")
     if problem is not None:
         report.add(problem)
         report.seconds = time.perf_counter() - started
@@ -219,7 +247,7 @@ def verify_job_proof(document: dict[str, Any], *, public_key: str) -> Verificati
                 message="the checkpoint's inclusion in the signed tree head fails",
             )
         )
-    cp_problem = _checkpoint_problem(checkpoint, key)
+    cp_problem = _checkpoint_problem(checkpoint, keyring)
     if cp_problem:
         report.add(Problem(kind="checkpoint_broken", message=cp_problem))
     try:
@@ -247,7 +275,10 @@ def verify_job_proof(document: dict[str, Any], *, public_key: str) -> Verificati
     return report
 
 
-def _checkpoint_problem(checkpoint: Any, key: Any) -> str | None:
+def _checkpoint_problem(checkpoint: Any, keyring: Keyring) -> str | None:
+    """What is wrong with the proof's checkpoint (None: nothing). It may be older than
+    the tree head and signed by an earlier key: the key its key_id names, valid at its
+    created_at (audit.keyring)."""
     try:
         payload = checkpoint["payload"]
         signed = json.loads(payload)
@@ -256,8 +287,15 @@ def _checkpoint_problem(checkpoint: Any, key: Any) -> str | None:
         digest = chain_hash(signed["prev_hash"], payload.encode("utf-8"))
         if canonical_bytes(signed) != payload.encode("utf-8"):
             return "its payload is not canonical JSON"
-        if not verifies(key, checkpoint["ed25519_signature"], bytes.fromhex(digest)):
-            return "its Ed25519 signature fails"
+        problem = keyring.check(
+            key_id=signed["key_id"],
+            signature=checkpoint["ed25519_signature"],
+            message=bytes.fromhex(digest),
+            at=signed["created_at"],
+            what="its Ed25519 signature",
+        )
+        if problem:
+            return problem
     except (KeyError, TypeError, ValueError, AttributeError):
         return "it is malformed"
     return None
@@ -316,16 +354,17 @@ def _entry_problem(line: Any, chain: str, job: str, seq: int, prev: str) -> str 
     return None
 
 
-def verify_consistency_document(document: dict[str, Any], *, public_key: str) -> VerificationReport:
+def verify_consistency_document(
+    document: dict[str, Any], *, public_key: str | Keyring
+) -> VerificationReport:
     """Verify that the second signed tree head extends the first (RFC 9162 consistency),
     both signed by `public_key`; never raises for tampering."""
     started = time.perf_counter()
     report = VerificationReport()
-    key = load_public_key(public_key.strip())
-    key_id = public_key_id(public_key)
+    keyring = proof_keyring(public_key)
     first, second = document.get("first"), document.get("second")
     for what, tree_head in (("the first tree head", first), ("the second tree head", second)):
-        problem = _tree_head_problem(tree_head, key, key_id, what)
+        problem = _tree_head_problem(tree_head, keyring, what)
         if problem is not None:
             report.add(problem)
     if not report.ok:

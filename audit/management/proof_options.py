@@ -13,10 +13,10 @@ from audit.proofs import (
     PROOF_FORMAT,
     ProofUnreadable,
     load_document,
+    proof_keyring,
     verify_consistency_document,
     verify_job_proof,
 )
-from audit.signing import load_public_key
 from audit.verification import VerificationReport
 
 EXIT_USAGE = 2
@@ -60,10 +60,10 @@ def verify(options: dict[str, Any]) -> tuple[str, VerificationReport]:
             returncode=EXIT_USAGE,
         )
     try:
-        load_public_key(key)
+        keyring = proof_keyring(key)
     except ValueError as exc:
         raise CommandError(
-            f"--public-key is not an Ed25519 public key (base64 of 32 bytes): {exc}",
+            f"--public-key is neither an Ed25519 public key nor a keyring: {exc}",
             returncode=EXIT_USAGE,
         ) from exc
     path = options["proof"] or options["consistency"]
@@ -74,5 +74,5 @@ def verify(options: dict[str, Any]) -> tuple[str, VerificationReport]:
     except (OSError, ProofUnreadable) as exc:
         raise CommandError(f"{path}: {exc}", returncode=EXIT_USAGE) from exc
     if options["proof"]:
-        return "Audit proof", verify_job_proof(document, public_key=key)
-    return "Consistency proof", verify_consistency_document(document, public_key=key)
+        return "Audit proof", verify_job_proof(document, public_key=keyring)
+    return "Consistency proof", verify_consistency_document(document, public_key=keyring)

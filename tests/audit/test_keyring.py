@@ -189,3 +189,44 @@ def test_an_archive_names_its_key_id_and_verifies_with_the_keyring(settings, tmp
     assert code == 1
     assert "archive_key" in printed
     assert f"key id '{settings.AUDIT_SIGNING_KEY_ID}', which the keyring does not hold" in printed
+
+
+@pytest.mark.django_db
+def test_a_proof_spanning_a_rotation_verifies_with_the_keyring_alone(settings, tmp_path):
+    """The checkpoint that covered the job was signed by kA; the newest tree head, which
+    the proof ends in, by kB. The keyring picks each key by the id the object names."""
+    from audit.proofs import job_proof, verify_job_proof
+
+    a, b = new_key(), new_key()
+    settings.AUDIT_SIGNING_KEYS = {"kA": "secret-of-key-a-for-tests", "kB": "secret-b-for-tests"}
+    settings.AUDIT_SIGNING_KEY_ID, settings.AUDIT_SIGNING_ED25519_KEY = "kA", a[0]
+    job = make_job()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        checkpoint_write(now=MARCH)
+    settings.AUDIT_SIGNING_KEY_ID, settings.AUDIT_SIGNING_ED25519_KEY = "kB", b[0]
+    make_job()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        checkpoint_write(now=AUGUST)
+    proof = job_proof(job.id)
+    both = load_keyring(
+        keyring_file(
+            tmp_path / "both.json",
+            [entry("kA", a[1], not_after=ROTATION), entry("kB", b[2], not_before=ROTATION)],
+        )
+    )
+    assert verify_job_proof(proof, public_key=both).ok
+
+    # kB alone: the tree head verifies, the older checkpoint does not.
+    problems = verify_job_proof(proof, public_key=b[1]).problems
+    assert [p.kind for p in problems] == ["checkpoint_broken"], problems
+    # A keyring that says kB began only after the tree head was signed.
+    late = load_keyring(
+        keyring_file(
+            tmp_path / "late.json",
+            [entry("kA", a[1]), entry("kB", b[1], not_before=datetime(2026, 9, 1, tzinfo=UTC))],
+        )
+    )
+    problems = verify_job_proof(proof, public_key=late).problems
+    assert problems and problems[0].kind == "proof_key" and "outside the validity" in str(
+        problems[0]
+    )
