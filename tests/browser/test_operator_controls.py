@@ -38,6 +38,7 @@ def switch_user(browser, live_server, role: str, username: str) -> None:
     log_in(browser, live_server, role, username)
 
 
+@pytest.mark.heavy
 def test_pause_sim_jobs_wait_then_resume_and_they_run(browser, live_server, broker):
     owner = UserFactory()
     with starting(
