@@ -227,6 +227,6 @@ def test_a_proof_spanning_a_rotation_verifies_with_the_keyring_alone(settings, t
         )
     )
     problems = verify_job_proof(proof, public_key=late).problems
-    assert problems and problems[0].kind == "proof_key" and "outside the validity" in str(
-        problems[0]
+    assert (
+        problems and problems[0].kind == "proof_key" and "outside the validity" in str(problems[0])
     )

@@ -17,6 +17,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -200,13 +201,19 @@ def test_another_keys_signature_fails(proved, tmp_path):
 
 
 def test_usage_errors_exit_2(proved, tmp_path):
+    """In process: the exit status is CommandError.returncode, as the process gives it
+    (the offline process itself is exercised by the tests above)."""
     _, proof = proved
     path = write(tmp_path, proof)
-    assert verify_process("--proof", str(path)).returncode == 2  # no key
-    assert verify_process("--proof", str(path), "--public-key", "nope").returncode == 2
     (tmp_path / "junk.json").write_text("[]")
-    junk = verify_process("--proof", str(tmp_path / "junk.json"), "--public-key", public_key_text())
-    assert junk.returncode == 2
+    for args in (
+        ["--proof", str(path)],  # no key
+        ["--proof", str(path), "--public-key", "nope"],
+        ["--proof", str(tmp_path / "junk.json"), "--public-key", public_key_text()],
+    ):
+        with pytest.raises(CommandError) as refused:
+            call_command("verify_audit_chain", *args)
+        assert refused.value.returncode == 2, args
 
 
 def test_a_consistency_proof_verifies_and_a_rewritten_older_head_fails_it(proved, tmp_path):
