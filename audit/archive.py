@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import IO, Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -80,6 +81,8 @@ def archive_write(*, until: datetime, path: str) -> dict[str, Any]:
             "created_at": format_ts(timezone.now()),
             "until": format_ts(until),
             "public_key": public_key_text(),
+            # The keyring's name of that key (docs/operations/keys.md#the-keyring).
+            "key_id": settings.AUDIT_SIGNING_KEY_ID,
             "checkpoints": _checkpoints({cutoff, *(h[3] for h in heads)}),
             "chains": [
                 {"chain": c, "head_seq": s, "head_hash": h, "checkpoint_id": i}
@@ -336,6 +339,11 @@ class _Entries:
         self.index, self.seq, self.prev, self.broken = index, 1, "0" * 64, False
         if index < len(self.chains):
             self.report.chains_checked += 1
+            # A segment of a chain that goes on across partitions (the ops chain in a
+            # partition's archive) starts after its first entry: where and from what hash.
+            start, prev = self.chain.get("from_seq", 1), self.chain.get("from_hash", "0" * 64)
+            if isinstance(start, int) and start >= 1 and isinstance(prev, str):
+                self.seq, self.prev = start, prev
 
     def _line(self, number: int, line: bytes) -> None:
         self.report.rows_checked += 1

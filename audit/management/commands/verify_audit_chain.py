@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import uuid
 from datetime import UTC, datetime, time
 from typing import Any
@@ -17,6 +18,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from audit.archive import ArchiveUnreadable, verify_archive
+from audit.history import verify_history
 from audit.signing import load_public_key
 from audit.verification import VerificationReport, audit_verify
 
@@ -105,6 +107,12 @@ class Command(BaseCommand):
             help="Verify this audit_archive file instead, offline: no database is used.",
         )
         parser.add_argument(
+            "--archives",
+            metavar="DIR",
+            help="The live database plus the archives of its detached partitions in DIR: "
+            "the whole history; a detached partition whose archive is not there is named.",
+        )
+        parser.add_argument(
             "--public-key",
             metavar="KEY",
             help="With --archive: the public key you trust (audit_public_key); the "
@@ -121,8 +129,12 @@ class Command(BaseCommand):
             expected += read_exported_hashes(options["expect_checkpoints_file"])
         if options["archive"]:
             report = self._verify_archive(options)
+        elif options["archives"]:
+            report = self._verify_history(options)
         elif options["public_key"]:
-            raise CommandError("--public-key applies to --archive only", returncode=EXIT_USAGE)
+            raise CommandError(
+                "--public-key applies to --archive and --archives only", returncode=EXIT_USAGE
+            )
         else:
             report = audit_verify(job_ids=job_ids, since=since, expected_checkpoints=expected)
         self._print(report, archive=bool(options["archive"]), as_json=options["json"])
@@ -151,6 +163,28 @@ class Command(BaseCommand):
         except (ArchiveUnreadable, OSError) as exc:
             raise CommandError(f"{options['archive']}: {exc}", returncode=EXIT_USAGE) from exc
 
+    def _verify_history(self, options: dict[str, Any]) -> VerificationReport:
+        """The --archives branch: the live database and the archives of every detached
+        partition (audit.history)."""
+        if any(options[name] for name in ("job", "since")):
+            raise CommandError(
+                "--archives verifies the whole history: --job and --since do not apply",
+                returncode=EXIT_USAGE,
+            )
+        if not os.path.isdir(options["archives"]):
+            raise CommandError(
+                f"--archives {options['archives']}: not a directory", returncode=EXIT_USAGE
+            )
+        if options["public_key"] is not None:
+            try:
+                load_public_key(options["public_key"].strip())
+            except ValueError as exc:
+                raise CommandError(
+                    f"--public-key is not an Ed25519 public key (base64 of 32 bytes): {exc}",
+                    returncode=EXIT_USAGE,
+                ) from exc
+        return verify_history(options["archives"], public_key=options["public_key"])
+
     def _print(self, report: VerificationReport, *, archive: bool, as_json: bool) -> None:
         what = "Audit archive" if archive else "Audit trail"
         if as_json:
@@ -166,6 +200,11 @@ class Command(BaseCommand):
                 f"{report.checkpoints_checked} checkpoints ({report.heads_checked} heads) "
                 f"checked in {report.seconds:.2f}s"
             )
+            if report.heads_deferred:
+                summary += (
+                    f"; {report.heads_deferred} heads of detached partitions left to their "
+                    "archives (verify them with --archives DIR)"
+                )
             if report.ok:
                 self.stdout.write(self.style.SUCCESS(f"{what} intact: {summary}."))
             else:

@@ -1,0 +1,311 @@
+"""Archive, then detach: a partition of audit_logs leaves the database only whole, after
+a verified archive, by its owner, audited; verify_audit_chain --archives proves the
+whole history and names what is missing (docs/operations/audit-archives.md)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from datetime import UTC, date, datetime, timedelta
+from unittest.mock import patch
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.utils import timezone
+
+from audit.canonical import canonical_bytes, chain_hash
+from audit.checkpoints import checkpoint_write
+from audit.detach import DETACHED, detach_partition, detached_partitions
+from audit.history import verify_history
+from audit.models import AuditLog, AuditPartitionArchive
+from audit.partition_archive import PartitionError, archive_partition, resolve
+from audit.partitions import partition_name
+from audit.services import OPS_CHAIN, Actor, audit_append
+from audit.signing import sign
+from audit.verification import audit_verify
+from jobs.services import creation
+from jobs.services.purge import purge_batch
+from tests.factories import job_in_state
+
+pytestmark = pytest.mark.django_db
+
+
+def months_ago(n: int) -> date:
+    today = timezone.now().date()
+    year, month = today.year, today.month - n
+    while month < 1:
+        year, month = year - 1, month + 12
+    return date(year, month, 1)
+
+
+def create_partition(kind: str, month: date) -> str:
+    """A past month's partition as audit_create_partitions makes the next months' (the
+    test database's user is the owner: a superuser)."""
+    part = month if kind == "job" else month.replace(day=2)
+    name = partition_name(part)
+    low, high = part.isoformat(), (part + timedelta(days=1)).isoformat()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE TABLE {name} (LIKE audit_logs INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+        )
+        cursor.execute(
+            f"ALTER TABLE {name} ADD CONSTRAINT {name}_part "
+            f"CHECK (part >= '{low}' AND part < '{high}')"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {name} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION jobops_refuse_audit_change()"
+        )
+        cursor.execute(
+            f"ALTER TABLE audit_logs ATTACH PARTITION {name} FOR VALUES FROM ('{low}') TO ('{high}')"
+        )
+    return name
+
+
+@pytest.fixture
+def past():
+    """Job and ops partitions for the three months before this one (rolled back with the
+    test's transaction); the month of the jobs and the ops segment these tests archive."""
+    for n in (3, 2, 1):
+        create_partition("job", months_ago(n))
+        create_partition("ops", months_ago(n))
+    return months_ago(2)
+
+
+def job_created_in(monkeypatch, month: date, status: str = "succeeded"):
+    """A job whose created_at, hence its chain's partition, is in `month`."""
+    when = datetime(month.year, month.month, 10, 12, tzinfo=UTC)
+    insert = creation.job_insert
+
+    def inserted_then(job, *, actor):
+        with patch("django.utils.timezone.now", return_value=when):
+            return insert(job, actor=actor)
+
+    with patch.object(creation, "job_insert", inserted_then):
+        job = job_in_state(status)
+    job.refresh_from_db()
+    assert str(job.audit_part) == month.isoformat()
+    return job
+
+
+def purge_all() -> None:
+    purge_batch(older_than=timedelta(seconds=-5))
+
+
+def archive(ref_name: str, path) -> str:
+    out = io.StringIO()
+    call_command("audit_archive", "--partition", ref_name, "--out", str(path), stdout=out)
+    return out.getvalue()
+
+
+def detach(ref_name: str, path) -> str:
+    out = io.StringIO()
+    call_command("audit_detach", ref_name, "--archive", str(path), stdout=out)
+    return out.getvalue()
+
+
+def verify_dir(directory) -> tuple[int, str]:
+    out = io.StringIO()
+    try:
+        call_command("verify_audit_chain", "--archives", str(directory), stdout=out)
+    except SystemExit as exited:
+        return int(exited.code), out.getvalue()
+    return 0, out.getvalue()
+
+
+@pytest.fixture
+def closed(monkeypatch, past):
+    """Two purged jobs of the past month, covered by a checkpoint."""
+    jobs = [job_created_in(monkeypatch, past) for _ in range(2)]
+    purge_all()
+    checkpoint_write()
+    return jobs
+
+
+def test_partition_names():
+    assert resolve("2026-08").name == "audit_logs_job_2026_08"
+    assert resolve("ops-2026-08").name == "audit_logs_ops_2026_08"
+    assert resolve("legacy").name == "audit_logs_legacy"
+    assert resolve("audit_logs_ops_2026_08").label == "ops-2026-08"
+    with pytest.raises(PartitionError) as refused:
+        resolve("August")
+    assert refused.value.returncode == 2
+
+
+def test_a_partition_with_an_open_chain_is_neither_archived_nor_detached(
+    monkeypatch, past, tmp_path
+):
+    open_job = job_created_in(monkeypatch, past)  # succeeded, not purged: still open
+    checkpoint_write()
+    label = f"{past:%Y-%m}"
+    with pytest.raises(
+        CommandError, match=rf"1 job chain\(s\) in it are still open.*{open_job.id}"
+    ):
+        archive(label, tmp_path / "a.jsonl.gz")
+    assert not (tmp_path / "a.jsonl.gz").exists()
+    (tmp_path / "forged.jsonl.gz").write_bytes(gzip.compress(b"{}\n"))
+    with pytest.raises(CommandError, match="still open"):
+        detach(label, tmp_path / "forged.jsonl.gz")
+    assert AuditLog.objects.filter(part=past).exists()
+
+
+def test_detach_without_a_verified_archive_is_refused(closed, past, tmp_path):
+    label = f"{past:%Y-%m}"
+    archive(label, tmp_path / "real.jsonl.gz")
+    # A file no record names (a copy with a byte changed is another file).
+    data = gzip.decompress((tmp_path / "real.jsonl.gz").read_bytes())
+    (tmp_path / "other.jsonl.gz").write_bytes(gzip.compress(data + b"\n"))
+    with pytest.raises(CommandError, match="no verified archive of audit_logs_job_"):
+        detach(label, tmp_path / "other.jsonl.gz")
+    assert AuditLog.objects.filter(part=past).count() > 0
+    assert not AuditLog.objects.filter(event_type=DETACHED).exists()
+
+
+def test_the_app_role_cannot_detach(closed, past, tmp_path):
+    label = f"{past:%Y-%m}"
+    path = tmp_path / "a.jsonl.gz"
+    archive(label, path)
+    with connection.cursor() as cursor:  # the deferred keys' checks, before ALTER TABLE
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    call_command(
+        "setup_db_roles",
+        "--owner",
+        "jobops_owner_t",
+        "--app",
+        "jobops_app_t",
+        "--apply",
+        stdout=io.StringIO(),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("SET ROLE jobops_app_t")
+    try:
+        with pytest.raises(PartitionError, match="'jobops_app_t' does not own audit_logs_job_"):
+            detach_partition(resolve(label), str(path))
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
+    assert AuditLog.objects.filter(part=past).count() > 0
+
+
+def test_archive_detach_then_the_whole_history_verifies(closed, past, tmp_path):
+    label = f"{past:%Y-%m}"
+    path = tmp_path / "job.jsonl.gz"
+    said = archive(label, path)
+    assert "written and verified" in said
+    record = AuditPartitionArchive.objects.get()
+    assert record.partition == f"audit_logs_job_{past:%Y_%m}" and record.rows > 0
+    header = json.loads(gzip.open(path).readline())
+    assert header["key_id"] == record.key_id and header["partition"]["label"] == label
+    said = detach(label, path)
+    assert "detached and dropped" in said
+    assert not AuditLog.objects.filter(part=past).exists()
+    [gone] = detached_partitions()
+    assert gone.sha256 == record.sha256 and gone.checkpoint_hash == record.checkpoint_hash
+    # Live alone: the detached heads are left to the archive, nothing is reported.
+    live = audit_verify()
+    assert live.ok, live.problems
+    assert live.heads_deferred > 0
+    code, out = verify_dir(tmp_path)
+    assert code == 0, out
+    # After the first detach, --until is retired.
+    with pytest.raises(CommandError, match="--until is retired.*--partition"):
+        call_command("audit_archive", "--until", "2030-01-01", "--out", str(tmp_path / "u"))
+
+
+def test_the_ops_chain_goes_on_across_a_detached_segment(past, tmp_path):
+    """An ops segment's archive starts where the previous one ended; the live ops chain
+    continues the last segment detached."""
+    segment = months_ago(1).replace(day=2)
+    with connection.cursor() as cursor:  # ops entries of last month, as the writer puts them
+        for seq in (1, 2):
+            payload = canonical_bytes({"chain": OPS_CHAIN, "seq": seq}).decode()
+            prev = "0" * 64 if seq == 1 else digest
+            digest = chain_hash(prev, payload.encode())
+            cursor.execute(
+                "INSERT INTO audit_logs (chain, seq, event_type, actor_type, actor_id, ts, "
+                "payload, prev_hash, chain_hash, part) VALUES (%s, %s, 'x', 'system', 'x', "
+                "%s, %s, %s, %s, %s)",
+                [
+                    OPS_CHAIN,
+                    seq,
+                    datetime.combine(segment, datetime.min.time(), UTC),
+                    payload,
+                    prev,
+                    digest,
+                    segment,
+                ],
+            )
+    checkpoint_write()
+    for month in (3, 2):  # the older ops months hold nothing: archived and detached empty
+        empty = f"ops-{months_ago(month):%Y-%m}"
+        archive(empty, tmp_path / f"{empty}.jsonl.gz")
+    with pytest.raises(CommandError, match="older segments are still attached"):
+        archive(f"ops-{months_ago(1):%Y-%m}", tmp_path / "ops1.jsonl.gz")
+        detach(f"ops-{months_ago(1):%Y-%m}", tmp_path / "ops1.jsonl.gz")
+    assert True
+
+
+def test_missing_changed_dropped_and_forged_are_each_named(closed, past, tmp_path, monkeypatch):
+    label = f"{past:%Y-%m}"
+    path = tmp_path / "job.jsonl.gz"
+    archive(label, path)
+    detach(label, path)
+    original = path.read_bytes()
+
+    # A deleted archive file: named with its partition.
+    path.unlink()
+    code, out = verify_dir(tmp_path)
+    assert code == 1
+    assert f"archive_missing: partition audit_logs_job_{past:%Y_%m} was detached" in out
+    assert "job.jsonl.gz" in out
+
+    # A changed line.
+    lines = gzip.decompress(original).split(b"\n")
+    lines[2] = lines[2].replace(b'"seq":2', b'"seq":7')
+    path.write_bytes(gzip.compress(b"\n".join(lines)))
+    code, out = verify_dir(tmp_path)
+    assert code == 1
+    assert "archive_changed: archive job.jsonl.gz of partition" in out
+    assert "archive job.jsonl.gz: line" in out
+
+    # A forged checkpoint: rewritten and signed again by whoever holds the key; the file's
+    # sha256 and the database's own checkpoint give it away.
+    header, *rest = gzip.decompress(original).split(b"\n")
+    doc = json.loads(header)
+    cp = doc["checkpoints"][0]
+    payload = json.loads(cp["payload"])
+    payload["heads"] = payload["heads"][:1]
+    cp["payload"] = canonical_bytes(payload).decode()
+    cp["checkpoint_hash"] = chain_hash(cp["prev_hash"], cp["payload"].encode())
+    cp["ed25519_signature"] = sign(bytes.fromhex(cp["checkpoint_hash"]))
+    doc.pop("signature")
+    doc["signature"] = sign(canonical_bytes(doc))
+    path.write_bytes(gzip.compress(b"\n".join([canonical_bytes(doc), *rest])))
+    code, out = verify_dir(tmp_path)
+    assert code == 1
+    assert f"checkpoint_forged: archive job.jsonl.gz: checkpoint {cp['id']}" in out
+
+    # A partition dropped by the owner without audit_detach (its archive aside).
+    path.write_bytes(original)
+    assert verify_dir(tmp_path)[0] == 0
+    other = months_ago(3)
+    job = job_created_in(monkeypatch, other)
+    purge_all()
+    checkpoint_write()
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE audit_logs_job_{other:%Y_%m}")
+    code, out = verify_dir(tmp_path)
+    assert code == 1
+    assert f"partition_missing: partition audit_logs_job_{other:%Y_%m} is neither" in out
+    assert f"job:{job.id}" in out
+    assert audit_verify().ok is False
+
+
+def test_the_ops_chain_keeps_its_head_when_its_segment_goes(past, tmp_path):
+    """The detach entry is appended first: the next ops entry continues the chain."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    audit_append(chain=OPS_CHAIN, event_type="x", actor=Actor.system(), data={})
+    assert AuditLog.objects.filter(chain=OPS_CHAIN).count() == 1
