@@ -15,12 +15,11 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from audit.canonical import canonical_bytes, chain_hash
+from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
 from audit.checkpoints import checkpoint_write
 from audit.detach import DETACHED, detach_partition, detached_partitions
-from audit.history import verify_history
 from audit.models import AuditLog, AuditPartitionArchive
-from audit.partition_archive import PartitionError, archive_partition, resolve
+from audit.partition_archive import PartitionError, resolve
 from audit.partitions import partition_name
 from audit.services import OPS_CHAIN, Actor, audit_append
 from audit.signing import sign
@@ -59,7 +58,8 @@ def create_partition(kind: str, month: date) -> str:
             "FOR EACH STATEMENT EXECUTE FUNCTION jobops_refuse_audit_change()"
         )
         cursor.execute(
-            f"ALTER TABLE audit_logs ATTACH PARTITION {name} FOR VALUES FROM ('{low}') TO ('{high}')"
+            f"ALTER TABLE audit_logs ATTACH PARTITION {name} "
+            f"FOR VALUES FROM ('{low}') TO ('{high}')"
         )
     return name
 
@@ -210,41 +210,56 @@ def test_archive_detach_then_the_whole_history_verifies(closed, past, tmp_path):
     code, out = verify_dir(tmp_path)
     assert code == 0, out
     # After the first detach, --until is retired.
-    with pytest.raises(CommandError, match="--until is retired.*--partition"):
+    with pytest.raises(CommandError, match=r"--until is retired.*--partition"):
         call_command("audit_archive", "--until", "2030-01-01", "--out", str(tmp_path / "u"))
 
 
-def test_the_ops_chain_goes_on_across_a_detached_segment(past, tmp_path):
-    """An ops segment's archive starts where the previous one ended; the live ops chain
-    continues the last segment detached."""
-    segment = months_ago(1).replace(day=2)
-    with connection.cursor() as cursor:  # ops entries of last month, as the writer puts them
-        for seq in (1, 2):
+def ops_entries_in(month: date, count: int) -> list[str]:
+    """`count` ops entries with ts and part in `month`, as its writer puts them."""
+    part, hashes, prev = month.replace(day=2), [], GENESIS_HASH
+    ts = datetime(month.year, month.month, 2, tzinfo=UTC)
+    with connection.cursor() as cursor:
+        for seq in range(1, count + 1):
             payload = canonical_bytes({"chain": OPS_CHAIN, "seq": seq}).decode()
-            prev = "0" * 64 if seq == 1 else digest
             digest = chain_hash(prev, payload.encode())
             cursor.execute(
                 "INSERT INTO audit_logs (chain, seq, event_type, actor_type, actor_id, ts, "
-                "payload, prev_hash, chain_hash, part) VALUES (%s, %s, 'x', 'system', 'x', "
-                "%s, %s, %s, %s, %s)",
-                [
-                    OPS_CHAIN,
-                    seq,
-                    datetime.combine(segment, datetime.min.time(), UTC),
-                    payload,
-                    prev,
-                    digest,
-                    segment,
-                ],
+                "payload, prev_hash, chain_hash, part) "
+                "VALUES (%s, %s, 'x', 'system', 'x', %s, %s, %s, %s, %s)",
+                [OPS_CHAIN, seq, ts, payload, prev, digest, part],
             )
-    checkpoint_write()
-    for month in (3, 2):  # the older ops months hold nothing: archived and detached empty
-        empty = f"ops-{months_ago(month):%Y-%m}"
-        archive(empty, tmp_path / f"{empty}.jsonl.gz")
+            hashes.append(digest)
+            prev = digest
+    return hashes
+
+
+def test_the_ops_chain_goes_on_across_its_detached_segments(past, tmp_path):
+    """Segments leave oldest first; a segment's archive reaches the first head a
+    checkpoint names after it; the live ops chain continues the last one detached."""
+    last = months_ago(1)
+    hashes = ops_entries_in(last, 2)
+    audit_append(chain=OPS_CHAIN, event_type="x", actor=Actor.system(), data={})
+    checkpoint_write()  # names ops seq 3, past the segment's end
+    newest = f"ops-{last:%Y-%m}"
+    archive(newest, tmp_path / "ops-last.jsonl.gz")
     with pytest.raises(CommandError, match="older segments are still attached"):
-        archive(f"ops-{months_ago(1):%Y-%m}", tmp_path / "ops1.jsonl.gz")
-        detach(f"ops-{months_ago(1):%Y-%m}", tmp_path / "ops1.jsonl.gz")
-    assert True
+        detach(newest, tmp_path / "ops-last.jsonl.gz")
+    for label in ("legacy", f"ops-{months_ago(3):%Y-%m}", f"ops-{months_ago(2):%Y-%m}"):
+        archive(label, tmp_path / f"{label}.jsonl.gz")
+        detach(label, tmp_path / f"{label}.jsonl.gz")
+    header = json.loads(gzip.open(tmp_path / "ops-last.jsonl.gz").readline())
+    [ops] = header["chains"]
+    assert (ops["head_seq"], "from_seq" in ops) == (3, False)
+    assert header["segments"] == [{"chain": OPS_CHAIN, "last_seq": 2, "last_hash": hashes[1]}]
+    detach(newest, tmp_path / "ops-last.jsonl.gz")
+    assert not AuditLog.objects.filter(chain=OPS_CHAIN, seq__lte=2).exists()
+    entry = audit_append(chain=OPS_CHAIN, event_type="x", actor=Actor.system(), data={})
+    assert entry.seq == AuditLog.objects.filter(chain=OPS_CHAIN).count() + 2
+    checkpoint_write()
+    live = audit_verify()
+    assert live.ok, live.problems
+    code, out = verify_dir(tmp_path)
+    assert code == 0, out
 
 
 def test_missing_changed_dropped_and_forged_are_each_named(closed, past, tmp_path, monkeypatch):
@@ -301,11 +316,3 @@ def test_missing_changed_dropped_and_forged_are_each_named(closed, past, tmp_pat
     assert f"partition_missing: partition audit_logs_job_{other:%Y_%m} is neither" in out
     assert f"job:{job.id}" in out
     assert audit_verify().ok is False
-
-
-def test_the_ops_chain_keeps_its_head_when_its_segment_goes(past, tmp_path):
-    """The detach entry is appended first: the next ops entry continues the chain."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-    audit_append(chain=OPS_CHAIN, event_type="x", actor=Actor.system(), data={})
-    assert AuditLog.objects.filter(chain=OPS_CHAIN).count() == 1
