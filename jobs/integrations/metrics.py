@@ -29,7 +29,6 @@ from django.db import connection
 from prometheus_client import Counter, Gauge, Histogram
 
 from audit.partitions import future_months, list_partitions
-
 from jobs.domain.types import all_connectors, get_type, primary_queue_names
 from jobs.integrations.liveness import live_processes, workers_of
 from jobs.queries import QUERIES

@@ -50,6 +50,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from audit.models import AuditLog
+from audit.partitions import current_job_part
 from audit.services import format_ts
 from jobs.models import ConnectorBreaker, DeadLetter, EventOutbox, Job, ParamsEdit
 from tenants.models import Organisation
@@ -329,6 +330,8 @@ def _value(norm: Normaliser, column: str, value: Any) -> Any:
     integer id by what it names."""
     if isinstance(value, datetime):
         return "<set>"
+    if column == "audit_part":  # the month the job was created in (audit.partitions)
+        return "<this month>" if value == current_job_part() else str(value)
     if column in ID_KINDS and isinstance(value, int) and not isinstance(value, bool):
         return norm.name(ID_KINDS[column], value)
     return value
