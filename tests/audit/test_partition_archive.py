@@ -316,3 +316,42 @@ def test_missing_changed_dropped_and_forged_are_each_named(closed, past, tmp_pat
     assert f"partition_missing: partition audit_logs_job_{other:%Y_%m} is neither" in out
     assert f"job:{job.id}" in out
     assert audit_verify().ok is False
+
+
+def test_a_straggler_is_on_the_dashboard_with_its_partition_then_force_purged(monkeypatch):
+    from config.dashboard import dashboard_overview
+    from django.core.management import call_command as run
+    from jobs.models import Job
+    from jobs.selectors.stragglers import stragglers_before
+    from tests.factories import UserFactory
+
+    old = stragglers_before().date()
+    month = date(old.year - 1, old.month, 1) if old.month == 1 else date(old.year, old.month - 1, 1)
+    create_partition("job", month)
+    job = job_created_in(monkeypatch, month, status="succeeded")
+    Job.objects.filter(id=job.id).update(idempotency_expires_at=timezone.now() + timedelta(days=3))
+    problems = dashboard_overview(use_cache=False)["problems"]
+    [line] = [p for p in problems if str(job.id) in p]
+    assert f"holds audit partition audit_logs_job_{month:%Y_%m}" in line
+    assert "idempotency key is live" in line and "--force-job" in line
+    # The operator's decision: force-purge it, audited on the job's chain.
+    with pytest.raises(CommandError, match="staff user"):
+        run("purge", "--force-job", str(job.id), "--justification", "x")
+    staff = UserFactory(is_staff=True)
+    out = io.StringIO()
+    run(
+        "purge",
+        "--force-job",
+        str(job.id),
+        "--operator",
+        staff.username,
+        "--justification",
+        "holds the partition; customer confirmed",
+        stdout=out,
+    )
+    assert not Job.objects.filter(id=job.id).exists()
+    last = AuditLog.objects.filter(chain=f"job:{job.id}").order_by("-seq").first()
+    assert last.event_type == "purged" and last.actor_id == str(staff.pk)
+    assert json.loads(last.payload)["data"]["forced"] is True
+    problems = dashboard_overview(use_cache=False)["problems"]
+    assert not [p for p in problems if str(job.id) in p]
