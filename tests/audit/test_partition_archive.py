@@ -319,8 +319,9 @@ def test_missing_changed_dropped_and_forged_are_each_named(closed, past, tmp_pat
 
 
 def test_a_straggler_is_on_the_dashboard_with_its_partition_then_force_purged(monkeypatch):
-    from config.dashboard import dashboard_overview
     from django.core.management import call_command as run
+
+    from config.dashboard import dashboard_overview
     from jobs.models import Job
     from jobs.selectors.stragglers import stragglers_before
     from tests.factories import UserFactory
