@@ -1,4 +1,4 @@
-"""The archive of one audit_logs partition (docs/operations/audit-archives.md#partitions).
+"""The archive of one audit_logs partition (docs/operations/audit-archives.md#partitions-archive-then-detach).
 
 `manage.py audit_archive --partition NAME` writes, in the format of audit.archive (a
 gzip file of canonical JSON lines, a signed header, verified offline with the public key
@@ -224,7 +224,7 @@ def _write(ref: PartitionRef, path: str) -> dict[str, Any]:
                 "rows": rows,
             },
             "public_key": public_key_text(),
-            # The keyring's name of that key (docs/operations/keys.md).
+            # The keyring's name of that key (AUDIT_SIGNING_KEY_ID).
             "key_id": settings.AUDIT_SIGNING_KEY_ID,
             "checkpoints": _checkpoints({upto, *(covered[c][2] for c in covered)}),
             "chains": [_chain_entry(c, covered[c["chain"]]) for c in chains],
