@@ -1,4 +1,5 @@
-"""The archive of one audit_logs partition (docs/operations/audit-archives.md#partitions-archive-then-detach).
+"""The archive of one audit_logs partition
+(docs/operations/audit-archives.md#partitions-archive-then-detach).
 
 `manage.py audit_archive --partition NAME` writes, in the format of audit.archive (a
 gzip file of canonical JSON lines, a signed header, verified offline with the public key
