@@ -29,7 +29,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any, cast
 
 import structlog
 from django.db import connection, transaction
@@ -163,7 +163,7 @@ def _verified_record(ref: PartitionRef, path: str) -> tuple[AuditPartitionArchiv
         with gzip.open(path, "rb") as file:
             header = json.loads(file.readline())
         with gzip.open(path, "rb") as file:
-            report = verify_archive(file, public_key=public_key_text())
+            report = verify_archive(cast(IO[bytes], file), public_key=public_key_text())
     except (ArchiveUnreadable, OSError, ValueError) as exc:
         raise PartitionError(f"{path}: {exc}") from exc
     if not report.ok:

@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from django.db import connection
 from django.utils import timezone
@@ -234,8 +234,8 @@ def _verify_file(
     name = os.path.basename(archive.path)
     try:
         with gzip.open(archive.path, "rb") as file:
-            tap = _Tap(file)
-            found = verify_archive(tap, public_key=public_key)  # type: ignore[arg-type]
+            tap = _Tap(cast(IO[bytes], file))
+            found = verify_archive(cast(IO[bytes], tap), public_key=public_key)
     except (ArchiveUnreadable, OSError) as exc:
         report.add(Problem(kind="archive_unreadable", message=f"archive {name}: {exc}"))
         return False, []
@@ -316,7 +316,7 @@ def _check_links(report: VerificationReport, archives: list[tuple[Detached, _Arc
             if not isinstance(chain, dict) or str(chain.get("chain", "")).startswith("job:"):
                 continue
             start = (chain.get("from_seq", 1), chain.get("from_hash", GENESIS_HASH))
-            before = ends.get(chain.get("chain"), (0, GENESIS_HASH))
+            before = ends.get(str(chain.get("chain")), (0, GENESIS_HASH))
             if start != (before[0] + 1, before[1]):
                 report.add(
                     Problem(

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import structlog
 from django.conf import settings
@@ -160,7 +160,7 @@ def archive_partition(ref: PartitionRef, path: str) -> dict[str, Any]:
             digest.update(block)
             size += len(block)
     with gzip.open(path, "rb") as file:
-        report = verify_archive(file, public_key=public_key_text())
+        report = verify_archive(cast(IO[bytes], file), public_key=public_key_text())
     if not report.ok:
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -257,7 +257,7 @@ def _covering(chains: list[dict[str, Any]], upto: int) -> dict[str, tuple[int, s
     """chain → (head seq, head hash, checkpoint id) of the checkpoint covering its end."""
     if not chains:
         return {}
-    params = {
+    params: dict[str, Any] = {
         "chains": [c["chain"] for c in chains],
         "seqs": [c["last"] for c in chains],
         "hashes": [c["hash"] for c in chains],
@@ -285,7 +285,7 @@ def _entry_lines(chains: list[dict[str, Any]]) -> Iterator[bytes]:
     """Each entry as the canonical line {chain_hash, entry, prev_hash} (as audit.archive)."""
     if not chains:
         return
-    params = {
+    params: dict[str, Any] = {
         "chains": [c["chain"] for c in chains],
         "lows": [c.get("from_seq", 1) for c in chains],
         "heads": [c["head_seq"] for c in chains],

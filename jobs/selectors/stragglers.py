@@ -71,7 +71,7 @@ def audit_stragglers(*, limit: int = STRAGGLERS_LISTED) -> dict[str, Any]:
     """{"total": n, "stragglers": [Straggler, ...]} (the oldest `limit`)."""
     now = timezone.now()
     types = all_types()
-    params = {
+    params: dict[str, Any] = {
         "types": list(types),
         "keep": [t.retention.total_seconds() for t in types.values()],
         "before": stragglers_before(now),
