@@ -356,3 +356,23 @@ def test_a_straggler_is_on_the_dashboard_with_its_partition_then_force_purged(mo
     assert json.loads(last.payload)["data"]["forced"] is True
     problems = dashboard_overview(use_cache=False)["problems"]
     assert not [p for p in problems if str(job.id) in p]
+
+
+def test_the_dispatcher_archives_a_ready_partition_and_never_detaches(
+    closed, past, tmp_path, settings
+):
+    from audit import partition_archive
+    from jobs.integrations.metrics import AUDIT_PARTITIONS_READY_TO_DETACH
+
+    settings.AUDIT_ARCHIVE_DIR = ""
+    partition_archive._last_run = None
+    assert partition_archive.archive_step() == 0  # no directory: reads only
+    assert AUDIT_PARTITIONS_READY_TO_DETACH._value.get() == 0
+    settings.AUDIT_ARCHIVE_DIR = str(tmp_path)
+    partition_archive._last_run = None
+    assert partition_archive.archive_step() >= 1
+    [record] = AuditPartitionArchive.objects.filter(partition=f"audit_logs_job_{past:%Y_%m}")
+    assert (tmp_path / record.file_name).is_file()
+    assert AUDIT_PARTITIONS_READY_TO_DETACH._value.get() >= 1
+    assert AuditLog.objects.filter(part=past).exists()  # still attached: the owner detaches
+    assert partition_archive.archive_step() == 0  # once an hour
