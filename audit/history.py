@@ -229,7 +229,7 @@ def _named(problem: Problem, name: str) -> Problem:
 
 
 def _verify_file(
-    report: VerificationReport, archive: _Archive, public_key: str
+    report: VerificationReport, archive: _Archive, public_key: Any
 ) -> tuple[bool, list[Detached]]:
     name = os.path.basename(archive.path)
     try:
@@ -330,10 +330,13 @@ def _check_links(report: VerificationReport, archives: list[tuple[Detached, _Arc
             ends[chain] = (seq, digest)
 
 
-def verify_history(directory: str, *, public_key: str | None = None) -> VerificationReport:
-    """The live database plus the archives in `directory` (see the module's docstring)."""
+def verify_history(directory: str, *, public_key: Any = None) -> VerificationReport:
+    """The live database plus the archives in `directory` (see the module's docstring).
+    `public_key`: what verify_archive takes (the base64 text of one key; by default the
+    deployment's own)."""
     report = VerificationReport()
-    key = public_key.strip() if public_key else public_key_text()
+    key = public_key.strip() if isinstance(public_key, str) else public_key
+    key = key or public_key_text()
     files = _scan(directory)
     by_sha = {f.sha256: f for f in files}
     queue = list(detached_partitions())
@@ -379,7 +382,7 @@ def _report_absent(
     detached: Detached,
     files: list[_Archive],
     directory: str,
-    key: str,
+    key: Any,
 ) -> None:
     """No file in the directory has the sha256 the detach recorded: a changed one (by
     its name or its header's partition) is verified to say what changed; else the

@@ -376,3 +376,17 @@ def test_the_dispatcher_archives_a_ready_partition_and_never_detaches(
     assert AUDIT_PARTITIONS_READY_TO_DETACH._value.get() >= 1
     assert AuditLog.objects.filter(part=past).exists()  # still attached: the owner detaches
     assert partition_archive.archive_step() == 0  # once an hour
+
+
+def test_an_archive_waits_for_a_checkpoint_that_covers_the_last_entries(
+    monkeypatch, past, tmp_path
+):
+    job = job_created_in(monkeypatch, past)
+    checkpoint_write()  # names the job's `succeeded` head, not the `purged` after it
+    purge_all()
+    with pytest.raises(CommandError, match=rf"no signed checkpoint naming.*job:{job.id}"):
+        archive(f"{past:%Y-%m}", tmp_path / "a.jsonl.gz")
+    assert not list(tmp_path.iterdir())
+    assert not AuditPartitionArchive.objects.exists()
+    checkpoint_write()
+    assert "written and verified" in archive(f"{past:%Y-%m}", tmp_path / "a.jsonl.gz")

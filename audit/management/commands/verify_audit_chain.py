@@ -132,9 +132,7 @@ class Command(BaseCommand):
         elif options["archives"]:
             report = self._verify_history(options)
         elif options["public_key"]:
-            raise CommandError(
-                "--public-key applies to --archive and --archives only", returncode=EXIT_USAGE
-            )
+            raise CommandError("--public-key applies to --archive only", returncode=EXIT_USAGE)
         else:
             report = audit_verify(job_ids=job_ids, since=since, expected_checkpoints=expected)
         self._print(report, archive=bool(options["archive"]), as_json=options["json"])
