@@ -15,9 +15,10 @@ import hashlib
 import json
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+from audit.partitions import part_for_job
 from bench._common import BenchError, Scratch
 
 GENESIS = "0" * 64
@@ -135,14 +136,27 @@ def chain_lines(
                 yield "".join(line(job, r) for job in job_ids[start : start + 10_000])
 
 
-def copy_chains(conn: Any, job_ids: list[str], *, per_job: int, by_chain: bool) -> dict[str, str]:
+def copy_chains(
+    conn: Any, job_ids: list[str], *, per_job: int, by_chain: bool, part: date | None = None
+) -> dict[str, str]:
     """COPY the chains into audit_logs on `conn` (the caller commits); returns each
-    job's chain head (hex), which a job row that keeps its head must carry."""
+    job's chain head (hex), which a job row that keeps its head must carry.
+
+    On a partitioned audit_logs (audit 0010) every entry gets `part` (default: this
+    month's job part, whose partition always exists, and which a job row created now
+    carries as its audit_part); a table from before has no such column.
+    """
     heads: dict[str, bytes] = {}
-    with conn.cursor() as cursor, cursor.copy(f"COPY audit_logs ({COLUMNS}) FROM STDIN") as copy:
+    partitioned = conn.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'audit_logs' "
+        "AND column_name = 'part' AND table_schema = current_schema()"
+    ).fetchone()[0]
+    columns = f"{COLUMNS}, part" if partitioned else COLUMNS
+    suffix = f"\t{(part or part_for_job(datetime.now(UTC))).isoformat()}\n" if partitioned else ""
+    with conn.cursor() as cursor, cursor.copy(f"COPY audit_logs ({columns}) FROM STDIN") as copy:
         batch: list[str] = []
         for chunk in chain_lines(job_ids, per_job=per_job, by_chain=by_chain, heads=heads):
-            batch.append(chunk)
+            batch.append(chunk.replace("\n", suffix) if suffix else chunk)
             if len(batch) >= 1000:
                 copy.write("".join(batch))
                 batch = []
