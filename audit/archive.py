@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import IO, Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -81,8 +80,6 @@ def archive_write(*, until: datetime, path: str) -> dict[str, Any]:
             "created_at": format_ts(timezone.now()),
             "until": format_ts(until),
             "public_key": public_key_text(),
-            # The keyring's name of that key (docs/operations/keys.md#the-keyring).
-            "key_id": settings.AUDIT_SIGNING_KEY_ID,
             "checkpoints": _checkpoints({cutoff, *(h[3] for h in heads)}),
             "chains": [
                 {"chain": c, "head_seq": s, "head_hash": h, "checkpoint_id": i}
