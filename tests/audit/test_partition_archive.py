@@ -12,7 +12,7 @@ from unittest.mock import patch
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import ProgrammingError, connection, transaction
 from django.utils import timezone
 
 from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
@@ -183,10 +183,25 @@ def test_the_app_role_cannot_detach(closed, past, tmp_path):
     try:
         with pytest.raises(PartitionError, match="'jobops_app_t' does not own audit_logs_job_"):
             detach_partition(resolve(label), str(path))
+        # Nor, past the command, by hand; and its archive records are append-only to it.
+        for statement in (
+            f"ALTER TABLE audit_logs DETACH PARTITION audit_logs_job_{past:%Y_%m}",
+            f"DROP TABLE audit_logs_job_{past:%Y_%m}",
+            "DELETE FROM audit_partition_archives",
+            "UPDATE audit_partition_archives SET sha256 = 'x'",
+        ):
+            with pytest.raises(ProgrammingError, match=r"must be owner|permission denied"):
+                with transaction.atomic():
+                    with connection.cursor() as cursor:
+                        cursor.execute(statement)
     finally:
         with connection.cursor() as cursor:
             cursor.execute("RESET ROLE")
     assert AuditLog.objects.filter(part=past).count() > 0
+    with pytest.raises(ProgrammingError, match="append-only"):  # the owner too: the trigger
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("DELETE FROM audit_partition_archives")
 
 
 def test_archive_detach_then_the_whole_history_verifies(closed, past, tmp_path):
