@@ -205,7 +205,7 @@ def _write(ref: PartitionRef, path: str) -> dict[str, Any]:
             }
             for c, lo, prev, hi, h, _event, _n in found
         ]
-        covered = _covering(chains, upto)
+        covered = _covering(chains, upto, ref)
         missing = [c["chain"] for c in chains if c["chain"] not in covered]
         if missing:
             raise PartitionError(
@@ -253,7 +253,9 @@ def _write(ref: PartitionRef, path: str) -> dict[str, Any]:
     return header
 
 
-def _covering(chains: list[dict[str, Any]], upto: int) -> dict[str, tuple[int, str, int]]:
+def _covering(
+    chains: list[dict[str, Any]], upto: int, ref: PartitionRef
+) -> dict[str, tuple[int, str, int]]:
     """chain → (head seq, head hash, checkpoint id) of the checkpoint covering its end."""
     if not chains:
         return {}
@@ -263,6 +265,10 @@ def _covering(chains: list[dict[str, Any]], upto: int) -> dict[str, tuple[int, s
         "hashes": [c["hash"] for c in chains],
         "segment": [c["segment"] for c in chains],
         "upto": upto,
+        # Legacy: entries of any time before the partitioned log.
+        "since": datetime.combine(ref.part.replace(day=1), datetime.min.time(), UTC)
+        if ref.kind != "legacy"
+        else datetime(1970, 1, 1, tzinfo=UTC),
     }
     with connection.cursor() as cursor:
         cursor.execute(PQ["partition_covering_checkpoints"], params)

@@ -36,7 +36,9 @@ ORDER BY g.chain COLLATE "C";
 -- hash `hashes`: the first checkpoint (by id, up to `upto`) that names that very head
 -- (job chains, which never grow after `purged`), or, for a chain that goes on in the
 -- next partitions (`segment` true: the ops chain), the first head at or after it that a
--- checkpoint names, with that head. No row for a chain no checkpoint covers yet.
+-- checkpoint names, with that head. No row for a chain no checkpoint covers yet. Only
+-- the checkpoints since `since` are read (the partition's month's start: none before it
+-- can name its last entries), not every checkpoint's heads.
 WITH wanted AS (
     SELECT * FROM unnest(%(chains)s::text[], %(seqs)s::bigint[], %(hashes)s::text[],
                          %(segment)s::boolean[]) AS w(chain, seq, hash, segment)
@@ -45,7 +47,8 @@ WITH wanted AS (
     FROM audit_checkpoints c
     CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
         AS h(chain text, seq bigint, hash text)
-    WHERE c.id <= %(upto)s AND h.chain IN (SELECT chain FROM wanted)
+    WHERE c.id <= %(upto)s AND c.created_at >= %(since)s
+      AND h.chain IN (SELECT chain FROM wanted)
 )
 SELECT DISTINCT ON (w.chain) w.chain, n.seq, n.hash, n.id
 FROM wanted w JOIN named n ON n.chain = w.chain
