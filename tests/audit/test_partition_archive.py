@@ -405,3 +405,16 @@ def test_an_archive_waits_for_a_checkpoint_that_covers_the_last_entries(
     assert not AuditPartitionArchive.objects.exists()
     checkpoint_write()
     assert "written and verified" in archive(f"{past:%Y-%m}", tmp_path / "a.jsonl.gz")
+
+
+def test_archives_usage(tmp_path):
+    with pytest.raises(CommandError, match="not a directory") as refused:
+        call_command("verify_audit_chain", "--archives", str(tmp_path / "none"))
+    assert refused.value.returncode == 2
+    with pytest.raises(CommandError, match="--job and --since do not apply"):
+        call_command("verify_audit_chain", "--archives", str(tmp_path), "--since", "2026-01-01")
+    with pytest.raises(CommandError, match="names no partition") as refused:
+        call_command("audit_detach", "last-month", "--archive", str(tmp_path / "x"))
+    assert refused.value.returncode == 2
+    # Nothing detached yet: the live history alone, intact.
+    assert verify_dir(tmp_path)[0] == 0
