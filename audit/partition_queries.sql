@@ -141,3 +141,12 @@ LEFT JOIN LATERAL (
     SELECT * FROM heads WHERE chain_hash IS DISTINCT FROM hash AND NOT deferred
     ORDER BY chain, seq, id LIMIT %(limit)s
 ) AS bad ON true;
+
+
+-- name: partition_jobs_left
+-- Whether a job created in [low, high) with the part `part` is still in the database (its
+-- chain is then open: a chain closes with the purge that removes its row). Served by
+-- jobs_created_idx: the dispatcher's cheap look before partition_open_chains' scan.
+SELECT EXISTS (
+    SELECT FROM jobs WHERE created_at >= %(low)s AND created_at < %(high)s AND audit_part = %(part)s
+);

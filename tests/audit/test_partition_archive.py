@@ -374,7 +374,7 @@ def test_a_straggler_is_on_the_dashboard_with_its_partition_then_force_purged(mo
 
 
 def test_the_dispatcher_archives_a_ready_partition_and_never_detaches(
-    closed, past, tmp_path, settings
+    closed, past, tmp_path, settings, monkeypatch
 ):
     from audit import partition_archive
     from jobs.integrations.metrics import AUDIT_PARTITIONS_READY_TO_DETACH
@@ -383,9 +383,13 @@ def test_the_dispatcher_archives_a_ready_partition_and_never_detaches(
     partition_archive._last_run = None
     assert partition_archive.archive_step() == 0  # no directory: reads only
     assert AUDIT_PARTITIONS_READY_TO_DETACH._value.get() == 0
+    kept = job_created_in(monkeypatch, months_ago(1))  # not purged: its partition waits
     settings.AUDIT_ARCHIVE_DIR = str(tmp_path)
     partition_archive._last_run = None
     assert partition_archive.archive_step() >= 1
+    assert not AuditPartitionArchive.objects.filter(
+        partition=f"audit_logs_job_{kept.audit_part:%Y_%m}"
+    ).exists()
     [record] = AuditPartitionArchive.objects.filter(partition=f"audit_logs_job_{past:%Y_%m}")
     assert (tmp_path / record.file_name).is_file()
     assert AUDIT_PARTITIONS_READY_TO_DETACH._value.get() >= 1
