@@ -41,6 +41,7 @@ import structlog
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from prometheus_client import Gauge
 
 from audit.archive import FORMAT, VERSION, ArchiveError, _checkpoints, _cutoff, verify_archive
 from audit.canonical import canonical_bytes
@@ -53,6 +54,15 @@ from core.queries import load
 
 PQ = load(Path(__file__).with_name("partition_queries.sql"))
 log = structlog.get_logger("audit.partition_archive")
+
+# Here rather than in jobs.integrations.metrics: the audit app imports nothing of jobs.
+AUDIT_PARTITIONS_READY_TO_DETACH = Gauge(
+    "audit_partitions_ready_to_detach",
+    "audit_logs partitions whose job chains are all closed, whose month is over and whose "
+    "archive was written and verified: each waits for `manage.py audit_detach` by the owner "
+    "role (the dispatcher's audit_archives step, hourly)",
+    multiprocess_mode="mostrecent",
+)
 
 BATCH_ROWS = 2_000
 # Open chains an error names (the count covers all of them).
@@ -373,8 +383,6 @@ def archive_step(*, now: datetime | None = None) -> int:
     set, archive each ready partition that has no archive yet into that directory; set
     the gauge of the partitions ready to detach (ready, and archived). It reads the audit
     log and records archives; it never detaches. Returns how many it archived."""
-    from jobs.integrations.metrics import AUDIT_PARTITIONS_READY_TO_DETACH
-
     global _last_run
     now = now or datetime.now(UTC)
     if _last_run is not None and now - _last_run < ARCHIVE_EVERY:

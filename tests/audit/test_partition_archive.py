@@ -377,7 +377,7 @@ def test_the_dispatcher_archives_a_ready_partition_and_never_detaches(
     closed, past, tmp_path, settings, monkeypatch
 ):
     from audit import partition_archive
-    from jobs.integrations.metrics import AUDIT_PARTITIONS_READY_TO_DETACH
+    from audit.partition_archive import AUDIT_PARTITIONS_READY_TO_DETACH
 
     settings.AUDIT_ARCHIVE_DIR = ""
     partition_archive._last_run = None
