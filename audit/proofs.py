@@ -196,9 +196,7 @@ def proof_keyring(public_key: str | Keyring) -> Keyring:
         raise ValueError(str(exc)) from exc
 
 
-def verify_job_proof(
-    document: dict[str, Any], *, public_key: str | Keyring
-) -> VerificationReport:
+def verify_job_proof(document: dict[str, Any], *, public_key: str | Keyring) -> VerificationReport:
     """Verify a job's proof with the public key alone; never raises for tampering.
 
     1. The tree head is signed by `public_key` (a key or a keyring: the key its key id
