@@ -37,6 +37,7 @@ from audit.canonical import canonical_bytes, chain_hash
 from audit.queries import QUERIES
 from audit.services import OPS_CHAIN, format_ts
 from audit.signing import load_public_key, public_key_text, sign, verifies
+from audit.tree import checkpoint_heads
 from audit.verification import Problem, VerificationReport
 
 FORMAT = "jobops-audit-archive"
@@ -127,20 +128,21 @@ def _checkpoints(needed: set[int]) -> list[dict[str, Any]]:
     with connection.connection.cursor(name="audit_archive_checkpoints") as cursor:
         cursor.itersize = 16
         cursor.execute(QUERIES["archive_checkpoints"], {"low": min(needed), "high": max(needed)})
-        for cp_id, created_at, prev, digest, key_id, signature, payload in cursor:
+        for cp_id, created_at, prev, digest, key_id, signature, payload, heads in cursor:
             signed = verifies(public_key, signature, bytes.fromhex(digest))
             if cp_id in needed or run:
-                run.append(
-                    {
-                        "id": cp_id,
-                        "created_at": created_at,
-                        "prev_hash": prev,
-                        "checkpoint_hash": digest,
-                        "key_id": key_id,
-                        "ed25519_signature": signature if signed else "",
-                        "payload": payload,
-                    }
-                )
+                checkpoint = {
+                    "id": cp_id,
+                    "created_at": created_at,
+                    "prev_hash": prev,
+                    "checkpoint_hash": digest,
+                    "key_id": key_id,
+                    "ed25519_signature": signature if signed else "",
+                    "payload": payload,
+                }
+                if heads is not None:  # version 2: its payload commits to their root
+                    checkpoint["heads"] = json.loads(heads) if isinstance(heads, str) else heads
+                run.append(checkpoint)
             if signed:
                 taken += run
                 run = []
@@ -248,8 +250,8 @@ def _authentic_heads(
                 signed = verifies(key, checkpoint["ed25519_signature"], bytes.fromhex(digest))
             else:
                 signed = successor is not None and successor["prev_hash"] == digest
-            heads = json.loads(checkpoint["payload"])["heads"]
-            found = {(h["chain"], h["seq"], h["hash"]) for h in heads}
+            heads = checkpoint_heads(checkpoint["payload"], checkpoint.get("heads"))
+            found = set(heads)
             cp_id = int(checkpoint["id"])
         except (ValueError, KeyError, TypeError, AttributeError):
             hash_ok = signed = False

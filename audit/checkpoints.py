@@ -24,16 +24,20 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from audit.canonical import GENESIS_HASH, canonical_bytes, chain_hash
+from audit.canonical import GENESIS_HASH, chain_hash
 from audit.models import AuditCheckpoint, AuditLog
 from audit.queries import QUERIES
 from audit.services import format_ts
 from audit.signing import sign
+from audit.tree import canonical_heads, checkpoint_payload_v2
+from audit.tree_log import tree_head_append
 
 logger = logging.getLogger(__name__)
 export_log = structlog.get_logger("audit.checkpoints")
 
-PAYLOAD_VERSION = 1
+# Version 2 (audit.tree): the payload commits to the heads through their Merkle root; the
+# heads are stored beside it. Version 1 (heads in the payload) still verifies.
+PAYLOAD_VERSION = 2
 # Heads per checkpoint row. More changed chains than this (the first checkpoint of
 # a large existing table) are written as several chained checkpoints in the same
 # transaction, so that no payload grows past about 0.6 MB for writer or verifier.
@@ -80,6 +84,41 @@ def checkpoint_write_if_due(*, now: datetime | None = None) -> AuditCheckpoint |
     return _write(now=now, due_seconds=settings.AUDIT_CHECKPOINT_SECONDS)
 
 
+def checkpoint_write_all_heads(*, now: datetime | None = None) -> list[AuditCheckpoint]:
+    """Checkpoints of the head of every chain, changed or not (`audit_checkpoint
+    --all-heads`, once after the upgrade to version 2), so that a chain last checkpointed
+    by a version 1 checkpoint gets a proof (audit.proofs).
+
+    The heads are read a page of MAX_HEADS at a time (a skip scan of the (chain, seq)
+    index), without the barrier; each page is one checkpoint in its own short
+    transaction under it, so appends wait milliseconds, not the whole scan. Each keeps
+    the previous checkpoint's last_audit_id: it does not cover the ids it did not wait
+    for, and the next regular checkpoint records whatever changed meanwhile again.
+    """
+    now = now or timezone.now()
+    written: list[AuditCheckpoint] = []
+    before: str | None = None
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["all_heads_page"], {"before": before, "limit": MAX_HEADS})
+            rows = cursor.fetchall()
+        if not rows:
+            return written
+        before = rows[-1][0]
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(QUERIES["checkpoint_barrier"])
+            previous = AuditCheckpoint.objects.order_by("-id").first()
+            checkpoint = _insert(
+                previous=previous,
+                now=now,
+                last_audit_id=previous.last_audit_id if previous else 0,
+                heads=canonical_heads(rows),
+            )
+            tree_head_append(checkpoint)
+        written.append(checkpoint)
+
+
 def _write(*, now: datetime | None, due_seconds: int | None) -> AuditCheckpoint | None:
     """Write one checkpoint in one transaction.
 
@@ -121,17 +160,16 @@ def _write(*, now: datetime | None, due_seconds: int | None) -> AuditCheckpoint 
             if not rows:
                 return None
             last_audit_id = rows[0][3]
+            heads = canonical_heads((c, s, h) for c, s, h, _ in rows)
             checkpoint = previous
-            for start in range(0, len(rows), MAX_HEADS):
+            for start in range(0, len(heads), MAX_HEADS):
                 checkpoint = _insert(
                     previous=checkpoint,
                     now=now,
                     last_audit_id=last_audit_id,
-                    heads=[
-                        {"chain": c, "seq": s, "hash": h}
-                        for c, s, h, _ in rows[start : start + MAX_HEADS]
-                    ],
+                    heads=heads[start : start + MAX_HEADS],
                 )
+                tree_head_append(checkpoint)
             return checkpoint
     except OperationalError as exc:
         # lock_timeout: a long transaction holds an append open (or another writer is
@@ -152,15 +190,12 @@ def _insert(
 ) -> AuditCheckpoint:
     prev_hash = previous.checkpoint_hash if previous else GENESIS_HASH
     key_id = settings.AUDIT_SIGNING_KEY_ID
-    payload = canonical_bytes(
-        {
-            "v": PAYLOAD_VERSION,
-            "created_at": format_ts(now),
-            "last_audit_id": last_audit_id,
-            "prev_hash": prev_hash,
-            "key_id": key_id,
-            "heads": heads,
-        }
+    payload = checkpoint_payload_v2(
+        created_at=format_ts(now),
+        last_audit_id=last_audit_id,
+        prev_hash=prev_hash,
+        key_id=key_id,
+        heads=heads,
     )
     digest = chain_hash(prev_hash, payload)
     checkpoint = AuditCheckpoint.objects.create(
@@ -172,6 +207,7 @@ def _insert(
         key_id=key_id,
         signature=checkpoint_signature(key_id=key_id, checkpoint_hash=digest),
         ed25519_signature=sign(bytes.fromhex(digest)),
+        heads=heads,
     )
     transaction.on_commit(lambda: checkpoint_export(checkpoint))
     return checkpoint

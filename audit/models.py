@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 
 from audit.errors import AuditImmutableError
@@ -106,9 +108,51 @@ class AuditCheckpoint(AppendOnlyModel):
     # Ed25519 over the checkpoint hash, base64 (audit.signing); empty on checkpoints
     # written before it existed, which verify by their HMAC only.
     ed25519_signature = models.CharField(max_length=88, blank=True, default="")
+    # Version 2 (audit.tree): the heads the payload commits to through heads_root, in byte
+    # order of the chain name. Not hashed; every reader checks them against the root.
+    # Null on version 1 checkpoints, whose payload holds them.
+    heads = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "audit_checkpoints"
+        indexes = [
+            # The checkpoint naming a job's head (audit.proofs): a containment probe.
+            GinIndex(
+                fields=["heads"],
+                name="audit_cp_heads_gin",
+                opclasses=["jsonb_path_ops"],
+                condition=models.Q(heads__isnull=False),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"checkpoint {self.pk} @ {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class AuditTreeHead(AppendOnlyModel):
+    """A signed head of the checkpoint log (audit.tree): after the checkpoint
+    `checkpoint_id`, leaf tree_size - 1, the log of tree_size checkpoints has root_hash.
+
+    `nodes` holds the tree nodes this leaf completed (level 0, the leaf hash, first), from
+    which every later root and proof is computed. No foreign key: audit rows never cascade.
+    """
+
+    tree_size = models.BigIntegerField(unique=True)
+    checkpoint_id = models.BigIntegerField(unique=True)
+    checkpoint_hash = models.CharField(max_length=64)
+    root_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+    # Which Ed25519 key signed it (audit.tree.public_key_id), and its signature (base64)
+    # over audit.tree.tree_head_bytes.
+    key_id = models.CharField(max_length=32)
+    signature = models.CharField(max_length=88)
+    nodes = ArrayField(models.CharField(max_length=64))
+
+    class Meta:
+        db_table = "audit_tree_heads"
+        constraints = [
+            models.CheckConstraint(condition=models.Q(tree_size__gte=1), name="audit_tree_size_pos")
+        ]
+
+    def __str__(self) -> str:
+        return f"tree head {self.tree_size} @ {self.created_at:%Y-%m-%d %H:%M:%S}"

@@ -46,6 +46,25 @@ SELECT DISTINCT ON (chain) chain, seq, chain_hash, max(id) OVER ()
 FROM audit_logs WHERE id > %(last_id)s ORDER BY chain, seq DESC;
 
 
+-- name: all_heads_page
+-- The heads of up to `limit` chains below `before` (NULL: from the last), in descending
+-- chain order: a skip scan of the (chain, seq) index, one probe per chain, never a sort
+-- of the whole log (audit.checkpoints.checkpoint_write_all_heads).
+WITH RECURSIVE heads AS (
+    (SELECT chain, seq, chain_hash, 1 AS n FROM audit_logs
+     WHERE %(before)s::text IS NULL OR chain < %(before)s::text
+     ORDER BY chain DESC, seq DESC LIMIT 1)
+    UNION ALL
+    SELECT x.chain, x.seq, x.chain_hash, h.n + 1 FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT a.chain, a.seq, a.chain_hash FROM audit_logs a
+        WHERE a.chain < h.chain ORDER BY a.chain DESC, a.seq DESC LIMIT 1
+    ) AS x
+    WHERE h.n < %(limit)s
+)
+SELECT chain, seq, chain_hash FROM heads;
+
+
 -- name: chains_since
 -- The chains with an entry at or after `since`, among `chains` (NULL: all).
 SELECT DISTINCT chain FROM audit_logs
@@ -104,10 +123,11 @@ FROM audit_logs WHERE chain = %(chain)s AND seq = %(seq)s;
 
 
 -- name: verify_checkpoints
--- Every checkpoint in id order, its payload as raw bytes for the hash.
+-- Every checkpoint in id order, its payload as raw bytes for the hash, and the heads of
+-- a version 2 one (NULL on version 1), checked against the root its payload signs.
 SELECT id, last_audit_id, prev_hash, checkpoint_hash, key_id, signature,
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-       convert_to(payload, 'UTF8')
+       convert_to(payload, 'UTF8'), heads
 FROM audit_checkpoints ORDER BY id;
 
 
@@ -119,10 +139,10 @@ FROM audit_checkpoints ORDER BY id;
 -- `limit`). In SQL, an index probe on (chain, seq) per head, so that no checkpoint's
 -- heads are held in Python memory.
 WITH heads AS MATERIALIZED (
-    SELECT c.id, h.chain, h.seq, h.hash, a.chain_hash
+    SELECT c.id, h.chain, h.seq, coalesce(h.chain_hash, h.hash) AS hash, a.chain_hash
     FROM audit_checkpoints c
-    CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
-        AS h(chain text, seq bigint, hash text)
+    CROSS JOIN LATERAL jsonb_to_recordset(coalesce(c.heads, c.payload::jsonb -> 'heads'))
+        AS h(chain text, seq bigint, hash text, chain_hash text)
     LEFT JOIN audit_logs a ON a.chain = h.chain AND a.seq = h.seq
     WHERE c.id = ANY(%(genuine)s::bigint[])
       AND (%(chains)s::text[] IS NULL OR h.chain = ANY(%(chains)s::text[])
@@ -207,10 +227,10 @@ WHERE created_at < %(until)s AND ed25519_signature <> '' ORDER BY id DESC LIMIT 
 -- and that checkpoint's id: every job chain whose last entry is `purged`, and the ops
 -- chain up to the newest head named.
 WITH named AS MATERIALIZED (
-    SELECT c.id, h.chain, h.seq, h.hash
+    SELECT c.id, h.chain, h.seq, coalesce(h.chain_hash, h.hash) AS hash
     FROM audit_checkpoints c
-    CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
-        AS h(chain text, seq bigint, hash text)
+    CROSS JOIN LATERAL jsonb_to_recordset(coalesce(c.heads, c.payload::jsonb -> 'heads'))
+        AS h(chain text, seq bigint, hash text, chain_hash text)
     WHERE c.id <= %(upto)s
 )
 SELECT chain, seq, hash, id FROM (
@@ -228,7 +248,7 @@ UNION ALL
 -- The checkpoints from `low` to `high` in id order, each with its payload: an archive
 -- takes those it needs from them.
 SELECT id, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-       prev_hash, checkpoint_hash, key_id, ed25519_signature, payload
+       prev_hash, checkpoint_hash, key_id, ed25519_signature, payload, heads
 FROM audit_checkpoints WHERE id BETWEEN %(low)s AND %(high)s ORDER BY id;
 
 
@@ -239,3 +259,38 @@ SELECT a.chain, a.seq, a.payload, a.prev_hash, a.chain_hash
 FROM unnest(%(chains)s::text[], %(heads)s::bigint[]) AS c(chain, head)
 JOIN audit_logs a ON a.chain = c.chain AND a.seq <= c.head
 ORDER BY a.chain COLLATE "C", a.seq;
+
+
+-- name: proof_entries
+-- One chain's entries in seq order, for a job's proof (audit.proofs), wherever they
+-- are stored.
+SELECT seq, payload, prev_hash, chain_hash FROM audit_logs
+WHERE chain = %(chain)s ORDER BY seq;
+
+
+-- name: proof_checkpoint
+-- The first version 2 checkpoint that names `head` (a one-element JSON array of the
+-- canonical head), through the GIN index on heads, with its leaf's tree size in the
+-- checkpoint log.
+SELECT c.id, c.payload, c.ed25519_signature, c.heads, t.tree_size
+FROM audit_checkpoints c JOIN audit_tree_heads t ON t.checkpoint_id = c.id
+WHERE c.heads IS NOT NULL AND c.heads @> %(head)s::jsonb
+ORDER BY c.id LIMIT 1;
+
+
+-- name: verify_tree_heads
+-- Every signed tree head of the checkpoint log in order, with the hash of the checkpoint
+-- it names as audit_checkpoints holds it (NULL: no such checkpoint).
+SELECT t.tree_size, t.checkpoint_id, t.checkpoint_hash, c.checkpoint_hash, t.root_hash,
+       to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+       t.key_id, t.signature, t.nodes
+FROM audit_tree_heads t LEFT JOIN audit_checkpoints c ON c.id = t.checkpoint_id
+ORDER BY t.tree_size;
+
+
+-- name: checkpoints_outside_log
+-- Version 2 checkpoints (among `genuine`) that no tree head puts in the log.
+SELECT c.id FROM audit_checkpoints c
+WHERE c.id = ANY(%(genuine)s::bigint[]) AND c.heads IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM audit_tree_heads t WHERE t.checkpoint_id = c.id)
+ORDER BY c.id LIMIT %(limit)s;

@@ -32,6 +32,8 @@ from psycopg import sql as pgsql
 from audit.canonical import GENESIS_HASH, canonical_bytes, entry_payload
 from audit.queries import QUERIES
 from audit.services import job_chain
+from audit.tree import is_v2, v2_payload_problem
+from audit.tree_check import check_tree_heads
 
 # Rows fetched per round trip of the server-side cursor: large enough that the
 # round trips vanish, small enough that a batch is about a megabyte.
@@ -68,6 +70,7 @@ class VerificationReport:
     chains_checked: int = 0
     checkpoints_checked: int = 0
     heads_checked: int = 0
+    tree_heads_checked: int = 0
     streams: int = 0  # chain ranges read side by side
     problems: list[Problem] = field(default_factory=list)
     problems_total: int = 0
@@ -155,6 +158,7 @@ def audit_verify(
                         )
                     )
         genuine = _check_checkpoints(report)
+        _check_tree_heads(report, genuine)
         _check_heads(report, genuine, selected, since)
         _check_expected(report, genuine, expected_checkpoints)
         for path in settings.AUDIT_VERIFY_CHECKS:
@@ -426,7 +430,7 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
     with raw.cursor(name="audit_verify_checkpoints", binary=True) as cursor:
         cursor.itersize = 2
         cursor.execute(QUERIES["verify_checkpoints"])
-        for cp_id, last_id, prev, stored, key_id, signature, ts, payload in cursor:
+        for cp_id, last_id, prev, stored, key_id, signature, ts, payload, heads in cursor:
             report.checkpoints_checked += 1
             broken = []
             if prev != expected_prev:
@@ -458,7 +462,18 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
                     expected_sig.encode(), str(signature).encode("utf-8", "backslashreplace")
                 ):
                     broken.append("HMAC signature does not verify")
-            if not broken:
+            if not broken and is_v2(payload):
+                mismatch = v2_payload_problem(
+                    payload,
+                    heads=heads,
+                    created_at=ts,
+                    last_audit_id=last_id,
+                    prev_hash=prev,
+                    key_id=key_id,
+                )
+                if mismatch:
+                    broken.append(mismatch)
+            elif not broken:
                 # Genuine payload; JCS key order: created_at, heads, key_id,
                 # last_audit_id, prev_hash, v.
                 expected_first = canonical_bytes({"created_at": ts})[:-1] + b',"heads":'
@@ -480,6 +495,14 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
                 genuine.append(cp_id)
             expected_prev = stored
     return genuine
+
+
+def _check_tree_heads(report: VerificationReport, genuine: list[int]) -> None:
+    """The checkpoint log recomputed from the genuine checkpoints (audit.tree_check)."""
+    checked, found = check_tree_heads(genuine, limit=MAX_PROBLEMS)
+    report.tree_heads_checked += checked
+    for kind, message, cp_id in found:
+        report.add(Problem(kind=kind, message=message, checkpoint_id=cp_id))
 
 
 def _check_heads(

@@ -19,6 +19,7 @@ HERE = Path(__file__).resolve().parent
 # after a change come with the statements, round trips and Python time that explain them.
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("audit", []),
+    ("audit_proof", []),
     ("api", []),
     ("create_profile", []),
     ("e2e", ["--profile"]),

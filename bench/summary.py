@@ -22,6 +22,7 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 ORDER = [
     "audit",
+    "audit_proof",
     "api",
     "create_profile",
     "e2e",

@@ -67,6 +67,7 @@ def test_the_flush_empties_every_table_but_content_types_and_permissions_which_k
         "jobs",
         "audit_logs",
         "audit_checkpoints",
+        "audit_tree_heads",
         "auth_user",
         "organisations",
         "memberships",
@@ -91,6 +92,7 @@ def test_the_append_only_triggers_are_enabled_again_after_the_flush():
         "UPDATE audit_logs SET event_type = 'forged'",
         "TRUNCATE audit_logs",
         "DELETE FROM audit_checkpoints",
+        "DELETE FROM audit_tree_heads",
     ):
         with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
             with connection.cursor() as cursor:

@@ -7,7 +7,7 @@ from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from core.api.routing import with_slash_alias
 from core.api.schema import SchemaApi
-from jobs.api import batch, state, uploads, views, webhooks
+from jobs.api import audit_proofs, batch, state, uploads, views, webhooks
 
 app_name = "api"
 
@@ -18,6 +18,14 @@ urlpatterns = [
     *with_slash_alias("jobs/<uuid:job_id>", views.JobDetailApi.as_view(), "job-detail"),
     *with_slash_alias("jobs/<uuid:job_id>/cancel", views.JobCancelApi.as_view(), "job-cancel"),
     *with_slash_alias("jobs/<uuid:job_id>/retry", views.JobRetryApi.as_view(), "job-retry"),
+    *with_slash_alias(
+        "jobs/<uuid:job_id>/audit-proof", audit_proofs.JobAuditProofApi.as_view(), "job-audit-proof"
+    ),
+    *with_slash_alias(
+        "audit/tree-heads/consistency",
+        audit_proofs.TreeHeadConsistencyApi.as_view(),
+        "audit-tree-heads-consistency",
+    ),
     *with_slash_alias(
         "jobs/<uuid:job_id>/artefacts/<uuid:artefact_id>",
         views.JobArtefactApi.as_view(),

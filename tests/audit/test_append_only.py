@@ -1,4 +1,5 @@
-"""audit_logs and audit_checkpoints are append-only: in PostgreSQL and in the ORM."""
+"""audit_logs, audit_checkpoints and audit_tree_heads are append-only: in PostgreSQL and in
+the ORM."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ REFUSALS = [
     "UPDATE audit_checkpoints SET key_id = 'forged'",
     "DELETE FROM audit_checkpoints",
     "TRUNCATE audit_checkpoints",
+    "UPDATE audit_tree_heads SET root_hash = 'forged'",
+    "DELETE FROM audit_tree_heads",
+    "TRUNCATE audit_tree_heads",
 ]
 
 
@@ -80,9 +84,12 @@ def app_role(transactional_db):
     job_in_state("succeeded")  # committed rows, so the row triggers would have something to see
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE ROLE {name} LOGIN NOSUPERUSER")
-        cursor.execute(f"GRANT SELECT, INSERT ON audit_logs, audit_checkpoints TO {name}")
         cursor.execute(
-            f"GRANT USAGE ON SEQUENCE audit_logs_id_seq, audit_checkpoints_id_seq TO {name}"
+            f"GRANT SELECT, INSERT ON audit_logs, audit_checkpoints, audit_tree_heads TO {name}"
+        )
+        cursor.execute(
+            "GRANT USAGE ON SEQUENCE audit_logs_id_seq, audit_checkpoints_id_seq, "
+            f"audit_tree_heads_id_seq TO {name}"
         )
     try:
         yield name

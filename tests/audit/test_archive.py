@@ -20,6 +20,7 @@ from audit.checkpoints import checkpoint_write
 from audit.models import AuditCheckpoint, AuditLog
 from audit.services import OPS_CHAIN, Actor, audit_append, job_chain
 from audit.signing import load_public_key, verifies
+from audit.tree import canonical_heads, heads_tree
 from jobs.models import Job
 from tests.audit.tampering import tamper
 from tests.factories import job_in_state, make_job
@@ -189,10 +190,15 @@ def forge(path, job: Job) -> str:
         record["chain_hash"] = chain_hash(record["prev_hash"], canonical_bytes(record["entry"]))
         prev = record["chain_hash"]
         lines[index] = canonical_bytes(record) + b"\n"
-        heads = [{"chain": chain, "seq": record["entry"]["seq"], "hash": prev}]
+        heads = [{"chain": chain, "seq": record["entry"]["seq"], "chain_hash": prev}]
     checkpoint = header["checkpoints"][-1]
     payload = json.loads(checkpoint["payload"])
-    payload["heads"] = [h for h in payload["heads"] if h["chain"] != chain] + heads
+    # A version 2 checkpoint: its heads beside the payload, which signs their root.
+    checkpoint["heads"] = canonical_heads(
+        (h["chain"], h["seq"], h["chain_hash"])
+        for h in [*(h for h in checkpoint["heads"] if h["chain"] != chain), *heads]
+    )
+    payload["heads_root"] = heads_tree(checkpoint["heads"]).root.hex()
     checkpoint["payload"] = canonical_bytes(payload).decode()
     checkpoint["checkpoint_hash"] = chain_hash(
         checkpoint["prev_hash"], checkpoint["payload"].encode()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from audit import checkpoints
 from audit.checkpoints import checkpoint_write, checkpoint_write_if_due
 from audit.models import AuditCheckpoint, AuditLog
 from audit.services import Actor, audit_append, job_chain
+from audit.tree import checkpoint_heads
 from audit.verification import audit_verify
 from jobs.services import job_claim
 from tests.audit.tampering import tamper
@@ -28,7 +28,8 @@ GENESIS = "0" * 64
 
 
 def heads(checkpoint):
-    return [(h["chain"], h["seq"], h["hash"]) for h in json.loads(checkpoint.payload)["heads"]]
+    checkpoint.refresh_from_db()
+    return checkpoint_heads(checkpoint.payload, checkpoint.heads)
 
 
 def head_of(job):

@@ -1,7 +1,8 @@
 """Verify the audit hash chains and signed checkpoints, or an audit archive offline.
 
 Exit status: 0 intact, 1 tampered (each problem printed naming chain, job, seq and
-what broke), 2 usage error (or, with --archive, a file that is not an archive).
+what broke), 2 usage error (or, with --archive, --proof or --consistency, a file that is
+not one).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from audit.archive import ArchiveUnreadable, verify_archive
+from audit.management import proof_options
 from audit.signing import load_public_key
 from audit.verification import VerificationReport, audit_verify
 
@@ -107,9 +109,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--public-key",
             metavar="KEY",
-            help="With --archive: the public key you trust (audit_public_key); the "
-            "archive must be signed with it.",
+            help="With --archive, --proof or --consistency: the public key you trust "
+            "(audit_public_key); the file must be signed with it.",
         )
+        proof_options.add_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Validated here rather than by argparse types so that call_command and the
@@ -119,13 +122,16 @@ class Command(BaseCommand):
         expected = [parse_hash(v) for v in options["expect_checkpoint"]]
         if options["expect_checkpoints_file"]:
             expected += read_exported_hashes(options["expect_checkpoints_file"])
-        if options["archive"]:
+        what = "Audit archive" if options["archive"] else "Audit trail"
+        if proof_options.wanted(options):
+            what, report = proof_options.verify(options)
+        elif options["archive"]:
             report = self._verify_archive(options)
         elif options["public_key"]:
             raise CommandError("--public-key applies to --archive only", returncode=EXIT_USAGE)
         else:
             report = audit_verify(job_ids=job_ids, since=since, expected_checkpoints=expected)
-        self._print(report, archive=bool(options["archive"]), as_json=options["json"])
+        self._print(report, what=what, as_json=options["json"])
         if not report.ok:
             raise SystemExit(EXIT_TAMPERED)
 
@@ -151,8 +157,7 @@ class Command(BaseCommand):
         except (ArchiveUnreadable, OSError) as exc:
             raise CommandError(f"{options['archive']}: {exc}", returncode=EXIT_USAGE) from exc
 
-    def _print(self, report: VerificationReport, *, archive: bool, as_json: bool) -> None:
-        what = "Audit archive" if archive else "Audit trail"
+    def _print(self, report: VerificationReport, *, what: str, as_json: bool) -> None:
         if as_json:
             document = report.as_dict()
             document["problems"] = [
