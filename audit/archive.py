@@ -30,10 +30,12 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import IO, Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.canonical import canonical_bytes, chain_hash
+from audit.keyring import Keyring
 from audit.queries import QUERIES
 from audit.services import OPS_CHAIN, format_ts
 from audit.signing import load_public_key, public_key_text, sign, verifies
@@ -81,6 +83,8 @@ def archive_write(*, until: datetime, path: str) -> dict[str, Any]:
             "created_at": format_ts(timezone.now()),
             "until": format_ts(until),
             "public_key": public_key_text(),
+            # The keyring's name of that key (docs/operations/keys.md#the-keyring).
+            "key_id": settings.AUDIT_SIGNING_KEY_ID,
             "checkpoints": _checkpoints({cutoff, *(h[3] for h in heads)}),
             "chains": [
                 {"chain": c, "head_seq": s, "head_hash": h, "checkpoint_id": i}
@@ -170,11 +174,15 @@ def _entry_lines(heads: list[tuple[str, int, str, int]]) -> Iterator[bytes]:
             yield canonical_bytes({"chain_hash": stored, "entry": entry, "prev_hash": prev})
 
 
-def verify_archive(file: IO[bytes], *, public_key: str | None = None) -> VerificationReport:
+def verify_archive(
+    file: IO[bytes], *, public_key: str | Keyring | None = None
+) -> VerificationReport:
     """Verify an archive from its bytes alone (no database); never raises for tampering.
 
     1. The header: canonical, of this format (else ArchiveUnreadable), its key the
-       auditor's when one is given, its Ed25519 signature.
+       auditor's when one is given, its Ed25519 signature. With a keyring of several
+       keys: the header's key id names a key of the keyring valid at its created_at, and
+       each checkpoint's signature is verified under the key its own key id names.
     2. Each checkpoint: its hash recomputed from prev_hash and payload, and either its
        Ed25519 signature or its link to the authentic checkpoint after it.
     3. Each chain's head is named by the authentic checkpoint the header says.
@@ -199,7 +207,23 @@ def verify_archive(file: IO[bytes], *, public_key: str | None = None) -> Verific
             raise ValueError("a chain of the header has no name")
     except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError) as exc:
         raise ArchiveUnreadable(f"not a readable audit archive: {exc}") from exc
-    if public_key is not None and public_key.strip() != header["public_key"]:
+    keyring = public_key if isinstance(public_key, Keyring) and not public_key.single else None
+    given = public_key.keys[0].text if isinstance(public_key, Keyring) and not keyring else None
+    given = public_key if isinstance(public_key, str) else given
+    unsigned = {k: v for k, v in header.items() if k != "signature"}
+    if keyring is not None:
+        # An archive written before keyrings names no key id: its key must be one of them.
+        refused = keyring.check(
+            key_id=header.get("key_id", keyring.key_id_of(header["public_key"])),
+            signature=header.get("signature"),
+            message=canonical_bytes(unsigned),
+            at=header.get("created_at"),
+            what="the archive's header signature",
+        )
+        if refused:
+            report.add(Problem(kind="archive_key", message=refused))
+            return report
+    elif given is not None and given.strip() != header["public_key"]:
         report.add(
             Problem(
                 kind="archive_key",
@@ -207,14 +231,13 @@ def verify_archive(file: IO[bytes], *, public_key: str | None = None) -> Verific
             )
         )
         return report
-    unsigned = {k: v for k, v in header.items() if k != "signature"}
     if first.rstrip(b"\n") != canonical_bytes(header) or not verifies(
         key, header.get("signature"), canonical_bytes(unsigned)
     ):
         report.add(
             Problem(kind="archive_signature", message="the header's Ed25519 signature fails")
         )
-    named = _authentic_heads(report, key, checkpoints)
+    named = _authentic_heads(report, keyring or key, checkpoints)
     for chain in chains:
         head = (chain.get("chain"), chain.get("head_seq"), chain.get("head_hash"))
         try:
@@ -240,13 +263,24 @@ def _authentic_heads(
 ) -> dict[Any, set[tuple[Any, Any, Any]]]:
     """The heads each authentic checkpoint names, by checkpoint id (see verify_archive)."""
     named: dict[Any, set[tuple[Any, Any, Any]]] = {}
+    refused: str | None = None
     successor: dict[str, Any] | None = None  # the next checkpoint, when authentic
     for checkpoint in reversed(checkpoints):
         report.checkpoints_checked += 1
+        refused = None
         try:
             digest = checkpoint["checkpoint_hash"]
             hash_ok = chain_hash(checkpoint["prev_hash"], checkpoint["payload"].encode()) == digest
-            if checkpoint["ed25519_signature"]:
+            if checkpoint["ed25519_signature"] and isinstance(key, Keyring):
+                refused = key.check(
+                    key_id=checkpoint["key_id"],
+                    signature=checkpoint["ed25519_signature"],
+                    message=bytes.fromhex(digest),
+                    at=checkpoint["created_at"],
+                    what="Ed25519 signature",
+                )
+                signed = refused is None
+            elif checkpoint["ed25519_signature"]:
                 signed = verifies(key, checkpoint["ed25519_signature"], bytes.fromhex(digest))
             else:
                 signed = successor is not None and successor["prev_hash"] == digest
@@ -264,7 +298,7 @@ def _authentic_heads(
             report.add(
                 Problem(
                     kind="checkpoint_broken",
-                    message="its hash, Ed25519 signature or link to the next one fails",
+                    message=refused or "its hash, Ed25519 signature or link to the next one fails",
                     checkpoint_id=where if isinstance(where, int) else None,
                 )
             )

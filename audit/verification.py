@@ -217,7 +217,7 @@ def _snapshot_connection(params: dict[str, Any], snapshot: str) -> Iterator[Any]
 
 
 def _batches(
-    streams: list[_Stream], selected: list[str] | None
+    streams: list[Any], selected: list[str] | None, sql: str | None = None
 ) -> Iterator[tuple[int, list[tuple[Any, ...]]]]:
     """Yield (stream index, batch of rows) from one server-side cursor per stream, each
     fetched by a helper thread.
@@ -225,7 +225,8 @@ def _batches(
     The threads wait on PostgreSQL (which builds the next batches, one backend per
     stream) while the caller hashes the current one, so every CPU core works; the
     bounded queue keeps at most a few batches in memory. The caller must not use the
-    connection until this generator is exhausted or closed.
+    connection until this generator is exhausted or closed. `sql`: another statement
+    than verify_rows, taking each stream's `params` (audit.incremental reads id ranges).
     """
     own = connection.connection  # the psycopg connection: named cursors need it
     snapshot, params = "", connection.get_connection_params()
@@ -245,7 +246,7 @@ def _batches(
                 continue
         return False
 
-    def produce(index: int, stream: _Stream) -> None:
+    def produce(index: int, stream: Any) -> None:
         try:
             with ExitStack() as stack:
                 # The first stream reads in the verification's own transaction.
@@ -253,7 +254,7 @@ def _batches(
                 # binary: bytea arrives as raw bytes, with no hex step on either side.
                 with raw.cursor(name=f"audit_verify_rows_{index}", binary=True) as cursor:
                     cursor.itersize = BATCH_ROWS
-                    cursor.execute(QUERIES["verify_rows"], stream.params(selected))
+                    cursor.execute(sql or QUERIES["verify_rows"], stream.params(selected))
                     while batch := cursor.fetchmany(BATCH_ROWS):
                         if not put((index, batch)):
                             return
@@ -430,70 +431,18 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
     with raw.cursor(name="audit_verify_checkpoints", binary=True) as cursor:
         cursor.itersize = 2
         cursor.execute(QUERIES["verify_checkpoints"])
-        for cp_id, last_id, prev, stored, key_id, signature, ts, payload, heads in cursor:
+        for row in cursor:
             report.checkpoints_checked += 1
-            broken = []
-            if prev != expected_prev:
-                broken.append(
-                    f"prev_hash {prev} does not match the previous checkpoint's hash "
-                    f"{expected_prev}"
-                )
-            try:
-                digest = hashlib.sha256(bytes.fromhex(prev))
-                digest.update(payload)
-                computed: str | None = digest.hexdigest()
-            except ValueError:
-                computed = None
-            if computed != stored:
-                broken.append(f"checkpoint_hash {stored} does not match its payload ({computed})")
-            key = settings.AUDIT_SIGNING_KEYS.get(key_id)
-            if key is None:
-                broken.append(f"signed with unknown key id {key_id!r}")
-            else:
-                try:
-                    expected_sig = hmac.new(
-                        key.encode("utf-8"), bytes.fromhex(stored), hashlib.sha256
-                    ).hexdigest()
-                except ValueError:
-                    expected_sig = ""
-                # Bytes, not str: compare_digest refuses a non-ASCII str with TypeError, and
-                # a tampered signature may be anything.
-                if not hmac.compare_digest(
-                    expected_sig.encode(), str(signature).encode("utf-8", "backslashreplace")
-                ):
-                    broken.append("HMAC signature does not verify")
-            if not broken and is_v2(payload):
-                mismatch = v2_payload_problem(
-                    payload,
-                    heads=heads,
-                    created_at=ts,
-                    last_audit_id=last_id,
-                    prev_hash=prev,
-                    key_id=key_id,
-                )
-                if mismatch:
-                    broken.append(mismatch)
-            elif not broken:
-                # Genuine payload; JCS key order: created_at, heads, key_id,
-                # last_audit_id, prev_hash, v.
-                expected_first = canonical_bytes({"created_at": ts})[:-1] + b',"heads":'
-                expected_last = (
-                    b"],"
-                    + canonical_bytes(
-                        {"key_id": key_id, "last_audit_id": last_id, "prev_hash": prev, "v": 1}
-                    )[1:]
-                )
-                if not (payload.startswith(expected_first) and payload.endswith(expected_last)):
-                    broken.append("columns disagree with the signed payload")
+            broken = checkpoint_problems(row[:8], expected_prev, heads=row[8])
             if broken:
                 report.add(
                     Problem(
-                        kind="checkpoint_broken", message="; ".join(broken), checkpoint_id=cp_id
+                        kind="checkpoint_broken", message="; ".join(broken), checkpoint_id=row[0]
                     )
                 )
             else:
-                genuine.append(cp_id)
-            expected_prev = stored
+                genuine.append(row[0])
+            expected_prev = row[3]
     return genuine
 
 
@@ -503,6 +452,69 @@ def _check_tree_heads(report: VerificationReport, genuine: list[int]) -> None:
     report.tree_heads_checked += checked
     for kind, message, cp_id in found:
         report.add(Problem(kind=kind, message=message, checkpoint_id=cp_id))
+
+
+def checkpoint_problems(
+    row: tuple[Any, ...], expected_prev: str, *, heads: Any = None
+) -> list[str]:
+    """What is wrong with one checkpoint (the first eight columns of a row of
+    verify_checkpoints) whose predecessor's hash is `expected_prev`, `heads` its heads
+    column (a version 2 checkpoint's heads); [] when it is genuine (also
+    audit.incremental's check)."""
+    _, last_id, prev, stored, key_id, signature, ts, payload = row
+    broken = []
+    if prev != expected_prev:
+        broken.append(
+            f"prev_hash {prev} does not match the previous checkpoint's hash {expected_prev}"
+        )
+    try:
+        digest = hashlib.sha256(bytes.fromhex(prev))
+        digest.update(payload)
+        computed: str | None = digest.hexdigest()
+    except ValueError:
+        computed = None
+    if computed != stored:
+        broken.append(f"checkpoint_hash {stored} does not match its payload ({computed})")
+    key = settings.AUDIT_SIGNING_KEYS.get(key_id)
+    if key is None:
+        broken.append(f"signed with unknown key id {key_id!r}")
+    else:
+        try:
+            expected_sig = hmac.new(
+                key.encode("utf-8"), bytes.fromhex(stored), hashlib.sha256
+            ).hexdigest()
+        except ValueError:
+            expected_sig = ""
+        # Bytes, not str: compare_digest refuses a non-ASCII str with TypeError, and
+        # a tampered signature may be anything.
+        if not hmac.compare_digest(
+            expected_sig.encode(), str(signature).encode("utf-8", "backslashreplace")
+        ):
+            broken.append("HMAC signature does not verify")
+    if not broken and is_v2(payload):
+        mismatch = v2_payload_problem(
+            payload,
+            heads=heads,
+            created_at=ts,
+            last_audit_id=last_id,
+            prev_hash=prev,
+            key_id=key_id,
+        )
+        if mismatch:
+            broken.append(mismatch)
+    elif not broken:
+        # Genuine payload; JCS key order: created_at, heads, key_id,
+        # last_audit_id, prev_hash, v.
+        expected_first = canonical_bytes({"created_at": ts})[:-1] + b',"heads":'
+        expected_last = (
+            b"],"
+            + canonical_bytes(
+                {"key_id": key_id, "last_audit_id": last_id, "prev_hash": prev, "v": 1}
+            )[1:]
+        )
+        if not (payload.startswith(expected_first) and payload.endswith(expected_last)):
+            broken.append("columns disagree with the signed payload")
+    return broken
 
 
 def _check_heads(

@@ -35,6 +35,8 @@ EVENTS: list[tuple[str, str | None, str]] = [  # (event, from, to)
 ]
 COLUMNS = "chain, job_id, seq, event_type, actor_type, actor_id, ts, payload, prev_hash, chain_hash"
 START = datetime(2026, 1, 1, tzinfo=UTC)
+# The job's context every job entry carries (jobs/sql: the payload's data.context).
+CONTEXT = '{"correlation_id":null,"job_type":"sim","org_id":1,"project_id":null,"request_id":null}'
 
 
 def payload_text(
@@ -44,7 +46,7 @@ def payload_text(
     src_json = "null" if src is None else f'"{src}"'
     return (
         f'{{"actor":{{"id":"jobops","type":"system"}},"chain":"{chain}",'
-        f'"data":{{"attempt":{attempt},"from":{src_json},"to":"{dst}"}},'
+        f'"data":{{"attempt":{attempt},"context":{CONTEXT},"from":{src_json},"to":"{dst}"}},'
         f'"event_type":"{event}","job_id":"{job}","seq":{seq},"ts":"{ts}"}}'
     )
 

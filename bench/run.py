@@ -20,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("audit", []),
     ("audit_proof", []),
+    ("audit_incremental", []),
     ("api", []),
     ("create_profile", []),
     ("e2e", ["--profile"]),

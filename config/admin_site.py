@@ -26,6 +26,7 @@ from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 
 from audit.models import AuditLog
 from audit.services import Actor
+from audit.verification_runs import verification_tile
 from config.dashboard import dashboard_overview
 from core.admin_base import ReadOnlyAdmin
 from core.errors import ApplicationError
@@ -242,9 +243,19 @@ class JobopsAdminSite(OTPAdminSite):
             for c in connectors
             if c.state != "closed"
         ]
+        # Read fresh too (two index probes on the ops chain): a run shows when it ends.
+        verification = verification_tile()
+        stale = []
+        if verification["full_stale"]:
+            full = verification["full"]
+            stale = [
+                "The full audit verification has not run for more than 8 days "
+                + (f"(last {full['at']:%Y-%m-%d %H:%M} UTC)." if full else "(never).")
+            ]
         return {
             "overview": overview,
-            "problems": paused + breakers + overview["problems"],
+            "verification": verification,
+            "problems": paused + breakers + overview["problems"] + stale,
             "connectors": connectors,
             "can_control_connectors": CONNECTOR_CONTROL.allows(request.user),
             "refresh_seconds": settings.JOBOPS_PORTAL_REFRESH_SECONDS,

@@ -642,6 +642,10 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("dlq_bulk", "dlq.bulk.bulk_operations_run_once"),
     # Retention (jobs/services/purge.py): ended jobs past their category's retention.
     ("purge", "jobs.services.purge.purge_once"),
+    # Audit verification (audit/verification_runs.py): starts `verify_audit_chain
+    # --since-checkpoint` every AUDIT_VERIFY_INCREMENTAL_EVERY and the full walk every
+    # AUDIT_VERIFY_FULL_EVERY, each as a process of its own: the loop never waits for one.
+    ("audit_verify", "audit.verification_runs.audit_verify_due"),
     # Expired entries of the key-value store's table (core/kv.py; nothing with Redis).
     ("kv_sweep", "core.kv.kv_sweep_once"),
 ]
@@ -948,6 +952,24 @@ AUDIT_VERIFY_CHECKS: list[str] = [
 # sharing one snapshot: the server's index scan, not Python's hashing, is the slower half.
 AUDIT_VERIFY_STREAMS = env_int("AUDIT_VERIFY_STREAMS", 2)
 AUDIT_VERIFY_PARALLEL_MIN_ROWS = env_int("AUDIT_VERIFY_PARALLEL_MIN_ROWS", 200_000)
+# How often the dispatcher starts `verify_audit_chain --since-checkpoint --record` (the
+# entries appended since the newest exported checkpoint) and the full walk
+# (docs/operations/audit-archives.md#incremental-verification); 0 disables either.
+AUDIT_VERIFY_INCREMENTAL_EVERY = (
+    env_duration("AUDIT_VERIFY_INCREMENTAL_EVERY", "1d")
+    if env_str("AUDIT_VERIFY_INCREMENTAL_EVERY", "1d").strip() != "0"
+    else timedelta(0)
+)
+AUDIT_VERIFY_FULL_EVERY = (
+    env_duration("AUDIT_VERIFY_FULL_EVERY", "7d")
+    if env_str("AUDIT_VERIFY_FULL_EVERY", "7d").strip() != "0"
+    else timedelta(0)
+)
+# The keyring (docs/operations/keys.md#the-keyring): the Ed25519 public keys published
+# before the current one, each {key_id, public_key, not_before, not_after}, and since when
+# the current key (under AUDIT_SIGNING_KEY_ID) signs (ISO 8601; empty: no lower bound).
+AUDIT_PUBLISHED_KEYS: list[dict[str, Any]] = env_json("AUDIT_PUBLISHED_KEYS", [])
+AUDIT_SIGNING_KEY_NOT_BEFORE = env_str("AUDIT_SIGNING_KEY_NOT_BEFORE", "")
 
 # --- Celery (the broker half lives in config/celery.py) -------------------------
 

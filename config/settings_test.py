@@ -35,6 +35,9 @@ STORAGES = {  # no manifest needed for tests
 # Serve static files from the apps in tests; no collectstatic run needed.
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
+# No verification runs started by a test's dispatcher (they would add `audit_verified`
+# entries to the ops chain the test reads); tests/audit/test_verification_runs.py sets them.
+AUDIT_VERIFY_INCREMENTAL_EVERY = AUDIT_VERIFY_FULL_EVERY = _base.timedelta(0)
 # Each test sees the dashboard of its own data (the cache would serve the previous test's).
 JOBOPS_DASHBOARD_CACHE_SECONDS = 0
 

@@ -29,6 +29,7 @@ from django.db import connection
 from prometheus_client import Counter, Gauge, Histogram
 
 from audit.partitions import future_months, list_partitions
+from audit.verification_runs import audit_verification_successes
 from jobs.domain.types import all_connectors, get_type, primary_queue_names
 from jobs.integrations.liveness import live_processes, workers_of
 from jobs.queries import QUERIES
@@ -378,6 +379,13 @@ AUDIT_FUTURE_PARTITIONS = Gauge(
     "(audit.partitions; the dispatcher's audit_partitions step keeps three ready)",
     multiprocess_mode="mostrecent",
 )
+AUDIT_VERIFIED_AT = Gauge(
+    "audit_verification_last_success_timestamp_seconds",
+    "Unix time of the newest recorded audit verification run that found the trail intact, "
+    "by mode (full, incremental); 0 when none",
+    ["mode"],
+    multiprocess_mode="mostrecent",
+)
 DEAD_LETTERS_OPEN = Gauge(
     "dead_letters_open",
     "Open dead-letter rows in the database, by DLQ",
@@ -454,6 +462,9 @@ def metrics_refresh_gauges() -> dict[str, float]:
     for connector in set(all_connectors()) | set(breakers):
         state = CONNECTOR_STATE_VALUES.get(breakers.get(connector, "closed"), 0)
         CONNECTOR_STATE.labels(connector=connector).set(state)
+    for mode, at in audit_verification_successes().items():
+        AUDIT_VERIFIED_AT.labels(mode=mode).set(at)
+        values[f"audit_verified_{mode}"] = at
     metrics_refresh_liveness()
     return values
 

@@ -1,5 +1,9 @@
 """Verify the audit hash chains and signed checkpoints, or an audit archive offline.
 
+`--since-checkpoint [HASH]` verifies only what came after a checkpoint already verified
+(audit.incremental); `--record` records the run on the ops chain for the dashboard
+(audit.verification_runs); `--public-key` takes one key or a keyring (audit.keyring).
+
 Exit status: 0 intact, 1 tampered (each problem printed naming chain, job, seq and
 what broke), 2 usage error (or, with --archive, --proof or --consistency, a file that is
 not one).
@@ -18,9 +22,16 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from audit.archive import ArchiveUnreadable, verify_archive
+from audit.incremental import (
+    IncrementalReport,
+    StartUnknown,
+    audit_verify_incremental,
+    trusted_start,
+)
+from audit.keyring import Keyring, KeyringError, check_checkpoint_keys, load_keyring
 from audit.management import proof_options
-from audit.signing import load_public_key
 from audit.verification import VerificationReport, audit_verify
+from audit.verification_runs import FULL, INCREMENTAL, record_run
 
 EXIT_TAMPERED = 1
 EXIT_USAGE = 2
@@ -109,8 +120,26 @@ class Command(BaseCommand):
         parser.add_argument(
             "--public-key",
             metavar="KEY",
-            help="With --archive, --proof or --consistency: the public key you trust "
-            "(audit_public_key); the file must be signed with it.",
+            help="The public key you trust (audit_public_key), or a keyring file of "
+            "published keys with their validity (audit_public_key --keyring): every "
+            "Ed25519 signature must verify under the key its key id names. With --proof "
+            "or --consistency: the one public key the file must be signed with.",
+        )
+        parser.add_argument(
+            "--since-checkpoint",
+            nargs="?",
+            const="",
+            default=None,
+            metavar="HASH",
+            help="Verify only what was appended after this checkpoint (default: the newest "
+            "of the AUDIT_CHECKPOINT_EXPORT file), and that checkpoint's own signature "
+            "and link. Proves only the new entries and their link; run the full walk too.",
+        )
+        parser.add_argument(
+            "--record",
+            action="store_true",
+            help="Record the run (mode, range, result, duration) on the ops chain, where "
+            "the dashboard reads it.",
         )
         proof_options.add_arguments(parser)
 
@@ -122,18 +151,71 @@ class Command(BaseCommand):
         expected = [parse_hash(v) for v in options["expect_checkpoint"]]
         if options["expect_checkpoints_file"]:
             expected += read_exported_hashes(options["expect_checkpoints_file"])
+        started_at = timezone.now()
+        range_text = "every entry and checkpoint"
         what = "Audit archive" if options["archive"] else "Audit trail"
         if proof_options.wanted(options):
+            if options["since_checkpoint"] is not None or options["record"]:
+                raise CommandError(
+                    "--proof and --consistency verify a file alone: --since-checkpoint and "
+                    "--record do not apply",
+                    returncode=EXIT_USAGE,
+                )
             what, report = proof_options.verify(options)
         elif options["archive"]:
+            if options["since_checkpoint"] is not None or options["record"]:
+                raise CommandError(
+                    "--archive verifies a file alone: --since-checkpoint and --record do not apply",
+                    returncode=EXIT_USAGE,
+                )
             report = self._verify_archive(options)
-        elif options["public_key"]:
-            raise CommandError("--public-key applies to --archive only", returncode=EXIT_USAGE)
+        elif options["since_checkpoint"] is not None:
+            report = self._verify_incremental(options, job_ids, since, expected)
+            range_text = report.range_text()
         else:
+            if options["record"] and (job_ids or since):
+                raise CommandError(
+                    "--record records whole runs: a run of --job or --since is not the full walk",
+                    returncode=EXIT_USAGE,
+                )
+            keyring = self._keyring(options)
             report = audit_verify(job_ids=job_ids, since=since, expected_checkpoints=expected)
+            if keyring is not None:
+                check_checkpoint_keys(report, keyring)
         self._print(report, what=what, as_json=options["json"])
+        if options["record"]:
+            mode = INCREMENTAL if isinstance(report, IncrementalReport) else FULL
+            record_run(mode=mode, report=report, range_text=range_text, started_at=started_at)
         if not report.ok:
             raise SystemExit(EXIT_TAMPERED)
+
+    def _keyring(self, options: dict[str, Any]) -> Keyring | None:
+        if options["public_key"] is None:
+            return None
+        try:
+            return load_keyring(options["public_key"])
+        except KeyringError as exc:
+            raise CommandError(
+                f"--public-key is neither an Ed25519 public key nor a keyring: {exc}",
+                returncode=EXIT_USAGE,
+            ) from exc
+
+    def _verify_incremental(
+        self, options: dict[str, Any], job_ids: Any, since: Any, expected: list[str]
+    ) -> IncrementalReport:
+        if job_ids or since or expected:
+            raise CommandError(
+                "--since-checkpoint verifies every entry after the checkpoint: --job, --since "
+                "and --expect-* do not apply",
+                returncode=EXIT_USAGE,
+            )
+        wanted = parse_hash(options["since_checkpoint"]) if options["since_checkpoint"] else None
+        keyring = self._keyring(options)
+        try:
+            trusted = trusted_start(wanted)
+        except StartUnknown as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        return audit_verify_incremental(trusted, keyring=keyring)
 
     def _verify_archive(self, options: dict[str, Any]) -> VerificationReport:
         """The --archive branch: the file and a public key only, never the database."""
@@ -143,17 +225,10 @@ class Command(BaseCommand):
                 "--archive verifies a file alone: --job, --since and --expect-* do not apply",
                 returncode=EXIT_USAGE,
             )
-        if options["public_key"] is not None:
-            try:
-                load_public_key(options["public_key"].strip())
-            except ValueError as exc:
-                raise CommandError(
-                    f"--public-key is not an Ed25519 public key (base64 of 32 bytes): {exc}",
-                    returncode=EXIT_USAGE,
-                ) from exc
+        keyring = self._keyring(options)
         try:
             with gzip.open(options["archive"], "rb") as file:
-                return verify_archive(file, public_key=options["public_key"])
+                return verify_archive(file, public_key=keyring)
         except (ArchiveUnreadable, OSError) as exc:
             raise CommandError(f"{options['archive']}: {exc}", returncode=EXIT_USAGE) from exc
 
@@ -171,6 +246,16 @@ class Command(BaseCommand):
                 f"{report.checkpoints_checked} checkpoints ({report.heads_checked} heads) "
                 f"checked in {report.seconds:.2f}s"
             )
+            if isinstance(report, IncrementalReport):
+                what = "Audit trail since the checkpoint"
+                summary += (
+                    f"; verified {report.range_text()} from the trusted checkpoint "
+                    f"{report.from_checkpoint_hash} ({report.trusted_source}). Only the new "
+                    "entries and their link to it were proven; the entries before it rest on "
+                    f"the last full walk. {report.links_on_database} first entries link to a "
+                    "database row no verified checkpoint names; "
+                    f"{report.uncovered_chains} chains have entries no checkpoint covers yet"
+                )
             if report.ok:
                 self.stdout.write(self.style.SUCCESS(f"{what} intact: {summary}."))
             else:
