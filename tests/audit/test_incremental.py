@@ -16,6 +16,7 @@ from audit.canonical import GENESIS_HASH, canonical_bytes
 from audit.checkpoints import checkpoint_write
 from audit.incremental import Trusted, audit_verify_incremental, trusted_start
 from audit.models import AuditCheckpoint, AuditLog
+from audit.partitions import current_job_part
 from audit.services import OPS_CHAIN, Actor, audit_append, audit_payload
 from audit.verification_runs import FULL, INCREMENTAL, last_run
 from jobs.services import job_claim
@@ -131,9 +132,9 @@ def test_a_forged_new_row_in_a_checkpointed_range_is_caught(export):
     digest = hashlib.sha256(bytes.fromhex(GENESIS_HASH) + payload).hexdigest()
     tamper(
         "INSERT INTO audit_logs (id, chain, job_id, seq, event_type, actor_type, actor_id, ts,"
-        " payload, prev_hash, chain_hash) VALUES (%s, %s, %s, 1, 'created', 'system', 'jobops',"
-        " %s, %s, %s, %s)",
-        [gap, chain, chain[4:], ts, payload.decode(), GENESIS_HASH, digest],
+        " payload, prev_hash, chain_hash, part) VALUES (%s, %s, %s, 1, 'created', 'system',"
+        " 'jobops', %s, %s, %s, %s, %s)",
+        [gap, chain, chain[4:], ts, payload.decode(), GENESIS_HASH, digest, current_job_part()],
     )
     code, out = run("--since-checkpoint", trusted.checkpoint_hash)
     assert code == 1
