@@ -11,6 +11,8 @@ database, no secret, nothing of another chain.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import time
 import uuid
@@ -35,7 +37,7 @@ from audit.tree import (
     public_key_id,
     tree_head_bytes,
 )
-from audit.tree_log import latest_tree_head, stored_tree, tree_head_document
+from audit.tree_log import encode_path, latest_tree_head, stored_tree, tree_head_document
 from audit.verification import Problem, VerificationReport
 
 PROOF_FORMAT = "jobops-audit-proof"
@@ -91,12 +93,12 @@ def job_proof(job_id: uuid.UUID | str) -> dict[str, Any]:
             "ed25519_signature": signature,
             "leaf_index": index,
             "tree_size": len(heads),
-            "path": [p.hex() for p in tree.inclusion(index)],
+            "path": encode_path(tree.inclusion(index)),
         },
         "log": {
             "leaf_index": leaf - 1,
             "tree_size": tree_head.tree_size,
-            "path": [p.hex() for p in stored_tree().inclusion(leaf - 1, tree_head.tree_size)],
+            "path": encode_path(stored_tree().inclusion(leaf - 1, tree_head.tree_size)),
         },
         "tree_head": tree_head_document(tree_head),
     }
@@ -137,9 +139,12 @@ def load_document(data: bytes, expected_format: str) -> dict[str, Any]:
 
 
 def _hashes(values: Any) -> list[bytes]:
-    if not isinstance(values, list):
-        raise TypeError("a path is a list of hex hashes")
-    return [bytes.fromhex(v) for v in values]
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise TypeError("a path is a list of base64 hashes")
+    try:
+        return [base64.b64decode(v, validate=True) for v in values]
+    except binascii.Error as exc:
+        raise ValueError(f"a path holds something other than base64: {exc}") from exc
 
 
 def _tree_head_problem(tree_head: Any, key: Any, key_id: str, what: str) -> Problem | None:

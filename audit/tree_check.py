@@ -1,7 +1,8 @@
 """The checkpoint log checked by `verify_audit_chain` (docs/architecture.md#the-checkpoint-log).
 
 Streams the tree heads in order and recomputes the log from the checkpoint hashes alone:
-each tree head must name a genuine checkpoint, in checkpoint order, store exactly the
+each tree head must name an existing checkpoint by its hash, in checkpoint order (one
+that is not genuine is reported as checkpoint_broken, not again here), store exactly the
 nodes its leaf completes (proofs are computed from them) and the root they give, and
 carry a valid Ed25519 signature when signed by the current key; every version 2
 checkpoint must be a leaf. Memory: the right frontier of the tree (log2 n hashes).
@@ -59,7 +60,10 @@ def _check(
 ) -> tuple[str, str] | None:
     """Advance `frontier` by this tree head's leaf and say what is wrong with it."""
     tree_size, cp_id, named_hash, actual_hash, root, created_at, head_key, signature, nodes = row
-    leaf = checkpoint_leaf(actual_hash or named_hash)
+    try:
+        leaf = checkpoint_leaf(named_hash)  # what the log was built from
+    except ValueError:
+        leaf = bytes(32)
     created, index = [leaf], size - 1
     while index & 1:
         created.append(node_hash(frontier.pop(), created[-1]))
@@ -67,8 +71,11 @@ def _check(
     frontier.append(created[-1])
     if tree_size != size:
         return ("tree_head_broken", f"tree size {tree_size} where {size} was due: heads missing")
-    if actual_hash is None or cp_id not in authentic or named_hash != actual_hash:
-        return ("tree_head_broken", f"tree head {size} names no genuine checkpoint {cp_id}")
+    if actual_hash is None:
+        return ("tree_head_broken", f"tree head {size} names checkpoint {cp_id}, which is missing")
+    # A checkpoint that is not genuine is reported as checkpoint_broken already.
+    if cp_id in authentic and named_hash != actual_hash:
+        return ("tree_head_broken", f"tree head {size} names another hash of checkpoint {cp_id}")
     if cp_id <= last_checkpoint:
         return ("tree_head_broken", f"tree head {size} puts checkpoint {cp_id} out of order")
     if list(nodes) != [h.hex() for h in created] or root != fold(frontier).hex():

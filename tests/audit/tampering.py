@@ -27,4 +27,9 @@ def audit_tables(cursor: Any) -> list[str]:
         "SELECT inhrelid::regclass::text FROM pg_inherits "
         "WHERE inhparent = 'audit_logs'::regclass ORDER BY 1"
     )
-    return ["audit_logs", "audit_checkpoints", *(r[0] for r in cursor.fetchall())]
+    return [
+        "audit_logs",
+        "audit_checkpoints",
+        "audit_tree_heads",
+        *(r[0] for r in cursor.fetchall()),
+    ]

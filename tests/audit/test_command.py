@@ -175,8 +175,13 @@ def test_exported_checkpoints_catch_a_deleted_newest_checkpoint(tmp_path, settin
         second.checkpoint_hash,
     ]
     assert verify("--expect-checkpoints-file", settings.AUDIT_CHECKPOINT_EXPORT)[0] == 0
-    # The newest checkpoint goes (its heads still exist, so nothing else notices).
-    tamper("DELETE FROM audit_checkpoints WHERE id = %s", [second.id])
+    # The newest checkpoint goes, with its tree head (its heads still exist, so nothing
+    # else notices).
+    tamper(
+        "DELETE FROM audit_checkpoints WHERE id = %s; "
+        "DELETE FROM audit_tree_heads WHERE checkpoint_id = %s",
+        [second.id, second.id],
+    )
     status, out = verify("--expect-checkpoints-file", settings.AUDIT_CHECKPOINT_EXPORT)
     assert status == 1 and second.checkpoint_hash in out and "checkpoint_missing" in out
     status, out = verify("--expect-checkpoint", second.checkpoint_hash.upper())
