@@ -15,7 +15,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from bench._common import BenchError, Scratch
@@ -97,7 +97,14 @@ def check_payload_form(scratch: Scratch) -> None:
 
 
 def chain_lines(
-    job_ids: list[str], *, per_job: int, by_chain: bool, heads: dict[str, bytes]
+    job_ids: list[str],
+    *,
+    per_job: int,
+    by_chain: bool,
+    heads: dict[str, bytes],
+    start: datetime = START,
+    tick_us: int = 37,
+    part: date | None = None,
 ) -> Iterator[str]:
     """COPY text lines of valid chains for `job_ids`, `per_job` entries each.
 
@@ -105,8 +112,10 @@ def chain_lines(
     chain's rows are spread over the table as interleaved jobs leave them; True: chain
     after chain, which (with sorted ids) appends to every index instead of inserting
     at random, for loads of tens of millions of rows. `heads` ends up holding each
-    chain's last hash.
+    chain's last hash. Entry n is at `start` + n * `tick_us` microseconds; with `part`
+    each line ends with it (the partitioned log's column: a job chain's month).
     """
+    tail = "\n" if part is None else f"\t{part.isoformat()}\n"
     heads.update(dict.fromkeys(job_ids, bytes(32)))
     tick = 0
 
@@ -114,7 +123,7 @@ def chain_lines(
         nonlocal tick
         tick += 1
         event, src, dst = EVENTS[r % len(EVENTS)]
-        ts = (START + timedelta(microseconds=tick * 37)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        ts = (start + timedelta(microseconds=tick * tick_us)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         chain = f"job:{job}"
         text = payload_text(
             chain=chain, seq=r + 1, ts=ts, event=event, job=job, src=src, dst=dst, attempt=r // 4
@@ -125,7 +134,7 @@ def chain_lines(
         # COPY text format: none of these values holds a tab, newline or backslash.
         return (
             f"{chain}\t{job}\t{r + 1}\t{event}\tsystem\tjobops\t{ts}\t{text}\t"
-            f"{prev.hex()}\t{digest.hex()}\n"
+            f"{prev.hex()}\t{digest.hex()}{tail}"
         )
 
     if by_chain:
@@ -137,13 +146,39 @@ def chain_lines(
                 yield "".join(line(job, r) for job in job_ids[start : start + 10_000])
 
 
-def copy_chains(conn: Any, job_ids: list[str], *, per_job: int, by_chain: bool) -> dict[str, str]:
+def copy_chains(
+    conn: Any,
+    job_ids: list[str],
+    *,
+    per_job: int,
+    by_chain: bool,
+    start: datetime = START,
+    tick_us: int = 37,
+    part: date | None = None,
+) -> dict[str, str]:
     """COPY the chains into audit_logs on `conn` (the caller commits); returns each
-    job's chain head (hex), which a job row that keeps its head must carry."""
+    job's chain head (hex), which a job row that keeps its head must carry.
+
+    On the partitioned log (audit.partitions) every entry names its partition: `part`,
+    by default the current UTC month's job partition (the month of a job created now);
+    before migration audit 0010 (no `part` column) none is written."""
+    if part is None and _has_part(conn):
+        today = datetime.now(UTC).date()
+        part = date(today.year, today.month, 1)
+    columns = COLUMNS if part is None else f"{COLUMNS}, part"
     heads: dict[str, bytes] = {}
-    with conn.cursor() as cursor, cursor.copy(f"COPY audit_logs ({COLUMNS}) FROM STDIN") as copy:
+    lines = chain_lines(
+        job_ids,
+        per_job=per_job,
+        by_chain=by_chain,
+        heads=heads,
+        start=start,
+        tick_us=tick_us,
+        part=part,
+    )
+    with conn.cursor() as cursor, cursor.copy(f"COPY audit_logs ({columns}) FROM STDIN") as copy:
         batch: list[str] = []
-        for chunk in chain_lines(job_ids, per_job=per_job, by_chain=by_chain, heads=heads):
+        for chunk in lines:
             batch.append(chunk)
             if len(batch) >= 1000:
                 copy.write("".join(batch))
@@ -151,3 +186,12 @@ def copy_chains(conn: Any, job_ids: list[str], *, per_job: int, by_chain: bool) 
         if batch:
             copy.write("".join(batch))
     return {job: digest.hex() for job, digest in heads.items()}
+
+
+def _has_part(conn: Any) -> bool:
+    return bool(
+        conn.execute(
+            "SELECT EXISTS (SELECT FROM information_schema.columns WHERE table_name = "
+            "'audit_logs' AND column_name = 'part' AND table_schema = current_schema())"
+        ).fetchone()[0]
+    )
