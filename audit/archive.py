@@ -372,6 +372,11 @@ class _Entries:
         self.index, self.seq, self.prev, self.broken = index, 1, "0" * 64, False
         if index < len(self.chains):
             self.report.chains_checked += 1
+            # A segment of a chain that goes on across partitions (the ops chain in a
+            # partition's archive) starts after its first entry: where and from what hash.
+            start, prev = self.chain.get("from_seq", 1), self.chain.get("from_hash", "0" * 64)
+            if isinstance(start, int) and start >= 1 and isinstance(prev, str):
+                self.seq, self.prev = start, prev
 
     def _line(self, number: int, line: bytes) -> None:
         self.report.rows_checked += 1

@@ -27,7 +27,7 @@ from audit.queries import QUERIES
 
 logger = structlog.get_logger(__name__)
 
-AUDIT_TABLES = ("audit_logs", "audit_checkpoints", "audit_tree_heads")
+AUDIT_TABLES = ("audit_logs", "audit_checkpoints", "audit_tree_heads", "audit_partition_archives")
 
 
 def role_setup_sql(*, owner: str, app: str, database: str) -> list[sql.Composed]:

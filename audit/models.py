@@ -156,3 +156,27 @@ class AuditTreeHead(AppendOnlyModel):
 
     def __str__(self) -> str:
         return f"tree head {self.tree_size} @ {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class AuditPartitionArchive(AppendOnlyModel):
+    """A signed archive of one audit_logs partition, written and verified offline
+    (audit.partition_archive): what `audit_detach` requires before it drops the
+    partition. Append-only like the other audit tables; no foreign key to anything, the
+    partition it names goes away."""
+
+    partition = models.CharField(max_length=63)  # the table's name, audit_logs_job_2026_08
+    file_name = models.CharField(max_length=255)
+    sha256 = models.CharField(max_length=64)
+    size = models.BigIntegerField()
+    rows = models.BigIntegerField()
+    # The newest signed checkpoint the archive carries, which covers its last entries.
+    checkpoint_hash = models.CharField(max_length=64)
+    key_id = models.CharField(max_length=32)
+    verified_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "audit_partition_archives"
+        indexes = [models.Index(fields=["partition"], name="audit_part_archive_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.partition} archive {self.file_name} ({self.sha256[:12]})"

@@ -71,6 +71,9 @@ class VerificationReport:
     checkpoints_checked: int = 0
     heads_checked: int = 0
     tree_heads_checked: int = 0
+    # Heads of checkpoints whose partition was detached, not checked without its archive
+    # (audit.history: verify_audit_chain --archives checks them).
+    heads_deferred: int = 0
     streams: int = 0  # chain ranges read side by side
     problems: list[Problem] = field(default_factory=list)
     problems_total: int = 0
@@ -102,6 +105,7 @@ def audit_verify(
     since: datetime | None = None,
     chains: Iterable[str] | None = None,
     expected_checkpoints: Iterable[str] = (),
+    history: Any = None,
 ) -> VerificationReport:
     """Verify chains and checkpoints; never raises for tampering, reports it.
 
@@ -124,6 +128,12 @@ def audit_verify(
        the caller named (None: all) and `since`.
     Runs in one REPEATABLE READ READ ONLY transaction when it can, so rows and
     checkpoints come from one snapshot.
+
+    Once partitions were detached (audit.history.Boundary, `history`; read from the
+    ops chain when not given): a chain whose older segments went starts after them, the
+    heads of checkpoints whose partition went are checked against its archive (with
+    `history` from verify_audit_chain --archives) or counted apart, and every partition
+    must be attached or detached by audit_detach.
     """
     started = time.perf_counter()
     report = VerificationReport()
@@ -138,11 +148,14 @@ def audit_verify(
             # Outermost block: nothing has run yet in this transaction.
             with connection.cursor() as cursor:
                 cursor.execute(QUERIES["read_only_snapshot"])
+        from audit.history import live_boundary  # it builds on this module
+
+        boundary = history if history is not None else live_boundary()
         if since is not None:
             with connection.cursor() as cursor:
                 cursor.execute(QUERIES["chains_since"], {"since": since, "chains": selected})
                 selected = sorted(r[0] for r in cursor.fetchall())
-        _check_rows(report, selected)
+        _check_rows(report, selected, boundary.starts)
         if selected is not None and since is None:
             # A chain asked for by name that has no rows at all was removed whole
             # (or never existed); either way it is not intact.
@@ -162,7 +175,9 @@ def audit_verify(
         genuine = _check_checkpoints(report)
         if selected is None:  # a full verification: the checkpoint log too
             _check_tree_heads(report, genuine)
-        _check_heads(report, genuine, selected, since)
+        boundary.check_heads(report, genuine, selected, since)
+        if selected is None:
+            boundary.check_partitions(report)
         _check_expected(report, genuine, expected_checkpoints)
         for path in settings.AUDIT_VERIFY_CHECKS:
             import_string(path)(report, selected, requested=requested, since=since)
@@ -297,15 +312,21 @@ class _Walk:
     expected_prev: str = GENESIS_HASH
 
 
-def _check_rows(report: VerificationReport, selected: list[str] | None) -> None:
+def _check_rows(
+    report: VerificationReport,
+    selected: list[str] | None,
+    starts: dict[str, tuple[int, str]] | None = None,
+) -> None:
     """Stream every chosen row once and check it against its predecessor.
 
     Per row: seq continues from 1; prev_hash is the previous row's chain_hash (the
     genesis hash for seq 1); sha256(prev_hash bytes + the exact stored payload
     bytes) equals chain_hash; and the payload's chain, seq, event_type, job_id,
     actor and ts agree with the columns. Suspect rows are examined again after the
-    stream (the connection is busy during it) to say exactly what broke.
+    stream (the connection is busy during it) to say exactly what broke. A chain of
+    `starts` begins at that seq and prev_hash (its older segments were detached).
     """
+    starts = starts or {}
     if selected is not None and not selected:
         return
     streams = _streams(selected)
@@ -324,7 +345,7 @@ def _check_rows(report: VerificationReport, selected: list[str] | None) -> None:
             if row_chain != chain:
                 chain = row_chain
                 chains += 1
-                expected_seq, expected_prev = 1, GENESIS_HASH
+                expected_seq, expected_prev = starts.get(row_chain, _FROM_GENESIS)
             try:
                 hash_ok = sha256(fromhex(prev) + payload).hexdigest() == stored
             except ValueError:
@@ -351,6 +372,9 @@ def _check_rows(report: VerificationReport, selected: list[str] | None) -> None:
         if problem is not None:
             report.add(problem)
     report.problems_total += overflow
+
+
+_FROM_GENESIS = (1, GENESIS_HASH)
 
 
 def _row_problem(

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+from audit.partitions import part_for_job
 from bench._common import BenchError, Scratch
 
 GENESIS = "0" * 64
@@ -163,8 +164,7 @@ def copy_chains(
     by default the current UTC month's job partition (the month of a job created now);
     before migration audit 0010 (no `part` column) none is written."""
     if part is None and _has_part(conn):
-        today = datetime.now(UTC).date()
-        part = date(today.year, today.month, 1)
+        part = part_for_job(datetime.now(UTC))
     columns = COLUMNS if part is None else f"{COLUMNS}, part"
     heads: dict[str, bytes] = {}
     lines = chain_lines(

@@ -45,6 +45,7 @@ from jobs.integrations.topology import dlq_name
 from jobs.models import DeadLetter
 from jobs.processes.step_failures import step_failures
 from jobs.selectors import job_counts_by_queue, job_health_gauges, purge_last
+from jobs.selectors.stragglers import audit_stragglers, straggler_lines
 from jobs.services.purge import kept_lines
 
 # The name it logged under in dlq/: log queries and alerts keep matching its lines.
@@ -230,6 +231,9 @@ def _compute(*, org_ids: tuple[int, ...] | None = None) -> tuple[dict[str, Any],
         # When the purge last looked, and what its last run removed (one row; its
         # counts are every tenant's, so a filtered view leaves it out).
         "purge": purge_last() if org_ids is None else None,
+        # Jobs that hold an audit partition past its retention (jobs/selectors/
+        # stragglers.py), for an operator's decision; every tenant's, as the purge's.
+        "audit_stragglers": audit_stragglers() if org_ids is None else None,
         # Dispatcher steps failing now (jobs/processes/step_failures.py): the system's own, shown
         # in every view; the purge's also on its tile.
         "failing_steps": failing,
@@ -322,6 +326,8 @@ def _problems(overview: dict[str, Any], processes: Processes | None) -> list[str
     kept = (overview["purge"] or {}).get("kept") or {}
     for line in kept_lines(kept):
         problems.append(f"Purge {line}.")
+    for line in straggler_lines(overview.get("audit_stragglers") or {"total": 0, "stragglers": []}):
+        problems.append(f"Audit straggler: {line}.")
     stale = sum(q["stale_locks"] for q in overview["queues"])
     if stale:
         problems.append(f"{stale} running job(s) with a stale lock (their worker stopped).")

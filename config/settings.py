@@ -636,6 +636,10 @@ JOBOPS_DISPATCHER_STEPS: list[tuple[str, str]] = [
     ("checkpoint", "audit.checkpoints.checkpoint_write_if_due"),
     # The next months' audit_logs partitions (audit/partitions.py), about once an hour.
     ("audit_partitions", "audit.partitions.partitions_step"),
+    # Archives of the audit_logs partitions ready for it, into AUDIT_ARCHIVE_DIR (none
+    # when unset), and the gauge of those ready to detach (audit/partition_archive.py),
+    # about once an hour. Never a detach: that is the owner role's, by hand.
+    ("audit_archives", "audit.partition_archive.archive_step"),
     ("queue_depths", "jobs.integrations.backpressure.queue_depths_step"),
     ("dlq_watch", "dlq.watcher.watch_once"),
     # Background replays and discards (dlq/bulk.py): one chunk per loop.
@@ -937,6 +941,15 @@ AUDIT_CHECKPOINT_SECONDS = env_int("AUDIT_CHECKPOINT_SECONDS", 60)
 # Append each checkpoint's hash here too (JSON lines), on storage the database host
 # cannot rewrite; `verify_audit_chain --expect-checkpoints-file` checks against it.
 AUDIT_CHECKPOINT_EXPORT = env_str("AUDIT_CHECKPOINT_EXPORT", "")
+# Where the dispatcher writes the archive of each audit_logs partition that is ready
+# (every job chain closed, its month over): audit_archive --partition, verified and
+# recorded; empty: the dispatcher writes none. It never detaches
+# (docs/operations/audit-archives.md).
+AUDIT_ARCHIVE_DIR = env_str("AUDIT_ARCHIVE_DIR", "")
+# Days after a job partition's retention ended (its month's end plus the longest
+# retention of any job type) that a job still in it is listed on the dashboard as a
+# straggler holding the partition (docs/operations/retention.md#stragglers).
+AUDIT_STRAGGLER_DAYS = env_int("AUDIT_STRAGGLER_DAYS", 30)
 # With DEBUG off, web, workers and the dispatcher refuse a superuser or the audit tables'
 # owner as their database role (audit/db_roles.py); true accepts that risk knowingly.
 JOBOPS_DB_ALLOW_PRIVILEGED = env_bool("JOBOPS_DB_ALLOW_PRIVILEGED", False)

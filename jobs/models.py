@@ -115,7 +115,7 @@ class Job(models.Model):
     # The partition of the job's audit chain (audit.partitions): the first day of the
     # UTC month of created_at, so that every entry of the chain, `purged` months later
     # included, lands in one partition. Jobs from before the partitioned log: 1970-01-01.
-    audit_part = models.DateField(default=current_job_part)
+    audit_part = models.DateField(default=current_job_part, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

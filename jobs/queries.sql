@@ -930,3 +930,33 @@ WHERE CASE WHEN %(older_than)s::float8 IS NULL THEN u.expires_at
       SELECT 1 FROM jobs j
       WHERE j.params @> jsonb_build_object('upload_id', u.id::text) AND j.org_id = u.org_id
   );
+
+
+-- name: audit_stragglers
+-- The jobs still in the database that hold an audit partition past its retention
+-- (jobs/selectors/stragglers.py): created before `before` (the first day of the first
+-- month whose partition may still hold jobs legitimately), each with what keeps it:
+-- its status, its idempotency key's expiry, its open dead letters, whether a fix-forward
+-- edit waits (jobs_purge_held) and its type's retention in seconds (`types`/`keep`, NULL
+-- for a type no longer configured). The total (before the limit), then the oldest
+-- `limit`. Such jobs are few (all others were purged): read by created_at.
+SELECT count(*) OVER (), j.id::text, j.type, j.status, j.audit_part, j.created_at,
+       j.updated_at, j.idempotency_expires_at,
+       (SELECT array_agg(d.id ORDER BY d.id) FROM dead_letters d
+        WHERE d.job_id = j.id AND d.state = 'open'),
+       jobs_purge_held(j), r.secs
+FROM jobs j
+LEFT JOIN unnest(%(types)s::text[], %(keep)s::float8[]) AS r(type, secs) ON r.type = j.type
+WHERE j.created_at < %(before)s
+ORDER BY j.created_at
+LIMIT %(limit)s;
+
+
+-- name: force_purge_lock
+-- Locks one job for a forced purge (jobs/services/purge_force.py) and says what a
+-- forced purge still refuses: its type and status, whether it has an open dead letter,
+-- and whether a fix-forward edit of it waits (jobs_purge_held).
+SELECT j.type, j.status,
+       EXISTS (SELECT FROM dead_letters d WHERE d.job_id = j.id AND d.state = 'open'),
+       jobs_purge_held(j)
+FROM jobs j WHERE j.id = %(id)s FOR UPDATE;

@@ -9,6 +9,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("audit", "0010_partitioned_audit_log"),
         ("audit", "0011_checkpoint_proofs"),
+        ("audit", "0012_partition_archives"),
     ]
 
     operations: list[migrations.operations.base.Operation] = []

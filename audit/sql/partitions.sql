@@ -2,7 +2,9 @@
 -- Installed as the owner role (core/sqlfiles.py runs after migrate, as the connection
 -- that migrated): the function runs with its owner's rights (SECURITY DEFINER), so the
 -- app role, which owns nothing and may only EXECUTE it, gets partitions it can read and
--- insert into through audit_logs and nothing else.
+-- insert into through audit_logs and nothing else. EXECUTE is revoked from PUBLIC by
+-- audit/migrations/0010 (a replaced body keeps it so) and granted to the app role by
+-- manage.py setup_db_roles.
 
 
 -- Creates, for the current UTC month and the `months_ahead` next ones, each missing
@@ -76,7 +78,3 @@ BEGIN
     RETURN created;
 END;
 $$;
-
--- Only the roles granted it may create partitions (the app role: manage.py
--- setup_db_roles); a function is everyone's to execute unless revoked.
-REVOKE ALL ON FUNCTION audit_create_partitions() FROM PUBLIC;

@@ -26,7 +26,9 @@ class Migration(migrations.Migration):
                 migrations.AddField(
                     model_name="job",
                     name="audit_part",
-                    field=models.DateField(default=audit.partitions.current_job_part),
+                    field=models.DateField(
+                        default=audit.partitions.current_job_part, editable=False
+                    ),
                 ),
             ],
         )

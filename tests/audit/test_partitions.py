@@ -108,6 +108,27 @@ def test_the_head_of_the_ops_chain_is_read_in_its_months_partition_first():
     assert "audit_logs_job_" not in plan and "audit_logs_legacy" not in plan
 
 
+@pytest.mark.parametrize("through", ["audit_logs", "the partition"])
+def test_an_entry_that_does_not_continue_its_chain_is_refused_in_any_partition(through):
+    """The parent's statement trigger sees rows routed to any partition; a partition's
+    own sees a statement run on it directly (the parent's does not fire then)."""
+    job = job_in_state("succeeded")
+    head = AuditLog.objects.filter(chain=job_chain(job.id)).order_by("-seq").first()
+    table = "audit_logs" if through == "audit_logs" else partitions.partition_name(head.part)
+    with (
+        pytest.raises(Exception, match="does not continue its chain"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(
+            f"INSERT INTO {table} (id, chain, job_id, seq, event_type, actor_type, actor_id, "
+            "ts, payload, prev_hash, chain_hash, part) VALUES ("
+            "nextval(pg_get_serial_sequence('audit_logs', 'id')), %s, %s, %s, 'forged', "
+            "'system', 'x', now(), '{}', %s, %s, %s)",
+            [head.chain, job.id, head.seq + 2, head.chain_hash, "f" * 64, head.part],
+        )
+
+
 # --- tampering, in a job partition and in an ops partition -----------------------------
 # (chain, seq of the row to touch) -> (seq named, words of the problem)
 def _payload(chain: str, seq: int):

@@ -81,6 +81,7 @@ def test_alerts_cover_what_on_call_must_hear_about():
         "live_dispatchers",  # dispatcher heartbeat missing
         "audit_checkpoint_age_seconds",  # checkpoint too old
         "audit_future_partitions",  # fewer than two months of audit partitions ahead
+        "audit_partitions_ready_to_detach",  # an archived partition waits for its detach
         "jobs_failed_total",  # jobs failing for good
         "erp_events_parked",  # refused ERP events waiting (PostgreSQL alone)
         "dispatcher_step_failing",  # a dispatcher step that keeps raising

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import uuid
 from datetime import UTC, datetime, time
 from typing import Any
@@ -22,6 +23,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from audit.archive import ArchiveUnreadable, verify_archive
+from audit.history import verify_history
 from audit.incremental import (
     IncrementalReport,
     StartUnknown,
@@ -118,6 +120,12 @@ class Command(BaseCommand):
             help="Verify this audit_archive file instead, offline: no database is used.",
         )
         parser.add_argument(
+            "--archives",
+            metavar="DIR",
+            help="The live database plus the archives of its detached partitions in DIR: "
+            "the whole history; a detached partition whose archive is not there is named.",
+        )
+        parser.add_argument(
             "--public-key",
             metavar="KEY",
             help="The public key you trust (audit_public_key), or a keyring file of "
@@ -169,6 +177,14 @@ class Command(BaseCommand):
                     returncode=EXIT_USAGE,
                 )
             report = self._verify_archive(options)
+        elif options["archives"]:
+            if options["since_checkpoint"] is not None or options["record"]:
+                raise CommandError(
+                    "--archives verifies the whole history: --since-checkpoint and --record "
+                    "do not apply",
+                    returncode=EXIT_USAGE,
+                )
+            report = self._verify_history(options)
         elif options["since_checkpoint"] is not None:
             report = self._verify_incremental(options, job_ids, since, expected)
             range_text = report.range_text()
@@ -232,6 +248,20 @@ class Command(BaseCommand):
         except (ArchiveUnreadable, OSError) as exc:
             raise CommandError(f"{options['archive']}: {exc}", returncode=EXIT_USAGE) from exc
 
+    def _verify_history(self, options: dict[str, Any]) -> VerificationReport:
+        """The --archives branch: the live database and the archives of every detached
+        partition (audit.history)."""
+        if any(options[name] for name in ("job", "since")):
+            raise CommandError(
+                "--archives verifies the whole history: --job and --since do not apply",
+                returncode=EXIT_USAGE,
+            )
+        if not os.path.isdir(options["archives"]):
+            raise CommandError(
+                f"--archives {options['archives']}: not a directory", returncode=EXIT_USAGE
+            )
+        return verify_history(options["archives"], public_key=self._keyring(options))
+
     def _print(self, report: VerificationReport, *, what: str, as_json: bool) -> None:
         if as_json:
             document = report.as_dict()
@@ -246,6 +276,11 @@ class Command(BaseCommand):
                 f"{report.checkpoints_checked} checkpoints ({report.heads_checked} heads) "
                 f"checked in {report.seconds:.2f}s"
             )
+            if report.heads_deferred:
+                summary += (
+                    f"; {report.heads_deferred} heads of detached partitions left to their "
+                    "archives (verify them with --archives DIR)"
+                )
             if isinstance(report, IncrementalReport):
                 what = "Audit trail since the checkpoint"
                 summary += (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -36,8 +37,19 @@ class Command(BaseCommand):
             help="this retention for every category and for bulk operations, this run "
             "only (e.g. 0s, 12h, 30d)",
         )
+        parser.add_argument(
+            "--force-job",
+            metavar="ID",
+            help="purge this one job now, before its retention or its idempotency key's "
+            "expiry (a straggler: docs/operations/retention.md#stragglers); audited as forced",
+        )
+        parser.add_argument("--operator", metavar="USERNAME", help="with --force-job: who decides")
+        parser.add_argument("--justification", metavar="TEXT", help="with --force-job: why")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["force_job"]:
+            self._force(options)
+            return
         older_than: timedelta | None = None
         if options["older_than"] is not None:
             try:
@@ -74,3 +86,27 @@ class Command(BaseCommand):
             self.stdout.write(f"{verb} {count} {kind.replace('_', ' ')}")
         for line in kept_lines(kept):
             self.stdout.write(line)
+
+    def _force(self, options: dict[str, Any]) -> None:
+        """--force-job: one straggler, an operator's audited decision."""
+        from django.contrib.auth import get_user_model
+
+        from audit.services import Actor
+        from jobs.services.purge_force import ForcePurgeRefused, job_force_purge
+
+        try:
+            job_id = uuid.UUID(options["force_job"])
+        except ValueError:
+            raise CommandError(f"--force-job {options['force_job']!r} is not a job id") from None
+        user = get_user_model().objects.filter(username=options["operator"] or "").first()
+        if user is None or not user.is_staff:
+            raise CommandError("--operator must name a staff user: the decision is theirs")
+        try:
+            done = job_force_purge(
+                job_id=job_id,
+                actor=Actor.operator(user),
+                justification=options["justification"] or "",
+            )
+        except ForcePurgeRefused as exc:
+            raise CommandError(f"force-purge refused: {exc}") from exc
+        self.stdout.write(f"Job {done['job_id']} purged (forced, audited).")
