@@ -6,7 +6,8 @@ export file (AUDIT_CHECKPOINT_EXPORT, audit.checkpoints.checkpoint_export) or a 
 operator gives. The database's copy of it must hash to that value, carry a valid
 signature and link to the checkpoint before it. From there:
 
-1. every later checkpoint verifies (hash, HMAC, Ed25519 with a keyring, link);
+1. every later checkpoint verifies (hash, HMAC, Ed25519 with a keyring, link), and every
+   checkpoint the export file holds after the starting one is among them;
 2. every entry with an id above the trusted checkpoint's last_audit_id is streamed in id
    order (a range scan of the primary key, whatever partition holds it), hashed, and
    linked to the entry before it in its chain: a new one, or the head the trusted
@@ -69,6 +70,8 @@ class Trusted:
     checkpoint_hash: str
     checkpoint_id: int | None = None  # from the export line; None: a bare hash
     source: str = "given hash"
+    # The exported checkpoints after it, (id, hash): each must be a genuine later one.
+    exported_after: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass
@@ -114,7 +117,8 @@ def trusted_from_export(path: str, wanted: str | None = None) -> Trusted:
     if wanted:
         for digest, cp_id in reversed(records):
             if digest == wanted:
-                return Trusted(digest, cp_id, f"{path} (given hash)")
+                after = tuple((i, d) for d, i in records if i > cp_id)
+                return Trusted(digest, cp_id, f"{path} (given hash)", after)
         return Trusted(wanted)
     if not records:
         raise StartUnknown(f"the checkpoint export {path} holds no checkpoint yet")
@@ -174,7 +178,17 @@ def audit_verify_incremental(
                 cursor.execute(AUDIT_QUERIES["read_only_snapshot"])
         start = _check_start(report, trusted, keyring)
         if start is not None:
-            _verify_after(report, start, keyring)
+            genuine = _verify_after(report, start, keyring)
+            for cp_id, digest in trusted.exported_after:
+                if digest not in genuine:
+                    report.add(
+                        Problem(
+                            kind="checkpoint_missing",
+                            message=f"exported checkpoint {digest} is not a genuine checkpoint "
+                            "in the database: history after it was deleted or rewritten",
+                            checkpoint_id=cp_id,
+                        )
+                    )
     report.seconds = time.perf_counter() - started
     return report
 
@@ -245,8 +259,10 @@ def _check_start(
 
 def _verify_after(
     report: IncrementalReport, start: tuple[Any, ...], keyring: Keyring | None
-) -> None:
+) -> set[str]:
+    """Steps 1 to 3 of the module docstring; the hashes of the genuine later checkpoints."""
     start_id, start_last = start[0], start[1]
+    genuine: set[str] = set()
     # 1. The later checkpoints, chained from the trusted one.
     expected_prev = start[3]
     intervals: list[int] = []  # the distinct last_audit_ids above start_last, ascending
@@ -273,6 +289,7 @@ def _verify_after(
                 )
                 continue
             report.to_checkpoint_id = row[0]
+            genuine.add(row[3])
             heads = _heads(row[7], row[10])
             if row[1] == start_last:
                 same_group.append(row[0])
@@ -298,7 +315,7 @@ def _verify_after(
         (high,) = cursor.fetchone()
     if high is None:
         _check_named_heads(report, intervals, named, {})
-        return
+        return genuine
     report.to_audit_id = high
     walk = _walk_new_rows(report, start_last, high, intervals)
     # 3. Each chain's first new entry links to its predecessor.
@@ -307,6 +324,7 @@ def _verify_after(
     if genuine_after:
         _check_named_heads(report, intervals, named, walk.computed)
     report.uncovered_chains = walk.uncovered
+    return genuine
 
 
 def _heads(payload: bytes, heads: Any) -> dict[str, tuple[int, str]]:

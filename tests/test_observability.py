@@ -59,6 +59,7 @@ def test_metrics_serves_with_the_token(client, settings):
         "job_stale_locks",
         "outbox_lag_seconds",
         "audit_checkpoint_age_seconds",
+        "audit_verification_last_success_timestamp_seconds",
         # The async jobs names (docs/operations/observability.md#metrics).
         "jobs_enqueued_total",
         "jobs_started_total",
@@ -112,6 +113,9 @@ def test_gauges_are_computed_from_real_rows(client, settings):
         "erp_events_parked": 0.0,
         "queues_paused": 0.0,
         "audit_future_partitions": 3.0,
+        # No verification run recorded yet (audit/verification_runs.py).
+        "audit_verified_full": 0.0,
+        "audit_verified_incremental": 0.0,
     }
 
     old_pending = make_job()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import TestCase
 from django.urls import reverse
 from django.utils import timezone
@@ -15,10 +16,9 @@ from django.utils import timezone
 from audit.canonical import GENESIS_HASH, canonical_bytes
 from audit.checkpoints import checkpoint_write
 from audit.incremental import Trusted, audit_verify_incremental, trusted_start
-from audit.models import AuditCheckpoint, AuditLog
-from audit.partitions import current_job_part
+from audit.models import AuditLog
 from audit.services import OPS_CHAIN, Actor, audit_append, audit_payload
-from audit.verification_runs import FULL, INCREMENTAL, last_run
+from audit.verification_runs import FULL, INCREMENTAL, last_run, verification_tile
 from jobs.services import job_claim
 from tests.audit.tampering import tamper
 from tests.factories import job_in_state, make_job
@@ -130,11 +130,25 @@ def test_a_forged_new_row_in_a_checkpointed_range_is_caught(export):
         )
     )
     digest = hashlib.sha256(bytes.fromhex(GENESIS_HASH) + payload).hexdigest()
+    # Every column copied from a real row (whatever the table holds besides, e.g. a
+    # partition key), then the forged values over it.
+    forged = {
+        "id": gap,
+        "chain": chain,
+        "job_id": chain[4:],
+        "seq": 1,
+        "event_type": "created",
+        "actor_type": "system",
+        "actor_id": "jobops",
+        "ts": ts.isoformat(),
+        "payload": payload.decode(),
+        "prev_hash": GENESIS_HASH,
+        "chain_hash": digest,
+    }
     tamper(
-        "INSERT INTO audit_logs (id, chain, job_id, seq, event_type, actor_type, actor_id, ts,"
-        " payload, prev_hash, chain_hash, part) VALUES (%s, %s, %s, 1, 'created', 'system',"
-        " 'jobops', %s, %s, %s, %s, %s)",
-        [gap, chain, chain[4:], ts, payload.decode(), GENESIS_HASH, digest, current_job_part()],
+        "INSERT INTO audit_logs SELECT (jsonb_populate_record(NULL::audit_logs,"
+        " to_jsonb(a) || %s::jsonb)).* FROM audit_logs a WHERE a.id = %s",
+        [json.dumps(forged), min(taken)],
     )
     code, out = run("--since-checkpoint", trusted.checkpoint_hash)
     assert code == 1
@@ -256,18 +270,25 @@ def test_recorded_runs_appear_on_the_dashboard_tile(history, otp_admin_client):
 
 
 @pytest.mark.django_db
-def test_a_stale_full_run_warns(history, otp_admin_client):
+def test_a_full_run_older_than_8_days_is_stale(history):
     assert run("--record")[0] == 0
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM audit_logs WHERE event_type = 'audit_verified'")
-        assert cursor.fetchone()[0] == 1
-    from audit import verification_runs
+    assert not verification_tile()["full_stale"]
+    # Backdate the record's column as an old run would have it (the tile reads `ts`).
+    record = AuditLog.objects.get(event_type="audit_verified")
+    tamper(
+        "UPDATE audit_logs SET ts = ts - interval '9 days' WHERE id = %s",
+        [record.id],
+    )
+    tile = verification_tile()
+    assert tile["full_stale"]
+    assert tile["full"]["ok"]
 
-    tile = verification_runs.verification_tile()
-    assert not tile["full_stale"]
-    later = timezone.now() + verification_runs.FULL_STALE_AFTER + timezone.timedelta(hours=1)
-    from unittest import mock
 
-    with mock.patch("audit.verification_runs.timezone.now", return_value=later):
-        assert verification_runs.verification_tile()["full_stale"]
-    assert AuditCheckpoint.objects.exists()
+@pytest.mark.django_db
+def test_an_exported_later_checkpoint_deleted_with_its_tail_is_caught(history):
+    later = history["later"]
+    tamper("DELETE FROM audit_checkpoints WHERE id >= %s", [later.id])
+    tamper("DELETE FROM audit_logs WHERE id > %s", [history["trusted"].last_audit_id])
+    code, out = run("--since-checkpoint", history["trusted"].checkpoint_hash)
+    assert code == 1
+    assert f"checkpoint {later.id}: checkpoint_missing" in out
