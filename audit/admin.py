@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from audit.models import AuditCheckpoint, AuditLog
+from audit.models import AuditCheckpoint, AuditLog, AuditPartitionArchive
 from audit.services import OPS_CHAIN, job_chain
 from audit.verification import VerificationReport, audit_verify
 from core.admin_base import ReadOnlyAdmin
@@ -105,3 +105,12 @@ class AuditCheckpointAdmin(ReadOnlyAdmin):
     list_display = ["id", "created_at", "last_audit_id", "key_id"]
     ordering = ["-id"]
     exclude = ["payload"]  # may name thousands of heads; the hash and signature cover it
+
+
+@admin.register(AuditPartitionArchive)
+class AuditPartitionArchiveAdmin(ReadOnlyAdmin):
+    """The verified archives of audit_logs partitions (docs/operations/audit-archives.md),
+    which audit_detach requires: read-only, as every audit table."""
+
+    list_display = ["partition", "file_name", "rows", "verified_at", "key_id", "sha256"]
+    ordering = ["-id"]

@@ -154,11 +154,12 @@ def _missing(name: str) -> Problem:
 def live_boundary(extra: list[Detached] | None = None) -> Boundary:
     """The boundary of the live database, from the ops chain's detach entries (and
     `extra`: those read from archives of ops partitions detached since)."""
+    live = detached_partitions()
     seen: dict[str, Detached] = {d.partition: d for d in (extra or [])}
-    for detached in detached_partitions():
+    for detached in live:
         seen[detached.partition] = detached
     boundary = Boundary(detached=list(seen.values()))
-    for detached in detached_partitions():  # in the order they went: the last one wins
+    for detached in live:  # in the order they went: the last one wins
         for chain, seq, digest in detached.segments:
             boundary.starts[chain] = (seq + 1, digest)
     boundary.checkpoint_ids()

@@ -41,6 +41,7 @@ import structlog
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from prometheus_client import Gauge
 
 from audit.archive import FORMAT, VERSION, ArchiveError, _checkpoints, _cutoff, verify_archive
 from audit.canonical import canonical_bytes
@@ -53,6 +54,15 @@ from core.queries import load
 
 PQ = load(Path(__file__).with_name("partition_queries.sql"))
 log = structlog.get_logger("audit.partition_archive")
+
+# Here rather than in jobs.integrations.metrics: the audit app imports nothing of jobs.
+AUDIT_PARTITIONS_READY_TO_DETACH = Gauge(
+    "audit_partitions_ready_to_detach",
+    "audit_logs partitions whose job chains are all closed, whose month is over and whose "
+    "archive was written and verified: each waits for `manage.py audit_detach` by the owner "
+    "role (the dispatcher's audit_archives step, hourly)",
+    multiprocess_mode="mostrecent",
+)
 
 BATCH_ROWS = 2_000
 # Open chains an error names (the count covers all of them).
@@ -205,7 +215,7 @@ def _write(ref: PartitionRef, path: str) -> dict[str, Any]:
             }
             for c, lo, prev, hi, h, _event, _n in found
         ]
-        covered = _covering(chains, upto)
+        covered = _covering(chains, upto, ref)
         missing = [c["chain"] for c in chains if c["chain"] not in covered]
         if missing:
             raise PartitionError(
@@ -253,7 +263,9 @@ def _write(ref: PartitionRef, path: str) -> dict[str, Any]:
     return header
 
 
-def _covering(chains: list[dict[str, Any]], upto: int) -> dict[str, tuple[int, str, int]]:
+def _covering(
+    chains: list[dict[str, Any]], upto: int, ref: PartitionRef
+) -> dict[str, tuple[int, str, int]]:
     """chain → (head seq, head hash, checkpoint id) of the checkpoint covering its end."""
     if not chains:
         return {}
@@ -263,6 +275,10 @@ def _covering(chains: list[dict[str, Any]], upto: int) -> dict[str, tuple[int, s
         "hashes": [c["hash"] for c in chains],
         "segment": [c["segment"] for c in chains],
         "upto": upto,
+        # Legacy: entries of any time before the partitioned log.
+        "since": datetime.combine(ref.part.replace(day=1), datetime.min.time(), UTC)
+        if ref.kind != "legacy"
+        else datetime(1970, 1, 1, tzinfo=UTC),
     }
     with connection.cursor() as cursor:
         cursor.execute(PQ["partition_covering_checkpoints"], params)
@@ -313,23 +329,46 @@ def archive_file_name(ref: PartitionRef, now: datetime | None = None) -> str:
     return f"{ref.name}.{now:%Y%m%dT%H%M%SZ}.jsonl.gz"
 
 
-def archived(ref: PartitionRef) -> list[AuditPartitionArchive]:
-    return list(AuditPartitionArchive.objects.filter(partition=ref.name).order_by("id"))
+def _jobs_left(ref: PartitionRef, first_job_month: date | None) -> bool:
+    """Whether a job of the partition is still in the database (an index probe on the
+    jobs' created_at), before the scan of its chains that open_chains is."""
+    if ref.kind == "ops":
+        return False
+    low = datetime(1970, 1, 1, tzinfo=UTC)
+    if ref.kind == "job":
+        low = datetime.combine(ref.part, datetime.min.time(), UTC)
+        nxt = date(ref.part.year + ref.part.month // 12, ref.part.month % 12 + 1, 1)
+        high = datetime.combine(nxt, datetime.min.time(), UTC)
+    elif first_job_month is not None:  # legacy: the jobs from before the partitioned log
+        high = datetime.combine(first_job_month, datetime.min.time(), UTC)
+    else:
+        high = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(PQ["partition_jobs_left"], {"low": low, "high": high, "part": ref.part})
+        return bool(cursor.fetchone()[0])
 
 
-def partitions_ready() -> list[PartitionRef]:
+def partitions_ready(*, skip: set[str] | None = None) -> list[PartitionRef]:
     """The attached partitions whose month has ended and whose job chains are all
-    closed: each may be archived now."""
+    closed: each may be archived now. Those named in `skip` (archived already: their
+    chains stay closed) are taken as ready without a look."""
     today = timezone.now().date()
+    partitions = list_partitions()
+    months = [p.month for p in partitions if p.kind == "job" and p.month is not None]
+    first_job_month = min(months, default=None)
     ready = []
-    for partition in list_partitions():
+    for partition in partitions:
         if partition.kind == "legacy":
             ref = PartitionRef(LEGACY_PARTITION, "legacy", LEGACY_PART)
         else:
             assert partition.month is not None
             part = partition.month if partition.kind == "job" else partition.month.replace(day=2)
             ref = PartitionRef(partition.name, partition.kind, part)
-        if ref.month_ended(today) and open_chains(ref)[0] == 0:
+        if not ref.month_ended(today):
+            continue
+        if ref.name in (skip or set()) or (
+            not _jobs_left(ref, first_job_month) and open_chains(ref)[0] == 0
+        ):
             ready.append(ref)
     return ready
 
@@ -344,8 +383,6 @@ def archive_step(*, now: datetime | None = None) -> int:
     set, archive each ready partition that has no archive yet into that directory; set
     the gauge of the partitions ready to detach (ready, and archived). It reads the audit
     log and records archives; it never detaches. Returns how many it archived."""
-    from jobs.integrations.metrics import AUDIT_PARTITIONS_READY_TO_DETACH
-
     global _last_run
     now = now or datetime.now(UTC)
     if _last_run is not None and now - _last_run < ARCHIVE_EVERY:
@@ -353,9 +390,10 @@ def archive_step(*, now: datetime | None = None) -> int:
     _last_run = now
     directory = settings.AUDIT_ARCHIVE_DIR
     written = 0
-    ready = partitions_ready()
+    done = set(AuditPartitionArchive.objects.values_list("partition", flat=True))
+    ready = partitions_ready(skip=done)
     for ref in ready:
-        if archived(ref) or not directory:
+        if ref.name in done or not directory:
             continue
         path = os.path.join(directory, archive_file_name(ref))
         try:
@@ -363,5 +401,6 @@ def archive_step(*, now: datetime | None = None) -> int:
             written += 1
         except PartitionError as exc:  # e.g. no covering checkpoint yet: next time
             log.info("audit_partition_not_archived", partition=ref.name, reason=str(exc))
-    AUDIT_PARTITIONS_READY_TO_DETACH.set(sum(1 for ref in ready if archived(ref)))
+    done = set(AuditPartitionArchive.objects.values_list("partition", flat=True))
+    AUDIT_PARTITIONS_READY_TO_DETACH.set(sum(1 for ref in ready if ref.name in done))
     return written

@@ -36,8 +36,10 @@ ORDER BY g.chain COLLATE "C";
 -- hash `hashes`: the first checkpoint (by id, up to `upto`) that names that very head
 -- (job chains, which never grow after `purged`), or, for a chain that goes on in the
 -- next partitions (`segment` true: the ops chain), the first head at or after it that a
--- checkpoint names, with that head. No row for a chain no checkpoint covers yet. A
--- version 2 checkpoint keeps its heads in `heads` (chain_hash), version 1 in its payload.
+-- checkpoint names, with that head. No row for a chain no checkpoint covers yet. Only
+-- the checkpoints since `since` are read (the partition's month's start: none before it
+-- can name its last entries), not every checkpoint's heads.
+-- A version 2 checkpoint keeps its heads in `heads` (chain_hash), version 1 in its payload.
 WITH wanted AS (
     SELECT * FROM unnest(%(chains)s::text[], %(seqs)s::bigint[], %(hashes)s::text[],
                          %(segment)s::boolean[]) AS w(chain, seq, hash, segment)
@@ -46,7 +48,8 @@ WITH wanted AS (
     FROM audit_checkpoints c
     CROSS JOIN LATERAL jsonb_to_recordset(coalesce(c.heads, c.payload::jsonb -> 'heads'))
         AS h(chain text, seq bigint, hash text, chain_hash text)
-    WHERE c.id <= %(upto)s AND h.chain IN (SELECT chain FROM wanted)
+    WHERE c.id <= %(upto)s AND c.created_at >= %(since)s
+      AND h.chain IN (SELECT chain FROM wanted)
 )
 SELECT DISTINCT ON (w.chain) w.chain, n.seq, n.hash, n.id
 FROM wanted w JOIN named n ON n.chain = w.chain
@@ -139,3 +142,12 @@ LEFT JOIN LATERAL (
     SELECT * FROM heads WHERE chain_hash IS DISTINCT FROM hash AND NOT deferred
     ORDER BY chain, seq, id LIMIT %(limit)s
 ) AS bad ON true;
+
+
+-- name: partition_jobs_left
+-- Whether a job created in [low, high) with the part `part` is still in the database (its
+-- chain is then open: a chain closes with the purge that removes its row). Served by
+-- jobs_created_idx: the dispatcher's cheap look before partition_open_chains' scan.
+SELECT EXISTS (
+    SELECT FROM jobs WHERE created_at >= %(low)s AND created_at < %(high)s AND audit_part = %(part)s
+);

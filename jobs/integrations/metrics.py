@@ -386,13 +386,6 @@ AUDIT_VERIFIED_AT = Gauge(
     ["mode"],
     multiprocess_mode="mostrecent",
 )
-AUDIT_PARTITIONS_READY_TO_DETACH = Gauge(
-    "audit_partitions_ready_to_detach",
-    "audit_logs partitions whose job chains are all closed, whose month is over and whose "
-    "archive was written and verified: each waits for `manage.py audit_detach` by the owner "
-    "role (audit.partition_archive; the dispatcher's audit_archives step, hourly)",
-    multiprocess_mode="mostrecent",
-)
 DEAD_LETTERS_OPEN = Gauge(
     "dead_letters_open",
     "Open dead-letter rows in the database, by DLQ",

@@ -374,18 +374,22 @@ def test_a_straggler_is_on_the_dashboard_with_its_partition_then_force_purged(mo
 
 
 def test_the_dispatcher_archives_a_ready_partition_and_never_detaches(
-    closed, past, tmp_path, settings
+    closed, past, tmp_path, settings, monkeypatch
 ):
     from audit import partition_archive
-    from jobs.integrations.metrics import AUDIT_PARTITIONS_READY_TO_DETACH
+    from audit.partition_archive import AUDIT_PARTITIONS_READY_TO_DETACH
 
     settings.AUDIT_ARCHIVE_DIR = ""
     partition_archive._last_run = None
     assert partition_archive.archive_step() == 0  # no directory: reads only
     assert AUDIT_PARTITIONS_READY_TO_DETACH._value.get() == 0
+    kept = job_created_in(monkeypatch, months_ago(1))  # not purged: its partition waits
     settings.AUDIT_ARCHIVE_DIR = str(tmp_path)
     partition_archive._last_run = None
     assert partition_archive.archive_step() >= 1
+    assert not AuditPartitionArchive.objects.filter(
+        partition=f"audit_logs_job_{kept.audit_part:%Y_%m}"
+    ).exists()
     [record] = AuditPartitionArchive.objects.filter(partition=f"audit_logs_job_{past:%Y_%m}")
     assert (tmp_path / record.file_name).is_file()
     assert AUDIT_PARTITIONS_READY_TO_DETACH._value.get() >= 1
@@ -405,3 +409,16 @@ def test_an_archive_waits_for_a_checkpoint_that_covers_the_last_entries(
     assert not AuditPartitionArchive.objects.exists()
     checkpoint_write()
     assert "written and verified" in archive(f"{past:%Y-%m}", tmp_path / "a.jsonl.gz")
+
+
+def test_archives_usage(tmp_path):
+    with pytest.raises(CommandError, match="not a directory") as refused:
+        call_command("verify_audit_chain", "--archives", str(tmp_path / "none"))
+    assert refused.value.returncode == 2
+    with pytest.raises(CommandError, match="--job and --since do not apply"):
+        call_command("verify_audit_chain", "--archives", str(tmp_path), "--since", "2026-01-01")
+    with pytest.raises(CommandError, match="names no partition") as refused:
+        call_command("audit_detach", "last-month", "--archive", str(tmp_path / "x"))
+    assert refused.value.returncode == 2
+    # Nothing detached yet: the live history alone, intact.
+    assert verify_dir(tmp_path)[0] == 0

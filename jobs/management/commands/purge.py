@@ -7,9 +7,11 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
+from audit.services import Actor
 from core.durations import parse_duration
 from jobs.services.purge import (
     kept_lines,
@@ -19,6 +21,7 @@ from jobs.services.purge import (
     purge_record,
     purge_run,
 )
+from jobs.services.purge_force import ForcePurgeRefused, job_force_purge
 
 
 class Command(BaseCommand):
@@ -89,11 +92,6 @@ class Command(BaseCommand):
 
     def _force(self, options: dict[str, Any]) -> None:
         """--force-job: one straggler, an operator's audited decision."""
-        from django.contrib.auth import get_user_model
-
-        from audit.services import Actor
-        from jobs.services.purge_force import ForcePurgeRefused, job_force_purge
-
         try:
             job_id = uuid.UUID(options["force_job"])
         except ValueError:
