@@ -590,9 +590,10 @@ def main() -> int:
         remaining = {}
         for job, (partition, why) in sorted(stragglers.items()):
             remaining.setdefault(partition, []).append(f"{job} ({why})")
-        print("  partitions stragglers hold:")
+        print("  partitions left past their retention, and the stragglers that hold them:")
         for partition, jobs in remaining.items():
-            print(f"    {partition}: {len(jobs)} jobs: {'; '.join(jobs)}")
+            due = "held past its retention" if partition in held_names else "not yet due"
+            print(f"    {partition} ({due}): {len(jobs)} jobs: {'; '.join(jobs)}")
         report.extra("stragglers", remaining)
         report.extra("partitions_left", [n for n, _ in partitions(scratch)])
         if archiver.runs:
