@@ -37,9 +37,9 @@ Sizes: by default scaled to finish in about ten minutes on 2 cores: 10,000 jobs 
 10 entries (1.2 M entries over the year), and the day at its real size, 1,000,000 entries
 (--day-entries: a smaller day's time is scaled to a million). --full is the spec's
 scale (100,000 jobs a day: 3,000,000 jobs a month, 30 M entries a month, 365 M a year;
-a day of 1,000,000 entries): hours on this machine, a database of about 170 GB at the
-plateau (0.93 KB an entry, indexes included) and archives of about 2.4 GB a month; not run
-here.
+a day of 1,000,000 entries): hours on this machine, a database of 110-140 GB at the
+plateau (about 9.4 KB a job, indexes included) and archives of about 2.4 GB a month; not
+run here.
 Targets (issue 42): one day (1,000,000 entries) verified incrementally in <= 15 s; a proof
 <= 8 KB verified in <= 100 ms; the database plateaus at the longest retention + 1 month
 + the partitions stragglers hold. Writes bench/results/audit_year.json.
