@@ -123,7 +123,7 @@ WITH starts AS (
     SELECT c.id, h.chain, h.seq, coalesce(h.chain_hash, h.hash) AS hash, a.chain_hash,
            a.chain_hash IS NULL AND (
                EXISTS (SELECT FROM starts s WHERE s.chain = h.chain AND h.seq < s.seq)
-               OR (%(archived)s AND h.seq <= r.head)
+               OR (%(archived)s AND coalesce(h.seq <= r.head, false))
                OR (NOT %(archived)s AND c.id <= %(archived_upto)s
                    AND NOT EXISTS (SELECT FROM audit_logs x WHERE x.chain = h.chain))
            ) AS deferred
