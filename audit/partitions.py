@@ -21,6 +21,15 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 from django.db import connection
+from prometheus_client import Gauge
+
+# Here rather than in jobs.integrations.metrics: the audit app imports nothing of jobs.
+AUDIT_FUTURE_PARTITIONS = Gauge(
+    "audit_future_partitions",
+    "Months after the current one whose audit_logs partitions (job and ops) both exist "
+    "(audit.partitions; the dispatcher's audit_partitions step keeps three ready)",
+    multiprocess_mode="mostrecent",
+)
 
 LEGACY_PART = date(1970, 1, 1)
 LEGACY_PARTITION = "audit_logs_legacy"
@@ -114,8 +123,6 @@ def partitions_step(*, now: datetime | None = None) -> int:
     """The dispatcher's step: at most once an hour (PARTITIONS_EVERY), create what is
     missing of the next months' partitions, then set the audit_future_partitions gauge.
     Returns how many partitions it created (0 when not due)."""
-    from jobs.integrations.metrics import AUDIT_FUTURE_PARTITIONS
-
     global _last_run
     now = now or datetime.now(UTC)
     if _last_run is not None and now - _last_run < PARTITIONS_EVERY:

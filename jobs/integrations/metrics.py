@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import connection
 from prometheus_client import Counter, Gauge, Histogram
 
-from audit.partitions import future_months, list_partitions
+from audit.partitions import AUDIT_FUTURE_PARTITIONS, future_months, list_partitions
 from audit.verification_runs import audit_verification_successes
 from jobs.domain.types import all_connectors, get_type, primary_queue_names
 from jobs.integrations.liveness import live_processes, workers_of
@@ -371,12 +371,6 @@ ERP_EVENTS_PARKED = Gauge(
 CHECKPOINT_AGE = Gauge(
     "audit_checkpoint_age_seconds",
     "Age of the newest audit checkpoint (-1 when none was ever written)",
-    multiprocess_mode="mostrecent",
-)
-AUDIT_FUTURE_PARTITIONS = Gauge(
-    "audit_future_partitions",
-    "Months after the current one whose audit_logs partitions (job and ops) both exist "
-    "(audit.partitions; the dispatcher's audit_partitions step keeps three ready)",
     multiprocess_mode="mostrecent",
 )
 AUDIT_VERIFIED_AT = Gauge(
