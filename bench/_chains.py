@@ -143,8 +143,8 @@ def chain_lines(
             yield "".join(line(job, r) for r in range(per_job))
     else:
         for r in range(per_job):
-            for start in range(0, len(job_ids), 10_000):
-                yield "".join(line(job, r) for job in job_ids[start : start + 10_000])
+            for first in range(0, len(job_ids), 10_000):
+                yield "".join(line(job, r) for job in job_ids[first : first + 10_000])
 
 
 def copy_chains(
