@@ -50,11 +50,13 @@ Usage: python bench/audit_year.py [--months 12] [--jobs 10000] [--day-entries 10
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -496,6 +498,10 @@ def main() -> int:
     report = common.Report(NAME, args)
     straggler_months = {int(x) for x in args.straggler_months.split(",") if x}
     archive_dir = Path(tempfile.mkdtemp(prefix="jobops-bench-audit-year-"))
+    if args.keep:
+        print(f"  archives and the checkpoint export in {archive_dir} (kept)")
+    else:  # however the run ends, as the scratch database
+        atexit.register(shutil.rmtree, archive_dir, True)
     export = archive_dir / "checkpoints.jsonl"
     with common.Scratch(NAME, keep=args.keep, topology=False) as scratch:
         env = scratch.env(AUDIT_CHECKPOINT_EXPORT=str(export), AUDIT_ARCHIVE_DIR=str(archive_dir))
