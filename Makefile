@@ -124,7 +124,7 @@ worker: install
 dispatcher: install
 	$(MANAGE) run_dispatcher
 
-# Every benchmark at its real size (about 75 min on 2 busy cores), each in its own scratch
+# Every benchmark at its real size (about 85 min on 2 busy cores), each in its own scratch
 # database and vhost (jobops_bench_*); `make bench BENCH_ARGS=--quick` runs them small,
 # BENCH_ARGS="--only api,e2e" picks some. Figures: bench/results/*.json (docs/benchmarks.md).
 # The peers that bench/executors.py measures (Procrastinate) come from the `bench` extra.

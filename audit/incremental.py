@@ -240,7 +240,7 @@ def _check_start(
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["checkpoint_before"], {"id": row[0]})
         before = cursor.fetchone()
-    broken = checkpoint_problems(_problem_row(row), before[0] if before else GENESIS_HASH)
+    broken = checkpoint_problems(row[:8], before[0] if before else GENESIS_HASH, heads=row[10])
     signature = _signature_problem(row, keyring)
     if signature:
         broken.append(signature)
@@ -267,7 +267,7 @@ def _verify_after(
     expected_prev = start[3]
     intervals: list[int] = []  # the distinct last_audit_ids above start_last, ascending
     named: dict[int, dict[str, tuple[int, str]]] = {}  # last_audit_id -> heads
-    trusted_heads: dict[str, tuple[int, str]] = dict(_heads(start))
+    trusted_heads: dict[str, tuple[int, str]] = dict(_heads(start[7], start[10]))
     same_group: list[int] = []  # later parts with the trusted one's last_audit_id
     genuine_after = True
     with connection.connection.cursor(name="audit_incremental_checkpoints", binary=True) as cur:
@@ -275,7 +275,7 @@ def _verify_after(
         cur.execute(QUERIES["checkpoints_after"], {"id": start_id})
         for row in cur:
             report.checkpoints_checked += 1
-            broken = checkpoint_problems(_problem_row(row), expected_prev)
+            broken = checkpoint_problems(row[:8], expected_prev, heads=row[10])
             signature = _signature_problem(row, keyring)
             if signature:
                 broken.append(signature)
@@ -290,7 +290,7 @@ def _verify_after(
                 continue
             report.to_checkpoint_id = row[0]
             genuine.add(row[3])
-            heads = _heads(row)
+            heads = _heads(row[7], row[10])
             if row[1] == start_last:
                 same_group.append(row[0])
                 trusted_heads.update(heads)
@@ -327,17 +327,13 @@ def _verify_after(
     return genuine
 
 
-def _problem_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A row of these queries as verify_checkpoints returns it (checkpoint_problems)."""
-    return (*row[:8], row[10])
-
-
-def _heads(row: tuple[Any, ...]) -> dict[str, tuple[int, str]]:
-    """The heads a checkpoint row names, whichever its version (audit.tree)."""
+def _heads(payload: bytes, heads: Any) -> dict[str, tuple[int, str]]:
+    """The heads a checkpoint names: in its payload (version 1) or its heads column,
+    which checkpoint_problems checked against the signed heads_root (version 2)."""
     try:
-        heads = checkpoint_heads(bytes(row[7]).decode("utf-8"), row[10])
-        return {chain: (int(seq), str(chain_hash)) for chain, seq, chain_hash in heads}
-    except (HeadsMismatch, ValueError, KeyError, TypeError):
+        named = checkpoint_heads(bytes(payload).decode("utf-8"), heads)
+        return {str(chain): (int(seq), str(digest)) for chain, seq, digest in named}
+    except (ValueError, KeyError, TypeError, HeadsMismatch):
         return {}
 
 

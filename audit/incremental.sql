@@ -5,8 +5,8 @@
 
 -- name: checkpoint_by_hash
 -- The checkpoints with this hash (one, unless someone forged a copy), as
--- verify_checkpoints returns them (without the heads), then the Ed25519 signature,
--- created_at and the heads of a version 2 one.
+-- verify_checkpoints returns them, then the Ed25519 signature, created_at and the heads
+-- of a version 2 checkpoint (NULL on version 1, whose payload holds them).
 SELECT id, last_audit_id, prev_hash, checkpoint_hash, key_id, signature,
        to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
        convert_to(payload, 'UTF8'), ed25519_signature, created_at, heads

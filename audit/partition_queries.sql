@@ -39,14 +39,15 @@ ORDER BY g.chain COLLATE "C";
 -- checkpoint names, with that head. No row for a chain no checkpoint covers yet. Only
 -- the checkpoints since `since` are read (the partition's month's start: none before it
 -- can name its last entries), not every checkpoint's heads.
+-- A version 2 checkpoint keeps its heads in `heads` (chain_hash), version 1 in its payload.
 WITH wanted AS (
     SELECT * FROM unnest(%(chains)s::text[], %(seqs)s::bigint[], %(hashes)s::text[],
                          %(segment)s::boolean[]) AS w(chain, seq, hash, segment)
 ), named AS MATERIALIZED (
-    SELECT c.id, h.chain, h.seq, h.hash
+    SELECT c.id, h.chain, h.seq, coalesce(h.chain_hash, h.hash) AS hash
     FROM audit_checkpoints c
-    CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
-        AS h(chain text, seq bigint, hash text)
+    CROSS JOIN LATERAL jsonb_to_recordset(coalesce(c.heads, c.payload::jsonb -> 'heads'))
+        AS h(chain text, seq bigint, hash text, chain_hash text)
     WHERE c.id <= %(upto)s AND c.created_at >= %(since)s
       AND h.chain IN (SELECT chain FROM wanted)
 )
@@ -110,26 +111,29 @@ SELECT id, checkpoint_hash, payload FROM audit_checkpoints WHERE id = ANY(%(ids)
 -- checkpoint names may be gone with its partition. It is not reported when its entry is
 -- before where its chain starts in the live database (`starts`: the ops chain after its
 -- detached segments), or, with archives (`archived` true), when a verified archive holds
--- its chain up to at least that seq (`a_chains`, `a_heads`), or, without them, when its
--- whole chain is gone and the checkpoint is no newer than the newest one a detached
--- partition's archive carries (`archived_upto`): those are counted apart (`deferred`).
+-- its chain up to at least that seq (`a_chains`, `a_heads`: each chain once), or,
+-- without them, when its whole chain is gone and the checkpoint is no newer than the
+-- newest one a detached partition's archive carries (`archived_upto`): those are counted
+-- apart (`deferred`).
 WITH starts AS (
     SELECT * FROM unnest(%(s_chains)s::text[], %(s_seqs)s::bigint[]) AS s(chain, seq)
 ), archived AS MATERIALIZED (
     SELECT * FROM unnest(%(a_chains)s::text[], %(a_heads)s::bigint[]) AS r(chain, head)
 ), heads AS MATERIALIZED (
-    SELECT c.id, h.chain, h.seq, h.hash, a.chain_hash,
+    SELECT c.id, h.chain, h.seq, coalesce(h.chain_hash, h.hash) AS hash, a.chain_hash,
            a.chain_hash IS NULL AND (
                EXISTS (SELECT FROM starts s WHERE s.chain = h.chain AND h.seq < s.seq)
-               OR (%(archived)s AND EXISTS (
-                   SELECT FROM archived r WHERE r.chain = h.chain AND h.seq <= r.head))
+               OR (%(archived)s AND coalesce(h.seq <= r.head, false))
                OR (NOT %(archived)s AND c.id <= %(archived_upto)s
                    AND NOT EXISTS (SELECT FROM audit_logs x WHERE x.chain = h.chain))
            ) AS deferred
     FROM audit_checkpoints c
-    CROSS JOIN LATERAL jsonb_to_recordset(c.payload::jsonb -> 'heads')
-        AS h(chain text, seq bigint, hash text)
+    CROSS JOIN LATERAL jsonb_to_recordset(coalesce(c.heads, c.payload::jsonb -> 'heads'))
+        AS h(chain text, seq bigint, hash text, chain_hash text)
     LEFT JOIN audit_logs a ON a.chain = h.chain AND a.seq = h.seq
+    -- A join (hashed), not EXISTS per head: a year's archives name hundreds of thousands
+    -- of chains, and the CTE has no index (EXISTS took minutes for 140,000 of them).
+    LEFT JOIN archived r ON r.chain = h.chain
     WHERE c.id = ANY(%(genuine)s::bigint[])
       AND (%(chains)s::text[] IS NULL OR h.chain = ANY(%(chains)s::text[])
            OR c.created_at >= %(since)s::timestamptz)

@@ -23,6 +23,14 @@ from datetime import UTC, date, datetime, timedelta
 from django.db import connection
 from prometheus_client import Gauge
 
+# Here rather than in jobs.integrations.metrics: the audit app imports nothing of jobs.
+AUDIT_FUTURE_PARTITIONS = Gauge(
+    "audit_future_partitions",
+    "Months after the current one whose audit_logs partitions (job and ops) both exist "
+    "(audit.partitions; the dispatcher's audit_partitions step keeps three ready)",
+    multiprocess_mode="mostrecent",
+)
+
 LEGACY_PART = date(1970, 1, 1)
 LEGACY_PARTITION = "audit_logs_legacy"
 # How many months after the current one audit_create_partitions keeps ready (the
@@ -101,15 +109,6 @@ def future_months(partitions: list[Partition], today: date | None = None) -> int
         if not {("job", date(year, month, 1)), ("ops", date(year, month, 1))} <= have:
             return ahead
         ahead += 1
-
-
-# Here rather than in jobs.integrations.metrics: the audit app imports nothing of jobs.
-AUDIT_FUTURE_PARTITIONS = Gauge(
-    "audit_future_partitions",
-    "Months after the current one whose audit_logs partitions (job and ops) both exist "
-    "(audit.partitions; the dispatcher's audit_partitions step keeps three ready)",
-    multiprocess_mode="mostrecent",
-)
 
 
 def create_future_partitions() -> int:

@@ -10,7 +10,6 @@ recorded has gone missing or been rewritten.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import queue
 import threading
@@ -30,9 +29,9 @@ from django.utils.module_loading import import_string
 from psycopg import sql as pgsql
 
 from audit.canonical import GENESIS_HASH, canonical_bytes, entry_payload
+from audit.checkpoint_check import checkpoint_problems as checkpoint_problems
 from audit.queries import QUERIES
 from audit.services import job_chain
-from audit.tree import is_v2, v2_payload_problem
 from audit.tree_check import check_tree_heads
 
 # Rows fetched per round trip of the server-side cursor: large enough that the
@@ -460,7 +459,7 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
         cursor.execute(QUERIES["verify_checkpoints"])
         for row in cursor:
             report.checkpoints_checked += 1
-            broken = checkpoint_problems(row, expected_prev)
+            broken = checkpoint_problems(row[:8], expected_prev, heads=row[8])
             if broken:
                 report.add(
                     Problem(
@@ -471,66 +470,6 @@ def _check_checkpoints(report: VerificationReport) -> list[int]:
                 genuine.append(row[0])
             expected_prev = row[3]
     return genuine
-
-
-def checkpoint_problems(row: tuple[Any, ...], expected_prev: str) -> list[str]:
-    """What is wrong with one checkpoint (a row of verify_checkpoints: its heads column
-    last) whose predecessor's hash is `expected_prev`; [] when it is genuine (also
-    audit.incremental's check)."""
-    _, last_id, prev, stored, key_id, signature, ts, payload, heads = row
-    broken = []
-    if prev != expected_prev:
-        broken.append(
-            f"prev_hash {prev} does not match the previous checkpoint's hash {expected_prev}"
-        )
-    try:
-        digest = hashlib.sha256(bytes.fromhex(prev))
-        digest.update(payload)
-        computed: str | None = digest.hexdigest()
-    except ValueError:
-        computed = None
-    if computed != stored:
-        broken.append(f"checkpoint_hash {stored} does not match its payload ({computed})")
-    key = settings.AUDIT_SIGNING_KEYS.get(key_id)
-    if key is None:
-        broken.append(f"signed with unknown key id {key_id!r}")
-    else:
-        try:
-            expected_sig = hmac.new(
-                key.encode("utf-8"), bytes.fromhex(stored), hashlib.sha256
-            ).hexdigest()
-        except ValueError:
-            expected_sig = ""
-        # Bytes, not str: compare_digest refuses a non-ASCII str with TypeError, and
-        # a tampered signature may be anything.
-        if not hmac.compare_digest(
-            expected_sig.encode(), str(signature).encode("utf-8", "backslashreplace")
-        ):
-            broken.append("HMAC signature does not verify")
-    if not broken and is_v2(payload):
-        mismatch = v2_payload_problem(
-            payload,
-            heads=heads,
-            created_at=ts,
-            last_audit_id=last_id,
-            prev_hash=prev,
-            key_id=key_id,
-        )
-        if mismatch:
-            broken.append(mismatch)
-    elif not broken:
-        # Genuine payload; JCS key order: created_at, heads, key_id,
-        # last_audit_id, prev_hash, v.
-        expected_first = canonical_bytes({"created_at": ts})[:-1] + b',"heads":'
-        expected_last = (
-            b"],"
-            + canonical_bytes(
-                {"key_id": key_id, "last_audit_id": last_id, "prev_hash": prev, "v": 1}
-            )[1:]
-        )
-        if not (payload.startswith(expected_first) and payload.endswith(expected_last)):
-            broken.append("columns disagree with the signed payload")
-    return broken
 
 
 def _check_tree_heads(report: VerificationReport, genuine: list[int]) -> None:

@@ -98,7 +98,14 @@ def check_payload_form(scratch: Scratch) -> None:
 
 
 def chain_lines(
-    job_ids: list[str], *, per_job: int, by_chain: bool, heads: dict[str, bytes]
+    job_ids: list[str],
+    *,
+    per_job: int,
+    by_chain: bool,
+    heads: dict[str, bytes],
+    start: datetime = START,
+    tick_us: int = 37,
+    part: date | None = None,
 ) -> Iterator[str]:
     """COPY text lines of valid chains for `job_ids`, `per_job` entries each.
 
@@ -106,8 +113,10 @@ def chain_lines(
     chain's rows are spread over the table as interleaved jobs leave them; True: chain
     after chain, which (with sorted ids) appends to every index instead of inserting
     at random, for loads of tens of millions of rows. `heads` ends up holding each
-    chain's last hash.
+    chain's last hash. Entry n is at `start` + n * `tick_us` microseconds; with `part`
+    each line ends with it (the partitioned log's column: a job chain's month).
     """
+    tail = "\n" if part is None else f"\t{part.isoformat()}\n"
     heads.update(dict.fromkeys(job_ids, bytes(32)))
     tick = 0
 
@@ -115,7 +124,7 @@ def chain_lines(
         nonlocal tick
         tick += 1
         event, src, dst = EVENTS[r % len(EVENTS)]
-        ts = (START + timedelta(microseconds=tick * 37)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        ts = (start + timedelta(microseconds=tick * tick_us)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         chain = f"job:{job}"
         text = payload_text(
             chain=chain, seq=r + 1, ts=ts, event=event, job=job, src=src, dst=dst, attempt=r // 4
@@ -126,7 +135,7 @@ def chain_lines(
         # COPY text format: none of these values holds a tab, newline or backslash.
         return (
             f"{chain}\t{job}\t{r + 1}\t{event}\tsystem\tjobops\t{ts}\t{text}\t"
-            f"{prev.hex()}\t{digest.hex()}\n"
+            f"{prev.hex()}\t{digest.hex()}{tail}"
         )
 
     if by_chain:
@@ -134,34 +143,55 @@ def chain_lines(
             yield "".join(line(job, r) for r in range(per_job))
     else:
         for r in range(per_job):
-            for start in range(0, len(job_ids), 10_000):
-                yield "".join(line(job, r) for job in job_ids[start : start + 10_000])
+            for first in range(0, len(job_ids), 10_000):
+                yield "".join(line(job, r) for job in job_ids[first : first + 10_000])
 
 
 def copy_chains(
-    conn: Any, job_ids: list[str], *, per_job: int, by_chain: bool, part: date | None = None
+    conn: Any,
+    job_ids: list[str],
+    *,
+    per_job: int,
+    by_chain: bool,
+    start: datetime = START,
+    tick_us: int = 37,
+    part: date | None = None,
 ) -> dict[str, str]:
     """COPY the chains into audit_logs on `conn` (the caller commits); returns each
     job's chain head (hex), which a job row that keeps its head must carry.
 
-    On a partitioned audit_logs (audit 0010) every entry gets `part` (default: this
-    month's job part, whose partition always exists, and which a job row created now
-    carries as its audit_part); a table from before has no such column.
-    """
+    On the partitioned log (audit.partitions) every entry names its partition: `part`,
+    by default the current UTC month's job partition (the month of a job created now);
+    before migration audit 0010 (no `part` column) none is written."""
+    if part is None and _has_part(conn):
+        part = part_for_job(datetime.now(UTC))
+    columns = COLUMNS if part is None else f"{COLUMNS}, part"
     heads: dict[str, bytes] = {}
-    partitioned = conn.execute(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'audit_logs' "
-        "AND column_name = 'part' AND table_schema = current_schema()"
-    ).fetchone()[0]
-    columns = f"{COLUMNS}, part" if partitioned else COLUMNS
-    suffix = f"\t{(part or part_for_job(datetime.now(UTC))).isoformat()}\n" if partitioned else ""
+    lines = chain_lines(
+        job_ids,
+        per_job=per_job,
+        by_chain=by_chain,
+        heads=heads,
+        start=start,
+        tick_us=tick_us,
+        part=part,
+    )
     with conn.cursor() as cursor, cursor.copy(f"COPY audit_logs ({columns}) FROM STDIN") as copy:
         batch: list[str] = []
-        for chunk in chain_lines(job_ids, per_job=per_job, by_chain=by_chain, heads=heads):
-            batch.append(chunk.replace("\n", suffix) if suffix else chunk)
+        for chunk in lines:
+            batch.append(chunk)
             if len(batch) >= 1000:
                 copy.write("".join(batch))
                 batch = []
         if batch:
             copy.write("".join(batch))
     return {job: digest.hex() for job, digest in heads.items()}
+
+
+def _has_part(conn: Any) -> bool:
+    return bool(
+        conn.execute(
+            "SELECT EXISTS (SELECT FROM information_schema.columns WHERE table_name = "
+            "'audit_logs' AND column_name = 'part' AND table_schema = current_schema())"
+        ).fetchone()[0]
+    )

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,10 @@ PER_JOB = 10
 
 def continue_chains(conn: Any, heads: dict[str, str], *, per_job: int) -> int:
     """COPY `per_job` more entries onto each chain of `heads` (job -> head hex), seq 11 on."""
+    from audit.partitions import part_for_job
+
+    # The continued chains are this month's, as copy_chains loaded them (audit 0010).
+    part = part_for_job(datetime.now(UTC)).isoformat()
     lines = []
     tick = 0
     for job, head in heads.items():
@@ -59,10 +63,11 @@ def continue_chains(conn: Any, heads: dict[str, str], *, per_job: int) -> int:
             digest = hashlib.sha256(prev + text.encode()).digest()
             lines.append(
                 f"{chain}\t{job}\t{r + 1}\t{event}\tsystem\tjobops\t{ts}\t{text}\t"
-                f"{prev.hex()}\t{digest.hex()}\n"
+                f"{prev.hex()}\t{digest.hex()}\t{part}\n"
             )
             prev = digest
-    with conn.cursor() as cursor, cursor.copy(f"COPY audit_logs ({COLUMNS}) FROM STDIN") as copy:
+    columns = f"{COLUMNS}, part"
+    with conn.cursor() as cursor, cursor.copy(f"COPY audit_logs ({columns}) FROM STDIN") as copy:
         for start in range(0, len(lines), 10_000):
             copy.write("".join(lines[start : start + 10_000]))
     return len(lines)

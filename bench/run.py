@@ -19,8 +19,11 @@ HERE = Path(__file__).resolve().parent
 # after a change come with the statements, round trips and Python time that explain them.
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("audit", []),
-    ("audit_incremental", []),
     ("audit_proof", []),
+    ("audit_incremental", []),
+    # A year of audit history simulated at a tenth of the spec's monthly volume (about ten
+    # minutes); `python bench/audit_year.py --full` is the spec's scale.
+    ("audit_year", []),
     ("api", []),
     ("create_profile", []),
     ("e2e", ["--profile"]),

@@ -23,6 +23,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ORDER = [
     "audit",
     "audit_proof",
+    "audit_year",
     "api",
     "create_profile",
     "e2e",

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import uuid
 
-import uuid6
 from django.conf import settings
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
@@ -14,18 +13,8 @@ from jobs.domain.choices import BreakerState as BreakerState
 from jobs.domain.choices import DeadLetterReason as DeadLetterReason
 from jobs.domain.choices import DeadLetterState as DeadLetterState
 from jobs.domain.choices import ParamsEditState as ParamsEditState
+from jobs.domain.ids import new_job_id as new_job_id
 from jobs.domain.states import Status
-
-
-def new_job_id() -> uuid.UUID:
-    """A time-ordered id (UUID version 7: milliseconds since the epoch, then random bits).
-
-    A job's id leads the keys of its rows in the biggest indexes (jobs, its audit
-    chain, the outbox and dead letters). Random ids put every new entry on a random page
-    of each, which once they outgrow memory means reads, dirtied pages and full-page WAL
-    writes all over; time-ordered ids keep new entries at one end. 74 random bits.
-    """
-    return uuid.UUID(int=uuid6.uuid7().int)
 
 
 class Job(models.Model):
@@ -110,7 +99,9 @@ class Job(models.Model):
     # trigger on audit_logs still refuses any entry that does not continue the chain.
     audit_seq = models.PositiveIntegerField(default=0, db_default=0)
     audit_head = models.CharField(max_length=64, default="0" * 64, db_default="0" * 64)
-    # Its audit chain's partition, whole (audit.partitions): created_at's UTC month.
+    # The partition of the job's audit chain (audit.partitions): the first day of the
+    # UTC month of created_at, so that every entry of the chain, `purged` months later
+    # included, lands in one partition. Jobs from before the partitioned log: 1970-01-01.
     audit_part = models.DateField(default=current_job_part, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -112,10 +112,10 @@ def test_gauges_are_computed_from_real_rows(client, settings):
         "checkpoint_age": -1.0,
         "erp_events_parked": 0.0,
         "queues_paused": 0.0,
+        "audit_future_partitions": 3.0,
         # No verification run recorded yet (audit/verification_runs.py).
         "audit_verified_full": 0.0,
         "audit_verified_incremental": 0.0,
-        "audit_future_partitions": 3.0,
     }
 
     old_pending = make_job()

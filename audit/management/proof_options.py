@@ -21,7 +21,14 @@ from audit.verification import VerificationReport
 
 EXIT_USAGE = 2
 # The options of the database walk and of --archive, none of which a proof file uses.
-OTHER_OPTIONS = ("job", "since", "expect_checkpoint", "expect_checkpoints_file", "archive")
+OTHER_OPTIONS = (
+    "job",
+    "since",
+    "expect_checkpoint",
+    "expect_checkpoints_file",
+    "archive",
+    "archives",
+)
 
 
 def add_arguments(parser: Any) -> None:

@@ -23,6 +23,7 @@ from audit.partition_archive import PartitionError, resolve
 from audit.partitions import partition_name
 from audit.services import OPS_CHAIN, Actor, audit_append
 from audit.signing import sign
+from audit.tree import heads_tree
 from audit.verification import audit_verify
 from jobs.services import creation
 from jobs.services.purge import purge_batch
@@ -306,7 +307,12 @@ def test_missing_changed_dropped_and_forged_are_each_named(closed, past, tmp_pat
     doc = json.loads(header)
     cp = doc["checkpoints"][0]
     payload = json.loads(cp["payload"])
-    payload["heads"] = payload["heads"][:1]
+    if "heads" in payload:
+        payload["heads"] = payload["heads"][:1]
+    else:  # version 2: the heads beside the payload, which signs their root and count
+        cp["heads"] = cp["heads"][:1]
+        payload["heads_root"] = heads_tree(cp["heads"]).root.hex()
+        payload["heads_count"] = 1
     cp["payload"] = canonical_bytes(payload).decode()
     cp["checkpoint_hash"] = chain_hash(cp["prev_hash"], cp["payload"].encode())
     cp["ed25519_signature"] = sign(bytes.fromhex(cp["checkpoint_hash"]))

@@ -6,8 +6,8 @@ chains closed before a date (retired once a partition was detached: use --partit
 
 Exit status: 0 written, 1 refused (an open chain, no covering checkpoint, a stored payload
 that is not canonical, or --until after a detach), 2 usage error or no signed checkpoint
-before the date. With --proof JOB_ID: 0 printed, 1 no checkpoint names
-the job's newest entry yet, 2 no such job's entries.
+before the date. With --proof JOB_ID: 0 printed, 1 no checkpoint names the job's newest
+entry yet, 2 no such job's entries.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ class Command(BaseCommand):
         "Write the audit chains closed before DATE (purged jobs' chains, the ops chain up "
         "to a checkpoint) and the signed checkpoints that cover them to FILE (gzip JSON "
         "lines), for `verify_audit_chain --archive`; or, with --partition, one partition "
-        "of audit_logs, verified and recorded for `audit_detach`. Deletes nothing."
+        "of audit_logs, verified and recorded for `audit_detach`; or, with --proof, the proof "
+        "of one job's audit history. Deletes nothing."
     )
 
     def add_arguments(self, parser: Any) -> None:

@@ -130,7 +130,8 @@ class Command(BaseCommand):
             metavar="KEY",
             help="The public key you trust (audit_public_key), or a keyring file of "
             "published keys with their validity (audit_public_key --keyring): every "
-            "Ed25519 signature must verify under the key its key id names.",
+            "Ed25519 signature must verify under the key its key id names. With --proof "
+            "or --consistency: the one public key the file must be signed with.",
         )
         parser.add_argument(
             "--since-checkpoint",
@@ -161,28 +162,32 @@ class Command(BaseCommand):
         started_at = timezone.now()
         range_text = "every entry and checkpoint"
         what = "Audit archive" if options["archive"] else "Audit trail"
-        if (options["archive"] or proof_options.wanted(options)) and (
-            options["since_checkpoint"] is not None or options["record"]
-        ):
-            raise CommandError(
-                "--archive, --proof and --consistency verify a file alone: "
-                "--since-checkpoint and --record do not apply",
-                returncode=EXIT_USAGE,
-            )
-        if options["archives"] and options["since_checkpoint"] is not None:
-            raise CommandError(
-                "--archives verifies the whole history: --since-checkpoint does not apply",
-                returncode=EXIT_USAGE,
-            )
         if proof_options.wanted(options):
+            if options["since_checkpoint"] is not None or options["record"]:
+                raise CommandError(
+                    "--proof and --consistency verify a file alone: --since-checkpoint and "
+                    "--record do not apply",
+                    returncode=EXIT_USAGE,
+                )
             what, report = proof_options.verify(options)
         elif options["archive"]:
+            if options["since_checkpoint"] is not None or options["record"]:
+                raise CommandError(
+                    "--archive verifies a file alone: --since-checkpoint and --record do not apply",
+                    returncode=EXIT_USAGE,
+                )
             report = self._verify_archive(options)
+        elif options["archives"]:
+            if options["since_checkpoint"] is not None or options["record"]:
+                raise CommandError(
+                    "--archives verifies the whole history: --since-checkpoint and --record "
+                    "do not apply",
+                    returncode=EXIT_USAGE,
+                )
+            report = self._verify_history(options)
         elif options["since_checkpoint"] is not None:
             report = self._verify_incremental(options, job_ids, since, expected)
             range_text = report.range_text()
-        elif options["archives"]:
-            report = self._verify_history(options)
         else:
             if options["record"] and (job_ids or since):
                 raise CommandError(
