@@ -130,8 +130,7 @@ class Command(BaseCommand):
             metavar="KEY",
             help="The public key you trust (audit_public_key), or a keyring file of "
             "published keys with their validity (audit_public_key --keyring): every "
-            "Ed25519 signature must verify under the key its key id names. With --proof "
-            "or --consistency: the one public key the file must be signed with.",
+            "Ed25519 signature must verify under the key its key id names.",
         )
         parser.add_argument(
             "--since-checkpoint",
