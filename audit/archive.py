@@ -160,18 +160,25 @@ def _entry_lines(heads: list[tuple[str, int, str, int]]) -> Iterator[bytes]:
     with connection.connection.cursor(name="audit_archive_entries") as cursor:
         cursor.itersize = BATCH_ROWS
         cursor.execute(QUERIES["archive_entries"], params)
-        for chain, seq, payload, prev, stored in cursor:
-            try:
-                entry = json.loads(payload)
-                canonical = canonical_bytes(entry) == payload.encode("utf-8")
-            except ValueError:
-                canonical = False
-            if not canonical:
-                raise ArchiveError(
-                    f"chain {chain} seq {seq}: the stored payload is not canonical JSON; "
-                    "run `manage.py verify_audit_chain`"
-                )
-            yield canonical_bytes({"chain_hash": stored, "entry": entry, "prev_hash": prev})
+        for row in cursor:
+            yield entry_line(*row)
+
+
+def entry_line(chain: str, seq: int, payload: str, prev: str, stored: str) -> bytes:
+    """One stored entry as its archive line {chain_hash, entry, prev_hash}, the entry
+    being the exact payload that was hashed (ArchiveError when it is not canonical JSON:
+    an archive's reader could not recompute its hash)."""
+    try:
+        entry = json.loads(payload)
+        canonical = canonical_bytes(entry) == payload.encode("utf-8")
+    except ValueError:
+        canonical = False
+    if not canonical:
+        raise ArchiveError(
+            f"chain {chain} seq {seq}: the stored payload is not canonical JSON; "
+            "run `manage.py verify_audit_chain`"
+        )
+    return canonical_bytes({"chain_hash": stored, "entry": entry, "prev_hash": prev})
 
 
 def verify_archive(

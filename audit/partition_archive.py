@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,7 +42,15 @@ from django.db import connection, transaction
 from django.utils import timezone
 from prometheus_client import Gauge
 
-from audit.archive import FORMAT, VERSION, ArchiveError, _checkpoints, _cutoff, verify_archive
+from audit.archive import (
+    FORMAT,
+    VERSION,
+    ArchiveError,
+    _checkpoints,
+    _cutoff,
+    entry_line,
+    verify_archive,
+)
 from audit.canonical import canonical_bytes
 from audit.models import AuditPartitionArchive
 from audit.partitions import LEGACY_PART, LEGACY_PARTITION, list_partitions, partition_name
@@ -309,18 +316,8 @@ def _entry_lines(chains: list[dict[str, Any]]) -> Iterator[bytes]:
     with connection.connection.cursor(name="audit_partition_entries") as cursor:
         cursor.itersize = BATCH_ROWS
         cursor.execute(PQ["partition_archive_entries"], params)
-        for chain, seq, payload, prev, stored in cursor:
-            try:
-                entry = json.loads(payload)
-                canonical = canonical_bytes(entry) == payload.encode("utf-8")
-            except ValueError:
-                canonical = False
-            if not canonical:
-                raise ArchiveError(
-                    f"chain {chain} seq {seq}: the stored payload is not canonical JSON; "
-                    "run `manage.py verify_audit_chain`"
-                )
-            yield canonical_bytes({"chain_hash": stored, "entry": entry, "prev_hash": prev})
+        for row in cursor:
+            yield entry_line(*row)
 
 
 def archive_file_name(ref: PartitionRef, now: datetime | None = None) -> str:
