@@ -37,10 +37,10 @@ from django.utils import timezone
 from audit.canonical import canonical_bytes, chain_hash
 from audit.keyring import Keyring
 from audit.queries import QUERIES
+from audit.report import Problem, VerificationReport
 from audit.services import OPS_CHAIN, format_ts
 from audit.signing import load_public_key, public_key_text, sign, verifies
 from audit.tree import checkpoint_heads
-from audit.verification import Problem, VerificationReport
 
 FORMAT = "jobops-audit-archive"
 VERSION = 1

@@ -35,8 +35,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils.dateparse import parse_datetime
 
+from audit.report import Problem, VerificationReport
 from audit.signing import load_public_key, public_key_text, verifies
-from audit.verification import Problem, VerificationReport
 
 # A keyring file is a short list; refuse anything absurd before parsing it.
 MAX_KEYRING_BYTES = 1_000_000

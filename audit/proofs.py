@@ -27,6 +27,7 @@ from audit.keyring import Keyring, KeyringError, as_time, load_keyring
 from audit.merkle import leaf_hash, verify_consistency, verify_inclusion
 from audit.models import AuditTreeHead
 from audit.queries import QUERIES
+from audit.report import Problem, VerificationReport
 from audit.services import job_chain
 from audit.signing import public_key_text, verifies
 from audit.tree import (
@@ -39,7 +40,6 @@ from audit.tree import (
     tree_head_bytes,
 )
 from audit.tree_log import encode_path, latest_tree_head, stored_tree, tree_head_document
-from audit.verification import Problem, VerificationReport
 
 PROOF_FORMAT = "jobops-audit-proof"
 CONSISTENCY_FORMAT = "jobops-audit-consistency"

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
 from typing import Any
@@ -28,74 +28,20 @@ from django.db import connection, transaction
 from django.utils.module_loading import import_string
 from psycopg import sql as pgsql
 
+from audit.boundary import live_boundary
 from audit.canonical import GENESIS_HASH, canonical_bytes, entry_payload
 from audit.checkpoint_check import checkpoint_problems as checkpoint_problems
 from audit.queries import QUERIES
+from audit.report import MAX_PROBLEMS as MAX_PROBLEMS
+from audit.report import Problem as Problem
+from audit.report import VerificationReport as VerificationReport
+from audit.report import job_of as _job_of
 from audit.services import job_chain
 from audit.tree_check import check_tree_heads
 
 # Rows fetched per round trip of the server-side cursor: large enough that the
 # round trips vanish, small enough that a batch is about a megabyte.
 BATCH_ROWS = 2_000
-# A wholesale tamper could yield a problem per row; keep the first ones only.
-MAX_PROBLEMS = 1_000
-
-
-@dataclass(frozen=True)
-class Problem:
-    kind: str
-    message: str
-    chain: str | None = None
-    job_id: str | None = None
-    seq: int | None = None
-    checkpoint_id: int | None = None
-
-    def __str__(self) -> str:
-        where = []
-        if self.chain is not None:
-            where.append(f"chain {self.chain}")
-        if self.job_id is not None:
-            where.append(f"job {self.job_id}")
-        if self.seq is not None:
-            where.append(f"seq {self.seq}")
-        if self.checkpoint_id is not None:
-            where.append(f"checkpoint {self.checkpoint_id}")
-        return f"{', '.join(where) or 'audit'}: {self.kind}: {self.message}"
-
-
-@dataclass
-class VerificationReport:
-    rows_checked: int = 0
-    chains_checked: int = 0
-    checkpoints_checked: int = 0
-    heads_checked: int = 0
-    tree_heads_checked: int = 0
-    # Heads of checkpoints whose partition was detached, not checked without its archive
-    # (audit.history: verify_audit_chain --archives checks them).
-    heads_deferred: int = 0
-    streams: int = 0  # chain ranges read side by side
-    problems: list[Problem] = field(default_factory=list)
-    problems_total: int = 0
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.problems_total == 0
-
-    def add(self, problem: Problem) -> None:
-        self.problems_total += 1
-        if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(problem)
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["ok"] = self.ok
-        data["problems_truncated"] = self.problems_total - len(self.problems)
-        return data
-
-
-def _job_of(chain: str) -> str | None:
-    return chain[4:] if chain.startswith("job:") else None
 
 
 def audit_verify(
@@ -147,8 +93,6 @@ def audit_verify(
             # Outermost block: nothing has run yet in this transaction.
             with connection.cursor() as cursor:
                 cursor.execute(QUERIES["read_only_snapshot"])
-        from audit.history import live_boundary  # it builds on this module
-
         boundary = history if history is not None else live_boundary()
         if since is not None:
             with connection.cursor() as cursor:
@@ -174,7 +118,10 @@ def audit_verify(
         genuine = _check_checkpoints(report)
         if selected is None:  # a full verification: the checkpoint log too
             _check_tree_heads(report, genuine)
-        boundary.check_heads(report, genuine, selected, since)
+        if boundary.detached or boundary.archived_heads is not None:
+            boundary.check_heads(report, genuine, selected, since)
+        else:
+            _check_heads(report, genuine, selected, since)
         if selected is None:
             boundary.check_partitions(report)
         _check_expected(report, genuine, expected_checkpoints)
