@@ -13,7 +13,10 @@ class CoreConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
+        from core.db import resolve_psycopg_dumpers
         from core.sqlfiles import install_after_migrate
+
+        resolve_psycopg_dumpers()
 
         # Once per migrate: post_migrate is sent for every app, this receiver only for core.
         post_migrate.connect(install_after_migrate, sender=self, dispatch_uid="core.sqlfiles")

@@ -249,3 +249,38 @@ def _apply(steps: list[Callable[..., Any]], column: Any, value: Any) -> Any:
     for step in steps:
         value = step(value, column, connection)
     return value
+
+
+def resolve_psycopg_dumpers() -> None:
+    """Resolve, once and before any thread runs a query, the dumpers psycopg registers
+    by class name (uuid.UUID, datetime, Decimal, ipaddress).
+
+    psycopg replaces such a name by the class the first time it adapts one, in a dict
+    that every connection's adapters share; two threads doing that at once can fail a
+    query with "cannot adapt type 'UUID'" (psycopg/psycopg#1230). gunicorn's threaded
+    workers met it under a burst of creates."""
+    import datetime as dt
+    import decimal
+    import ipaddress
+    import uuid
+
+    from psycopg import adapters
+    from psycopg.adapt import PyFormat
+
+    classes = (
+        uuid.UUID,
+        dt.date,
+        dt.datetime,
+        dt.time,
+        dt.timedelta,
+        decimal.Decimal,
+        ipaddress.IPv4Address,
+        ipaddress.IPv6Address,
+        ipaddress.IPv4Network,
+        ipaddress.IPv6Network,
+        ipaddress.IPv4Interface,
+        ipaddress.IPv6Interface,
+    )
+    for cls in classes:
+        for format in PyFormat:
+            adapters.get_dumper(cls, format)

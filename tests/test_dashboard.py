@@ -67,10 +67,12 @@ def test_the_dashboard_costs_the_same_few_queries_on_a_million_jobs(
     assert sum(sum(q["unfinished"].values()) for q in overview["queues"]) == 4 * MILLION // 1000
     big, seconds = _dashboard_queries(client)
     print(f"dashboard: {small} queries with one job, {big} with a million; {seconds:.2f} s")
-    # 16: the queue pauses and the connectors' breakers are read fresh beside the
+    # 18: the queue pauses and the connectors' breakers are read fresh beside the
     # cached snapshot (a pause or an opened breaker shows at the next refresh;
     # docs/operator-controls.md#pausing-a-queue, docs/connectors.md): a scan of a
-    # handful of rows each, the same on a million jobs. The operator's scope is read
-    # once per request (tenants.selectors.operator_org_ids).
-    assert big == small <= 16, (small, big)
+    # handful of rows each, the same on a million jobs; so is the audit verification
+    # tile's newest run of each mode (two index probes of the ops chain,
+    # audit/verification_runs.py). The operator's scope is read once per request
+    # (tenants.selectors.operator_org_ids).
+    assert big == small <= 18, (small, big)
     assert seconds < 5, f"the dashboard took {seconds:.2f} s on a million jobs"
