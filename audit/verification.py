@@ -74,7 +74,7 @@ def audit_verify(
     Runs in one REPEATABLE READ READ ONLY transaction when it can, so rows and
     checkpoints come from one snapshot.
 
-    Once partitions were detached (audit.history.Boundary, `history`; read from the
+    Once partitions were detached (audit.boundary.Boundary, `history`; read from the
     ops chain when not given): a chain whose older segments went starts after them, the
     heads of checkpoints whose partition went are checked against its archive (with
     `history` from verify_audit_chain --archives) or counted apart, and every partition
