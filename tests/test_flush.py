@@ -19,7 +19,7 @@ from django.test import TransactionTestCase
 from audit.checkpoints import checkpoint_write
 from audit.models import AuditCheckpoint, AuditLog
 from tests.factories import OrganisationFactory, UserFactory, job_in_state
-from tests.flush import KEPT_TABLES
+from tests.flush import KEPT_TABLES, TRUNCATE_FROM_ROWS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -81,6 +81,29 @@ def test_the_flush_empties_every_table_but_content_types_and_permissions_which_k
 
     assert _tables_holding_rows() == set(KEPT_TABLES)
     assert _kept_rows() == kept  # not made again: Django's flush would give new ids
+
+
+def _relfilenode(table: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relfilenode FROM pg_class WHERE oid = %s::regclass", [table])
+        return cursor.fetchone()[0]
+
+
+def test_a_large_table_is_truncated_and_the_others_emptied_row_by_row():
+    """DELETE is the cheap way to empty a few rows (TRUNCATE makes new files for every
+    table and index); a table of TRUNCATE_FROM_ROWS rows or more is truncated, so that
+    no test leaves the next ones scanning its dead rows. TRUNCATE gives a table new
+    storage (relfilenode); DELETE does not."""
+    _teardown()
+    Group.objects.bulk_create(Group(name=f"g{i}") for i in range(TRUNCATE_FROM_ROWS))
+    job_in_state("scheduled")
+    before = {table: _relfilenode(table) for table in ("auth_group", "jobs")}
+
+    _teardown()
+
+    assert _tables_holding_rows() == set(KEPT_TABLES)
+    assert _relfilenode("auth_group") != before["auth_group"]
+    assert _relfilenode("jobs") == before["jobs"]
 
 
 def test_the_append_only_triggers_are_enabled_again_after_the_flush():
