@@ -203,6 +203,11 @@ def test_the_owner_role_runs_migrations_including_the_audit_triggers(roles):
     finally:
         with connection.cursor() as cursor:
             cursor.execute("RESET ROLE")
+        # Back to audit 0002 took dlq's migrations that depend on audit 0003 back too, and
+        # `migrate audit` does not apply them again: without this the next tests of this
+        # session ran on a schema that is not current, whose SQL files post_migrate then
+        # leaves uninstalled (0008's body of audit_entry_payload stayed).
+        call_command("migrate", verbosity=0)
     # The re-created trigger still refuses an insert out of order, as the app role.
     with _as(app) as conn, pytest.raises(psycopg.errors.IntegrityConstraintViolation):
         conn.execute(
