@@ -45,9 +45,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from tests.forkserver import ROOT, ForkedProcess, spawnable
+from tests.forkserver import server as fork_server
 from tests.polling import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["ROOT"]  # tests import it from here
 
 # Timings small enough that worker death, retries and coalescing take seconds.
 FAST_ENV = {
@@ -122,15 +124,27 @@ def free_port() -> int:
 def run_manage(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """`manage.py *args` as a real process, to its end (default env: subprocess_env())."""
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=subprocess_env() if env is None else env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`manage.py *args` as a real process, to its end (default env: subprocess_env()),
+    forked from the fork server (tests/forkserver.py) where it can stand in."""
+    argv = [sys.executable, "manage.py", *args]
+    env = subprocess_env() if env is None else env
+    if not spawnable(argv, env):
+        return subprocess.run(
+            argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    with tempfile.TemporaryDirectory(prefix="jobops-manage-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        proc = fork_server.start(argv, env=env, cwd=ROOT, stdout=out, stderr=err)
+        try:
+            returncode = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+            raise
+        read = {"encoding": "utf-8", "errors": "replace"}
+        return subprocess.CompletedProcess(
+            argv, returncode, out.read_text(**read), err.read_text(**read)
+        )
 
 
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")
@@ -198,14 +212,18 @@ class Process:
         self.log_path = Path(tempfile.gettempdir()) / f"jobops-{name}-{uuid.uuid4().hex[:8]}.log"
         self._log = open(self.log_path, "wb")  # closed in stop()
         self._terminated = False
-        self.proc = subprocess.Popen(
-            args,
-            cwd=cwd,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.proc: subprocess.Popen[bytes] | ForkedProcess
+        if spawnable(args, env):  # forked by tests/forkserver.py: the same process, sooner
+            self.proc = fork_server.start(args, env=env, cwd=cwd, stdout=self.log_path)
+        else:
+            self.proc = subprocess.Popen(
+                args,
+                cwd=cwd,
+                env=env,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     @property
     def pid(self) -> int:

@@ -4,8 +4,9 @@ The settings tests (tests/test_settings.py) start Django dozens of times, each i
 process with its own environment, to see it start or refuse. Spawning a Python for
 each (under coverage, importing Django) was most of that module's minutes. A `Starter`
 is one process that has imported the `django` package, its framework modules and the
-third-party libraries the settings import, nothing of this project (no settings, no
-app); each `run(code, env)` forks it, and the child, as a new interpreter would, takes
+third-party libraries the settings import (tests.forkserver.PRELOAD, which the fork
+server of the workers and dispatchers imports too), nothing of this project (no
+settings, no app); each `run(code, env)` forks it, and the child, as a new interpreter would, takes
 `env` as its whole environment, runs `code` with stdout and stderr of its own, and
 ends with its exit status (an uncaught exception: its traceback on stderr and status
 1, as `python -c` does). Coverage follows the child (`patch = fork`, `_exit`).
@@ -26,21 +27,14 @@ import sys
 from types import TracebackType
 from typing import Any
 
-from tests.processes import ROOT
+from tests.forkserver import PRELOAD, ROOT
 
 # The starter's own loop: one JSON request a line on stdin ({"code", "env"}), one JSON
 # answer a line on stdout ({"returncode", "stdout", "stderr"}).
-SERVER = r"""
+SERVER = (
+    PRELOAD
+    + r"""
 import json, os, sys, tempfile, traceback
-import django, django.conf, django.apps  # the package only: no settings are read yet
-# Third-party libraries config.settings imports (most of its start-up time) that read
-# no Django setting when imported: each child finds them loaded; this project's own
-# modules (config, core, ...) it still imports afresh.
-import celery, celery.app, kombu, structlog, psycopg, prometheus_client, dj_database_url
-# And Django's own framework modules that django.setup() imports with the apps: they too
-# read no setting when imported (one that did would fail here, settings unconfigured).
-import django.contrib.admin, django.core.serializers.json, django.db.backends.postgresql.base
-import django.db.models, django.forms, django.http, django.template, django.urls
 
 answers = os.fdopen(os.dup(1), "w")
 for line in sys.stdin:
@@ -80,6 +74,7 @@ for line in sys.stdin:
     }) + "\n")
     answers.flush()
 """
+)
 
 
 class Starter:
