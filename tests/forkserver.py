@@ -60,8 +60,9 @@ os.set_blocking(wakeup_w, False)
 signal.signal(signal.SIGCHLD, lambda *_: None)
 signal.set_wakeup_fd(wakeup_w)
 selector = selectors.DefaultSelector()
-selector.register(sys.stdin, selectors.EVENT_READ)
+selector.register(0, selectors.EVENT_READ)
 selector.register(wakeup_r, selectors.EVENT_READ)
+pending = b""  # what stdin gave past its last whole line (read raw: select sees no buffer)
 
 
 def child(request):
@@ -125,19 +126,24 @@ def reap():
         answers.flush()
 
 
+parent = os.getppid()
 while True:
-    for key, _ in selector.select():
-        if key.fileobj is sys.stdin:
-            line = sys.stdin.readline()
-            if not line:  # the tests' session ended: children it left are its own to stop
+    if os.getppid() != parent:  # the test process died without closing stdin: end too
+        sys.exit(0)
+    for key, _ in selector.select(timeout=5):
+        if key.fileobj == 0:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:  # the tests' session ended: children it left are its own to stop
                 sys.exit(0)
-            request = json.loads(line)
-            pid = os.fork()
-            if pid == 0:
-                selector.close()
-                child(request)
-            answers.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
-            answers.flush()
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    child(request)
+                answers.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+                answers.flush()
         else:
             while True:
                 try:
@@ -180,7 +186,8 @@ class ForkServer:
     """The server (started on first use, one per test process) and its reader thread."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the tables below; never held across a pipe's I/O
+        self._write = threading.Lock()  # one request at a time on the server's stdin
         self._proc: subprocess.Popen[str] | None = None
         self._next_id = 0
         self._started: dict[int, tuple[threading.Event, list[int]]] = {}
@@ -234,12 +241,13 @@ class ForkServer:
         same file)."""
         module = args[2] if args[1] == "-m" else None
         argv = [module, *args[3:]] if module else args[1:]
-        with self._lock:
-            proc = self._ensure()
-            self._next_id += 1
-            request_id = self._next_id
-            started: tuple[threading.Event, list[int]] = (threading.Event(), [])
-            self._started[request_id] = started
+        with self._write:
+            with self._lock:
+                proc = self._ensure()
+                self._next_id += 1
+                request_id = self._next_id
+                started: tuple[threading.Event, list[int]] = (threading.Event(), [])
+                self._started[request_id] = started
             request = {
                 "id": request_id,
                 "argv": argv,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.forkserver import ForkServer, spawnable
@@ -69,6 +70,27 @@ def test_a_module_runs_as_python_m_would(tmp_path: Path) -> None:
         assert child.wait(20) == 0, out.read_text()
         assert out.read_text().startswith("Linux-")
         assert time.monotonic() - started < 20
+    finally:
+        server.close()
+
+
+def test_starts_asked_for_at_once_from_many_threads_each_start(tmp_path: Path) -> None:
+    """Requests that reach the server together (tests.processes.together starts a worker
+    and a dispatcher side by side) are each served, none left waiting for the next."""
+    script = tmp_path / "probe.py"
+    script.write_text(SCRIPT)
+    server = ForkServer()
+
+    def start(n: int) -> int:
+        child = server.start(
+            [sys.executable, str(script), str(n)], env={}, cwd=tmp_path, stdout=tmp_path / f"{n}"
+        )
+        return child.wait(20)
+
+    try:
+        for _ in range(3):
+            with ThreadPoolExecutor(max_workers=12) as pool:
+                assert list(pool.map(start, range(12))) == list(range(12))
     finally:
         server.close()
 
