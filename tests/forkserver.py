@@ -48,10 +48,29 @@ import django.contrib.admin, django.core.serializers.json, django.db.backends.po
 import django.db.models, django.forms, django.http, django.template, django.urls
 """
 
+# What both servers' children end with: `run()` as a script's body, and the exit status
+# `python` would give it (an uncaught exception: its traceback on stderr and 1).
+RUN_AS_MAIN = """
+def run_as_main(run):
+    import sys, traceback
+    try:
+        run()
+    except SystemExit as exc:
+        code = exc.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+"""
+
 SERVER = (
     PRELOAD
+    + RUN_AS_MAIN
     + r"""
-import io, json, os, runpy, selectors, signal, sys, traceback
+import io, json, os, runpy, selectors, signal, sys
 
 answers = os.fdopen(os.dup(1), "w")
 wakeup_r, wakeup_w = os.pipe()
@@ -90,22 +109,13 @@ def child(request):
         io.FileIO(2, "w", closefd=False), write_through=True, errors="backslashreplace")
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.argv = list(request["argv"])
-    status = 0
-    try:
-        if request["module"]:
-            sys.path[0] = request["cwd"]
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-        else:
-            sys.path[0] = os.path.dirname(os.path.abspath(request["argv"][0]))
-            runpy.run_path(request["argv"][0], run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code
-        status = code if isinstance(code, int) else (0 if code is None else 1)
-        if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)
-    except BaseException:
-        traceback.print_exc()
-        status = 1
+    if request["module"]:
+        sys.path[0] = request["cwd"]
+        run = lambda: runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    else:
+        sys.path[0] = os.path.dirname(os.path.abspath(request["argv"][0]))
+        run = lambda: runpy.run_path(request["argv"][0], run_name="__main__")
+    status = run_as_main(run)
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -27,14 +27,15 @@ import sys
 from types import TracebackType
 from typing import Any
 
-from tests.forkserver import PRELOAD, ROOT
+from tests.forkserver import PRELOAD, ROOT, RUN_AS_MAIN
 
 # The starter's own loop: one JSON request a line on stdin ({"code", "env"}), one JSON
 # answer a line on stdout ({"returncode", "stdout", "stderr"}).
 SERVER = (
     PRELOAD
+    + RUN_AS_MAIN
     + r"""
-import json, os, sys, tempfile, traceback
+import json, os, sys, tempfile
 
 answers = os.fdopen(os.dup(1), "w")
 for line in sys.stdin:
@@ -47,17 +48,8 @@ for line in sys.stdin:
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        status = 0
-        try:
-            exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
-        except SystemExit as exc:
-            code = exc.code
-            status = code if isinstance(code, int) else (0 if code is None else 1)
-            if code is not None and not isinstance(code, int):
-                print(code, file=sys.stderr)
-        except BaseException:
-            traceback.print_exc()
-            status = 1
+        code = compile(request["code"], "<string>", "exec")
+        status = run_as_main(lambda: exec(code, {"__name__": "__main__"}))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
