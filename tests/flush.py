@@ -17,8 +17,9 @@ TRUNCATE: new files for every table and index, made and synced at commit.
   each table of a few rows, in any order, and one TRUNCATE ... CASCADE the large ones.
   TRUNCATE makes new files for every table and index and syncs them at commit (0.13 to
   0.35 s a test on a quiet machine, above a second on a loaded one); a DELETE of a few
-  rows takes milliseconds. The large ones are truncated all the same so that no test
-  leaves the next ones scanning its dead rows. Nothing is altered, so the flush takes
+  rows takes milliseconds. The large ones, and those whose heap has grown past a few
+  pages, are truncated all the same so that no test leaves the next ones scanning (or
+  planning around) dead rows. Nothing is altered, so the flush takes
   no exclusive lock but on a large table;
 - django_content_type and auth_permission keep their rows and no post_migrate is sent:
   post_migrate's receivers would only write back the same rows, under new ids. That
@@ -55,8 +56,12 @@ APPEND_ONLY_TABLES = (
 # Static after migrate: post_migrate makes them, nothing in the product writes them.
 KEPT_TABLES = ("django_content_type", "auth_permission")
 FLUSH_ATTEMPTS = 5
-# A table with this many rows or more is truncated, one with fewer emptied by DELETE.
+# A table with this many rows or more, or whose heap has grown to this size (dead rows of
+# earlier DELETEs that autovacuum has not reclaimed yet: the planner reads that size,
+# and tests/jobs/test_large_table_plans.py once lost its index to it), is truncated;
+# one with fewer rows in less room is emptied by DELETE.
 TRUNCATE_FROM_ROWS = 1000
+TRUNCATE_FROM_BYTES = 4 * 8192
 
 T = TypeVar("T")
 
@@ -115,13 +120,16 @@ def flush(connection: BaseDatabaseWrapper) -> bool:
         return False
     quote = connection.ops.quote_name
     # Each table's rows, counted up to TRUNCATE_FROM_ROWS (a LIMIT: a large table is not
-    # counted through); only the tables holding any come back.
+    # counted through), and whether its heap (its partitions' for a partitioned table)
+    # has grown to TRUNCATE_FROM_BYTES; only the tables holding rows come back.
     counts = " UNION ALL ".join(
         f"SELECT '{table}' AS t, (SELECT count(*) FROM (SELECT FROM {quote(table)} "
-        f"LIMIT {TRUNCATE_FROM_ROWS}) s) AS n"
+        f"LIMIT {TRUNCATE_FROM_ROWS}) s) AS n, pg_relation_size('{table}') + coalesce(("
+        f"SELECT sum(pg_relation_size(inhrelid)) FROM pg_inherits "
+        f"WHERE inhparent = '{table}'::regclass), 0) >= {TRUNCATE_FROM_BYTES} AS grown"
         for table in sorted(set(tables) - set(KEPT_TABLES))
     )
-    probe = f"SELECT t, n FROM ({counts}) c WHERE n > 0"
+    probe = f"SELECT t, n >= {TRUNCATE_FROM_ROWS} OR grown FROM ({counts}) c WHERE n > 0"
 
     def attempt() -> bool:
         with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
@@ -139,8 +147,8 @@ def flush(connection: BaseDatabaseWrapper) -> bool:
                 # in any order with no ALTER TABLE, whose exclusive locks a polling
                 # worker deadlocked with.
                 cursor.execute("SET LOCAL session_replication_role = replica")
-                small = [quote(t) for t, n in holding if n < TRUNCATE_FROM_ROWS]
-                large = [quote(t) for t, n in holding if n >= TRUNCATE_FROM_ROWS]
+                small = [quote(t) for t, large in holding if not large]
+                large = [quote(t) for t, large in holding if large]
                 for table in small:
                     cursor.execute(f"DELETE FROM {table}")
                 if large:
