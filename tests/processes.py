@@ -45,11 +45,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from tests.forkserver import ROOT, ForkedProcess, spawnable
+from tests.forkserver import ROOT as ROOT  # tests import it from here
+from tests.forkserver import ForkedProcess, spawnable
 from tests.forkserver import server as fork_server
 from tests.polling import wait_for
-
-__all__ = ["ROOT"]  # tests import it from here
 
 # Timings small enough that worker death, retries and coalescing take seconds.
 FAST_ENV = {
@@ -145,6 +144,21 @@ def run_manage(
         return subprocess.CompletedProcess(
             argv, returncode, out.read_text(**read), err.read_text(**read)
         )
+
+
+def run_python(
+    code: str, *, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`python -c code` as a new interpreter, to its end (default env: subprocess_env()):
+    for what must start from nothing (no module a fork server has imported)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=subprocess_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")

@@ -225,10 +225,8 @@ def test_the_login_form_says_when_a_throttled_code_may_be_tried_again(settings):
 def test_the_pages_load_only_where_urls_do_and_the_admin_check_still_sees_them():
     """Workers and dispatchers skip the portal's pages at start-up (config/apps.py);
     `manage.py check` must still check every page, whichever order its checks run in."""
-    import subprocess
-    import sys
 
-    from tests.processes import ROOT, subprocess_env
+    from tests.processes import run_python
 
     code = (
         "import django; django.setup()\n"
@@ -241,13 +239,6 @@ def test_the_pages_load_only_where_urls_do_and_the_admin_check_still_sees_them()
         "from config.admin_site import JobopsAdminSite\n"
         "print(type(admin.site._wrapped).__name__)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "True", "JobopsAdminSite"]

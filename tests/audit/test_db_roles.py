@@ -24,6 +24,7 @@ from tests.processes import (
     ROOT,
     celery_worker,
     database_url,
+    run_python,
     subprocess_env,
 )
 
@@ -109,14 +110,7 @@ PRODUCTION = {**PRODUCTION_SAFE, "DJANGO_SETTINGS_MODULE": "config.settings"}
 
 def _boot_web(**extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **PRODUCTION, "DATABASE_URL": database_url(), **extra}
-    return subprocess.run(
-        [sys.executable, "-c", "import config.wsgi; print('started')"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_python("import config.wsgi; print('started')", env=env)
 
 
 def test_production_refuses_to_start_as_a_superuser():

@@ -4,10 +4,7 @@ every process resolves them at start-up (core.db.resolve_psycopg_dumpers)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from tests.processes import ROOT, subprocess_env
+from tests.processes import run_python
 
 CHECK = """
 import django; django.setup()
@@ -23,15 +20,8 @@ for format in PyFormat:
 
 
 def test_a_fresh_process_has_its_dumpers_resolved_before_any_query():
-    result = subprocess.run(
-        [sys.executable, "-c", CHECK],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    result = run_python(CHECK)
+    assert result.returncode == 0, result.stderr
     lines = result.stdout.split("\n")[:-1]
     assert len(lines) == 12, result.stdout + result.stderr
     # Each by its class, none left by its name for a thread to replace.

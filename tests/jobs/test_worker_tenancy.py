@@ -6,8 +6,6 @@ organisation's rate limit, and the tenant on log lines and (when asked) metrics.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 
 import pytest
@@ -31,7 +29,13 @@ from tests.factories import (
     make_job,
 )
 from tests.metric_samples import Moved
-from tests.processes import ROOT, assert_chain_valid, job_events, scripted_table, subprocess_env
+from tests.processes import (
+    assert_chain_valid,
+    job_events,
+    run_python,
+    scripted_table,
+    subprocess_env,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -412,14 +416,7 @@ print(json.dumps(out))
 def test_listed_organisations_get_an_org_label_on_the_create_and_finish_counters():
     env = subprocess_env(JOBOPS_METRICS_TENANT_LABELS="acme-m,absent")
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    done = subprocess.run(
-        [sys.executable, "-c", METRICS_SCRIPT],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python(METRICS_SCRIPT, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     values = json.loads(done.stdout.strip().splitlines()[-1])
     assert values == {
