@@ -40,10 +40,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # libraries and Django's framework modules that read no setting and no environment
 # variable a test changes when imported (one that read a setting would fail here,
 # settings unconfigured). Not prometheus_client: it picks its value class from
-# PROMETHEUS_MULTIPROC_DIR when imported.
+# PROMETHEUS_MULTIPROC_DIR when imported. Celery's command line and worker (half a
+# second of each worker's start: click_repl and prompt_toolkit come with the former),
+# requests and redis, which every worker and dispatcher imports.
 PRELOAD = """
 import django, django.conf, django.apps
 import celery, celery.app, kombu, structlog, psycopg, dj_database_url
+import celery.bin.celery, celery.apps.worker, celery.worker.worker, celery.concurrency.prefork
+import redis, requests
 import django.contrib.admin, django.core.serializers.json, django.db.backends.postgresql.base
 import django.db.models, django.forms, django.http, django.template, django.urls
 """

@@ -62,6 +62,14 @@ FAST_ENV = {
     "AUDIT_CHECKPOINT_SECONDS": "3600",
 }
 
+# Django's system checks (every model, the URLconf, the admin pages) run where a Celery
+# worker or a manage.py command starts: a second of a forked worker's two under coverage,
+# mostly the URLconf and the admin pages, which a worker imports for nothing else. The
+# workers, dispatchers and run_workers started here skip them (Celery's own switch,
+# Django's --skip-checks): `manage.py check` runs them in tests/test_settings.py, and
+# the Procfile's processes start with them (tests/e2e/test_procfile.py, heavy).
+SKIP_CHECKS_ENV = {"CELERY_SKIP_CHECKS": "1"}
+
 
 def database_url(**overrides: Any) -> str:
     """A URL for the database the tests use now (the test database, not the dev one)."""
@@ -398,7 +406,7 @@ def celery_worker(
         "--without-mingle",
         *extra_args,
     ]
-    process = Process(args, subprocess_env(**(env or {})), name)
+    process = Process(args, subprocess_env(**{**SKIP_CHECKS_ENV, **(env or {})}), name)
     with _started(process, " ready.", ready_timeout) as worker:
         yield worker
 
@@ -416,7 +424,8 @@ def dispatcher_process(
     until it loops. It serves its metrics on a free port (`Process.metric`) unless `env`
     names one."""
     name = name or f"d{uuid.uuid4().hex[:6]}"
-    args = [sys.executable, "manage.py", "run_dispatcher", "--interval", str(interval)]
+    args = [sys.executable, "manage.py", "run_dispatcher", "--skip-checks"]
+    args += ["--interval", str(interval)]
     args += ["--role", role, *extra_args]
     env = {"JOBOPS_METRICS_PORT": str(free_port()), **(env or {})}
     process = Process(args, subprocess_env(**env), name)
@@ -436,7 +445,8 @@ def run_worker_process(
     """Start `manage.py run_worker` (the postgres executor) on `queues` (none: every queue
     configured postgres in `env`) and wait until it runs."""
     name = name or f"rw{uuid.uuid4().hex[:6]}"
-    args = [sys.executable, "manage.py", "run_worker", "--concurrency", str(concurrency)]
+    args = [sys.executable, "manage.py", "run_worker", "--skip-checks"]
+    args += ["--concurrency", str(concurrency)]
     args += ["--pool", pool] + (["--queues", ",".join(queues)] if queues else [])
     process = Process(args, subprocess_env(**(env or {})), name)
     with _started(process, "run_worker_started", 30) as worker:
