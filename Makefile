@@ -13,6 +13,8 @@ MANAGE := $(BIN)/python manage.py
 # Development values for `make run`, `make test` and the rest (settings default to
 # production: DEBUG off refuses the development secrets). Override on the command line.
 export DEBUG ?= true
+# A prefix for the checks `make test` runs beside the suite (there: nice).
+SIDE ?=
 # Bytecode caches (__pycache__/, gitignored) are written even where the shell asks for
 # none (PYTHONDONTWRITEBYTECODE): without them every process the tests start compiled
 # this project's modules again (0.25 s of a worker's or dispatcher's start), and every
@@ -54,13 +56,13 @@ run: migrate
 	$(BIN)/honcho start -f $(PROCFILE)
 
 lint: install
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/lint-imports
+	$(SIDE) $(BIN)/ruff check .
+	$(SIDE) $(BIN)/ruff format --check .
+	$(SIDE) $(BIN)/lint-imports
 
 typecheck: install
-	$(BIN)/mypy config core tenants jobs audit dlq
-	$(BIN)/mypy --strict clients/python/src
+	$(SIDE) $(BIN)/mypy config core tenants jobs audit dlq
+	$(SIDE) $(BIN)/mypy --strict clients/python/src
 
 fmt: install
 	$(BIN)/ruff check --fix .
@@ -73,7 +75,7 @@ docs: install
 	NO_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
 
 docs-check: install
-	NO_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict --quiet --site-dir var/docs-check
+	NO_MKDOCS_2_WARNING=true $(SIDE) $(BIN)/mkdocs build --strict --quiet --site-dir var/docs-check
 
 # The suite on PYTEST_WORKERS xdist workers, each with its own test database, vhost and
 # Redis db (docs/development.md#parallel-test-workers), under coverage: workers and
@@ -89,13 +91,14 @@ docs-check: install
 # worker collects the suite; its test database is a copy of a template migrated once,
 # docs/development.md#the-test-database).
 # Lint, the type check and the docs build run beside the suite (make -j), not before
-# it: about half a minute of one core in a fresh clone (mypy has no cache there) while
-# the suite mostly waits on the processes it starts. A failure of any fails the target
-# once the suite has ended; their few lines of output come among its first.
+# it, and at a low priority (SIDE): about 50 CPU s in a fresh clone (mypy has no cache
+# there) that take what the suite leaves while it waits on the processes it starts,
+# instead of slowing its workers' start (277 against 307 s, one run each). A failure of
+# any fails the target once the suite has ended.
 PYTEST_WORKERS ?= 4
 test: install
 	rm -f .coverage .coverage.*
-	$(MAKE) --no-print-directory -j4 lint typecheck docs-check suite
+	$(MAKE) --no-print-directory -j4 SIDE="nice -n 15" lint typecheck docs-check suite
 
 suite: install
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout=240 \
