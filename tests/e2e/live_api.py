@@ -8,8 +8,6 @@ Procfile's gunicorn settings (GUNICORN_CONFIG), so its request limits are produc
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +15,7 @@ from contextlib import contextmanager
 import requests
 
 from tests.polling import wait_for
-from tests.processes import ROOT, database_url, free_port
+from tests.processes import Process, database_url, free_port
 
 # The config the Procfile's `web:` line passes to gunicorn with --config.
 GUNICORN_CONFIG = "python:config.gunicorn_conf"
@@ -31,7 +29,10 @@ def gunicorn_server(
     timeout: float = 30,
     env: dict[str, str] | None = None,
 ) -> Iterator[str]:
-    """Start gunicorn on a free 127.0.0.1 port; yield its base URL; stop it (its group)."""
+    """Start gunicorn on a free 127.0.0.1 port; yield its base URL; stop it as a process
+    manager would (SIGTERM to the master, which stops its workers; then what is left of
+    the group). Forked by the fork server where it can stand in (tests/forkserver.py):
+    the master, and the workers it forks, start with Django's framework imported."""
     port = free_port()
     env = {
         **os.environ,
@@ -40,54 +41,23 @@ def gunicorn_server(
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
-    (ROOT / "var").mkdir(exist_ok=True)  # a fresh clone has none
-    log = open(ROOT / "var" / f"gunicorn-test-{port}.log", "wb")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--config",
-            GUNICORN_CONFIG,
-            "config.wsgi",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(workers),
-            "--threads",
-            str(threads),
-            "--worker-class",
-            "gthread",
-            "--timeout",
-            "60",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    args = [sys.executable, "-m", "gunicorn", "--config", GUNICORN_CONFIG, "config.wsgi"]
+    args += ["--bind", f"127.0.0.1:{port}", "--workers", str(workers)]
+    args += ["--threads", str(threads), "--worker-class", "gthread", "--timeout", "60"]
+    process = Process(args, env, f"gunicorn-{port}")
     base = f"http://127.0.0.1:{port}"
 
     def answers() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {process.returncode}; see {log.name}")
+        if not process.alive():
+            raise RuntimeError(f"gunicorn exited: {process.log_text()[-3000:]}")
         try:
             return requests.get(f"{base}/api/v1/schema/", timeout=5).status_code == 200
         except requests.RequestException:  # not listening yet, or still booting
             return False
 
     try:
-        wait_for(
-            answers, timeout=timeout, interval=0.1, what=f"gunicorn on {base} (log {log.name})"
-        )
+        what = f"gunicorn on {base} (log {process.log_path})"
+        wait_for(answers, timeout=timeout, interval=0.1, what=what)
         yield base
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        log.close()
+        process.stop(timeout=10)
