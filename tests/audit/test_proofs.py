@@ -9,7 +9,6 @@ import copy
 import gzip
 import json
 import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,10 +33,9 @@ from audit.tree_log import consistency_document
 from audit.verification import audit_verify
 from tests.audit.tampering import tamper
 from tests.factories import OrganisationFactory, UserFactory, client_for, job_in_state, make_job
+from tests.processes import run_manage
 
 pytestmark = pytest.mark.django_db
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, document: dict, name: str = "proof.json") -> Path:
@@ -64,14 +62,7 @@ def verify_process(*args: str) -> subprocess.CompletedProcess:
         "DEBUG": "true",
         "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none",
     }
-    return subprocess.run(
-        [sys.executable, "manage.py", "verify_audit_chain", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_manage("verify_audit_chain", *args, env=env)
 
 
 @pytest.fixture
