@@ -12,8 +12,10 @@ reaches its pool children and nothing else), `env` as its whole environment, `cw
 its output in the given files, unbuffered, stdin from /dev/null, signals at their
 defaults, `sys.argv` as given; then the module or script runs as `__main__` and the
 child ends with its exit status (an uncaught exception: the traceback and status 1).
-Coverage follows it (`patch = fork`, `_exit`). Forking saves 0.45 CPU s a start
-(`django.setup()` and the dispatcher's imports: 0.72 s spawned, 0.27 s forked).
+Coverage follows it: the child keeps measuring with the server's tracer and saves its
+own data file when it leaves (`patch = _exit`; [tool.coverage.run] says why not
+`fork`). Forking saves 0.45 CPU s a start (`django.setup()` and the dispatcher's
+imports: 0.72 s spawned, 0.27 s forked).
 
 `ForkedProcess` is the part of `subprocess.Popen` that tests.processes uses: `pid`,
 `poll()`, `wait(timeout)`, `send_signal(sig)`, `returncode`. The server reaps its

@@ -9,7 +9,8 @@ server of the workers and dispatchers imports too), nothing of this project (no
 settings, no app); each `run(code, env)` forks it, and the child, as a new interpreter would, takes
 `env` as its whole environment, runs `code` with stdout and stderr of its own, and
 ends with its exit status (an uncaught exception: its traceback on stderr and status
-1, as `python -c` does). Coverage follows the child (`patch = fork`, `_exit`).
+1, as `python -c` does). Coverage follows the child (it keeps the
+starter's tracer and saves its own data file: `patch = _exit`).
 
     with Starter() as starter:
         result = starter.run("import django; django.setup()", env)
