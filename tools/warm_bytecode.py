@@ -2,7 +2,7 @@
 
 In a fresh clone no `__pycache__/` exists yet. The four xdist workers start together,
 each imports every test module, and each finds no cache: each rewrites the assertions of
-every test module itself (pytest's import hook, about 4.7 CPU s a worker on this suite)
+every test module itself (pytest's import hook, about 5 CPU s a worker on this suite)
 and compiles the project's modules. That made a fresh clone's collection 12.6 s instead
 of 3.2 s. Here it happens once, in two processes: the project's and the tests' ordinary
 `.pyc` files (compileall), and for each module pytest rewrites (every `conftest.py`,
@@ -10,8 +10,10 @@ every module named like a test file) the `.pyc` pytest's hook would write, from
 pytest's own functions. The hook finds it valid (source size and mtime) and only reads it.
 
 The rewrite functions are pytest's internals: if they are gone (another pytest), this
-says so and writes only the ordinary caches; the suite rewrites as before. Nothing here
-can change what runs: a cache pytest does not find valid it writes again.
+says so and writes only the ordinary caches; the suite rewrites as before. The code in
+a cache is what pytest's hook would have made (the same functions; the one setting
+that changes a rewrite, the assertion pass hook, leaves the rewrites to pytest), and a
+cache the hook does not find valid it writes again.
 
     .venv/bin/python tools/warm_bytecode.py
 """
