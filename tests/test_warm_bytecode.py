@@ -25,7 +25,9 @@ def _tool() -> ModuleType:
     return module
 
 
-def test_it_lists_the_modules_pytest_rewrites_and_no_other(request: pytest.FixtureRequest):
+def test_it_lists_the_modules_pytest_rewrites_and_not_the_helpers(
+    request: pytest.FixtureRequest,
+):
     modules = set(_tool().rewritten_modules())
     collected = {Path(item.path) for item in request.session.items}
     assert collected <= modules  # every module this run collected (make test: all of them)

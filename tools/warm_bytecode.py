@@ -24,7 +24,6 @@ import ast
 import compileall
 import fnmatch
 import os
-import re
 import sys
 import tomllib
 from concurrent.futures import ProcessPoolExecutor
@@ -41,20 +40,30 @@ PACKAGES = ("config", "core", "jobs", "audit", "dlq", "tenants", "tests", "tools
 # pytest's default python_files; pyproject.toml sets none.
 TEST_FILES = ("test_*.py", "*_test.py")
 WORKERS = 2
-# Left out of the ordinary caches: pytest imports those through its hook only.
-REWRITTEN = re.compile(r"(^|/)(conftest|test_[^/]*|[^/]*_test)\.py$")
+
+
+def rewritten(name: str) -> bool:
+    """Whether pytest's import hook rewrites a module of this file name."""
+    return name == "conftest.py" or any(fnmatch.fnmatch(name, p) for p in TEST_FILES)
+
+
+class _Rewritten:
+    """compileall's `rx` (it calls `search` with each path): the modules pytest's hook
+    rewrites are left out of the ordinary caches, which nothing would read."""
+
+    @staticmethod
+    def search(path: str) -> bool:
+        return rewritten(os.path.basename(path))
 
 
 def rewritten_modules(root: Path = ROOT) -> list[Path]:
-    """The modules pytest's import hook rewrites: conftest.py and test-file names."""
-    found = []
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            if path.name == "conftest.py" or any(
-                fnmatch.fnmatch(path.name, pattern) for pattern in TEST_FILES
-            ):
-                found.append(path)
-    return found
+    """The modules pytest's import hook rewrites, every package's."""
+    return [
+        path
+        for package in PACKAGES
+        for path in sorted((root / package).rglob("*.py"))
+        if rewritten(path.name)
+    ]
 
 
 def _pass_hook_enabled(root: Path) -> bool:
@@ -97,7 +106,7 @@ def main() -> int:
         print("warm_bytecode: PYTHONDONTWRITEBYTECODE is set, nothing written")
         return 0
     for package in PACKAGES:
-        compileall.compile_dir(str(ROOT / package), rx=REWRITTEN, quiet=2, workers=WORKERS)
+        compileall.compile_dir(str(ROOT / package), rx=_Rewritten, quiet=2, workers=WORKERS)
     missing = _rewrite_available()
     if missing:
         print(f"warm_bytecode: {missing}; ordinary caches only")
